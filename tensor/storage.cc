@@ -1,0 +1,57 @@
+#include "tensor/storage.h"
+
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+std::string Device::ToString() const {
+  if (type == DeviceType::kCPU) return "cpu";
+  return absl::StrCat("cuda:", index);
+}
+
+Storage Storage::Wrap(void* data, size_t nbytes, Device device,
+                      std::shared_ptr<const void> owner) {
+  Storage s;
+  s.impl_ = std::make_shared<const Impl>(
+      Impl{data, nbytes, device, std::move(owner)});
+  return s;
+}
+
+namespace {
+
+class CpuAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::CPU(); }
+
+  absl::StatusOr<Storage> Allocate(size_t nbytes) override {
+    // aligned_alloc needs a multiple of the alignment; never ask for 0 bytes.
+    size_t rounded = nbytes == 0 ? kStorageAlignment
+                                 : (nbytes + kStorageAlignment - 1) /
+                                       kStorageAlignment * kStorageAlignment;
+    if (rounded < nbytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("CpuAllocator: cannot allocate ", nbytes, " bytes"));
+    }
+    void* p = std::aligned_alloc(kStorageAlignment, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "CpuAllocator: out of memory allocating ", nbytes, " bytes"));
+    }
+    std::shared_ptr<const void> owner(
+        p, [](const void* q) { std::free(const_cast<void*>(q)); });
+    return Storage::Wrap(p, nbytes, Device::CPU(), std::move(owner));
+  }
+};
+
+}  // namespace
+
+Allocator* GetCpuAllocator() {
+  // Stateless, so sharing one instance across the process is harmless.
+  static CpuAllocator* const allocator = new CpuAllocator();
+  return allocator;
+}
+
+}  // namespace ferry

@@ -1,0 +1,93 @@
+// Devices, allocators and reference-counted storage for Ferry tensors.
+//
+// A Storage is a cheap, copyable handle to a block of device memory: the
+// bytes are released (by whoever provided them) when the last handle goes
+// away. Memory comes either from an Allocator (CPU here; a CUDA allocator
+// plugs into the same interface) or from outside, wrapped without a copy
+// (DLPack imports, received gRPC slices), with an owner object that is
+// destroyed on release.
+//
+// Thread safety: Storage handles may be copied and destroyed concurrently
+// from any thread (the count is atomic). The bytes themselves are not
+// synchronized. Allocators must be safe to call from any thread.
+#ifndef FERRY_TENSOR_STORAGE_H_
+#define FERRY_TENSOR_STORAGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace ferry {
+
+enum class DeviceType : int8_t { kCPU = 0, kCUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int index = 0;
+
+  static Device CPU() { return Device{}; }
+  static Device CUDA(int index) { return Device{DeviceType::kCUDA, index}; }
+  bool is_cpu() const { return type == DeviceType::kCPU; }
+  bool is_cuda() const { return type == DeviceType::kCUDA; }
+  // "cpu" or "cuda:N".
+  std::string ToString() const;
+
+  friend bool operator==(const Device& a, const Device& b) {
+    return a.type == b.type &&
+           (a.type == DeviceType::kCPU || a.index == b.index);
+  }
+  friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
+};
+
+// Memory returned by Ferry's allocators starts on this boundary.
+inline constexpr size_t kStorageAlignment = 64;
+
+class Storage {
+ public:
+  // A null storage (no bytes, defined() is false).
+  Storage() = default;
+
+  // Wraps `nbytes` bytes at `data` on `device` without copying. `owner` keeps
+  // the bytes alive and is destroyed (on whichever thread drops the last
+  // handle) when no Storage or Tensor refers to them any more. `owner` may be
+  // null when the bytes outlive every handle (static memory).
+  static Storage Wrap(void* data, size_t nbytes, Device device,
+                      std::shared_ptr<const void> owner);
+
+  bool defined() const { return impl_ != nullptr; }
+  void* data() const { return impl_ ? impl_->data : nullptr; }
+  size_t nbytes() const { return impl_ ? impl_->nbytes : 0; }
+  Device device() const { return impl_ ? impl_->device : Device{}; }
+  // Number of handles sharing these bytes (for tests and diagnostics).
+  long use_count() const { return impl_.use_count(); }
+  bool is_same(const Storage& other) const { return impl_ == other.impl_; }
+
+ private:
+  struct Impl {
+    void* data;
+    size_t nbytes;
+    Device device;
+    std::shared_ptr<const void> owner;
+  };
+  std::shared_ptr<const Impl> impl_;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  // Returns `nbytes` uninitialized bytes aligned to kStorageAlignment, or
+  // ResourceExhausted naming the size when the memory is not available.
+  virtual absl::StatusOr<Storage> Allocate(size_t nbytes) = 0;
+};
+
+// The CPU allocator (aligned heap memory). Stateless; lives for the whole
+// process; safe from any thread.
+Allocator* GetCpuAllocator();
+
+}  // namespace ferry
+
+#endif  // FERRY_TENSOR_STORAGE_H_
