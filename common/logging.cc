@@ -13,7 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 
 namespace ferry {
 namespace logging_internal {
@@ -32,7 +32,7 @@ int g_threshold = InitialThreshold();
 namespace {
 
 struct DefaultLabel {
-  absl::Mutex mu;
+  Mutex mu;
   std::string label ABSL_GUARDED_BY(mu);
 };
 
@@ -48,11 +48,16 @@ thread_local std::string* t_label = nullptr;
 
 char LevelChar(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kWarning: return 'W';
-    case LogLevel::kError: return 'E';
-    case LogLevel::kOff: break;
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kWarning:
+      return 'W';
+    case LogLevel::kError:
+      return 'E';
+    case LogLevel::kOff:
+      break;
   }
   return '?';
 }
@@ -72,7 +77,8 @@ LogLevel ParseLogLevel(absl::string_view text, LogLevel fallback) {
   if (t == "error") return LogLevel::kError;
   if (t == "off" || t == "none") return LogLevel::kOff;
   int n;
-  if (absl::SimpleAtoi(t, &n) && n >= 0 && n <= 4) return static_cast<LogLevel>(n);
+  if (absl::SimpleAtoi(t, &n) && n >= 0 && n <= 4)
+    return static_cast<LogLevel>(n);
   return fallback;
 }
 
@@ -88,7 +94,7 @@ void SetLogLevel(LogLevel level) {
 
 void SetDefaultLogLabel(absl::string_view label) {
   DefaultLabel& d = GetDefaultLabel();
-  absl::MutexLock lock(&d.mu);
+  MutexLock lock(&d.mu);
   d.label = std::string(label);
 }
 
@@ -116,7 +122,7 @@ ScopedLogLabel::~ScopedLogLabel() {
 std::string ScopedLogLabel::Current() {
   if (t_label != nullptr) return *t_label;
   DefaultLabel& d = GetDefaultLabel();
-  absl::MutexLock lock(&d.mu);
+  MutexLock lock(&d.mu);
   return d.label;
 }
 

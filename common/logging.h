@@ -27,7 +27,13 @@
 
 namespace ferry {
 
-enum class LogLevel : int { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kOff = 4 };
+enum class LogLevel : int {
+  kDebug = 0,
+  kInfo = 1,
+  kWarning = 2,
+  kError = 3,
+  kOff = 4
+};
 
 // Parses "debug", "info", "warning"/"warn", "error", "off" or "0".."4".
 // Unknown text yields `fallback`.
@@ -96,12 +102,12 @@ inline bool LogEnabled(LogLevel level) {
 #define FERRY_LOG_LEVEL_WARNING ::ferry::LogLevel::kWarning
 #define FERRY_LOG_LEVEL_ERROR ::ferry::LogLevel::kError
 
-#define FERRY_LOG(severity)                                            \
-  !::ferry::LogEnabled(FERRY_LOG_LEVEL_##severity)                     \
-      ? (void)0                                                        \
-      : ::ferry::logging_internal::Voidify() &                         \
-            ::ferry::logging_internal::LogMessage(                     \
-                FERRY_LOG_LEVEL_##severity, __FILE__, __LINE__)        \
+#define FERRY_LOG(severity)                                                   \
+  !::ferry::LogEnabled(FERRY_LOG_LEVEL_##severity)                            \
+      ? (void)0                                                               \
+      : ::ferry::logging_internal::Voidify() &                                \
+            ::ferry::logging_internal::LogMessage(FERRY_LOG_LEVEL_##severity, \
+                                                  __FILE__, __LINE__)         \
                 .stream()
 
 #endif  // FERRY_COMMON_LOGGING_H_

@@ -4,17 +4,17 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
 namespace {
 
-absl::Mutex g_mu;
+Mutex g_mu;
 std::vector<std::string>* g_lines ABSL_GUARDED_BY(g_mu) = nullptr;
 
 void Capture(absl::string_view line) {
-  absl::MutexLock lock(&g_mu);
+  MutexLock lock(&g_mu);
   g_lines->emplace_back(line);
 }
 
@@ -22,7 +22,7 @@ class LoggingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     {
-      absl::MutexLock lock(&g_mu);
+      MutexLock lock(&g_mu);
       g_lines = &lines_;
     }
     saved_ = GetLogLevel();
@@ -32,11 +32,11 @@ class LoggingTest : public ::testing::Test {
     SetLogSinkForTest(nullptr);
     SetLogLevel(saved_);
     SetDefaultLogLabel("");
-    absl::MutexLock lock(&g_mu);
+    MutexLock lock(&g_mu);
     g_lines = nullptr;
   }
   std::vector<std::string> Lines() {
-    absl::MutexLock lock(&g_mu);
+    MutexLock lock(&g_mu);
     return lines_;
   }
 
@@ -104,7 +104,8 @@ TEST_F(LoggingTest, ConcurrentLinesStayWhole) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([t] {
-      for (int i = 0; i < kPerThread; ++i) FERRY_LOG(INFO) << "t" << t << " i" << i;
+      for (int i = 0; i < kPerThread; ++i)
+        FERRY_LOG(INFO) << "t" << t << " i" << i;
     });
   }
   for (auto& t : threads) t.join();

@@ -17,9 +17,9 @@
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing
 // function if it is not OK.
-#define FERRY_RETURN_IF_ERROR(expr)                               \
-  do {                                                            \
-    ::absl::Status ferry_status_ = (expr);                        \
+#define FERRY_RETURN_IF_ERROR(expr)                                    \
+  do {                                                                 \
+    ::absl::Status ferry_status_ = (expr);                             \
     if (ABSL_PREDICT_FALSE(!ferry_status_.ok())) return ferry_status_; \
   } while (0)
 
@@ -29,8 +29,8 @@
 // Evaluates `rexpr` (an absl::StatusOr<T>); on error returns its status from
 // the enclosing function, otherwise moves the value into `lhs`, which may be a
 // declaration (`auto x`) or an existing lvalue.
-#define FERRY_ASSIGN_OR_RETURN(lhs, rexpr)                                    \
-  FERRY_ASSIGN_OR_RETURN_IMPL_(                                               \
+#define FERRY_ASSIGN_OR_RETURN(lhs, rexpr) \
+  FERRY_ASSIGN_OR_RETURN_IMPL_(            \
       FERRY_STATUS_CONCAT_(ferry_statusor_, __LINE__), lhs, rexpr)
 
 #define FERRY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \

@@ -48,7 +48,8 @@ TEST(StatusMacros, AssignOrReturnMovesValues) {
 }
 
 TEST(Annotate, PrependsContextKeepsCode) {
-  absl::Status s = Annotate(absl::NotFoundError("key 'a'"), "store 127.0.0.1:1");
+  absl::Status s =
+      Annotate(absl::NotFoundError("key 'a'"), "store 127.0.0.1:1");
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(s.message(), "store 127.0.0.1:1: key 'a'");
   EXPECT_TRUE(Annotate(absl::OkStatus(), "x").ok());

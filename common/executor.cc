@@ -1,0 +1,102 @@
+#include "common/executor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace ferry {
+
+ThreadPoolExecutor::ThreadPoolExecutor(Options options)
+    : options_(std::move(options)) {
+  int n = std::max(1, options_.num_threads);
+  threads_.reserve(n);
+  for (int i = 0; i < n; ++i) threads_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPoolExecutor::~ThreadPoolExecutor() {
+  absl::Status s = Shutdown(ShutdownMode::kDrain);
+  if (!s.ok()) {
+    // Destroyed from its own thread: the only way out without UB is to let
+    // the other threads finish on their own.
+    FERRY_LOG(ERROR) << s;
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.detach();
+    }
+  }
+}
+
+absl::Status ThreadPoolExecutor::Submit(Task task, CancelCallback on_cancel) {
+  MutexLock lock(&mu_);
+  if (stopping_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("executor '", options_.name, "' is shut down"));
+  }
+  if (queue_.size() >= options_.max_queue) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("executor '", options_.name, "' queue is full (limit ",
+                     options_.max_queue, " pending tasks)"));
+  }
+  queue_.push_back(Entry{std::move(task), std::move(on_cancel)});
+  return absl::OkStatus();
+}
+
+bool ThreadPoolExecutor::InPool() const {
+  std::thread::id me = std::this_thread::get_id();
+  for (const std::thread& t : threads_) {
+    if (t.get_id() == me) return true;
+  }
+  return false;
+}
+
+size_t ThreadPoolExecutor::QueueSize() const {
+  MutexLock lock(&mu_);
+  return queue_.size();
+}
+
+absl::Status ThreadPoolExecutor::Shutdown(ShutdownMode mode) {
+  std::deque<Entry> cancelled;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    if (mode == ShutdownMode::kCancelPending) cancelled.swap(queue_);
+  }
+  for (Entry& e : cancelled) {
+    if (e.on_cancel) {
+      e.on_cancel(absl::CancelledError(absl::StrCat(
+          "executor '", options_.name, "' shut down before the task ran")));
+    }
+  }
+  if (InPool()) {
+    return absl::InternalError(absl::StrCat(
+        "executor '", options_.name, "' cannot be joined from its own thread"));
+  }
+  MutexLock lock(&join_mu_);
+  if (!joined_) {
+    for (std::thread& t : threads_) t.join();
+    joined_ = true;
+  }
+  return absl::OkStatus();
+}
+
+void ThreadPoolExecutor::WorkerLoop() {
+  ScopedLogLabel label(options_.log_label.empty() ? ScopedLogLabel::Current()
+                                                  : options_.log_label);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !queue_.empty();
+  };
+  while (true) {
+    Entry e;
+    {
+      MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // Stopping and drained.
+      e = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    e.task();
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,98 @@
+// Executors: where Ferry runs work that must not run on a network thread
+// (user functions behind RPCs, Future continuations, c10d collectives).
+//
+// ThreadPoolExecutor is a fixed-size pool with a bounded FIFO queue.
+//
+// Lifecycle: Submit() is accepted until Shutdown() starts; afterwards it
+// returns FailedPrecondition naming the executor. Shutdown(kDrain) runs every
+// task already accepted; Shutdown(kCancelPending) runs none that has not
+// started and calls their `on_cancel` with Cancelled instead. Both wait for
+// running tasks and join every thread; they are idempotent and may be called
+// concurrently. The destructor calls Shutdown(kDrain).
+//
+// Shutdown() and the destructor must not run on one of the pool's own threads
+// (a thread cannot join itself): such a call returns at once with Internal
+// and leaves the joining to a later call from another thread.
+//
+// Thread safety: all methods are safe from any thread.
+#ifndef FERRY_COMMON_EXECUTOR_H_
+#define FERRY_COMMON_EXECUTOR_H_
+
+#include <cstddef>
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "common/sync.h"
+
+namespace ferry {
+
+using Task = absl::AnyInvocable<void()>;
+// Called instead of a task that was accepted but will never run.
+using CancelCallback = absl::AnyInvocable<void(const absl::Status&)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+
+  // Queues `task`. Errors (the task is then dropped and `on_cancel` is NOT
+  // called; the caller still owns the failure): ResourceExhausted when the
+  // queue is full, FailedPrecondition after shutdown began.
+  virtual absl::Status Submit(Task task,
+                              CancelCallback on_cancel = nullptr) = 0;
+};
+
+class ThreadPoolExecutor final : public Executor {
+ public:
+  struct Options {
+    std::string name = "executor";  // Appears in errors and log labels.
+    int num_threads = 4;
+    size_t max_queue = 1 << 16;  // Tasks waiting (not running).
+    std::string log_label;       // Label for the threads' log lines.
+  };
+
+  enum class ShutdownMode { kDrain, kCancelPending };
+
+  explicit ThreadPoolExecutor(Options options);
+  ~ThreadPoolExecutor() override;
+
+  ThreadPoolExecutor(const ThreadPoolExecutor&) = delete;
+  ThreadPoolExecutor& operator=(const ThreadPoolExecutor&) = delete;
+
+  absl::Status Submit(Task task, CancelCallback on_cancel = nullptr) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Status Shutdown(ShutdownMode mode = ShutdownMode::kDrain)
+      ABSL_LOCKS_EXCLUDED(mu_, join_mu_);
+
+  // True if the calling thread is one of this pool's threads.
+  bool InPool() const;
+
+  size_t QueueSize() const ABSL_LOCKS_EXCLUDED(mu_);
+  int num_threads() const { return options_.num_threads; }
+  const std::string& name() const { return options_.name; }
+
+ private:
+  struct Entry {
+    Task task;
+    CancelCallback on_cancel;
+  };
+
+  void WorkerLoop();
+
+  const Options options_;
+  mutable Mutex mu_;
+  std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Serializes joiners; threads_ is written only in the constructor.
+  Mutex join_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_EXECUTOR_H_

@@ -1,0 +1,103 @@
+#include "common/sync.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+TEST(Mutex, ExcludesAndCountsExactly) {
+  Mutex mu;
+  long counter = 0;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&] {
+      for (int i = 0; i < 10000; ++i) {
+        MutexLock lock(&mu);
+        ++counter;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(counter, 40000);
+}
+
+TEST(Mutex, AwaitWakesWhenAnotherHolderMakesConditionTrue) {
+  Mutex mu;
+  int stage = 0;
+  std::thread producer([&] {
+    for (int i = 1; i <= 3; ++i) {
+      MutexLock lock(&mu);
+      stage = i;
+    }
+  });
+  {
+    MutexLock lock(&mu);
+    auto done = [&] { return stage == 3; };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(60)));
+    EXPECT_EQ(stage, 3);
+  }
+  producer.join();
+}
+
+TEST(Mutex, AwaitWithTimeoutReturnsFalseHoldingLock) {
+  Mutex mu;
+  bool never = false;
+  MutexLock lock(&mu);
+  absl::Time start = absl::Now();
+  EXPECT_FALSE(
+      mu.AwaitWithTimeout(absl::Condition(&never), absl::Milliseconds(20)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(19));
+  // Still held: TryLock from another thread fails.
+  bool other_got_it = true;
+  std::thread([&] {
+    other_got_it = mu.TryLock();
+    if (other_got_it) mu.Unlock();
+  }).join();
+  EXPECT_FALSE(other_got_it);
+}
+
+TEST(CondVar, SignalAndTimeout) {
+  Mutex mu;
+  CondVar cv;
+  bool ready = false;
+  std::thread t([&] {
+    MutexLock lock(&mu);
+    ready = true;
+    cv.SignalAll();
+  });
+  {
+    MutexLock lock(&mu);
+    absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!ready) {
+      if (cv.WaitWithDeadline(&mu, deadline)) break;
+    }
+    EXPECT_TRUE(ready);
+    EXPECT_TRUE(cv.WaitWithTimeout(&mu, absl::Milliseconds(5)));  // Timed out.
+  }
+  t.join();
+}
+
+TEST(Notification, OneShotManyWaiters) {
+  Notification n;
+  EXPECT_FALSE(n.HasBeenNotified());
+  EXPECT_FALSE(n.WaitForNotificationWithTimeout(absl::Milliseconds(5)));
+  std::atomic<int> woke{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&] {
+      n.WaitForNotification();
+      ++woke;
+    });
+  }
+  n.Notify();
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(woke.load(), 4);
+  EXPECT_TRUE(n.HasBeenNotified());
+}
+
+}  // namespace
+}  // namespace ferry
