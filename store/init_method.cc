@@ -1,0 +1,278 @@
+#include "store/init_method.h"
+
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+#include "store/file_store.h"
+
+namespace ferry {
+namespace {
+
+absl::Status Invalid(absl::string_view url, absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("init_method '", url, "': ", problem));
+}
+
+bool AllDigits(absl::string_view text) {
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+// `what` names the source in errors ("port", "MASTER_PORT").
+absl::StatusOr<int> ParsePort(absl::string_view url, absl::string_view what,
+                              absl::string_view text) {
+  int port = 0;
+  if (!AllDigits(text) || text.size() > 5 || !absl::SimpleAtoi(text, &port) ||
+      port > 65535) {
+    return Invalid(url, absl::StrCat(what, " '", text,
+                                     "' is not a port number in 0..65535"));
+  }
+  return port;
+}
+
+absl::StatusOr<int> ParseCount(absl::string_view url, absl::string_view what,
+                               absl::string_view text, int min) {
+  int value = 0;
+  if (!AllDigits(text) || text.size() > 9 || !absl::SimpleAtoi(text, &value) ||
+      value < min) {
+    return Invalid(
+        url, absl::StrCat(what, " '", text, "' is not an integer >= ", min));
+  }
+  return value;
+}
+
+absl::Status ParseHostPort(absl::string_view url, absl::string_view authority,
+                           InitMethod* method) {
+  absl::string_view port_text;
+  if (absl::StartsWith(authority, "[")) {
+    size_t close = authority.find(']');
+    if (close == absl::string_view::npos) {
+      return Invalid(url, "unterminated '[' in IPv6 host");
+    }
+    method->host = std::string(authority.substr(1, close - 1));
+    absl::string_view rest = authority.substr(close + 1);
+    if (!absl::StartsWith(rest, ":")) {
+      return Invalid(url, "missing ':port' after the host");
+    }
+    port_text = rest.substr(1);
+  } else {
+    size_t colon = authority.rfind(':');
+    if (colon == absl::string_view::npos) {
+      return Invalid(url, "missing ':port' after the host");
+    }
+    method->host = std::string(authority.substr(0, colon));
+    if (absl::StrContains(method->host, ':')) {
+      return Invalid(url, "an IPv6 host must be in brackets: tcp://[::1]:port");
+    }
+    port_text = authority.substr(colon + 1);
+  }
+  if (method->host.empty()) return Invalid(url, "empty host");
+  ASSIGN_OR_RETURN(method->port, ParsePort(url, "port", port_text));
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuery(absl::string_view url, absl::string_view query,
+                        InitMethod* method) {
+  if (query.empty()) return absl::OkStatus();
+  for (absl::string_view param : absl::StrSplit(query, '&')) {
+    if (param.empty()) continue;
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(param, absl::MaxSplits('=', 1));
+    if (kv.first == "rank") {
+      ASSIGN_OR_RETURN(method->rank, ParseCount(url, "rank", kv.second, 0));
+    } else if (kv.first == "world_size") {
+      ASSIGN_OR_RETURN(method->world_size,
+                       ParseCount(url, "world_size", kv.second, 1));
+    } else {
+      return Invalid(url, absl::StrCat("unknown query parameter '", kv.first,
+                                       "' (known: rank, world_size)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::optional<std::string> GetEnv(absl::string_view name) {
+  const char* value = std::getenv(std::string(name).c_str());
+  if (value == nullptr) return std::nullopt;
+  return std::string(value);
+}
+
+std::string InitMethod::ToString() const {
+  std::string url;
+  switch (scheme) {
+    case Scheme::kTcp:
+      url = absl::StrContains(host, ':')
+                ? absl::StrCat("tcp://[", host, "]:", port)
+                : absl::StrCat("tcp://", host, ":", port);
+      break;
+    case Scheme::kFile:
+      url = absl::StrCat("file://", path);
+      break;
+    case Scheme::kEnv:
+      url = "env://";
+      break;
+  }
+  const char* sep = "?";
+  if (rank.has_value()) {
+    absl::StrAppend(&url, sep, "rank=", *rank);
+    sep = "&";
+  }
+  if (world_size.has_value()) {
+    absl::StrAppend(&url, sep, "world_size=", *world_size);
+  }
+  return url;
+}
+
+absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url,
+                                           const EnvLookup& env) {
+  size_t sep = url.find("://");
+  if (sep == absl::string_view::npos) {
+    return Invalid(url,
+                   "expected scheme://..., one of tcp://, file://, env://");
+  }
+  const absl::string_view scheme = url.substr(0, sep);
+  absl::string_view rest = url.substr(sep + 3);
+  absl::string_view query;
+  if (size_t q = rest.find('?'); q != absl::string_view::npos) {
+    query = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+  }
+  InitMethod method;
+  if (scheme == "tcp") {
+    method.scheme = InitMethod::Scheme::kTcp;
+    if (absl::EndsWith(rest, "/")) rest.remove_suffix(1);
+    if (rest.empty()) return Invalid(url, "missing host:port");
+    if (absl::StrContains(rest, '/')) {
+      return Invalid(url, "unexpected path after host:port");
+    }
+    RETURN_IF_ERROR(ParseHostPort(url, rest, &method));
+    RETURN_IF_ERROR(ParseQuery(url, query, &method));
+  } else if (scheme == "file") {
+    method.scheme = InitMethod::Scheme::kFile;
+    if (absl::StartsWith(rest, "localhost/")) rest.remove_prefix(9);
+    if (!absl::StartsWith(rest, "/")) {
+      return Invalid(url,
+                     "expected an absolute path, e.g. file:///tmp/store "
+                     "(a host other than localhost is not supported)");
+    }
+    if (rest.size() < 2 || absl::EndsWith(rest, "/")) {
+      return Invalid(url, "the path must name a file, not a directory");
+    }
+    method.path = std::string(rest);
+    RETURN_IF_ERROR(ParseQuery(url, query, &method));
+  } else if (scheme == "env") {
+    method.scheme = InitMethod::Scheme::kEnv;
+    if (!rest.empty() && rest != "/") {
+      return Invalid(url,
+                     "env:// takes no host or path (it reads "
+                     "MASTER_ADDR and MASTER_PORT)");
+    }
+    std::optional<std::string> addr = env("MASTER_ADDR");
+    if (!addr.has_value() || addr->empty()) {
+      return Invalid(url, "environment variable MASTER_ADDR is not set");
+    }
+    method.host = *addr;
+    if (absl::StartsWith(method.host, "[") &&
+        absl::EndsWith(method.host, "]")) {
+      method.host = method.host.substr(1, method.host.size() - 2);
+    }
+    std::optional<std::string> port = env("MASTER_PORT");
+    if (!port.has_value() || port->empty()) {
+      return Invalid(url, "environment variable MASTER_PORT is not set");
+    }
+    ASSIGN_OR_RETURN(method.port, ParsePort(url, "MASTER_PORT", *port));
+    if (std::optional<std::string> rank = env("RANK"); rank.has_value()) {
+      ASSIGN_OR_RETURN(method.rank, ParseCount(url, "RANK", *rank, 0));
+    }
+    if (std::optional<std::string> ws = env("WORLD_SIZE"); ws.has_value()) {
+      ASSIGN_OR_RETURN(method.world_size,
+                       ParseCount(url, "WORLD_SIZE", *ws, 1));
+    }
+    RETURN_IF_ERROR(ParseQuery(url, query, &method));
+  } else {
+    return Invalid(url, absl::StrCat("unknown scheme '", scheme,
+                                     "' (expected tcp, file or env)"));
+  }
+  if (method.rank.has_value() && method.world_size.has_value() &&
+      *method.rank >= *method.world_size) {
+    return Invalid(
+        url, absl::StrCat("rank ", *method.rank, " is not below world_size ",
+                          *method.world_size));
+  }
+  return method;
+}
+
+absl::StatusOr<std::unique_ptr<Store>> CreateStore(
+    const InitMethod& method, int rank, int world_size, absl::Duration timeout,
+    const StoreFactories& factories) {
+  const std::string url = method.ToString();
+  auto resolve =
+      [&](const char* what, int given,
+          const std::optional<int>& from_method) -> absl::StatusOr<int> {
+    if (given < 0) {
+      if (!from_method.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CreateStore(", url, "): no ", what,
+                         " given and the init_method does not carry one"));
+      }
+      return *from_method;
+    }
+    if (from_method.has_value() && *from_method != given) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CreateStore(", url, "): ", what, " ", given,
+                       " disagrees with the init_method's ", *from_method));
+    }
+    return given;
+  };
+  ASSIGN_OR_RETURN(rank, resolve("rank", rank, method.rank));
+  ASSIGN_OR_RETURN(world_size,
+                   resolve("world_size", world_size, method.world_size));
+  if (world_size < 1 || rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateStore(", url, "): rank ", rank,
+                     " is outside [0, world_size ", world_size, ")"));
+  }
+  std::unique_ptr<Store> store;
+  switch (method.scheme) {
+    case InitMethod::Scheme::kFile: {
+      ASSIGN_OR_RETURN(store, FileStore::Open(method.path, world_size));
+      break;
+    }
+    case InitMethod::Scheme::kTcp:
+    case InitMethod::Scheme::kEnv: {
+      if (!factories.tcp) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "CreateStore(", url,
+            "): no TCPStore factory was provided (StoreFactories::tcp)"));
+      }
+      if (rank != 0 && method.port == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "CreateStore(", url, "): rank ", rank,
+            " cannot connect to port 0; only the server (rank 0) may use it"));
+      }
+      ASSIGN_OR_RETURN(store, factories.tcp(method.host, method.port, rank == 0,
+                                            world_size, timeout));
+      if (store == nullptr) {
+        return absl::InternalError(absl::StrCat(
+            "CreateStore(", url, "): the TCPStore factory returned null"));
+      }
+      break;
+    }
+  }
+  store->SetTimeout(timeout);
+  return store;
+}
+
+}  // namespace ferry

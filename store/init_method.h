@@ -1,0 +1,99 @@
+// init_method addressing, as in torch.distributed.init_process_group:
+//
+//   tcp://host:port[?rank=R&world_size=W]   a TCPStore; rank 0 serves it
+//   tcp://[::1]:port                         (IPv6 literal in brackets)
+//   file:///abs/path[?rank=R&world_size=W]  a FileStore on that file
+//   env://[?rank=R&world_size=W]            MASTER_ADDR and MASTER_PORT
+//                                           (required), RANK and WORLD_SIZE
+//                                           (optional) from the environment
+//
+// Query parameters take precedence over RANK/WORLD_SIZE. The environment is
+// read through an EnvLookup so tests (and embedders) can supply their own.
+//
+// CreateStore turns a parsed InitMethod into a Store. TCPStore lives in its
+// own library, so the TCP case goes through a TcpStoreFactory that the
+// caller provides in StoreFactories (no global registry: several jobs can
+// live in one process with different factories). Wiring, once TCPStore
+// exists:
+//
+//   StoreFactories factories;
+//   factories.tcp = [](const std::string& host, int port, bool is_server,
+//                      int world_size, absl::Duration timeout)
+//       -> absl::StatusOr<std::unique_ptr<Store>> { ... make a TCPStore ... };
+//   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod("env://"));
+//   ASSIGN_OR_RETURN(auto store, CreateStore(method, -1, -1, timeout,
+//                                            factories));
+//
+// Thread safety: the functions are stateless; ParseInitMethod with the
+// default lookup reads the process environment (getenv).
+#ifndef FERRY_STORE_INIT_METHOD_H_
+#define FERRY_STORE_INIT_METHOD_H_
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "store/store.h"
+
+namespace ferry {
+
+struct InitMethod {
+  enum class Scheme { kTcp, kFile, kEnv };
+
+  Scheme scheme = Scheme::kTcp;
+  // kTcp and kEnv: the server's host (brackets removed from IPv6 literals)
+  // and port (0..65535; 0 lets a server pick a free port).
+  std::string host;
+  int port = 0;
+  // kFile: the absolute path of the store file.
+  std::string path;
+  // From the query string or RANK / WORLD_SIZE when present.
+  std::optional<int> rank;
+  std::optional<int> world_size;
+
+  // The canonical URL ("tcp://host:port", "file:///path", "env://").
+  std::string ToString() const;
+};
+
+// Returns the variable's value, or nullopt when unset.
+using EnvLookup = std::function<std::optional<std::string>(absl::string_view)>;
+
+// The process environment.
+std::optional<std::string> GetEnv(absl::string_view name);
+
+// Parses `url`. InvalidArgument (naming the URL and the problem: unknown
+// scheme, missing or bad port, relative path, unknown query parameter,
+// missing MASTER_ADDR/MASTER_PORT, non-numeric RANK...) on malformed input.
+absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url,
+                                           const EnvLookup& env = GetEnv);
+
+// Makes a TCPStore client for host:port; when `is_server` it also serves the
+// store (on `port`, 0 picking a free one) and waits for `world_size`
+// clients. `timeout` bounds connecting and is the store's default timeout.
+using TcpStoreFactory = std::function<absl::StatusOr<std::unique_ptr<Store>>(
+    const std::string& host, int port, bool is_server, int world_size,
+    absl::Duration timeout)>;
+
+// The constructors CreateStore may call for schemes whose implementation is
+// not linked into this library.
+struct StoreFactories {
+  TcpStoreFactory tcp;
+};
+
+// Creates the store `method` names, for process `rank` of `world_size`.
+// `rank` / `world_size` < 0 take the values from `method` (which must then
+// have them); when both are given they must agree. file:// opens a
+// FileStore; tcp:// and env:// call factories.tcp with is_server = (rank ==
+// 0), FailedPrecondition when it is not set. The store's default timeout is
+// set to `timeout`. InvalidArgument for a rank outside [0, world_size).
+absl::StatusOr<std::unique_ptr<Store>> CreateStore(
+    const InitMethod& method, int rank, int world_size, absl::Duration timeout,
+    const StoreFactories& factories = {});
+
+}  // namespace ferry
+
+#endif  // FERRY_STORE_INIT_METHOD_H_

@@ -1,0 +1,96 @@
+// The Store conformance suite: one parameterized GoogleTest suite that every
+// Store implementation must pass (store_conformance.cc holds the tests).
+//
+// To run it against an implementation, write a StoreFixture that brings up
+// an empty store and hands out handles, then instantiate the suite in your
+// test file (inside namespace ferry: the suite's name is unqualified):
+//
+//   #include "store/store_conformance.h"
+//
+//   namespace ferry {
+//   namespace {
+//   class TcpFixture : public StoreFixture {
+//    public:
+//     absl::StatusOr<std::unique_ptr<Store>> Connect() override { ... }
+//    private:
+//     ...  // e.g. the server, destroyed after every handle
+//   };
+//   INSTANTIATE_TEST_SUITE_P(
+//       TCPStore, StoreConformanceTest,
+//       ::testing::Values(StoreConformanceParam{
+//           "TCPStore", [] { return std::make_unique<TcpFixture>(); }}),
+//       StoreConformanceParamName);
+//   }  // namespace
+//   }  // namespace ferry
+//
+// and in BUILD: deps = ["//store:store_conformance", "@system//:gtest_main"]
+// (the library is alwayslink, so its TEST_Ps are linked in).
+//
+// What the suite requires beyond store.h:
+// - A timeout is DeadlineExceeded whose message contains every missing key
+//   (as a substring; quoting is free), the store's Describe(), and the word
+//   "waited" next to the time waited; keys that exist are not named.
+// - Blocking QueuePop with several concurrent consumers hands every item to
+//   exactly one consumer and never fails NotFound.
+// - Add returns unique, gapless results under concurrency (atomic).
+// The suite uses timeouts of 50-300 ms for expected timeouts and sets a long
+// timeout (20 s) for operations expected to succeed, so it stays fast and
+// is not flaky under sanitizers.
+#ifndef FERRY_STORE_STORE_CONFORMANCE_H_
+#define FERRY_STORE_STORE_CONFORMANCE_H_
+
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+#include "store/store.h"
+
+namespace ferry {
+
+// Owns one store under test (and whatever it needs: a server, a file) for
+// the duration of one test. The suite destroys every handle before the
+// fixture.
+class StoreFixture {
+ public:
+  virtual ~StoreFixture() = default;
+  // A new handle to the store under test. The store is empty when the test
+  // begins. Called once per test; further handles come from Clone().
+  virtual absl::StatusOr<std::unique_ptr<Store>> Connect() = 0;
+};
+
+struct StoreConformanceParam {
+  // Test name suffix: letters, digits and '_' only.
+  std::string name;
+  // Called once per test.
+  std::function<std::unique_ptr<StoreFixture>()> make_fixture;
+};
+
+inline void PrintTo(const StoreConformanceParam& param, std::ostream* os) {
+  *os << param.name;
+}
+
+// For INSTANTIATE_TEST_SUITE_P's name generator.
+inline std::string StoreConformanceParamName(
+    const ::testing::TestParamInfo<StoreConformanceParam>& info) {
+  return info.param.name;
+}
+
+class StoreConformanceTest
+    : public ::testing::TestWithParam<StoreConformanceParam> {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  // A new handle (Clone of store_) with the long timeout.
+  std::unique_ptr<Store> NewHandle();
+
+  std::unique_ptr<StoreFixture> fixture_;
+  std::unique_ptr<Store> store_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_STORE_STORE_CONFORMANCE_H_
