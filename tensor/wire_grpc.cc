@@ -1,0 +1,84 @@
+#include "tensor/wire_grpc.h"
+
+#include <grpc/slice.h>
+#include <grpcpp/support/slice.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+// A slice over memory owned by a heap object `T`, deleted when gRPC drops the
+// slice's last reference.
+template <typename T>
+grpc::Slice SliceOwning(std::unique_ptr<T> owner, const void* data,
+                        size_t size) {
+  T* raw = owner.release();
+  grpc_slice s = grpc_slice_new_with_user_data(
+      const_cast<void*>(data), size, [](void* p) { delete static_cast<T*>(p); },
+      raw);
+  return grpc::Slice(s, grpc::Slice::STEAL_REF);
+}
+
+}  // namespace
+
+grpc::ByteBuffer ToByteBuffer(EncodedValue encoded) {
+  std::vector<grpc::Slice> slices;
+  slices.reserve(1 + 2 * encoded.payloads.size());
+  auto head = std::make_unique<std::string>(std::move(encoded.head));
+  const char* head_data = head->data();
+  const size_t head_size = head->size();
+  slices.push_back(SliceOwning(std::move(head), head_data, head_size));
+  for (WirePayload& p : encoded.payloads) {
+    if (p.size > 0) {
+      slices.push_back(SliceOwning(
+          std::make_unique<Tensor>(std::move(p.tensor)), p.data, p.size));
+    }
+    if (p.padding > 0) {
+      slices.push_back(grpc::Slice(
+          grpc_slice_from_static_buffer(WirePaddingBytes(), p.padding),
+          grpc::Slice::STEAL_REF));
+    }
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(const Value& value,
+                                                    const WireLimits& limits,
+                                                    WireStats* stats) {
+  absl::StatusOr<EncodedValue> encoded = EncodeValue(value, limits, stats);
+  if (!encoded.ok()) return encoded.status();
+  return ToByteBuffer(*std::move(encoded));
+}
+
+absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
+                                           const WireLimits& limits,
+                                           WireStats* stats) {
+  std::vector<grpc::Slice> slices;
+  grpc::Status st = buffer.Dump(&slices);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wire decode: cannot read the byte buffer: ", st.error_message()));
+  }
+  std::vector<WireChunk> chunks;
+  chunks.reserve(slices.size());
+  for (grpc::Slice& s : slices) {
+    // Payloads that adopt this chunk keep the slice referenced. Small slices
+    // store their bytes inline in the slice object, so take the address only
+    // once the slice has its final (heap) home.
+    auto held = std::make_shared<grpc::Slice>(std::move(s));
+    WireChunk c;
+    c.data = reinterpret_cast<const char*>(held->begin());
+    c.size = held->size();
+    c.keepalive = std::move(held);
+    chunks.push_back(std::move(c));
+  }
+  return DecodeValue(absl::MakeConstSpan(chunks), limits, stats);
+}
+
+}  // namespace ferry

@@ -1,0 +1,38 @@
+// The wire encoding (tensor/wire.h) as a grpc::ByteBuffer.
+//
+// Sending: the ByteBuffer is a list of slices: one for the header and
+// metadata, one per tensor payload pointing straight at the tensor's storage,
+// and static zero slices for padding. Each payload slice holds a reference to
+// its tensor, dropped when gRPC releases the slice, so the tensor may be
+// destroyed by the caller right after encoding. No tensor byte is copied.
+// (The caller must not modify the tensors until gRPC has sent the message.)
+//
+// Receiving: the ByteBuffer's slices are referenced, not copied, and payloads
+// lying inside one aligned slice become tensor storage that keeps the slice
+// alive; others are copied once (see DecodeValue in wire.h).
+//
+// Thread safety: reentrant.
+#ifndef FERRY_TENSOR_WIRE_GRPC_H_
+#define FERRY_TENSOR_WIRE_GRPC_H_
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/status/statusor.h"
+#include "tensor/value.h"
+#include "tensor/wire.h"
+
+namespace ferry {
+
+absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(
+    const Value& value, const WireLimits& limits = {},
+    WireStats* stats = nullptr);
+// Wraps an already encoded value (consumed) without copying payloads.
+grpc::ByteBuffer ToByteBuffer(EncodedValue encoded);
+
+absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
+                                           const WireLimits& limits = {},
+                                           WireStats* stats = nullptr);
+
+}  // namespace ferry
+
+#endif  // FERRY_TENSOR_WIRE_GRPC_H_
