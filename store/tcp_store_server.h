@@ -1,0 +1,110 @@
+// TcpStoreServer: the TCPStore daemon on a libuv event loop.
+//
+// One loop thread owns all state (the key-value map, the queues, the
+// connections, the waiters); nothing blocks on it. It serves PyTorch's
+// TCPStore protocol in both generations (see tcp_store_protocol.h), picking
+// the generation per connection from its first frame. Waiters (WAIT, and the
+// WAIT a client sends before a blocking GET or queue pop) are woken by SET,
+// ADD, COMPARE_SET, APPEND, MULTI_SET and QUEUE_PUSH without polling.
+//
+// A client that breaks the protocol or a limit (garbage, wrong magic, an
+// oversized length prefix, an unknown query type, a non-integer ADD from a
+// non-Ferry client...) is logged in one line and disconnected; every other
+// client carries on. Idle clients are never dropped (PyTorch 1.13 keeps a
+// silent second connection open).
+//
+// Ferry extension, invisible to PyTorch clients that never send a bad ADD:
+// an ADD on a non-integer value, or one that overflows, leaves the value
+// unchanged and answers INT64_MIN instead of dropping the client; the Ferry
+// client then reads the value to build a precise error.
+//
+// Thread safety: Start, Stop, port, GetStats and WaitForWorkers are safe from
+// any thread. Stop is idempotent; the destructor stops.
+#ifndef FERRY_STORE_TCP_STORE_SERVER_H_
+#define FERRY_STORE_TCP_STORE_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "store/tcp_store_protocol.h"
+
+namespace ferry {
+
+class TcpStoreServer {
+ public:
+  struct Options {
+    // Address to bind. Empty: all interfaces, IPv6 dual-stack ("::") with
+    // fallback to IPv4 ("0.0.0.0"). Otherwise a numeric IPv4/IPv6 address.
+    std::string host;
+    // 0 picks a free port; port() reports it.
+    int port = 0;
+    // Listen backlog, sized for a burst of thousands of connecting ranks
+    // (the kernel caps it at net.core.somaxconn).
+    int backlog = 65535;
+    tcpstore::Limits limits;
+    // A client whose unread responses exceed this is dropped.
+    size_t max_pending_write_bytes = 256 * 1024 * 1024;
+  };
+
+  struct Stats {
+    int64_t clients = 0;   // connected now
+    int64_t accepted = 0;  // since start
+    int64_t dropped = 0;   // disconnected for a protocol or limit violation
+    int64_t keys = 0;
+    int64_t ops = 0;  // frames handled since start
+  };
+
+  // Binds, listens and starts the loop thread. Errors (bind failure, port in
+  // use) come back here, naming the address.
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      const Options& options);
+
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  int port() const { return port_; }
+  // "host:port" as bound, e.g. "[::]:29500" or "127.0.0.1:41234".
+  const std::string& address() const { return address_; }
+
+  // Closes the listener and every connection and joins the loop thread.
+  // Idempotent; safe from any thread except the loop thread itself.
+  void Stop();
+
+  Stats GetStats() const;
+
+  // Blocks until the integer at tcpstore::kInitKey (the count of workers that
+  // have joined) reaches `world_size`, or `timeout` passes:
+  // DeadlineExceeded "... k/N workers joined ...".
+  absl::Status WaitForWorkers(int64_t world_size, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(workers_mu_);
+
+  // Loop-thread internals (public so the .cc's C callbacks can reach them).
+  struct Loop;
+  void OnWorkersJoined(int64_t count) ABSL_LOCKS_EXCLUDED(workers_mu_);
+
+ private:
+  TcpStoreServer() = default;
+
+  std::unique_ptr<Loop> loop_;
+  std::thread thread_;
+  int port_ = 0;
+  std::string address_;
+  std::atomic<bool> stopped_{false};
+  absl::Mutex stop_mu_;
+
+  mutable absl::Mutex workers_mu_;
+  int64_t workers_joined_ ABSL_GUARDED_BY(workers_mu_) = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_STORE_TCP_STORE_SERVER_H_
