@@ -1,0 +1,185 @@
+// TCPStore interop with PyTorch 1.13 (Debian's python3-torch), both ways:
+//  * a PyTorch client joins and works against a Ferry server handle;
+//  * a Ferry client (legacy_protocol) works against a PyTorch server.
+// Runs only when `/usr/bin/python3 -c "import torch"` works; otherwise every
+// test is skipped with the reason. The default test run never installs torch.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "store/tcp_store.h"
+
+extern char** environ;
+
+namespace ferry {
+namespace {
+
+constexpr char kPython[] = "/usr/bin/python3";
+std::string g_script;  // path of pytorch_interop.py (argv[1])
+
+bool TorchAvailable() {
+  static const bool available =
+      std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  return available;
+}
+
+#define SKIP_WITHOUT_TORCH()                                                  \
+  if (!TorchAvailable()) {                                                    \
+    GTEST_SKIP() << "PyTorch not importable by /usr/bin/python3; install "    \
+                    "Debian's python3-torch (apt-get install python3-torch) " \
+                    "to run the PyTorch 1.13 interop tests";                  \
+  }
+
+// A child python process with its stdout on a pipe.
+class Python {
+ public:
+  explicit Python(std::vector<std::string> args) {
+    int fds[2];
+    if (::pipe(fds) != 0) return;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+    posix_spawn_file_actions_addclose(&actions, fds[0]);
+    std::vector<std::string> argv_s = {kPython, g_script};
+    for (auto& a : args) argv_s.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, kPython, &actions, nullptr, argv.data(), environ) !=
+        0) {
+      pid_ = -1;
+    }
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(fds[1]);
+    out_ = ::fdopen(fds[0], "r");
+  }
+  ~Python() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ != nullptr) ::fclose(out_);
+  }
+  // Next stdout line ("" at EOF).
+  std::string ReadLine() {
+    char buf[4096];
+    if (out_ == nullptr || ::fgets(buf, sizeof(buf), out_) == nullptr)
+      return "";
+    return std::string(absl::StripTrailingAsciiWhitespace(buf));
+  }
+  // Waits for exit; returns the exit code and collects the remaining output.
+  int Wait(std::string* rest) {
+    for (std::string l = ReadLine(); !l.empty(); l = ReadLine()) {
+      absl::StrAppend(rest, l, "\n");
+    }
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  bool started() const { return pid_ > 0; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+};
+
+int UnusedPort() {
+  auto s = TcpStore::Create([] {
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.is_server = true;
+    return o;
+  }());
+  return s.ok() ? (*s)->port() : 0;
+}
+
+// The Ferry half of the exchange; the python side mirrors it.
+void FerrySide(Store& s) {
+  ASSERT_TRUE(s.Add("counter", 1).ok());
+  ASSERT_TRUE(s.Append("appended", "a").ok());
+  ASSERT_TRUE(s.Append("appended", "b").ok());
+  ASSERT_TRUE(s.Set("cas", "old").ok());
+  ASSERT_TRUE(s.Set("gone", "x").ok());
+  ASSERT_TRUE(s.Set("ferry_key", "from_ferry").ok());
+  EXPECT_EQ(s.Get("py_key").value_or("<error>"), "from_py");
+  ASSERT_TRUE(s.Wait({"py_done"}).ok());
+  EXPECT_EQ(s.Get("counter").value_or("<error>"), "11");
+  EXPECT_EQ(s.Get("cas").value_or("<error>"), "new");
+  EXPECT_FALSE(s.Check({"gone"}).value_or(true));
+  EXPECT_TRUE(s.Check({"py_key", "ferry_key"}).value_or(false));
+}
+
+TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
+  SKIP_WITHOUT_TORCH();
+  const int port = UnusedPort();
+  ASSERT_GT(port, 0);
+  Python py({"client", absl::StrCat(port)});
+  ASSERT_TRUE(py.started());
+  // world_size 2: Create returns once the PyTorch client has joined.
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.is_server = true;
+  o.world_size = 2;
+  o.timeout = absl::Seconds(60);
+  auto store = TcpStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  FerrySide(**store);
+  std::string out;
+  EXPECT_EQ(py.Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK delete_key")) << out;
+  EXPECT_EQ((*store)->server()->GetStats().dropped, 0);
+}
+
+TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {
+  SKIP_WITHOUT_TORCH();
+  Python py({"server"});
+  ASSERT_TRUE(py.started());
+  const std::string line = py.ReadLine();
+  absl::string_view rest = line;
+  int port = 0;
+  ASSERT_TRUE(absl::ConsumePrefix(&rest, "PORT ") &&
+              absl::SimpleAtoi(rest, &port))
+      << "python said: " << line;
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.legacy_protocol = true;
+  o.world_size = 2;  // joins via init/ like a PyTorch 1.13 worker
+  o.timeout = absl::Seconds(60);
+  auto store = TcpStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  FerrySide(**store);
+  // A timed-out wait against 1.13 (no CANCEL_WAIT) recovers by reconnecting.
+  absl::Status w = (*store)->Wait({"never"}, absl::Milliseconds(100));
+  EXPECT_EQ(w.code(), absl::StatusCode::kDeadlineExceeded) << w;
+  EXPECT_TRUE(absl::StrContains(w.message(), "never")) << w;
+  EXPECT_EQ((*store)->Get("counter").value_or("<error>"), "11");
+  ASSERT_TRUE((*store)->Set("ferry_done", "1").ok());
+  std::string out;
+  EXPECT_EQ(py.Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK Ferry's emulated append")) << out;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) ferry::g_script = argv[1];
+  return RUN_ALL_TESTS();
+}
