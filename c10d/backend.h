@@ -1,0 +1,132 @@
+// Backend: one implementation of the collectives (gloo, nccl, or a user's).
+//
+// Every call is asynchronous: it validates what it can locally, queues the
+// operation and returns a Work at once (never null). Errors found before
+// queueing (an invalid root, a non-contiguous tensor) come back as an already
+// completed Work. Collectives must be issued by every rank of the group in
+// the same order; backends match them by issue order.
+//
+// Tensor conventions (torch.distributed's): tensors are contiguous and live
+// on a device the backend supports; outputs are written in place.
+//   Allreduce(t)              t = op over ranks of t
+//   Broadcast(t, root)        t = root's t
+//   Reduce(t, root, op)       root's t = op over ranks; others' t unchanged
+//   Allgather(outs, in)       outs[r] = rank r's in (outs.size() == size)
+//   Gather(outs, in, root)    at root outs[r] = rank r's in; outs empty
+//                             elsewhere
+//   Scatter(out, ins, root)   out = root's ins[rank]; ins empty off root
+//   ReduceScatter(out, ins)   out = op over ranks r of r's ins[rank]
+//   Alltoall(outs, ins)       outs[r] = rank r's ins[rank]
+//   Barrier()                 completes once every rank has called it
+//   Send(t, dst) / Recv(t, src)  point to point, matched by tag
+// The caller must keep the tensors' elements untouched until the Work
+// completes (the backend holds references, so they stay alive).
+//
+// A backend that lacks an operation returns a Work failed with Unimplemented
+// naming the backend and the operation (the default for every method here).
+//
+// Thread safety: implementations must accept calls from any thread; calls
+// from several threads are ordered by the moment they enter the backend, so
+// a program issuing from several threads must order them itself.
+#ifndef FERRY_C10D_BACKEND_H_
+#define FERRY_C10D_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "c10d/types.h"
+#include "c10d/work.h"
+#include "tensor/tensor.h"
+
+namespace ferry {
+namespace c10d {
+
+class Backend {
+ public:
+  // `name` is the registered name ("gloo"); rank in [0, size).
+  Backend(std::string name, int rank, int size, absl::Duration timeout);
+  virtual ~Backend();
+
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The default timeout of operations whose options leave it unset.
+  absl::Duration timeout() const { return timeout_; }
+
+  virtual std::shared_ptr<Work> Allreduce(Tensor tensor,
+                                          const AllreduceOptions& options = {});
+  virtual std::shared_ptr<Work> Broadcast(Tensor tensor,
+                                          const BroadcastOptions& options = {});
+  virtual std::shared_ptr<Work> Reduce(Tensor tensor,
+                                       const ReduceOptions& options = {});
+  virtual std::shared_ptr<Work> Allgather(std::vector<Tensor> outputs,
+                                          Tensor input,
+                                          const AllgatherOptions& options = {});
+  virtual std::shared_ptr<Work> Gather(std::vector<Tensor> outputs,
+                                       Tensor input,
+                                       const GatherOptions& options = {});
+  virtual std::shared_ptr<Work> Scatter(Tensor output,
+                                        std::vector<Tensor> inputs,
+                                        const ScatterOptions& options = {});
+  virtual std::shared_ptr<Work> ReduceScatter(
+      Tensor output, std::vector<Tensor> inputs,
+      const ReduceScatterOptions& options = {});
+  virtual std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
+                                         std::vector<Tensor> inputs,
+                                         const AlltoallOptions& options = {});
+  virtual std::shared_ptr<Work> Barrier(const BarrierOptions& options = {});
+  virtual std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
+                                     const SendOptions& options = {});
+  virtual std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
+                                     const RecvOptions& options = {});
+
+  // "<name> <op> (rank R of N)": the prefix of this backend's Work names.
+  std::string Describe(OpType op) const;
+
+ protected:
+  // A completed Work failed with Unimplemented:
+  // "backend 'foo' does not implement Alltoall".
+  std::shared_ptr<Work> Unimplemented(OpType op) const;
+  // A completed Work failed with `status`, its message prefixed with
+  // Describe(op).
+  std::shared_ptr<Work> Fail(OpType op, const absl::Status& status) const;
+  // `requested` or, when unset, timeout().
+  absl::Duration TimeoutOr(
+      const std::optional<absl::Duration>& requested) const {
+    return requested.has_value() ? *requested : timeout_;
+  }
+
+ private:
+  const std::string name_;
+  const int rank_;
+  const int size_;
+  const absl::Duration timeout_;
+};
+
+// --- Argument checks shared by backends ---------------------------------
+// Each returns InvalidArgument naming the operation `op` and the problem.
+
+// `t` is defined and contiguous.
+absl::Status CheckTensor(OpType op, const Tensor& t, absl::string_view what);
+// `root` in [0, size).
+absl::Status CheckRank(OpType op, int root, int size, absl::string_view what);
+// `list` has `count` tensors, each defined, contiguous, and of the same dtype,
+// shape and device as `like`.
+absl::Status CheckTensorList(OpType op, const std::vector<Tensor>& list,
+                             size_t count, const Tensor& like,
+                             absl::string_view what);
+// `reduce_op` applies to `dtype` (AVG: floating; BAND/BOR/BXOR: integral or
+// bool).
+absl::Status CheckReduceOp(OpType op, ReduceOp reduce_op, DType dtype);
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_BACKEND_H_

@@ -1,0 +1,47 @@
+#include "c10d/work.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace c10d {
+
+Work::Work(std::string description)
+    : description_(std::move(description)), future_(promise_.GetFuture()) {}
+
+Work::~Work() = default;
+
+std::shared_ptr<Work> Work::Completed(std::string description,
+                                      absl::Status status) {
+  auto work = std::make_shared<Work>(std::move(description));
+  work->Complete(std::move(status));
+  return work;
+}
+
+bool Work::IsCompleted() const { return future_.IsReady(); }
+
+bool Work::IsSuccess() const {
+  return future_.IsReady() && future_.status().ok();
+}
+
+absl::Status Work::status() const {
+  if (!future_.IsReady()) return absl::OkStatus();
+  return future_.status();
+}
+
+absl::Status Work::Wait(absl::Duration timeout) const {
+  if (!future_.Wait(timeout).ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(description_, " not complete after waiting ",
+                     absl::FormatDuration(timeout)));
+  }
+  return future_.status();
+}
+
+bool Work::Complete(absl::Status status) {
+  return promise_.Set(std::move(status));
+}
+
+}  // namespace c10d
+}  // namespace ferry
