@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(
   }
   std::unique_ptr<TcpStore> store(new TcpStore(options, server, port));
   {
-    absl::MutexLock lock(&store->mu_);
+    MutexLock lock(&store->mu_);
     RETURN_IF_ERROR(store->EnsureConnected());
     if (options.world_size.has_value()) {
       // Joining: PyTorch's waitForWorkers adds 1 to the unprefixed init key.
@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(
 }
 
 TcpStore::~TcpStore() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Disconnect();
 }
 
@@ -385,7 +385,7 @@ absl::Status TcpStore::Fail(absl::string_view op, const absl::Status& status) {
 absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
   RETURN_IF_ERROR(CheckValue("Set", key, value));
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("Set", EnsureConnected());
   BeginFrame(&frame, Op::kSet);
   tcpstore::PutBytes(&frame, Wire(key));
@@ -397,7 +397,7 @@ absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
 absl::StatusOr<std::string> TcpStore::Get(absl::string_view key) {
   RETURN_IF_ERROR(CheckKey("Get", key));
   const std::string wire = Wire(key);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("Get", EnsureConnected());
   std::string frame;
   if (generation_ == Generation::kCurrent) {
@@ -465,7 +465,7 @@ absl::StatusOr<int64_t> TcpStore::AddLocked(const std::string& wire_key,
 
 absl::StatusOr<int64_t> TcpStore::Add(absl::string_view key, int64_t delta) {
   RETURN_IF_ERROR(CheckKey("Add", key));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return AddLocked(Wire(key), delta, key);
 }
 
@@ -489,14 +489,14 @@ absl::StatusOr<std::string> TcpStore::CompareSet(absl::string_view key,
                                                  absl::string_view desired) {
   RETURN_IF_ERROR(CheckValue("CompareSet", key, expected));
   RETURN_IF_ERROR(CheckValue("CompareSet", key, desired));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return CompareSetLocked(Wire(key), expected, desired);
 }
 
 absl::StatusOr<bool> TcpStore::Check(absl::Span<const std::string> keys) {
   RETURN_IF_ERROR(CheckCount("Check", keys.size()));
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   BeginFrame(&frame, Op::kCheck);
   tcpstore::PutU64(&frame, keys.size());
   for (const std::string& k : keys) {
@@ -592,14 +592,14 @@ absl::Status TcpStore::Wait(absl::Span<const std::string> keys,
     RETURN_IF_ERROR(CheckKey("Wait", k));
     wire.push_back(Wire(k));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return WaitLocked(wire, timeout.value_or(Timeout()), "Wait");
 }
 
 absl::StatusOr<bool> TcpStore::DeleteKey(absl::string_view key) {
   RETURN_IF_ERROR(CheckKey("DeleteKey", key));
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("DeleteKey", EnsureConnected());
   BeginFrame(&frame, Op::kDeleteKey);
   tcpstore::PutBytes(&frame, Wire(key));
@@ -611,7 +611,7 @@ absl::StatusOr<bool> TcpStore::DeleteKey(absl::string_view key) {
 
 absl::StatusOr<int64_t> TcpStore::NumKeys() {
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("NumKeys", EnsureConnected());
   BeginFrame(&frame, Op::kGetNumKeys);
   TCP_RETURN_IF_ERROR("NumKeys", SendFrame(frame));
@@ -629,7 +629,7 @@ absl::StatusOr<std::vector<std::string>> TcpStore::MultiGet(
     RETURN_IF_ERROR(CheckKey("MultiGet", k));
     wire.push_back(Wire(k));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("MultiGet", EnsureConnected());
   auto get_all = [&](bool with_check, bool* ready)
                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(
@@ -686,7 +686,7 @@ absl::Status TcpStore::MultiSet(absl::Span<const std::string> keys,
     RETURN_IF_ERROR(CheckValue("MultiSet", keys[i], values[i]));
   }
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (generation_ == Generation::kCurrent) {
     BeginFrame(&frame, Op::kMultiSet);
     tcpstore::PutU64(&frame, keys.size());
@@ -709,7 +709,7 @@ absl::Status TcpStore::MultiSet(absl::Span<const std::string> keys,
 absl::Status TcpStore::Append(absl::string_view key, absl::string_view value) {
   RETURN_IF_ERROR(CheckValue("Append", key, value));
   const std::string wire = Wire(key);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("Append", EnsureConnected());
   if (generation_ == Generation::kCurrent) {
     std::string frame;
@@ -740,7 +740,7 @@ absl::Status TcpStore::QueuePush(absl::string_view key,
   }
   RETURN_IF_ERROR(CheckValue("QueuePush", key, value));
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("QueuePush", EnsureConnected());
   BeginFrame(&frame, Op::kQueuePush);
   tcpstore::PutBytes(&frame, Wire(key));
@@ -760,7 +760,7 @@ absl::StatusOr<std::string> TcpStore::QueuePop(
   const std::string wire = Wire(key);
   const absl::Duration limit = timeout.value_or(Timeout());
   const absl::Time start = absl::Now();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (true) {
     TCP_RETURN_IF_ERROR("QueuePop", EnsureConnected());
     std::string frame;
@@ -798,7 +798,7 @@ absl::StatusOr<int64_t> TcpStore::QueueLen(absl::string_view key) {
   }
   RETURN_IF_ERROR(CheckKey("QueueLen", key));
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("QueueLen", EnsureConnected());
   BeginFrame(&frame, Op::kQueueLen);
   tcpstore::PutBytes(&frame, Wire(key));
@@ -814,7 +814,7 @@ absl::Status TcpStore::Ping() {
         absl::StrCat(describe_, ": Ping: the legacy protocol has no PING"));
   }
   std::string frame;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TCP_RETURN_IF_ERROR("Ping", EnsureConnected());
   const uint32_t nonce = ping_nonce_++;
   BeginFrame(&frame, Op::kPing);
@@ -837,7 +837,7 @@ absl::StatusOr<std::unique_ptr<Store>> TcpStore::Clone() {
   o.timeout = Timeout();
   std::unique_ptr<TcpStore> clone(new TcpStore(o, server_, port_));
   {
-    absl::MutexLock lock(&clone->mu_);
+    MutexLock lock(&clone->mu_);
     RETURN_IF_ERROR(clone->EnsureConnected());
   }
   return std::unique_ptr<Store>(std::move(clone));

@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 #include "store/store.h"
 #include "store/tcp_store_protocol.h"
 #include "store/tcp_store_server.h"
@@ -160,7 +161,7 @@ class TcpStore : public Store {
   const int port_;
   const std::string describe_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   std::string rbuf_ ABSL_GUARDED_BY(mu_);  // received, not yet consumed
   size_t rpos_ ABSL_GUARDED_BY(mu_) = 0;

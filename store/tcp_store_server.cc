@@ -581,7 +581,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
 TcpStoreServer::~TcpStoreServer() { Stop(); }
 
 void TcpStoreServer::Stop() {
-  absl::MutexLock lock(&stop_mu_);
+  MutexLock lock(&stop_mu_);
   if (stopped_.exchange(true)) return;
   if (!thread_.joinable()) return;
   uv_async_send(&loop_->stop_async);
@@ -599,14 +599,14 @@ TcpStoreServer::Stats TcpStoreServer::GetStats() const {
 }
 
 void TcpStoreServer::OnWorkersJoined(int64_t count) {
-  absl::MutexLock lock(&workers_mu_);
+  MutexLock lock(&workers_mu_);
   workers_joined_ = count;
 }
 
 absl::Status TcpStoreServer::WaitForWorkers(int64_t world_size,
                                             absl::Duration timeout) {
   const absl::Time start = absl::Now();
-  absl::MutexLock lock(&workers_mu_);
+  MutexLock lock(&workers_mu_);
   auto done = [this, world_size]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(workers_mu_) {
     return workers_joined_ >= world_size;
   };

@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 #include "store/tcp_store_protocol.h"
 
 namespace ferry {
@@ -99,9 +100,9 @@ class TcpStoreServer {
   int port_ = 0;
   std::string address_;
   std::atomic<bool> stopped_{false};
-  absl::Mutex stop_mu_;
+  Mutex stop_mu_;
 
-  mutable absl::Mutex workers_mu_;
+  mutable Mutex workers_mu_;
   int64_t workers_joined_ ABSL_GUARDED_BY(workers_mu_) = 0;
 };
 

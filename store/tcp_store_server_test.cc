@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/sync.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store_protocol.h"
 #include "store/tcp_store_testing.h"
@@ -38,12 +39,12 @@ class LogCapture {
     Instance() = nullptr;
   }
   std::vector<std::string> Lines() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return lines_;
   }
   // Lines containing `needle`, waiting up to 10 s for at least `min`.
   int CountWithin(absl::string_view needle, int min) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto count = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       int n = 0;
       for (const std::string& l : lines_) n += absl::StrContains(l, needle);
@@ -64,10 +65,10 @@ class LogCapture {
   static void Sink(absl::string_view line) {
     LogCapture* c = Instance();
     if (c == nullptr) return;
-    absl::MutexLock lock(&c->mu_);
+    MutexLock lock(&c->mu_);
     c->lines_.emplace_back(line);
   }
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -200,6 +201,8 @@ TEST_F(TcpStoreServerTest, CancelWait) {
   // The canceled wait is gone: setting the key sends nothing more.
   RawClient other = Connect(kCur);
   ASSERT_TRUE(other.Send(SetFrame(kCur, "/never", "x")).ok());
+  ASSERT_TRUE(other.Send(BareFrame(kCur, Op::kGetNumKeys)).ok());
+  ASSERT_TRUE(other.RecvI64().ok());  // the SET has been applied
   ASSERT_TRUE(c.Send(KeyFrame(kCur, Op::kDeleteKey, "/never")).ok());
   EXPECT_EQ(c.RecvI64().value_or(-1), 1);
 }

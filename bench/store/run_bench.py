@@ -1,0 +1,277 @@
+"""TCPStore benchmark driver: Ferry vs PyTorch 1.13 in one run.
+
+Figures (clients spread over a few processes, all on loopback):
+  1. init: server start until N handles joined and wait-for-workers returned.
+  2. barrier: store-based barrier (add + wait on a last-worker key), time per
+     barrier for N ranks.
+  3. latency: single-client set/get/add median, next to a raw TCP round trip
+     measured in the same run; aggregate add ops/s with 1..256 clients.
+Prints a table and one JSON line per figure; plots init time vs N to a PNG.
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+TORCH = os.path.join(HERE, "torch_bench.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Job:
+    """A set of processes killed together (and after `limit` seconds)."""
+
+    def __init__(self, limit):
+        self.procs = []
+        self.timer = threading.Timer(limit, self.kill)
+        self.timer.start()
+        self.timed_out = False
+
+    def spawn(self, cmd):
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, bufsize=1)
+        self.procs.append(p)
+        return p
+
+    def kill(self):
+        self.timed_out = True
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+    def finish(self):
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.timer.cancel()
+
+
+def expect(p, prefix):
+    while True:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"process ended before {prefix!r}")
+        if line.startswith(prefix):
+            return line.split()[1:]
+
+
+def cmd(kind, mode, **flags):
+    base = [PY, TORCH, mode] if kind == "pytorch" else [BIN, mode]
+    return base + [f"--{k}={v}" for k, v in flags.items()]
+
+
+def wait_listening(port, limit=30):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.001)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def split(n, parts):
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def bench_init(n, server_kind, client_kind, procs, limit):
+    port = free_port()
+    job = Job(limit)
+    try:
+        clients = [job.spawn(cmd(client_kind, "init_clients", port=port, count=c,
+                                 world_size=n))
+                   for c in split(n - 1, procs) if c > 0]
+        for c in clients:
+            expect(c, "READY")
+        server = job.spawn(cmd(server_kind, "server", port=port, world_size=n))
+        expect(server, "STARTING")
+        wait_listening(port)
+        for c in clients:
+            c.stdin.write("go\n")
+            c.stdin.flush()
+        return float(expect(server, "INIT_DONE")[0])
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return f"failed ({'timeout' if job.timed_out else e})"
+    finally:
+        job.finish()
+
+
+def serve(job, kind, port):
+    server = job.spawn(cmd(kind, "server", port=port, world_size=1))
+    expect(server, "INIT_DONE")
+    return server
+
+
+def bench_barrier(n, kind, procs, rounds, limit):
+    port = free_port()
+    job = Job(limit)
+    try:
+        serve(job, kind, port)
+        ps = [job.spawn(cmd(kind, "barrier", port=port, count=c, world_size=n,
+                            rounds=rounds))
+              for c in split(n, min(procs, n))]
+        return max(float(expect(p, "BARRIER")[0]) for p in ps)
+    except Exception as e:  # noqa: BLE001
+        return f"failed ({'timeout' if job.timed_out else e})"
+    finally:
+        job.finish()
+
+
+def bench_latency(kind, iters, limit):
+    port = free_port()
+    job = Job(limit)
+    try:
+        serve(job, kind, port)
+        p = job.spawn(cmd(kind, "latency", port=port, iters=iters))
+        return {op: float(expect(p, "LAT")[1]) for op in ("set", "get", "add")}
+    finally:
+        job.finish()
+
+
+def bench_throughput(kind, clients, procs, seconds, limit):
+    port = free_port()
+    job = Job(limit)
+    try:
+        serve(job, kind, port)
+        ps = [job.spawn(cmd(kind, "throughput", port=port, count=c, seconds=seconds))
+              for c in split(clients, min(procs, clients))]
+        total, longest = 0, 0.0
+        for p in ps:
+            ops, secs = expect(p, "OPS")
+            total += int(ops)
+            longest = max(longest, float(secs))
+        return total / longest
+    finally:
+        job.finish()
+
+
+def rtt(iters):
+    out = subprocess.run([BIN, "rtt", f"--iters={iters}"], capture_output=True,
+                         text=True, check=True).stdout
+    return float(out.split()[1])
+
+
+def emit(record):
+    print("JSON " + json.dumps(record), flush=True)
+
+
+def fmt(v, unit=""):
+    return f"{v:.4g}{unit}" if isinstance(v, float) else str(v)
+
+
+def main():
+    global BIN
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True, help="store_bench binary")
+    ap.add_argument("--init_sizes", default="1024,4096,8192")
+    ap.add_argument("--barrier_sizes", default="64,256,1024")
+    ap.add_argument("--tp_clients", default="1,16,64,256")
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--limit", type=float, default=240, help="per-run limit (s)")
+    ap.add_argument("--plot", default=os.path.join(HERE, "results", "init_time.png"))
+    a = ap.parse_args()
+    BIN = a.bin
+    sizes = [int(x) for x in a.init_sizes.split(",") if x]
+    print(f"# TCPStore benchmark: {os.cpu_count()} CPUs, loopback, "
+          f"clients over {a.procs} processes", flush=True)
+
+    # 1. init
+    print("\n## 1. init: server start -> N joined, wait-for-workers done (s)")
+    print(f"{'N':>6} {'ferry':>10} {'pytorch':>10} {'ferry srv+pt cli':>17} {'speedup':>8}")
+    init = {}
+    for n in sizes:
+        f = bench_init(n, "ferry", "ferry", a.procs, a.limit)
+        x = bench_init(n, "ferry", "pytorch", a.procs, a.limit)
+        p = bench_init(n, "pytorch", "pytorch", a.procs, a.limit)
+        init[n] = (f, p, x)
+        sp = p / f if isinstance(f, float) and isinstance(p, float) else "-"
+        print(f"{n:>6} {fmt(f):>10} {fmt(p):>10} {fmt(x):>17} {fmt(sp):>8}", flush=True)
+        for impl, v in (("ferry", f), ("pytorch", p), ("ferry_server_pytorch_clients", x)):
+            emit({"figure": "store_init_seconds", "impl": impl, "clients": n,
+                  "value": v if isinstance(v, float) else None,
+                  **({} if isinstance(v, float) else {"error": v})})
+
+    # 2. barrier
+    print("\n## 2. store_based_barrier: time per barrier (ms)")
+    print(f"{'ranks':>6} {'ferry':>10} {'pytorch':>10} {'speedup':>8}")
+    for n in [int(x) for x in a.barrier_sizes.split(",") if x]:
+        f = bench_barrier(n, "ferry", a.procs, a.rounds, a.limit)
+        p = bench_barrier(n, "pytorch", a.procs, a.rounds, a.limit)
+        fm = f * 1e3 if isinstance(f, float) else f
+        pm = p * 1e3 if isinstance(p, float) else p
+        sp = p / f if isinstance(f, float) and isinstance(p, float) else "-"
+        print(f"{n:>6} {fmt(fm):>10} {fmt(pm):>10} {fmt(sp):>8}", flush=True)
+        for impl, v in (("ferry", fm), ("pytorch", pm)):
+            emit({"figure": "store_barrier_ms", "impl": impl, "ranks": n,
+                  "value": v if isinstance(v, float) else None})
+
+    # 3. latency and throughput
+    print("\n## 3a. single-client latency, median (us)")
+    r = rtt(a.iters)
+    fl = bench_latency("ferry", a.iters, a.limit)
+    pl = bench_latency("pytorch", a.iters, a.limit)
+    print(f"raw TCP round trip (C++, same run): {r:.1f} us")
+    print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9}")
+    for op in ("set", "get", "add"):
+        print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f}")
+    emit({"figure": "raw_tcp_rtt_us", "value": r})
+    for op in ("set", "get", "add"):
+        emit({"figure": "store_latency_us", "op": op, "ferry": fl[op],
+              "pytorch": pl[op], "ferry_over_rtt": fl[op] / r})
+
+    print("\n## 3b. aggregate add ops/s")
+    print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6}")
+    for c in [int(x) for x in a.tp_clients.split(",") if x]:
+        f = bench_throughput("ferry", c, a.procs, a.seconds, a.limit)
+        p = bench_throughput("pytorch", c, a.procs, a.seconds, a.limit)
+        print(f"{c:>7} {f:>10.0f} {p:>10.0f} {f / p:>6.2f}", flush=True)
+        emit({"figure": "store_ops_per_s", "clients": c, "ferry": f, "pytorch": p})
+
+    # Plot.
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        os.makedirs(os.path.dirname(a.plot), exist_ok=True)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for idx, label in ((0, "Ferry (libuv server, C++ clients)"),
+                           (1, "PyTorch 1.13 TCPStore"),
+                           (2, "Ferry server, PyTorch 1.13 clients")):
+            pts = [(n, v[idx]) for n, v in init.items() if isinstance(v[idx], float)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+        ax.set_xlabel("clients (N)")
+        ax.set_ylabel("store initialization time (s)")
+        ax.set_title("TCPStore initialization time vs clients")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+        print(f"\nplot: {a.plot}")
+    except ImportError:
+        print("\nplot skipped: matplotlib not installed")
+
+
+if __name__ == "__main__":
+    main()
