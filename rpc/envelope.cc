@@ -1,0 +1,217 @@
+#include "rpc/envelope.h"
+
+#include <grpc/slice.h>
+#include <grpcpp/support/slice.h>
+
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "tensor/wire_grpc.h"
+
+namespace ferry::rpc {
+namespace {
+
+void AppendVarint(std::string* out, uint64_t v) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+// A read cursor over a list of chunks.
+class ChunkReader {
+ public:
+  explicit ChunkReader(const std::vector<WireChunk>& chunks) : chunks_(chunks) {
+    Normalize();
+  }
+
+  bool AtEnd() const { return index_ >= chunks_.size(); }
+  size_t consumed() const { return consumed_; }
+
+  bool ReadByte(uint8_t* b) {
+    if (AtEnd()) return false;
+    *b = static_cast<uint8_t>(chunks_[index_].data[offset_]);
+    Advance(1);
+    return true;
+  }
+
+  // Reads a varint, appending its raw bytes to `raw` when non-null.
+  absl::Status ReadVarint(uint64_t* v, std::string* raw, const char* what) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(&b)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "envelope: truncated varint (", what, ") at byte ", consumed_));
+      }
+      if (raw) raw->push_back(static_cast<char>(b));
+      *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("envelope: varint longer than 10 bytes (", what, ")"));
+  }
+
+  // Copies the next `n` bytes into `out`.
+  absl::Status Copy(uint64_t n, std::string* out) {
+    while (n > 0) {
+      if (AtEnd()) return Truncated(n);
+      size_t take = std::min<uint64_t>(n, chunks_[index_].size - offset_);
+      out->append(chunks_[index_].data + offset_, take);
+      Advance(take);
+      n -= take;
+    }
+    return absl::OkStatus();
+  }
+
+  // References the next `n` bytes as chunks sharing the source keepalives.
+  absl::Status Reference(uint64_t n, std::vector<WireChunk>* out) {
+    while (n > 0) {
+      if (AtEnd()) return Truncated(n);
+      const WireChunk& c = chunks_[index_];
+      size_t take = std::min<uint64_t>(n, c.size - offset_);
+      out->push_back(WireChunk{c.data + offset_, take, c.keepalive});
+      Advance(take);
+      n -= take;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Truncated(uint64_t missing) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("envelope: field runs past the end of the message (",
+                     missing, " bytes missing after byte ", consumed_, ")"));
+  }
+  void Advance(size_t n) {
+    offset_ += n;
+    consumed_ += n;
+    Normalize();
+  }
+  void Normalize() {
+    while (index_ < chunks_.size() && offset_ >= chunks_[index_].size) {
+      ++index_;
+      offset_ = 0;
+    }
+  }
+
+  const std::vector<WireChunk>& chunks_;
+  size_t index_ = 0;
+  size_t offset_ = 0;
+  size_t consumed_ = 0;
+};
+
+}  // namespace
+
+grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
+                                EncodedValue payload) {
+  auto head = std::make_unique<std::string>();
+  header.AppendToString(head.get());
+  const uint64_t payload_size = payload.total_bytes();
+  AppendVarint(head.get(), (uint64_t{kPayloadField} << 3) | 2);
+  AppendVarint(head.get(), payload_size);
+
+  // The payload's own slices (head, then tensor memory) are referenced as is.
+  std::vector<grpc::Slice> payload_slices;
+  grpc::ByteBuffer payload_buffer = ToByteBuffer(std::move(payload));
+  (void)payload_buffer.Dump(&payload_slices);
+
+  std::vector<grpc::Slice> slices;
+  slices.reserve(payload_slices.size() + 1);
+  std::string* raw = head.release();
+  slices.emplace_back(grpc::Slice(
+      grpc_slice_new_with_user_data(
+          raw->data(), raw->size(),
+          [](void* p) { delete static_cast<std::string*>(p); }, raw),
+      grpc::Slice::STEAL_REF));
+  for (grpc::Slice& s : payload_slices) slices.push_back(std::move(s));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
+                                            size_t max_header_bytes) {
+  std::vector<grpc::Slice> slices;
+  grpc::Status dumped = buffer.Dump(&slices);
+  if (!dumped.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "envelope: cannot read the message: ", dumped.error_message()));
+  }
+  std::vector<WireChunk> chunks;
+  chunks.reserve(slices.size());
+  for (grpc::Slice& s : slices) {
+    // Take addresses only once the slice is in its final heap home (small
+    // slices keep their bytes inline).
+    auto held = std::make_shared<grpc::Slice>(std::move(s));
+    chunks.push_back(WireChunk{reinterpret_cast<const char*>(held->begin()),
+                               held->size(), held});
+  }
+
+  EnvelopeParts parts;
+  ChunkReader in(chunks);
+  bool have_payload = false;
+  while (!in.AtEnd()) {
+    std::string field;
+    uint64_t tag;
+    RETURN_IF_ERROR(in.ReadVarint(&tag, &field, "field tag"));
+    const uint64_t number = tag >> 3;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (number == 0) {
+      return absl::InvalidArgumentError("envelope: field number 0");
+    }
+    if (number == kPayloadField && wire_type == 2) {
+      if (have_payload) {
+        return absl::InvalidArgumentError(
+            "envelope: payload field appears twice");
+      }
+      have_payload = true;
+      uint64_t len;
+      RETURN_IF_ERROR(in.ReadVarint(&len, nullptr, "payload length"));
+      RETURN_IF_ERROR(in.Reference(len, &parts.payload));
+      parts.payload_bytes = len;
+      continue;
+    }
+    switch (wire_type) {
+      case 0: {
+        uint64_t ignored;
+        RETURN_IF_ERROR(in.ReadVarint(&ignored, &field, "varint field"));
+        break;
+      }
+      case 1:
+        RETURN_IF_ERROR(in.Copy(8, &field));
+        break;
+      case 5:
+        RETURN_IF_ERROR(in.Copy(4, &field));
+        break;
+      case 2: {
+        uint64_t len;
+        RETURN_IF_ERROR(in.ReadVarint(&len, &field, "field length"));
+        if (len > max_header_bytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("envelope: field ", number, " is ", len,
+                           " bytes, over the limit of ", max_header_bytes,
+                           " for envelope fields"));
+        }
+        RETURN_IF_ERROR(in.Copy(len, &field));
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("envelope: field ", number,
+                         " has unsupported wire type ", wire_type));
+    }
+    parts.header += field;
+    if (parts.header.size() > max_header_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("envelope: header fields exceed the limit of ",
+                       max_header_bytes, " bytes"));
+    }
+  }
+  parts.total_bytes = in.consumed();
+  return parts;
+}
+
+}  // namespace ferry::rpc

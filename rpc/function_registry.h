@@ -1,0 +1,295 @@
+// FunctionRegistry: the functions a worker serves, by name.
+//
+// Functions are ordinary C++ callables. Arguments arrive as a Value list and
+// are converted with FromValue<T> (tensor/value.h); the result goes back with
+// ToValue. A callable may return:
+//   T                  -> the value
+//   absl::StatusOr<T>  -> the value, or the error to the caller
+//   absl::Status/void  -> none (or the error)
+//   Future<T>          -> the reply is sent when the future completes, without
+//                         holding a worker thread (PyTorch's @async_execution)
+// A callable whose first parameter is `const CallContext&` receives the
+// caller's identity and deadline (e.g. to call its caller back).
+//
+//   registry.Register("add", [](Tensor a, Tensor b) { return a.add(b); });
+//
+// Wrong argument count or types give InvalidArgument naming the function,
+// the argument and the expected and actual kinds.
+//
+// Thread safety: Register and Find may be called concurrently from any
+// thread. Registered callables may run concurrently on several threads.
+#ifndef FERRY_RPC_FUNCTION_REGISTRY_H_
+#define FERRY_RPC_FUNCTION_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/future.h"
+#include "common/sync.h"
+#include "tensor/value.h"
+
+namespace ferry::rpc {
+
+// What a served function knows about its call.
+struct CallContext {
+  std::string caller_name;
+  int caller_id = -1;
+  std::string function;
+  uint64_t request_id = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+};
+
+// A function in its type-erased form.
+using RawFunction =
+    std::function<Future<Value>(const CallContext&, const Value& args)>;
+
+struct FunctionEntry {
+  std::string name;
+  std::string signature;  // "(Tensor, int64) -> Tensor"
+  std::string doc;
+  bool is_async = false;  // Returns a Future.
+  RawFunction fn;
+};
+
+// Readable names of argument and result types, for signatures.
+template <typename T, typename = void>
+struct TypeName {
+  static std::string Get() { return "value"; }
+};
+
+namespace registry_internal {
+
+template <typename T>
+struct IsFuture : std::false_type {};
+template <typename T>
+struct IsFuture<Future<T>> : std::true_type {
+  using Inner = T;
+};
+template <typename T>
+struct IsStatusOr : std::false_type {};
+template <typename T>
+struct IsStatusOr<absl::StatusOr<T>> : std::true_type {
+  using Inner = T;
+};
+
+template <typename T>
+struct Signature;
+template <typename R, typename... A>
+struct Signature<R(A...)> {
+  using Result = R;
+  using Args = std::tuple<A...>;
+};
+template <typename R, typename... A>
+struct Signature<R (*)(A...)> : Signature<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct Signature<R (C::*)(A...)> : Signature<R(A...)> {};
+template <typename C, typename R, typename... A>
+struct Signature<R (C::*)(A...) const> : Signature<R(A...)> {};
+template <typename F, typename = void>
+struct CallableSignature : Signature<F> {};
+template <typename F>
+struct CallableSignature<F, std::void_t<decltype(&F::operator())>>
+    : Signature<decltype(&F::operator())> {};
+
+// Converts whatever the user's function returned into a Future<Value>.
+template <typename R>
+Future<Value> ToValueFuture(R&& r);
+
+template <typename U>
+absl::StatusOr<Value> ResultToValue(const Result<U>& r) {
+  if constexpr (std::is_void_v<U>) {
+    if (!r.ok()) return r;
+    return Value::None();
+  } else {
+    if (!r.ok()) return r.status();
+    return ToValue(*r);
+  }
+}
+
+template <typename R>
+Future<Value> ToValueFuture(R&& r) {
+  using D = std::decay_t<R>;
+  if constexpr (IsFuture<D>::value) {
+    using U = typename IsFuture<D>::Inner;
+    return r.Then([](const Result<U>& x) { return ResultToValue<U>(x); });
+  } else if constexpr (IsStatusOr<D>::value) {
+    using U = typename IsStatusOr<D>::Inner;
+    return MakeReadyFuture<Value>(ResultToValue<U>(r));
+  } else if constexpr (std::is_same_v<D, absl::Status>) {
+    return MakeReadyFuture<Value>(ResultToValue<void>(r));
+  } else {
+    return MakeReadyFuture<Value>(ToValue(r));
+  }
+}
+
+template <typename Tuple>
+struct DropContext {
+  static constexpr bool kHasContext = false;
+  using Args = Tuple;
+};
+template <typename First, typename... Rest>
+struct DropContext<std::tuple<First, Rest...>> {
+  static constexpr bool kHasContext =
+      std::is_same_v<std::decay_t<First>, CallContext>;
+  using Args = std::conditional_t<kHasContext, std::tuple<Rest...>,
+                                  std::tuple<First, Rest...>>;
+};
+
+template <typename Tuple>
+struct DecayAll;
+template <typename... A>
+struct DecayAll<std::tuple<A...>> {
+  using type = std::tuple<std::decay_t<A>...>;
+  static std::string Names() {
+    std::vector<std::string> names{TypeName<std::decay_t<A>>::Get()...};
+    return absl::StrCat("(", absl::StrJoin(names, ", "), ")");
+  }
+};
+
+template <typename R>
+std::string ResultName() {
+  using D = std::decay_t<R>;
+  if constexpr (IsFuture<D>::value) {
+    return ResultName<typename IsFuture<D>::Inner>();
+  } else if constexpr (IsStatusOr<D>::value) {
+    return ResultName<typename IsStatusOr<D>::Inner>();
+  } else if constexpr (std::is_void_v<D> || std::is_same_v<D, absl::Status>) {
+    return "none";
+  } else {
+    return TypeName<D>::Get();
+  }
+}
+
+}  // namespace registry_internal
+
+class FunctionRegistry {
+ public:
+  FunctionRegistry() = default;
+  FunctionRegistry(const FunctionRegistry&) = delete;
+  FunctionRegistry& operator=(const FunctionRegistry&) = delete;
+
+  // Registers a typed callable. AlreadyExists if `name` is taken;
+  // InvalidArgument for an empty name.
+  template <typename F>
+  absl::Status Register(std::string name, F f, std::string doc = "");
+
+  absl::Status RegisterRaw(FunctionEntry entry);
+
+  // nullptr when absent.
+  std::shared_ptr<const FunctionEntry> Find(const std::string& name) const;
+
+  // Every entry, sorted by name.
+  std::vector<std::shared_ptr<const FunctionEntry>> List() const;
+
+ private:
+  mutable Mutex mu_;
+  std::map<std::string, std::shared_ptr<const FunctionEntry>> functions_
+      ABSL_GUARDED_BY(mu_);
+};
+
+template <typename F>
+absl::Status FunctionRegistry::Register(std::string name, F f,
+                                        std::string doc) {
+  using Sig = registry_internal::CallableSignature<std::decay_t<F>>;
+  using R = typename Sig::Result;
+  using Drop = registry_internal::DropContext<typename Sig::Args>;
+  using Decayed = registry_internal::DecayAll<typename Drop::Args>;
+  using ArgTuple = typename Decayed::type;
+  constexpr bool kHasContext = Drop::kHasContext;
+
+  FunctionEntry entry;
+  entry.name = name;
+  entry.doc = std::move(doc);
+  entry.is_async = registry_internal::IsFuture<std::decay_t<R>>::value;
+  entry.signature = absl::StrCat(Decayed::Names(), " -> ",
+                                 registry_internal::ResultName<R>());
+  entry.fn = [f = std::move(f), name](
+                 const CallContext& ctx,
+                 const Value& args) mutable -> Future<Value> {
+    absl::StatusOr<ArgTuple> parsed = FromValue<ArgTuple>(args);
+    if (!parsed.ok()) {
+      return MakeErrorFuture<Value>(absl::InvalidArgumentError(absl::StrCat(
+          "function '", name, "' arguments ", parsed.status().message())));
+    }
+    auto call = [&](auto&&... a) -> decltype(auto) {
+      if constexpr (kHasContext) {
+        return f(ctx, std::forward<decltype(a)>(a)...);
+      } else {
+        return f(std::forward<decltype(a)>(a)...);
+      }
+    };
+    if constexpr (std::is_void_v<R>) {
+      std::apply(call, *std::move(parsed));
+      return MakeReadyFuture<Value>(Value::None());
+    } else {
+      return registry_internal::ToValueFuture(
+          std::apply(call, *std::move(parsed)));
+    }
+  };
+  return RegisterRaw(std::move(entry));
+}
+
+// TypeName specializations for the types Value converts.
+template <>
+struct TypeName<bool> {
+  static std::string Get() { return "bool"; }
+};
+template <typename T>
+struct TypeName<
+    T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  static std::string Get() { return std::is_signed_v<T> ? "int64" : "uint64"; }
+};
+template <typename T>
+struct TypeName<T, std::enable_if_t<std::is_floating_point_v<T>>> {
+  static std::string Get() { return "double"; }
+};
+template <>
+struct TypeName<std::string> {
+  static std::string Get() { return "string"; }
+};
+template <>
+struct TypeName<Bytes> {
+  static std::string Get() { return "bytes"; }
+};
+template <>
+struct TypeName<Tensor> {
+  static std::string Get() { return "Tensor"; }
+};
+template <>
+struct TypeName<Value> {
+  static std::string Get() { return "value"; }
+};
+template <typename T>
+struct TypeName<std::vector<T>> {
+  static std::string Get() {
+    return absl::StrCat("list<", TypeName<T>::Get(), ">");
+  }
+};
+template <typename T>
+struct TypeName<std::map<std::string, T>> {
+  static std::string Get() {
+    return absl::StrCat("dict<string, ", TypeName<T>::Get(), ">");
+  }
+};
+template <typename T>
+struct TypeName<std::optional<T>> {
+  static std::string Get() {
+    return absl::StrCat("optional<", TypeName<T>::Get(), ">");
+  }
+};
+
+}  // namespace ferry::rpc
+
+#endif  // FERRY_RPC_FUNCTION_REGISTRY_H_
