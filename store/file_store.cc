@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(std::string path,
 }
 
 absl::Status FileStore::Attach(bool join) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (int attempt = 0; attempt < kAttachAttempts; ++attempt) {
     int fd = open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoError(errno, "cannot open", path_);
@@ -172,7 +172,7 @@ absl::Status FileStore::Attach(bool join) {
 }
 
 FileStore::~FileStore() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (fd_ < 0) return;
   {
     absl::StatusOr<FileLock> file_lock =
@@ -321,7 +321,7 @@ absl::Status FileStore::AppendLocked(absl::string_view records) {
 }
 
 absl::StatusOr<bool> FileStore::RunLocked(LockMode mode, const Attempt& fn) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (fd_ < 0) return absl::FailedPreconditionError(name_ + " is closed");
   ASSIGN_OR_RETURN(FileLock file_lock,
                    FileLock::Acquire(fd_, mode == LockMode::kExclusive, path_));
@@ -338,7 +338,7 @@ absl::Status FileStore::Poll(absl::string_view op, LockMode mode,
   while (true) {
     std::vector<std::string> missing;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (fd_ < 0) return absl::FailedPreconditionError(name_ + " is closed");
       ASSIGN_OR_RETURN(
           FileLock file_lock,

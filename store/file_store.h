@@ -44,9 +44,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/sync.h"
 #include "store/store.h"
 
 namespace ferry {
@@ -127,7 +127,7 @@ class FileStore : public Store {
   const std::string name_;
   const int world_size_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);

@@ -1,22 +1,32 @@
 #include "store/hash_store.h"
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "common/status.h"
+#include "common/sync.h"
 #include "store/store_util.h"
 
 namespace ferry {
+namespace {
+
+// Waits wake at least hourly, so a huge or infinite timeout never overflows
+// the clock arithmetic of the condition variable.
+absl::Time ClampDeadline(absl::Time deadline) {
+  return std::min(deadline, absl::Now() + absl::Hours(1));
+}
+
+}  // namespace
 
 struct HashStore::State {
   std::string name;
-  absl::Mutex mu;
+  Mutex mu;
   // Signalled (SignalAll) by every mutation that can satisfy a waiter.
-  absl::CondVar changed;
+  CondVar changed;
   absl::flat_hash_map<std::string, std::string> kv ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, std::deque<std::string>> queues
       ABSL_GUARDED_BY(mu);
@@ -39,7 +49,7 @@ struct HashStore::State {
       if (now >= deadline) {
         return StoreTimeoutError(name, op, missing, now - start, timeout);
       }
-      changed.WaitWithDeadline(&mu, deadline);
+      changed.WaitWithDeadline(&mu, ClampDeadline(deadline));
     }
   }
 };
@@ -57,7 +67,7 @@ HashStore::~HashStore() = default;
 std::string HashStore::Describe() const { return state_->name; }
 
 absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->kv[key] = std::string(value);
   state_->changed.SignalAll();
   return absl::OkStatus();
@@ -65,13 +75,13 @@ absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
 
 absl::StatusOr<std::string> HashStore::Get(absl::string_view key) {
   const std::string keys[] = {std::string(key)};
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   RETURN_IF_ERROR(state_->AwaitKeys("Get", keys, Timeout()));
   return state_->kv.find(key)->second;
 }
 
 absl::StatusOr<int64_t> HashStore::Add(absl::string_view key, int64_t delta) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->kv.find(key);
   ASSIGN_OR_RETURN(
       int64_t sum,
@@ -85,7 +95,7 @@ absl::StatusOr<int64_t> HashStore::Add(absl::string_view key, int64_t delta) {
 absl::StatusOr<std::string> HashStore::CompareSet(absl::string_view key,
                                                   absl::string_view expected,
                                                   absl::string_view desired) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->kv.find(key);
   bool store_desired = false;
   std::string result =
@@ -99,7 +109,7 @@ absl::StatusOr<std::string> HashStore::CompareSet(absl::string_view key,
 }
 
 absl::StatusOr<bool> HashStore::Check(absl::Span<const std::string> keys) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   for (const std::string& key : keys) {
     if (!state_->kv.contains(key)) return false;
   }
@@ -108,23 +118,23 @@ absl::StatusOr<bool> HashStore::Check(absl::Span<const std::string> keys) {
 
 absl::Status HashStore::Wait(absl::Span<const std::string> keys,
                              std::optional<absl::Duration> timeout) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->AwaitKeys("Wait", keys, timeout.value_or(Timeout()));
 }
 
 absl::StatusOr<bool> HashStore::DeleteKey(absl::string_view key) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->kv.erase(key) > 0;
 }
 
 absl::StatusOr<int64_t> HashStore::NumKeys() {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return static_cast<int64_t>(state_->kv.size());
 }
 
 absl::StatusOr<std::vector<std::string>> HashStore::MultiGet(
     absl::Span<const std::string> keys) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   RETURN_IF_ERROR(state_->AwaitKeys("MultiGet", keys, Timeout()));
   std::vector<std::string> values;
   values.reserve(keys.size());
@@ -137,14 +147,14 @@ absl::Status HashStore::MultiSet(absl::Span<const std::string> keys,
   if (keys.size() != values.size()) {
     return MultiSetLengthError(state_->name, keys.size(), values.size());
   }
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   for (size_t i = 0; i < keys.size(); ++i) state_->kv[keys[i]] = values[i];
   state_->changed.SignalAll();
   return absl::OkStatus();
 }
 
 absl::Status HashStore::Append(absl::string_view key, absl::string_view value) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   absl::StrAppend(&state_->kv[key], value);
   state_->changed.SignalAll();
   return absl::OkStatus();
@@ -152,7 +162,7 @@ absl::Status HashStore::Append(absl::string_view key, absl::string_view value) {
 
 absl::Status HashStore::QueuePush(absl::string_view key,
                                   absl::string_view value) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->queues[key].emplace_back(value);
   state_->changed.SignalAll();
   return absl::OkStatus();
@@ -160,7 +170,7 @@ absl::Status HashStore::QueuePush(absl::string_view key,
 
 absl::StatusOr<std::string> HashStore::QueuePop(
     absl::string_view key, bool block, std::optional<absl::Duration> timeout) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto nonempty = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     auto it = state_->queues.find(key);
     return it != state_->queues.end() && !it->second.empty();
@@ -177,7 +187,7 @@ absl::StatusOr<std::string> HashStore::QueuePop(
         return StoreTimeoutError(state_->name, "QueuePop", keys, now - start,
                                  limit);
       }
-      state_->changed.WaitWithDeadline(&state_->mu, deadline);
+      state_->changed.WaitWithDeadline(&state_->mu, ClampDeadline(deadline));
     }
   }
   auto it = state_->queues.find(key);
@@ -188,7 +198,7 @@ absl::StatusOr<std::string> HashStore::QueuePop(
 }
 
 absl::StatusOr<int64_t> HashStore::QueueLen(absl::string_view key) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->queues.find(key);
   return it == state_->queues.end() ? 0
                                     : static_cast<int64_t>(it->second.size());

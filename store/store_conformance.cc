@@ -9,9 +9,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 #include "gmock/gmock.h"
 
 namespace ferry {
@@ -370,7 +370,7 @@ TEST_P(StoreConformanceTest, ConcurrentConsumersGetEachItemOnce) {
     handles.push_back(NewHandle());
     ASSERT_NE(handles.back(), nullptr);
   }
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<std::string> received;
   std::vector<absl::Status> errors;
   std::vector<std::thread> consumers;
@@ -378,7 +378,7 @@ TEST_P(StoreConformanceTest, ConcurrentConsumersGetEachItemOnce) {
     consumers.emplace_back([&, i] {
       for (int n = 0; n < kItems / kConsumers; ++n) {
         absl::StatusOr<std::string> item = handles[i]->QueuePop("work", true);
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         if (item.ok()) {
           received.push_back(*item);
         } else {
@@ -445,7 +445,7 @@ TEST_P(StoreConformanceTest, ConcurrentAddsAreAtomic) {
     clones.push_back(NewHandle());
     ASSERT_NE(clones.back(), nullptr);
   }
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<int64_t> results;
   int failures = 0;
   std::vector<std::thread> threads;
@@ -462,7 +462,7 @@ TEST_P(StoreConformanceTest, ConcurrentAddsAreAtomic) {
           ++my_failures;
         }
       }
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       results.insert(results.end(), mine.begin(), mine.end());
       failures += my_failures;
     });
