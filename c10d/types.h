@@ -59,57 +59,57 @@ absl::string_view OpTypeName(OpType op);
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct BroadcastOptions {
   int root = 0;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct ReduceOptions {
   int root = 0;
   ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct AllgatherOptions {
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct GatherOptions {
   int root = 0;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct ScatterOptions {
   int root = 0;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct ReduceScatterOptions {
   ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct AlltoallOptions {
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct BarrierOptions {
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 // Point-to-point: a Send matches the Recv on the peer with the same tag
 // (>= 0); several with the same (peer, tag) match in issue order.
 struct SendOptions {
   int tag = 0;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 struct RecvOptions {
   int tag = 0;
-  std::optional<absl::Duration> timeout;
+  std::optional<absl::Duration> timeout = std::nullopt;
 };
 
 }  // namespace c10d

@@ -1,0 +1,898 @@
+#include "c10d/gloo/gloo_backend.h"
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "c10d/gloo/store_adapter.h"
+#include "c10d/reduce.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/gather.h"
+#include "gloo/reduce.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/scatter.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+constexpr int64_t kHeaderMagic = 0x4665727279433130;  // "FerryC10"
+constexpr int64_t kP2PMagic = 0x4665727279503250;     // "FerryP2P"
+// Slot prefixes for point-to-point transfers, above Gloo's collective
+// prefixes (0x01..0x08) so they never collide.
+constexpr uint64_t kP2PHeaderPrefix = 0x41;
+constexpr uint64_t kP2PPayloadPrefix = 0x42;
+// Largest mismatched payload a Recv drains (see WaitP2P).
+constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  int64_t ms = absl::ToInt64Milliseconds(d);
+  if (ms <= 0) ms = 1;  // Gloo treats 0 as "no timeout".
+  return std::chrono::milliseconds(ms);
+}
+
+// Gloo's buffers are typed only by element size; the reduction function
+// knows the real type.
+template <typename Opts>
+void SetOutputBySize(Opts& o, void* ptr, size_t numel, size_t itemsize) {
+  switch (itemsize) {
+    case 1:
+      o.template setOutput<uint8_t>(static_cast<uint8_t*>(ptr), numel);
+      break;
+    case 2:
+      o.template setOutput<uint16_t>(static_cast<uint16_t*>(ptr), numel);
+      break;
+    case 4:
+      o.template setOutput<uint32_t>(static_cast<uint32_t*>(ptr), numel);
+      break;
+    default:
+      o.template setOutput<uint64_t>(static_cast<uint64_t*>(ptr), numel);
+      break;
+  }
+}
+template <typename Opts>
+void SetInputBySize(Opts& o, void* ptr, size_t numel, size_t itemsize) {
+  switch (itemsize) {
+    case 1:
+      o.template setInput<uint8_t>(static_cast<uint8_t*>(ptr), numel);
+      break;
+    case 2:
+      o.template setInput<uint16_t>(static_cast<uint16_t*>(ptr), numel);
+      break;
+    case 4:
+      o.template setInput<uint32_t>(static_cast<uint32_t*>(ptr), numel);
+      break;
+    default:
+      o.template setInput<uint64_t>(static_cast<uint64_t*>(ptr), numel);
+      break;
+  }
+}
+
+std::string HeaderString(const GlooBackend::Header& h) {
+  std::string s = absl::StrCat(OpTypeName(static_cast<OpType>(h.op)));
+  if (h.dtype >= 0) {
+    absl::StrAppend(&s, " ", DTypeName(static_cast<DType>(h.dtype)), " x ",
+                    h.count);
+  }
+  if (h.reduce_op >= 0) {
+    absl::StrAppend(&s, " ", ReduceOpName(static_cast<ReduceOp>(h.reduce_op)));
+  }
+  if (h.root >= 0) absl::StrAppend(&s, " root ", h.root);
+  return s;
+}
+
+bool SameCall(const GlooBackend::Header& a, const GlooBackend::Header& b) {
+  return a.magic == b.magic && a.op == b.op && a.dtype == b.dtype &&
+         a.reduce_op == b.reduce_op && a.root == b.root && a.count == b.count;
+}
+
+void CopyBytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+}  // namespace
+
+// One point-to-point transfer. The header and payload buffers must outlive
+// any chance of Gloo writing into them (see Bury).
+struct GlooBackend::P2P {
+  bool is_send = false;
+  int peer = 0;
+  int tag = 0;
+  absl::Duration timeout;
+  Tensor tensor;
+  int64_t header[4] = {0, 0, 0, 0};  // magic, dtype, numel, nbytes
+  std::unique_ptr<::gloo::transport::UnboundBuffer> header_buf;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buf;
+  std::vector<char> drain;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> drain_buf;
+  std::shared_ptr<Work> work;
+};
+
+absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
+    const std::map<std::string, std::string>& options) {
+  GlooBackendOptions out;
+  for (const auto& [key, value] : options) {
+    if (key == "hostname") {
+      out.hostname = value;
+    } else if (key == "check_args") {
+      if (!absl::SimpleAtob(value, &out.check_args)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gloo option check_args: '", value, "' is not a boolean"));
+      }
+    } else if (key == "p2p_threads") {
+      if (!absl::SimpleAtoi(value, &out.p2p_threads) || out.p2p_threads < 1 ||
+          out.p2p_threads > 256) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gloo option p2p_threads: '", value, "' is not in [1, 256]"));
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown gloo option '", key,
+                       "' (known: hostname, check_args, p2p_threads)"));
+    }
+  }
+  return out;
+}
+
+BackendFactory GlooBackend::Factory() {
+  return [](const BackendConfig& config)
+             -> absl::StatusOr<std::unique_ptr<Backend>> {
+    ASSIGN_OR_RETURN(GlooBackendOptions options,
+                     GlooBackendOptions::FromMap(config.options));
+    ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,
+                     GlooBackend::Create(config.store, config.rank, config.size,
+                                         config.timeout, options));
+    return std::unique_ptr<Backend>(std::move(backend));
+  };
+}
+
+absl::StatusOr<std::unique_ptr<GlooBackend>> GlooBackend::Create(
+    std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout,
+    GlooBackendOptions options) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("GlooBackend::Create: null store");
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GlooBackend::Create: rank ", rank, " is not in [0, ", size, ")"));
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GlooBackend::Create: timeout ",
+                     absl::FormatDuration(timeout), " must be positive"));
+  }
+  if (options.p2p_threads < 1) options.p2p_threads = 1;
+  GlooStoreAdapter adapter(store, timeout);
+  std::shared_ptr<::gloo::rendezvous::Context> context;
+  std::string where = absl::StrCat("gloo rendezvous of rank ", rank, " of ",
+                                   size, " through ", store->Describe());
+  try {
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<::gloo::transport::Device> device =
+        ::gloo::transport::tcp::CreateDevice(attr);
+    context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(ToMillis(timeout));
+    context->connectFullMesh(adapter, device);
+  } catch (const std::exception& e) {
+    absl::Status store_error = adapter.first_error();
+    if (!store_error.ok()) {
+      return Annotate(store_error,
+                      absl::StrCat(where, " (timeout ",
+                                   absl::FormatDuration(timeout), ")"));
+    }
+    std::string what = e.what();
+    if (absl::StrContains(what, "imed out") ||
+        absl::StrContains(what, "timeout")) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": peers did not connect within ",
+                       absl::FormatDuration(timeout), ": ", what));
+    }
+    return absl::UnavailableError(absl::StrCat(where, ": ", what));
+  }
+  return std::unique_ptr<GlooBackend>(new GlooBackend(
+      rank, size, timeout, std::move(options), std::move(context)));
+}
+
+GlooBackend::GlooBackend(int rank, int size, absl::Duration timeout,
+                         GlooBackendOptions options,
+                         std::shared_ptr<::gloo::Context> ctx)
+    : Backend("gloo", rank, size, timeout),
+      options_(std::move(options)),
+      context_(std::move(ctx)) {
+  ThreadPoolExecutor::Options pool;
+  pool.name = absl::StrCat("gloo-p2p-rank", rank);
+  pool.num_threads = options_.p2p_threads;
+  p2p_waiters_ = std::make_unique<ThreadPoolExecutor>(pool);
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+GlooBackend::~GlooBackend() {
+  std::deque<std::unique_ptr<Op>> cancelled;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    cancelled.swap(queue_);
+  }
+  for (auto& op : cancelled) {
+    op->work->Complete(absl::CancelledError(absl::StrCat(
+        op->work->description(), ": the backend was destroyed before it ran")));
+  }
+  if (worker_.joinable()) worker_.join();
+  // Waiters finish within their operations' timeouts.
+  p2p_waiters_->Shutdown(ThreadPoolExecutor::ShutdownMode::kDrain)
+      .IgnoreError();
+  MutexLock lock(&p2p_mu_);
+  graveyard_.clear();
+}
+
+std::shared_ptr<Work> GlooBackend::Enqueue(
+    OpType type, Header header, absl::Status local_error,
+    const std::optional<absl::Duration>& timeout,
+    absl::AnyInvocable<absl::Status(uint32_t, absl::Duration)> run) {
+  header.magic = kHeaderMagic;
+  header.op = static_cast<int64_t>(type);
+  header.valid = local_error.ok() ? 1 : 0;
+  if (!local_error.ok() && !options_.check_args) return Fail(type, local_error);
+  auto op = std::make_unique<Op>();
+  op->type = type;
+  op->header = header;
+  op->local_error = std::move(local_error);
+  op->timeout = TimeoutOr(timeout);
+  op->run = std::move(run);
+  std::shared_ptr<Work> work;
+  {
+    MutexLock lock(&mu_);
+    op->seq = next_seq_++;
+    work = std::make_shared<Work>(absl::StrCat(Describe(type), " #", op->seq));
+    op->work = work;
+    if (stopping_) {
+      work->Complete(absl::CancelledError(
+          absl::StrCat(work->description(), ": the backend is shutting down")));
+      return work;
+    }
+    queue_.push_back(std::move(op));
+  }
+  return work;
+}
+
+void GlooBackend::WorkerLoop() {
+  ScopedLogLabel label(absl::StrCat("gloo-rank", rank()));
+  for (;;) {
+    std::unique_ptr<Op> op;
+    absl::Status broken;
+    {
+      MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      op = std::move(queue_.front());
+      queue_.pop_front();
+      broken = broken_;
+    }
+    absl::Status status;
+    if (!broken.ok()) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          op->work->description(),
+          ": the gloo backend is unusable after an earlier failure (",
+          broken.message(), "); create a new process group"));
+    } else {
+      status = RunOp(*op);
+      if (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status) ||
+          absl::IsInternal(status)) {
+        MutexLock lock(&mu_);
+        if (broken_.ok()) broken_ = status;
+      }
+    }
+    op->work->Complete(std::move(status));
+  }
+}
+
+absl::Status GlooBackend::CallGloo(const Op& op, absl::Duration timeout,
+                                   absl::AnyInvocable<absl::Status()> fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (absl::StrContains(what, "imed out") ||
+        absl::StrContains(what, "timeout")) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(op.work->description(), ": timed out after ",
+                       absl::FormatDuration(timeout),
+                       " waiting for the other ranks (gloo: ", what, ")"));
+    }
+    return absl::UnavailableError(
+        absl::StrCat(op.work->description(), ": gloo error: ", what));
+  } catch (...) {
+    return absl::InternalError(
+        absl::StrCat(op.work->description(), ": unknown exception from gloo"));
+  }
+}
+
+absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout) {
+  std::vector<Header> all(size());
+  Header mine = op.header;
+  RETURN_IF_ERROR(CallGloo(op, timeout, [&]() -> absl::Status {
+    ::gloo::AllgatherOptions o(context_);
+    o.setInput<int64_t>(reinterpret_cast<int64_t*>(&mine),
+                        sizeof(Header) / sizeof(int64_t));
+    o.setOutput<int64_t>(reinterpret_cast<int64_t*>(all.data()),
+                         size() * sizeof(Header) / sizeof(int64_t));
+    o.setTag(op.seq * 2);
+    o.setTimeout(ToMillis(timeout));
+    ::gloo::allgather(o);
+    return absl::OkStatus();
+  }));
+  if (!op.local_error.ok())
+    return Annotate(op.local_error, op.work->description());
+  std::vector<std::string> invalid;
+  for (int r = 0; r < size(); ++r) {
+    if (all[r].valid == 0) invalid.push_back(absl::StrCat(r));
+  }
+  if (!invalid.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op.work->description(), ": rank(s) ", absl::StrJoin(invalid, ", "),
+        " passed invalid arguments to this call (see their errors)"));
+  }
+  for (int r = 0; r < size(); ++r) {
+    if (!SameCall(all[r], mine)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op.work->description(), ": arguments differ between ranks: rank ",
+          rank(), " called ", HeaderString(mine), ", rank ", r, " called ",
+          all[r].magic == kHeaderMagic ? HeaderString(all[r])
+                                       : std::string("something else")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooBackend::RunOp(Op& op) {
+  if (options_.check_args) {
+    RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout));
+  }
+  uint32_t tag = op.seq * 2 + 1;
+  return CallGloo(op, op.timeout, [&]() { return op.run(tag, op.timeout); });
+}
+
+// --- Collectives -----------------------------------------------------------
+
+namespace {
+
+absl::Status CheckCpu(OpType op, const Tensor& t) {
+  if (t.defined() && !t.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpTypeName(op), ": the gloo backend takes CPU tensors, got one on ",
+        t.device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOne(OpType op, const Tensor& t, absl::string_view what) {
+  RETURN_IF_ERROR(CheckTensor(op, t, what));
+  return CheckCpu(op, t);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
+                                             const AllreduceOptions& options) {
+  constexpr OpType kOp = OpType::kAllreduce;
+  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  Header h;
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
+  if (local.ok()) {
+    h.dtype = static_cast<int64_t>(tensor.dtype());
+    h.count = tensor.numel();
+    fn = GetReduceFn(tensor.dtype(), options.op);
+    if (!fn.ok()) local = fn.status();
+  }
+  h.reduce_op = static_cast<int64_t>(options.op);
+  ReduceOp rop = options.op;
+  int n = size();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, tensor, rop, n, fn = fn.value_or(nullptr)](
+          uint32_t tag, absl::Duration timeout) mutable -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        ::gloo::AllreduceOptions o(context_);
+        SetOutputBySize(o, tensor.data_ptr(), tensor.numel(),
+                        tensor.itemsize());
+        o.setReduceFunction([fn](void* c, const void* a, const void* b,
+                                 size_t k) { fn(c, a, b, k); });
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::allreduce(o);
+        if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
+                                             const BroadcastOptions& options) {
+  constexpr OpType kOp = OpType::kBroadcast;
+  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  Header h;
+  h.root = options.root;
+  if (tensor.defined()) {
+    h.dtype = static_cast<int64_t>(tensor.dtype());
+    h.count = tensor.numel();
+  }
+  int root = options.root;
+  return Enqueue(kOp, h, local, options.timeout,
+                 [this, tensor, root](uint32_t tag,
+                                      absl::Duration timeout) -> absl::Status {
+                   if (tensor.numel() == 0) return absl::OkStatus();
+                   ::gloo::BroadcastOptions o(context_);
+                   SetOutputBySize(o, tensor.data_ptr(), tensor.numel(),
+                                   tensor.itemsize());
+                   o.setRoot(root);
+                   o.setTag(tag);
+                   o.setTimeout(ToMillis(timeout));
+                   ::gloo::broadcast(o);
+                   return absl::OkStatus();
+                 });
+}
+
+std::shared_ptr<Work> GlooBackend::Reduce(Tensor tensor,
+                                          const ReduceOptions& options) {
+  constexpr OpType kOp = OpType::kReduce;
+  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  Header h;
+  h.root = options.root;
+  h.reduce_op = static_cast<int64_t>(options.op);
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
+  if (tensor.defined()) {
+    h.dtype = static_cast<int64_t>(tensor.dtype());
+    h.count = tensor.numel();
+  }
+  if (local.ok()) {
+    fn = GetReduceFn(tensor.dtype(), options.op);
+    if (!fn.ok()) local = fn.status();
+  }
+  int root = options.root;
+  ReduceOp rop = options.op;
+  bool is_root = rank() == root;
+  int n = size();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, tensor, root, rop, is_root, n, fn = fn.value_or(nullptr)](
+          uint32_t tag, absl::Duration timeout) mutable -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        // Non-roots keep their tensor: Gloo uses the output as scratch.
+        Tensor scratch =
+            is_root ? tensor : empty(tensor.sizes(), tensor.dtype());
+        ::gloo::ReduceOptions o(context_);
+        SetInputBySize(o, tensor.data_ptr(), tensor.numel(), tensor.itemsize());
+        SetOutputBySize(o, scratch.data_ptr(), tensor.numel(),
+                        tensor.itemsize());
+        o.setReduceFunction([fn](void* c, const void* a, const void* b,
+                                 size_t k) { fn(c, a, b, k); });
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::reduce(o);
+        if (is_root && rop == ReduceOp::kAvg) FinishAverage(tensor, n);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Allgather(std::vector<Tensor> outputs,
+                                             Tensor input,
+                                             const AllgatherOptions& options) {
+  constexpr OpType kOp = OpType::kAllgather;
+  absl::Status local = CheckOne(kOp, input, "input");
+  if (local.ok())
+    local = CheckTensorList(kOp, outputs, size(), input, "outputs");
+  Header h;
+  if (input.defined()) {
+    h.dtype = static_cast<int64_t>(input.dtype());
+    h.count = input.numel();
+  }
+  int n = size();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, outputs = std::move(outputs), input, n](
+          uint32_t tag, absl::Duration timeout) -> absl::Status {
+        size_t nbytes = input.nbytes();
+        if (nbytes == 0) return absl::OkStatus();
+        Tensor flat = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
+        ::gloo::AllgatherOptions o(context_);
+        o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), nbytes);
+        o.setOutput<uint8_t>(static_cast<uint8_t*>(flat.data_ptr()),
+                             n * nbytes);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::allgather(o);
+        const char* src = static_cast<const char*>(flat.data_ptr());
+        for (int r = 0; r < n; ++r) {
+          CopyBytes(outputs[r].data_ptr(), src + r * nbytes, nbytes);
+        }
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Gather(std::vector<Tensor> outputs,
+                                          Tensor input,
+                                          const GatherOptions& options) {
+  constexpr OpType kOp = OpType::kGather;
+  absl::Status local = CheckOne(kOp, input, "input");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  bool is_root = rank() == options.root;
+  if (local.ok()) {
+    local = CheckTensorList(kOp, outputs, is_root ? size() : 0, input,
+                            is_root ? "outputs" : "outputs (non-root)");
+  }
+  Header h;
+  h.root = options.root;
+  if (input.defined()) {
+    h.dtype = static_cast<int64_t>(input.dtype());
+    h.count = input.numel();
+  }
+  int root = options.root;
+  int n = size();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, outputs = std::move(outputs), input, root, is_root, n](
+          uint32_t tag, absl::Duration timeout) -> absl::Status {
+        size_t nbytes = input.nbytes();
+        if (nbytes == 0) return absl::OkStatus();
+        Tensor flat;
+        ::gloo::GatherOptions o(context_);
+        o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), nbytes);
+        if (is_root) {
+          flat = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
+          o.setOutput<uint8_t>(static_cast<uint8_t*>(flat.data_ptr()),
+                               n * nbytes);
+        }
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::gather(o);
+        if (is_root) {
+          const char* src = static_cast<const char*>(flat.data_ptr());
+          for (int r = 0; r < n; ++r) {
+            CopyBytes(outputs[r].data_ptr(), src + r * nbytes, nbytes);
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Scatter(Tensor output,
+                                           std::vector<Tensor> inputs,
+                                           const ScatterOptions& options) {
+  constexpr OpType kOp = OpType::kScatter;
+  absl::Status local = CheckOne(kOp, output, "output");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  bool is_root = rank() == options.root;
+  if (local.ok()) {
+    local = CheckTensorList(kOp, inputs, is_root ? size() : 0, output,
+                            is_root ? "inputs" : "inputs (non-root)");
+  }
+  Header h;
+  h.root = options.root;
+  if (output.defined()) {
+    h.dtype = static_cast<int64_t>(output.dtype());
+    h.count = output.numel();
+  }
+  int root = options.root;
+  return Enqueue(kOp, h, local, options.timeout,
+                 [this, inputs = std::move(inputs), output, root, is_root](
+                     uint32_t tag, absl::Duration timeout) -> absl::Status {
+                   size_t nbytes = output.nbytes();
+                   if (nbytes == 0) return absl::OkStatus();
+                   ::gloo::ScatterOptions o(context_);
+                   if (is_root) {
+                     std::vector<uint8_t*> ptrs;
+                     for (const Tensor& t : inputs) {
+                       ptrs.push_back(static_cast<uint8_t*>(t.data_ptr()));
+                     }
+                     o.setInputs<uint8_t>(ptrs, nbytes);
+                   }
+                   o.setOutput<uint8_t>(
+                       static_cast<uint8_t*>(output.data_ptr()), nbytes);
+                   o.setRoot(root);
+                   o.setTag(tag);
+                   o.setTimeout(ToMillis(timeout));
+                   ::gloo::scatter(o);
+                   return absl::OkStatus();
+                 });
+}
+
+std::shared_ptr<Work> GlooBackend::ReduceScatter(
+    Tensor output, std::vector<Tensor> inputs,
+    const ReduceScatterOptions& options) {
+  constexpr OpType kOp = OpType::kReduceScatter;
+  absl::Status local = CheckOne(kOp, output, "output");
+  if (local.ok())
+    local = CheckTensorList(kOp, inputs, size(), output, "inputs");
+  Header h;
+  h.reduce_op = static_cast<int64_t>(options.op);
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
+  if (output.defined()) {
+    h.dtype = static_cast<int64_t>(output.dtype());
+    h.count = output.numel();
+  }
+  if (local.ok()) {
+    fn = GetReduceFn(output.dtype(), options.op);
+    if (!fn.ok()) local = fn.status();
+  }
+  ReduceOp rop = options.op;
+  int n = size();
+  int me = rank();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, inputs = std::move(inputs), output, rop, n, me,
+       fn = fn.value_or(nullptr)](
+          uint32_t tag, absl::Duration timeout) mutable -> absl::Status {
+        size_t nbytes = output.nbytes();
+        if (nbytes == 0) return absl::OkStatus();
+        Tensor flat = empty({n * output.numel()}, output.dtype());
+        char* base = static_cast<char*>(flat.data_ptr());
+        for (int r = 0; r < n; ++r) {
+          CopyBytes(base + r * nbytes, inputs[r].data_ptr(), nbytes);
+        }
+        ::gloo::AllreduceOptions o(context_);
+        SetOutputBySize(o, flat.data_ptr(), flat.numel(), flat.itemsize());
+        o.setReduceFunction([fn](void* c, const void* a, const void* b,
+                                 size_t k) { fn(c, a, b, k); });
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::allreduce(o);
+        CopyBytes(output.data_ptr(), base + me * nbytes, nbytes);
+        if (rop == ReduceOp::kAvg) FinishAverage(output, n);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
+                                            std::vector<Tensor> inputs,
+                                            const AlltoallOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoall;
+  absl::Status local =
+      inputs.empty() ? absl::InvalidArgumentError(absl::StrCat(
+                           "Alltoall: inputs has 0 tensors, expected ", size()))
+                     : CheckOne(kOp, inputs[0], "inputs[0]");
+  if (local.ok())
+    local = CheckTensorList(kOp, inputs, size(), inputs[0], "inputs");
+  if (local.ok()) {
+    local = CheckTensorList(kOp, outputs, size(), inputs[0], "outputs");
+  }
+  Header h;
+  if (!inputs.empty() && inputs[0].defined()) {
+    h.dtype = static_cast<int64_t>(inputs[0].dtype());
+    h.count = inputs[0].numel();
+  }
+  int n = size();
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, outputs = std::move(outputs), inputs = std::move(inputs), n](
+          uint32_t tag, absl::Duration timeout) -> absl::Status {
+        size_t nbytes = inputs[0].nbytes();
+        if (nbytes == 0) return absl::OkStatus();
+        Tensor in = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
+        Tensor out = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
+        char* ib = static_cast<char*>(in.data_ptr());
+        const char* ob = static_cast<const char*>(out.data_ptr());
+        for (int r = 0; r < n; ++r) {
+          CopyBytes(ib + r * nbytes, inputs[r].data_ptr(), nbytes);
+        }
+        ::gloo::AlltoallOptions o(context_);
+        o.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), n * nbytes);
+        o.setOutput<uint8_t>(static_cast<uint8_t*>(out.data_ptr()), n * nbytes);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::alltoall(o);
+        for (int r = 0; r < n; ++r) {
+          CopyBytes(outputs[r].data_ptr(), ob + r * nbytes, nbytes);
+        }
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::Barrier(const BarrierOptions& options) {
+  return Enqueue(OpType::kBarrier, Header{}, absl::OkStatus(), options.timeout,
+                 [this](uint32_t tag, absl::Duration timeout) -> absl::Status {
+                   ::gloo::BarrierOptions o(context_);
+                   o.setTag(tag);
+                   o.setTimeout(ToMillis(timeout));
+                   ::gloo::barrier(o);
+                   return absl::OkStatus();
+                 });
+}
+
+// --- Point to point ----------------------------------------------------------
+
+namespace {
+
+uint64_t P2PSlot(uint64_t prefix, int tag, uint64_t nbytes) {
+  // prefix (8 bits) | tag (32 bits) | size fingerprint (24 bits): payloads of
+  // different sizes never match, so a mismatch cannot overrun a buffer.
+  uint64_t fp = (nbytes * 0x9E3779B97F4A7C15ull) >> 40;
+  return (prefix << 56) |
+         (static_cast<uint64_t>(static_cast<uint32_t>(tag)) << 24) |
+         (fp & 0xFFFFFF);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> GlooBackend::Send(Tensor tensor, int dst_rank,
+                                        const SendOptions& options) {
+  constexpr OpType kOp = OpType::kSend;
+  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, dst_rank, size(), "destination rank");
+  if (local.ok() && dst_rank == rank()) {
+    local = absl::InvalidArgumentError("Send: destination is this rank");
+  }
+  if (local.ok() && options.tag < 0) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat("Send: tag ", options.tag, " is negative"));
+  }
+  if (!local.ok()) return Fail(kOp, local);
+  auto p = std::make_shared<P2P>();
+  p->is_send = true;
+  p->peer = dst_rank;
+  p->tag = options.tag;
+  p->timeout = TimeoutOr(options.timeout);
+  p->tensor = tensor;
+  p->header[0] = kP2PMagic;
+  p->header[1] = static_cast<int64_t>(tensor.dtype());
+  p->header[2] = tensor.numel();
+  p->header[3] = static_cast<int64_t>(tensor.nbytes());
+  p->work = std::make_shared<Work>(
+      absl::StrCat(Describe(kOp), " to rank ", dst_rank, " tag ", options.tag));
+  try {
+    p->header_buf = context_->createUnboundBuffer(p->header, sizeof(p->header));
+    p->header_buf->send(dst_rank, P2PSlot(kP2PHeaderPrefix, p->tag, 0));
+    if (tensor.nbytes() > 0) {
+      p->payload_buf =
+          context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
+      p->payload_buf->send(dst_rank,
+                           P2PSlot(kP2PPayloadPrefix, p->tag, tensor.nbytes()));
+    }
+  } catch (const std::exception& e) {
+    Bury(p);
+    return Fail(kOp, absl::UnavailableError(absl::StrCat("gloo: ", e.what())));
+  }
+  std::shared_ptr<Work> work = p->work;
+  absl::Status submitted = p2p_waiters_->Submit([this, p] { WaitP2P(p); });
+  if (!submitted.ok()) {
+    Bury(p);
+    work->Complete(Annotate(submitted, work->description()));
+  }
+  return work;
+}
+
+std::shared_ptr<Work> GlooBackend::Recv(Tensor tensor, int src_rank,
+                                        const RecvOptions& options) {
+  constexpr OpType kOp = OpType::kRecv;
+  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, src_rank, size(), "source rank");
+  if (local.ok() && src_rank == rank()) {
+    local = absl::InvalidArgumentError("Recv: source is this rank");
+  }
+  if (local.ok() && options.tag < 0) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat("Recv: tag ", options.tag, " is negative"));
+  }
+  if (!local.ok()) return Fail(kOp, local);
+  auto p = std::make_shared<P2P>();
+  p->is_send = false;
+  p->peer = src_rank;
+  p->tag = options.tag;
+  p->timeout = TimeoutOr(options.timeout);
+  p->tensor = tensor;
+  p->work = std::make_shared<Work>(absl::StrCat(
+      Describe(kOp), " from rank ", src_rank, " tag ", options.tag));
+  try {
+    p->header_buf = context_->createUnboundBuffer(p->header, sizeof(p->header));
+    p->header_buf->recv(src_rank, P2PSlot(kP2PHeaderPrefix, p->tag, 0));
+    if (tensor.nbytes() > 0) {
+      p->payload_buf =
+          context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
+      p->payload_buf->recv(src_rank,
+                           P2PSlot(kP2PPayloadPrefix, p->tag, tensor.nbytes()));
+    }
+  } catch (const std::exception& e) {
+    Bury(p);
+    return Fail(kOp, absl::UnavailableError(absl::StrCat("gloo: ", e.what())));
+  }
+  std::shared_ptr<Work> work = p->work;
+  absl::Status submitted = p2p_waiters_->Submit([this, p] { WaitP2P(p); });
+  if (!submitted.ok()) {
+    Bury(p);
+    work->Complete(Annotate(submitted, work->description()));
+  }
+  return work;
+}
+
+void GlooBackend::WaitP2P(std::shared_ptr<P2P> p) {
+  absl::Time deadline = absl::Now() + p->timeout;
+  auto remaining = [&] { return ToMillis(deadline - absl::Now()); };
+  absl::Status status;
+  try {
+    if (p->is_send) {
+      bool ok = p->header_buf->waitSend(remaining());
+      if (ok && p->payload_buf) ok = p->payload_buf->waitSend(remaining());
+      if (!ok) status = absl::CancelledError("send aborted");
+    } else {
+      bool ok = p->header_buf->waitRecv(remaining());
+      if (!ok) {
+        status = absl::CancelledError("receive aborted");
+      } else if (p->header[0] != kP2PMagic ||
+                 p->header[1] != static_cast<int64_t>(p->tensor.dtype()) ||
+                 p->header[2] != p->tensor.numel()) {
+        std::string sent =
+            p->header[0] == kP2PMagic && p->header[1] >= 0 && p->header[1] <= 8
+                ? absl::StrCat(DTypeName(static_cast<DType>(p->header[1])),
+                               " x ", p->header[2])
+                : std::string("an unrecognized header");
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "rank ", p->peer, " sent ", sent, " but this Recv expects ",
+            DTypeName(p->tensor.dtype()), " x ", p->tensor.numel()));
+        // Drain the sender's payload (its slot carries its size) so the
+        // Send completes instead of timing out, which would close the pairs.
+        int64_t announced = p->header[3];
+        if (p->header[0] == kP2PMagic && announced > 0 &&
+            announced <= kMaxDrainBytes) {
+          p->drain.resize(static_cast<size_t>(announced));
+          p->drain_buf =
+              context_->createUnboundBuffer(p->drain.data(), p->drain.size());
+          p->drain_buf->recv(p->peer,
+                             P2PSlot(kP2PPayloadPrefix, p->tag,
+                                     static_cast<uint64_t>(announced)));
+          p->drain_buf->waitRecv(remaining());
+        }
+      } else if (p->payload_buf) {
+        if (!p->payload_buf->waitRecv(remaining())) {
+          status = absl::CancelledError("receive aborted");
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (absl::StrContains(what, "imed out")) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", absl::FormatDuration(p->timeout),
+                       " (gloo: ", what, ")"));
+    } else {
+      status = absl::UnavailableError(absl::StrCat("gloo: ", what));
+    }
+  }
+  std::shared_ptr<Work> work = p->work;
+  if (absl::IsDeadlineExceeded(status) || absl::IsUnavailable(status)) {
+    // Gloo closes every pair of the context when a wait times out.
+    MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = Annotate(status, work->description());
+  }
+  if (!status.ok()) Bury(std::move(p));
+  work->Complete(Annotate(status, work->description()));
+}
+
+void GlooBackend::Bury(std::shared_ptr<P2P> p) {
+  // Gloo may still deliver into these buffers later; destroying them would
+  // wedge the pair, so they live as long as the backend.
+  MutexLock lock(&p2p_mu_);
+  graveyard_.push_back(std::move(p));
+}
+
+}  // namespace c10d
+}  // namespace ferry

@@ -1,0 +1,195 @@
+// GlooBackend: c10d collectives over Gloo's TCP transport, for CPU tensors.
+//
+// Rendezvous: Create() builds a Gloo TCP device bound to `hostname`
+// (127.0.0.1 by default) and connects a full mesh of pairs, exchanging
+// addresses through the given Store (keys "0".."size-1"; give every backend
+// instance its own namespace, e.g. a PrefixStore). A rank that does not
+// arrive within the timeout makes Create fail with DeadlineExceeded.
+//
+// Execution: collectives run one at a time on a background worker thread,
+// in issue order (one FIFO queue per backend), so ranks that issue the same
+// sequence match up. Before each collective the ranks exchange a 64-byte
+// header (operation, dtype, element count, root, ReduceOp and whether the
+// local arguments were valid); if they differ, or any rank's arguments are
+// invalid, every rank fails that call with InvalidArgument naming the ranks
+// and what differs, and the group stays usable. (Without this check Gloo
+// aborts the process on a size mismatch.) Set check_args = false to skip the
+// exchange: one network round fewer, at the price of undefined behaviour on
+// mismatched calls.
+//
+// Send/Recv are posted at once on the calling thread (they do not queue
+// behind collectives) and matched by (peer, tag) in issue order. A payload
+// travels on a slot derived from its size, after a small header: when the
+// sender's dtype/size differ from the receiver's, the Recv drains the
+// payload and fails with InvalidArgument naming both, the Send succeeds, and
+// the receiver's own posted buffer stays registered with Gloo (Gloo cannot
+// withdraw it), so a later Send of that size and tag from that peer lands
+// there: after a mismatch, treat that (peer, tag) as out of step.
+//
+// Timeouts and failures: an operation that does not finish within its
+// timeout fails with DeadlineExceeded naming the operation, its sequence
+// number, the rank and the timeout. Gloo closes every pair of the context
+// when a wait times out, and after a transport error pairs may hold
+// half-finished transfers, so after either (collective or Send/Recv) the
+// backend refuses every later collective with FailedPrecondition quoting the
+// first failure; make a new group to continue. Gloo's exceptions never leave
+// this class.
+//
+// Dtypes: all nine for data movement; every (dtype, ReduceOp) pair that
+// CheckReduceOp accepts for reductions. Float16/BFloat16 reduce in float
+// with rounding after each step (exact for small integers). ReduceScatter is
+// an Allreduce of the concatenated inputs (Gloo has no reduce-scatter with
+// custom reductions), so it moves size x the data. Alltoall needs equal
+// chunk sizes.
+//
+// Thread safety: all methods may be called from any thread (see backend.h
+// on ordering). The destructor fails queued operations with Cancelled and
+// waits for the running one (bounded by its timeout).
+#ifndef FERRY_C10D_GLOO_GLOO_BACKEND_H_
+#define FERRY_C10D_GLOO_GLOO_BACKEND_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "c10d/backend.h"
+#include "c10d/registry.h"
+#include "common/executor.h"
+#include "common/sync.h"
+#include "store/store.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
+}  // namespace gloo
+
+namespace ferry {
+namespace c10d {
+
+struct GlooBackendOptions {
+  // Address Gloo's pairs listen on (loopback by default).
+  std::string hostname = "127.0.0.1";
+  // Exchange argument headers before each collective (see above).
+  bool check_args = true;
+  // Threads that wait for Send/Recv completion (posting never waits).
+  int p2p_threads = 4;
+
+  // From BackendConfig::options: "hostname", "check_args" (true/false),
+  // "p2p_threads". InvalidArgument naming an unknown key or bad value.
+  static absl::StatusOr<GlooBackendOptions> FromMap(
+      const std::map<std::string, std::string>& options);
+};
+
+class GlooBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<GlooBackend>> Create(
+      std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout,
+      GlooBackendOptions options = {});
+
+  // A factory for BackendRegistry (name "gloo", devices {cpu}).
+  static BackendFactory Factory();
+
+  ~GlooBackend() override;
+
+  std::shared_ptr<Work> Allreduce(
+      Tensor tensor, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> Broadcast(
+      Tensor tensor, const BroadcastOptions& options = {}) override;
+  std::shared_ptr<Work> Reduce(Tensor tensor,
+                               const ReduceOptions& options = {}) override;
+  std::shared_ptr<Work> Allgather(
+      std::vector<Tensor> outputs, Tensor input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input,
+                               const GatherOptions& options = {}) override;
+  std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs,
+                                const ScatterOptions& options = {}) override;
+  std::shared_ptr<Work> ReduceScatter(
+      Tensor output, std::vector<Tensor> inputs,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
+                                 std::vector<Tensor> inputs,
+                                 const AlltoallOptions& options = {}) override;
+  std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
+  std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
+                             const SendOptions& options = {}) override;
+  std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
+                             const RecvOptions& options = {}) override;
+
+  // Argument header exchanged before each collective (public for tests).
+  struct Header {
+    int64_t magic = 0;
+    int64_t op = -1;
+    int64_t dtype = -1;
+    int64_t reduce_op = -1;
+    int64_t root = -1;
+    int64_t count = -1;  // Elements per rank (op-specific meaning).
+    int64_t valid = 1;   // 0: this rank's arguments failed local checks.
+    int64_t reserved = 0;
+  };
+
+ private:
+  struct Op {
+    OpType type;
+    Header header;
+    absl::Status local_error;
+    absl::Duration timeout;
+    std::shared_ptr<Work> work;
+    uint32_t seq = 0;
+    // Runs the data phase with Gloo tag `tag`; may throw (caught by caller).
+    absl::AnyInvocable<absl::Status(uint32_t tag, absl::Duration timeout)> run;
+  };
+  struct P2P;
+
+  GlooBackend(int rank, int size, absl::Duration timeout,
+              GlooBackendOptions options, std::shared_ptr<::gloo::Context> ctx);
+
+  // Queues a collective. `local_error` non-OK: this rank's arguments are
+  // invalid (still queued when check_args, so the others fail too).
+  std::shared_ptr<Work> Enqueue(
+      OpType type, Header header, absl::Status local_error,
+      const std::optional<absl::Duration>& timeout,
+      absl::AnyInvocable<absl::Status(uint32_t tag, absl::Duration timeout)>
+          run);
+  void WorkerLoop();
+  absl::Status RunOp(Op& op);
+  absl::Status ExchangeHeaders(Op& op, absl::Duration timeout);
+  // Calls fn, turning Gloo exceptions into a Status for `op`.
+  absl::Status CallGloo(const Op& op, absl::Duration timeout,
+                        absl::AnyInvocable<absl::Status()> fn);
+
+  void WaitP2P(std::shared_ptr<P2P> p2p);
+  void Bury(std::shared_ptr<P2P> p2p) ABSL_LOCKS_EXCLUDED(p2p_mu_);
+
+  const GlooBackendOptions options_;
+  const std::shared_ptr<::gloo::Context> context_;
+
+  Mutex mu_;
+  std::deque<std::unique_ptr<Op>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set by the worker after a timeout or transport error.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+
+  // Point-to-point transfers that failed while Gloo may still write into
+  // their buffers; kept alive until the backend goes.
+  Mutex p2p_mu_;
+  std::vector<std::shared_ptr<P2P>> graveyard_ ABSL_GUARDED_BY(p2p_mu_);
+
+  std::unique_ptr<ThreadPoolExecutor> p2p_waiters_;
+  std::thread worker_;
+};
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_GLOO_GLOO_BACKEND_H_
