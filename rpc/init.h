@@ -1,0 +1,31 @@
+// InitRpc: torch.distributed.rpc.init_rpc for Ferry.
+//
+//   ASSIGN_OR_RETURN(auto agent, InitRpc("trainer0", "env://"));
+//
+// `init_method` is tcp://host:port, file:///path or env:// (MASTER_ADDR,
+// MASTER_PORT, RANK, WORLD_SIZE). rank / world_size < 0 take their values
+// from the init method (env:// reads RANK / WORLD_SIZE). For tcp:// and
+// env://, rank 0 hosts the TCPStore server unless FERRY_USE_AGENT_STORE=1
+// (set by ferry_run, whose launcher process hosts the store), in which case
+// every rank is a client.
+//
+// Errors: those of ParseInitMethod / CreateStore / RpcAgent::Start.
+#ifndef FERRY_RPC_INIT_H_
+#define FERRY_RPC_INIT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "rpc/agent.h"
+
+namespace ferry::rpc {
+
+absl::StatusOr<std::unique_ptr<RpcAgent>> InitRpc(
+    const std::string& name, const std::string& init_method, int rank = -1,
+    int world_size = -1, RpcAgentOptions options = {},
+    std::shared_ptr<FunctionRegistry> registry = nullptr);
+
+}  // namespace ferry::rpc
+
+#endif  // FERRY_RPC_INIT_H_
