@@ -1,0 +1,26 @@
+#include "c10d/default_registry.h"
+
+#include "c10d/gloo/gloo_backend.h"
+#include "common/logging.h"
+#ifdef FERRY_C10D_WITH_NCCL
+#include "c10d/nccl/nccl_backend.h"
+#endif
+
+namespace ferry {
+namespace c10d {
+
+std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry() {
+  auto registry = std::make_shared<BackendRegistry>();
+  absl::Status s = registry->RegisterBackend("gloo", GlooBackend::Factory(),
+                                             {DeviceType::kCPU});
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
+#ifdef FERRY_C10D_WITH_NCCL
+  s = registry->RegisterBackend("nccl", NcclBackend::Factory(),
+                                {DeviceType::kCUDA});
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
+#endif
+  return registry;
+}
+
+}  // namespace c10d
+}  // namespace ferry

@@ -1,0 +1,21 @@
+// The registry Ferry's own backends come in: "gloo" (cpu) and, where CUDA
+// is built, "nccl" (cuda). Each call returns a new, independent registry;
+// add your own backends to it with RegisterBackend.
+//
+// Thread safety: stateless.
+#ifndef FERRY_C10D_DEFAULT_REGISTRY_H_
+#define FERRY_C10D_DEFAULT_REGISTRY_H_
+
+#include <memory>
+
+#include "c10d/registry.h"
+
+namespace ferry {
+namespace c10d {
+
+std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry();
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_DEFAULT_REGISTRY_H_

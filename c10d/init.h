@@ -1,0 +1,50 @@
+// InitProcessGroup: torch.distributed.init_process_group for C++.
+//
+//   InitProcessGroupOptions o;
+//   o.init_method = "env://";          // or tcp://host:port, file:///path
+//   o.group.backend = "cpu:gloo,cuda:nccl";
+//   ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> pg, InitProcessGroup(o));
+//
+// Either `store` (an explicit store every rank shares) or `init_method`
+// (parsed by store/init_method.h: tcp:// and env:// make a TCPStore that rank
+// 0 serves; file:// a FileStore). rank / world_size come from the options,
+// else from the URL's query or RANK / WORLD_SIZE.
+//
+// Thread safety: stateless; the returned group is documented in
+// process_group.h. No process-wide default group is kept: pass the returned
+// group around.
+#ifndef FERRY_C10D_INIT_H_
+#define FERRY_C10D_INIT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "c10d/process_group.h"
+#include "c10d/registry.h"
+#include "store/init_method.h"
+#include "store/store.h"
+
+namespace ferry {
+namespace c10d {
+
+struct InitProcessGroupOptions {
+  std::string init_method;
+  std::shared_ptr<Store> store;
+  int rank = -1;
+  int world_size = -1;
+  ProcessGroupOptions group;
+  // Null: MakeDefaultBackendRegistry().
+  std::shared_ptr<const BackendRegistry> registry;
+};
+
+// InvalidArgument when neither or both of store / init_method are given, or
+// rank / world_size are missing; the store's or backend's error otherwise
+// (DeadlineExceeded when a rank does not arrive within group.timeout).
+absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(
+    InitProcessGroupOptions options, const EnvLookup& env = GetEnv);
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_INIT_H_
