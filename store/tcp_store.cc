@@ -199,8 +199,7 @@ absl::Status TcpStore::CheckCount(absl::string_view op, size_t n) const {
 void TcpStore::Disconnect() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  rbuf_.clear();
-  rpos_ = 0;
+  rpos_ = rend_ = 0;
 }
 
 absl::Status TcpStore::EnsureConnected() {
@@ -227,6 +226,9 @@ absl::Status TcpStore::EnsureConnected() {
         int fd = ConnectOnce(ai, deadline);
         if (fd >= 0) {
           fd_ = fd;
+          // Blocking from here on; timeouts come from SO_RCVTIMEO/SNDTIMEO.
+          ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+          rcv_timeout_ = snd_timeout_ = absl::InfiniteDuration();
           break;
         }
         last_error = ErrnoText(-fd);
@@ -258,25 +260,41 @@ absl::Status TcpStore::EnsureConnected() {
   }
 }
 
+// The socket is blocking with SO_RCVTIMEO / SO_SNDTIMEO: one syscall per
+// send or receive on the fast path (no poll, no EAGAIN round).
+bool TcpStore::SetSocketTimeout(absl::Time deadline, int option,
+                                absl::Duration* cached) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return false;
+  // Re-arm only when the armed timeout would overshoot the deadline (beyond
+  // a little slack) or is much shorter than needed; an early expiry just
+  // loops.
+  const absl::Duration slack = std::max(absl::Milliseconds(1), left / 100);
+  if (*cached > left + slack || *cached < left / 2) {
+    const absl::Duration t = absl::Ceil(left, absl::Milliseconds(1));
+    timeval tv = absl::ToTimeval(t);
+    ::setsockopt(fd_, SOL_SOCKET, option, &tv, sizeof(tv));
+    *cached = t;
+  }
+  return true;
+}
+
 absl::Status TcpStore::SendFrame(const std::string& frame) {
   size_t off = 0;
   const absl::Time deadline = ResponseDeadline();
   while (off < frame.size()) {
+    if (!SetSocketTimeout(deadline, SO_SNDTIMEO, &snd_timeout_)) {
+      Disconnect();
+      return absl::DeadlineExceededError("send timed out");
+    }
     ssize_t n =
         ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
     if (n > 0) {
       off += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd_, POLLOUT, 0};
-      int rc = ::poll(&p, 1, PollMillis(deadline));
-      if (rc == 0) {
-        Disconnect();
-        return absl::DeadlineExceededError("send timed out");
-      }
-      continue;
+    if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
+      continue;  // the deadline check above ends this
     }
     int err = errno;
     Disconnect();
@@ -287,47 +305,43 @@ absl::Status TcpStore::SendFrame(const std::string& frame) {
 }
 
 absl::Status TcpStore::Recv(size_t n, absl::Time deadline, std::string* out) {
-  bool got_any = false;
-  while (rbuf_.size() - rpos_ < n) {
-    if (rpos_ > 0) {
-      rbuf_.erase(0, rpos_);
+  if (rend_ - rpos_ < n) {
+    // Make room for n bytes at the end of the buffer.
+    if (rbuf_.size() - rpos_ < n + 4096 && rpos_ > 0) {
+      std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+      rend_ -= rpos_;
       rpos_ = 0;
     }
-    const size_t old = rbuf_.size();
-    rbuf_.resize(old + std::max<size_t>(64 * 1024, n - old));
-    ssize_t r = ::recv(fd_, rbuf_.data() + old, rbuf_.size() - old, 0);
+    if (rbuf_.size() < n + 4096)
+      rbuf_.resize(std::max<size_t>(n + 4096, 64 * 1024));
+  }
+  bool got_any = false;
+  while (rend_ - rpos_ < n) {
+    if (!SetSocketTimeout(deadline, SO_RCVTIMEO, &rcv_timeout_)) {
+      // A half-read response leaves the stream out of step: reconnect later.
+      if (got_any || rend_ > rpos_) Disconnect();
+      return absl::DeadlineExceededError(
+          "timed out waiting for the server's response");
+    }
+    ssize_t r = ::recv(fd_, rbuf_.data() + rend_, rbuf_.size() - rend_, 0);
     if (r > 0) {
-      rbuf_.resize(old + static_cast<size_t>(r));
+      rend_ += static_cast<size_t>(r);
       got_any = true;
       continue;
     }
-    rbuf_.resize(old);
     if (r == 0) {
       Disconnect();
       return absl::UnavailableError("connection closed by the server");
     }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      int err = errno;
-      Disconnect();
-      return absl::UnavailableError(
-          absl::StrCat("recv failed: ", ErrnoText(err)));
-    }
-    pollfd p{fd_, POLLIN, 0};
-    int rc = ::poll(&p, 1, PollMillis(deadline));
-    if (rc == 0) {
-      // A half-read response leaves the stream out of step: reconnect later.
-      if (got_any || rbuf_.size() > rpos_) Disconnect();
-      return absl::DeadlineExceededError(
-          "timed out waiting for the server's response");
-    }
+    if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+    int err = errno;
+    Disconnect();
+    return absl::UnavailableError(
+        absl::StrCat("recv failed: ", ErrnoText(err)));
   }
   out->assign(rbuf_.data() + rpos_, n);
   rpos_ += n;
-  if (rpos_ == rbuf_.size()) {
-    rbuf_.clear();
-    rpos_ = 0;
-  }
+  if (rpos_ == rend_) rpos_ = rend_ = 0;
   return absl::OkStatus();
 }
 

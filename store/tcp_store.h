@@ -122,6 +122,10 @@ class TcpStore : public Store {
   // when nothing at all arrived, Unavailable on a broken connection.
   absl::Status Recv(size_t n, absl::Time deadline, std::string* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Arms `option` (SO_RCVTIMEO/SO_SNDTIMEO) so a blocking call ends by
+  // `deadline`; false when the deadline has passed.
+  bool SetSocketTimeout(absl::Time deadline, int option, absl::Duration* cached)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint8_t> RecvU8(absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<int64_t> RecvI64(absl::Time deadline)
@@ -163,8 +167,13 @@ class TcpStore : public Store {
 
   Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
-  std::string rbuf_ ABSL_GUARDED_BY(mu_);  // received, not yet consumed
+  // Received bytes not yet consumed are rbuf_[rpos_, rend_).
+  std::string rbuf_ ABSL_GUARDED_BY(mu_);
   size_t rpos_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t rend_ ABSL_GUARDED_BY(mu_) = 0;
+  // The SO_RCVTIMEO / SO_SNDTIMEO currently armed on fd_.
+  absl::Duration rcv_timeout_ ABSL_GUARDED_BY(mu_);
+  absl::Duration snd_timeout_ ABSL_GUARDED_BY(mu_);
   uint32_t ping_nonce_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

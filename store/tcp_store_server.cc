@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <uv.h>
 
@@ -502,6 +503,14 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("tcp store server: port ", options.port, " out of range"));
+  }
+  // libuv writes with write(2), not send(MSG_NOSIGNAL): a client that hangs
+  // up before reading its response must not kill the process with SIGPIPE.
+  // Only a default disposition is changed (CPython already ignores it).
+  struct sigaction old_action {};
+  if (sigaction(SIGPIPE, nullptr, &old_action) == 0 &&
+      old_action.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
   }
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
   server->loop_ = std::make_unique<Loop>(server.get(), options);

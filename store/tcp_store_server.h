@@ -18,6 +18,10 @@
 // unchanged and answers INT64_MIN instead of dropping the client; the Ferry
 // client then reads the value to build a precise error.
 //
+// Start sets SIGPIPE to SIG_IGN when it still has the default disposition
+// (libuv writes without MSG_NOSIGNAL; a client hanging up mid-response must
+// not kill the process).
+//
 // Thread safety: Start, Stop, port, GetStats and WaitForWorkers are safe from
 // any thread. Stop is idempotent; the destructor stops.
 #ifndef FERRY_STORE_TCP_STORE_SERVER_H_

@@ -326,6 +326,21 @@ TEST_F(HostileTest, TruncatedFrameThenHangUp) {
   EXPECT_EQ(server_->GetStats().dropped, 0);
 }
 
+// The server's writes to a client that already hung up fail with EPIPE;
+// they must neither kill the process (SIGPIPE) nor disturb others.
+TEST_F(HostileTest, HangUpBeforeReadingResponses) {
+  RawClient setter = Connect(kCur);
+  ASSERT_TRUE(setter.Send(SetFrame(kCur, "/big", std::string(1 << 20, 'b'))).ok());
+  for (int round = 0; round < 5; ++round) {
+    RawClient c = Connect(kCur);
+    std::string gets;
+    for (int i = 0; i < 16; ++i) gets += GetFrame(kCur, "/big");
+    ASSERT_TRUE(c.Send(gets).ok());
+    c.Close();
+  }
+  ExpectServing();
+}
+
 TEST_F(HostileTest, SilentClientIsKeptAndHarmless) {
   RawClient silent;
   ASSERT_TRUE(silent.Connect(server_->port()).ok());
