@@ -9,7 +9,14 @@
 //
 // Receiving: the ByteBuffer's slices are referenced, not copied, and payloads
 // lying inside one aligned slice become tensor storage that keeps the slice
-// alive; others are copied once (see DecodeValue in wire.h).
+// alive; others are copied once (see DecodeValue in wire.h). Note that a
+// ByteBuffer that never crossed a socket (same process, EncodeToByteBuffer
+// then DecodeFromByteBuffer) still holds the sender's slices: the decoded
+// tensors then share memory with the sent ones. Clone before writing if the
+// sender may still read them.
+//
+// gRPC's own default limit on received messages is 4 MiB; servers and
+// channels carrying tensors should raise it (SetMaxReceiveMessageSize(-1)).
 //
 // Thread safety: reentrant.
 #ifndef FERRY_TENSOR_WIRE_GRPC_H_
