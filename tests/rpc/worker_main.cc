@@ -1,0 +1,52 @@
+// A worker process for the multi-process RPC tests: joins the group named by
+// the environment (env://), serves a few functions, then meets the others in
+// a graceful shutdown.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/sync.h"
+#include "rpc/init.h"
+#include "tensor/tensor.h"
+
+int main() {
+  const int rank = std::atoi(std::getenv("RANK"));
+  auto registry = std::make_shared<ferry::rpc::FunctionRegistry>();
+  auto release = std::make_shared<ferry::Notification>();
+  bool ok =
+      registry
+          ->Register("add",
+                     [](ferry::Tensor a, ferry::Tensor b) { return a.add(b); })
+          .ok() &&
+      registry->Register("pid", [] { return static_cast<int64_t>(getpid()); })
+          .ok() &&
+      // Blocks until released (or 120 s): the test kills us meanwhile.
+      registry
+          ->Register(
+              "block",
+              [release] {
+                release->WaitForNotificationWithTimeout(absl::Seconds(120));
+              })
+          .ok();
+  if (!ok) return 2;
+  ferry::rpc::RpcAgentOptions options;
+  options.join_timeout = absl::Seconds(60);
+  auto agent = ferry::rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1,
+                                   -1, options, registry);
+  if (!agent.ok()) {
+    std::fprintf(stderr, "worker%d: %s\n", rank,
+                 agent.status().ToString().c_str());
+    return 1;
+  }
+  absl::Status down = (*agent)->Shutdown(/*graceful=*/true, absl::Seconds(120));
+  release->Notify();
+  if (!down.ok()) {
+    std::fprintf(stderr, "worker%d shutdown: %s\n", rank,
+                 down.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
