@@ -1,0 +1,56 @@
+// A 1 GiB tensor argument crosses the agent (issue: no 4 MiB ceiling).
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rpc/agent.h"
+#include "store/hash_store.h"
+#include "tensor/tensor.h"
+
+namespace ferry::rpc {
+namespace {
+
+TEST(RpcAgentLarge, OneGibTensorArgument) {
+  auto registry = std::make_shared<FunctionRegistry>();
+  ASSERT_TRUE(registry
+                  ->Register("probe",
+                             [](Tensor t) {
+                               // Size, and a few elements from both ends.
+                               const uint8_t* p = t.data<uint8_t>();
+                               return std::vector<int64_t>{t.numel(), p[0],
+                                                           p[t.numel() / 2],
+                                                           p[t.numel() - 1]};
+                             })
+                  .ok());
+  auto store = std::make_shared<HashStore>();
+  std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> agents(2);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      agents[i] = RpcAgent::Start(i == 0 ? "sender" : "receiver", i, 2, store,
+                                  {}, registry);
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(agents[0].ok()) << agents[0].status();
+  ASSERT_TRUE(agents[1].ok()) << agents[1].status();
+
+  constexpr int64_t kBytes = int64_t{1} << 30;
+  Tensor big = empty({kBytes}, DType::kUInt8);
+  uint8_t* p = big.data<uint8_t>();
+  p[0] = 11;
+  p[kBytes / 2] = 22;
+  p[kBytes - 1] = 33;
+  auto r =
+      (*agents[0])->rpc_sync<std::vector<int64_t>>("receiver", "probe", big);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, (std::vector<int64_t>{kBytes, 11, 22, 33}));
+
+  std::thread down([&] { EXPECT_TRUE((*agents[1])->Shutdown().ok()); });
+  EXPECT_TRUE((*agents[0])->Shutdown().ok());
+  down.join();
+}
+
+}  // namespace
+}  // namespace ferry::rpc
