@@ -1,0 +1,349 @@
+// Inspection of a Ferry worker by a gRPC reflection client Ferry did not
+// write: npm's grpc-js-reflection-client on @grpc/grpc-js (see
+// reflection_client.js).
+//
+//   reflection_test <reflection_worker> <reflection_client.js> <prepare.sh>
+//
+// The Node packages live outside the repository, in $FERRY_NPM_DIR or else
+// ~/.cache/ferry-npm; prepare.sh fills that directory (tools/setup runs it).
+// When it is empty the test runs prepare.sh itself, and when node/npm are
+// missing or the install fails (no network) the test is skipped, saying why.
+#include <fcntl.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "proto/admin.pb.h"
+
+extern char** environ;
+
+namespace {
+
+std::string g_worker, g_client, g_prepare;
+
+bool IsFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::optional<std::string> FindInPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir :
+       absl::StrSplit(path ? path : "/usr/bin:/bin", ':')) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+std::string NpmDir() {
+  if (const char* dir = std::getenv("FERRY_NPM_DIR"); dir && *dir) return dir;
+  // Bazel points HOME at the test's scratch directory; the cache belongs to
+  // the user.
+  const passwd* pw = getpwuid(getuid());
+  std::string home = pw && pw->pw_dir ? pw->pw_dir : "";
+  if (home.empty() && std::getenv("HOME")) home = std::getenv("HOME");
+  return absl::StrCat(home, "/.cache/ferry-npm");
+}
+
+// A child process with its stdin and stdout+stderr on pipes.
+struct Child {
+  pid_t pid = -1;
+  int in = -1;   // Its stdin (we write).
+  int out = -1;  // Its stdout and stderr (we read).
+};
+
+std::optional<Child> Spawn(const std::vector<std::string>& args,
+                           const std::map<std::string, std::string>& env) {
+  int in_pipe[2], out_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) return std::nullopt;
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return std::nullopt;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 2);
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.data()));
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    absl::string_view kv(*e);
+    if (!env.contains(std::string(kv.substr(0, kv.find('='))))) {
+      env_strings.emplace_back(kv);
+    }
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  Child child;
+  int rc = posix_spawn(&child.pid, args[0].c_str(), &actions, nullptr,
+                       argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  if (rc != 0) {
+    close(in_pipe[1]);
+    close(out_pipe[0]);
+    return std::nullopt;
+  }
+  child.in = in_pipe[1];
+  child.out = out_pipe[0];
+  return child;
+}
+
+// Reads from `fd` until `done(text)` holds, EOF, or the deadline; returns
+// what was read.
+std::string ReadUntil(int fd, absl::Time deadline,
+                      const std::function<bool(const std::string&)>& done) {
+  std::string text;
+  char buf[4096];
+  while (!done(text)) {
+    int ms =
+        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (ms <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    int n = poll(&p, 1, ms);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    ssize_t r = read(fd, buf, sizeof(buf));
+    if (r <= 0) break;
+    text.append(buf, r);
+  }
+  return text;
+}
+
+// Waits for `pid` until the deadline, then SIGKILLs it. Returns the exit
+// code, or -1 when it was killed or died of a signal.
+int Reap(pid_t pid, absl::Time deadline) {
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (r < 0) return -1;
+    if (absl::Now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
+  }
+}
+
+// Runs a command to completion (bounded); returns {exit code, output}.
+std::pair<int, std::string> RunCommand(
+    const std::vector<std::string>& args,
+    const std::map<std::string, std::string>& env, absl::Duration limit) {
+  std::optional<Child> c = Spawn(args, env);
+  if (!c) return {-1, absl::StrCat("cannot start ", args[0])};
+  close(c->in);
+  const absl::Time deadline = absl::Now() + limit;
+  std::string out =
+      ReadUntil(c->out, deadline, [](const std::string&) { return false; });
+  close(c->out);
+  return {Reap(c->pid, deadline), out};
+}
+
+// "RESULT <what> <json>" lines from the client.
+std::map<std::string, std::string> ParseResults(const std::string& output) {
+  std::map<std::string, std::string> results;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::ConsumePrefix(&line, "RESULT ")) continue;
+    size_t space = line.find(' ');
+    if (space == absl::string_view::npos) continue;
+    results[std::string(line.substr(0, space))] =
+        std::string(line.substr(space + 1));
+  }
+  return results;
+}
+
+// Parses a JSON array of strings or objects through protobuf's JSON parser.
+google::protobuf::ListValue ParseList(const std::string& json) {
+  google::protobuf::Value value;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &value);
+  EXPECT_TRUE(s.ok()) << s.ToString() << " in " << json;
+  EXPECT_TRUE(value.has_list_value()) << json;
+  return value.list_value();
+}
+
+template <typename M>
+M ParseMessage(const std::string& json) {
+  M m;
+  auto s = google::protobuf::util::JsonStringToMessage(json, &m);
+  EXPECT_TRUE(s.ok()) << s.ToString() << " in " << json;
+  return m;
+}
+
+TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
+  std::optional<std::string> node = FindInPath("node");
+  if (!node) node = FindInPath("nodejs");
+  if (!node) GTEST_SKIP() << "SKIPPED: node is not installed (Debian: nodejs)";
+  // prepare.sh returns at once when the packages are already there. Inside
+  // Bazel's sandbox the user's cache is read-only: when it is not prepared,
+  // install into the test's scratch directory instead (network permitting).
+  std::string npm_dir = NpmDir();
+  const std::map<std::string, std::string> npm_env = {
+      {"FERRY_NPM_TIMEOUT", "35"}};
+  auto [prepared, why] =
+      RunCommand({"/bin/bash", g_prepare, npm_dir}, npm_env, absl::Seconds(40));
+  const std::string parent = npm_dir.substr(0, npm_dir.rfind('/'));
+  const char* scratch = std::getenv("TEST_TMPDIR");
+  if (prepared != 0 && access(parent.c_str(), W_OK) != 0 && scratch) {
+    npm_dir = absl::StrCat(scratch, "/ferry-npm");
+    std::tie(prepared, why) = RunCommand({"/bin/bash", g_prepare, npm_dir},
+                                         npm_env, absl::Seconds(40));
+  }
+  if (prepared != 0) {
+    GTEST_SKIP() << "SKIPPED: the Node reflection client is not installed in "
+                 << npm_dir << " and could not be installed ("
+                 << absl::StripAsciiWhitespace(why)
+                 << "); run tests/rpc_reflection/prepare.sh with network "
+                    "access, or set FERRY_NPM_DIR to a prepared directory";
+  }
+
+  std::optional<Child> worker = Spawn({g_worker, "--name=inspector"}, {});
+  ASSERT_TRUE(worker.has_value());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::string banner = ReadUntil(worker->out, deadline, [](const auto& t) {
+    return t.find("ADDRESS ") != std::string::npos &&
+           t.find('\n', t.find("ADDRESS ")) != std::string::npos;
+  });
+  size_t at = banner.find("ADDRESS ");
+  ASSERT_NE(at, std::string::npos) << "worker said: " << banner;
+  std::string address(absl::StripAsciiWhitespace(
+      banner.substr(at + 8, banner.find('\n', at) - at - 8)));
+  ASSERT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
+
+  auto [rc, output] =
+      RunCommand({*node, g_client, address},
+                 {{"NODE_PATH", npm_dir + "/node_modules"}}, absl::Seconds(30));
+
+  // Closing the worker's stdin asks it to shut down gracefully.
+  close(worker->in);
+  int worker_rc = Reap(worker->pid, absl::Now() + absl::Seconds(15));
+  std::string worker_log =
+      ReadUntil(worker->out, absl::Now() + absl::Seconds(1),
+                [](const std::string&) { return false; });
+  close(worker->out);
+  EXPECT_EQ(worker_rc, 0) << "worker log:\n" << banner << worker_log;
+
+  ASSERT_EQ(rc, 0) << "reflection client failed:\n" << output;
+  std::map<std::string, std::string> results = ParseResults(output);
+
+  // 1. Services, as listed through server reflection.
+  ASSERT_TRUE(results.contains("services")) << output;
+  std::set<std::string> services;
+  const google::protobuf::ListValue service_list =
+      ParseList(results["services"]);
+  for (const auto& v : service_list.values()) {
+    services.insert(v.string_value());
+  }
+  for (const char* want :
+       {"ferry.rpc.v1.Worker", "ferry.admin.v1.Admin", "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection"}) {
+    EXPECT_TRUE(services.contains(want))
+        << want << " missing from " << results["services"];
+  }
+
+  // 2. The admin service described by reflection.
+  ASSERT_TRUE(results.contains("admin_methods")) << output;
+  std::map<std::string, std::string> methods;  // name -> "request>response"
+  const google::protobuf::ListValue method_list =
+      ParseList(results["admin_methods"]);
+  for (const auto& m : method_list.values()) {
+    const auto& f = m.struct_value().fields();
+    methods[f.at("name").string_value()] = absl::StrCat(
+        f.at("request").string_value(), ">", f.at("response").string_value());
+  }
+  EXPECT_EQ(methods["GetWorkerInfo"], "WorkerInfoRequest>WorkerInfo");
+  EXPECT_EQ(methods["ListWorkers"], "ListWorkersRequest>ListWorkersResponse");
+  EXPECT_EQ(methods["ListFunctions"],
+            "ListFunctionsRequest>ListFunctionsResponse");
+  EXPECT_EQ(methods["GetStats"], "GetStatsRequest>GetStatsResponse");
+  std::set<std::string> fields;
+  const google::protobuf::ListValue field_list =
+      ParseList(results["worker_info_fields"]);
+  for (const auto& v : field_list.values()) {
+    fields.insert(v.string_value());
+  }
+  EXPECT_EQ(fields,
+            (std::set<std::string>{"name", "rank", "world_size", "address",
+                                   "uptime_seconds", "version", "pid"}));
+
+  // 3. Admin calls made with JSON; the answers are read back as the admin
+  // protos, which also proves they render as (proto-compatible) JSON.
+  auto info =
+      ParseMessage<ferry::admin::v1::WorkerInfo>(results["worker_info"]);
+  EXPECT_EQ(info.name(), "inspector");
+  EXPECT_EQ(info.rank(), 0);
+  EXPECT_EQ(info.world_size(), 1);
+  EXPECT_EQ(info.address(), address);
+  EXPECT_GT(info.pid(), 0);
+  EXPECT_GE(info.uptime_seconds(), 0.0);
+  EXPECT_TRUE(absl::StartsWith(info.version(), "ferry")) << info.version();
+
+  auto functions = ParseMessage<ferry::admin::v1::ListFunctionsResponse>(
+      results["functions"]);
+  std::map<std::string, ferry::admin::v1::FunctionInfo> by_name;
+  for (const auto& f : functions.functions()) by_name[f.name()] = f;
+  ASSERT_EQ(by_name.size(), 3u) << results["functions"];
+  EXPECT_EQ(by_name["add"].signature(), "(Tensor, Tensor) -> Tensor");
+  EXPECT_EQ(by_name["greet"].signature(), "(string, int64) -> string");
+  EXPECT_EQ(by_name["later"].signature(), "(int64) -> int64");
+  EXPECT_TRUE(by_name["later"].is_async());
+  EXPECT_FALSE(by_name["add"].is_async());
+  EXPECT_EQ(by_name["add"].doc(), "Element-wise sum of two tensors.");
+
+  auto workers =
+      ParseMessage<ferry::admin::v1::ListWorkersResponse>(results["workers"]);
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).name(), "inspector");
+  auto stats =
+      ParseMessage<ferry::admin::v1::GetStatsResponse>(results["stats"]);
+  EXPECT_EQ(stats.total_errors(), 0u);
+
+  // 4. Health.
+  EXPECT_EQ(results["health"], R"({"status":"SERVING"})") << output;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc != 4 || !IsFile(argv[1]) || !IsFile(argv[2]) || !IsFile(argv[3])) {
+    fprintf(stderr, "usage: %s <reflection_worker> <client.js> <prepare.sh>\n",
+            argv[0]);
+    return 2;
+  }
+  g_worker = argv[1];
+  g_client = argv[2];
+  g_prepare = argv[3];
+  signal(SIGPIPE, SIG_IGN);
+  return RUN_ALL_TESTS();
+}
