@@ -67,6 +67,10 @@ struct BackendUnderTest {
   // Whether mismatched calls between ranks are detected (InvalidArgument on
   // every rank) rather than undefined.
   bool detects_mismatch = true;
+  // Whether creating a backend waits for every rank (so a rank that never
+  // arrives fails creation with DeadlineExceeded) rather than connecting
+  // lazily.
+  bool rendezvous_at_create = true;
 };
 
 std::string BackendUnderTestName(
