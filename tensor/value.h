@@ -107,32 +107,16 @@ class Value {
 
   Value() = default;  // none
   static Value None() { return Value(); }
-  static Value Bool(bool b) { return Value(Data(std::in_place_index<1>, b)); }
-  static Value Int(int64_t i) { return Value(Data(std::in_place_index<2>, i)); }
-  static Value Double(double d) {
-    return Value(Data(std::in_place_index<3>, d));
-  }
-  static Value String(std::string s) {
-    return Value(Data(std::in_place_index<4>, std::move(s)));
-  }
-  static Value FromBytes(Bytes b) {
-    return Value(Data(std::in_place_index<5>, std::move(b)));
-  }
-  static Value FromTensor(Tensor t) {
-    return Value(Data(std::in_place_index<6>, std::move(t)));
-  }
-  static Value FromList(List l) {
-    return Value(Data(std::in_place_index<7>, std::move(l)));
-  }
-  static Value FromDict(Dict d) {
-    return Value(Data(std::in_place_index<8>, std::move(d)));
-  }
-  static Value FromRRef(RRefHandle r) {
-    return Value(Data(std::in_place_index<9>, std::move(r)));
-  }
-  static Value FromMessage(MessageValue m) {
-    return Value(Data(std::in_place_index<10>, std::move(m)));
-  }
+  static Value Bool(bool b) { return Make<1>(b); }
+  static Value Int(int64_t i) { return Make<2>(i); }
+  static Value Double(double d) { return Make<3>(d); }
+  static Value String(std::string s) { return Make<4>(std::move(s)); }
+  static Value FromBytes(Bytes b) { return Make<5>(std::move(b)); }
+  static Value FromTensor(Tensor t) { return Make<6>(std::move(t)); }
+  static Value FromList(List l) { return Make<7>(std::move(l)); }
+  static Value FromDict(Dict d) { return Make<8>(std::move(d)); }
+  static Value FromRRef(RRefHandle r) { return Make<9>(std::move(r)); }
+  static Value FromMessage(MessageValue m) { return Make<10>(std::move(m)); }
 
   Kind kind() const { return static_cast<Kind>(data_.index()); }
   bool is_none() const { return kind() == Kind::kNone; }
@@ -165,7 +149,14 @@ class Value {
   using Data =
       std::variant<std::monostate, bool, int64_t, double, std::string, Bytes,
                    Tensor, List, Dict, RRefHandle, MessageValue>;
-  explicit Value(Data d) : data_(std::move(d)) {}
+  // Builds the alternative in place (moving a whole variant trips GCC's
+  // -Wmaybe-uninitialized at -O1).
+  template <size_t I, typename T>
+  static Value Make(T&& x) {
+    Value v;
+    v.data_.template emplace<I>(std::forward<T>(x));
+    return v;
+  }
   Data data_;
 };
 
