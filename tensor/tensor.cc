@@ -436,6 +436,51 @@ Tensor Tensor::t() const {
   return transpose(0, 1);
 }
 
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  CheckDefined("permute");
+  if (static_cast<int64_t>(dims.size()) != dim()) {
+    TensorFail(absl::StrCat("permute: ", dims.size(), " dims given for a ",
+                            dim(), "-d tensor"));
+  }
+  std::vector<int64_t> sz(dims.size()), st(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = NormalizeDim(dims[i], dim(), "permute");
+    if (seen[d])
+      TensorFail(absl::StrCat("permute: dimension ", d, " repeated"));
+    seen[d] = true;
+    sz[i] = sizes()[d];
+    st[i] = strides()[d];
+  }
+  return Make(storage(), dtype(), std::move(sz), std::move(st),
+              storage_offset());
+}
+
+Tensor Tensor::unsqueeze(int64_t d) const {
+  CheckDefined("unsqueeze");
+  const int64_t pos = NormalizeDim(d, dim() + 1, "unsqueeze");
+  std::vector<int64_t> sz = sizes(), st = strides();
+  const int64_t stride = pos < dim() ? st[pos] * sz[pos] : 1;
+  sz.insert(sz.begin() + pos, 1);
+  st.insert(st.begin() + pos, stride);
+  return Make(storage(), dtype(), std::move(sz), std::move(st),
+              storage_offset());
+}
+
+Tensor Tensor::squeeze(int64_t d) const {
+  CheckDefined("squeeze");
+  d = NormalizeDim(d, dim(), "squeeze");
+  if (sizes()[d] != 1) {
+    TensorFail(absl::StrCat("squeeze: dimension ", d, " has size ", sizes()[d],
+                            ", not 1"));
+  }
+  std::vector<int64_t> sz = sizes(), st = strides();
+  sz.erase(sz.begin() + d);
+  st.erase(st.begin() + d);
+  return Make(storage(), dtype(), std::move(sz), std::move(st),
+              storage_offset());
+}
+
 // --- Arithmetic --------------------------------------------------------------
 
 namespace {
@@ -846,6 +891,13 @@ Tensor zeros(const std::vector<int64_t>& sizes, DType dtype) {
   Tensor t = empty(sizes, dtype);
   if (t.nbytes() > 0) std::memset(t.data_ptr(), 0, t.nbytes());
   return t;
+}
+
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.dtype()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.dtype()); }
+Tensor full_like(const Tensor& t, double value) {
+  return full(t.sizes(), value, t.dtype());
 }
 
 Tensor ones(const std::vector<int64_t>& sizes, DType dtype) {

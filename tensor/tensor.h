@@ -139,6 +139,13 @@ class Tensor {
   Tensor operator[](int64_t index) const { return select(0, index); }
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const;  // transpose(0, 1) of a 2-D tensor.
+  // Dimensions reordered: result dim i is input dim dims[i].
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  // Inserts a size-1 dimension at `d` (0 <= d <= dim(); negative counts from
+  // the end, -1 meaning append).
+  Tensor unsqueeze(int64_t d) const;
+  // Removes dimension `d`, which must have size 1.
+  Tensor squeeze(int64_t d) const;
 
   // --- Arithmetic (same shape and dtype, or a scalar) ----------------------
   // Integer division truncates toward zero; dividing an integer by zero
@@ -216,6 +223,11 @@ Tensor zeros(const std::vector<int64_t>& sizes, DType dtype = DType::kFloat32);
 Tensor ones(const std::vector<int64_t>& sizes, DType dtype = DType::kFloat32);
 Tensor full(const std::vector<int64_t>& sizes, double value,
             DType dtype = DType::kFloat32);
+// Same shape and dtype as `t` (contiguous, on CPU).
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
 // 0, 1, ..., end - 1.
 Tensor arange(int64_t end, DType dtype = DType::kInt64);
 // start, start + step, ... while < end (> end for negative step).

@@ -162,6 +162,23 @@ TEST(TensorTest, ViewsShareStorage) {
   EXPECT_EQ(a[2][3].item<int64_t>(), 11);
 }
 
+TEST(TensorTest, PermuteUnsqueezeSqueezeAndLike) {
+  Tensor a = arange(24).view({2, 3, 4});
+  Tensor p = a.permute({2, 0, 1});
+  EXPECT_THAT(p.sizes(), ElementsAre(4, 2, 3));
+  EXPECT_THAT(p.strides(), ElementsAre(1, 12, 4));
+  EXPECT_EQ(p[3][1][2].item<int64_t>(), a[1][2][3].item<int64_t>());
+  Tensor u = a.unsqueeze(1);
+  EXPECT_THAT(u.sizes(), ElementsAre(2, 1, 3, 4));
+  EXPECT_TRUE(u.is_contiguous());
+  EXPECT_THAT(a.unsqueeze(-1).sizes(), ElementsAre(2, 3, 4, 1));
+  EXPECT_TRUE(u.squeeze(1).equal(a));
+  EXPECT_TRUE(zeros_like(a).equal(zeros({2, 3, 4}, DType::kInt64)));
+  EXPECT_EQ(ones_like(p).sum().item<int64_t>(), 24);
+  EXPECT_THAT(full_like(p, 2).sizes(), ElementsAre(4, 2, 3));
+  EXPECT_EQ(empty_like(a).dtype(), DType::kInt64);
+}
+
 TEST(TensorTest, CopyHandlesNonContiguousAndConversion) {
   Tensor a = arange(6, DType::kFloat32).view({2, 3});
   Tensor dst = zeros({3, 2}, DType::kInt32);
@@ -308,6 +325,8 @@ TEST(TensorDeathTest, PreconditionsAbortWithMessage) {
   EXPECT_DEATH(empty({-1}), "negative");
   EXPECT_DEATH(arange(3) / 0, "division by zero");
   EXPECT_DEATH(zeros({2}).data<double>(), "expected dtype float64");
+  EXPECT_DEATH(zeros({2, 3}).squeeze(0), "has size 2, not 1");
+  EXPECT_DEATH(zeros({2, 3}).permute({0, 0}), "repeated");
 }
 
 }  // namespace
