@@ -1,0 +1,839 @@
+#include "c10d/nccl/nccl_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "c10d/nccl/cuda_util.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+constexpr char kUniqueIdKey[] = "nccl/unique_id";
+
+absl::Status NcclStatus(ncclResult_t r, absl::string_view what) {
+  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  std::string msg = absl::StrCat(what, ": NCCL error ", static_cast<int>(r),
+                                 " (", ncclGetErrorString(r), ")");
+  if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
+    return absl::InvalidArgumentError(msg);
+  }
+  if (r == ncclRemoteError || r == ncclSystemError) {
+    return absl::UnavailableError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt64:
+      return ncclInt64;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt8:
+      return ncclInt8;
+    case DType::kUInt8:
+    case DType::kBool:
+      return ncclUint8;
+  }
+  return absl::InvalidArgumentError("unknown dtype");
+}
+
+absl::StatusOr<ncclRedOp_t> NcclOp(OpType op, ReduceOp reduce_op, DType dtype) {
+  RETURN_IF_ERROR(CheckReduceOp(op, reduce_op, dtype));
+  if (dtype == DType::kBool) {
+    // 0/1 bytes: "or" is max, "and" is min.
+    switch (reduce_op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMax:
+        return ncclMax;
+      case ReduceOp::kProduct:
+      case ReduceOp::kMin:
+        return ncclMin;
+      default:
+        break;
+    }
+  }
+  switch (reduce_op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kProduct:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpTypeName(op), ": NCCL has no bitwise reduction (ReduceOp ",
+          ReduceOpName(reduce_op), ")"));
+  }
+}
+
+// Shared with CUDA host callbacks, which may run after the backend is gone.
+struct Signal {
+  Mutex mu;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+};
+
+struct InFlight {
+  std::shared_ptr<Work> work;
+  absl::Time deadline;
+  absl::Duration timeout;
+  std::vector<Tensor> keep_alive;
+  std::atomic<bool> done{false};
+  std::shared_ptr<Signal> signal;
+};
+
+void CUDART_CB HostDone(void* arg) {
+  // No CUDA calls allowed here: just flag and wake the watchdog.
+  auto* holder = static_cast<std::shared_ptr<InFlight>*>(arg);
+  std::shared_ptr<Signal> signal = (*holder)->signal;
+  {
+    MutexLock lock(&signal->mu);
+    (*holder)->done.store(true);
+    ++signal->generation;
+  }
+  delete holder;
+}
+
+int DeviceOf(const Tensor& t) { return t.defined() ? t.device().index : -1; }
+
+absl::Status CheckCuda(OpType op, const Tensor& t, absl::string_view what) {
+  RETURN_IF_ERROR(CheckTensor(op, t, what));
+  if (!t.device().is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": the nccl backend takes CUDA tensors, ",
+                     what, " is on ", t.device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct NcclBackend::Op {
+  OpType type;
+  uint32_t seq = 0;
+  std::shared_ptr<Work> work;
+  absl::Duration timeout;
+  int device = -1;
+  absl::Status local_error;
+  absl::AnyInvocable<absl::Status(void*, void*)> enqueue;
+  std::vector<Tensor> keep_alive;
+};
+
+struct NcclBackend::Impl {
+  std::shared_ptr<Store> store;
+  NcclBackend* self = nullptr;
+
+  Mutex mu;
+  std::deque<std::unique_ptr<Op>> queue ABSL_GUARDED_BY(mu);
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  uint32_t next_seq ABSL_GUARDED_BY(mu) = 0;
+  absl::Status broken ABSL_GUARDED_BY(mu);
+  // The communicator; the watchdog aborts it under this lock, the worker
+  // enqueues under it.
+  Mutex comm_mu ABSL_ACQUIRED_AFTER(mu);
+  ncclComm_t comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  bool comm_aborted ABSL_GUARDED_BY(comm_mu) = false;
+
+  // Worker-thread state.
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  Tensor barrier_buf;
+
+  // Watchdog state, under signal->mu.
+  std::shared_ptr<Signal> signal = std::make_shared<Signal>();
+  std::vector<std::shared_ptr<InFlight>> in_flight;  // Guarded by signal->mu.
+  bool watchdog_stop = false;                        // Guarded by signal->mu.
+
+  std::thread worker;
+  std::thread watchdog;
+
+  void SetBroken(const absl::Status& s) {
+    MutexLock lock(&mu);
+    if (broken.ok()) broken = s;
+  }
+  absl::Status EnsureComm(const Op& op);
+  void WorkerLoop();
+  void WatchdogLoop();
+  void RunOp(std::unique_ptr<Op> op);
+};
+
+absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::Create(
+    std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("NcclBackend::Create: null store");
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NcclBackend::Create: rank ", rank, " is not in [0, ", size, ")"));
+  }
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "NcclBackend::Create: timeout must be positive");
+  }
+  return std::unique_ptr<NcclBackend>(
+      new NcclBackend(std::move(store), rank, size, timeout));
+}
+
+BackendFactory NcclBackend::Factory() {
+  return
+      [](const BackendConfig& c) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        if (!c.options.empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("the nccl backend takes no options, got '",
+                           c.options.begin()->first, "'"));
+        }
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<NcclBackend> b,
+            NcclBackend::Create(c.store, c.rank, c.size, c.timeout));
+        return std::unique_ptr<Backend>(std::move(b));
+      };
+}
+
+NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
+                         absl::Duration timeout)
+    : Backend("nccl", rank, size, timeout), impl_(std::make_unique<Impl>()) {
+  impl_->store = std::move(store);
+  impl_->self = this;
+  impl_->worker = std::thread([this] { impl_->WorkerLoop(); });
+  impl_->watchdog = std::thread([this] { impl_->WatchdogLoop(); });
+}
+
+NcclBackend::~NcclBackend() {
+  std::deque<std::unique_ptr<Op>> cancelled;
+  {
+    MutexLock lock(&impl_->mu);
+    impl_->stopping = true;
+    cancelled.swap(impl_->queue);
+  }
+  for (auto& op : cancelled) {
+    op->work->Complete(absl::CancelledError(absl::StrCat(
+        op->work->description(), ": the backend was destroyed before it ran")));
+  }
+  impl_->worker.join();
+  bool pending;
+  {
+    MutexLock lock(&impl_->signal->mu);
+    pending = false;
+    for (const auto& f : impl_->in_flight) pending |= !f->done.load();
+  }
+  {
+    MutexLock lock(&impl_->comm_mu);
+    if (impl_->comm != nullptr && !impl_->comm_aborted) {
+      // Anything still running would hang a clean destroy.
+      if (pending) {
+        ncclCommAbort(impl_->comm);
+      } else {
+        if (impl_->stream != nullptr) cudaStreamSynchronize(impl_->stream);
+        ncclCommDestroy(impl_->comm);
+      }
+    }
+    impl_->comm = nullptr;
+  }
+  if (impl_->stream != nullptr) {
+    cudaStreamSynchronize(impl_->stream);
+    cudaStreamDestroy(impl_->stream);
+  }
+  {
+    MutexLock lock(&impl_->signal->mu);
+    impl_->watchdog_stop = true;
+    ++impl_->signal->generation;
+  }
+  impl_->watchdog.join();
+}
+
+absl::Status NcclBackend::Impl::EnsureComm(const Op& op) {
+  {
+    MutexLock lock(&comm_mu);
+    if (comm != nullptr) {
+      if (op.device >= 0 && op.device != device) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensors on cuda:", op.device,
+                         " but this nccl backend's "
+                         "communicator lives on cuda:",
+                         device));
+      }
+      return absl::OkStatus();
+    }
+  }
+  int count = CudaDeviceCount();
+  if (count == 0) {
+    return absl::FailedPreconditionError(
+        "the nccl backend found no CUDA device (cudaGetDeviceCount is 0)");
+  }
+  int dev = op.device >= 0 ? op.device : self->rank() % count;
+  RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(dev), absl::StrCat("cudaSetDevice(", dev, ")")));
+  absl::Time deadline = absl::Now() + op.timeout;
+  ncclUniqueId id;
+  std::vector<std::string> keys = {kUniqueIdKey};
+  if (self->rank() == 0) {
+    RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+    RETURN_IF_ERROR(store->Set(
+        kUniqueIdKey, absl::string_view(id.internal, sizeof(id.internal))));
+  } else {
+    RETURN_IF_ERROR(Annotate(store->Wait(keys, op.timeout),
+                             "waiting for rank 0's NCCL unique id"));
+    ASSIGN_OR_RETURN(std::string bytes, store->Get(kUniqueIdKey));
+    if (bytes.size() != sizeof(id.internal)) {
+      return absl::DataLossError(absl::StrCat("NCCL unique id has ",
+                                              bytes.size(), " bytes, expected ",
+                                              sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  }
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // So a missing rank cannot hang us: we poll below.
+  ncclComm_t c = nullptr;
+  RETURN_IF_ERROR(NcclStatus(
+      ncclCommInitRankConfig(&c, self->size(), id, self->rank(), &config),
+      "ncclCommInitRankConfig"));
+  ncclResult_t state = ncclInProgress;
+  while (true) {
+    ncclResult_t r = ncclCommGetAsyncError(c, &state);
+    if (r != ncclSuccess) state = r;
+    if (state != ncclInProgress) break;
+    if (absl::Now() > deadline) {
+      ncclCommAbort(c);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "NCCL communicator setup did not complete within ",
+          absl::FormatDuration(op.timeout), " (a rank did not join)"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));  // NCCL's documented polling.
+  }
+  if (state != ncclSuccess) {
+    ncclCommAbort(c);
+    return NcclStatus(state, "NCCL communicator setup");
+  }
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream), "cudaStreamCreate"));
+  CudaAllocator allocator(dev);
+  ASSIGN_OR_RETURN(barrier_buf,
+                   Tensor::TryEmpty({1}, DType::kFloat32, &allocator));
+  device = dev;
+  MutexLock lock(&comm_mu);
+  comm = c;
+  return absl::OkStatus();
+}
+
+void NcclBackend::Impl::WorkerLoop() {
+  ScopedLogLabel label(absl::StrCat("nccl-rank", self->rank()));
+  for (;;) {
+    std::unique_ptr<Op> op;
+    {
+      MutexLock lock(&mu);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return stopping || !queue.empty();
+      };
+      mu.Await(absl::Condition(&ready));
+      if (queue.empty()) return;
+      op = std::move(queue.front());
+      queue.pop_front();
+    }
+    RunOp(std::move(op));
+  }
+}
+
+void NcclBackend::Impl::RunOp(std::unique_ptr<Op> op) {
+  const std::string& desc = op->work->description();
+  {
+    MutexLock lock(&mu);
+    if (!broken.ok()) {
+      op->work->Complete(absl::FailedPreconditionError(absl::StrCat(
+          desc, ": the nccl backend is unusable after an earlier failure (",
+          broken.message(), "); create a new process group")));
+      return;
+    }
+  }
+  if (!op->local_error.ok()) {
+    op->work->Complete(Annotate(op->local_error, desc));
+    return;
+  }
+  absl::Status s = EnsureComm(*op);
+  if (!s.ok()) {
+    if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) SetBroken(s);
+    op->work->Complete(Annotate(s, desc));
+    return;
+  }
+  cudaSetDevice(device);
+  absl::Time deadline = absl::Now() + op->timeout;
+  {
+    MutexLock lock(&comm_mu);
+    if (comm == nullptr || comm_aborted) {
+      s = absl::FailedPreconditionError("the NCCL communicator was aborted");
+    } else {
+      s = op->enqueue(comm, stream);
+      // Non-blocking communicators may still be enqueueing.
+      ncclResult_t state = ncclInProgress;
+      while (s.ok()) {
+        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+        if (r != ncclSuccess) state = r;
+        if (state != ncclInProgress) {
+          s = NcclStatus(state, "NCCL");
+          break;
+        }
+        if (absl::Now() > deadline) {
+          s = absl::DeadlineExceededError(absl::StrCat(
+              "timed out after ", absl::FormatDuration(op->timeout),
+              " while enqueueing"));
+          break;
+        }
+        absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+  }
+  if (!s.ok()) {
+    SetBroken(Annotate(s, desc));
+    op->work->Complete(Annotate(s, desc));
+    return;
+  }
+  auto f = std::make_shared<InFlight>();
+  f->work = op->work;
+  f->deadline = deadline;
+  f->timeout = op->timeout;
+  f->keep_alive = std::move(op->keep_alive);
+  f->signal = signal;
+  {
+    MutexLock lock(&signal->mu);
+    in_flight.push_back(f);
+    ++signal->generation;
+  }
+  auto* holder = new std::shared_ptr<InFlight>(f);
+  absl::Status launched = CudaStatus(
+      cudaLaunchHostFunc(stream, &HostDone, holder), "cudaLaunchHostFunc");
+  if (!launched.ok()) {
+    delete holder;
+    SetBroken(Annotate(launched, desc));
+    MutexLock lock(&signal->mu);
+    f->done.store(true);  // The watchdog completes it (OK) — override first.
+    f->work->Complete(Annotate(launched, desc));
+  }
+}
+
+void NcclBackend::Impl::WatchdogLoop() {
+  ScopedLogLabel label(absl::StrCat("nccl-watchdog-rank", self->rank()));
+  uint64_t seen = 0;
+  for (;;) {
+    std::vector<std::shared_ptr<InFlight>> finished;
+    std::vector<std::shared_ptr<InFlight>> failed;
+    std::shared_ptr<InFlight> expired;
+    bool stop;
+    {
+      MutexLock lock(&signal->mu);
+      absl::Time earliest = absl::InfiniteFuture();
+      for (const auto& f : in_flight) {
+        if (!f->done.load() && f->deadline < earliest) earliest = f->deadline;
+      }
+      auto changed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return signal->generation != seen;
+      };
+      signal->mu.AwaitWithDeadline(absl::Condition(&changed), earliest);
+      seen = signal->generation;
+      stop = watchdog_stop;
+      absl::Time now = absl::Now();
+      std::vector<std::shared_ptr<InFlight>> keep;
+      for (auto& f : in_flight) {
+        if (f->done.load()) {
+          finished.push_back(std::move(f));
+        } else if (f->deadline <= now && expired == nullptr) {
+          expired = std::move(f);
+        } else {
+          keep.push_back(std::move(f));
+        }
+      }
+      in_flight.swap(keep);
+      if (expired != nullptr || stop) {
+        // Everything else in flight shares the aborted communicator.
+        for (auto& f : in_flight) failed.push_back(std::move(f));
+        in_flight.clear();
+      }
+    }
+    for (auto& f : finished) f->work->Complete(absl::OkStatus());
+    if (expired != nullptr) {
+      absl::Status timeout = absl::DeadlineExceededError(absl::StrCat(
+          expired->work->description(), ": collective did not finish within ",
+          absl::FormatDuration(expired->timeout),
+          "; the watchdog aborted the NCCL communicator"));
+      FERRY_LOG(ERROR) << timeout;
+      {
+        MutexLock lock(&comm_mu);
+        if (comm != nullptr && !comm_aborted) {
+          ncclCommAbort(comm);
+          comm_aborted = true;
+          comm = nullptr;
+        }
+      }
+      SetBroken(timeout);
+      expired->work->Complete(timeout);
+      for (auto& f : failed) {
+        f->work->Complete(absl::AbortedError(
+            absl::StrCat(f->work->description(), ": aborted because ",
+                         expired->work->description(), " timed out")));
+      }
+    } else {
+      for (auto& f : failed) {
+        f->work->Complete(absl::CancelledError(absl::StrCat(
+            f->work->description(), ": the backend was destroyed")));
+      }
+    }
+    if (stop) return;
+  }
+}
+
+std::shared_ptr<Work> NcclBackend::Submit(
+    OpType type, absl::Status local_error, int device,
+    const std::optional<absl::Duration>& timeout,
+    absl::AnyInvocable<absl::Status(void*, void*)> enqueue,
+    std::vector<Tensor> keep_alive) {
+  auto op = std::make_unique<Op>();
+  op->type = type;
+  op->local_error = std::move(local_error);
+  op->device = device;
+  op->timeout = TimeoutOr(timeout);
+  op->enqueue = std::move(enqueue);
+  op->keep_alive = std::move(keep_alive);
+  std::shared_ptr<Work> work;
+  MutexLock lock(&impl_->mu);
+  op->seq = impl_->next_seq++;
+  work = std::make_shared<Work>(absl::StrCat(Describe(type), " #", op->seq));
+  op->work = work;
+  if (impl_->stopping) {
+    work->Complete(absl::CancelledError("the backend is shutting down"));
+    return work;
+  }
+  impl_->queue.push_back(std::move(op));
+  return work;
+}
+
+// --- Collectives -----------------------------------------------------------
+
+#define NCCL_CALL(expr) RETURN_IF_ERROR(NcclStatus((expr), #expr))
+#define CUDA_CALL(expr) RETURN_IF_ERROR(CudaStatus((expr), #expr))
+
+std::shared_ptr<Work> NcclBackend::Allreduce(Tensor tensor,
+                                             const AllreduceOptions& options) {
+  constexpr OpType kOp = OpType::kAllreduce;
+  absl::Status local = CheckCuda(kOp, tensor, "tensor");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  absl::StatusOr<ncclRedOp_t> rop = ncclSum;
+  if (local.ok()) dt = NcclType(tensor.dtype());
+  if (local.ok()) rop = NcclOp(kOp, options.op, tensor.dtype());
+  if (local.ok() && !rop.ok()) local = rop.status();
+  return Submit(
+      kOp, local, DeviceOf(tensor), options.timeout,
+      [tensor, dt = dt.value_or(ncclFloat32), rop = rop.value_or(ncclSum)](
+          void* comm, void* stream) -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        NCCL_CALL(ncclAllReduce(
+            tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dt, rop,
+            static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream)));
+        return absl::OkStatus();
+      },
+      {tensor});
+}
+
+std::shared_ptr<Work> NcclBackend::Broadcast(Tensor tensor,
+                                             const BroadcastOptions& options) {
+  constexpr OpType kOp = OpType::kBroadcast;
+  absl::Status local = CheckCuda(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  if (local.ok()) dt = NcclType(tensor.dtype());
+  int root = options.root;
+  return Submit(kOp, local, DeviceOf(tensor), options.timeout,
+                [tensor, root, dt = dt.value_or(ncclFloat32)](
+                    void* comm, void* stream) -> absl::Status {
+                  if (tensor.numel() == 0) return absl::OkStatus();
+                  NCCL_CALL(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
+                                          tensor.numel(), dt, root,
+                                          static_cast<ncclComm_t>(comm),
+                                          static_cast<cudaStream_t>(stream)));
+                  return absl::OkStatus();
+                },
+                {tensor});
+}
+
+std::shared_ptr<Work> NcclBackend::Reduce(Tensor tensor,
+                                          const ReduceOptions& options) {
+  constexpr OpType kOp = OpType::kReduce;
+  absl::Status local = CheckCuda(kOp, tensor, "tensor");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  absl::StatusOr<ncclRedOp_t> rop = ncclSum;
+  if (local.ok()) dt = NcclType(tensor.dtype());
+  if (local.ok()) rop = NcclOp(kOp, options.op, tensor.dtype());
+  if (local.ok() && !rop.ok()) local = rop.status();
+  int root = options.root;
+  return Submit(
+      kOp, local, DeviceOf(tensor), options.timeout,
+      [tensor, root, dt = dt.value_or(ncclFloat32),
+       rop = rop.value_or(ncclSum)](void* comm, void* stream) -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        // recvbuff is only written on the root.
+        NCCL_CALL(ncclReduce(
+            tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dt, rop, root,
+            static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream)));
+        return absl::OkStatus();
+      },
+      {tensor});
+}
+
+std::shared_ptr<Work> NcclBackend::Allgather(std::vector<Tensor> outputs,
+                                             Tensor input,
+                                             const AllgatherOptions& options) {
+  constexpr OpType kOp = OpType::kAllgather;
+  absl::Status local = CheckCuda(kOp, input, "input");
+  if (local.ok())
+    local = CheckTensorList(kOp, outputs, size(), input, "outputs");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  Tensor flat;
+  if (local.ok()) dt = NcclType(input.dtype());
+  if (local.ok() && input.numel() > 0) {
+    CudaAllocator alloc(input.device().index);
+    absl::StatusOr<Tensor> f =
+        Tensor::TryEmpty({size() * input.numel()}, input.dtype(), &alloc);
+    if (f.ok())
+      flat = *f;
+    else
+      local = f.status();
+  }
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  keep.push_back(flat);
+  int n = size();
+  return Submit(
+      kOp, local, DeviceOf(input), options.timeout,
+      [outputs, input, flat, n, dt = dt.value_or(ncclFloat32)](
+          void* comm, void* stream) -> absl::Status {
+        if (input.numel() == 0) return absl::OkStatus();
+        auto s = static_cast<cudaStream_t>(stream);
+        NCCL_CALL(ncclAllGather(input.data_ptr(), flat.data_ptr(),
+                                input.numel(), dt,
+                                static_cast<ncclComm_t>(comm), s));
+        size_t nbytes = input.nbytes();
+        for (int r = 0; r < n; ++r) {
+          CUDA_CALL(
+              cudaMemcpyAsync(outputs[r].data_ptr(),
+                              static_cast<char*>(flat.data_ptr()) + r * nbytes,
+                              nbytes, cudaMemcpyDeviceToDevice, s));
+        }
+        return absl::OkStatus();
+      },
+      std::move(keep));
+}
+
+std::shared_ptr<Work> NcclBackend::Gather(std::vector<Tensor> outputs,
+                                          Tensor input,
+                                          const GatherOptions& options) {
+  constexpr OpType kOp = OpType::kGather;
+  absl::Status local = CheckCuda(kOp, input, "input");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  bool is_root = rank() == options.root;
+  if (local.ok()) {
+    local = CheckTensorList(kOp, outputs, is_root ? size() : 0, input,
+                            is_root ? "outputs" : "outputs (non-root)");
+  }
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  if (local.ok()) dt = NcclType(input.dtype());
+  std::vector<Tensor> keep = outputs;
+  keep.push_back(input);
+  int root = options.root, me = rank(), n = size();
+  return Submit(
+      kOp, local, DeviceOf(input), options.timeout,
+      [outputs, input, root, me, n, is_root, dt = dt.value_or(ncclFloat32)](
+          void* vcomm, void* stream) -> absl::Status {
+        if (input.numel() == 0) return absl::OkStatus();
+        auto comm = static_cast<ncclComm_t>(vcomm);
+        auto s = static_cast<cudaStream_t>(stream);
+        NCCL_CALL(ncclGroupStart());
+        if (is_root) {
+          for (int r = 0; r < n; ++r) {
+            if (r == me) continue;
+            NCCL_CALL(
+                ncclRecv(outputs[r].data_ptr(), input.numel(), dt, r, comm, s));
+          }
+        } else {
+          NCCL_CALL(
+              ncclSend(input.data_ptr(), input.numel(), dt, root, comm, s));
+        }
+        NCCL_CALL(ncclGroupEnd());
+        if (is_root) {
+          CUDA_CALL(cudaMemcpyAsync(outputs[me].data_ptr(), input.data_ptr(),
+                                    input.nbytes(), cudaMemcpyDeviceToDevice,
+                                    s));
+        }
+        return absl::OkStatus();
+      },
+      std::move(keep));
+}
+
+std::shared_ptr<Work> NcclBackend::Scatter(Tensor output,
+                                           std::vector<Tensor> inputs,
+                                           const ScatterOptions& options) {
+  constexpr OpType kOp = OpType::kScatter;
+  absl::Status local = CheckCuda(kOp, output, "output");
+  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  bool is_root = rank() == options.root;
+  if (local.ok()) {
+    local = CheckTensorList(kOp, inputs, is_root ? size() : 0, output,
+                            is_root ? "inputs" : "inputs (non-root)");
+  }
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  if (local.ok()) dt = NcclType(output.dtype());
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  int root = options.root, me = rank(), n = size();
+  return Submit(
+      kOp, local, DeviceOf(output), options.timeout,
+      [inputs, output, root, me, n, is_root, dt = dt.value_or(ncclFloat32)](
+          void* vcomm, void* stream) -> absl::Status {
+        if (output.numel() == 0) return absl::OkStatus();
+        auto comm = static_cast<ncclComm_t>(vcomm);
+        auto s = static_cast<cudaStream_t>(stream);
+        NCCL_CALL(ncclGroupStart());
+        if (is_root) {
+          for (int r = 0; r < n; ++r) {
+            if (r == me) continue;
+            NCCL_CALL(
+                ncclSend(inputs[r].data_ptr(), output.numel(), dt, r, comm, s));
+          }
+        } else {
+          NCCL_CALL(
+              ncclRecv(output.data_ptr(), output.numel(), dt, root, comm, s));
+        }
+        NCCL_CALL(ncclGroupEnd());
+        if (is_root) {
+          CUDA_CALL(cudaMemcpyAsync(output.data_ptr(), inputs[me].data_ptr(),
+                                    output.nbytes(), cudaMemcpyDeviceToDevice,
+                                    s));
+        }
+        return absl::OkStatus();
+      },
+      std::move(keep));
+}
+
+std::shared_ptr<Work> NcclBackend::ReduceScatter(
+    Tensor output, std::vector<Tensor> inputs,
+    const ReduceScatterOptions& options) {
+  constexpr OpType kOp = OpType::kReduceScatter;
+  absl::Status local = CheckCuda(kOp, output, "output");
+  if (local.ok())
+    local = CheckTensorList(kOp, inputs, size(), output, "inputs");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  absl::StatusOr<ncclRedOp_t> rop = ncclSum;
+  if (local.ok()) dt = NcclType(output.dtype());
+  if (local.ok()) rop = NcclOp(kOp, options.op, output.dtype());
+  if (local.ok() && !rop.ok()) local = rop.status();
+  Tensor flat;
+  if (local.ok() && output.numel() > 0) {
+    CudaAllocator alloc(output.device().index);
+    absl::StatusOr<Tensor> f =
+        Tensor::TryEmpty({size() * output.numel()}, output.dtype(), &alloc);
+    if (f.ok())
+      flat = *f;
+    else
+      local = f.status();
+  }
+  std::vector<Tensor> keep = inputs;
+  keep.push_back(output);
+  keep.push_back(flat);
+  int n = size();
+  return Submit(
+      kOp, local, DeviceOf(output), options.timeout,
+      [inputs, output, flat, n, dt = dt.value_or(ncclFloat32),
+       rop = rop.value_or(ncclSum)](void* comm, void* stream) -> absl::Status {
+        if (output.numel() == 0) return absl::OkStatus();
+        auto s = static_cast<cudaStream_t>(stream);
+        size_t nbytes = output.nbytes();
+        for (int r = 0; r < n; ++r) {
+          CUDA_CALL(cudaMemcpyAsync(
+              static_cast<char*>(flat.data_ptr()) + r * nbytes,
+              inputs[r].data_ptr(), nbytes, cudaMemcpyDeviceToDevice, s));
+        }
+        NCCL_CALL(ncclReduceScatter(flat.data_ptr(), output.data_ptr(),
+                                    output.numel(), dt, rop,
+                                    static_cast<ncclComm_t>(comm), s));
+        return absl::OkStatus();
+      },
+      std::move(keep));
+}
+
+std::shared_ptr<Work> NcclBackend::Alltoall(std::vector<Tensor> outputs,
+                                            std::vector<Tensor> inputs,
+                                            const AlltoallOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoall;
+  absl::Status local =
+      inputs.empty() ? absl::InvalidArgumentError(absl::StrCat(
+                           "Alltoall: inputs has 0 tensors, expected ", size()))
+                     : CheckCuda(kOp, inputs[0], "inputs[0]");
+  if (local.ok())
+    local = CheckTensorList(kOp, inputs, size(), inputs[0], "inputs");
+  if (local.ok())
+    local = CheckTensorList(kOp, outputs, size(), inputs[0], "outputs");
+  absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
+  if (local.ok()) dt = NcclType(inputs[0].dtype());
+  std::vector<Tensor> keep = inputs;
+  keep.insert(keep.end(), outputs.begin(), outputs.end());
+  int me = rank(), n = size();
+  int device = inputs.empty() ? -1 : DeviceOf(inputs[0]);
+  return Submit(
+      kOp, local, device, options.timeout,
+      [outputs, inputs, me, n, dt = dt.value_or(ncclFloat32)](
+          void* vcomm, void* stream) -> absl::Status {
+        int64_t count = inputs[0].numel();
+        if (count == 0) return absl::OkStatus();
+        auto comm = static_cast<ncclComm_t>(vcomm);
+        auto s = static_cast<cudaStream_t>(stream);
+        NCCL_CALL(ncclGroupStart());
+        for (int r = 0; r < n; ++r) {
+          if (r == me) continue;
+          NCCL_CALL(ncclSend(inputs[r].data_ptr(), count, dt, r, comm, s));
+          NCCL_CALL(ncclRecv(outputs[r].data_ptr(), count, dt, r, comm, s));
+        }
+        NCCL_CALL(ncclGroupEnd());
+        CUDA_CALL(cudaMemcpyAsync(outputs[me].data_ptr(), inputs[me].data_ptr(),
+                                  inputs[me].nbytes(), cudaMemcpyDeviceToDevice,
+                                  s));
+        return absl::OkStatus();
+      },
+      std::move(keep));
+}
+
+std::shared_ptr<Work> NcclBackend::Barrier(const BarrierOptions& options) {
+  Impl* impl = impl_.get();
+  return Submit(
+      OpType::kBarrier, absl::OkStatus(), -1, options.timeout,
+      [impl](void* comm, void* stream) -> absl::Status {
+        NCCL_CALL(ncclAllReduce(impl->barrier_buf.data_ptr(),
+                                impl->barrier_buf.data_ptr(), 1, ncclFloat32,
+                                ncclSum, static_cast<ncclComm_t>(comm),
+                                static_cast<cudaStream_t>(stream)));
+        return absl::OkStatus();
+      },
+      {});
+}
+
+#undef NCCL_CALL
+#undef CUDA_CALL
+
+}  // namespace c10d
+}  // namespace ferry

@@ -1,0 +1,111 @@
+// NcclBackend: c10d collectives on CUDA tensors through NCCL.
+//
+// Communicator: created lazily by the first operation (like PyTorch), on
+// the device of that operation's tensors: rank 0 makes an ncclUniqueId and
+// publishes it through the Store ("nccl/unique_id"); the others wait for it
+// (up to the timeout). Initialization is non-blocking, so a rank that never
+// arrives fails the first operation with DeadlineExceeded (the communicator
+// is aborted) instead of hanging. Later operations must use tensors on the
+// same device (InvalidArgument otherwise). Creating the backend needs no GPU;
+// without one, the first operation fails with FailedPrecondition.
+//
+// Execution: operations queue to one worker thread that enqueues them, in
+// issue order, on the backend's own CUDA stream (a blocking stream, so it
+// orders after work on the legacy default stream, e.g. cudaMemcpy). A
+// host callback at the end of each operation marks it finished; the Work
+// completes (on the watchdog thread) only then, so Work::Wait returning OK
+// means the results are in device memory and visible to the host.
+//
+// Watchdog: a thread tracks every operation in flight against its deadline
+// (enqueue time + timeout). When one passes, it aborts the communicator
+// (ncclCommAbort, which makes the kernels return), fails that operation
+// with DeadlineExceeded naming the collective, its sequence number, the rank
+// and the timeout, fails every other operation in flight, and marks the
+// backend unusable (later calls: FailedPrecondition quoting the failure).
+//
+// Supported: Allreduce, Broadcast, Reduce, Allgather, Gather, Scatter,
+// ReduceScatter, Alltoall, Barrier. ReduceOps: SUM, AVG (floating dtypes),
+// PRODUCT, MIN, MAX; BAND/BOR/BXOR are InvalidArgument (NCCL has no bitwise
+// reductions). Bool travels as uint8 with SUM/MAX -> max and PRODUCT/MIN ->
+// min. Send/Recv are not implemented (Unimplemented): NCCL point-to-point on
+// one stream needs both sides to order their calls compatibly, which the
+// Backend contract does not ask of callers. Mismatched calls between ranks
+// are not detected (undefined, as in NCCL itself).
+//
+// Thread safety: as Backend. The destructor cancels queued operations,
+// aborts the communicator if anything is still in flight, and joins its
+// threads.
+#ifndef FERRY_C10D_NCCL_NCCL_BACKEND_H_
+#define FERRY_C10D_NCCL_NCCL_BACKEND_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "c10d/backend.h"
+#include "c10d/registry.h"
+#include "common/sync.h"
+#include "store/store.h"
+
+namespace ferry {
+namespace c10d {
+
+class NcclBackend : public Backend {
+ public:
+  // Validates arguments only; see "Communicator" above.
+  static absl::StatusOr<std::unique_ptr<NcclBackend>> Create(
+      std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout);
+  // A factory for BackendRegistry (name "nccl", devices {cuda}).
+  static BackendFactory Factory();
+
+  ~NcclBackend() override;
+
+  std::shared_ptr<Work> Allreduce(
+      Tensor tensor, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> Broadcast(
+      Tensor tensor, const BroadcastOptions& options = {}) override;
+  std::shared_ptr<Work> Reduce(Tensor tensor,
+                               const ReduceOptions& options = {}) override;
+  std::shared_ptr<Work> Allgather(
+      std::vector<Tensor> outputs, Tensor input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input,
+                               const GatherOptions& options = {}) override;
+  std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs,
+                                const ScatterOptions& options = {}) override;
+  std::shared_ptr<Work> ReduceScatter(
+      Tensor output, std::vector<Tensor> inputs,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
+                                 std::vector<Tensor> inputs,
+                                 const AlltoallOptions& options = {}) override;
+  std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
+
+ private:
+  struct Impl;
+  struct Op;
+
+  NcclBackend(std::shared_ptr<Store> store, int rank, int size,
+              absl::Duration timeout);
+
+  // `enqueue` issues the NCCL calls on the stream; it runs on the worker.
+  // `device` is the CUDA device of the tensors (-1: any, e.g. Barrier).
+  std::shared_ptr<Work> Submit(
+      OpType type, absl::Status local_error, int device,
+      const std::optional<absl::Duration>& timeout,
+      absl::AnyInvocable<absl::Status(void* comm, void* stream)> enqueue,
+      std::vector<Tensor> keep_alive);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_NCCL_NCCL_BACKEND_H_

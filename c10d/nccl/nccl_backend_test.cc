@@ -1,0 +1,107 @@
+#include "c10d/nccl/nccl_backend.h"
+
+#include <memory>
+
+#include "c10d/nccl/cuda_util.h"
+#include "c10d/testing/backend_conformance.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/hash_store.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+using ::testing::HasSubstr;
+
+BackendUnderTest NcclUnderTest() {
+  BackendUnderTest b;
+  b.name = "Nccl";
+  b.create =
+      [](std::shared_ptr<Store> store, int rank, int size,
+         absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    auto backend = NcclBackend::Create(std::move(store), rank, size, timeout);
+    if (!backend.ok()) return backend.status();
+    return std::unique_ptr<Backend>(std::move(*backend));
+  };
+  b.skip_reason = [] {
+    return CudaDeviceCount() == 0
+               ? std::string("no CUDA device (cudaGetDeviceCount is 0)")
+               : std::string();
+  };
+  // NCCL allows one rank per GPU in a communicator.
+  b.max_ranks = [] { return std::min(4, CudaDeviceCount()); };
+  b.to_device = [](const Tensor& t, int rank) {
+    auto d = CopyToCuda(t, rank % std::max(1, CudaDeviceCount()));
+    EXPECT_TRUE(d.ok()) << d.status();
+    return d.ok() ? *d : Tensor();
+  };
+  b.to_cpu = [](const Tensor& t) {
+    auto h = CopyToCpu(t);
+    EXPECT_TRUE(h.ok()) << h.status();
+    return h.ok() ? *h : Tensor();
+  };
+  b.ops = {OpType::kAllreduce,     OpType::kBroadcast, OpType::kReduce,
+           OpType::kAllgather,     OpType::kGather,    OpType::kScatter,
+           OpType::kReduceScatter, OpType::kAlltoall,  OpType::kBarrier};
+  b.reduce_ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
+                  ReduceOp::kMin, ReduceOp::kMax};
+  b.detects_mismatch = false;
+  b.rendezvous_at_create = false;
+  return b;
+}
+
+INSTANTIATE_TEST_SUITE_P(Nccl, BackendConformanceTest,
+                         ::testing::Values(NcclUnderTest()),
+                         BackendUnderTestName);
+
+// Runs everywhere: creating the backend needs no GPU; without one the first
+// operation fails cleanly.
+TEST(NcclBackendTest, WithoutAGpuTheFirstOperationFailsCleanly) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a GPU is present";
+  auto b = NcclBackend::Create(std::make_shared<HashStore>(), 0, 1,
+                               absl::Seconds(5));
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::Status s = (*b)->Barrier()->Wait(absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no CUDA device"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("nccl Barrier"));
+  // CPU tensors are refused before anything else.
+  absl::Status cpu = (*b)->Allreduce(ones({2}))->Wait(absl::Seconds(10));
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+  EXPECT_THAT(std::string(cpu.message()), HasSubstr("CUDA tensors"));
+  CudaAllocator alloc(0);
+  EXPECT_FALSE(alloc.Allocate(16).ok());
+}
+
+TEST(NcclBackendTest, CreateRejectsBadArguments) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_FALSE(NcclBackend::Create(nullptr, 0, 1, absl::Seconds(1)).ok());
+  EXPECT_FALSE(NcclBackend::Create(store, 1, 1, absl::Seconds(1)).ok());
+  EXPECT_FALSE(NcclBackend::Create(store, 0, 1, absl::ZeroDuration()).ok());
+  BackendConfig c;
+  c.store = store;
+  c.options = {{"x", "y"}};
+  EXPECT_EQ(NcclBackend::Factory()(c).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(NcclBackendTest, BitwiseOpsAreRejected) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  auto b = NcclBackend::Create(std::make_shared<HashStore>(), 0, 1,
+                               absl::Seconds(30));
+  ASSERT_TRUE(b.ok());
+  auto t = CopyToCuda(ones({4}, DType::kInt32), 0);
+  ASSERT_TRUE(t.ok());
+  absl::Status s =
+      (*b)->Allreduce(*t, {.op = ReduceOp::kBxor})->Wait(absl::Seconds(30));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE((*b)->Allreduce(*t)->Wait(absl::Seconds(30)).ok());
+  auto back = CopyToCpu(*t);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->to_vector<int32_t>(), std::vector<int32_t>(4, 1));
+}
+
+}  // namespace
+}  // namespace c10d
+}  // namespace ferry
