@@ -156,6 +156,9 @@ TEST(RpcAgent, TimeoutIsDeadlineExceededNamingTheCall) {
       << r.status();
   EXPECT_NE(r.status().message().find("200ms"), std::string::npos)
       << r.status();
+  auto typed = (*agents)[0]->rpc_sync_for<void>(absl::Milliseconds(100), "b", "block");
+  EXPECT_EQ(typed.code(), absl::StatusCode::kDeadlineExceeded) << typed;
+  EXPECT_NE(typed.message().find("100ms"), std::string::npos) << typed;
   release->Notify();
   ShutdownAll(*agents);
 }
