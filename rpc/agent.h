@@ -139,6 +139,19 @@ class RpcAgent {
                      A&&... args) {
     return rpc_async<R>(to, function, std::forward<A>(args)...).Get();
   }
+  // The same with a per-call timeout instead of Options::rpc_timeout.
+  template <typename R = Value, typename... A>
+  Future<R> rpc_async_for(absl::Duration timeout, const WorkerRef& to,
+                          const std::string& function, A&&... args) {
+    return Typed<R>(CallAsync(
+        to, function, Value::List{ToValue(std::forward<A>(args))...}, timeout));
+  }
+  template <typename R = Value, typename... A>
+  Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
+                         const std::string& function, A&&... args) {
+    return rpc_async_for<R>(timeout, to, function, std::forward<A>(args)...)
+        .Get();
+  }
 
   // See the header comment. `timeout` bounds the whole shutdown.
   absl::Status Shutdown(bool graceful = true,
