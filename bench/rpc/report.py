@@ -1,0 +1,136 @@
+"""Side-by-side table of the RPC benchmark's JSON lines (bench/rpc/run.sh).
+
+    python3 bench/rpc/report.py FILE...
+
+Reads every line starting with '{' from the files (rpc_bench and
+torch_bench.py output), prints the comparison with ratios, and one JSON line
+per ratio. Latencies compare medians (p50): this VM's tails are noisy.
+"""
+
+import json
+import sys
+
+IMPLS = [("ferry", "Ferry"), ("pytorch", "PyTorch (default: shm)"),
+         ("pytorch_tcp", "PyTorch (TCP only)")]
+
+
+def load(paths):
+    figures = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                r = json.loads(line)
+                if r.get("bench") != "rpc":
+                    continue
+                figures[(r["impl"], r["name"], r.get("bytes"))] = r
+    return figures
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def main():
+    fig = load(sys.argv[1:])
+
+    def p50(impl, name):
+        r = fig.get((impl, name, None))
+        return r and r["p50"]
+
+    def val(impl, name, nbytes=None):
+        r = fig.get((impl, name, nbytes))
+        return r and r["value"]
+
+    ratios = []
+
+    print("\n## RPC round trip, median (us); lower is better")
+    floor = p50("grpc", "grpc_sync_unary")
+    tcp = p50("tcp", "tcp_pingpong")
+    print(f"raw TCP ping-pong (16 B):      {fmt(tcp, '8.1f')}")
+    print(f"raw gRPC sync unary (16 B):    {fmt(floor, '8.1f')}")
+    print(f"{'figure':<18} {'Ferry':>8} {'PT shm':>8} {'PT tcp':>8} "
+          f"{'Ferry/gRPC':>10} {'PT shm/Ferry':>12} {'PT tcp/Ferry':>12}")
+    for name in ("rpc_sync_noop", "rpc_sync_tensor4"):
+        f, p, pt = (p50(i, name) for i in ("ferry", "pytorch", "pytorch_tcp"))
+        row = dict(figure=name, ferry_over_grpc=ratio(f, floor),
+                   pytorch_over_ferry=ratio(p, f),
+                   pytorch_tcp_over_ferry=ratio(pt, f))
+        ratios.append(row)
+        print(f"{name:<18} {fmt(f, '8.1f')} {fmt(p, '8.1f')} "
+              f"{fmt(pt, '8.1f')} {fmt(row['ferry_over_grpc'], '10.2f')} "
+              f"{fmt(row['pytorch_over_ferry'], '12.2f')} "
+              f"{fmt(row['pytorch_tcp_over_ferry'], '12.2f')}")
+
+    print("\n## Throughput, 64 calls in flight (calls/s); higher is better")
+    g = val("grpc", "grpc_callback_64")
+    f, p, pt = (val(i, "rpc_async_64")
+                for i in ("ferry", "pytorch", "pytorch_tcp"))
+    row = dict(figure="rpc_async_64", ferry_over_grpc=ratio(f, g),
+               ferry_over_pytorch=ratio(f, p),
+               ferry_over_pytorch_tcp=ratio(f, pt))
+    ratios.append(row)
+    print(f"raw gRPC callback API:         {fmt(g, '8.0f')}")
+    print(f"{'Ferry':>8} {'PT shm':>8} {'PT tcp':>8} {'Ferry/gRPC':>10} "
+          f"{'Ferry/PT shm':>12} {'Ferry/PT tcp':>12}")
+    print(f"{fmt(f, '8.0f')} {fmt(p, '8.0f')} {fmt(pt, '8.0f')} "
+          f"{fmt(row['ferry_over_grpc'], '10.2f')} "
+          f"{fmt(row['ferry_over_pytorch'], '12.2f')} "
+          f"{fmt(row['ferry_over_pytorch_tcp'], '12.2f')}")
+
+    print("\n## Tensor echo, one-way GB/s = bytes / (median round trip / 2); "
+          "higher is better")
+    sizes = sorted({k[2] for k in fig if k[1] == "tensor_echo"})
+    print(f"{'bytes':>10} {'Ferry':>7} {'PT shm':>7} {'PT tcp':>7} "
+          f"{'gRPC 1msg':>9} {'TCP':>7} {'Ferry/PT shm':>12} "
+          f"{'Ferry/PT tcp':>12} {'Ferry/gRPC':>10}")
+    for n in sizes:
+        f, p, pt = (val(i, "tensor_echo", n)
+                    for i in ("ferry", "pytorch", "pytorch_tcp"))
+        g = val("grpc", "grpc_unary_echo", n)
+        t = val("tcp", "tcp_echo", n)
+        row = dict(figure="tensor_echo", bytes=n,
+                   ferry_over_pytorch=ratio(f, p),
+                   ferry_over_pytorch_tcp=ratio(f, pt),
+                   ferry_over_grpc=ratio(f, g))
+        ratios.append(row)
+        label = (f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB")
+        print(f"{label:>10} {fmt(f, '7.3f')} {fmt(p, '7.3f')} "
+              f"{fmt(pt, '7.3f')} {fmt(g, '9.3f')} {fmt(t, '7.3f')} "
+              f"{fmt(row['ferry_over_pytorch'], '12.2f')} "
+              f"{fmt(row['ferry_over_pytorch_tcp'], '12.2f')} "
+              f"{fmt(row['ferry_over_grpc'], '10.2f')}")
+
+    print("\n## Issue goals")
+    f = p50("ferry", "rpc_sync_noop")
+    goals = [
+        ("rpc_sync no-op within 1.25x of raw gRPC unary",
+         ratio(f, floor), lambda r: r <= 1.25),
+        ("rpc_async throughput >= 3x PyTorch (default transport)",
+         ratio(val("ferry", "rpc_async_64"), val("pytorch", "rpc_async_64")),
+         lambda r: r >= 3),
+        ("64 MiB tensor >= 1.5 GB/s one way",
+         val("ferry", "tensor_echo", 64 << 20), lambda r: r >= 1.5),
+        ("64 MiB tensor >= 2x PyTorch (default transport)",
+         ratio(val("ferry", "tensor_echo", 64 << 20),
+               val("pytorch", "tensor_echo", 64 << 20)), lambda r: r >= 2),
+    ]
+    for text, value, ok in goals:
+        verdict = "n/a" if value is None else ("MET" if ok(value) else
+                                               "NOT MET")
+        print(f"{text:<58} {fmt(value, '6.2f')}  {verdict}")
+        ratios.append(dict(goal=text, value=value, verdict=verdict))
+
+    print()
+    for r in ratios:
+        print(json.dumps(dict(bench="rpc_ratio", **r)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,627 @@
+// Ferry side of the RPC benchmark, with its floors (raw gRPC, raw TCP);
+// bench/rpc/run.sh runs it next to PyTorch's TensorPipe agent.
+//
+//   rpc_bench [--sizes=4096,...] [--seconds=N]
+//
+// Run plainly it hosts a TcpStore on 127.0.0.1 (port 0) and starts two copies
+// of itself, like a real job: rank 1 ("callee", --role=server) serves Ferry
+// functions, a raw gRPC echo service and a raw TCP echo socket; rank 0
+// ("caller", --role=client) measures, printing a table and one JSON line per
+// figure. Both ranks meet through the store, then shut down gracefully.
+//
+// Figures (caller side, loopback):
+//   rpc_sync_noop / rpc_sync_tensor4   round trip of rpc_sync: no argument /
+//                                      a 4-element float tensor echoed (us)
+//   rpc_async_64                       calls/s with 64 calls in flight
+//   tensor_echo                        a float tensor of N bytes sent and
+//                                      echoed back; one-way GB/s =
+//                                      N / (round trip / 2)
+//   grpc_sync_unary                    raw gRPC floor: sync stub, tiny
+//                                      protobuf message, echoed (us)
+//   grpc_callback_64                   raw gRPC floor: callback API, 64 in
+//                                      flight (calls/s)
+//   grpc_unary_echo                    raw gRPC floor: N bytes in one protobuf
+//                                      bytes field, echoed (GB/s one way)
+//   tcp_pingpong                       raw TCP floor: 16 bytes each way (us)
+//   tcp_echo                           raw TCP floor: N bytes, echoed (GB/s)
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/future.h"
+#include "common/sync.h"
+#include "proto/rpc.grpc.pb.h"
+#include "rpc/agent.h"
+#include "store/tcp_store.h"
+#include "tensor/tensor.h"
+
+ABSL_FLAG(std::string, role, "", "'' (launch both ranks), server or client.");
+ABSL_FLAG(int, port, 0, "TcpStore port on 127.0.0.1 (roles).");
+ABSL_FLAG(std::string, sizes, "4096,65536,1048576,16777216,67108864,268435456",
+          "Tensor echo sizes in bytes.");
+ABSL_FLAG(double, seconds, 3.0,
+          "Upper bound on each latency/throughput figure's duration.");
+ABSL_FLAG(int, iters, 3000, "Latency iterations (bounded by --seconds).");
+ABSL_FLAG(int, async_calls, 20000,
+          "Calls per throughput figure (bounded by --seconds).");
+
+extern char** environ;
+
+namespace ferry {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Us(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+
+// Now plus --seconds: the bound on each figure's measuring time.
+Clock::time_point Deadline() {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(
+             std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "rpc_bench: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+template <typename T>
+T OrDie(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Die(absl::StrCat(what, ": ", v.status().ToString()));
+  return *std::move(v);
+}
+void OrDie(const absl::Status& s, const std::string& what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
+
+// ---------------------------------------------------------------------------
+// Reporting.
+
+struct Latency {
+  double mean_us = 0, p50_us = 0, p99_us = 0;
+  int iters = 0;
+};
+
+Latency Summarize(std::vector<double> us) {
+  Latency l;
+  l.iters = static_cast<int>(us.size());
+  if (us.empty()) return l;
+  double sum = 0;
+  for (double u : us) sum += u;
+  l.mean_us = sum / us.size();
+  std::sort(us.begin(), us.end());
+  l.p50_us = us[us.size() / 2];
+  l.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  return l;
+}
+
+void ReportLatency(const std::string& impl, const std::string& name,
+                   const Latency& l) {
+  std::printf("%-8s %-20s %12s %10.1f us  (p50 %.1f, p99 %.1f, n=%d)\n",
+              impl.c_str(), name.c_str(), "", l.mean_us, l.p50_us, l.p99_us,
+              l.iters);
+  std::printf(
+      "{\"bench\": \"rpc\", \"impl\": \"%s\", \"name\": \"%s\", \"unit\": "
+      "\"us\", \"mean\": %.2f, \"p50\": %.2f, \"p99\": %.2f, \"iters\": %d}\n",
+      impl.c_str(), name.c_str(), l.mean_us, l.p50_us, l.p99_us, l.iters);
+  std::fflush(stdout);
+}
+
+void ReportRate(const std::string& impl, const std::string& name, int calls,
+                double seconds) {
+  const double rate = calls / seconds;
+  std::printf("%-8s %-20s %12s %10.0f calls/s  (%d calls in %.2f s)\n",
+              impl.c_str(), name.c_str(), "", rate, calls, seconds);
+  std::printf(
+      "{\"bench\": \"rpc\", \"impl\": \"%s\", \"name\": \"%s\", \"unit\": "
+      "\"calls/s\", \"value\": %.1f, \"calls\": %d, \"seconds\": %.4f}\n",
+      impl.c_str(), name.c_str(), rate, calls, seconds);
+  std::fflush(stdout);
+}
+
+// `rtts_us`: round trips of `bytes` sent and echoed back.
+void ReportBandwidth(const std::string& impl, const std::string& name,
+                     int64_t bytes, std::vector<double> rtts_us) {
+  Latency l = Summarize(std::move(rtts_us));
+  // One way: bytes / (round trip / 2), on the median round trip.
+  const double gbps = bytes / (l.p50_us / 2) / 1e3;
+  std::printf(
+      "%-8s %-20s %12lld %10.3f GB/s one way  (rtt p50 %.3f ms, n=%d)\n",
+      impl.c_str(), name.c_str(), static_cast<long long>(bytes), gbps,
+      l.p50_us / 1e3, l.iters);
+  std::printf(
+      "{\"bench\": \"rpc\", \"impl\": \"%s\", \"name\": \"%s\", \"unit\": "
+      "\"GB/s\", \"bytes\": %lld, \"value\": %.4f, \"rtt_p50_ms\": %.4f, "
+      "\"rtt_mean_ms\": %.4f, \"iters\": %d, \"definition\": \"bytes / "
+      "(median round trip / 2)\"}\n",
+      impl.c_str(), name.c_str(), static_cast<long long>(bytes), gbps,
+      l.p50_us / 1e3, l.mean_us / 1e3, l.iters);
+  std::fflush(stdout);
+}
+
+// Iterations for an echo of `bytes`: fewer for big sizes (about 1 GiB moved
+// per figure), at least 3.
+int EchoIters(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>((1LL << 30) / bytes, 3, 300));
+}
+
+// Runs `op` (one round trip) up to --iters times or --seconds, after a warm-up.
+template <typename Op>
+std::vector<double> TimeLoop(int iters, Op op, int warmup = 50) {
+  for (int i = 0; i < warmup; ++i) op();
+  const auto limit = Deadline();
+  std::vector<double> us;
+  us.reserve(iters);
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    op();
+    auto t1 = Clock::now();
+    us.push_back(Us(t1 - t0));
+    if (t1 > limit) break;
+  }
+  return us;
+}
+
+// ---------------------------------------------------------------------------
+// Raw TCP echo: 8-byte length, then that many bytes; echoed back whole.
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= w;
+  }
+  return true;
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= r;
+  }
+  return true;
+}
+
+void NoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+class TcpEchoServer {
+ public:
+  TcpEchoServer() {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        listen(listen_fd_, 4) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      Die("tcp echo server: bind/listen failed");
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~TcpEchoServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    thread_.join();
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  // One connection at a time, until the peer closes it.
+  void Serve() {
+    for (;;) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      NoDelay(fd);
+      std::vector<char> buf;
+      uint64_t n;
+      while (ReadAll(fd, &n, sizeof(n))) {
+        if (n > (1ULL << 31)) break;
+        buf.resize(n);
+        if (!ReadAll(fd, buf.data(), n)) break;
+        if (!WriteAll(fd, buf.data(), n)) break;
+      }
+      close(fd);
+    }
+  }
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+int TcpConnect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    Die("tcp connect failed");
+  }
+  NoDelay(fd);
+  return fd;
+}
+
+void TcpEcho(int fd, const char* data, uint64_t n, char* back) {
+  if (!WriteAll(fd, &n, sizeof(n)) || !WriteAll(fd, data, n) ||
+      !ReadAll(fd, back, n)) {
+    Die("tcp echo failed");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Raw gRPC echo: ferry.rpc.v1.Worker/Call answering with the request's bytes
+// (an RpcRequest holding only `payload` is also a valid RpcResponse), on
+// gRPC's callback API, replying on gRPC's own thread.
+
+class GrpcEchoService final
+    : public ferry::rpc::v1::Worker::WithRawCallbackMethod_Call<
+          ferry::rpc::v1::Worker::Service> {
+ public:
+  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override {
+    *response = *request;  // Shares the slices; no copy.
+    grpc::ServerUnaryReactor* r = context->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
+std::unique_ptr<grpc::Server> StartGrpcEcho(GrpcEchoService* service,
+                                            int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  b.SetMaxReceiveMessageSize(0x7fffffff);
+  b.SetMaxSendMessageSize(0x7fffffff);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  if (!server || *port == 0) Die("grpc echo server failed to start");
+  return server;
+}
+
+// ---------------------------------------------------------------------------
+// Roles.
+
+std::shared_ptr<Store> ConnectStore(int port) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.timeout = absl::Minutes(20);
+  return OrDie(TcpStore::Create(o), "connecting to the store");
+}
+
+rpc::RpcAgentOptions AgentOptions() {
+  rpc::RpcAgentOptions o;
+  o.rpc_timeout = absl::Minutes(5);
+  o.join_timeout = absl::Minutes(2);
+  return o;
+}
+
+int RunServer(int port) {
+  std::shared_ptr<Store> store = ConnectStore(port);
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  OrDie(registry->Register("noop", [] {}), "register noop");
+  OrDie(registry->Register("echo", [](Tensor t) { return t; }), "register");
+  TcpEchoServer tcp;
+  GrpcEchoService grpc_service;
+  int grpc_port = 0;
+  auto grpc_server = StartGrpcEcho(&grpc_service, &grpc_port);
+  OrDie(store->Set("bench/tcp_port", absl::StrCat(tcp.port())), "set");
+  OrDie(store->Set("bench/grpc_port", absl::StrCat(grpc_port)), "set");
+  auto agent = OrDie(
+      rpc::RpcAgent::Start("callee", 1, 2, store, AgentOptions(), registry),
+      "starting the callee agent");
+  // The caller sets bench/done when it has measured everything.
+  OrDie(store->Wait({std::string("bench/done")}, absl::Minutes(20)),
+        "waiting for the caller");
+  OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
+  grpc_server->Shutdown();
+  return 0;
+}
+
+std::vector<int64_t> Sizes() {
+  std::vector<int64_t> sizes;
+  for (absl::string_view s :
+       absl::StrSplit(absl::GetFlag(FLAGS_sizes), ',', absl::SkipEmpty())) {
+    int64_t n;
+    if (!absl::SimpleAtoi(s, &n) || n < 4 || n % 4 != 0) {
+      Die(absl::StrCat("bad --sizes entry '", s, "'"));
+    }
+    sizes.push_back(n);
+  }
+  return sizes;
+}
+
+// `calls` calls with `window` in flight; `issue(i)` returns call i's future.
+// Returns {calls completed, seconds}.
+template <typename Issue>
+std::pair<int, double> Windowed(int calls, int window, Issue issue) {
+  std::deque<Future<Value>> inflight;
+  const auto limit = Deadline();
+  auto t0 = Clock::now();
+  int issued = 0;
+  int done = 0;
+  while (done < calls) {
+    while (issued < calls && static_cast<int>(inflight.size()) < window) {
+      inflight.push_back(issue(issued++));
+    }
+    Result<Value> r = inflight.front().Get();
+    if (!r.ok()) Die(absl::StrCat("async call: ", r.status().ToString()));
+    inflight.pop_front();
+    ++done;
+    // Past the time bound: stop issuing, drain what is in flight.
+    if (Clock::now() > limit) calls = std::min(calls, issued);
+  }
+  return {done, std::chrono::duration<double>(Clock::now() - t0).count()};
+}
+
+// Raw gRPC callback API: `calls` calls, `window` in flight, each completion
+// issuing the next from gRPC's callback thread.
+struct CallbackBench {
+  ferry::rpc::v1::Worker::Stub* stub;
+  ferry::rpc::v1::RpcRequest request;
+  int total = 0;
+  Mutex mu;
+  int issued ABSL_GUARDED_BY(mu) = 0;
+  int done ABSL_GUARDED_BY(mu) = 0;
+  bool failed ABSL_GUARDED_BY(mu) = false;
+  Clock::time_point limit;
+
+  struct Slot {
+    std::unique_ptr<grpc::ClientContext> context;
+    ferry::rpc::v1::RpcResponse response;
+  };
+
+  void Issue(Slot* slot) {
+    slot->context = std::make_unique<grpc::ClientContext>();
+    stub->async()->Call(slot->context.get(), &request, &slot->response,
+                        [this, slot](grpc::Status s) { Done(slot, s); });
+  }
+  void Done(Slot* slot, const grpc::Status& s) {
+    bool again;
+    {
+      MutexLock lock(&mu);
+      ++done;
+      if (!s.ok()) failed = true;
+      if (Clock::now() > limit) total = std::min(total, issued);
+      again = issued < total;
+      if (again) ++issued;
+    }
+    if (again) Issue(slot);
+  }
+  // Returns {calls, seconds}.
+  std::pair<int, double> Run(int calls, int window) {
+    std::vector<Slot> slots(window);
+    total = calls;
+    limit = Deadline();
+    auto t0 = Clock::now();
+    {
+      MutexLock lock(&mu);
+      issued = std::min(window, calls);
+      done = 0;
+      failed = false;
+    }
+    for (int i = 0; i < std::min(window, calls); ++i) Issue(&slots[i]);
+    int finished;
+    {
+      MutexLock lock(&mu);
+      auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+        return done >= issued && issued >= total;
+      };
+      mu.Await(absl::Condition(&all_done));
+      if (failed) Die("grpc callback call failed");
+      finished = done;
+    }
+    return {finished, std::chrono::duration<double>(Clock::now() - t0).count()};
+  }
+};
+
+int RunClient(int port) {
+  std::shared_ptr<Store> store = ConnectStore(port);
+  auto agent =
+      OrDie(rpc::RpcAgent::Start("caller", 0, 2, store, AgentOptions()),
+            "starting the caller agent");
+  const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
+  const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const int async_calls = absl::GetFlag(FLAGS_async_calls);
+  const std::vector<int64_t> sizes = Sizes();
+
+  std::printf("# RPC benchmark: 2 processes on loopback, %u CPUs\n",
+              std::thread::hardware_concurrency());
+  std::printf("%-8s %-20s %12s %10s\n", "impl", "figure", "bytes", "result");
+
+  // --- Floors: raw TCP.
+  {
+    int fd = TcpConnect(tcp_port);
+    char ping[16] = {1}, pong[16];
+    ReportLatency("tcp", "tcp_pingpong", Summarize(TimeLoop(iters, [&] {
+                    TcpEcho(fd, ping, sizeof(ping), pong);
+                  })));
+    for (int64_t n : sizes) {
+      std::vector<char> out(n, 7), back(n);
+      ReportBandwidth(
+          "tcp", "tcp_echo", n,
+          TimeLoop(
+              EchoIters(n), [&] { TcpEcho(fd, out.data(), n, back.data()); },
+              /*warmup=*/1));
+      if (back[n - 1] != 7) Die("tcp echo returned wrong bytes");
+    }
+    close(fd);
+  }
+
+  // --- Floors: raw gRPC.
+  {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(0x7fffffff);
+    args.SetMaxSendMessageSize(0x7fffffff);
+    auto channel =
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", grpc_port),
+                                  grpc::InsecureChannelCredentials(), args);
+    auto stub = ferry::rpc::v1::Worker::NewStub(channel);
+    ferry::rpc::v1::RpcRequest tiny;
+    tiny.set_payload("0123456789abcdef");
+    ReportLatency("grpc", "grpc_sync_unary", Summarize(TimeLoop(iters, [&] {
+                    grpc::ClientContext ctx;
+                    ferry::rpc::v1::RpcResponse resp;
+                    grpc::Status s = stub->Call(&ctx, tiny, &resp);
+                    if (!s.ok()) Die("grpc unary: " + s.error_message());
+                  })));
+    {
+      CallbackBench cb;
+      cb.stub = stub.get();
+      cb.request = tiny;
+      cb.Run(1000, 64);  // Warm-up.
+      auto [calls, secs] = cb.Run(async_calls, 64);
+      ReportRate("grpc", "grpc_callback_64", calls, secs);
+    }
+    for (int64_t n : sizes) {
+      ferry::rpc::v1::RpcRequest big;
+      big.set_payload(std::string(n, '\x07'));
+      size_t got = 0;
+      ReportBandwidth("grpc", "grpc_unary_echo", n,
+                      TimeLoop(
+                          EchoIters(n),
+                          [&] {
+                            grpc::ClientContext ctx;
+                            ferry::rpc::v1::RpcResponse resp;
+                            grpc::Status s = stub->Call(&ctx, big, &resp);
+                            if (!s.ok()) Die("grpc echo: " + s.error_message());
+                            got = resp.payload().size();
+                          },
+                          /*warmup=*/1));
+      if (got != static_cast<size_t>(n)) Die("grpc echo: wrong size");
+    }
+  }
+
+  // --- Ferry.
+  {
+    ReportLatency("ferry", "rpc_sync_noop", Summarize(TimeLoop(iters, [&] {
+                    absl::Status s = agent->rpc_sync<void>(1, "noop");
+                    if (!s.ok()) Die(s.ToString());
+                  })));
+    Tensor four = from_vector<float>({1, 2, 3, 4});
+    ReportLatency("ferry", "rpc_sync_tensor4", Summarize(TimeLoop(iters, [&] {
+                    auto r = agent->rpc_sync<Tensor>(1, "echo", four);
+                    if (!r.ok()) Die(r.status().ToString());
+                  })));
+    auto noop = [&](int) { return agent->CallAsync(1, "noop", {}); };
+    Windowed(1000, 64, noop);  // Warm-up.
+    auto [calls, secs] = Windowed(async_calls, 64, noop);
+    ReportRate("ferry", "rpc_async_64", calls, secs);
+    for (int64_t n : sizes) {
+      Tensor t = full({n / 4}, 7.0);
+      int64_t got = 0;
+      ReportBandwidth("ferry", "tensor_echo", n,
+                      TimeLoop(
+                          EchoIters(n),
+                          [&] {
+                            auto r = agent->rpc_sync<Tensor>(1, "echo", t);
+                            if (!r.ok()) Die(r.status().ToString());
+                            got = static_cast<int64_t>(r->nbytes());
+                          },
+                          /*warmup=*/1));
+      if (got != n) Die("ferry echo: wrong size");
+    }
+  }
+
+  OrDie(store->Set("bench/done", "1"), "set bench/done");
+  OrDie(agent->Shutdown(/*graceful=*/true), "caller shutdown");
+  return 0;
+}
+
+// Hosts the store and runs both ranks as child processes.
+int Launch(const char* self, int argc, char** argv) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.is_server = true;
+  o.timeout = absl::Minutes(20);
+  auto store = OrDie(TcpStore::Create(o), "hosting the store");
+  const std::string port = absl::StrCat("--port=", store->port());
+  pid_t pids[2];
+  const char* roles[2] = {"--role=server", "--role=client"};
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> args = {self, roles[i], port};
+    for (int a = 1; a < argc; ++a) args.push_back(argv[a]);
+    std::vector<char*> argp;
+    for (auto& a : args) argp.push_back(a.data());
+    argp.push_back(nullptr);
+    if (posix_spawn(&pids[i], self, nullptr, nullptr, argp.data(), environ) !=
+        0) {
+      Die("cannot start a rank");
+    }
+  }
+  int rc = 0;
+  for (int done = 0; done < 2; ++done) {
+    int status;
+    pid_t pid = wait(&status);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) {
+      std::fprintf(stderr, "rpc_bench: rank process %d failed (status %d)\n",
+                   pid, status);
+      rc = 1;
+      for (pid_t p : pids) {
+        if (p != pid) kill(p, SIGKILL);
+      }
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  const int port = absl::GetFlag(FLAGS_port);
+  if (role == "server") return ferry::RunServer(port);
+  if (role == "client") return ferry::RunClient(port);
+  if (!role.empty()) {
+    std::fprintf(stderr, "rpc_bench: unknown --role=%s\n", role.c_str());
+    return 2;
+  }
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return 1;
+  self[n] = '\0';
+  return ferry::Launch(self, argc, argv);
+}
