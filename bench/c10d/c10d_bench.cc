@@ -1,0 +1,133 @@
+// One rank of the c10d benchmark (bench/c10d/run.sh starts N of them).
+//
+//   c10d_bench --rank=R --world_size=N --init=file:///tmp/x
+//              [--check_args=true] [--impl=ferry-gloo]
+//
+// Rank 0 prints one JSON line per figure: allreduce (SUM, float32) for every
+// size in --allreduce_sizes, broadcast and allgather for --other_sizes. Each
+// figure: 2 warm-up calls, then `iters` calls each waited on (like
+// torch.distributed's synchronous calls), timed on rank 0 between barriers.
+// Conventions (nccl-tests'): size = bytes of the tensor each rank passes in;
+// algbw = size / time (allgather: N * size / time); busbw = algbw *
+// 2(N-1)/N for allreduce, algbw for broadcast, algbw * (N-1)/N for
+// allgather.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "c10d/init.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+int Iters(int64_t bytes) {
+  int64_t it = (int64_t{256} << 20) / std::max<int64_t>(bytes, 1);
+  return static_cast<int>(std::clamp<int64_t>(it, 5, 200));
+}
+
+std::vector<int64_t> ParseSizes(const std::string& s) {
+  std::vector<int64_t> out;
+  for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int64_t v;
+    if (absl::SimpleAtoi(p, &v)) out.push_back(v);
+  }
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  std::map<std::string, std::string> flags = {
+      {"check_args", "true"},
+      {"impl", "ferry-gloo"},
+      {"allreduce_sizes",
+       "4096,16384,65536,262144,1048576,4194304,16777216,67108864"},
+      {"other_sizes", "1048576,16777216"}};
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    size_t eq = a.find('=');
+    if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
+      std::fprintf(stderr, "bad argument %s\n", a.c_str());
+      return 2;
+    }
+    flags[a.substr(2, eq - 2)] = a.substr(eq + 1);
+  }
+  int rank, world;
+  if (!absl::SimpleAtoi(flags["rank"], &rank) ||
+      !absl::SimpleAtoi(flags["world_size"], &world) || flags["init"].empty()) {
+    std::fprintf(stderr, "need --rank, --world_size, --init\n");
+    return 2;
+  }
+  InitProcessGroupOptions o;
+  o.init_method = flags["init"];
+  o.rank = rank;
+  o.world_size = world;
+  o.group.timeout = absl::Minutes(5);
+  o.group.backend_options["check_args"] = flags["check_args"];
+  auto pg_or = InitProcessGroup(o);
+  if (!pg_or.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank,
+                 pg_or.status().ToString().c_str());
+    return 1;
+  }
+  ProcessGroup& pg = **pg_or;
+  const int n = world;
+  bool failed = false;
+  auto run = [&](const std::string& op, int64_t bytes,
+                 const std::function<std::shared_ptr<Work>()>& call) {
+    for (int i = 0; i < 2; ++i) {
+      absl::Status s = call()->Wait();
+      if (!s.ok()) {
+        std::fprintf(stderr, "rank %d %s: %s\n", rank, op.c_str(),
+                     s.ToString().c_str());
+        failed = true;
+        return;
+      }
+    }
+    int iters = Iters(bytes);
+    if (!pg.Barrier()->Wait().ok()) failed = true;
+    absl::Time start = absl::Now();
+    for (int i = 0; i < iters; ++i) {
+      if (!call()->Wait().ok()) failed = true;
+    }
+    absl::Duration took = (absl::Now() - start) / iters;
+    if (!pg.Barrier()->Wait().ok()) failed = true;
+    double sec = absl::ToDoubleSeconds(took);
+    double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
+    double factor = op == "allreduce"   ? 2.0 * (n - 1) / n
+                    : op == "allgather" ? double(n - 1) / n
+                                        : 1.0;
+    if (rank == 0) {
+      std::printf(
+          "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\",\"ranks\":%d,"
+          "\"bytes\":%lld,\"iters\":%d,\"time_us\":%.1f,\"algbw_GBps\":%.4f,"
+          "\"busbw_GBps\":%.4f}\n",
+          flags["impl"].c_str(), op.c_str(), n, static_cast<long long>(bytes),
+          iters, sec * 1e6, algbw, algbw * factor);
+      std::fflush(stdout);
+    }
+  };
+  for (int64_t bytes : ParseSizes(flags["allreduce_sizes"])) {
+    Tensor t = full({bytes / 4}, 1.0);
+    run("allreduce", bytes, [&] { return pg.Allreduce(t); });
+  }
+  for (int64_t bytes : ParseSizes(flags["other_sizes"])) {
+    Tensor t = full({bytes / 4}, 1.0);
+    run("broadcast", bytes, [&] { return pg.Broadcast(t, {.root = 0}); });
+    std::vector<Tensor> outs;
+    for (int r = 0; r < n; ++r) outs.push_back(zeros({bytes / 4}));
+    run("allgather", bytes, [&] { return pg.Allgather(outs, t); });
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace c10d
+}  // namespace ferry
+
+int main(int argc, char** argv) { return ferry::c10d::Main(argc, argv); }

@@ -1,0 +1,130 @@
+"""Runs bench/c10d: Ferry's gloo backend and PyTorch 1.13's ProcessGroupGloo,
+2 and 4 ranks as processes on this host, and prints a side-by-side table,
+one JSON line per figure, and a PNG plot of allreduce bus bandwidth."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_job(cmd_for_rank, world):
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "rendezvous")
+        procs = [subprocess.Popen(cmd_for_rank(r, world, init),
+                                  stdout=subprocess.PIPE, text=True)
+                 for r in range(world)]
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+        for r, p in enumerate(procs):
+            if p.returncode != 0:
+                sys.exit("rank %d of %s exited %d" % (r, cmd_for_rank(r, world, init), p.returncode))
+    return [json.loads(l) for l in outs[0].splitlines() if l.startswith("{")]
+
+
+def fmt_bytes(b):
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= div:
+            return "%d %s" % (b // div, unit)
+    return "%d B" % b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--allreduce_sizes", default=None)
+    ap.add_argument("--other_sizes", default=None)
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="runs per implementation, alternating; best kept")
+    a = ap.parse_args()
+    extra = []
+    if a.allreduce_sizes:
+        extra.append("--allreduce_sizes=" + a.allreduce_sizes)
+    if a.other_sizes:
+        extra.append("--other_sizes=" + a.other_sizes)
+    impls = {
+        "ferry-gloo": lambda r, w, init: [a.bin, "--rank=%d" % r,
+                                          "--world_size=%d" % w,
+                                          "--init=" + init] + extra,
+        # Without the per-call argument check (one network round fewer).
+        "ferry-gloo-unchecked": lambda r, w, init: [
+            a.bin, "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init,
+            "--check_args=false", "--impl=ferry-gloo-unchecked"] + extra,
+        "pytorch-1.13-gloo": lambda r, w, init: [
+            "/usr/bin/python3", os.path.join(HERE, "torch_bench.py"),
+            "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init] + extra,
+    }
+    # The host is shared and noisy: alternate implementations and keep each
+    # figure's best run.
+    best = {}
+    for rep in range(a.repeat):
+        for world in [int(x) for x in a.ranks.split(",")]:
+            for name, cmd in impls.items():
+                print("# run %d: %s with %d ranks..." % (rep + 1, name, world),
+                      flush=True)
+                for r in run_job(cmd, world):
+                    k = (r["impl"], r["op"], r["ranks"], r["bytes"])
+                    if k not in best or r["busbw_GBps"] > best[k]["busbw_GBps"]:
+                        best[k] = r
+    results = list(best.values())
+    try:
+        load = open("/proc/loadavg").read().split()[:3]
+        print("# load average after the runs: %s (%d CPUs)" % (" ".join(load), os.cpu_count()))
+    except OSError:
+        pass
+
+    os.makedirs(a.out, exist_ok=True)
+    key = lambda r: (r["op"], r["ranks"], r["bytes"])
+    ferry = {key(r): r for r in results if r["impl"] == "ferry-gloo"}
+    unchecked = {key(r): r for r in results if r["impl"] == "ferry-gloo-unchecked"}
+    torch = {key(r): r for r in results if r["impl"] == "pytorch-1.13-gloo"}
+    nan = {"busbw_GBps": float("nan"), "time_us": float("nan")}
+    print()
+    print("busbw in GB/s, time per call in us; ratio = Ferry / PyTorch busbw")
+    print("%-9s %5s %7s | %7s %9s %7s %6s | %9s %9s %9s" % (
+        "op", "ranks", "size", "Ferry", "Ferry-nc", "PyTorch", "ratio",
+        "Ferry us", "Ferry-nc", "PyTorch"))
+    print("-" * 92)
+    for k in sorted(ferry, key=lambda k: (["allreduce", "broadcast", "allgather"].index(k[0]), k[1], k[2])):
+        f, u, t = ferry[k], unchecked.get(k, nan), torch.get(k, nan)
+        ratio = f["busbw_GBps"] / t["busbw_GBps"] if t is not nan else float("nan")
+        print("%-9s %5d %7s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f" % (
+            k[0], k[1], fmt_bytes(k[2]), f["busbw_GBps"], u["busbw_GBps"],
+            t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"]))
+    print("(Ferry-nc: Ferry with check_args=false, no per-call argument exchange)")
+    print()
+    with open(os.path.join(a.out, "results.jsonl"), "w") as fh:
+        for r in sorted(results, key=lambda r: (r["impl"], r["op"], r["ranks"], r["bytes"])):
+            line = json.dumps(r)
+            print(line)
+            fh.write(line + "\n")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for impl, style in (("ferry-gloo", "-o"), ("ferry-gloo-unchecked", ":^"),
+                        ("pytorch-1.13-gloo", "--s")):
+        for world in sorted({r["ranks"] for r in results}):
+            pts = sorted((r["bytes"], r["busbw_GBps"]) for r in results
+                         if r["impl"] == impl and r["ranks"] == world and r["op"] == "allreduce")
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
+                        label="%s, %d ranks" % (impl, world))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("allreduce bus bandwidth (GB/s)")
+    ax.set_title("allreduce SUM float32, processes on one host (loopback TCP)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    png = os.path.join(a.out, "allreduce_busbw.png")
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    print("# plot: %s" % png)
+
+
+if __name__ == "__main__":
+    main()
