@@ -30,7 +30,10 @@ def load(paths):
 
 
 def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
+    if v is None:
+        width = spec.split(".")[0]
+        return "-".rjust(int(width) if width.isdigit() else 1)
+    return format(v, spec)
 
 
 def ratio(a, b):
@@ -86,26 +89,31 @@ def main():
 
     print("\n## Tensor echo, one-way GB/s = bytes / (median round trip / 2); "
           "higher is better")
+    print("(gRPC 1msg: raw gRPC, the bytes in one unary message; gRPC strm: "
+          "raw gRPC bidi stream of 1 MiB chunks)")
     sizes = sorted({k[2] for k in fig if k[1] == "tensor_echo"})
     print(f"{'bytes':>10} {'Ferry':>7} {'PT shm':>7} {'PT tcp':>7} "
-          f"{'gRPC 1msg':>9} {'TCP':>7} {'Ferry/PT shm':>12} "
-          f"{'Ferry/PT tcp':>12} {'Ferry/gRPC':>10}")
+          f"{'gRPC 1msg':>9} {'gRPC strm':>9} {'TCP':>7} {'Ferry/PT shm':>12} "
+          f"{'Ferry/PT tcp':>12} {'Ferry/gRPC1':>11}")
     for n in sizes:
         f, p, pt = (val(i, "tensor_echo", n)
                     for i in ("ferry", "pytorch", "pytorch_tcp"))
         g = val("grpc", "grpc_unary_echo", n)
+        gs = val("grpc", "grpc_stream_echo", n)
         t = val("tcp", "tcp_echo", n)
         row = dict(figure="tensor_echo", bytes=n,
                    ferry_over_pytorch=ratio(f, p),
                    ferry_over_pytorch_tcp=ratio(f, pt),
-                   ferry_over_grpc=ratio(f, g))
+                   ferry_over_grpc=ratio(f, g),
+                   ferry_over_grpc_stream=ratio(f, gs))
         ratios.append(row)
         label = (f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB")
         print(f"{label:>10} {fmt(f, '7.3f')} {fmt(p, '7.3f')} "
-              f"{fmt(pt, '7.3f')} {fmt(g, '9.3f')} {fmt(t, '7.3f')} "
+              f"{fmt(pt, '7.3f')} {fmt(g, '9.3f')} {fmt(gs, '9.3f')} "
+              f"{fmt(t, '7.3f')} "
               f"{fmt(row['ferry_over_pytorch'], '12.2f')} "
               f"{fmt(row['ferry_over_pytorch_tcp'], '12.2f')} "
-              f"{fmt(row['ferry_over_grpc'], '10.2f')}")
+              f"{fmt(row['ferry_over_grpc'], '11.2f')}")
 
     print("\n## Issue goals")
     f = p50("ferry", "rpc_sync_noop")

@@ -22,6 +22,9 @@
 //                                      flight (calls/s)
 //   grpc_unary_echo                    raw gRPC floor: N bytes in one protobuf
 //                                      bytes field, echoed (GB/s one way)
+//   grpc_stream_echo                   raw gRPC floor: N bytes as a bidi stream
+//                                      of 1 MiB chunks, each echoed as it
+//                                      arrives (GB/s one way; N >= 1 MiB)
 //   tcp_pingpong                       raw TCP floor: 16 bytes each way (us)
 //   tcp_echo                           raw TCP floor: N bytes, echoed (GB/s)
 #include <grpcpp/grpcpp.h>
@@ -49,6 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/rpc/stream_echo.grpc.pb.h"
 #include "common/future.h"
 #include "common/sync.h"
 #include "proto/rpc.grpc.pb.h"
@@ -316,6 +320,46 @@ std::unique_ptr<grpc::Server> StartGrpcEcho(GrpcEchoService* service,
   return server;
 }
 
+// Raw gRPC streaming echo (sync API): every chunk goes back as it arrives.
+class StreamEchoService final : public ferry::bench::v1::StreamEcho::Service {
+ public:
+  grpc::Status Echo(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<ferry::bench::v1::Chunk,
+                               ferry::bench::v1::Chunk>* stream) override {
+    ferry::bench::v1::Chunk chunk;
+    while (stream->Read(&chunk)) {
+      if (!stream->Write(chunk)) break;
+    }
+    return grpc::Status::OK;
+  }
+};
+
+constexpr int64_t kStreamChunk = 1 << 20;
+
+// Sends `n` bytes as 1 MiB chunks on one stream (a writer thread) while
+// reading the echoes; returns the bytes that came back.
+int64_t StreamEcho(ferry::bench::v1::StreamEcho::Stub* stub,
+                   const std::string& chunk_data, int64_t n) {
+  grpc::ClientContext ctx;
+  auto stream = stub->Echo(&ctx);
+  std::thread writer([&] {
+    ferry::bench::v1::Chunk chunk;
+    for (int64_t sent = 0; sent < n; sent += kStreamChunk) {
+      chunk.set_data(chunk_data.data(), std::min(kStreamChunk, n - sent));
+      if (!stream->Write(chunk)) break;
+    }
+    stream->WritesDone();
+  });
+  int64_t got = 0;
+  ferry::bench::v1::Chunk back;
+  while (stream->Read(&back)) got += back.data().size();
+  writer.join();
+  grpc::Status s = stream->Finish();
+  if (!s.ok()) Die("grpc stream echo: " + s.error_message());
+  return got;
+}
+
 // ---------------------------------------------------------------------------
 // Roles.
 
@@ -343,6 +387,15 @@ int RunServer(int port) {
   GrpcEchoService grpc_service;
   int grpc_port = 0;
   auto grpc_server = StartGrpcEcho(&grpc_service, &grpc_port);
+  StreamEchoService stream_service;
+  int stream_port = 0;
+  grpc::ServerBuilder stream_builder;
+  stream_builder.AddListeningPort(
+      "127.0.0.1:0", grpc::InsecureServerCredentials(), &stream_port);
+  stream_builder.RegisterService(&stream_service);
+  auto stream_server = stream_builder.BuildAndStart();
+  if (!stream_server || stream_port == 0) Die("stream echo server failed");
+  OrDie(store->Set("bench/stream_port", absl::StrCat(stream_port)), "set");
   OrDie(store->Set("bench/tcp_port", absl::StrCat(tcp.port())), "set");
   OrDie(store->Set("bench/grpc_port", absl::StrCat(grpc_port)), "set");
   auto agent = OrDie(
@@ -353,6 +406,7 @@ int RunServer(int port) {
         "waiting for the caller");
   OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
   grpc_server->Shutdown();
+  stream_server->Shutdown();
   return 0;
 }
 
@@ -460,6 +514,8 @@ int RunClient(int port) {
             "starting the caller agent");
   const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
   const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));
+  const int stream_port =
+      std::stoi(OrDie(store->Get("bench/stream_port"), "get"));
   const int iters = absl::GetFlag(FLAGS_iters);
   const int async_calls = absl::GetFlag(FLAGS_async_calls);
   const std::vector<int64_t> sizes = Sizes();
@@ -528,6 +584,21 @@ int RunClient(int port) {
                           },
                           /*warmup=*/1));
       if (got != static_cast<size_t>(n)) Die("grpc echo: wrong size");
+    }
+    auto stream_stub = ferry::bench::v1::StreamEcho::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", stream_port),
+                            grpc::InsecureChannelCredentials()));
+    const std::string chunk_data(kStreamChunk, '\x07');
+    for (int64_t n : sizes) {
+      if (n < kStreamChunk) continue;
+      int64_t got = 0;
+      ReportBandwidth(
+          "grpc", "grpc_stream_echo", n,
+          TimeLoop(
+              EchoIters(n),
+              [&] { got = StreamEcho(stream_stub.get(), chunk_data, n); },
+              /*warmup=*/1));
+      if (got != n) Die("grpc stream echo: wrong size");
     }
   }
 
