@@ -2,6 +2,7 @@
 lines as store_bench (see store_bench.cc), driven by run_bench.py."""
 import argparse
 import datetime
+import os
 import resource
 import statistics
 import sys
@@ -33,16 +34,22 @@ def server(a):
                       wait_for_workers=True)
     out(f"INIT_DONE {time.perf_counter() - start:.6f}")
     sys.stdin.read()
-    del s
+    os._exit(0)  # skip thousands of TCPStore destructors
 
 
 def init_clients(a):
     out("READY")
     sys.stdin.readline()
-    clients = [client(a.port, a.world_size) for _ in range(a.count)]
-    out("JOINED")
+    start = time.perf_counter()
+    clients = []
+    for i in range(a.count):
+        clients.append(client(a.port, a.world_size))
+        if a.verbose and time.perf_counter() - start > 1 and i % 16 == 0:
+            print(f"init_clients: {i} after {time.perf_counter() - start:.1f}s",
+                  file=sys.stderr, flush=True)
+    out(f"JOINED {time.perf_counter() - start:.3f}")
     sys.stdin.read()
-    del clients
+    os._exit(0)  # skip thousands of TCPStore destructors
 
 
 def barrier(a):
@@ -133,6 +140,7 @@ def main():
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--seconds", type=float, default=2)
     p.add_argument("--key_prefix", default="")
+    p.add_argument("--verbose", type=int, default=0)
     a = p.parse_args()
     raise_fd_limit()
     {"server": server, "init_clients": init_clients, "barrier": barrier,
