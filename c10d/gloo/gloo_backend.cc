@@ -1,5 +1,6 @@
 #include "c10d/gloo/gloo_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -243,7 +244,8 @@ GlooBackend::~GlooBackend() {
 std::shared_ptr<Work> GlooBackend::Enqueue(
     OpType type, Header header, absl::Status local_error,
     const std::optional<absl::Duration>& timeout,
-    absl::AnyInvocable<absl::Status(uint32_t, absl::Duration)> run) {
+    absl::AnyInvocable<absl::Status(uint32_t, absl::Duration)> run,
+    InlinePath path) {
   header.magic = kHeaderMagic;
   header.op = static_cast<int64_t>(type);
   header.valid = local_error.ok() ? 1 : 0;
@@ -254,6 +256,8 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   op->local_error = std::move(local_error);
   op->timeout = TimeoutOr(timeout);
   op->run = std::move(run);
+  op->fill_inline = std::move(path.fill);
+  op->finish_inline = std::move(path.finish);
   std::shared_ptr<Work> work;
   {
     MutexLock lock(&mu_);
@@ -325,15 +329,29 @@ absl::Status GlooBackend::CallGloo(const Op& op, absl::Duration timeout,
   }
 }
 
-absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout) {
-  std::vector<Header> all(size());
-  Header mine = op.header;
+size_t GlooBackend::InlineBytes() const {
+  // Every rank receives size() blocks per call: keep that near 64 KiB.
+  size_t per_rank = (size_t{64} << 10) / static_cast<size_t>(size());
+  per_rank = std::clamp<size_t>(per_rank, 256, size_t{16} << 10);
+  return per_rank & ~size_t{7};
+}
+
+absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
+                                          std::vector<char>* blocks) {
+  // One block per rank: the header, then InlineBytes() of inline payload.
+  const size_t block = sizeof(Header) + InlineBytes();
+  std::vector<char> mine(block, 0);
+  std::memcpy(mine.data(), &op.header, sizeof(Header));
+  if (op.fill_inline && op.local_error.ok()) {
+    op.fill_inline(mine.data() + sizeof(Header));
+  }
+  blocks->assign(block * size(), 0);
   RETURN_IF_ERROR(CallGloo(op, timeout, [&]() -> absl::Status {
     ::gloo::AllgatherOptions o(context_);
-    o.setInput<int64_t>(reinterpret_cast<int64_t*>(&mine),
-                        sizeof(Header) / sizeof(int64_t));
-    o.setOutput<int64_t>(reinterpret_cast<int64_t*>(all.data()),
-                         size() * sizeof(Header) / sizeof(int64_t));
+    o.setInput<int64_t>(reinterpret_cast<int64_t*>(mine.data()),
+                        block / sizeof(int64_t));
+    o.setOutput<int64_t>(reinterpret_cast<int64_t*>(blocks->data()),
+                         size() * block / sizeof(int64_t));
     o.setTag(op.seq * 2);
     o.setTimeout(ToMillis(timeout));
     ::gloo::allgather(o);
@@ -341,6 +359,11 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout) {
   }));
   if (!op.local_error.ok())
     return Annotate(op.local_error, op.work->description());
+  std::vector<Header> all(size());
+  for (int r = 0; r < size(); ++r) {
+    std::memcpy(&all[r], blocks->data() + r * block, sizeof(Header));
+  }
+  const Header& me = op.header;
   std::vector<std::string> invalid;
   for (int r = 0; r < size(); ++r) {
     if (all[r].valid == 0) invalid.push_back(absl::StrCat(r));
@@ -351,10 +374,10 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout) {
         " passed invalid arguments to this call (see their errors)"));
   }
   for (int r = 0; r < size(); ++r) {
-    if (!SameCall(all[r], mine)) {
+    if (!SameCall(all[r], me)) {
       return absl::InvalidArgumentError(absl::StrCat(
           op.work->description(), ": arguments differ between ranks: rank ",
-          rank(), " called ", HeaderString(mine), ", rank ", r, " called ",
+          rank(), " called ", HeaderString(me), ", rank ", r, " called ",
           all[r].magic == kHeaderMagic ? HeaderString(all[r])
                                        : std::string("something else")));
     }
@@ -364,7 +387,17 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout) {
 
 absl::Status GlooBackend::RunOp(Op& op) {
   if (options_.check_args) {
-    RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout));
+    std::vector<char> blocks;
+    RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout, &blocks));
+    if (op.finish_inline) {
+      // Every rank's payload came with the headers: no second round.
+      const size_t block = sizeof(Header) + InlineBytes();
+      std::vector<const char*> data(size());
+      for (int r = 0; r < size(); ++r) {
+        data[r] = blocks.data() + r * block + sizeof(Header);
+      }
+      return op.finish_inline(data);
+    }
   }
   uint32_t tag = op.seq * 2 + 1;
   return CallGloo(op, op.timeout, [&]() { return op.run(tag, op.timeout); });
@@ -405,6 +438,26 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
   h.reduce_op = static_cast<int64_t>(options.op);
   ReduceOp rop = options.op;
   int n = size();
+  InlinePath path;
+  if (local.ok() && options_.check_args && tensor.nbytes() <= InlineBytes()) {
+    // Small: each rank's tensor rides in the header exchange and every rank
+    // reduces them in rank order (identical bits everywhere).
+    path.fill = [tensor](char* dst) {
+      CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
+    };
+    path.finish = [tensor, rop, n, fn = fn.value_or(nullptr)](
+                      const std::vector<const char*>& data) mutable {
+      size_t nbytes = tensor.nbytes();
+      if (nbytes == 0) return absl::OkStatus();
+      CopyBytes(tensor.data_ptr(), data[0], nbytes);
+      for (int r = 1; r < n; ++r) {
+        fn(tensor.data_ptr(), tensor.data_ptr(), data[r],
+           static_cast<size_t>(tensor.numel()));
+      }
+      if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
+      return absl::OkStatus();
+    };
+  }
   return Enqueue(
       kOp, h, local, options.timeout,
       [this, tensor, rop, n, fn = fn.value_or(nullptr)](
@@ -420,7 +473,8 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
         ::gloo::allreduce(o);
         if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
         return absl::OkStatus();
-      });
+      },
+      std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
@@ -435,19 +489,32 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
     h.count = tensor.numel();
   }
   int root = options.root;
-  return Enqueue(kOp, h, local, options.timeout,
-                 [this, tensor, root](uint32_t tag,
-                                      absl::Duration timeout) -> absl::Status {
-                   if (tensor.numel() == 0) return absl::OkStatus();
-                   ::gloo::BroadcastOptions o(context_);
-                   SetOutputBySize(o, tensor.data_ptr(), tensor.numel(),
-                                   tensor.itemsize());
-                   o.setRoot(root);
-                   o.setTag(tag);
-                   o.setTimeout(ToMillis(timeout));
-                   ::gloo::broadcast(o);
-                   return absl::OkStatus();
-                 });
+  InlinePath path;
+  if (local.ok() && options_.check_args && tensor.nbytes() <= InlineBytes()) {
+    bool is_root = rank() == root;
+    path.fill = [tensor, is_root](char* dst) {
+      if (is_root) CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
+    };
+    path.finish = [tensor, root](const std::vector<const char*>& data) {
+      CopyBytes(tensor.data_ptr(), data[root], tensor.nbytes());
+      return absl::OkStatus();
+    };
+  }
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, tensor, root](uint32_t tag,
+                           absl::Duration timeout) -> absl::Status {
+        if (tensor.numel() == 0) return absl::OkStatus();
+        ::gloo::BroadcastOptions o(context_);
+        SetOutputBySize(o, tensor.data_ptr(), tensor.numel(),
+                        tensor.itemsize());
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::broadcast(o);
+        return absl::OkStatus();
+      },
+      std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::Reduce(Tensor tensor,
@@ -709,14 +776,24 @@ std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
 }
 
 std::shared_ptr<Work> GlooBackend::Barrier(const BarrierOptions& options) {
-  return Enqueue(OpType::kBarrier, Header{}, absl::OkStatus(), options.timeout,
-                 [this](uint32_t tag, absl::Duration timeout) -> absl::Status {
-                   ::gloo::BarrierOptions o(context_);
-                   o.setTag(tag);
-                   o.setTimeout(ToMillis(timeout));
-                   ::gloo::barrier(o);
-                   return absl::OkStatus();
-                 });
+  InlinePath path;
+  if (options_.check_args) {
+    // The header allgather cannot finish on any rank before every rank
+    // joined it: it is the barrier.
+    path.finish = [](const std::vector<const char*>&) {
+      return absl::OkStatus();
+    };
+  }
+  return Enqueue(
+      OpType::kBarrier, Header{}, absl::OkStatus(), options.timeout,
+      [this](uint32_t tag, absl::Duration timeout) -> absl::Status {
+        ::gloo::BarrierOptions o(context_);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::barrier(o);
+        return absl::OkStatus();
+      },
+      std::move(path));
 }
 
 // --- Point to point ----------------------------------------------------------

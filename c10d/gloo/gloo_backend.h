@@ -8,14 +8,18 @@
 //
 // Execution: collectives run one at a time on a background worker thread,
 // in issue order (one FIFO queue per backend), so ranks that issue the same
-// sequence match up. Before each collective the ranks exchange a 64-byte
-// header (operation, dtype, element count, root, ReduceOp and whether the
-// local arguments were valid); if they differ, or any rank's arguments are
-// invalid, every rank fails that call with InvalidArgument naming the ranks
-// and what differs, and the group stays usable. (Without this check Gloo
-// aborts the process on a size mismatch.) Set check_args = false to skip the
-// exchange: one network round fewer, at the price of undefined behaviour on
-// mismatched calls.
+// sequence match up. Before each collective the ranks allgather a block
+// holding a 64-byte header (operation, dtype, element count, root, ReduceOp
+// and whether the local arguments were valid); if they differ, or any rank's
+// arguments are invalid, every rank fails that call with InvalidArgument
+// naming the ranks and what differs, and the group stays usable. (Without
+// this check Gloo aborts the process on a size mismatch.) The block also
+// carries up to InlineBytes() of payload (16 KiB per rank for up to 4 ranks,
+// shrinking so a call receives about 64 KiB in all): a small Allreduce or
+// Broadcast completes within the exchange itself (Allreduce then reduces in
+// rank order, so every rank gets identical bits), and Barrier is the
+// exchange alone. Set check_args = false to skip the exchange: ring
+// algorithms for every size and undefined behaviour on mismatched calls.
 //
 // Send/Recv are posted at once on the calling thread (they do not queue
 // behind collectives) and matched by (peer, tag) in issue order. A payload
@@ -147,6 +151,15 @@ class GlooBackend : public Backend {
     uint32_t seq = 0;
     // Runs the data phase with Gloo tag `tag`; may throw (caught by caller).
     absl::AnyInvocable<absl::Status(uint32_t tag, absl::Duration timeout)> run;
+    // Small payloads: written into this rank's exchange block, and the
+    // operation finished from every rank's block instead of running `run`.
+    absl::AnyInvocable<void(char*)> fill_inline;
+    absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
+        finish_inline;
+  };
+  struct InlinePath {
+    absl::AnyInvocable<void(char*)> fill;
+    absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
   };
   struct P2P;
 
@@ -159,10 +172,15 @@ class GlooBackend : public Backend {
       OpType type, Header header, absl::Status local_error,
       const std::optional<absl::Duration>& timeout,
       absl::AnyInvocable<absl::Status(uint32_t tag, absl::Duration timeout)>
-          run);
+          run,
+      InlinePath path = {});
   void WorkerLoop();
   absl::Status RunOp(Op& op);
-  absl::Status ExchangeHeaders(Op& op, absl::Duration timeout);
+  // Allgathers every rank's header block into *blocks and checks them.
+  absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
+                               std::vector<char>* blocks);
+  // Payload bytes that ride in each rank's header block (same on every rank).
+  size_t InlineBytes() const;
   // Calls fn, turning Gloo exceptions into a Status for `op`.
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);

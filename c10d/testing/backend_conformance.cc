@@ -81,7 +81,7 @@ double Value(ReduceOp op, DType dtype, int r, int64_t i) {
     case ReduceOp::kSum:
       return (r + 1) + (i % 3);
     case ReduceOp::kAvg:
-      return r + i;
+      return r + (i % 8);
     case ReduceOp::kProduct:
       return 1 + ((r + i) % 2);
     case ReduceOp::kMin:
@@ -166,25 +166,30 @@ TEST_P(BackendConformanceTest, AllreduceEveryDtypeAndOp) {
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
-      for (DType dtype : p.dtypes) {
-        for (ReduceOp op : p.reduce_ops) {
-          std::string where =
-              absl::StrCat(Where(n, r, dtype), ", ", ReduceOpName(op));
-          Tensor t = p.to_device(
-              Filled(dtype, kNumel,
-                     [&](int64_t i) { return Value(op, dtype, r, i); }),
-              r);
-          absl::Status s = b.Allreduce(t, {.op = op})->Wait(kTimeout);
-          if (!CheckReduceOp(OpType::kAllreduce, op, dtype).ok()) {
-            EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
-                << where << ": " << s;
-            continue;
-          }
-          ASSERT_TRUE(s.ok()) << where << ": " << s;
-          std::vector<double> got = AsDoubles(p, t);
-          for (int64_t i = 0; i < kNumel; ++i) {
-            ASSERT_EQ(got[i], Expected(op, dtype, n, i))
-                << where << ", element " << i;
+      // 7 elements take backends' small-message paths, 9001 their
+      // segmented ones.
+      for (int64_t numel : {kNumel, int64_t{9001}}) {
+        for (DType dtype : p.dtypes) {
+          for (ReduceOp op : p.reduce_ops) {
+            std::string where =
+                absl::StrCat(Where(n, r, dtype), ", ", ReduceOpName(op), ", ",
+                             numel, " elements");
+            Tensor t = p.to_device(
+                Filled(dtype, numel,
+                       [&](int64_t i) { return Value(op, dtype, r, i); }),
+                r);
+            absl::Status s = b.Allreduce(t, {.op = op})->Wait(kTimeout);
+            if (!CheckReduceOp(OpType::kAllreduce, op, dtype).ok()) {
+              EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+                  << where << ": " << s;
+              continue;
+            }
+            ASSERT_TRUE(s.ok()) << where << ": " << s;
+            std::vector<double> got = AsDoubles(p, t);
+            for (int64_t i = 0; i < numel; ++i) {
+              ASSERT_EQ(got[i], Expected(op, dtype, n, i))
+                  << where << ", element " << i;
+            }
           }
         }
       }
