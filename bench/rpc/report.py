@@ -57,17 +57,25 @@ def main():
     floor = p50("grpc", "grpc_sync_unary")
     tcp = p50("tcp", "tcp_pingpong")
     print(f"raw TCP ping-pong (16 B):      {fmt(tcp, '8.1f')}")
+    cb = p50("grpc", "grpc_callback_unary")
+    hop = p50("grpc", "grpc_unary_exec_hop")
     print(f"raw gRPC sync unary (16 B):    {fmt(floor, '8.1f')}")
+    print(f"raw gRPC callback-API client:  {fmt(cb, '8.1f')}")
+    print(f"raw gRPC, server replies from an executor thread (Ferry's hop): "
+          f"{fmt(hop, '8.1f')}")
     print(f"{'figure':<18} {'Ferry':>8} {'PT shm':>8} {'PT tcp':>8} "
-          f"{'Ferry/gRPC':>10} {'PT shm/Ferry':>12} {'PT tcp/Ferry':>12}")
+          f"{'Ferry/gRPC':>10} {'Ferry/hop':>9} {'PT shm/Ferry':>12} "
+          f"{'PT tcp/Ferry':>12}")
     for name in ("rpc_sync_noop", "rpc_sync_tensor4"):
         f, p, pt = (p50(i, name) for i in ("ferry", "pytorch", "pytorch_tcp"))
         row = dict(figure=name, ferry_over_grpc=ratio(f, floor),
+                   ferry_over_grpc_exec_hop=ratio(f, hop),
                    pytorch_over_ferry=ratio(p, f),
                    pytorch_tcp_over_ferry=ratio(pt, f))
         ratios.append(row)
         print(f"{name:<18} {fmt(f, '8.1f')} {fmt(p, '8.1f')} "
               f"{fmt(pt, '8.1f')} {fmt(row['ferry_over_grpc'], '10.2f')} "
+              f"{fmt(row['ferry_over_grpc_exec_hop'], '9.2f')} "
               f"{fmt(row['pytorch_over_ferry'], '12.2f')} "
               f"{fmt(row['pytorch_tcp_over_ferry'], '12.2f')}")
 

@@ -18,6 +18,11 @@
 //                                      N / (round trip / 2)
 //   grpc_sync_unary                    raw gRPC floor: sync stub, tiny
 //                                      protobuf message, echoed (us)
+//   grpc_callback_unary                raw gRPC floor: callback API, caller
+//                                      waits for the completion (us)
+//   grpc_unary_exec_hop                raw gRPC floor: as grpc_sync_unary, the
+//                                      server replying from an executor
+//                                      thread (Ferry's server-side hop) (us)
 //   grpc_callback_64                   raw gRPC floor: callback API, 64 in
 //                                      flight (calls/s)
 //   grpc_unary_echo                    raw gRPC floor: N bytes in one protobuf
@@ -53,6 +58,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/rpc/stream_echo.grpc.pb.h"
+#include "common/executor.h"
 #include "common/future.h"
 #include "common/sync.h"
 #include "proto/rpc.grpc.pb.h"
@@ -294,18 +300,30 @@ void TcpEcho(int fd, const char* data, uint64_t n, char* back) {
 // (an RpcRequest holding only `payload` is also a valid RpcResponse), on
 // gRPC's callback API, replying on gRPC's own thread.
 
+// With `hop`, the reply is sent from an executor thread instead (as Ferry's
+// agent does, running functions on its executor): that floor prices the hop.
 class GrpcEchoService final
     : public ferry::rpc::v1::Worker::WithRawCallbackMethod_Call<
           ferry::rpc::v1::Worker::Service> {
  public:
+  explicit GrpcEchoService(ThreadPoolExecutor* hop = nullptr) : hop_(hop) {}
+
   grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override {
     *response = *request;  // Shares the slices; no copy.
     grpc::ServerUnaryReactor* r = context->DefaultReactor();
-    r->Finish(grpc::Status::OK);
+    if (hop_ == nullptr) {
+      r->Finish(grpc::Status::OK);
+    } else {
+      absl::Status s = hop_->Submit([r] { r->Finish(grpc::Status::OK); });
+      if (!s.ok()) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, ""));
+    }
     return r;
   }
+
+ private:
+  ThreadPoolExecutor* const hop_;
 };
 
 std::unique_ptr<grpc::Server> StartGrpcEcho(GrpcEchoService* service,
@@ -387,6 +405,14 @@ int RunServer(int port) {
   GrpcEchoService grpc_service;
   int grpc_port = 0;
   auto grpc_server = StartGrpcEcho(&grpc_service, &grpc_port);
+  ThreadPoolExecutor::Options hop_options;
+  hop_options.name = "hop";
+  hop_options.num_threads = 16;  // As the agent's default.
+  ThreadPoolExecutor hop_executor(hop_options);
+  GrpcEchoService hop_service(&hop_executor);
+  int hop_port = 0;
+  auto hop_server = StartGrpcEcho(&hop_service, &hop_port);
+  OrDie(store->Set("bench/hop_port", absl::StrCat(hop_port)), "set");
   StreamEchoService stream_service;
   int stream_port = 0;
   grpc::ServerBuilder stream_builder;
@@ -406,6 +432,8 @@ int RunServer(int port) {
         "waiting for the caller");
   OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
   grpc_server->Shutdown();
+  hop_server->Shutdown();
+  hop_executor.Shutdown(ThreadPoolExecutor::ShutdownMode::kDrain).IgnoreError();
   stream_server->Shutdown();
   return 0;
 }
@@ -514,6 +542,7 @@ int RunClient(int port) {
             "starting the caller agent");
   const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
   const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));
+  const int hop_port = std::stoi(OrDie(store->Get("bench/hop_port"), "get"));
   const int stream_port =
       std::stoi(OrDie(store->Get("bench/stream_port"), "get"));
   const int iters = absl::GetFlag(FLAGS_iters);
@@ -559,6 +588,34 @@ int RunClient(int port) {
                     ferry::rpc::v1::RpcResponse resp;
                     grpc::Status s = stub->Call(&ctx, tiny, &resp);
                     if (!s.ok()) Die("grpc unary: " + s.error_message());
+                  })));
+    {
+      auto hop_stub = ferry::rpc::v1::Worker::NewStub(
+          grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
+                              grpc::InsecureChannelCredentials()));
+      ReportLatency("grpc", "grpc_unary_exec_hop",
+                    Summarize(TimeLoop(iters, [&] {
+                      grpc::ClientContext ctx;
+                      ferry::rpc::v1::RpcResponse resp;
+                      grpc::Status s = hop_stub->Call(&ctx, tiny, &resp);
+                      if (!s.ok()) Die("grpc unary hop: " + s.error_message());
+                    })));
+    }
+    // The same call through the callback API, the caller blocking until the
+    // completion (on gRPC's thread) wakes it: Ferry's client-side path.
+    ReportLatency("grpc", "grpc_callback_unary", Summarize(TimeLoop(iters, [&] {
+                    grpc::ClientContext ctx;
+                    ferry::rpc::v1::RpcResponse resp;
+                    Notification done;
+                    grpc::Status status;
+                    stub->async()->Call(&ctx, &tiny, &resp,
+                                        [&](grpc::Status s) {
+                                          status = std::move(s);
+                                          done.Notify();
+                                        });
+                    done.WaitForNotification();
+                    if (!status.ok())
+                      Die("grpc callback: " + status.error_message());
                   })));
     {
       CallbackBench cb;
