@@ -316,6 +316,10 @@ absl::Status RpcAgent::StartServer() {
                                                options_.listen_address));
   }
   self_.address = absl::StrCat(HostOf(options_.listen_address), ":", port);
+  if (auto* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus("ferry.rpc.v1.Worker", true);
+    health->SetServingStatus("ferry.admin.v1.Admin", true);
+  }
   return absl::OkStatus();
 }
 
@@ -443,6 +447,9 @@ absl::Status RpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
     }
   }
   // 3. Stop: fail what is still outgoing, drain (or cut) what we serve.
+  if (server_ != nullptr) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  }
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
