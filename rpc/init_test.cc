@@ -1,0 +1,83 @@
+#include "rpc/init.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace ferry::rpc {
+namespace {
+
+// Starts `n` agents through InitRpc(url) from threads and checks they can call
+// each other; shuts them down together.
+void RunGroup(const std::string& url, int n) {
+  auto registry = std::make_shared<FunctionRegistry>();
+  ASSERT_TRUE(
+      registry->Register("twice", [](int64_t x) { return 2 * x; }).ok());
+  std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> agents(n);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < n; ++i) {
+    ts.emplace_back([&, i] {
+      RpcAgentOptions o;
+      o.join_timeout = absl::Seconds(60);
+      agents[i] = InitRpc(absl::StrCat("w", i), url, i, n, o, registry);
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto& a : agents) ASSERT_TRUE(a.ok()) << a.status();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(*(*agents[i])->rpc_sync<int64_t>((i + 1) % n, "twice", i), 2 * i);
+  }
+  ts.clear();
+  for (auto& a : agents)
+    ts.emplace_back([&a] { EXPECT_TRUE((*a)->Shutdown().ok()); });
+  for (auto& t : ts) t.join();
+}
+
+TEST(InitRpc, FileInitMethod) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/rpc_store");
+  RunGroup("file://" + path, 3);
+}
+
+// A port that was free a moment ago (tcp:// needs one every rank knows).
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(InitRpc, TcpInitMethodRankZeroHostsTheStore) {
+  unsetenv("FERRY_USE_AGENT_STORE");
+  int port = FreePort();
+  ASSERT_GT(port, 0);
+  RunGroup(absl::StrCat("tcp://127.0.0.1:", port), 3);
+}
+
+TEST(InitRpc, MalformedInitMethodIsAnError) {
+  auto a = InitRpc("w", "udp://x:1", 0, 1);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument)
+      << a.status();
+  auto b = InitRpc("w", "tcp://127.0.0.1:notaport", 0, 1);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument)
+      << b.status();
+}
+
+}  // namespace
+}  // namespace ferry::rpc
