@@ -134,21 +134,7 @@ grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
 
 absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
                                             size_t max_header_bytes) {
-  std::vector<grpc::Slice> slices;
-  grpc::Status dumped = buffer.Dump(&slices);
-  if (!dumped.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "envelope: cannot read the message: ", dumped.error_message()));
-  }
-  std::vector<WireChunk> chunks;
-  chunks.reserve(slices.size());
-  for (grpc::Slice& s : slices) {
-    // Take addresses only once the slice is in its final heap home (small
-    // slices keep their bytes inline).
-    auto held = std::make_shared<grpc::Slice>(std::move(s));
-    chunks.push_back(WireChunk{reinterpret_cast<const char*>(held->begin()),
-                               held->size(), held});
-  }
+  ASSIGN_OR_RETURN(std::vector<WireChunk> chunks, ChunksOfByteBuffer(buffer));
 
   EnvelopeParts parts;
   ChunkReader in(chunks);

@@ -56,9 +56,8 @@ absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(const Value& value,
   return ToByteBuffer(*std::move(encoded));
 }
 
-absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
-                                           const WireLimits& limits,
-                                           WireStats* stats) {
+absl::StatusOr<std::vector<WireChunk>> ChunksOfByteBuffer(
+    const grpc::ByteBuffer& buffer) {
   std::vector<grpc::Slice> slices;
   grpc::Status st = buffer.Dump(&slices);
   if (!st.ok()) {
@@ -78,7 +77,15 @@ absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
     c.keepalive = std::move(held);
     chunks.push_back(std::move(c));
   }
-  return DecodeValue(absl::MakeConstSpan(chunks), limits, stats);
+  return chunks;
+}
+
+absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
+                                           const WireLimits& limits,
+                                           WireStats* stats) {
+  absl::StatusOr<std::vector<WireChunk>> chunks = ChunksOfByteBuffer(buffer);
+  if (!chunks.ok()) return chunks.status();
+  return DecodeValue(absl::MakeConstSpan(*chunks), limits, stats);
 }
 
 }  // namespace ferry

@@ -24,6 +24,8 @@
 
 #include <grpcpp/support/byte_buffer.h>
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "tensor/value.h"
 #include "tensor/wire.h"
@@ -35,6 +37,11 @@ absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(
     WireStats* stats = nullptr);
 // Wraps an already encoded value (consumed) without copying payloads.
 grpc::ByteBuffer ToByteBuffer(EncodedValue encoded);
+
+// The buffer's slices as decoder chunks, each keeping its slice referenced
+// (no bytes copied). InvalidArgument if the buffer cannot be read.
+absl::StatusOr<std::vector<WireChunk>> ChunksOfByteBuffer(
+    const grpc::ByteBuffer& buffer);
 
 absl::StatusOr<Value> DecodeFromByteBuffer(const grpc::ByteBuffer& buffer,
                                            const WireLimits& limits = {},
