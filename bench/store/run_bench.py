@@ -186,7 +186,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True, help="store_bench binary")
     ap.add_argument("--init_sizes", default="1024,4096,8192")
+    ap.add_argument("--ferry_only_sizes", default="16384",
+                    help="init sizes run for Ferry alone (PyTorch 1.13 takes "
+                         "minutes there and its clients need 2 sockets each)")
     ap.add_argument("--barrier_sizes", default="64,256,1024")
+    ap.add_argument("--skip_init", action="store_true")
     ap.add_argument("--tp_clients", default="1,16,64,256")
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=20)
@@ -204,14 +208,20 @@ def main():
     print("\n## 1. init: server start -> N joined, wait-for-workers done (s)")
     print(f"{'N':>6} {'ferry':>10} {'pytorch':>10} {'ferry srv+pt cli':>17} {'speedup':>8}")
     init = {}
-    for n in sizes:
+    ferry_only = [int(x) for x in a.ferry_only_sizes.split(",") if x]
+    for n in ([] if a.skip_init else sizes + ferry_only):
         f = bench_init(n, "ferry", "ferry", a.procs, a.limit)
-        x = bench_init(n, "ferry", "pytorch", a.procs, a.limit)
-        p = bench_init(n, "pytorch", "pytorch", a.procs, a.limit)
+        if n in ferry_only:
+            x = p = "not run"
+        else:
+            x = bench_init(n, "ferry", "pytorch", a.procs, a.limit)
+            p = bench_init(n, "pytorch", "pytorch", a.procs, a.limit)
         init[n] = (f, p, x)
         sp = p / f if isinstance(f, float) and isinstance(p, float) else "-"
         print(f"{n:>6} {fmt(f):>10} {fmt(p):>10} {fmt(x):>17} {fmt(sp):>8}", flush=True)
         for impl, v in (("ferry", f), ("pytorch", p), ("ferry_server_pytorch_clients", x)):
+            if v == "not run":
+                continue
             emit({"figure": "store_init_seconds", "impl": impl, "clients": n,
                   "value": v if isinstance(v, float) else None,
                   **({} if isinstance(v, float) else {"error": v})})
@@ -258,18 +268,26 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         os.makedirs(os.path.dirname(a.plot), exist_ok=True)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for idx, label in ((0, "Ferry (libuv server, C++ clients)"),
-                           (1, "PyTorch 1.13 TCPStore"),
-                           (2, "Ferry server, PyTorch 1.13 clients")):
-            pts = [(n, v[idx]) for n, v in init.items() if isinstance(v[idx], float)]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
-        ax.set_xlabel("clients (N)")
-        ax.set_ylabel("store initialization time (s)")
-        ax.set_title("TCPStore initialization time vs clients")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, log in zip(axes, (False, True)):
+            for idx, label in ((0, "Ferry (libuv server, C++ clients)"),
+                               (1, "PyTorch 1.13 TCPStore"),
+                               (2, "Ferry server, PyTorch 1.13 clients")):
+                pts = [(n, v[idx]) for n, v in sorted(init.items())
+                       if isinstance(v[idx], float)]
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-",
+                            label=label)
+            ax.set_xlabel("clients (N)")
+            ax.set_ylabel("store initialization time (s)")
+            if log:
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_title("log-log")
+            else:
+                ax.set_title("TCPStore initialization time vs clients")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(a.plot, dpi=120)
         print(f"\nplot: {a.plot}")
