@@ -37,6 +37,8 @@ constexpr int64_t kP2PMagic = 0x4665727279503250;     // "FerryP2P"
 // prefixes (0x01..0x08) so they never collide.
 constexpr uint64_t kP2PHeaderPrefix = 0x41;
 constexpr uint64_t kP2PPayloadPrefix = 0x42;
+// Slot prefix of the per-call header exchange.
+constexpr uint64_t kExchangePrefix = 0x43;
 // Largest mismatched payload a Recv drains (see WaitP2P).
 constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
 
@@ -257,6 +259,7 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   op->timeout = TimeoutOr(timeout);
   op->run = std::move(run);
   op->fill_inline = std::move(path.fill);
+  op->inline_bytes = path.bytes;
   op->finish_inline = std::move(path.finish);
   std::shared_ptr<Work> work;
   {
@@ -330,31 +333,45 @@ absl::Status GlooBackend::CallGloo(const Op& op, absl::Duration timeout,
 }
 
 size_t GlooBackend::InlineBytes() const {
-  // Every rank receives size() blocks per call: keep that near 64 KiB.
-  size_t per_rank = (size_t{64} << 10) / static_cast<size_t>(size());
-  per_rank = std::clamp<size_t>(per_rank, 256, size_t{16} << 10);
+  // Receive buffers hold size() blocks: keep them near 1 MiB.
+  size_t per_rank = (size_t{1} << 20) / static_cast<size_t>(size());
+  per_rank = std::clamp<size_t>(per_rank, 1024, size_t{64} << 10);
   return per_rank & ~size_t{7};
 }
 
 absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
                                           std::vector<char>* blocks) {
-  // One block per rank: the header, then InlineBytes() of inline payload.
+  // Each rank sends every other rank its header, followed by its inline
+  // payload when it has one, directly and all at once (one network round).
+  // Receive buffers are sized for the largest block, and Gloo accepts a
+  // shorter message into a longer buffer, so ranks that disagree on the
+  // payload cannot overrun anything: the headers then reveal the mismatch.
   const size_t block = sizeof(Header) + InlineBytes();
-  std::vector<char> mine(block, 0);
-  std::memcpy(mine.data(), &op.header, sizeof(Header));
+  op.header.reserved = 0;
   if (op.fill_inline && op.local_error.ok()) {
-    op.fill_inline(mine.data() + sizeof(Header));
+    op.header.reserved = static_cast<int64_t>(op.inline_bytes);
   }
+  std::vector<char> mine(sizeof(Header) + op.header.reserved);
+  std::memcpy(mine.data(), &op.header, sizeof(Header));
+  if (op.header.reserved > 0) op.fill_inline(mine.data() + sizeof(Header));
   blocks->assign(block * size(), 0);
+  std::memcpy(blocks->data() + rank() * block, mine.data(), mine.size());
+  const uint64_t slot = (kExchangePrefix << 56) | (uint64_t{op.seq} << 8);
   RETURN_IF_ERROR(CallGloo(op, timeout, [&]() -> absl::Status {
-    ::gloo::AllgatherOptions o(context_);
-    o.setInput<int64_t>(reinterpret_cast<int64_t*>(mine.data()),
-                        block / sizeof(int64_t));
-    o.setOutput<int64_t>(reinterpret_cast<int64_t*>(blocks->data()),
-                         size() * block / sizeof(int64_t));
-    o.setTag(op.seq * 2);
-    o.setTimeout(ToMillis(timeout));
-    ::gloo::allgather(o);
+    auto out = context_->createUnboundBuffer(blocks->data(), blocks->size());
+    auto in = context_->createUnboundBuffer(mine.data(), mine.size());
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      out->recv(peer, slot, peer * block, block);
+      in->send(peer, slot);
+    }
+    absl::Time deadline = absl::Now() + timeout;
+    for (int i = 1; i < size(); ++i) {
+      out->waitRecv(ToMillis(deadline - absl::Now()));
+    }
+    for (int i = 1; i < size(); ++i) {
+      in->waitSend(ToMillis(deadline - absl::Now()));
+    }
     return absl::OkStatus();
   }));
   if (!op.local_error.ok())
@@ -442,6 +459,7 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
   if (local.ok() && options_.check_args && tensor.nbytes() <= InlineBytes()) {
     // Small: each rank's tensor rides in the header exchange and every rank
     // reduces them in rank order (identical bits everywhere).
+    path.bytes = tensor.nbytes();
     path.fill = [tensor](char* dst) {
       CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
     };
@@ -492,6 +510,7 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
   InlinePath path;
   if (local.ok() && options_.check_args && tensor.nbytes() <= InlineBytes()) {
     bool is_root = rank() == root;
+    path.bytes = is_root ? tensor.nbytes() : 0;
     path.fill = [tensor, is_root](char* dst) {
       if (is_root) CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
     };

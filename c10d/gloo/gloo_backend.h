@@ -8,18 +8,20 @@
 //
 // Execution: collectives run one at a time on a background worker thread,
 // in issue order (one FIFO queue per backend), so ranks that issue the same
-// sequence match up. Before each collective the ranks allgather a block
-// holding a 64-byte header (operation, dtype, element count, root, ReduceOp
-// and whether the local arguments were valid); if they differ, or any rank's
-// arguments are invalid, every rank fails that call with InvalidArgument
-// naming the ranks and what differs, and the group stays usable. (Without
-// this check Gloo aborts the process on a size mismatch.) The block also
-// carries up to InlineBytes() of payload (16 KiB per rank for up to 4 ranks,
-// shrinking so a call receives about 64 KiB in all): a small Allreduce or
+// sequence match up. Before each collective every rank sends every other
+// rank (directly, all at once: one network round) a 64-byte header
+// (operation, dtype, element count, root, ReduceOp and whether its local
+// arguments were valid); if they differ, or any rank's arguments are
+// invalid, every rank fails that call with InvalidArgument naming the ranks
+// and what differs, and the group stays usable. (Without this check Gloo
+// aborts the process on a size mismatch.) A small payload rides behind the
+// header (up to InlineBytes(): 64 KiB per rank for up to 16 ranks, then
+// shrinking to keep receive buffers near 1 MiB): a small Allreduce or
 // Broadcast completes within the exchange itself (Allreduce then reduces in
 // rank order, so every rank gets identical bits), and Barrier is the
-// exchange alone. Set check_args = false to skip the exchange: ring
-// algorithms for every size and undefined behaviour on mismatched calls.
+// exchange alone; larger calls pay one extra round of 64-byte messages.
+// Set check_args = false to skip the exchange: Gloo's ring algorithms for
+// every size and undefined behaviour on mismatched calls.
 //
 // Send/Recv are posted at once on the calling thread (they do not queue
 // behind collectives) and matched by (peer, tag) in issue order. A payload
@@ -93,6 +95,15 @@ struct GlooBackendOptions {
       const std::map<std::string, std::string>& options);
 };
 
+namespace gloo_internal {
+// A small payload's fast path (see "Before each collective" above).
+struct InlinePath {
+  size_t bytes = 0;
+  absl::AnyInvocable<void(char*)> fill;
+  absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
+};
+}  // namespace gloo_internal
+
 class GlooBackend : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<GlooBackend>> Create(
@@ -136,9 +147,9 @@ class GlooBackend : public Backend {
     int64_t dtype = -1;
     int64_t reduce_op = -1;
     int64_t root = -1;
-    int64_t count = -1;  // Elements per rank (op-specific meaning).
-    int64_t valid = 1;   // 0: this rank's arguments failed local checks.
-    int64_t reserved = 0;
+    int64_t count = -1;    // Elements per rank (op-specific meaning).
+    int64_t valid = 1;     // 0: this rank's arguments failed local checks.
+    int64_t reserved = 0;  // Inline payload bytes following the header.
   };
 
  private:
@@ -154,13 +165,11 @@ class GlooBackend : public Backend {
     // Small payloads: written into this rank's exchange block, and the
     // operation finished from every rank's block instead of running `run`.
     absl::AnyInvocable<void(char*)> fill_inline;
+    size_t inline_bytes = 0;
     absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
         finish_inline;
   };
-  struct InlinePath {
-    absl::AnyInvocable<void(char*)> fill;
-    absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
-  };
+  using InlinePath = gloo_internal::InlinePath;
   struct P2P;
 
   GlooBackend(int rank, int size, absl::Duration timeout,
@@ -176,7 +185,7 @@ class GlooBackend : public Backend {
       InlinePath path = {});
   void WorkerLoop();
   absl::Status RunOp(Op& op);
-  // Allgathers every rank's header block into *blocks and checks them.
+  // Exchanges every rank's header block into *blocks and checks them.
   absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
                                std::vector<char>* blocks);
   // Payload bytes that ride in each rank's header block (same on every rank).

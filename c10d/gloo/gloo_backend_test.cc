@@ -184,3 +184,37 @@ TEST(GlooBackendTest, DestroyCancelsQueuedWork) {
 }  // namespace
 }  // namespace c10d
 }  // namespace ferry
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+TEST(GlooBackendTest, SmallAgainstLargeMismatchIsCaughtSafely) {
+  // One rank's payload rides in the header exchange, the other's does not:
+  // the receive buffers are sized for the largest block, so nothing
+  // overruns, and both ranks see the mismatch.
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooBackend> b1;
+  std::thread t1([&] {
+    auto b = GlooBackend::Create(store, 1, 2, absl::Seconds(10));
+    ASSERT_TRUE(b.ok()) << b.status();
+    b1 = std::move(*b);
+    absl::Status s = b1->Allreduce(ones({100000}))->Wait(absl::Seconds(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    Tensor ok = ones({3});
+    EXPECT_TRUE(b1->Allreduce(ok)->Wait(absl::Seconds(10)).ok());
+  });
+  auto b0 = GlooBackend::Create(store, 0, 2, absl::Seconds(10));
+  ASSERT_TRUE(b0.ok()) << b0.status();
+  absl::Status s = (*b0)->Allreduce(ones({4}))->Wait(absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("float32 x 100000"));
+  Tensor ok = ones({3});
+  EXPECT_TRUE((*b0)->Allreduce(ok)->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(ok.to_vector<float>(), std::vector<float>(3, 2));
+  t1.join();
+}
+
+}  // namespace
+}  // namespace c10d
+}  // namespace ferry
