@@ -152,5 +152,10 @@ absl::Status CheckReduceOp(OpType op, ReduceOp reduce_op, DType dtype) {
   return absl::OkStatus();
 }
 
+absl::Status CopyStatus(const absl::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(status.code(), std::string(status.message()));
+}
+
 }  // namespace c10d
 }  // namespace ferry

@@ -126,6 +126,13 @@ absl::Status CheckTensorList(OpType op, const std::vector<Tensor>& list,
 // bool).
 absl::Status CheckReduceOp(OpType op, ReduceOp reduce_op, DType dtype);
 
+// A copy of `status` that shares no storage with it (code and message; no
+// payloads). Use it for a Status handed to another thread: Debian's Abseil
+// is not built for ThreadSanitizer, so TSAN cannot see the atomic reference
+// count two threads' copies would share, and reports their release as a
+// race.
+absl::Status CopyStatus(const absl::Status& status);
+
 }  // namespace c10d
 }  // namespace ferry
 

@@ -6,6 +6,17 @@
 
 namespace ferry {
 namespace c10d {
+namespace {
+
+// Callers get their own copy of the result rather than sharing its storage
+// with the completing thread: Debian's Abseil is not built for TSAN, which
+// then cannot see the shared reference count (see CopyStatus in backend.h).
+absl::Status CopyOf(const absl::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(s.code(), std::string(s.message()));
+}
+
+}  // namespace
 
 Work::Work(std::string description)
     : description_(std::move(description)), future_(promise_.GetFuture()) {}
@@ -27,7 +38,7 @@ bool Work::IsSuccess() const {
 
 absl::Status Work::status() const {
   if (!future_.IsReady()) return absl::OkStatus();
-  return future_.status();
+  return CopyOf(future_.status());
 }
 
 absl::Status Work::Wait(absl::Duration timeout) const {
@@ -36,7 +47,7 @@ absl::Status Work::Wait(absl::Duration timeout) const {
         absl::StrCat(description_, " not complete after waiting ",
                      absl::FormatDuration(timeout)));
   }
-  return future_.status();
+  return CopyOf(future_.status());
 }
 
 bool Work::Complete(absl::Status status) {

@@ -255,7 +255,7 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   auto op = std::make_unique<Op>();
   op->type = type;
   op->header = header;
-  op->local_error = std::move(local_error);
+  op->local_error = CopyStatus(local_error);
   op->timeout = TimeoutOr(timeout);
   op->run = std::move(run);
   op->fill_inline = std::move(path.fill);

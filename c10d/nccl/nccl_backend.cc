@@ -506,7 +506,7 @@ std::shared_ptr<Work> NcclBackend::Submit(
     std::vector<Tensor> keep_alive) {
   auto op = std::make_unique<Op>();
   op->type = type;
-  op->local_error = std::move(local_error);
+  op->local_error = CopyStatus(local_error);
   op->device = device;
   op->timeout = TimeoutOr(timeout);
   op->enqueue = std::move(enqueue);

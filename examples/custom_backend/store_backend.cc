@@ -148,11 +148,13 @@ std::shared_ptr<c10d::Work> StoreBackend::Allreduce(
     h.numel = tensor.numel();
   }
   h.valid = local.ok();
+  // The worker thread gets its own copy (see c10d::CopyStatus).
+  local = c10d::CopyStatus(local);
   absl::Duration timeout = TimeoutOr(options.timeout);
   c10d::ReduceOp op = options.op;
   return Submit(
       OpType::kAllreduce,
-      [this, tensor, h, local, timeout,
+      [this, tensor, h, local = std::move(local), timeout,
        op](int64_t call) mutable -> absl::Status {
         std::string prefix = absl::StrCat("c/", call);
         std::vector<std::string> keys;
@@ -208,11 +210,13 @@ std::shared_ptr<c10d::Work> StoreBackend::Broadcast(
     h.numel = tensor.numel();
   }
   h.valid = local.ok();
+  // The worker thread gets its own copy (see c10d::CopyStatus).
+  local = c10d::CopyStatus(local);
   absl::Duration timeout = TimeoutOr(options.timeout);
   int root = options.root;
   return Submit(
       OpType::kBroadcast,
-      [this, tensor, h, local, timeout,
+      [this, tensor, h, local = std::move(local), timeout,
        root](int64_t call) mutable -> absl::Status {
         std::string prefix = absl::StrCat("c/", call);
         // Everyone publishes a header; only the root publishes the bytes.
