@@ -196,6 +196,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--latency_repeats", type=int, default=3)
+    ap.add_argument("--tp_repeats", type=int, default=3)
     ap.add_argument("--limit", type=float, default=240, help="per-run limit (s)")
     ap.add_argument("--plot", default=os.path.join(HERE, "results", "init_time.png"))
     a = ap.parse_args()
@@ -242,10 +244,18 @@ def main():
 
     # 3. latency and throughput
     print("\n## 3a. single-client latency, median (us)")
-    r = rtt(a.iters)
-    fl = bench_latency("ferry", a.iters, a.limit)
-    pl = bench_latency("pytorch", a.iters, a.limit)
-    print(f"raw TCP round trip (C++, same run): {r:.1f} us")
+    # Interleaved repeats, best median of each: the 2 cores are shared, and
+    # a burst of other load during one measurement would skew the ratio.
+    runs = {"rtt": [], "ferry": [], "pytorch": []}
+    for _ in range(a.latency_repeats):
+        runs["rtt"].append(rtt(a.iters))
+        runs["ferry"].append(bench_latency("ferry", a.iters, a.limit))
+        runs["pytorch"].append(bench_latency("pytorch", a.iters, a.limit))
+    r = min(runs["rtt"])
+    fl = {op: min(x[op] for x in runs["ferry"]) for op in ("set", "get", "add")}
+    pl = {op: min(x[op] for x in runs["pytorch"]) for op in ("set", "get", "add")}
+    print(f"raw TCP round trip (C++, same run): {r:.1f} us "
+          f"(best of {a.latency_repeats} interleaved runs, as are the ops)")
     print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9}")
     for op in ("set", "get", "add"):
         print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f}")
@@ -254,11 +264,15 @@ def main():
         emit({"figure": "store_latency_us", "op": op, "ferry": fl[op],
               "pytorch": pl[op], "ferry_over_rtt": fl[op] / r})
 
-    print("\n## 3b. aggregate add ops/s")
+    print(f"\n## 3b. aggregate add ops/s (best of {a.tp_repeats} interleaved runs)")
     print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6}")
     for c in [int(x) for x in a.tp_clients.split(",") if x]:
-        f = bench_throughput("ferry", c, a.procs, a.seconds, a.limit)
-        p = bench_throughput("pytorch", c, a.procs, a.seconds, a.limit)
+        # Interleaved repeats, best of each (shared 2-core machine).
+        fs, ps_ = [], []
+        for _ in range(a.tp_repeats):
+            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit))
+            ps_.append(bench_throughput("pytorch", c, a.procs, a.seconds, a.limit))
+        f, p = max(fs), max(ps_)
         print(f"{c:>7} {f:>10.0f} {p:>10.0f} {f / p:>6.2f}", flush=True)
         emit({"figure": "store_ops_per_s", "clients": c, "ferry": f, "pytorch": p})
 
