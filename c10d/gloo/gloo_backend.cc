@@ -333,9 +333,14 @@ absl::Status GlooBackend::CallGloo(const Op& op, absl::Duration timeout,
 }
 
 size_t GlooBackend::InlineBytes() const {
-  // Receive buffers hold size() blocks: keep them near 1 MiB.
-  size_t per_rank = (size_t{1} << 20) / static_cast<size_t>(size());
-  per_rank = std::clamp<size_t>(per_rank, 1024, size_t{64} << 10);
+  // Inlining a payload of S bytes makes each rank receive (size - 1) * S in
+  // one round, where a ring allreduce receives 2 (size - 1) / size * S over
+  // 2 (size - 1) rounds: equal volume for two ranks, and on loopback the
+  // rounds cost more than the bytes up to a few MiB in all.
+  size_t n = static_cast<size_t>(size());
+  size_t per_rank =
+      n < 2 ? (size_t{4} << 20) : (size_t{8} << 20) / (n * (n - 1));
+  per_rank = std::clamp<size_t>(per_rank, size_t{4} << 10, size_t{4} << 20);
   return per_rank & ~size_t{7};
 }
 
@@ -354,7 +359,9 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
   std::vector<char> mine(sizeof(Header) + op.header.reserved);
   std::memcpy(mine.data(), &op.header, sizeof(Header));
   if (op.header.reserved > 0) op.fill_inline(mine.data() + sizeof(Header));
-  blocks->assign(block * size(), 0);
+  // Reused across calls (worker thread only); every byte read later was
+  // written by this call's receives.
+  if (blocks->size() != block * size()) blocks->assign(block * size(), 0);
   std::memcpy(blocks->data() + rank() * block, mine.data(), mine.size());
   const uint64_t slot = (kExchangePrefix << 56) | (uint64_t{op.seq} << 8);
   RETURN_IF_ERROR(CallGloo(op, timeout, [&]() -> absl::Status {
@@ -404,7 +411,7 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
 
 absl::Status GlooBackend::RunOp(Op& op) {
   if (options_.check_args) {
-    std::vector<char> blocks;
+    std::vector<char>& blocks = exchange_buf_;
     RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout, &blocks));
     if (op.finish_inline) {
       // Every rank's payload came with the headers: no second round.

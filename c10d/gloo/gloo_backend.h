@@ -15,10 +15,11 @@
 // invalid, every rank fails that call with InvalidArgument naming the ranks
 // and what differs, and the group stays usable. (Without this check Gloo
 // aborts the process on a size mismatch.) A small payload rides behind the
-// header (up to InlineBytes(): 64 KiB per rank for up to 16 ranks, then
-// shrinking to keep receive buffers near 1 MiB): a small Allreduce or
-// Broadcast completes within the exchange itself (Allreduce then reduces in
-// rank order, so every rank gets identical bits), and Barrier is the
+// header (up to InlineBytes(): 4 MiB per rank for 2 ranks, 8 MiB / (n (n-1))
+// for n ranks, at least 4 KiB; the backend keeps a receive buffer of n times
+// that): a small Allreduce or Broadcast completes within the exchange
+// itself (Allreduce then reduces in rank order, so every rank gets identical
+// bits), and Barrier is the
 // exchange alone; larger calls pay one extra round of 64-byte messages.
 // Set check_args = false to skip the exchange: Gloo's ring algorithms for
 // every size and undefined behaviour on mismatched calls.
@@ -211,6 +212,9 @@ class GlooBackend : public Backend {
   // their buffers; kept alive until the backend goes.
   Mutex p2p_mu_;
   std::vector<std::shared_ptr<P2P>> graveyard_ ABSL_GUARDED_BY(p2p_mu_);
+
+  // The header exchange's receive buffer (worker thread only).
+  std::vector<char> exchange_buf_;
 
   std::unique_ptr<ThreadPoolExecutor> p2p_waiters_;
   std::thread worker_;

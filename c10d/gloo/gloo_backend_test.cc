@@ -199,7 +199,7 @@ TEST(GlooBackendTest, SmallAgainstLargeMismatchIsCaughtSafely) {
     auto b = GlooBackend::Create(store, 1, 2, absl::Seconds(10));
     ASSERT_TRUE(b.ok()) << b.status();
     b1 = std::move(*b);
-    absl::Status s = b1->Allreduce(ones({100000}))->Wait(absl::Seconds(10));
+    absl::Status s = b1->Allreduce(ones({1200000}))->Wait(absl::Seconds(10));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     Tensor ok = ones({3});
     EXPECT_TRUE(b1->Allreduce(ok)->Wait(absl::Seconds(10)).ok());
@@ -208,7 +208,7 @@ TEST(GlooBackendTest, SmallAgainstLargeMismatchIsCaughtSafely) {
   ASSERT_TRUE(b0.ok()) << b0.status();
   absl::Status s = (*b0)->Allreduce(ones({4}))->Wait(absl::Seconds(10));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr("float32 x 100000"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("float32 x 1200000"));
   Tensor ok = ones({3});
   EXPECT_TRUE((*b0)->Allreduce(ok)->Wait(absl::Seconds(10)).ok());
   EXPECT_EQ(ok.to_vector<float>(), std::vector<float>(3, 2));
