@@ -839,80 +839,68 @@ uint64_t P2PSlot(uint64_t prefix, int tag, uint64_t nbytes) {
 
 std::shared_ptr<Work> GlooBackend::Send(Tensor tensor, int dst_rank,
                                         const SendOptions& options) {
-  constexpr OpType kOp = OpType::kSend;
-  absl::Status local = CheckOne(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, dst_rank, size(), "destination rank");
-  if (local.ok() && dst_rank == rank()) {
-    local = absl::InvalidArgumentError("Send: destination is this rank");
-  }
-  if (local.ok() && options.tag < 0) {
-    local = absl::InvalidArgumentError(
-        absl::StrCat("Send: tag ", options.tag, " is negative"));
-  }
-  if (!local.ok()) return Fail(kOp, local);
-  auto p = std::make_shared<P2P>();
-  p->is_send = true;
-  p->peer = dst_rank;
-  p->tag = options.tag;
-  p->timeout = TimeoutOr(options.timeout);
-  p->tensor = tensor;
-  p->header[0] = kP2PMagic;
-  p->header[1] = static_cast<int64_t>(tensor.dtype());
-  p->header[2] = tensor.numel();
-  p->header[3] = static_cast<int64_t>(tensor.nbytes());
-  p->work = std::make_shared<Work>(
-      absl::StrCat(Describe(kOp), " to rank ", dst_rank, " tag ", options.tag));
-  try {
-    p->header_buf = context_->createUnboundBuffer(p->header, sizeof(p->header));
-    p->header_buf->send(dst_rank, P2PSlot(kP2PHeaderPrefix, p->tag, 0));
-    if (tensor.nbytes() > 0) {
-      p->payload_buf =
-          context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
-      p->payload_buf->send(dst_rank,
-                           P2PSlot(kP2PPayloadPrefix, p->tag, tensor.nbytes()));
-    }
-  } catch (const std::exception& e) {
-    Bury(p);
-    return Fail(kOp, absl::UnavailableError(absl::StrCat("gloo: ", e.what())));
-  }
-  std::shared_ptr<Work> work = p->work;
-  absl::Status submitted = p2p_waiters_->Submit([this, p] { WaitP2P(p); });
-  if (!submitted.ok()) {
-    Bury(p);
-    work->Complete(Annotate(submitted, work->description()));
-  }
-  return work;
+  return StartP2P(/*is_send=*/true, std::move(tensor), dst_rank, options.tag,
+                  options.timeout);
 }
 
 std::shared_ptr<Work> GlooBackend::Recv(Tensor tensor, int src_rank,
                                         const RecvOptions& options) {
-  constexpr OpType kOp = OpType::kRecv;
+  return StartP2P(/*is_send=*/false, std::move(tensor), src_rank, options.tag,
+                  options.timeout);
+}
+
+std::shared_ptr<Work> GlooBackend::StartP2P(
+    bool is_send, Tensor tensor, int peer, int tag,
+    std::optional<absl::Duration> timeout) {
+  const OpType kOp = is_send ? OpType::kSend : OpType::kRecv;
+  const char* name = is_send ? "Send" : "Recv";
+  const char* peer_role = is_send ? "destination" : "source";
   absl::Status local = CheckOne(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, src_rank, size(), "source rank");
-  if (local.ok() && src_rank == rank()) {
-    local = absl::InvalidArgumentError("Recv: source is this rank");
+  if (local.ok()) {
+    local = CheckRank(kOp, peer, size(), absl::StrCat(peer_role, " rank"));
   }
-  if (local.ok() && options.tag < 0) {
+  if (local.ok() && peer == rank()) {
     local = absl::InvalidArgumentError(
-        absl::StrCat("Recv: tag ", options.tag, " is negative"));
+        absl::StrCat(name, ": ", peer_role, " is this rank"));
+  }
+  if (local.ok() && tag < 0) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(name, ": tag ", tag, " is negative"));
   }
   if (!local.ok()) return Fail(kOp, local);
   auto p = std::make_shared<P2P>();
-  p->is_send = false;
-  p->peer = src_rank;
-  p->tag = options.tag;
-  p->timeout = TimeoutOr(options.timeout);
+  p->is_send = is_send;
+  p->peer = peer;
+  p->tag = tag;
+  p->timeout = TimeoutOr(timeout);
   p->tensor = tensor;
-  p->work = std::make_shared<Work>(absl::StrCat(
-      Describe(kOp), " from rank ", src_rank, " tag ", options.tag));
+  if (is_send) {
+    p->header[0] = kP2PMagic;
+    p->header[1] = static_cast<int64_t>(tensor.dtype());
+    p->header[2] = tensor.numel();
+    p->header[3] = static_cast<int64_t>(tensor.nbytes());
+  }
+  p->work = std::make_shared<Work>(
+      absl::StrCat(Describe(kOp), is_send ? " to rank " : " from rank ", peer,
+                   " tag ", tag));
   try {
     p->header_buf = context_->createUnboundBuffer(p->header, sizeof(p->header));
-    p->header_buf->recv(src_rank, P2PSlot(kP2PHeaderPrefix, p->tag, 0));
+    const uint64_t header_slot = P2PSlot(kP2PHeaderPrefix, p->tag, 0);
+    if (is_send) {
+      p->header_buf->send(peer, header_slot);
+    } else {
+      p->header_buf->recv(peer, header_slot);
+    }
     if (tensor.nbytes() > 0) {
       p->payload_buf =
           context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
-      p->payload_buf->recv(src_rank,
-                           P2PSlot(kP2PPayloadPrefix, p->tag, tensor.nbytes()));
+      const uint64_t payload_slot =
+          P2PSlot(kP2PPayloadPrefix, p->tag, tensor.nbytes());
+      if (is_send) {
+        p->payload_buf->send(peer, payload_slot);
+      } else {
+        p->payload_buf->recv(peer, payload_slot);
+      }
     }
   } catch (const std::exception& e) {
     Bury(p);

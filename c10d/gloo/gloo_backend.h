@@ -195,6 +195,10 @@ class GlooBackend : public Backend {
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);
 
+  // Send and Recv: validates, posts the header and payload buffers, and
+  // hands completion to a p2p waiter thread.
+  std::shared_ptr<Work> StartP2P(bool is_send, Tensor tensor, int peer, int tag,
+                                 std::optional<absl::Duration> timeout);
   void WaitP2P(std::shared_ptr<P2P> p2p);
   void Bury(std::shared_ptr<P2P> p2p) ABSL_LOCKS_EXCLUDED(p2p_mu_);
 
