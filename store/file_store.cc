@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/base/internal/endian.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -335,6 +336,10 @@ absl::Status FileStore::Poll(absl::string_view op, LockMode mode,
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
   absl::Duration backoff = kFirstBackoff;
+  bool counted = false;  // in blocked_
+  absl::Cleanup uncount = [&] {
+    if (counted) blocked_.fetch_sub(1, std::memory_order_relaxed);
+  };
   while (true) {
     std::vector<std::string> missing;
     {
@@ -351,7 +356,11 @@ absl::Status FileStore::Poll(absl::string_view op, LockMode mode,
     if (now >= deadline) {
       return StoreTimeoutError(name_, op, missing, now - start, timeout);
     }
-    absl::SleepFor(std::min(backoff, deadline - now));
+    if (!counted) {
+      counted = true;
+      blocked_.fetch_add(1, std::memory_order_relaxed);
+    }
+    absl::SleepFor(std::min(backoff, deadline - now));  // Polling the file.
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }

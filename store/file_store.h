@@ -32,6 +32,7 @@
 #ifndef FERRY_STORE_FILE_STORE_H_
 #define FERRY_STORE_FILE_STORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -96,6 +97,13 @@ class FileStore : public Store {
 
   const std::string& path() const { return path_; }
 
+  // Calls on this handle that have found their keys (or queue item) missing
+  // at least once and are still polling. A write made after this count
+  // covers a call is what that call's next poll finds. For tests.
+  int64_t BlockedCalls() const {
+    return blocked_.load(std::memory_order_relaxed);
+  }
+
  private:
   enum class LockMode { kShared, kExclusive };
   // An attempt run under the file lock after catching up: returns true when
@@ -128,6 +136,8 @@ class FileStore : public Store {
   const int world_size_;
 
   Mutex mu_;
+  // See BlockedCalls().
+  std::atomic<int64_t> blocked_{0};
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);

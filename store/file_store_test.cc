@@ -55,6 +55,9 @@ class FileStoreFixture : public StoreFixture {
     if (!store.ok()) return store.status();
     return std::unique_ptr<Store>(*std::move(store));
   }
+  int64_t BlockedCalls(Store& waiter) override {
+    return static_cast<FileStore&>(waiter).BlockedCalls();
+  }
 
  private:
   const std::string path_;

@@ -30,6 +30,14 @@ struct HashStore::State {
   absl::flat_hash_map<std::string, std::string> kv ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, std::deque<std::string>> queues
       ABSL_GUARDED_BY(mu);
+  // Calls parked in changed.WaitWithDeadline now.
+  int64_t blocked ABSL_GUARDED_BY(mu) = 0;
+
+  void BlockUntil(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ++blocked;
+    changed.WaitWithDeadline(&mu, ClampDeadline(deadline));
+    --blocked;
+  }
 
   // Blocks until every key exists or `timeout` passes.
   absl::Status AwaitKeys(absl::string_view op,
@@ -49,7 +57,7 @@ struct HashStore::State {
       if (now >= deadline) {
         return StoreTimeoutError(name, op, missing, now - start, timeout);
       }
-      changed.WaitWithDeadline(&mu, ClampDeadline(deadline));
+      BlockUntil(deadline);
     }
   }
 };
@@ -65,6 +73,11 @@ HashStore::HashStore(std::shared_ptr<State> state) : state_(std::move(state)) {
 HashStore::~HashStore() = default;
 
 std::string HashStore::Describe() const { return state_->name; }
+
+int64_t HashStore::BlockedCalls() const {
+  MutexLock lock(&state_->mu);
+  return state_->blocked;
+}
 
 absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
   MutexLock lock(&state_->mu);
@@ -187,7 +200,7 @@ absl::StatusOr<std::string> HashStore::QueuePop(
         return StoreTimeoutError(state_->name, "QueuePop", keys, now - start,
                                  limit);
       }
-      state_->changed.WaitWithDeadline(&state_->mu, ClampDeadline(deadline));
+      state_->BlockUntil(deadline);
     }
   }
   auto it = state_->queues.find(key);

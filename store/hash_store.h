@@ -63,6 +63,10 @@ class HashStore : public Store {
   // "hash:0x<address of the shared data>".
   std::string Describe() const override;
 
+  // Calls (on this handle or any clone) blocked right now waiting for a key
+  // or a queue item. Lets a test wake a waiter only once it is parked.
+  int64_t BlockedCalls() const;
+
  private:
   struct State;
   explicit HashStore(std::shared_ptr<State> state);

@@ -14,6 +14,9 @@ class HashStoreFixture : public StoreFixture {
   absl::StatusOr<std::unique_ptr<Store>> Connect() override {
     return std::make_unique<HashStore>();
   }
+  int64_t BlockedCalls(Store& waiter) override {
+    return static_cast<HashStore&>(waiter).BlockedCalls();
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(

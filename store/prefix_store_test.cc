@@ -17,12 +17,17 @@ class PrefixStoreFixture : public StoreFixture {
   absl::StatusOr<std::unique_ptr<Store>> Connect() override {
     // Another namespace's keys share the underlying store; the suite only
     // counts NumKeys deltas, so they must not disturb it.
-    auto base = std::make_shared<HashStore>();
-    if (!base->Set("other/unrelated", "x").ok()) {
+    base_ = std::make_shared<HashStore>();
+    if (!base_->Set("other/unrelated", "x").ok()) {
       return absl::InternalError("setup failed");
     }
-    return std::make_unique<PrefixStore>("pg0", base);
+    return std::make_unique<PrefixStore>("pg0", base_);
   }
+  // Every handle's calls end up on base_ (clones share its state).
+  int64_t BlockedCalls(Store&) override { return base_->BlockedCalls(); }
+
+ private:
+  std::shared_ptr<HashStore> base_;
 };
 
 INSTANTIATE_TEST_SUITE_P(PrefixStore, StoreConformanceTest,

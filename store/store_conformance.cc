@@ -29,10 +29,6 @@ constexpr absl::Duration kShort = absl::Milliseconds(100);
 // A blocked call must not return much later than its timeout.
 constexpr absl::Duration kLateness = absl::Seconds(10);
 
-// Gives a thread that is about to block time to do so, so the wake-up path
-// is what gets exercised. Not synchronization: the tests pass either way.
-void LetWaiterBlock() { absl::SleepFor(absl::Milliseconds(20)); }
-
 absl::Status ToStatus(const absl::Status& status) { return status; }
 template <typename T>
 absl::Status ToStatus(const absl::StatusOr<T>& status_or) {
@@ -86,6 +82,18 @@ std::unique_ptr<Store> StoreConformanceTest::NewHandle() {
   return *std::move(clone);
 }
 
+void StoreConformanceTest::AwaitBlocked(Store& waiter, int64_t n) {
+  const absl::Time deadline = absl::Now() + kLong;
+  while (fixture_->BlockedCalls(waiter) < n) {
+    if (absl::Now() >= deadline) {
+      // Not fatal: the caller goes on to wake (and join) its waiter.
+      ADD_FAILURE() << "no call on " << waiter.Describe() << " blocked";
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
 namespace {
 
 TEST_P(StoreConformanceTest, SetThenGet) {
@@ -115,7 +123,7 @@ TEST_P(StoreConformanceTest, GetIsWokenBySetFromAnotherThread) {
   ASSERT_NE(other, nullptr);
   absl::StatusOr<std::string> got;
   std::thread waiter([&] { got = store_->Get("late"); });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(other->Set("late", "here"));
   waiter.join();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -167,7 +175,7 @@ TEST_P(StoreConformanceTest, WaitIsWokenByEveryKindOfWrite) {
     status = store_->Wait(
         {"by-set", "by-add", "by-cas", "by-append", "by-multiset"});
   });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(other->Set("by-set", "x"));
   EXPECT_OK(other->Add("by-add", 1).status());
   EXPECT_OK(other->CompareSet("by-cas", "", "x").status());
@@ -182,7 +190,7 @@ TEST_P(StoreConformanceTest, WaitIsWokenByAdd) {
   ASSERT_NE(other, nullptr);
   absl::StatusOr<std::string> got;
   std::thread waiter([&] { got = store_->Get("counter"); });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(other->Add("counter", 7).status());
   waiter.join();
   EXPECT_EQ(got.value_or("<error>"), "7");
@@ -291,7 +299,7 @@ TEST_P(StoreConformanceTest, MultiGetWaitsAndTimesOut) {
   ASSERT_OK(store_->Set("mg1", "a"));
   absl::StatusOr<std::vector<std::string>> values;
   std::thread waiter([&] { values = store_->MultiGet({"mg1", "mg2"}); });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(other->Set("mg2", "b"));
   waiter.join();
   ASSERT_TRUE(values.ok()) << values.status();
@@ -343,7 +351,7 @@ TEST_P(StoreConformanceTest, BlockingPopIsWokenByPush) {
   ASSERT_NE(other, nullptr);
   absl::StatusOr<std::string> popped;
   std::thread waiter([&] { popped = store_->QueuePop("wq", true); });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(other->QueuePush("wq", "item"));
   waiter.join();
   EXPECT_EQ(popped.value_or("<error>"), "item");
@@ -423,14 +431,14 @@ TEST_P(StoreConformanceTest, CloneWorksConcurrently) {
   // The clone blocks while the original writes, and vice versa.
   absl::StatusOr<std::string> on_clone;
   std::thread waiter([&] { on_clone = clone->Get("ping"); });
-  LetWaiterBlock();
+  AwaitBlocked(*clone);
   EXPECT_OK(store_->Set("ping", "1"));
   waiter.join();
   EXPECT_EQ(on_clone.value_or("<error>"), "1");
 
   absl::StatusOr<std::string> on_original;
   std::thread waiter2([&] { on_original = store_->Get("pong"); });
-  LetWaiterBlock();
+  AwaitBlocked(*store_);
   EXPECT_OK(clone->Set("pong", "2"));
   waiter2.join();
   EXPECT_EQ(on_original.value_or("<error>"), "2");

@@ -12,6 +12,7 @@
 //   class TcpFixture : public StoreFixture {
 //    public:
 //     absl::StatusOr<std::unique_ptr<Store>> Connect() override { ... }
+//     int64_t BlockedCalls(Store& waiter) override { ... }
 //    private:
 //     ...  // e.g. the server, destroyed after every handle
 //   };
@@ -39,6 +40,7 @@
 #ifndef FERRY_STORE_STORE_CONFORMANCE_H_
 #define FERRY_STORE_STORE_CONFORMANCE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -59,6 +61,12 @@ class StoreFixture {
   // A new handle to the store under test. The store is empty when the test
   // begins. Called once per test; further handles come from Clone().
   virtual absl::StatusOr<std::unique_ptr<Store>> Connect() = 0;
+  // How many calls are blocked right now waiting for a key or queue item,
+  // where `waiter` is the handle (from Connect or a Clone) they were made on.
+  // A call counts once it has found its keys missing, so that any write
+  // after the count covers it must wake it: the suite waits for the count
+  // before writing, so the wake-up path is what gets tested.
+  virtual int64_t BlockedCalls(Store& waiter) = 0;
 };
 
 struct StoreConformanceParam {
@@ -86,6 +94,10 @@ class StoreConformanceTest
 
   // A new handle (Clone of store_) with the long timeout.
   std::unique_ptr<Store> NewHandle();
+
+  // Returns once at least `n` calls on `waiter` are blocked (see
+  // StoreFixture::BlockedCalls), or adds a failure after a long timeout.
+  void AwaitBlocked(Store& waiter, int64_t n = 1);
 
   std::unique_ptr<StoreFixture> fixture_;
   std::unique_ptr<Store> store_;

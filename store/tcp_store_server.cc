@@ -78,6 +78,8 @@ struct TcpStoreServer::Loop {
 
   std::atomic<int64_t> clients{0};
   std::atomic<int64_t> accepted{0};
+  // Connections with a pending WAIT (kWait in, Wake or ClearWait out).
+  std::atomic<int64_t> waiting{0};
   std::atomic<int64_t> dropped{0};
   std::atomic<int64_t> keys{0};
   std::atomic<int64_t> ops{0};
@@ -238,6 +240,7 @@ bool TcpStoreServer::Loop::Exists(const std::string& key) const {
 }
 
 void TcpStoreServer::Loop::Wake(Conn* c) {
+  waiting.fetch_sub(1, std::memory_order_relaxed);
   c->wait_keys.clear();
   tcpstore::PutU8(&c->outbuf, tcpstore::kStopWaiting);
   Flush(c);
@@ -284,6 +287,7 @@ void TcpStoreServer::Loop::ClearWait(Conn* c) {
     if (ids.empty()) waiters.erase(it);
   }
   c->wait_keys.clear();
+  if (c->wait_remaining > 0) waiting.fetch_sub(1, std::memory_order_relaxed);
   c->wait_remaining = 0;
 }
 
@@ -367,7 +371,11 @@ void TcpStoreServer::Loop::Handle(Conn* c, const Request& r) {
         c->wait_keys.push_back(k);
         ++c->wait_remaining;
       }
-      if (c->wait_remaining == 0) tcpstore::PutU8(&out, tcpstore::kStopWaiting);
+      if (c->wait_remaining == 0) {
+        tcpstore::PutU8(&out, tcpstore::kStopWaiting);
+      } else {
+        waiting.fetch_add(1, std::memory_order_relaxed);
+      }
       return;
     }
     case Op::kGetNumKeys:
@@ -604,6 +612,7 @@ TcpStoreServer::Stats TcpStoreServer::GetStats() const {
   s.dropped = loop_->dropped.load(std::memory_order_relaxed);
   s.keys = loop_->keys.load(std::memory_order_relaxed);
   s.ops = loop_->ops.load(std::memory_order_relaxed);
+  s.waiting = loop_->waiting.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -65,6 +65,10 @@ class TcpStoreServer {
     int64_t dropped = 0;   // disconnected for a protocol or limit violation
     int64_t keys = 0;
     int64_t ops = 0;  // frames handled since start
+    // Connections blocked in WAIT now (client Get, Wait, MultiGet and
+    // blocking QueuePop all wait this way): tests read it to know a waiter
+    // is parked before they wake it.
+    int64_t waiting = 0;
   };
 
   // Binds, listens and starts the loop thread. Errors (bind failure, port in

@@ -44,6 +44,9 @@ class TcpFixture : public StoreFixture {
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> s, TcpStore::Create(o));
     return std::unique_ptr<Store>(std::move(s));
   }
+  int64_t BlockedCalls(Store&) override {
+    return server_->GetStats().waiting;
+  }
 
  private:
   bool legacy_;
@@ -61,6 +64,10 @@ class ServerHandleFixture : public StoreFixture {
     o.timeout = absl::Seconds(20);
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> s, TcpStore::Create(o));
     return std::unique_ptr<Store>(std::move(s));
+  }
+  // Clones share the first handle's server.
+  int64_t BlockedCalls(Store& waiter) override {
+    return static_cast<TcpStore&>(waiter).server()->GetStats().waiting;
   }
 };
 

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
 
 extern char** environ;
 
@@ -96,17 +97,6 @@ class Python {
   FILE* out_ = nullptr;
 };
 
-int UnusedPort() {
-  auto s = TcpStore::Create([] {
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.is_server = true;
-    return o;
-  }());
-  return s.ok() ? (*s)->port() : 0;
-}
-
 // The Ferry half of the exchange; the python side mirrors it.
 void FerrySide(Store& s) {
   ASSERT_TRUE(s.Add("counter", 1).ok());
@@ -125,24 +115,27 @@ void FerrySide(Store& s) {
 
 TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
   SKIP_WITHOUT_TORCH();
-  const int port = UnusedPort();
-  ASSERT_GT(port, 0);
-  Python py({"client", absl::StrCat(port)});
+  // The server binds port 0 first; PyTorch learns the bound port.
+  TcpStoreServer::Options so;
+  so.host = "127.0.0.1";
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Python py({"client", absl::StrCat((*server)->port())});
   ASSERT_TRUE(py.started());
-  // world_size 2: Create returns once the PyTorch client has joined.
   TcpStoreOptions o;
   o.host = "127.0.0.1";
-  o.port = port;
-  o.is_server = true;
+  o.port = (*server)->port();
   o.world_size = 2;
   o.timeout = absl::Seconds(60);
   auto store = TcpStore::Create(o);
   ASSERT_TRUE(store.ok()) << store.status();
+  // Both Ferry's handle and the PyTorch client have joined through init/.
+  ASSERT_TRUE((*server)->WaitForWorkers(2, absl::Seconds(60)).ok());
   FerrySide(**store);
   std::string out;
   EXPECT_EQ(py.Wait(&out), 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "OK delete_key")) << out;
-  EXPECT_EQ((*store)->server()->GetStats().dropped, 0);
+  EXPECT_EQ((*server)->GetStats().dropped, 0);
 }
 
 TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {
