@@ -1,9 +1,7 @@
 #include "store/file_store.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,8 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/store_conformance.h"
-
-extern char** environ;
+#include "tests/util/subprocess.h"
 
 namespace ferry {
 namespace {
@@ -201,27 +198,6 @@ TEST(FileStoreTest, OpenInMissingDirectoryFails) {
             absl::StatusCode::kInvalidArgument);
 }
 
-std::string HelperPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    return absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "ferry",
-                        "/store/file_store_helper");
-  }
-  return "store/file_store_helper";
-}
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const std::string& arg : args)
-    argv.push_back(const_cast<char*>(arg.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
-  EXPECT_EQ(rc, 0) << "posix_spawn " << args[0] << ": " << strerror(rc);
-  return rc == 0 ? pid : -1;
-}
-
 // Real processes rendezvous through one file: atomic adds, a queue, a
 // cross-process blocking Get, and cleanup by the last to leave.
 TEST(FileStoreTest, WorksAcrossProcesses) {
@@ -231,11 +207,13 @@ TEST(FileStoreTest, WorksAcrossProcesses) {
   auto store = FileStore::Open(path, kChildren + 1);
   ASSERT_TRUE(store.ok()) << store.status();
   (*store)->SetTimeout(absl::Seconds(30));
-  std::vector<pid_t> children;
+  std::vector<std::unique_ptr<testutil::Subprocess>> children;
   for (int i = 0; i < kChildren; ++i) {
-    pid_t pid = Spawn({HelperPath(), path, absl::StrCat(kChildren + 1),
-                       absl::StrCat(i), absl::StrCat(kAdds)});
-    if (pid > 0) children.push_back(pid);
+    auto child = testutil::Subprocess::Spawn(
+        {testutil::RunfilePath("store/file_store_helper"), path,
+         absl::StrCat(kChildren + 1), absl::StrCat(i), absl::StrCat(kAdds)});
+    ASSERT_TRUE(child.ok()) << child.status();
+    children.push_back(*std::move(child));
   }
   ASSERT_EQ(children.size(), kChildren);
   std::vector<int> arrived;
@@ -250,11 +228,10 @@ TEST(FileStoreTest, WorksAcrossProcesses) {
             absl::StrCat(kChildren * kAdds));
   // The children are blocked in Get("go"); release them.
   EXPECT_TRUE((*store)->Set("go", "1").ok());
-  for (pid_t pid : children) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "child exit status " << status;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto& child : children) {
+    absl::StatusOr<int> code = child->Wait(deadline);
+    EXPECT_EQ(code.value_or(-1), 0) << code.status();
   }
   EXPECT_EQ((*store)->Get("finished").value_or(""), absl::StrCat(kChildren));
   EXPECT_TRUE(Exists(path));

@@ -8,9 +8,13 @@
 // figure: 2 warm-up calls, then `iters` calls each waited on (like
 // torch.distributed's synchronous calls), timed on rank 0 between barriers.
 // Conventions (nccl-tests'): size = bytes of the tensor each rank passes in;
-// algbw = size / time (allgather: N * size / time); busbw = algbw *
-// 2(N-1)/N for allreduce, algbw for broadcast, algbw * (N-1)/N for
-// allgather.
+// algbw = size / time (allgather: N * size / time). busbw = the bytes each
+// rank moves for the algorithm that ran, over time: "ring" (Gloo's ring
+// allreduce: algbw * 2(N-1)/N; allgather: algbw * (N-1)/N; broadcast:
+// algbw) or "direct" (Ferry's small Allreduce/Broadcast that completes in
+// the argument exchange, where every rank sends its whole buffer to every
+// other: size * (N-1) / time). Each line names the algorithm. Timed here in
+// C++; PyTorch's figures come from torch_bench.py, timed in Python.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -21,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "c10d/gloo/gloo_backend.h"
 #include "c10d/init.h"
 
 namespace ferry {
@@ -76,6 +81,14 @@ int Main(int argc, char** argv) {
     return 1;
   }
   ProcessGroup& pg = **pg_or;
+  // Which algorithm the gloo backend picks for a size (see InlineBytes()).
+  const bool check_args = flags["check_args"] != "false";
+  size_t inline_bytes = 0;
+  if (auto backend = pg.GetBackend(DeviceType::kCPU); backend.ok()) {
+    if (auto* gloo = dynamic_cast<GlooBackend*>(*backend)) {
+      inline_bytes = gloo->InlineBytes();
+    }
+  }
   const int n = world;
   bool failed = false;
   auto run = [&](const std::string& op, int64_t bytes,
@@ -99,16 +112,21 @@ int Main(int argc, char** argv) {
     if (!pg.Barrier()->Wait().ok()) failed = true;
     double sec = absl::ToDoubleSeconds(took);
     double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
-    double factor = op == "allreduce"   ? 2.0 * (n - 1) / n
-                    : op == "allgather" ? double(n - 1) / n
-                                        : 1.0;
+    const bool direct = check_args && op != "allgather" &&
+                        static_cast<size_t>(bytes) <= inline_bytes;
+    double factor = direct                ? double(n - 1)
+                    : op == "allreduce"   ? 2.0 * (n - 1) / n
+                    : op == "allgather"   ? double(n - 1) / n
+                                          : 1.0;
     if (rank == 0) {
       std::printf(
-          "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\",\"ranks\":%d,"
+          "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\","
+          "\"algorithm\":\"%s\",\"ranks\":%d,"
           "\"bytes\":%lld,\"iters\":%d,\"time_us\":%.1f,\"algbw_GBps\":%.4f,"
           "\"busbw_GBps\":%.4f}\n",
-          flags["impl"].c_str(), op.c_str(), n, static_cast<long long>(bytes),
-          iters, sec * 1e6, algbw, algbw * factor);
+          flags["impl"].c_str(), op.c_str(), direct ? "direct" : "ring", n,
+          static_cast<long long>(bytes), iters, sec * 1e6, algbw,
+          algbw * factor);
       std::fflush(stdout);
     }
   };

@@ -84,18 +84,28 @@ def main():
     torch = {key(r): r for r in results if r["impl"] == "pytorch-1.13-gloo"}
     nan = {"busbw_GBps": float("nan"), "time_us": float("nan")}
     print()
-    print("busbw in GB/s, time per call in us; ratio = Ferry / PyTorch busbw")
-    print("%-9s %5s %7s | %7s %9s %7s %6s | %9s %9s %9s" % (
-        "op", "ranks", "size", "Ferry", "Ferry-nc", "PyTorch", "ratio",
+    print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
+          "(torch_bench.py), as its users run it.")
+    print("Each figure is the best of %d alternating runs per implementation."
+          % a.repeat)
+    print("busbw in GB/s, time per call in us; ratio = Ferry / PyTorch busbw.")
+    print("alg: Ferry's algorithm for that row: 'direct' = the small-message "
+          "exchange (busbw = size * (N-1) / time),")
+    print("'ring' = Gloo's ring (busbw = algbw * 2(N-1)/N for allreduce, "
+          "(N-1)/N for allgather, 1 for broadcast).")
+    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s" % (
+        "op", "ranks", "size", "alg", "Ferry", "Ferry-nc", "PyTorch", "ratio",
         "Ferry us", "Ferry-nc", "PyTorch"))
-    print("-" * 92)
+    print("-" * 99)
     for k in sorted(ferry, key=lambda k: (["allreduce", "broadcast", "allgather"].index(k[0]), k[1], k[2])):
         f, u, t = ferry[k], unchecked.get(k, nan), torch.get(k, nan)
         ratio = f["busbw_GBps"] / t["busbw_GBps"] if t is not nan else float("nan")
-        print("%-9s %5d %7s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f" % (
-            k[0], k[1], fmt_bytes(k[2]), f["busbw_GBps"], u["busbw_GBps"],
+        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f" % (
+            k[0], k[1], fmt_bytes(k[2]), f.get("algorithm", "?"),
+            f["busbw_GBps"], u["busbw_GBps"],
             t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"]))
-    print("(Ferry-nc: Ferry with check_args=false, no per-call argument exchange)")
+    print("(Ferry-nc: Ferry with check_args=false, no per-call argument "
+          "exchange, always Gloo's ring; PyTorch's busbw uses the ring formula)")
     print()
     with open(os.path.join(a.out, "results.jsonl"), "w") as fh:
         for r in sorted(results, key=lambda r: (r["impl"], r["op"], r["ranks"], r["bytes"])):

@@ -53,6 +53,8 @@ def main():
 
     ratios = []
 
+    print("\nFerry and the raw TCP/gRPC floors are timed in C++ (rpc_bench); "
+          "PyTorch 1.13 from Python (torch_bench.py), as its users run it.")
     print("\n## RPC round trip, median (us); lower is better")
     floor = p50("grpc", "grpc_sync_unary")
     tcp = p50("tcp", "tcp_pingpong")

@@ -205,6 +205,9 @@ def main():
     sizes = [int(x) for x in a.init_sizes.split(",") if x]
     print(f"# TCPStore benchmark: {os.cpu_count()} CPUs, loopback, "
           f"clients over {a.procs} processes", flush=True)
+    print("# Ferry and the raw-TCP floor are timed in C++ (store_bench); "
+          "PyTorch 1.13 from Python (torch_bench.py), as its users run it.",
+          flush=True)
 
     # 1. init
     print("\n## 1. init: server start -> N joined, wait-for-workers done (s)")

@@ -141,6 +141,12 @@ class GlooBackend : public Backend {
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                              const RecvOptions& options = {}) override;
 
+  // Payload bytes that ride in each rank's header block (same on every
+  // rank): with check_args on, an Allreduce or Broadcast of at most this many
+  // bytes completes in that one direct exchange (every rank sends its buffer
+  // to every other); larger ones run Gloo's ring algorithms.
+  size_t InlineBytes() const;
+
   // Argument header exchanged before each collective (public for tests).
   struct Header {
     int64_t magic = 0;
@@ -189,8 +195,6 @@ class GlooBackend : public Backend {
   // Exchanges every rank's header block into *blocks and checks them.
   absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
                                std::vector<char>* blocks);
-  // Payload bytes that ride in each rank's header block (same on every rank).
-  size_t InlineBytes() const;
   // Calls fn, turning Gloo exceptions into a Status for `op`.
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);

@@ -2,57 +2,45 @@
 // (file:// init method) or a TCPStore served by this test, run every
 // collective on gloo and check the results; a rank that never starts makes
 // the others fail with DeadlineExceeded instead of hanging.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
-
-extern char** environ;
+#include "tests/util/subprocess.h"
 
 namespace ferry {
 namespace {
 
 std::string g_worker;  // Path of c10d_worker (argv[1]).
 
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<std::string> argv_s = {g_worker};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, g_worker.c_str(), nullptr, nullptr, argv.data(),
-                  environ) != 0) {
-    return -1;
-  }
-  return pid;
-}
-
-int Reap(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
+// Runs `world` c10d_worker processes (all but `skip_rank`), rank r with the
+// arguments how(r), and expects each to exit 0 within two minutes.
 void RunJob(int world, const std::function<std::vector<std::string>(int)>& how,
             int skip_rank = -1) {
-  std::vector<pid_t> pids;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers;
   for (int r = 0; r < world; ++r) {
     if (r == skip_rank) continue;
-    std::vector<std::string> args = how(r);
+    std::vector<std::string> args = {g_worker};
+    for (std::string& a : how(r)) args.push_back(std::move(a));
     args.push_back(absl::StrCat("--rank=", r));
     args.push_back(absl::StrCat("--world_size=", world));
-    pids.push_back(Spawn(args));
-    ASSERT_GT(pids.back(), 0);
+    auto child = testutil::Subprocess::Spawn(std::move(args));
+    ASSERT_TRUE(child.ok()) << child.status();
+    workers.push_back(*std::move(child));
   }
-  for (pid_t pid : pids) EXPECT_EQ(Reap(pid), 0) << "worker pid " << pid;
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  for (auto& w : workers) {
+    absl::StatusOr<int> code = w->Wait(deadline);
+    EXPECT_EQ(code.value_or(-1), 0)
+        << "worker pid " << w->pid() << ": " << code.status();
+  }
 }
 
 std::string FreshPath(const std::string& name) {

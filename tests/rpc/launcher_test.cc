@@ -1,65 +1,86 @@
-// ferry_run: environment, prefixed output, and fail-fast job semantics.
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <cstdlib>
+// ferry_run: environment, prefixed output, fail-fast job semantics, and a
+// real Ferry program under it: the main job's binary (tools/run_job runs the
+// same examples/rpc_tensors with 3 workers, optimized).
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/util/subprocess.h"
 
+namespace ferry {
 namespace {
 
-std::string Launcher() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/",
-                      std::getenv("TEST_WORKSPACE"),
-                      "/tools/launcher/ferry_run");
-}
+using testutil::RunCommand;
+using testutil::RunfilePath;
 
-// Runs a shell command, returning (exit code, stdout+stderr).
-std::pair<int, std::string> RunShell(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+// Runs ferry_run with `args` (flags, "--", program...): {exit code, output}.
+std::pair<int, std::string> RunLauncher(std::vector<std::string> args) {
+  args.insert(args.begin(), RunfilePath("tools/launcher/ferry_run"));
+  return RunCommand(std::move(args), {}, absl::Minutes(2));
 }
 
 TEST(FerryRun, GivesEachRankItsEnvironmentAndPrefixesOutput) {
-  auto [code, out] =
-      RunShell(Launcher() +
-               " --nproc 3 -- /bin/sh -c 'echo \"r=$RANK w=$WORLD_SIZE "
-               "l=$LOCAL_RANK m=$MASTER_ADDR p=${MASTER_PORT:+set}\"'");
+  auto [code, out] = RunLauncher(
+      {"--nproc", "3", "--", "/bin/sh", "-c",
+       "echo \"r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK m=$MASTER_ADDR "
+       "p=${MASTER_PORT:+set}\""});
   EXPECT_EQ(code, 0) << out;
   for (int r = 0; r < 3; ++r) {
-    EXPECT_NE(out.find(absl::StrCat("[", r, "]: r=", r, " w=3 l=", r,
-                                    " m=127.0.0.1 p=set")),
-              std::string::npos)
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("[", r, "]: r=", r, " w=3 l=", r,
+                          " m=127.0.0.1 p=set")))
         << out;
   }
 }
 
 TEST(FerryRun, OneFailingRankStopsTheJobWithItsExitCode) {
   absl::Time start = absl::Now();
-  auto [code, out] =
-      RunShell(Launcher() +
-               " --nproc 3 --grace_s 2 -- /bin/sh -c "
-               "'if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 60'");
+  auto [code, out] = RunLauncher(
+      {"--nproc", "3", "--grace_s", "2", "--", "/bin/sh", "-c",
+       "if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 60"});
   EXPECT_EQ(code, 7) << out;
-  EXPECT_NE(out.find("rank 1 failed with exit code 7"), std::string::npos)
-      << out;
+  EXPECT_TRUE(absl::StrContains(out, "rank 1 failed with exit code 7")) << out;
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
 TEST(FerryRun, MissingProgramIsAnError) {
-  auto [code, out] =
-      RunShell(Launcher() + " --nproc 1 -- /nonexistent/program");
+  auto [code, out] = RunLauncher({"--nproc", "1", "--", "/nonexistent/program"});
   EXPECT_NE(code, 0) << out;
-  EXPECT_NE(out.find("cannot exec /nonexistent/program"), std::string::npos)
+  EXPECT_TRUE(absl::StrContains(out, "cannot exec /nonexistent/program"))
       << out;
 }
 
+// The main job: 3 Ferry workers rendezvous through the launcher's store,
+// compute matmul shards over gRPC (checked against a local result by rank 0),
+// greet each other in a ring and shut down together.
+TEST(FerryRun, RunsTheMainJob) {
+  auto [code, out] =
+      RunLauncher({"--nproc", "3", "--timeout_s", "100", "--",
+                   RunfilePath("examples/rpc_tensors/rpc_tensors")});
+  ASSERT_EQ(code, 0) << out;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("shard ", r, " of x @ W from worker", r)))
+        << out;
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("[", r, "]: worker", r, " -> worker", (r + 1) % 3,
+                          ": worker", (r + 1) % 3, " got worker", r,
+                          "'s tensor")))
+        << out;
+    EXPECT_TRUE(
+        absl::StrContains(out, absl::StrCat("[", r, "]: worker", r, ": done")))
+        << out;
+  }
+  EXPECT_FALSE(absl::StrContains(out, "matches local: NO")) << out;
+  const std::vector<std::string> pieces =
+      absl::StrSplit(out, "matches local: yes");
+  EXPECT_EQ(pieces.size(), 4u) << out;  // One per shard.
+}
+
 }  // namespace
+}  // namespace ferry

@@ -1,8 +1,6 @@
 // RPC across real processes: the test is rank 0 of a group whose other ranks
 // are worker_main processes, meeting through a TCPStore served by the test.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -14,16 +12,10 @@
 #include "rpc/init.h"
 #include "store/tcp_store_server.h"
 #include "tensor/tensor.h"
+#include "tests/util/subprocess.h"
 
 namespace ferry::rpc {
 namespace {
-
-std::string WorkerBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry",
-                      "/tests/rpc/worker_main");
-}
 
 class Group {
  public:
@@ -34,18 +26,17 @@ class Group {
     ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
     const std::string port = std::to_string(server_->port());
     for (int r = 1; r < world; ++r) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        setenv("RANK", std::to_string(r).c_str(), 1);
-        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", port.c_str(), 1);
-        setenv("FERRY_USE_AGENT_STORE", "1", 1);
-        std::string bin = WorkerBinary();
-        execl(bin.c_str(), bin.c_str(), nullptr);
-        _exit(127);
-      }
-      pids_.push_back(pid);
+      testutil::SpawnOptions options;
+      options.env = {{"RANK", std::to_string(r)},
+                     {"WORLD_SIZE", std::to_string(world)},
+                     {"MASTER_ADDR", "127.0.0.1"},
+                     {"MASTER_PORT", port},
+                     {"FERRY_USE_AGENT_STORE", "1"}};
+      ASSIGN_OR_RETURN(
+          auto child,
+          testutil::Subprocess::Spawn(
+              {testutil::RunfilePath("tests/rpc/worker_main")}, options));
+      workers_.push_back(std::move(child));
     }
     RpcAgentOptions options;
     options.join_timeout = absl::Seconds(60);
@@ -57,37 +48,20 @@ class Group {
     return absl::OkStatus();
   }
 
-  // Waits for a child; returns its wait status, or -1 after `timeout`.
-  int Reap(size_t i, absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status;
-      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-        pids_[i] = -1;
-        return status;
-      }
-      absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
-    }
-    return -1;
-  }
-
+  // Workers still running are killed by their Subprocess destructors.
   ~Group() {
     if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
-    for (pid_t pid : pids_) {
-      if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-      }
-    }
   }
 
   RpcAgent& agent() { return *agent_; }
-  std::vector<pid_t>& pids() { return pids_; }
+  // Rank r's process (r >= 1).
+  testutil::Subprocess& worker(int r) { return *workers_[r - 1]; }
+  int workers() const { return static_cast<int>(workers_.size()); }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<RpcAgent> agent_;
-  std::vector<pid_t> pids_;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers_;
 };
 
 TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
@@ -97,17 +71,16 @@ TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
   for (int r = 1; r < 3; ++r) {
     auto pid = g.agent().rpc_sync<int64_t>(r, "pid");
     ASSERT_TRUE(pid.ok()) << pid.status();
-    EXPECT_EQ(*pid, g.pids()[r - 1]);
+    EXPECT_EQ(*pid, g.worker(r).pid());
     auto sum = g.agent().rpc_sync<Tensor>(r, "add", full({1000}, 1.5),
                                           full({1000}, r));
     ASSERT_TRUE(sum.ok()) << sum.status();
     EXPECT_TRUE(sum->equal(full({1000}, 1.5 + r)));
   }
   ASSERT_TRUE(g.agent().Shutdown().ok());
-  for (size_t i = 0; i < g.pids().size(); ++i) {
-    int status = g.Reap(i, absl::Seconds(60));
-    ASSERT_TRUE(WIFEXITED(status)) << status;
-    EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (int r = 1; r <= g.workers(); ++r) {
+    absl::StatusOr<int> code = g.worker(r).Wait(absl::Now() + absl::Seconds(60));
+    EXPECT_EQ(code.value_or(-1), 0) << code.status();
   }
 }
 
@@ -117,10 +90,18 @@ TEST(MultiProcessRpc, KilledPeerFailsTheCallWithinTheTimeout) {
   ASSERT_TRUE(started.ok()) << started;
   Future<Value> blocked =
       g.agent().CallAsync("worker1", "block", {}, absl::Seconds(30));
-  // Make sure the call reached the peer before killing it.
-  ASSERT_TRUE(g.agent().rpc_sync<int64_t>("worker1", "pid").ok());
+  // Proof that the call reached the peer (is running there) before the kill:
+  // the peer counts "block" calls that have started. Bounded by a deadline.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  int64_t running = 0;
+  while (running == 0 && absl::Now() < deadline) {
+    auto n = g.agent().rpc_sync<int64_t>("worker1", "blocked");
+    ASSERT_TRUE(n.ok()) << n.status();
+    running = *n;
+  }
+  ASSERT_EQ(running, 1) << "the blocking call never started on worker1";
   absl::Time killed = absl::Now();
-  kill(g.pids()[0], SIGKILL);
+  ASSERT_TRUE(g.worker(1).Signal(SIGKILL).ok());
   Result<Value> r = blocked.Get(absl::Seconds(60));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("worker 'worker1'"), std::string::npos)

@@ -3,6 +3,7 @@
 // a graceful shutdown.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,6 +17,9 @@ int main() {
   const int rank = std::atoi(std::getenv("RANK"));
   auto registry = std::make_shared<ferry::rpc::FunctionRegistry>();
   auto release = std::make_shared<ferry::Notification>();
+  // How many "block" calls have started: the test's proof that its call
+  // reached this process before it kills it.
+  auto blocked = std::make_shared<std::atomic<int64_t>>(0);
   bool ok =
       registry
           ->Register("add",
@@ -27,9 +31,12 @@ int main() {
       registry
           ->Register(
               "block",
-              [release] {
+              [release, blocked] {
+                blocked->fetch_add(1);
                 release->WaitForNotificationWithTimeout(absl::Seconds(120));
               })
+          .ok() &&
+      registry->Register("blocked", [blocked] { return blocked->load(); })
           .ok();
   if (!ok) return 2;
   ferry::rpc::RpcAgentOptions options;

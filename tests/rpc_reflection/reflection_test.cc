@@ -8,19 +8,12 @@
 // ~/.cache/ferry-npm; prepare.sh fills that directory (tools/setup runs it).
 // When it is empty the test runs prepare.sh itself, and when node/npm are
 // missing or the install fails (no network) the test is skipped, saying why.
-#include <fcntl.h>
-#include <poll.h>
 #include <pwd.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -39,8 +32,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "proto/admin.pb.h"
-
-extern char** environ;
+#include "tests/util/subprocess.h"
 
 namespace {
 
@@ -71,104 +63,8 @@ std::string NpmDir() {
   return absl::StrCat(home, "/.cache/ferry-npm");
 }
 
-// A child process with its stdin and stdout+stderr on pipes.
-struct Child {
-  pid_t pid = -1;
-  int in = -1;   // Its stdin (we write).
-  int out = -1;  // Its stdout and stderr (we read).
-};
-
-std::optional<Child> Spawn(const std::vector<std::string>& args,
-                           const std::map<std::string, std::string>& env) {
-  int in_pipe[2], out_pipe[2];
-  if (pipe2(in_pipe, O_CLOEXEC) != 0) return std::nullopt;
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return std::nullopt;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 2);
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.data()));
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    absl::string_view kv(*e);
-    if (!env.contains(std::string(kv.substr(0, kv.find('='))))) {
-      env_strings.emplace_back(kv);
-    }
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> envp;
-  for (std::string& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  Child child;
-  int rc = posix_spawn(&child.pid, args[0].c_str(), &actions, nullptr,
-                       argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(in_pipe[0]);
-  close(out_pipe[1]);
-  if (rc != 0) {
-    close(in_pipe[1]);
-    close(out_pipe[0]);
-    return std::nullopt;
-  }
-  child.in = in_pipe[1];
-  child.out = out_pipe[0];
-  return child;
-}
-
-// Reads from `fd` until `done(text)` holds, EOF, or the deadline; returns
-// what was read.
-std::string ReadUntil(int fd, absl::Time deadline,
-                      const std::function<bool(const std::string&)>& done) {
-  std::string text;
-  char buf[4096];
-  while (!done(text)) {
-    int ms =
-        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (ms <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    int n = poll(&p, 1, ms);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    ssize_t r = read(fd, buf, sizeof(buf));
-    if (r <= 0) break;
-    text.append(buf, r);
-  }
-  return text;
-}
-
-// Waits for `pid` until the deadline, then SIGKILLs it. Returns the exit
-// code, or -1 when it was killed or died of a signal.
-int Reap(pid_t pid, absl::Time deadline) {
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (r < 0) return -1;
-    if (absl::Now() >= deadline) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
-  }
-}
-
-// Runs a command to completion (bounded); returns {exit code, output}.
-std::pair<int, std::string> RunCommand(
-    const std::vector<std::string>& args,
-    const std::map<std::string, std::string>& env, absl::Duration limit) {
-  std::optional<Child> c = Spawn(args, env);
-  if (!c) return {-1, absl::StrCat("cannot start ", args[0])};
-  close(c->in);
-  const absl::Time deadline = absl::Now() + limit;
-  std::string out =
-      ReadUntil(c->out, deadline, [](const std::string&) { return false; });
-  close(c->out);
-  return {Reap(c->pid, deadline), out};
-}
+using ferry::testutil::RunCommand;
+using ferry::testutil::Subprocess;
 
 // "RESULT <what> <json>" lines from the client.
 std::map<std::string, std::string> ParseResults(const std::string& output) {
@@ -227,10 +123,13 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
                     "access, or set FERRY_NPM_DIR to a prepared directory";
   }
 
-  std::optional<Child> worker = Spawn({g_worker, "--name=inspector"}, {});
-  ASSERT_TRUE(worker.has_value());
+  auto spawned = Subprocess::Spawn(
+      {g_worker, "--name=inspector"},
+      ferry::testutil::SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+  ASSERT_TRUE(spawned.ok()) << spawned.status();
+  Subprocess& worker = **spawned;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::string banner = ReadUntil(worker->out, deadline, [](const auto& t) {
+  std::string banner = worker.ReadUntil(deadline, [](const auto& t) {
     return t.find("ADDRESS ") != std::string::npos &&
            t.find('\n', t.find("ADDRESS ")) != std::string::npos;
   });
@@ -245,13 +144,12 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
                  {{"NODE_PATH", npm_dir + "/node_modules"}}, absl::Seconds(30));
 
   // Closing the worker's stdin asks it to shut down gracefully.
-  close(worker->in);
-  int worker_rc = Reap(worker->pid, absl::Now() + absl::Seconds(15));
-  std::string worker_log =
-      ReadUntil(worker->out, absl::Now() + absl::Seconds(1),
-                [](const std::string&) { return false; });
-  close(worker->out);
-  EXPECT_EQ(worker_rc, 0) << "worker log:\n" << banner << worker_log;
+  worker.CloseStdin();
+  const absl::Time stop_deadline = absl::Now() + absl::Seconds(15);
+  std::string worker_log = worker.ReadAll(stop_deadline);
+  absl::StatusOr<int> worker_rc = worker.Wait(stop_deadline);
+  EXPECT_EQ(worker_rc.value_or(-1), 0)
+      << worker_rc.status() << "; worker log:\n" << banner << worker_log;
 
   ASSERT_EQ(rc, 0) << "reflection client failed:\n" << output;
   std::map<std::string, std::string> results = ParseResults(output);

@@ -1,44 +1,19 @@
 // TCPStore across processes: a server handle in this process, workers in
 // child processes (tcp_store_worker), joined through wait_for_workers and
 // synchronised with the store-based barrier; both protocol generations.
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
-
-extern char** environ;
+#include "tests/util/subprocess.h"
 
 namespace ferry {
 namespace {
 
 std::string g_worker;  // path of tcp_store_worker (argv[1])
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<std::string> argv_s = {g_worker};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, g_worker.c_str(), nullptr, nullptr, argv.data(),
-                  environ) != 0) {
-    return -1;
-  }
-  return pid;
-}
-
-int Reap(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 void RunJob(int workers, bool legacy) {
   TcpStoreOptions o;
@@ -51,13 +26,14 @@ void RunJob(int workers, bool legacy) {
   auto store = TcpStore::Create(o);
   ASSERT_TRUE(store.ok()) << store.status();
   const int world = workers + 1;
-  std::vector<pid_t> pids;
+  std::vector<std::unique_ptr<testutil::Subprocess>> children;
   for (int r = 1; r <= workers; ++r) {
-    pids.push_back(
-        Spawn({absl::StrCat("--port=", (*store)->port()),
-               absl::StrCat("--rank=", r), absl::StrCat("--world_size=", world),
-               absl::StrCat("--legacy=", legacy ? "true" : "false")}));
-    ASSERT_GT(pids.back(), 0);
+    auto child = testutil::Subprocess::Spawn(
+        {g_worker, absl::StrCat("--port=", (*store)->port()),
+         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", world),
+         absl::StrCat("--legacy=", legacy ? "true" : "false")});
+    ASSERT_TRUE(child.ok()) << child.status();
+    children.push_back(*std::move(child));
   }
   Store& s = **store;
   ASSERT_TRUE(
@@ -71,7 +47,11 @@ void RunJob(int workers, bool legacy) {
     }
     ASSERT_TRUE(s.Wait({absl::StrCat("barrier/", r, "/last")}).ok());
   }
-  for (pid_t pid : pids) EXPECT_EQ(Reap(pid), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto& child : children) {
+    absl::StatusOr<int> code = child->Wait(deadline);
+    EXPECT_EQ(code.value_or(-1), 0) << code.status();
+  }
   EXPECT_EQ(s.Get("barrier/2").value_or("?"), absl::StrCat(world));
   EXPECT_EQ((*store)->server()->GetStats().dropped, 0);
 }

@@ -1,17 +1,12 @@
 // TCPStore interop with PyTorch 1.13 (Debian's python3-torch), both ways:
-//  * a PyTorch client joins and works against a Ferry server handle;
+//  * a PyTorch client joins and works against a Ferry TCPStore server;
 //  * a Ferry client (legacy_protocol) works against a PyTorch server.
 // Runs only when `/usr/bin/python3 -c "import torch"` works; otherwise every
 // test is skipped with the reason. The default test run never installs torch.
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -21,8 +16,7 @@
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
-
-extern char** environ;
+#include "tests/util/subprocess.h"
 
 namespace ferry {
 namespace {
@@ -43,58 +37,30 @@ bool TorchAvailable() {
                     "to run the PyTorch 1.13 interop tests";                  \
   }
 
-// A child python process with its stdout on a pipe.
+// The python half, with its stdout captured; bounded waits throughout.
 class Python {
  public:
   explicit Python(std::vector<std::string> args) {
-    int fds[2];
-    if (::pipe(fds) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
-    posix_spawn_file_actions_addclose(&actions, fds[0]);
-    std::vector<std::string> argv_s = {kPython, g_script};
-    for (auto& a : args) argv_s.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid_, kPython, &actions, nullptr, argv.data(), environ) !=
-        0) {
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(fds[1]);
-    out_ = ::fdopen(fds[0], "r");
+    std::vector<std::string> argv = {kPython, g_script};
+    for (std::string& a : args) argv.push_back(std::move(a));
+    auto child = testutil::Subprocess::Spawn(std::move(argv),
+                                             testutil::SpawnOptions().CaptureStdout());
+    if (child.ok()) child_ = *std::move(child);
   }
-  ~Python() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ != nullptr) ::fclose(out_);
-  }
+  bool started() const { return child_ != nullptr; }
   // Next stdout line ("" at EOF).
-  std::string ReadLine() {
-    char buf[4096];
-    if (out_ == nullptr || ::fgets(buf, sizeof(buf), out_) == nullptr)
-      return "";
-    return std::string(absl::StripTrailingAsciiWhitespace(buf));
-  }
-  // Waits for exit; returns the exit code and collects the remaining output.
+  std::string ReadLine() { return child_->ReadLine(Deadline()); }
+  // Waits for exit; returns the exit code (-1 on signal or timeout) and
+  // collects the remaining output.
   int Wait(std::string* rest) {
-    for (std::string l = ReadLine(); !l.empty(); l = ReadLine()) {
-      absl::StrAppend(rest, l, "\n");
-    }
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    absl::StrAppend(rest, child_->ReadAll(Deadline()));
+    return child_->Wait(Deadline()).value_or(-1);
   }
-  bool started() const { return pid_ > 0; }
 
  private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
+  static absl::Time Deadline() { return absl::Now() + absl::Seconds(90); }
+
+  std::unique_ptr<testutil::Subprocess> child_;
 };
 
 // The Ferry half of the exchange; the python side mirrors it.
