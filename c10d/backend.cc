@@ -157,5 +157,69 @@ absl::Status CopyStatus(const absl::Status& status) {
   return absl::Status(status.code(), std::string(status.message()));
 }
 
+absl::Status ArgChecks::One(OpType op, const Tensor& t,
+                            absl::string_view what) const {
+  RETURN_IF_ERROR(CheckTensor(op, t, what));
+  if (t.device().type != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpTypeName(op), ": the ", backend_, " backend takes ",
+        device_ == DeviceType::kCPU ? "CPU" : "CUDA", " tensors, ", what,
+        " is on ", t.device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArgChecks::Rooted(OpType op, const Tensor& t,
+                               absl::string_view what, int root) const {
+  RETURN_IF_ERROR(One(op, t, what));
+  return CheckRank(op, root, size_, "root");
+}
+
+absl::Status ArgChecks::WithList(OpType op, const Tensor& t,
+                                 absl::string_view what,
+                                 const std::vector<Tensor>& list,
+                                 absl::string_view list_what) const {
+  RETURN_IF_ERROR(One(op, t, what));
+  return CheckTensorList(op, list, size_, t, list_what);
+}
+
+absl::Status ArgChecks::RootedWithList(OpType op, const Tensor& t,
+                                       absl::string_view what, int root,
+                                       const std::vector<Tensor>& list,
+                                       absl::string_view list_what) const {
+  RETURN_IF_ERROR(Rooted(op, t, what, root));
+  if (rank_ == root) return CheckTensorList(op, list, size_, t, list_what);
+  return CheckTensorList(op, list, 0, t,
+                         absl::StrCat(list_what, " (non-root)"));
+}
+
+absl::Status ArgChecks::Alltoall(const std::vector<Tensor>& outputs,
+                                 const std::vector<Tensor>& inputs) const {
+  constexpr OpType kOp = OpType::kAlltoall;
+  if (inputs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpTypeName(kOp), ": inputs has 0 tensors, expected ", size_));
+  }
+  RETURN_IF_ERROR(WithList(kOp, inputs[0], "inputs[0]", inputs, "inputs"));
+  return CheckTensorList(kOp, outputs, size_, inputs[0], "outputs");
+}
+
+absl::Status ArgChecks::PointToPoint(OpType op, const Tensor& t, int peer,
+                                     int tag) const {
+  const absl::string_view role =
+      op == OpType::kSend ? "destination" : "source";
+  RETURN_IF_ERROR(One(op, t, "tensor"));
+  RETURN_IF_ERROR(CheckRank(op, peer, size_, absl::StrCat(role, " rank")));
+  if (peer == rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": ", role, " is this rank"));
+  }
+  if (tag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": tag ", tag, " is negative"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace c10d
 }  // namespace ferry

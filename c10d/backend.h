@@ -33,6 +33,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -125,6 +126,50 @@ absl::Status CheckTensorList(OpType op, const std::vector<Tensor>& list,
 // `reduce_op` applies to `dtype` (AVG: floating; BAND/BOR/BXOR: integral or
 // bool).
 absl::Status CheckReduceOp(OpType op, ReduceOp reduce_op, DType dtype);
+
+// The local argument checks every backend runs for each operation, in one
+// place: layout (CheckTensor / CheckTensorList), device, root and peer
+// ranks. A backend adds only what is its own (dtype, ReduceOp support).
+// Errors are InvalidArgument naming the operation, the argument and, for a
+// wrong device, the backend.
+class ArgChecks {
+ public:
+  // `backend` names the backend in errors ("gloo"); its tensors must be on
+  // devices of type `device`.
+  ArgChecks(std::string backend, DeviceType device, int rank, int size)
+      : backend_(std::move(backend)),
+        device_(device),
+        rank_(rank),
+        size_(size) {}
+
+  // One tensor: CheckTensor, then the device.
+  absl::Status One(OpType op, const Tensor& t, absl::string_view what) const;
+  // One tensor and a root rank (Broadcast, Reduce).
+  absl::Status Rooted(OpType op, const Tensor& t, absl::string_view what,
+                      int root) const;
+  // One tensor and `size` like it in `list` (Allgather, ReduceScatter).
+  absl::Status WithList(OpType op, const Tensor& t, absl::string_view what,
+                        const std::vector<Tensor>& list,
+                        absl::string_view list_what) const;
+  // One tensor, a root, and `size` like it in `list` on the root, none
+  // elsewhere (Gather, Scatter).
+  absl::Status RootedWithList(OpType op, const Tensor& t,
+                              absl::string_view what, int root,
+                              const std::vector<Tensor>& list,
+                              absl::string_view list_what) const;
+  // `size` inputs and `size` outputs, all like inputs[0].
+  absl::Status Alltoall(const std::vector<Tensor>& outputs,
+                        const std::vector<Tensor>& inputs) const;
+  // Send/Recv: the tensor, a peer that is another rank, a tag >= 0.
+  absl::Status PointToPoint(OpType op, const Tensor& t, int peer,
+                            int tag) const;
+
+ private:
+  std::string backend_;
+  DeviceType device_;
+  int rank_;
+  int size_;
+};
 
 // A copy of `status` that shares no storage with it (code and message; no
 // payloads). Use it for a Status handed to another thread: Debian's Abseil

@@ -118,6 +118,45 @@ TEST(BackendTest, ArgumentChecks) {
       CheckReduceOp(OpType::kAllreduce, ReduceOp::kBxor, DType::kBool).ok());
 }
 
+// The per-operation checks every backend shares: rank 1 of 2, CUDA-only
+// (so a CPU tensor shows the device check without needing a GPU).
+TEST(BackendTest, SharedArgChecksPerOperation) {
+  const ArgChecks cuda("nccl", DeviceType::kCUDA, /*rank=*/1, /*size=*/2);
+  absl::Status device = cuda.One(OpType::kAllreduce, zeros({2}), "tensor");
+  EXPECT_EQ(device.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(device.message()),
+              HasSubstr("the nccl backend takes CUDA tensors, tensor is on"));
+
+  const ArgChecks cpu("gloo", DeviceType::kCPU, /*rank=*/1, /*size=*/2);
+  EXPECT_TRUE(cpu.One(OpType::kAllreduce, zeros({2}), "tensor").ok());
+  EXPECT_THAT(std::string(cpu.Rooted(OpType::kBroadcast, zeros({2}), "tensor",
+                                     2)
+                              .message()),
+              HasSubstr("root 2 is not in [0, 2)"));
+  const std::vector<Tensor> two = {zeros({2}), zeros({2})};
+  EXPECT_TRUE(
+      cpu.WithList(OpType::kAllgather, zeros({2}), "input", two, "outputs")
+          .ok());
+  // Gather: the root passes `size` outputs, everyone else none.
+  EXPECT_TRUE(cpu.RootedWithList(OpType::kGather, zeros({2}), "input", 1, two,
+                                 "outputs")
+                  .ok());
+  EXPECT_THAT(std::string(cpu.RootedWithList(OpType::kGather, zeros({2}),
+                                             "input", 0, two, "outputs")
+                              .message()),
+              HasSubstr("outputs (non-root)"));
+  EXPECT_THAT(std::string(cpu.Alltoall(two, {}).message()),
+              HasSubstr("inputs has 0 tensors, expected 2"));
+  EXPECT_TRUE(cpu.Alltoall(two, two).ok());
+  EXPECT_THAT(
+      std::string(cpu.PointToPoint(OpType::kSend, zeros({2}), 1, 0).message()),
+      HasSubstr("destination is this rank"));
+  EXPECT_THAT(
+      std::string(cpu.PointToPoint(OpType::kRecv, zeros({2}), 0, -1).message()),
+      HasSubstr("tag -1 is negative"));
+  EXPECT_TRUE(cpu.PointToPoint(OpType::kRecv, zeros({2}), 0, 3).ok());
+}
+
 TEST(ReduceTest, KernelsPerDtypeAndOp) {
   Tensor a = from_vector<int32_t>({1, 6, -3});
   Tensor b = from_vector<int32_t>({4, 2, 5});

@@ -429,28 +429,15 @@ absl::Status GlooBackend::RunOp(Op& op) {
 
 // --- Collectives -----------------------------------------------------------
 
-namespace {
-
-absl::Status CheckCpu(OpType op, const Tensor& t) {
-  if (t.defined() && !t.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        OpTypeName(op), ": the gloo backend takes CPU tensors, got one on ",
-        t.device().ToString()));
-  }
-  return absl::OkStatus();
+ArgChecks GlooBackend::Checks() const {
+  return ArgChecks("gloo", DeviceType::kCPU, rank(), size());
 }
 
-absl::Status CheckOne(OpType op, const Tensor& t, absl::string_view what) {
-  RETURN_IF_ERROR(CheckTensor(op, t, what));
-  return CheckCpu(op, t);
-}
-
-}  // namespace
 
 std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
                                              const AllreduceOptions& options) {
   constexpr OpType kOp = OpType::kAllreduce;
-  absl::Status local = CheckOne(kOp, tensor, "tensor");
+  absl::Status local = Checks().One(kOp, tensor, "tensor");
   Header h;
   absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
   if (local.ok()) {
@@ -505,8 +492,7 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
 std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
                                              const BroadcastOptions& options) {
   constexpr OpType kOp = OpType::kBroadcast;
-  absl::Status local = CheckOne(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().Rooted(kOp, tensor, "tensor", options.root);
   Header h;
   h.root = options.root;
   if (tensor.defined()) {
@@ -546,8 +532,7 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
 std::shared_ptr<Work> GlooBackend::Reduce(Tensor tensor,
                                           const ReduceOptions& options) {
   constexpr OpType kOp = OpType::kReduce;
-  absl::Status local = CheckOne(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().Rooted(kOp, tensor, "tensor", options.root);
   Header h;
   h.root = options.root;
   h.reduce_op = static_cast<int64_t>(options.op);
@@ -591,9 +576,8 @@ std::shared_ptr<Work> GlooBackend::Allgather(std::vector<Tensor> outputs,
                                              Tensor input,
                                              const AllgatherOptions& options) {
   constexpr OpType kOp = OpType::kAllgather;
-  absl::Status local = CheckOne(kOp, input, "input");
-  if (local.ok())
-    local = CheckTensorList(kOp, outputs, size(), input, "outputs");
+  absl::Status local =
+      Checks().WithList(kOp, input, "input", outputs, "outputs");
   Header h;
   if (input.defined()) {
     h.dtype = static_cast<int64_t>(input.dtype());
@@ -626,13 +610,10 @@ std::shared_ptr<Work> GlooBackend::Gather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const GatherOptions& options) {
   constexpr OpType kOp = OpType::kGather;
-  absl::Status local = CheckOne(kOp, input, "input");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().RootedWithList(kOp, input, "input",
+                                                options.root, outputs,
+                                                "outputs");
   bool is_root = rank() == options.root;
-  if (local.ok()) {
-    local = CheckTensorList(kOp, outputs, is_root ? size() : 0, input,
-                            is_root ? "outputs" : "outputs (non-root)");
-  }
   Header h;
   h.root = options.root;
   if (input.defined()) {
@@ -673,13 +654,9 @@ std::shared_ptr<Work> GlooBackend::Scatter(Tensor output,
                                            std::vector<Tensor> inputs,
                                            const ScatterOptions& options) {
   constexpr OpType kOp = OpType::kScatter;
-  absl::Status local = CheckOne(kOp, output, "output");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().RootedWithList(kOp, output, "output",
+                                                options.root, inputs, "inputs");
   bool is_root = rank() == options.root;
-  if (local.ok()) {
-    local = CheckTensorList(kOp, inputs, is_root ? size() : 0, output,
-                            is_root ? "inputs" : "inputs (non-root)");
-  }
   Header h;
   h.root = options.root;
   if (output.defined()) {
@@ -714,9 +691,8 @@ std::shared_ptr<Work> GlooBackend::ReduceScatter(
     Tensor output, std::vector<Tensor> inputs,
     const ReduceScatterOptions& options) {
   constexpr OpType kOp = OpType::kReduceScatter;
-  absl::Status local = CheckOne(kOp, output, "output");
-  if (local.ok())
-    local = CheckTensorList(kOp, inputs, size(), output, "inputs");
+  absl::Status local =
+      Checks().WithList(kOp, output, "output", inputs, "inputs");
   Header h;
   h.reduce_op = static_cast<int64_t>(options.op);
   absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
@@ -760,15 +736,7 @@ std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
                                             std::vector<Tensor> inputs,
                                             const AlltoallOptions& options) {
   constexpr OpType kOp = OpType::kAlltoall;
-  absl::Status local =
-      inputs.empty() ? absl::InvalidArgumentError(absl::StrCat(
-                           "Alltoall: inputs has 0 tensors, expected ", size()))
-                     : CheckOne(kOp, inputs[0], "inputs[0]");
-  if (local.ok())
-    local = CheckTensorList(kOp, inputs, size(), inputs[0], "inputs");
-  if (local.ok()) {
-    local = CheckTensorList(kOp, outputs, size(), inputs[0], "outputs");
-  }
+  absl::Status local = Checks().Alltoall(outputs, inputs);
   Header h;
   if (!inputs.empty() && inputs[0].defined()) {
     h.dtype = static_cast<int64_t>(inputs[0].dtype());
@@ -853,20 +821,7 @@ std::shared_ptr<Work> GlooBackend::StartP2P(
     bool is_send, Tensor tensor, int peer, int tag,
     std::optional<absl::Duration> timeout) {
   const OpType kOp = is_send ? OpType::kSend : OpType::kRecv;
-  const char* name = is_send ? "Send" : "Recv";
-  const char* peer_role = is_send ? "destination" : "source";
-  absl::Status local = CheckOne(kOp, tensor, "tensor");
-  if (local.ok()) {
-    local = CheckRank(kOp, peer, size(), absl::StrCat(peer_role, " rank"));
-  }
-  if (local.ok() && peer == rank()) {
-    local = absl::InvalidArgumentError(
-        absl::StrCat(name, ": ", peer_role, " is this rank"));
-  }
-  if (local.ok() && tag < 0) {
-    local = absl::InvalidArgumentError(
-        absl::StrCat(name, ": tag ", tag, " is negative"));
-  }
+  absl::Status local = Checks().PointToPoint(kOp, tensor, peer, tag);
   if (!local.ok()) return Fail(kOp, local);
   auto p = std::make_shared<P2P>();
   p->is_send = is_send;

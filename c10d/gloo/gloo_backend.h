@@ -195,6 +195,8 @@ class GlooBackend : public Backend {
   // Exchanges every rank's header block into *blocks and checks them.
   absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
                                std::vector<char>* blocks);
+  // The shared argument checks, for this backend's rank and size.
+  ArgChecks Checks() const;
   // Calls fn, turning Gloo exceptions into a Status for `op`.
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);

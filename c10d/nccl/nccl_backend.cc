@@ -117,15 +117,6 @@ void CUDART_CB HostDone(void* arg) {
 
 int DeviceOf(const Tensor& t) { return t.defined() ? t.device().index : -1; }
 
-absl::Status CheckCuda(OpType op, const Tensor& t, absl::string_view what) {
-  RETURN_IF_ERROR(CheckTensor(op, t, what));
-  if (!t.device().is_cuda()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(OpTypeName(op), ": the nccl backend takes CUDA tensors, ",
-                     what, " is on ", t.device().ToString()));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -529,10 +520,14 @@ std::shared_ptr<Work> NcclBackend::Submit(
 #define NCCL_CALL(expr) RETURN_IF_ERROR(NcclStatus((expr), #expr))
 #define CUDA_CALL(expr) RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
+ArgChecks NcclBackend::Checks() const {
+  return ArgChecks("nccl", DeviceType::kCUDA, rank(), size());
+}
+
 std::shared_ptr<Work> NcclBackend::Allreduce(Tensor tensor,
                                              const AllreduceOptions& options) {
   constexpr OpType kOp = OpType::kAllreduce;
-  absl::Status local = CheckCuda(kOp, tensor, "tensor");
+  absl::Status local = Checks().One(kOp, tensor, "tensor");
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   absl::StatusOr<ncclRedOp_t> rop = ncclSum;
   if (local.ok()) dt = NcclType(tensor.dtype());
@@ -554,8 +549,7 @@ std::shared_ptr<Work> NcclBackend::Allreduce(Tensor tensor,
 std::shared_ptr<Work> NcclBackend::Broadcast(Tensor tensor,
                                              const BroadcastOptions& options) {
   constexpr OpType kOp = OpType::kBroadcast;
-  absl::Status local = CheckCuda(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().Rooted(kOp, tensor, "tensor", options.root);
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(tensor.dtype());
   int root = options.root;
@@ -575,8 +569,7 @@ std::shared_ptr<Work> NcclBackend::Broadcast(Tensor tensor,
 std::shared_ptr<Work> NcclBackend::Reduce(Tensor tensor,
                                           const ReduceOptions& options) {
   constexpr OpType kOp = OpType::kReduce;
-  absl::Status local = CheckCuda(kOp, tensor, "tensor");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().Rooted(kOp, tensor, "tensor", options.root);
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   absl::StatusOr<ncclRedOp_t> rop = ncclSum;
   if (local.ok()) dt = NcclType(tensor.dtype());
@@ -601,9 +594,8 @@ std::shared_ptr<Work> NcclBackend::Allgather(std::vector<Tensor> outputs,
                                              Tensor input,
                                              const AllgatherOptions& options) {
   constexpr OpType kOp = OpType::kAllgather;
-  absl::Status local = CheckCuda(kOp, input, "input");
-  if (local.ok())
-    local = CheckTensorList(kOp, outputs, size(), input, "outputs");
+  absl::Status local =
+      Checks().WithList(kOp, input, "input", outputs, "outputs");
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   Tensor flat;
   if (local.ok()) dt = NcclType(input.dtype());
@@ -645,13 +637,10 @@ std::shared_ptr<Work> NcclBackend::Gather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const GatherOptions& options) {
   constexpr OpType kOp = OpType::kGather;
-  absl::Status local = CheckCuda(kOp, input, "input");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().RootedWithList(kOp, input, "input",
+                                                options.root, outputs,
+                                                "outputs");
   bool is_root = rank() == options.root;
-  if (local.ok()) {
-    local = CheckTensorList(kOp, outputs, is_root ? size() : 0, input,
-                            is_root ? "outputs" : "outputs (non-root)");
-  }
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(input.dtype());
   std::vector<Tensor> keep = outputs;
@@ -690,13 +679,9 @@ std::shared_ptr<Work> NcclBackend::Scatter(Tensor output,
                                            std::vector<Tensor> inputs,
                                            const ScatterOptions& options) {
   constexpr OpType kOp = OpType::kScatter;
-  absl::Status local = CheckCuda(kOp, output, "output");
-  if (local.ok()) local = CheckRank(kOp, options.root, size(), "root");
+  absl::Status local = Checks().RootedWithList(kOp, output, "output",
+                                                options.root, inputs, "inputs");
   bool is_root = rank() == options.root;
-  if (local.ok()) {
-    local = CheckTensorList(kOp, inputs, is_root ? size() : 0, output,
-                            is_root ? "inputs" : "inputs (non-root)");
-  }
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(output.dtype());
   std::vector<Tensor> keep = inputs;
@@ -735,9 +720,8 @@ std::shared_ptr<Work> NcclBackend::ReduceScatter(
     Tensor output, std::vector<Tensor> inputs,
     const ReduceScatterOptions& options) {
   constexpr OpType kOp = OpType::kReduceScatter;
-  absl::Status local = CheckCuda(kOp, output, "output");
-  if (local.ok())
-    local = CheckTensorList(kOp, inputs, size(), output, "inputs");
+  absl::Status local =
+      Checks().WithList(kOp, output, "output", inputs, "inputs");
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   absl::StatusOr<ncclRedOp_t> rop = ncclSum;
   if (local.ok()) dt = NcclType(output.dtype());
@@ -781,14 +765,7 @@ std::shared_ptr<Work> NcclBackend::Alltoall(std::vector<Tensor> outputs,
                                             std::vector<Tensor> inputs,
                                             const AlltoallOptions& options) {
   constexpr OpType kOp = OpType::kAlltoall;
-  absl::Status local =
-      inputs.empty() ? absl::InvalidArgumentError(absl::StrCat(
-                           "Alltoall: inputs has 0 tensors, expected ", size()))
-                     : CheckCuda(kOp, inputs[0], "inputs[0]");
-  if (local.ok())
-    local = CheckTensorList(kOp, inputs, size(), inputs[0], "inputs");
-  if (local.ok())
-    local = CheckTensorList(kOp, outputs, size(), inputs[0], "outputs");
+  absl::Status local = Checks().Alltoall(outputs, inputs);
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(inputs[0].dtype());
   std::vector<Tensor> keep = inputs;

@@ -94,6 +94,8 @@ class NcclBackend : public Backend {
   NcclBackend(std::shared_ptr<Store> store, int rank, int size,
               absl::Duration timeout);
 
+  // The shared argument checks, for this backend's rank and size.
+  ArgChecks Checks() const;
   // `enqueue` issues the NCCL calls on the stream; it runs on the worker.
   // `device` is the CUDA device of the tensors (-1: any, e.g. Barrier).
   std::shared_ptr<Work> Submit(

@@ -131,12 +131,13 @@ absl::Status StoreBackend::Finish(const std::string& prefix,
   return absl::OkStatus();
 }
 
+c10d::ArgChecks StoreBackend::Checks() const {
+  return c10d::ArgChecks("store", DeviceType::kCPU, rank(), size());
+}
+
 std::shared_ptr<c10d::Work> StoreBackend::Allreduce(
     Tensor tensor, const c10d::AllreduceOptions& options) {
-  absl::Status local = c10d::CheckTensor(OpType::kAllreduce, tensor, "tensor");
-  if (local.ok() && !tensor.device().is_cpu()) {
-    local = absl::InvalidArgumentError("the store backend takes CPU tensors");
-  }
+  absl::Status local = Checks().One(OpType::kAllreduce, tensor, "tensor");
   if (local.ok()) {
     local = c10d::CheckReduceOp(OpType::kAllreduce, options.op, tensor.dtype());
   }
@@ -196,12 +197,8 @@ std::shared_ptr<c10d::Work> StoreBackend::Allreduce(
 
 std::shared_ptr<c10d::Work> StoreBackend::Broadcast(
     Tensor tensor, const c10d::BroadcastOptions& options) {
-  absl::Status local = c10d::CheckTensor(OpType::kBroadcast, tensor, "tensor");
-  if (local.ok() && !tensor.device().is_cpu()) {
-    local = absl::InvalidArgumentError("the store backend takes CPU tensors");
-  }
-  if (local.ok())
-    local = c10d::CheckRank(OpType::kBroadcast, options.root, size(), "root");
+  absl::Status local =
+      Checks().Rooted(OpType::kBroadcast, tensor, "tensor", options.root);
   Header h;
   h.op = static_cast<int32_t>(OpType::kBroadcast);
   h.root = options.root;

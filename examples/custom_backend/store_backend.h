@@ -53,6 +53,8 @@ class StoreBackend : public c10d::Backend {
       const c10d::BarrierOptions& options = {}) override;
 
  private:
+  // The shared argument checks, for this backend's rank and size.
+  c10d::ArgChecks Checks() const;
   // Runs `fn` on the worker thread, in issue order, completing the Work.
   std::shared_ptr<c10d::Work> Submit(
       c10d::OpType op, absl::AnyInvocable<absl::Status(int64_t)> fn);
