@@ -48,7 +48,9 @@ def skip_reason(case):
         text = el.get("message") or (el.text or "")
     # GoogleTest prefixes the message with "file:line\n".
     lines = [l for l in text.strip().splitlines() if l.strip()]
-    if len(lines) > 1 and re.match(r"^\S+:\d+$", lines[0]):
+    if lines and re.match(r"^\S+:\d+$", lines[0]):
+        if len(lines) == 1:
+            return "no reason given, at %s" % lines[0]
         lines = lines[1:]
     return " ".join(lines)
 
