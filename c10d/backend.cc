@@ -161,10 +161,10 @@ absl::Status ArgChecks::One(OpType op, const Tensor& t,
                             absl::string_view what) const {
   RETURN_IF_ERROR(CheckTensor(op, t, what));
   if (t.device().type != device_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        OpTypeName(op), ": the ", backend_, " backend takes ",
-        device_ == DeviceType::kCPU ? "CPU" : "CUDA", " tensors, ", what,
-        " is on ", t.device().ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": the ", backend_, " backend takes ",
+                     device_ == DeviceType::kCPU ? "CPU" : "CUDA", " tensors, ",
+                     what, " is on ", t.device().ToString()));
   }
   return absl::OkStatus();
 }
@@ -206,8 +206,7 @@ absl::Status ArgChecks::Alltoall(const std::vector<Tensor>& outputs,
 
 absl::Status ArgChecks::PointToPoint(OpType op, const Tensor& t, int peer,
                                      int tag) const {
-  const absl::string_view role =
-      op == OpType::kSend ? "destination" : "source";
+  const absl::string_view role = op == OpType::kSend ? "destination" : "source";
   RETURN_IF_ERROR(One(op, t, "tensor"));
   RETURN_IF_ERROR(CheckRank(op, peer, size_, absl::StrCat(role, " rank")));
   if (peer == rank_) {

@@ -129,10 +129,10 @@ TEST(BackendTest, SharedArgChecksPerOperation) {
 
   const ArgChecks cpu("gloo", DeviceType::kCPU, /*rank=*/1, /*size=*/2);
   EXPECT_TRUE(cpu.One(OpType::kAllreduce, zeros({2}), "tensor").ok());
-  EXPECT_THAT(std::string(cpu.Rooted(OpType::kBroadcast, zeros({2}), "tensor",
-                                     2)
-                              .message()),
-              HasSubstr("root 2 is not in [0, 2)"));
+  EXPECT_THAT(
+      std::string(
+          cpu.Rooted(OpType::kBroadcast, zeros({2}), "tensor", 2).message()),
+      HasSubstr("root 2 is not in [0, 2)"));
   const std::vector<Tensor> two = {zeros({2}), zeros({2})};
   EXPECT_TRUE(
       cpu.WithList(OpType::kAllgather, zeros({2}), "input", two, "outputs")

@@ -44,9 +44,7 @@ class TcpFixture : public StoreFixture {
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> s, TcpStore::Create(o));
     return std::unique_ptr<Store>(std::move(s));
   }
-  int64_t BlockedCalls(Store&) override {
-    return server_->GetStats().waiting;
-  }
+  int64_t BlockedCalls(Store&) override { return server_->GetStats().waiting; }
 
  private:
   bool legacy_;

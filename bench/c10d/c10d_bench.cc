@@ -114,10 +114,10 @@ int Main(int argc, char** argv) {
     double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
     const bool direct = check_args && op != "allgather" &&
                         static_cast<size_t>(bytes) <= inline_bytes;
-    double factor = direct                ? double(n - 1)
-                    : op == "allreduce"   ? 2.0 * (n - 1) / n
-                    : op == "allgather"   ? double(n - 1) / n
-                                          : 1.0;
+    double factor = direct              ? double(n - 1)
+                    : op == "allreduce" ? 2.0 * (n - 1) / n
+                    : op == "allgather" ? double(n - 1) / n
+                                        : 1.0;
     if (rank == 0) {
       std::printf(
           "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\","

@@ -433,7 +433,6 @@ ArgChecks GlooBackend::Checks() const {
   return ArgChecks("gloo", DeviceType::kCPU, rank(), size());
 }
 
-
 std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
                                              const AllreduceOptions& options) {
   constexpr OpType kOp = OpType::kAllreduce;
@@ -610,9 +609,8 @@ std::shared_ptr<Work> GlooBackend::Gather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const GatherOptions& options) {
   constexpr OpType kOp = OpType::kGather;
-  absl::Status local = Checks().RootedWithList(kOp, input, "input",
-                                                options.root, outputs,
-                                                "outputs");
+  absl::Status local = Checks().RootedWithList(
+      kOp, input, "input", options.root, outputs, "outputs");
   bool is_root = rank() == options.root;
   Header h;
   h.root = options.root;
@@ -655,7 +653,7 @@ std::shared_ptr<Work> GlooBackend::Scatter(Tensor output,
                                            const ScatterOptions& options) {
   constexpr OpType kOp = OpType::kScatter;
   absl::Status local = Checks().RootedWithList(kOp, output, "output",
-                                                options.root, inputs, "inputs");
+                                               options.root, inputs, "inputs");
   bool is_root = rank() == options.root;
   Header h;
   h.root = options.root;

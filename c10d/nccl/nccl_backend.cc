@@ -117,7 +117,6 @@ void CUDART_CB HostDone(void* arg) {
 
 int DeviceOf(const Tensor& t) { return t.defined() ? t.device().index : -1; }
 
-
 }  // namespace
 
 struct NcclBackend::Op {
@@ -637,9 +636,8 @@ std::shared_ptr<Work> NcclBackend::Gather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const GatherOptions& options) {
   constexpr OpType kOp = OpType::kGather;
-  absl::Status local = Checks().RootedWithList(kOp, input, "input",
-                                                options.root, outputs,
-                                                "outputs");
+  absl::Status local = Checks().RootedWithList(
+      kOp, input, "input", options.root, outputs, "outputs");
   bool is_root = rank() == options.root;
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(input.dtype());
@@ -680,7 +678,7 @@ std::shared_ptr<Work> NcclBackend::Scatter(Tensor output,
                                            const ScatterOptions& options) {
   constexpr OpType kOp = OpType::kScatter;
   absl::Status local = Checks().RootedWithList(kOp, output, "output",
-                                                options.root, inputs, "inputs");
+                                               options.root, inputs, "inputs");
   bool is_root = rank() == options.root;
   absl::StatusOr<ncclDataType_t> dt = ncclFloat32;
   if (local.ok()) dt = NcclType(output.dtype());

@@ -162,7 +162,10 @@ std::string Where(int n, int r, DType dtype) {
 }  // namespace
 
 TEST_P(BackendConformanceTest, AllreduceEveryDtypeAndOp) {
-  if (!Supports(OpType::kAllreduce)) GTEST_SKIP();
+  if (!Supports(OpType::kAllreduce)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kAllreduce);
+  }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
@@ -198,7 +201,10 @@ TEST_P(BackendConformanceTest, AllreduceEveryDtypeAndOp) {
 }
 
 TEST_P(BackendConformanceTest, LargeAllreduceSpansManySegments) {
-  if (!Supports(OpType::kAllreduce)) GTEST_SKIP();
+  if (!Supports(OpType::kAllreduce)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kAllreduce);
+  }
   const BackendUnderTest& p = GetParam();
   int n = std::min(3, p.max_ranks());
   constexpr int64_t kBig = (1 << 20) + 3;  // 4 MiB of float32, plus change.
@@ -216,7 +222,10 @@ TEST_P(BackendConformanceTest, LargeAllreduceSpansManySegments) {
 }
 
 TEST_P(BackendConformanceTest, BroadcastFromEveryRoot) {
-  if (!Supports(OpType::kBroadcast)) GTEST_SKIP();
+  if (!Supports(OpType::kBroadcast)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kBroadcast);
+  }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
@@ -243,7 +252,9 @@ TEST_P(BackendConformanceTest, BroadcastFromEveryRoot) {
 }
 
 TEST_P(BackendConformanceTest, ReduceToRootLeavesOthersUnchanged) {
-  if (!Supports(OpType::kReduce)) GTEST_SKIP();
+  if (!Supports(OpType::kReduce)) {
+    GTEST_SKIP() << "the backend does not implement Reduce";
+  }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
@@ -403,7 +414,10 @@ TEST_P(BackendConformanceTest, ReduceScatterAndAlltoall) {
 }
 
 TEST_P(BackendConformanceTest, BarrierWaitsForEveryRank) {
-  if (!Supports(OpType::kBarrier)) GTEST_SKIP();
+  if (!Supports(OpType::kBarrier)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kBarrier);
+  }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     std::atomic<int> arrived{0};
@@ -420,7 +434,9 @@ TEST_P(BackendConformanceTest, BarrierWaitsForEveryRank) {
 }
 
 TEST_P(BackendConformanceTest, SendRecvRingAndTags) {
-  if (!Supports(OpType::kSend) || !Supports(OpType::kRecv)) GTEST_SKIP();
+  if (!Supports(OpType::kSend) || !Supports(OpType::kRecv)) {
+    GTEST_SKIP() << "the backend does not implement Send/Recv";
+  }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
     if (n < 2) continue;
@@ -462,7 +478,10 @@ TEST_P(BackendConformanceTest, SendRecvRingAndTags) {
 
 TEST_P(BackendConformanceTest, MismatchedShapesFailOnEveryRankThenRecover) {
   const BackendUnderTest& p = GetParam();
-  if (!p.detects_mismatch || !Supports(OpType::kAllreduce)) GTEST_SKIP();
+  if (!p.detects_mismatch || !Supports(OpType::kAllreduce)) {
+    GTEST_SKIP() << "the backend (as configured) does not detect mismatched "
+                    "calls, or has no Allreduce";
+  }
   int n = std::min(3, p.max_ranks());
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
@@ -486,7 +505,10 @@ TEST_P(BackendConformanceTest, MismatchedShapesFailOnEveryRankThenRecover) {
 
 TEST_P(BackendConformanceTest, WrongRootFailsOnEveryRank) {
   const BackendUnderTest& p = GetParam();
-  if (!Supports(OpType::kBroadcast)) GTEST_SKIP();
+  if (!Supports(OpType::kBroadcast)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kBroadcast);
+  }
   int n = std::min(3, p.max_ranks());
   RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
     Tensor t = p.to_device(ones({4}), r);
@@ -523,7 +545,10 @@ TEST_P(BackendConformanceTest, WrongRootFailsOnEveryRank) {
 
 TEST_P(BackendConformanceTest, RankThatNeverCallsGivesDeadlineExceeded) {
   const BackendUnderTest& p = GetParam();
-  if (!Supports(OpType::kAllreduce)) GTEST_SKIP();
+  if (!Supports(OpType::kAllreduce)) {
+    GTEST_SKIP() << "the backend does not implement "
+                 << OpTypeName(OpType::kAllreduce);
+  }
   int n = std::min(3, p.max_ranks());
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   constexpr absl::Duration kShort = absl::Milliseconds(400);

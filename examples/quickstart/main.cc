@@ -17,7 +17,8 @@ int main() {
   }
   // Rank 0 of a group of 1, meeting through a file; a real job passes
   // "env://" (ferry_run sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-  const std::string init = absl::StrCat("file:///tmp/ferry_quickstart_", getpid());
+  const std::string init =
+      absl::StrCat("file:///tmp/ferry_quickstart_", getpid());
   auto agent = ferry::rpc::InitRpc("worker0", init, /*rank=*/0,
                                    /*world_size=*/1, {}, registry);
   if (!agent.ok()) {

@@ -25,31 +25,32 @@ std::pair<int, std::string> RunLauncher(std::vector<std::string> args) {
 }
 
 TEST(FerryRun, GivesEachRankItsEnvironmentAndPrefixesOutput) {
-  auto [code, out] = RunLauncher(
-      {"--nproc", "3", "--", "/bin/sh", "-c",
-       "echo \"r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK m=$MASTER_ADDR "
-       "p=${MASTER_PORT:+set}\""});
+  auto [code, out] =
+      RunLauncher({"--nproc", "3", "--", "/bin/sh", "-c",
+                   "echo \"r=$RANK w=$WORLD_SIZE l=$LOCAL_RANK m=$MASTER_ADDR "
+                   "p=${MASTER_PORT:+set}\""});
   EXPECT_EQ(code, 0) << out;
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(absl::StrContains(
-        out, absl::StrCat("[", r, "]: r=", r, " w=3 l=", r,
-                          " m=127.0.0.1 p=set")))
+        out,
+        absl::StrCat("[", r, "]: r=", r, " w=3 l=", r, " m=127.0.0.1 p=set")))
         << out;
   }
 }
 
 TEST(FerryRun, OneFailingRankStopsTheJobWithItsExitCode) {
   absl::Time start = absl::Now();
-  auto [code, out] = RunLauncher(
-      {"--nproc", "3", "--grace_s", "2", "--", "/bin/sh", "-c",
-       "if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 60"});
+  auto [code, out] =
+      RunLauncher({"--nproc", "3", "--grace_s", "2", "--", "/bin/sh", "-c",
+                   "if [ \"$RANK\" = 1 ]; then exit 7; fi; exec sleep 60"});
   EXPECT_EQ(code, 7) << out;
   EXPECT_TRUE(absl::StrContains(out, "rank 1 failed with exit code 7")) << out;
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
 TEST(FerryRun, MissingProgramIsAnError) {
-  auto [code, out] = RunLauncher({"--nproc", "1", "--", "/nonexistent/program"});
+  auto [code, out] =
+      RunLauncher({"--nproc", "1", "--", "/nonexistent/program"});
   EXPECT_NE(code, 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "cannot exec /nonexistent/program"))
       << out;
@@ -68,9 +69,9 @@ TEST(FerryRun, RunsTheMainJob) {
         out, absl::StrCat("shard ", r, " of x @ W from worker", r)))
         << out;
     EXPECT_TRUE(absl::StrContains(
-        out, absl::StrCat("[", r, "]: worker", r, " -> worker", (r + 1) % 3,
-                          ": worker", (r + 1) % 3, " got worker", r,
-                          "'s tensor")))
+        out,
+        absl::StrCat("[", r, "]: worker", r, " -> worker", (r + 1) % 3,
+                     ": worker", (r + 1) % 3, " got worker", r, "'s tensor")))
         << out;
     EXPECT_TRUE(
         absl::StrContains(out, absl::StrCat("[", r, "]: worker", r, ": done")))

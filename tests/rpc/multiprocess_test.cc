@@ -79,7 +79,8 @@ TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
   }
   ASSERT_TRUE(g.agent().Shutdown().ok());
   for (int r = 1; r <= g.workers(); ++r) {
-    absl::StatusOr<int> code = g.worker(r).Wait(absl::Now() + absl::Seconds(60));
+    absl::StatusOr<int> code =
+        g.worker(r).Wait(absl::Now() + absl::Seconds(60));
     EXPECT_EQ(code.value_or(-1), 0) << code.status();
   }
 }

@@ -36,8 +36,7 @@ int main() {
                 release->WaitForNotificationWithTimeout(absl::Seconds(120));
               })
           .ok() &&
-      registry->Register("blocked", [blocked] { return blocked->load(); })
-          .ok();
+      registry->Register("blocked", [blocked] { return blocked->load(); }).ok();
   if (!ok) return 2;
   ferry::rpc::RpcAgentOptions options;
   options.join_timeout = absl::Seconds(60);

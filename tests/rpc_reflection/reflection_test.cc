@@ -123,9 +123,11 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
                     "access, or set FERRY_NPM_DIR to a prepared directory";
   }
 
-  auto spawned = Subprocess::Spawn(
-      {g_worker, "--name=inspector"},
-      ferry::testutil::SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+  auto spawned = Subprocess::Spawn({g_worker, "--name=inspector"},
+                                   ferry::testutil::SpawnOptions()
+                                       .PipeStdin()
+                                       .CaptureStdout()
+                                       .MergeStderr());
   ASSERT_TRUE(spawned.ok()) << spawned.status();
   Subprocess& worker = **spawned;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -149,7 +151,8 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
   std::string worker_log = worker.ReadAll(stop_deadline);
   absl::StatusOr<int> worker_rc = worker.Wait(stop_deadline);
   EXPECT_EQ(worker_rc.value_or(-1), 0)
-      << worker_rc.status() << "; worker log:\n" << banner << worker_log;
+      << worker_rc.status() << "; worker log:\n"
+      << banner << worker_log;
 
   ASSERT_EQ(rc, 0) << "reflection client failed:\n" << output;
   std::map<std::string, std::string> results = ParseResults(output);

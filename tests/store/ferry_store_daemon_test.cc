@@ -18,10 +18,10 @@ namespace {
 std::string g_daemon;  // path of ferry_store (argv[1])
 
 TEST(FerryStoreDaemonTest, ServesReportsStatsAndStopsOnSigterm) {
-  auto daemon = testutil::Subprocess::Spawn(
-      {g_daemon, "--host=127.0.0.1", "--port=0", "--stats=0.05",
-       "--max_value_bytes=1024"},
-      testutil::SpawnOptions().CaptureStdout());
+  auto daemon =
+      testutil::Subprocess::Spawn({g_daemon, "--host=127.0.0.1", "--port=0",
+                                   "--stats=0.05", "--max_value_bytes=1024"},
+                                  testutil::SpawnOptions().CaptureStdout());
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   testutil::Subprocess& d = **daemon;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

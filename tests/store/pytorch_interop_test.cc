@@ -43,8 +43,8 @@ class Python {
   explicit Python(std::vector<std::string> args) {
     std::vector<std::string> argv = {kPython, g_script};
     for (std::string& a : args) argv.push_back(std::move(a));
-    auto child = testutil::Subprocess::Spawn(std::move(argv),
-                                             testutil::SpawnOptions().CaptureStdout());
+    auto child = testutil::Subprocess::Spawn(
+        std::move(argv), testutil::SpawnOptions().CaptureStdout());
     if (child.ok()) child_ = *std::move(child);
   }
   bool started() const { return child_ != nullptr; }

@@ -38,7 +38,8 @@ bool PollReadable(int fd, absl::Time deadline) {
 }
 
 // The parent's environment with `env` laid over it, as "K=V" strings.
-std::vector<std::string> MergedEnv(const std::map<std::string, std::string>& env) {
+std::vector<std::string> MergedEnv(
+    const std::map<std::string, std::string>& env) {
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     absl::string_view kv(*e);
@@ -67,8 +68,7 @@ void CloseFd(int* fd) {
 std::string RunfilePath(absl::string_view path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry", "/",
-                      path);
+  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry", "/", path);
 }
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
@@ -182,8 +182,8 @@ std::pair<int, std::string> RunCommand(std::vector<std::string> argv,
   const std::string name = argv.empty() ? "" : argv[0];
   SpawnOptions options;
   options.env = std::move(env);
-  absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(
-      std::move(argv), options.CaptureStdout().MergeStderr());
+  absl::StatusOr<std::unique_ptr<Subprocess>> child =
+      Subprocess::Spawn(std::move(argv), options.CaptureStdout().MergeStderr());
   if (!child.ok()) return {-1, absl::StrCat("cannot start ", name)};
   const absl::Time deadline = absl::Now() + limit;
   std::string out = (*child)->ReadAll(deadline);

@@ -96,9 +96,9 @@ class Subprocess {
   Subprocess() = default;
 
   pid_t pid_ = -1;
-  int pidfd_ = -1;   // Readable once the child has exited.
-  int stdin_ = -1;   // Our end of its stdin.
-  int stdout_ = -1;  // Our end of its stdout.
+  int pidfd_ = -1;       // Readable once the child has exited.
+  int stdin_ = -1;       // Our end of its stdin.
+  int stdout_ = -1;      // Our end of its stdout.
   std::string pending_;  // Read past the end of the last line.
 };
 
