@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/init.h"
@@ -15,10 +17,15 @@ int main() {
            .ok()) {
     return 1;
   }
-  // Rank 0 of a group of 1, meeting through a file; a real job passes
-  // "env://" (ferry_run sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-  const std::string init =
-      absl::StrCat("file:///tmp/ferry_quickstart_", getpid());
+  // Rank 0 of a group of 1, meeting through a file of its own (a file left
+  // by a crashed run would count as a member, so it is removed first); a
+  // real job passes "env://" (ferry_run sets RANK, WORLD_SIZE, MASTER_ADDR,
+  // MASTER_PORT).
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      absl::StrCat(dir ? dir : "/tmp", "/ferry_quickstart_", getpid());
+  std::remove(path.c_str());
+  const std::string init = "file://" + path;
   auto agent = ferry::rpc::InitRpc("worker0", init, /*rank=*/0,
                                    /*world_size=*/1, {}, registry);
   if (!agent.ok()) {
