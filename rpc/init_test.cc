@@ -1,10 +1,5 @@
 #include "rpc/init.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -12,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/util/held_port.h"
 
 namespace ferry::rpc {
 namespace {
@@ -47,45 +43,10 @@ TEST(InitRpc, FileInitMethod) {
   RunGroup("file://" + path, 3);
 }
 
-// A loopback port bound (to port 0) and held for the whole test, so no other
-// process can take it between now and rank 0's server binding it: both
-// sockets set SO_REUSEADDR (libuv does for every TCP bind), and Linux lets a
-// second SO_REUSEADDR socket bind a port nobody listens on. tcp:// needs a
-// port every rank knows before rank 0's server exists.
-class HeldPort {
- public:
-  HeldPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    int on = 1;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (fd_ < 0 ||
-        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
-  }
-  ~HeldPort() {
-    if (fd_ >= 0) close(fd_);
-  }
-  HeldPort(const HeldPort&) = delete;
-  HeldPort& operator=(const HeldPort&) = delete;
-
-  // 0 if binding failed.
-  int port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
 TEST(InitRpc, TcpInitMethodRankZeroHostsTheStore) {
   unsetenv("FERRY_USE_AGENT_STORE");
-  HeldPort held;
+  // tcp:// needs a port every rank knows before rank 0's server exists.
+  testutil::HeldPort held;
   ASSERT_GT(held.port(), 0);
   RunGroup(absl::StrCat("tcp://127.0.0.1:", held.port()), 3);
 }

@@ -4,10 +4,6 @@
 // and the init_method factory.
 #include "store/tcp_store.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <memory>
 #include <string>
@@ -21,6 +17,7 @@
 #include "store/store_conformance.h"
 #include "store/tcp_store_server.h"
 #include "store/tcp_store_testing.h"
+#include "tests/util/held_port.h"
 
 namespace ferry {
 namespace {
@@ -79,19 +76,6 @@ INSTANTIATE_TEST_SUITE_P(
             [] { return std::make_unique<ServerHandleFixture>(); }}),
     StoreConformanceParamName);
 
-// A port nothing listens on (bound then released).
-int UnusedPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 TcpStoreOptions ClientOptions(int port) {
   TcpStoreOptions o;
   o.host = "127.0.0.1";
@@ -101,7 +85,9 @@ TcpStoreOptions ClientOptions(int port) {
 }
 
 TEST(TcpStoreTest, ConnectGivesUpNamingHostPortAndAttempts) {
-  const int port = UnusedPort();
+  testutil::HeldPort held;  // Reserved; nothing listens until a server does.
+  const int port = held.port();
+  ASSERT_GT(port, 0);
   TcpStoreOptions o = ClientOptions(port);
   o.timeout = absl::Milliseconds(300);
   const absl::Time start = absl::Now();
@@ -115,7 +101,9 @@ TEST(TcpStoreTest, ConnectGivesUpNamingHostPortAndAttempts) {
 }
 
 TEST(TcpStoreTest, ConnectRetriesUntilTheServerComesUp) {
-  const int port = UnusedPort();
+  testutil::HeldPort held;  // Reserved; nothing listens until a server does.
+  const int port = held.port();
+  ASSERT_GT(port, 0);
   absl::StatusOr<std::unique_ptr<TcpStore>> client;
   std::thread t([&] { client = TcpStore::Create(ClientOptions(port)); });
   TcpStoreOptions so = ClientOptions(port);
@@ -132,7 +120,9 @@ TEST(TcpStoreTest, WaitForWorkers) {
   TcpStoreOptions so = ClientOptions(0);
   so.is_server = true;
   so.world_size = 4;
-  const int port = UnusedPort();
+  testutil::HeldPort held;  // Reserved; nothing listens until a server does.
+  const int port = held.port();
+  ASSERT_GT(port, 0);
   so.port = port;
   std::vector<std::thread> workers;
   std::atomic<int> ok{0};
@@ -283,7 +273,9 @@ TEST(TcpStoreTest, LegacyClientOption) {
 
 TEST(TcpStoreTest, FactoryMakesServerAndClients) {
   auto factory = MakeTcpStoreFactory();
-  const int port = UnusedPort();
+  testutil::HeldPort held;  // Reserved; nothing listens until a server does.
+  const int port = held.port();
+  ASSERT_GT(port, 0);
   absl::StatusOr<std::unique_ptr<Store>> client;
   std::thread t([&] {
     client = factory("127.0.0.1", port, false, 2, absl::Seconds(20));
