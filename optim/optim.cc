@@ -65,7 +65,7 @@ absl::Status SgdStep(const std::vector<Tensor>& params,
       T* pp = p.data<T>();
       const T* pg = gc.data<T>();
       T* pb = buf.defined() ? buf.data<T>() : nullptr;
-      for (int64_t j = 0; j < p.numel(); ++j) {
+      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
         double g = pg[j] + o.weight_decay * pp[j];
         if (pb != nullptr) {
           const double b =
@@ -110,7 +110,7 @@ absl::Status AdamImpl(const std::vector<Tensor>& params,
     FloatDispatch(p.dtype(), "AdamStep", [&]<typename T>() {
       T *pp = p.data<T>(), *pm = m.data<T>(), *pv = v.data<T>();
       const T* pg = gc.data<T>();
-      for (int64_t j = 0; j < p.numel(); ++j) {
+      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
         double param = pp[j], g = pg[j];
         if (decoupled) {
           param *= 1 - o.lr * o.weight_decay;
@@ -165,7 +165,7 @@ absl::Status AdagradStep(const std::vector<Tensor>& params,
     FloatDispatch(p.dtype(), "AdagradStep", [&]<typename T>() {
       T *pp = p.data<T>(), *ps = sum.data<T>();
       const T* pg = gc.data<T>();
-      for (int64_t j = 0; j < p.numel(); ++j) {
+      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
         const double g = pg[j] + o.weight_decay * pp[j];
         const double s = ps[j] + g * g;
         ps[j] = static_cast<T>(s);
