@@ -64,16 +64,21 @@ absl::Status SgdStep(const std::vector<Tensor>& params,
     FloatDispatch(p.dtype(), "SgdStep", [&]<typename T>() {
       T* pp = p.data<T>();
       const T* pg = gc.data<T>();
-      T* pb = buf.defined() ? buf.data<T>() : nullptr;
-      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
-        double g = pg[j] + o.weight_decay * pp[j];
-        if (pb != nullptr) {
-          const double b =
-              first ? g : o.momentum * pb[j] + (1 - o.dampening) * g;
-          pb[j] = static_cast<T>(b);
-          g = o.nesterov ? g + o.momentum * b : b;
-        }
-        pp[j] = static_cast<T>(pp[j] - o.lr * g);
+      const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay);
+      const int64_t n = p.numel();
+      if (!buf.defined()) {  // Plain SGD: one vectorizable pass.
+        for (int64_t j = 0; j < n; ++j) pp[j] -= lr * (pg[j] + wd * pp[j]);
+        return;
+      }
+      T* pb = buf.data<T>();
+      const T mom = static_cast<T>(o.momentum);
+      const T damp = static_cast<T>(1 - o.dampening);
+      for (int64_t j = 0; j < n; ++j) {
+        T g = pg[j] + wd * pp[j];
+        const T b = first ? g : mom * pb[j] + damp * g;
+        pb[j] = b;
+        g = o.nesterov ? g + mom * b : b;
+        pp[j] -= lr * g;
       }
     });
   }

@@ -6,8 +6,9 @@
 // parameters' version counters) and read nothing else. A parameter whose
 // gradient is undefined is skipped and its state untouched, as in PyTorch.
 // Update rules follow PyTorch 1.13's documented algorithms (quoted at each
-// step function in optim.cc). Arithmetic is done in double per element and
-// stored in the parameter's dtype (float32 or float64).
+// step function in optim.cc). SGD computes in the parameter's dtype (as
+// PyTorch does); Adam and Adagrad compute each element in double and store
+// it in the parameter's dtype (float32 or float64).
 //
 // Errors: InvalidArgument when params, grads and state have different
 // lengths or a gradient's shape/dtype differs from its parameter's; nothing
