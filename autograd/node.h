@@ -72,9 +72,9 @@ class Node : public std::enable_shared_from_this<Node> {
   }
   // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
   std::string shapes() const;
-  void set_input_shapes(std::vector<std::vector<int64_t>> shapes) {
-    input_shapes_ = std::move(shapes);
-  }
+  void set_input_shapes(const std::vector<std::vector<int64_t>>& shapes);
+  // Appends one input's shape (ops record them without extra allocations).
+  void AddInputShape(const std::vector<int64_t>& shape);
 
   // Gradients w.r.t. the forward inputs, one per next edge (undefined = no
   // gradient), given the gradients of the forward outputs (`grads` has
@@ -95,7 +95,8 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::string name_;
   const int num_inputs_;
   std::vector<Edge> next_edges_;
-  std::vector<std::vector<int64_t>> input_shapes_;
+  // Flattened: rank, then sizes, per input.
+  std::vector<int64_t> input_shapes_;
   Mutex mu_;
   std::vector<std::pair<int, GradHook>> pre_hooks_ ABSL_GUARDED_BY(mu_);
 };

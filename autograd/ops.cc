@@ -30,16 +30,13 @@ Tensor Record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
   auto node =
       std::make_shared<FunctionNode>(name, std::move(saved), std::move(fn));
   std::vector<Edge> edges;
-  std::vector<std::vector<int64_t>> shapes;
   edges.reserve(inputs.size());
-  shapes.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     edges.push_back(GradientEdge(t));
-    shapes.push_back(t.sizes());
+    node->AddInputShape(t.sizes());
     if (out.is_same(t)) out = Detach(out);
   }
   node->set_next_edges(std::move(edges));
-  node->set_input_shapes(std::move(shapes));
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
   out.set_autograd_meta(std::move(meta));
@@ -62,6 +59,12 @@ int64_t NormDim(int64_t d, int64_t ndim, const char* op) {
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = Zip(a, b, "add", [](auto x, auto y) { return x + y; });
   if (!NeedsGrad(a, b)) return out;
+  if (a.sizes() == b.sizes()) {  // No broadcast: nothing to capture.
+    return Record("AddBackward", {a, b}, out, {},
+                  [](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                    return std::vector<Tensor>{g, g};
+                  });
+  }
   return Record("AddBackward", {a, b}, out, {},
                 [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved&,
                                                  const Needs&) -> Grads {
