@@ -20,11 +20,19 @@ void GraphTask::Capture(const Edge& edge, int slot) {
 
 namespace {
 
-// Sums `grad` into `slot` (first arrival is kept as is: gradients are
-// never written in place by the engine).
+// Sums `grad` into `slot`. The first arrival is kept as is (it may be
+// shared); a sum the engine made itself, seen by no one else, is updated
+// in place to save an allocation per arriving gradient.
 void AddInto(Tensor& slot, const Tensor& grad) {
   if (!grad.defined()) return;
-  slot = slot.defined() ? slot.add(grad) : grad;
+  if (!slot.defined()) {
+    slot = grad;
+  } else if (slot.use_count() == 1 && slot.storage().use_count() == 1 &&
+             slot.is_contiguous() && !grad.storage().is_same(slot.storage())) {
+    slot.add_(grad);
+  } else {
+    slot = slot.add(grad);
+  }
 }
 
 absl::Status WithNode(const absl::Status& s, const Node& node) {
