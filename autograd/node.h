@@ -18,8 +18,10 @@
 //
 // Thread safety: a Node's hooks and a meta's grad/hooks are guarded by
 // mutexes, so hooks may be registered and .grad read while another thread
-// runs backward. Running two backward passes through the *same* node at once
-// is not supported (separate graphs may run concurrently). Creating or
+// runs backward. Running two backward passes through the *same* function
+// node at once is not supported (separate graphs may run concurrently);
+// AccumulateGrad nodes are stateless, so graphs that share leaves (one
+// model, several threads) may. Creating or
 // setting a tensor's autograd state (SetRequiresGrad, results of ops) must
 // happen before that tensor object is shared between threads.
 #ifndef FERRY_AUTOGRAD_NODE_H_

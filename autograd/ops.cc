@@ -284,8 +284,6 @@ using kernels::Gemm;
 // gradients: op(a_i) x op(b_i) per batch.
 Tensor BatchGemm(const Tensor& a, bool ta, const Tensor& b, bool tb) {
   const int64_t batch = a.size(0);
-  std::vector<Tensor> parts;
-  Tensor first;
   Tensor out;
   for (int64_t i = 0; i < batch; ++i) {
     Tensor r = Gemm(a.select(0, i), ta, b.select(0, i), tb);
