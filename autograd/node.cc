@@ -220,7 +220,13 @@ void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad) {
   {
     MutexLock l(&m->mu);
     if (!m->grad.defined()) {
-      m->grad = grad.clone();
+      // Adopt the buffer when no other handle or view can see it (the
+      // engine passes its only reference); copy otherwise, since one
+      // gradient tensor may flow to several inputs.
+      const bool sole = grad.use_count() == 1 &&
+                        grad.storage().use_count() == 1 &&
+                        grad.is_contiguous() && grad.autograd_meta() == nullptr;
+      m->grad = sole ? grad : grad.clone();
     } else {
       m->grad.add_(grad);
     }

@@ -252,7 +252,8 @@ Tensor WhereKernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
     const bool* pc = cc.data<bool>();
     const T *pa = ac.data<T>(), *pb = bc.data<T>();
     T* po = out.data<T>();
-    for (int64_t i = 0; i < out.numel(); ++i) po[i] = pc[i] ? pa[i] : pb[i];
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) po[i] = pc[i] ? pa[i] : pb[i];
   });
   return out;
 }
@@ -296,6 +297,25 @@ Tensor BatchGemm(const Tensor& a, bool ta, const Tensor& b, bool tb) {
   return out;
 }
 
+// Whether `t` is the transpose of a contiguous matrix (nn.Linear's W^T).
+bool IsTransposed(const Tensor& t) {
+  return t.dim() == 2 && !t.is_contiguous() && t.strides()[0] == 1 &&
+         t.strides()[1] == t.size(0);
+}
+
+// d(a b)/da = g b^T, laid out like `a` so that a transposed parameter view
+// gets a contiguous gradient (no strided copy when it is accumulated).
+Tensor MatmulGradA(const Tensor& g, const Tensor& b, const Tensor& a) {
+  if (IsTransposed(a)) return Gemm(b, false, g, true).t();
+  return Gemm(g, false, b, true);
+}
+
+// d(a b)/db = a^T g, laid out like `b`.
+Tensor MatmulGradB(const Tensor& g, const Tensor& a, const Tensor& b) {
+  if (IsTransposed(b)) return Gemm(g, true, a, false).t();
+  return Gemm(a, true, g, false);
+}
+
 std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
                                int64_t n) {
   batch.push_back(m);
@@ -317,8 +337,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                   {SavedTensor(a, "self"), SavedTensor(b, "other")},
                   [](const Tensor& g, const Saved& s, const Needs& n) -> Grads {
                     return std::vector<Tensor>{
-                        n[0] ? Gemm(g, false, s[1], true) : Tensor(),
-                        n[1] ? Gemm(s[0], true, g, false) : Tensor()};
+                        n[0] ? MatmulGradA(g, s[1], s[0]) : Tensor(),
+                        n[1] ? MatmulGradB(g, s[0], s[1]) : Tensor()};
                   });
   }
   const int64_t k = a.size(-1), m = a.size(-2), n = b.size(-1);
