@@ -19,8 +19,10 @@
 #include "c10d/process_group.h"
 #include "common/sync.h"
 #include "ddp/distributed_data_parallel.h"
+#include "ddp/optimizer_in_backward.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "optim/optim.h"
 #include "store/hash_store.h"
 
 namespace ferry::ddp {
@@ -633,6 +635,122 @@ TEST(DdpTest, BucketsRebuiltInReadyOrderAfterFirstPass) {
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(before[r], (Buckets{{2}, {1}, {0}}));  // Reverse registration.
     EXPECT_EQ(after[r], (Buckets{{0}, {1}, {2}}));   // Ready order.
+  }
+}
+
+struct OptimCase {
+  bool adam;
+  bool view;
+};
+
+class DdpOptimizerInBackwardTest : public ::testing::TestWithParam<OptimCase> {
+};
+
+// Same parameters, bit for bit, as DDP followed by a separate step.
+TEST_P(DdpOptimizerInBackwardTest, MatchesSeparateStep) {
+  constexpr int kWorld = 2;
+  const OptimCase c = GetParam();
+  optim::SgdOptions sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  optim::AdamOptions adam;
+  adam.lr = 0.01;
+  std::vector<Tensor> fused[kWorld], separate[kWorld];
+  for (bool in_backward : {true, false}) {
+    RunRanks(kWorld, [&](int rank, std::shared_ptr<c10d::ProcessGroup> pg) {
+      auto model = MakeMlp(100);
+      const size_t n = model->parameters().size();
+      DdpOptions o;
+      o.first_bucket_bytes = 8;  // One bucket per parameter.
+      o.bucket_cap_bytes = 8;
+      o.gradient_as_bucket_view = c.view;
+      if (in_backward) {
+        o.optimizer_in_backward =
+            c.adam ? AdamInBackward(adam, n) : SgdInBackward(sgd, n);
+      }
+      auto ddp = DistributedDataParallel::Create(model, pg, o);
+      ASSERT_TRUE(ddp.ok()) << ddp.status();
+      std::unique_ptr<optim::Optimizer> opt;
+      if (c.adam) {
+        opt = std::make_unique<optim::Adam>(model->parameters(), adam);
+      } else {
+        opt = std::make_unique<optim::SGD>(model->parameters(), sgd);
+      }
+      for (int step = 0; step < kSteps; ++step) {
+        ZeroInPlace(*model);
+        Tensor x =
+            Inputs(step, kWorld).slice(0, rank * kBatch, (rank + 1) * kBatch);
+        Tensor y =
+            Targets(step, kWorld).slice(0, rank * kBatch, (rank + 1) * kBatch);
+        Tensor loss = autograd::mse_loss((*ddp)->Forward(x), y);
+        std::vector<Tensor> before = Snapshot(*model);
+        ASSERT_TRUE((*ddp)->Backward(loss).ok());
+        if (in_backward) {
+          // The step already happened; .grad still holds the average.
+          EXPECT_FALSE(model->parameters()[0].equal(before[0]));
+          EXPECT_TRUE(autograd::GradOf(model->parameters()[0]).defined());
+        } else {
+          ASSERT_TRUE(opt->Step().ok());
+        }
+      }
+      (in_backward ? fused : separate)[rank] = Snapshot(*model);
+    });
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(fused[r].size(), separate[r].size());
+    for (size_t i = 0; i < fused[r].size(); ++i)
+      EXPECT_TRUE(fused[r][i].equal(separate[r][i]))
+          << "rank " << r << " " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, DdpOptimizerInBackwardTest,
+                         ::testing::Values(OptimCase{false, false},
+                                           OptimCase{true, true}),
+                         [](const ::testing::TestParamInfo<OptimCase>& info) {
+                           return std::string(info.param.adam ? "Adam"
+                                                              : "Sgd") +
+                                  (info.param.view ? "_View" : "_Copy");
+                         });
+
+TEST(DdpTest, StaticGraphWithUnusedParametersRebuildsAndStaysCorrect) {
+  constexpr int kWorld = 2;
+  std::vector<std::vector<Tensor>> grads(kWorld), values(kWorld);
+  std::vector<std::vector<std::vector<int>>> after(kWorld);
+  RunRanks(kWorld, [&](int rank, std::shared_ptr<c10d::ProcessGroup> pg) {
+    auto named = ThreeParams();
+    DdpOptions o;
+    o.find_unused_parameters = true;
+    o.static_graph = true;
+    o.first_bucket_bytes = 8;
+    o.bucket_cap_bytes = 8;
+    auto ddp = DistributedDataParallel::Create(named, pg, o);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    // Rank 0 leaves out a, rank 1 leaves out c.
+    const Tensor& x = named[rank == 0 ? 1 : 0].second;
+    const Tensor& y = named[rank == 0 ? 2 : 1].second;
+    for (int pass = 0; pass < 3; ++pass) {
+      for (auto& [n, p] : named) autograd::SetGrad(p, Tensor());
+      Tensor loss = autograd::sum(autograd::mul(x, y));
+      ASSERT_TRUE((*ddp)->Backward(loss).ok());
+      if (pass == 0) after[rank] = (*ddp)->reducer().buckets();
+    }
+    for (auto& [n, p] : named) {
+      grads[rank].push_back(autograd::GradOf(p));
+      values[rank].push_back(p);
+    }
+  });
+  const std::vector<Tensor>& v = values[0];
+  for (int r = 0; r < kWorld; ++r) {
+    // Rebuilt from rank 0's ready order, which starts with its unused a
+    // (marked at Prepare); reverse registration order started with c.
+    EXPECT_EQ(after[r], after[0]);
+    ASSERT_EQ(after[r].size(), 3u);
+    EXPECT_EQ(after[r][0], std::vector<int>{0});
+    // Rank 0: sum(b*c); rank 1: sum(a*b).
+    EXPECT_TRUE(grads[r][0].allclose(v[1].div(2), kRtol, kAtol));
+    EXPECT_TRUE(grads[r][1].allclose(v[0].add(v[2]).div(2), kRtol, kAtol));
+    EXPECT_TRUE(grads[r][2].allclose(v[1].div(2), kRtol, kAtol));
   }
 }
 

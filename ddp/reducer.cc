@@ -203,6 +203,45 @@ void Reducer::LaunchReadyBuckets() {
     b.result = options_.comm_hook(*pg_, view);
     ++next_launch_;
   }
+  if (options_.optimizer_in_backward) CompleteFinishedBuckets();
+}
+
+void Reducer::CompleteFinishedBuckets() {
+  while (deferred_.ok() && next_complete_ < next_launch_ &&
+         buckets_[next_complete_].result.IsReady()) {
+    deferred_ = CompleteBucket(next_complete_++);
+    if (deferred_.ok() && options_.optimizer_in_backward)
+      ++steps_during_backward_;
+  }
+}
+
+absl::Status Reducer::CompleteBucket(int k) {
+  Bucket& b = buckets_[k];
+  const absl::StatusOr<Tensor>& r = b.result.result();
+  const std::string where =
+      absl::StrCat("DDP bucket ", k, " on rank ", pg_->rank());
+  if (!r.ok()) return Annotate(r.status(), where);
+  if (r->numel() != b.buffer.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": comm hook returned ", r->numel(),
+                     " elements, not ", b.buffer.numel()));
+  }
+  if (!r->is_same(b.buffer)) b.buffer.copy_(r->reshape({b.buffer.numel()}));
+  std::vector<Tensor> params, grads;
+  for (int i : b.params) {
+    params.push_back(params_[i]);
+    grads.push_back(views_[i]);
+    if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
+    Tensor g = autograd::GradOf(params_[i]);
+    if (g.defined()) {
+      g.copy_(views_[i]);  // In place: the caller's .grad tensor.
+    } else {
+      autograd::SetGrad(params_[i], views_[i].clone());
+    }
+  }
+  if (!options_.optimizer_in_backward) return absl::OkStatus();
+  return Annotate(options_.optimizer_in_backward(b.params, params, grads),
+                  absl::StrCat(where, ": optimizer step"));
 }
 
 std::vector<bool> Reducer::Reachable(const std::vector<Tensor>& outputs) const {
@@ -230,10 +269,16 @@ std::vector<bool> Reducer::Reachable(const std::vector<Tensor>& outputs) const {
 }
 
 absl::Status Reducer::Prepare(const std::vector<Tensor>& outputs) {
-  // The traversal needs no lock: it reads the caller's graph only.
-  std::vector<bool> reached;
-  if (options_.find_unused_parameters) reached = Reachable(outputs);
   MutexLock l(&mu_);
+  std::vector<bool> reached;
+  if (options_.find_unused_parameters) {
+    if (options_.static_graph && !static_reached_.empty()) {
+      reached = static_reached_;
+    } else {
+      reached = Reachable(outputs);
+      if (options_.static_graph) static_reached_ = reached;
+    }
+  }
   if (state_ == State::kBroken)
     return absl::FailedPreconditionError(
         "DDP: an earlier pass failed; the group is out of step");
@@ -242,6 +287,8 @@ absl::Status Reducer::Prepare(const std::vector<Tensor>& outputs) {
         "DDP: Prepare called twice without Finish");
   state_ = State::kActive;
   next_launch_ = 0;
+  next_complete_ = 0;
+  deferred_ = absl::OkStatus();
   std::fill(ready_.begin(), ready_.end(), false);
   for (Bucket& b : buckets_) {
     b.pending = static_cast<int>(b.params.size());
@@ -276,43 +323,27 @@ absl::Status Reducer::Finish() {
   if (state_ != State::kActive)
     return absl::FailedPreconditionError("DDP: Finish without Prepare");
   const absl::Time deadline = absl::Now() + options_.timeout;
-  absl::Status status;
-  if (next_launch_ < static_cast<int>(buckets_.size())) status = MissingError();
-  for (int k = 0; k < next_launch_; ++k) {
-    Bucket& b = buckets_[k];
-    absl::StatusOr<Tensor> r =
-        b.result.Get(std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (!status.ok()) continue;  // Only drain the launched buckets.
-    if (!r.ok()) {
-      status = Annotate(
-          r.status(), absl::StrCat("DDP bucket ", k, " on rank ", pg_->rank()));
-      continue;
-    }
-    if (r->numel() != b.buffer.numel()) {
-      status = absl::InvalidArgumentError(
-          absl::StrCat("DDP: comm hook returned ", r->numel(),
-                       " elements for bucket ", k, " of ", b.buffer.numel()));
-      continue;
-    }
-    if (!r->is_same(b.buffer)) b.buffer.copy_(r->reshape({b.buffer.numel()}));
+  absl::Status status = deferred_;
+  if (status.ok() && next_launch_ < static_cast<int>(buckets_.size()))
+    status = MissingError();
+  for (int k = next_complete_; k < next_launch_; ++k) {
+    // Waits even after an error: launched buckets must drain (bounded).
+    absl::Status waited = buckets_[k].result.Wait(
+        std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!status.ok()) continue;
+    status = waited.ok()
+                 ? CompleteBucket(k)
+                 : Annotate(waited, absl::StrCat("DDP bucket ", k, " on rank ",
+                                                 pg_->rank()));
   }
   if (!status.ok()) {
     state_ = State::kBroken;
     return status;
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
-    Tensor g = autograd::GradOf(params_[i]);
-    if (g.defined()) {
-      g.copy_(views_[i]);  // In place: the caller's .grad tensor.
-    } else {
-      autograd::SetGrad(params_[i], views_[i].clone());
-    }
-  }
   state_ = State::kIdle;
   ++passes_;
   if (!rebuilt_ && options_.rebuild_buckets &&
-      !options_.find_unused_parameters) {
+      (!options_.find_unused_parameters || options_.static_graph)) {
     absl::Status s = Rebuild();
     if (!s.ok()) {
       state_ = State::kBroken;
@@ -357,6 +388,11 @@ std::vector<std::vector<int>> Reducer::buckets() const {
 int64_t Reducer::bytes_reduced() const {
   MutexLock l(&mu_);
   return bytes_reduced_;
+}
+
+int64_t Reducer::steps_during_backward() const {
+  MutexLock l(&mu_);
+  return steps_during_backward_;
 }
 
 int64_t Reducer::passes() const {

@@ -33,7 +33,10 @@
 //   3. bucket.pending == number of its parameters not ready.
 //   4. Buckets [0, next_launch_) have been launched (futures set), and a
 //      bucket is launched only once pending == 0, in index order.
-//   5. Outside kActive no launched future is outstanding (Finish waited for
+//   5. Buckets [0, next_complete_) have their averaged gradients in .grad
+//      (and, with optimizer_in_backward, their step done);
+//      next_complete_ <= next_launch_.
+//   6. Outside kActive no launched future is outstanding (Finish waited for
 //      all, or the reducer is kBroken).
 //
 // Thread safety: Prepare/Finish are called from the training thread;
@@ -86,6 +89,16 @@ CommHook AllreduceHook();
 CommHook Fp16CompressHook();
 CommHook Bf16CompressHook();
 
+// An optimizer step over one bucket's parameters, run as soon as the
+// bucket's averaged gradients are in place (optimizer overlapped with
+// communication): `indices` are the parameters' registration indices,
+// `grads` their averaged gradients (views into the bucket buffer). Runs on
+// the training thread, during backward (from a later parameter's hook) or
+// in Finish. See optimizer_in_backward.h for ready-made ones.
+using BucketOptimizer = std::function<absl::Status(
+    const std::vector<int>& indices, const std::vector<Tensor>& params,
+    const std::vector<Tensor>& grads)>;
+
 struct ReducerOptions {
   int64_t first_bucket_bytes = int64_t{1} << 20;
   int64_t bucket_cap_bytes = int64_t{25} << 20;
@@ -93,6 +106,13 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   // Rebuild buckets in ready order after the first pass (see above).
   bool rebuild_buckets = true;
+  // The graph (which parameters are used, and their ready order) is the
+  // same every pass: find_unused_parameters traverses the graph only on
+  // the first pass, and buckets are rebuilt even with find_unused.
+  bool static_graph = false;
+  // Null: the caller steps after Backward. Set: the step happens per
+  // bucket inside Backward, and .grad still holds the averaged gradients.
+  BucketOptimizer optimizer_in_backward;
   // Bounds Finish's wait for all buckets.
   absl::Duration timeout = absl::Minutes(30);
   CommHook comm_hook;  // Null: AllreduceHook().
@@ -132,6 +152,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   int64_t bytes_reduced() const;
   // Passes completed by Finish.
   int64_t passes() const;
+  // Bucket optimizer steps that ran before Finish (during backward).
+  int64_t steps_during_backward() const;
 
   // For the hooks only.
   void OnGradReady(int index);
@@ -156,6 +178,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void CopyIntoSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkReady(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchReadyBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes bucket `k` (its result is ready): averaged values into the
+  // buffer and .grad, then the optimizer step when configured.
+  absl::Status CompleteBucket(int k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes launched buckets whose results are ready, without waiting.
+  void CompleteFinishedBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Parameters reachable from `outputs` through the autograd graph.
   std::vector<bool> Reachable(const std::vector<Tensor>& outputs) const;
   absl::Status MissingError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,6 +205,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<Tensor> views_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> ready_ ABSL_GUARDED_BY(mu_);
   int next_launch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Buckets [0, next_complete_) are completed (next_complete_ <=
+  // next_launch_); the first error doing so during backward.
+  int next_complete_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status deferred_ ABSL_GUARDED_BY(mu_);
+  // static_graph: reachability from the first pass.
+  std::vector<bool> static_reached_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_during_backward_ ABSL_GUARDED_BY(mu_) = 0;
   // Parameter indices in the order they became ready (first pass only).
   std::vector<int> ready_order_ ABSL_GUARDED_BY(mu_);
   bool rebuilt_ ABSL_GUARDED_BY(mu_) = false;
