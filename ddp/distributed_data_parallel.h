@@ -25,6 +25,12 @@
 // no_sync: while a NoSyncGuard lives, Backward only accumulates locally;
 // the next synchronized Backward reduces the accumulated sum.
 //
+// Options (reducer.h): bucket caps, gradient_as_bucket_view,
+// find_unused_parameters, static_graph, comm_hook (AllreduceHook,
+// Fp16CompressHook, Bf16CompressHook or your own) and
+// optimizer_in_backward (optimizer_in_backward.h): with it, Backward also
+// performs the optimizer step, bucket by bucket as reductions complete.
+//
 // Errors: a failed or timed-out collective, or a parameter that got no
 // gradient while find_unused_parameters is off, makes Backward return an
 // error and leaves this DDP broken (every later Backward fails): the
