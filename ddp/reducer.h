@@ -108,7 +108,9 @@ struct ReducerOptions {
   bool rebuild_buckets = true;
   // The graph (which parameters are used, and their ready order) is the
   // same every pass: find_unused_parameters traverses the graph only on
-  // the first pass, and buckets are rebuilt even with find_unused.
+  // the first pass, and buckets are rebuilt even with find_unused. (A
+  // parameter the first pass did not use whose gradient arrives later is
+  // not reduced: it counts as ready from Prepare on.)
   bool static_graph = false;
   // Null: the caller steps after Backward. Set: the step happens per
   // bucket inside Backward, and .grad still holds the averaged gradients.
