@@ -1,0 +1,123 @@
+// DistributedDataParallel: data-parallel training over a c10d ProcessGroup.
+//
+//   ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::Create(model, pg));
+//   for (...) {
+//     model->ZeroGrad();
+//     Tensor loss = loss_fn(ddp->Forward(shard_x), shard_y);
+//     RETURN_IF_ERROR(ddp->Backward(loss));  // .grad = average over ranks
+//     optimizer step on model->parameters();
+//   }
+//
+// Construction (collective: every rank calls Create with the same group):
+// all-gathers every rank's parameter count, dtypes and shapes; on any
+// difference every rank fails with InvalidArgument naming the first
+// differing parameter (by index and this rank's name) and the first rank
+// that differs from rank 0. Then rank 0's parameter values are broadcast.
+// (Modules have no buffers yet, so there are none to broadcast.)
+//
+// Backward(loss) runs the autograd pass with the Reducer's hooks active
+// (see reducer.h: bucketed all-reduce overlapped with backward) and returns
+// once every parameter's .grad holds the average over ranks. After a
+// synchronized pass every parameter has a .grad (zeros from ranks where it
+// was unused). Custom loops may call PrepareForBackward, any autograd
+// backward over the loss, then FinishBackward.
+//
+// no_sync: while a NoSyncGuard lives, Backward only accumulates locally;
+// the next synchronized Backward reduces the accumulated sum.
+//
+// Options (reducer.h): bucket caps, gradient_as_bucket_view,
+// find_unused_parameters, static_graph, comm_hook (AllreduceHook,
+// Fp16CompressHook, Bf16CompressHook or your own) and
+// optimizer_in_backward (optimizer_in_backward.h): with it, Backward also
+// performs the optimizer step, bucket by bucket as reductions complete.
+//
+// Errors: a failed or timed-out collective, or a parameter that got no
+// gradient while find_unused_parameters is off, makes Backward return an
+// error and leaves this DDP broken (every later Backward fails): the
+// ranks' collective sequences are out of step, so make a new group.
+//
+// Thread safety: one training thread drives a DDP (Forward/Backward/
+// NoSync); Create is collective. The DDP must outlive nothing in particular:
+// hooks left on the parameters hold the reducer weakly.
+#ifndef FERRY_DDP_DISTRIBUTED_DATA_PARALLEL_H_
+#define FERRY_DDP_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "autograd/nn.h"
+#include "c10d/process_group.h"
+#include "ddp/reducer.h"
+#include "tensor/tensor.h"
+
+namespace ferry::ddp {
+
+using DdpOptions = ReducerOptions;
+
+// Checks that every rank of `pg` holds parameters of the same count, dtypes
+// and shapes (see above). Collective.
+absl::Status VerifyParameters(
+    c10d::ProcessGroup& pg,
+    const std::vector<std::pair<std::string, Tensor>>& named_params,
+    absl::Duration timeout);
+
+class DistributedDataParallel {
+ public:
+  // Wraps a module (Forward runs it) ...
+  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+      std::shared_ptr<nn::Module> module,
+      std::shared_ptr<c10d::ProcessGroup> pg, DdpOptions options = {});
+  // ... or a plain set of named parameters (Forward unavailable).
+  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+      std::vector<std::pair<std::string, Tensor>> named_params,
+      std::shared_ptr<c10d::ProcessGroup> pg, DdpOptions options = {});
+
+  // The wrapped module's forward. Aborts when created from parameters.
+  Tensor Forward(const Tensor& input);
+
+  absl::Status Backward(const Tensor& loss);
+  absl::Status PrepareForBackward(const std::vector<Tensor>& outputs);
+  absl::Status FinishBackward();
+
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp)
+        : ddp_(ddp), prev_(ddp->sync_) {
+      ddp_->sync_ = false;
+    }
+    ~NoSyncGuard() { ddp_->sync_ = prev_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool prev_;
+  };
+  // Local accumulation only while the guard lives.
+  [[nodiscard]] NoSyncGuard NoSync() { return NoSyncGuard(this); }
+  bool require_grad_sync() const { return sync_; }
+
+  Reducer& reducer() { return *reducer_; }
+  c10d::ProcessGroup& process_group() { return *pg_; }
+
+ private:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                          std::shared_ptr<c10d::ProcessGroup> pg,
+                          std::shared_ptr<Reducer> reducer)
+      : module_(std::move(module)),
+        pg_(std::move(pg)),
+        reducer_(std::move(reducer)) {}
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<c10d::ProcessGroup> pg_;
+  std::shared_ptr<Reducer> reducer_;
+  bool sync_ = true;
+};
+
+}  // namespace ferry::ddp
+
+#endif  // FERRY_DDP_DISTRIBUTED_DATA_PARALLEL_H_

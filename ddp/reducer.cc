@@ -1,0 +1,403 @@
+#include "ddp/reducer.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "common/status.h"
+
+namespace ferry::ddp {
+namespace {
+
+// The hook's result future for `out` once `work` completes.
+Future<Tensor> WhenDone(const std::shared_ptr<c10d::Work>& work, Tensor out) {
+  return work->GetFuture().Then(
+      [out](const absl::Status& s) -> absl::StatusOr<Tensor> {
+        if (!s.ok()) return c10d::CopyStatus(s);
+        return out;
+      });
+}
+
+CommHook CompressHook(DType wire) {
+  return [wire](c10d::ProcessGroup& pg, const GradBucket& b) {
+    Tensor compressed = b.buffer.div(b.world_size).to(wire);
+    return WhenDone(pg.Allreduce(compressed), compressed);
+  };
+}
+
+}  // namespace
+
+CommHook AllreduceHook() {
+  return [](c10d::ProcessGroup& pg, const GradBucket& b) {
+    Tensor buffer = b.buffer;
+    buffer.div_(b.world_size);
+    return WhenDone(pg.Allreduce(buffer), buffer);
+  };
+}
+
+CommHook Fp16CompressHook() { return CompressHook(DType::kFloat16); }
+CommHook Bf16CompressHook() { return CompressHook(DType::kBFloat16); }
+
+std::vector<std::vector<int>> AssignBuckets(const std::vector<Tensor>& params,
+                                            const std::vector<int>& order,
+                                            int64_t first_cap, int64_t cap) {
+  std::vector<std::vector<int>> groups;
+  std::vector<int> current;
+  int64_t bytes = 0;
+  int64_t limit = first_cap;
+  for (int index : order) {
+    const Tensor& p = params[index];
+    const int64_t n = static_cast<int64_t>(p.nbytes());
+    const bool dtype_change =
+        !current.empty() && params[current[0]].dtype() != p.dtype();
+    if (!current.empty() && (dtype_change || bytes + n > limit)) {
+      groups.push_back(std::move(current));
+      current.clear();
+      bytes = 0;
+      limit = cap;
+    }
+    current.push_back(index);
+    bytes += n;
+  }
+  if (!current.empty()) groups.push_back(std::move(current));
+  return groups;
+}
+
+absl::StatusOr<std::shared_ptr<Reducer>> Reducer::Create(
+    std::vector<std::pair<std::string, Tensor>> named_params,
+    std::shared_ptr<c10d::ProcessGroup> pg, ReducerOptions options) {
+  if (pg == nullptr) return absl::InvalidArgumentError("DDP: null group");
+  if (named_params.empty())
+    return absl::InvalidArgumentError("DDP: no parameters");
+  for (const auto& [name, p] : named_params) {
+    if (!p.defined() || !autograd::IsLeaf(p) || !autograd::RequiresGrad(p) ||
+        !p.is_contiguous() || !IsFloatingPoint(p.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DDP: parameter '", name,
+          "' must be a contiguous floating leaf that requires grad"));
+    }
+  }
+  if (options.first_bucket_bytes <= 0 || options.bucket_cap_bytes <= 0)
+    return absl::InvalidArgumentError("DDP: bucket caps must be positive");
+  if (options.comm_hook == nullptr) options.comm_hook = AllreduceHook();
+  std::shared_ptr<Reducer> r(
+      new Reducer(std::move(named_params), std::move(pg), std::move(options)));
+  std::vector<int> reverse(r->params_.size());
+  for (size_t i = 0; i < reverse.size(); ++i)
+    reverse[i] = static_cast<int>(reverse.size() - 1 - i);
+  {
+    MutexLock l(&r->mu_);
+    r->BuildBuckets(AssignBuckets(r->params_, reverse,
+                                  r->options_.first_bucket_bytes,
+                                  r->options_.bucket_cap_bytes));
+  }
+  std::weak_ptr<Reducer> weak = r;
+  for (size_t i = 0; i < r->params_.size(); ++i) {
+    autograd::RegisterPostAccumulateHook(
+        r->params_[i], [weak, i](const Tensor&) {
+          if (std::shared_ptr<Reducer> self = weak.lock())
+            self->OnGradReady(static_cast<int>(i));
+        });
+  }
+  return r;
+}
+
+namespace {
+std::vector<std::string> Names(
+    const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::string> out;
+  for (const auto& [name, p] : named) out.push_back(name);
+  return out;
+}
+std::vector<Tensor> Tensors(
+    const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : named) out.push_back(p);
+  return out;
+}
+}  // namespace
+
+Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_params,
+                 std::shared_ptr<c10d::ProcessGroup> pg, ReducerOptions options)
+    : names_(Names(named_params)),
+      params_(Tensors(named_params)),
+      pg_(std::move(pg)),
+      options_(std::move(options)) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    index_of_[params_[i].autograd_meta()] = static_cast<int>(i);
+}
+
+void Reducer::BuildBuckets(const std::vector<std::vector<int>>& groups) {
+  const size_t n = params_.size();
+  bucket_of_.assign(n, -1);
+  position_of_.assign(n, -1);
+  ready_.assign(n, false);
+  std::vector<Tensor> old_views = std::move(views_);
+  views_.assign(n, Tensor());
+  buckets_.clear();
+  for (const std::vector<int>& group : groups) {
+    Bucket b;
+    b.params = group;
+    int64_t numel = 0;
+    for (int index : group) {
+      b.offsets.push_back(numel);
+      numel += params_[index].numel();
+    }
+    b.buffer = zeros({numel}, params_[group[0]].dtype());
+    for (size_t k = 0; k < group.size(); ++k) {
+      const int index = group[k];
+      bucket_of_[index] = static_cast<int>(buckets_.size());
+      position_of_[index] = static_cast<int>(k);
+      views_[index] =
+          b.buffer.slice(0, b.offsets[k], b.offsets[k] + params_[index].numel())
+              .view(params_[index].sizes());
+    }
+    buckets_.push_back(std::move(b));
+  }
+  if (!options_.gradient_as_bucket_view) return;
+  // .grad becomes the bucket view, keeping any gradient already there.
+  for (size_t i = 0; i < n; ++i) {
+    Tensor g = autograd::GradOf(params_[i]);
+    if (g.defined()) Tensor(views_[i]).copy_(g);
+    autograd::SetGrad(params_[i], views_[i]);
+  }
+}
+
+void Reducer::CopyIntoSlot(int index) {
+  Tensor slot = views_[index];
+  Tensor g = autograd::GradOf(params_[index]);
+  if (g.defined() && g.is_same(slot)) return;  // Already the bucket view.
+  if (g.defined()) {
+    slot.copy_(g);
+  } else {
+    slot.zero_();
+  }
+  if (options_.gradient_as_bucket_view) autograd::SetGrad(params_[index], slot);
+}
+
+void Reducer::OnGradReady(int index) {
+  MutexLock l(&mu_);
+  if (state_ != State::kActive) return;  // Not a synchronized pass.
+  if (ready_[index]) return;  // A second gradient in one pass: kept local.
+  CopyIntoSlot(index);
+  MarkReady(index);
+}
+
+void Reducer::MarkReady(int index) {
+  ready_[index] = true;
+  if (!rebuilt_) ready_order_.push_back(index);
+  Bucket& b = buckets_[bucket_of_[index]];
+  --b.pending;
+  LaunchReadyBuckets();
+}
+
+void Reducer::LaunchReadyBuckets() {
+  while (next_launch_ < static_cast<int>(buckets_.size()) &&
+         buckets_[next_launch_].pending == 0) {
+    Bucket& b = buckets_[next_launch_];
+    GradBucket view{next_launch_, b.buffer, b.params, pg_->size()};
+    bytes_reduced_ += static_cast<int64_t>(b.buffer.nbytes());
+    b.result = options_.comm_hook(*pg_, view);
+    ++next_launch_;
+  }
+  if (options_.optimizer_in_backward) CompleteFinishedBuckets();
+}
+
+void Reducer::CompleteFinishedBuckets() {
+  while (deferred_.ok() && next_complete_ < next_launch_ &&
+         buckets_[next_complete_].result.IsReady()) {
+    deferred_ = CompleteBucket(next_complete_++);
+    if (deferred_.ok() && options_.optimizer_in_backward)
+      ++steps_during_backward_;
+  }
+}
+
+absl::Status Reducer::CompleteBucket(int k) {
+  Bucket& b = buckets_[k];
+  const absl::StatusOr<Tensor>& r = b.result.result();
+  const std::string where =
+      absl::StrCat("DDP bucket ", k, " on rank ", pg_->rank());
+  if (!r.ok()) return Annotate(r.status(), where);
+  if (r->numel() != b.buffer.numel()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": comm hook returned ", r->numel(),
+                     " elements, not ", b.buffer.numel()));
+  }
+  if (!r->is_same(b.buffer)) b.buffer.copy_(r->reshape({b.buffer.numel()}));
+  std::vector<Tensor> params, grads;
+  for (int i : b.params) {
+    params.push_back(params_[i]);
+    grads.push_back(views_[i]);
+    if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
+    Tensor g = autograd::GradOf(params_[i]);
+    if (g.defined()) {
+      g.copy_(views_[i]);  // In place: the caller's .grad tensor.
+    } else {
+      autograd::SetGrad(params_[i], views_[i].clone());
+    }
+  }
+  if (!options_.optimizer_in_backward) return absl::OkStatus();
+  return Annotate(options_.optimizer_in_backward(b.params, params, grads),
+                  absl::StrCat(where, ": optimizer step"));
+}
+
+std::vector<bool> Reducer::Reachable(const std::vector<Tensor>& outputs) const {
+  std::vector<bool> reached(params_.size(), false);
+  std::unordered_set<const autograd::Node*> visited;
+  std::vector<const autograd::Node*> stack;
+  for (const Tensor& o : outputs) {
+    autograd::Edge e = autograd::GradientEdge(o);
+    if (e.valid() && visited.insert(e.node.get()).second)
+      stack.push_back(e.node.get());
+  }
+  while (!stack.empty()) {
+    const autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(node)) {
+      auto it = index_of_.find(acc->variable().autograd_meta());
+      if (it != index_of_.end()) reached[it->second] = true;
+    }
+    for (const autograd::Edge& e : node->next_edges()) {
+      if (e.valid() && visited.insert(e.node.get()).second)
+        stack.push_back(e.node.get());
+    }
+  }
+  return reached;
+}
+
+absl::Status Reducer::Prepare(const std::vector<Tensor>& outputs) {
+  MutexLock l(&mu_);
+  std::vector<bool> reached;
+  if (options_.find_unused_parameters) {
+    if (options_.static_graph && !static_reached_.empty()) {
+      reached = static_reached_;
+    } else {
+      reached = Reachable(outputs);
+      if (options_.static_graph) static_reached_ = reached;
+    }
+  }
+  if (state_ == State::kBroken)
+    return absl::FailedPreconditionError(
+        "DDP: an earlier pass failed; the group is out of step");
+  if (state_ == State::kActive)
+    return absl::FailedPreconditionError(
+        "DDP: Prepare called twice without Finish");
+  state_ = State::kActive;
+  next_launch_ = 0;
+  next_complete_ = 0;
+  deferred_ = absl::OkStatus();
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (Bucket& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.result = Future<Tensor>();
+  }
+  if (!options_.find_unused_parameters) return absl::OkStatus();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!reached[i]) {
+      CopyIntoSlot(static_cast<int>(i));
+      MarkReady(static_cast<int>(i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Reducer::MissingError() const {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i])
+      missing.push_back(absl::StrCat("'", names_[i], "' (", i, ")"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "DDP on rank ", pg_->rank(), ": parameters ",
+      absl::StrJoin(missing, ", "),
+      " received no gradient in this backward pass, so their buckets were "
+      "never reduced; other ranks will fail on their timeout. If parts of "
+      "the model go unused, set find_unused_parameters"));
+}
+
+absl::Status Reducer::Finish() {
+  MutexLock l(&mu_);
+  if (state_ != State::kActive)
+    return absl::FailedPreconditionError("DDP: Finish without Prepare");
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::Status status = deferred_;
+  if (status.ok() && next_launch_ < static_cast<int>(buckets_.size()))
+    status = MissingError();
+  for (int k = next_complete_; k < next_launch_; ++k) {
+    // Waits even after an error: launched buckets must drain (bounded).
+    absl::Status waited = buckets_[k].result.Wait(
+        std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (!status.ok()) continue;
+    status = waited.ok()
+                 ? CompleteBucket(k)
+                 : Annotate(waited, absl::StrCat("DDP bucket ", k, " on rank ",
+                                                 pg_->rank()));
+  }
+  if (!status.ok()) {
+    state_ = State::kBroken;
+    return status;
+  }
+  state_ = State::kIdle;
+  ++passes_;
+  if (!rebuilt_ && options_.rebuild_buckets &&
+      (!options_.find_unused_parameters || options_.static_graph)) {
+    absl::Status s = Rebuild();
+    if (!s.ok()) {
+      state_ = State::kBroken;
+      return s;
+    }
+  }
+  rebuilt_ = true;
+  ready_order_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Reducer::Rebuild() {
+  const int64_t n = static_cast<int64_t>(params_.size());
+  if (static_cast<int64_t>(ready_order_.size()) != n)
+    return absl::InternalError("DDP: ready order incomplete");
+  Tensor order = from_vector<int64_t>(
+      std::vector<int64_t>(ready_order_.begin(), ready_order_.end()));
+  c10d::BroadcastOptions o;
+  o.root = 0;
+  absl::Status s = pg_->Broadcast(order, o)->Wait(options_.timeout);
+  if (!s.ok()) return Annotate(s, "DDP: broadcasting the bucket order");
+  std::vector<int> agreed;
+  std::vector<bool> seen(n, false);
+  for (int64_t v : order.to_vector<int64_t>()) {
+    if (v < 0 || v >= n || seen[v])
+      return absl::InternalError("DDP: rank 0 sent an invalid bucket order");
+    seen[v] = true;
+    agreed.push_back(static_cast<int>(v));
+  }
+  BuildBuckets(AssignBuckets(params_, agreed, options_.first_bucket_bytes,
+                             options_.bucket_cap_bytes));
+  return absl::OkStatus();
+}
+
+std::vector<std::vector<int>> Reducer::buckets() const {
+  MutexLock l(&mu_);
+  std::vector<std::vector<int>> out;
+  for (const Bucket& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+int64_t Reducer::bytes_reduced() const {
+  MutexLock l(&mu_);
+  return bytes_reduced_;
+}
+
+int64_t Reducer::steps_during_backward() const {
+  MutexLock l(&mu_);
+  return steps_during_backward_;
+}
+
+int64_t Reducer::passes() const {
+  MutexLock l(&mu_);
+  return passes_;
+}
+
+}  // namespace ferry::ddp

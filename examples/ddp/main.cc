@@ -1,0 +1,212 @@
+// Data-parallel training of an MLP classifier with DistributedDataParallel.
+//
+//   bazel build --config=opt //examples/ddp //tools/launcher:ferry_run
+//   bazel-bin/tools/launcher/ferry_run --nproc 2 -- bazel-bin/examples/ddp/ddp
+//
+// Every rank generates the same seeded Gaussian clusters and trains on its
+// own shard of each global batch (rank r takes rows [r*B, (r+1)*B) of the
+// step's W*B rows). Ranks start from *different* initial weights:
+// DistributedDataParallel broadcasts rank 0's at construction. Rank 0 prints
+// progress (step, its shard's loss, global samples/s) and the held-out
+// accuracy. At the end all ranks all-gather their parameters and check they
+// are bit-identical; the exit status is 1 otherwise (or when accuracy stays
+// below --target_accuracy).
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/nn.h"
+#include "autograd/ops.h"
+#include "c10d/init.h"
+#include "common/status.h"
+#include "ddp/distributed_data_parallel.h"
+#include "optim/optim.h"
+#include "store/tcp_store.h"
+
+ABSL_FLAG(int64_t, steps, 300, "training steps");
+ABSL_FLAG(int64_t, batch, 32, "rows per rank per step");
+ABSL_FLAG(int64_t, hidden, 64, "hidden width");
+ABSL_FLAG(int64_t, log_every, 50, "progress every N steps (rank 0)");
+ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
+ABSL_FLAG(double, target_accuracy, 0.9, "held-out accuracy to reach");
+ABSL_FLAG(bool, fp16, false, "compress gradients to float16 on the wire");
+ABSL_FLAG(bool, bucket_view, true, "gradients as views into bucket buffers");
+
+namespace ferry {
+namespace {
+
+constexpr int64_t kDim = 8;
+constexpr int64_t kClasses = 4;
+
+struct Data {
+  Tensor x;  // [n, kDim] float32
+  Tensor y;  // [n] int64
+};
+
+// Points around kClasses centres (the centres are the same for every seed).
+Data Clusters(int64_t n, uint64_t seed) {
+  Tensor centres = randn({kClasses, kDim}, 7).mul(1.5);
+  Tensor noise = randn({n, kDim}, seed);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) {
+    labels[i] = (i * 7 + static_cast<int64_t>(seed)) % kClasses;
+    noise[i].add_(centres[labels[i]]);
+  }
+  return {noise, from_vector(labels)};
+}
+
+std::shared_ptr<nn::Sequential> Mlp(int64_t hidden, uint64_t seed) {
+  auto m = std::make_shared<nn::Sequential>();
+  m->Append(std::make_shared<nn::Linear>(kDim, hidden, seed));
+  m->Append(std::make_shared<nn::ReLU>());
+  m->Append(std::make_shared<nn::Linear>(hidden, hidden, seed + 2));
+  m->Append(std::make_shared<nn::ReLU>());
+  m->Append(std::make_shared<nn::Linear>(hidden, kClasses, seed + 4));
+  return m;
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  int out = fallback;
+  if (v == nullptr || !absl::SimpleAtoi(v, &out)) return fallback;
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> JoinGroup() {
+  const int rank = EnvInt("RANK", 0);
+  const int world = EnvInt("WORLD_SIZE", 1);
+  TcpStoreOptions so;
+  const char* addr = std::getenv("MASTER_ADDR");
+  so.host = addr != nullptr ? addr : "127.0.0.1";
+  so.port = EnvInt("MASTER_PORT", 29500);
+  // Under ferry_run the launcher serves the store; otherwise rank 0 does.
+  const char* agent = std::getenv("FERRY_USE_AGENT_STORE");
+  so.is_server = !(agent != nullptr && std::strcmp(agent, "1") == 0) &&
+                 rank == 0;
+  so.timeout = absl::Seconds(60);
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(so));
+  c10d::InitProcessGroupOptions o;
+  o.store = std::shared_ptr<Store>(std::move(store));
+  o.rank = rank;
+  o.world_size = world;
+  o.group.timeout = absl::Seconds(60);
+  return c10d::InitProcessGroup(std::move(o));
+}
+
+double Accuracy(nn::Module& model, const Data& d) {
+  autograd::NoGradGuard no_grad;
+  std::vector<float> logits = model.Forward(d.x).to_vector<float>();
+  std::vector<int64_t> y = d.y.to_vector<int64_t>();
+  int64_t correct = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < kClasses; ++c) {
+      if (logits[i * kClasses + c] > logits[i * kClasses + best]) best = c;
+    }
+    correct += best == y[i];
+  }
+  return static_cast<double>(correct) / static_cast<double>(y.size());
+}
+
+// Whether every rank holds exactly rank 0's parameter bits.
+absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg, nn::Module& model) {
+  std::vector<Tensor> flat;
+  for (const Tensor& p : model.parameters()) flat.push_back(p.reshape({-1}));
+  Tensor mine = autograd::Detach(autograd::cat(flat, 0));
+  std::vector<Tensor> all;
+  for (int r = 0; r < pg.size(); ++r) all.push_back(empty_like(mine));
+  RETURN_IF_ERROR(pg.Allgather(all, mine)->Wait(absl::Seconds(60)));
+  for (const Tensor& t : all) {
+    if (std::memcmp(t.data_ptr(), all[0].data_ptr(), t.nbytes()) != 0)
+      return false;
+  }
+  return true;
+}
+
+int Run() {
+  auto pg = JoinGroup();
+  if (!pg.ok()) {
+    std::cerr << "ddp example: " << pg.status() << "\n";
+    return 2;
+  }
+  const int rank = (*pg)->rank();
+  const int world = (*pg)->size();
+  const int64_t batch = absl::GetFlag(FLAGS_batch);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  auto model = Mlp(absl::GetFlag(FLAGS_hidden), 11 + 100 * rank);
+  ddp::DdpOptions o;
+  o.gradient_as_bucket_view = absl::GetFlag(FLAGS_bucket_view);
+  if (absl::GetFlag(FLAGS_fp16)) o.comm_hook = ddp::Fp16CompressHook();
+  o.first_bucket_bytes = 16 << 10;
+  auto ddp = ddp::DistributedDataParallel::Create(model, *pg, o);
+  if (!ddp.ok()) {
+    std::cerr << "ddp example: " << ddp.status() << "\n";
+    return 2;
+  }
+  optim::SgdOptions so;
+  so.lr = absl::GetFlag(FLAGS_lr);
+  so.momentum = 0.9;
+  optim::SGD sgd(model->parameters(), so);
+  nn::CrossEntropyLoss loss_fn;
+  const int64_t n = steps * world * batch;
+  Data train = Clusters(n, 1);
+  Data test = Clusters(1024, 2);
+  const int64_t log_every = absl::GetFlag(FLAGS_log_every);
+  absl::Time window = absl::Now();
+  for (int64_t step = 1; step <= steps; ++step) {
+    const int64_t at = ((step - 1) * world + rank) * batch;
+    Tensor x = train.x.slice(0, at, at + batch);
+    Tensor y = train.y.slice(0, at, at + batch);
+    for (const Tensor& p : model->parameters()) {
+      Tensor g = autograd::GradOf(p);
+      if (g.defined()) g.zero_();  // In place: keeps bucket views.
+    }
+    Tensor loss = loss_fn((*ddp)->Forward(x), y);
+    absl::Status s = (*ddp)->Backward(loss);
+    if (s.ok()) s = sgd.Step();
+    if (!s.ok()) {
+      std::cerr << "ddp example: step " << step << ": " << s << "\n";
+      return 2;
+    }
+    if (rank == 0 && log_every > 0 && step % log_every == 0) {
+      const double secs = absl::ToDoubleSeconds(absl::Now() - window);
+      std::cout << "step " << step << " loss " << loss.item()
+                << " samples/s "
+                << static_cast<int64_t>(log_every * world * batch / secs)
+                << std::endl;
+      window = absl::Now();
+    }
+  }
+  auto same = BitIdentical(**pg, *model);
+  if (!same.ok()) {
+    std::cerr << "ddp example: " << same.status() << "\n";
+    return 2;
+  }
+  const double acc = Accuracy(*model, test);
+  if (rank == 0) {
+    std::cout << "held-out accuracy " << acc << "\n"
+              << "parameters " << (*same ? "bit-identical" : "DIFFER")
+              << " across " << world << " ranks" << std::endl;
+  }
+  return *same && acc >= absl::GetFlag(FLAGS_target_accuracy) ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return ferry::Run();
+}
