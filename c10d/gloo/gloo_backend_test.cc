@@ -32,6 +32,11 @@ BackendUnderTest GlooUnderTest(bool check_args) {
     return std::unique_ptr<Backend>(std::move(*backend));
   };
   b.detects_mismatch = check_args;
+  for (OpType op : {OpType::kAllgatherIntoTensor, OpType::kReduceScatterTensor,
+                    OpType::kAlltoallSingle, OpType::kRecvAnysource,
+                    OpType::kMonitoredBarrier}) {
+    b.ops.push_back(op);
+  }
   return b;
 }
 
