@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -129,8 +130,20 @@ struct GlooBackend::P2P {
 };
 
 absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
-    const std::map<std::string, std::string>& options) {
+    const std::map<std::string, std::string>& options,
+    std::optional<std::string> debug_level) {
   GlooBackendOptions out;
+  if (debug_level.has_value() && !debug_level->empty()) {
+    if (*debug_level == "OFF") {
+      out.check_args = false;
+    } else if (*debug_level == "DETAIL") {
+      out.log_calls = true;
+    } else if (*debug_level != "INFO") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FERRY_DISTRIBUTED_DEBUG='", *debug_level,
+                       "' is not one of OFF, INFO, DETAIL"));
+    }
+  }
   for (const auto& [key, value] : options) {
     if (key == "hostname") {
       out.hostname = value;
@@ -157,8 +170,12 @@ absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
 BackendFactory GlooBackend::Factory() {
   return [](const BackendConfig& config)
              -> absl::StatusOr<std::unique_ptr<Backend>> {
+    const char* level = std::getenv("FERRY_DISTRIBUTED_DEBUG");
     ASSIGN_OR_RETURN(GlooBackendOptions options,
-                     GlooBackendOptions::FromMap(config.options));
+                     GlooBackendOptions::FromMap(
+                         config.options,
+                         level == nullptr ? std::nullopt
+                                          : std::optional<std::string>(level)));
     ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,
                      GlooBackend::Create(config.store, config.rank, config.size,
                                          config.timeout, options));
@@ -414,6 +431,10 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
 }
 
 absl::Status GlooBackend::RunOp(Op& op) {
+  if (options_.log_calls) {
+    FERRY_LOG(INFO) << op.work->description() << ": "
+                    << HeaderString(op.header);
+  }
   if (options_.check_args) {
     std::vector<char>& blocks = exchange_buf_;
     RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout, &blocks));

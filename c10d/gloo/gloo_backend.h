@@ -67,6 +67,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,13 +97,22 @@ struct GlooBackendOptions {
   std::string hostname = "127.0.0.1";
   // Exchange argument headers before each collective (see above).
   bool check_args = true;
+  // Log every collective's signature (op, dtype, count, root, sequence
+  // number) at INFO before it runs.
+  bool log_calls = false;
   // Threads that wait for Send/Recv completion (posting never waits).
   int p2p_threads = 4;
 
   // From BackendConfig::options: "hostname", "check_args" (true/false),
   // "p2p_threads". InvalidArgument naming an unknown key or bad value.
+  // Where "check_args" is not given, FERRY_DISTRIBUTED_DEBUG (read from
+  // `debug_level`, normally the environment) decides, in the spirit of
+  // TORCH_DISTRIBUTED_DEBUG: OFF turns the check off; INFO (the default,
+  // also when unset) keeps it; DETAIL keeps it and sets log_calls. Any
+  // other value is InvalidArgument.
   static absl::StatusOr<GlooBackendOptions> FromMap(
-      const std::map<std::string, std::string>& options);
+      const std::map<std::string, std::string>& options,
+      std::optional<std::string> debug_level = std::nullopt);
 };
 
 namespace gloo_internal {

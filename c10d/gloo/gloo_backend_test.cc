@@ -220,6 +220,27 @@ TEST(GlooBackendTest, SmallAgainstLargeMismatchIsCaughtSafely) {
   t1.join();
 }
 
+TEST(GlooBackendOptionsTest, DistributedDebugLevel) {
+  auto off = GlooBackendOptions::FromMap({}, "OFF");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->check_args);
+  auto info = GlooBackendOptions::FromMap({}, "INFO");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->check_args);
+  EXPECT_FALSE(info->log_calls);
+  auto detail = GlooBackendOptions::FromMap({}, "DETAIL");
+  ASSERT_TRUE(detail.ok());
+  EXPECT_TRUE(detail->check_args && detail->log_calls);
+  // An explicit option wins over the environment.
+  auto forced = GlooBackendOptions::FromMap({{"check_args", "true"}}, "OFF");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(forced->check_args);
+  auto bad = GlooBackendOptions::FromMap({}, "LOUD");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("FERRY_DISTRIBUTED_DEBUG"));
+}
+
 }  // namespace
 }  // namespace c10d
 }  // namespace ferry
