@@ -690,7 +690,6 @@ TEST_P(BackendConformanceTest, FlatCollectivesAndUnevenAlltoall) {
           bad.input_split_sizes[0] -= 1;
         }
         absl::Status m = b.AlltoallSingle(a_out, a_in, bad)->Wait(kTimeout);
-        if (r == 0 && o.input_split_sizes[0] == 0) return;
         EXPECT_EQ(m.code(), absl::StatusCode::kInvalidArgument) << m;
         EXPECT_THAT(std::string(m.message()), HasSubstr("split sizes differ"));
       }
