@@ -19,6 +19,18 @@
 //   Alltoall(outs, ins)       outs[r] = rank r's ins[rank]
 //   Barrier()                 completes once every rank has called it
 //   Send(t, dst) / Recv(t, src)  point to point, matched by tag
+//   AllgatherIntoTensor(out, in)  out = concat over ranks r of r's in
+//                             (out.numel() == size * in.numel())
+//   ReduceScatterTensor(out, in)  out = op over ranks of chunk `rank` of in
+//                             (in.numel() == size * out.numel())
+//   AlltoallSingle(out, in, splits)  rows of in go to ranks by
+//                             input_split_sizes; out's rows come from ranks
+//                             by output_split_sizes (uneven allowed)
+//   RecvAnysource(t)          like Recv from whichever rank sends first
+//                             with that tag; the Work's source_rank() names it
+//   BatchIsendIrecv(ops)      posts every Send/Recv of `ops`, one Work each
+//   MonitoredBarrier()        blocking barrier through rank 0 that names
+//                             the ranks that did not arrive in time
 // The caller must keep the tensors' elements untouched until the Work
 // completes (the backend holds references, so they stay alive).
 //
@@ -87,6 +99,29 @@ class Backend {
                                      const SendOptions& options = {});
   virtual std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                                      const RecvOptions& options = {});
+  virtual std::shared_ptr<Work> AllgatherIntoTensor(
+      Tensor output, Tensor input, const AllgatherOptions& options = {});
+  virtual std::shared_ptr<Work> ReduceScatterTensor(
+      Tensor output, Tensor input, const ReduceScatterOptions& options = {});
+  virtual std::shared_ptr<Work> AlltoallSingle(
+      Tensor output, Tensor input, const AlltoallSingleOptions& options = {});
+  virtual std::shared_ptr<Work> RecvAnysource(Tensor tensor,
+                                              const RecvOptions& options = {});
+  // Default: Send / Recv for each entry, in order. Backends that can group
+  // them (NCCL) override it.
+  virtual std::vector<std::shared_ptr<Work>> BatchIsendIrecv(
+      std::vector<P2POp> ops);
+
+  // Blocks until every rank has called it or the timeout passes. Ranks
+  // other than 0 send to rank 0 on tag kMonitoredBarrierTag and wait (up to
+  // twice the timeout) for its verdict; rank 0 waits up to the timeout for
+  // them. A rank that is late makes every rank that did arrive fail with
+  // DeadlineExceeded naming the late ranks (rank 0 stops at the first late
+  // one unless wait_all_ranks). A failure may leave the backend unusable
+  // (gloo closes its pairs after a timed-out wait). Uses Send / Recv.
+  absl::Status MonitoredBarrier(const MonitoredBarrierOptions& options = {});
+  // Reserved for MonitoredBarrier; user Send/Recv must not use it.
+  static constexpr int kMonitoredBarrierTag = 0x7FFFFFF0;
 
   // "<name> <op> (rank R of N)": the prefix of this backend's Work names.
   std::string Describe(OpType op) const;
@@ -160,6 +195,18 @@ class ArgChecks {
   // `size` inputs and `size` outputs, all like inputs[0].
   absl::Status Alltoall(const std::vector<Tensor>& outputs,
                         const std::vector<Tensor>& inputs) const;
+  // `big` has `size` times the elements of `small`, same dtype and device
+  // (AllgatherIntoTensor, ReduceScatterTensor).
+  absl::Status Flat(OpType op, const Tensor& big, absl::string_view big_what,
+                    const Tensor& small, absl::string_view small_what) const;
+  // AlltoallSingle: both tensors have dim >= 1, the same dtype and row shape;
+  // each split list is empty (dim 0 divisible by size) or has `size`
+  // non-negative entries summing to dim 0. On success *out_rows / *in_rows
+  // hold the resolved splits.
+  absl::Status AlltoallSingle(const Tensor& output, const Tensor& input,
+                              const AlltoallSingleOptions& options,
+                              std::vector<int64_t>* out_rows,
+                              std::vector<int64_t>* in_rows) const;
   // Send/Recv: the tensor, a peer that is another rank, a tag >= 0.
   absl::Status PointToPoint(OpType op, const Tensor& t, int peer,
                             int tag) const;

@@ -10,6 +10,11 @@
 // 0 serves; file:// a FileStore). rank / world_size come from the options,
 // else from the URL's query or RANK / WORLD_SIZE.
 //
+// Under a launcher that already serves the store, every rank connects as a
+// client instead: ferry_run sets FERRY_USE_AGENT_STORE=1, torchrun sets
+// TORCHELASTIC_USE_AGENT_STORE=True (then keys live under
+// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", as torch does).
+//
 // Thread safety: stateless; the returned group is documented in
 // process_group.h. No process-wide default group is kept: pass the returned
 // group around.
@@ -37,6 +42,16 @@ struct InitProcessGroupOptions {
   // Null: MakeDefaultBackendRegistry().
   std::shared_ptr<const BackendRegistry> registry;
 };
+
+// What the environment says about a launcher-served store.
+struct AgentStore {
+  bool use = false;    // Connect as a client even on rank 0.
+  std::string prefix;  // Non-empty: wrap the store in a PrefixStore.
+};
+// Reads FERRY_USE_AGENT_STORE / TORCHELASTIC_USE_AGENT_STORE ("1", "True" or
+// "true" enable) and TORCHELASTIC_RESTART_COUNT (InvalidArgument when not an
+// integer).
+absl::StatusOr<AgentStore> AgentStoreFromEnv(const EnvLookup& env = GetEnv);
 
 // InvalidArgument when neither or both of store / init_method are given, or
 // rank / world_size are missing; the store's or backend's error otherwise

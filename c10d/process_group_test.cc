@@ -3,6 +3,7 @@
 #include <atomic>
 #include <functional>
 #include <latch>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -298,6 +299,36 @@ TEST(InitProcessGroupTest, TcpInitMethodSingleRank) {
   Tensor x = full({3}, 2);
   ASSERT_TRUE((*pg)->Allreduce(x)->Wait(kTimeout).ok());
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 2));
+}
+
+TEST(InitProcessGroupTest, AgentStoreFromEnv) {
+  auto lookup = [](std::map<std::string, std::string> vars) {
+    return [vars](absl::string_view k) -> std::optional<std::string> {
+      auto it = vars.find(std::string(k));
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    };
+  };
+  auto none = AgentStoreFromEnv(lookup({}));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->use);
+  auto ferry = AgentStoreFromEnv(lookup({{"FERRY_USE_AGENT_STORE", "1"}}));
+  ASSERT_TRUE(ferry.ok());
+  EXPECT_TRUE(ferry->use);
+  EXPECT_EQ(ferry->prefix, "");
+  auto torch =
+      AgentStoreFromEnv(lookup({{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                {"TORCHELASTIC_RESTART_COUNT", "2"}}));
+  ASSERT_TRUE(torch.ok());
+  EXPECT_TRUE(torch->use);
+  EXPECT_EQ(torch->prefix, "/worker/attempt_2");
+  auto off =
+      AgentStoreFromEnv(lookup({{"TORCHELASTIC_USE_AGENT_STORE", "False"}}));
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->use);
+  auto bad = AgentStoreFromEnv(lookup({{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                       {"TORCHELASTIC_RESTART_COUNT", "x"}}));
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
 }
 
 }  // namespace

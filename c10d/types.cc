@@ -49,6 +49,16 @@ absl::string_view OpTypeName(OpType op) {
       return "Send";
     case OpType::kRecv:
       return "Recv";
+    case OpType::kAllgatherIntoTensor:
+      return "AllgatherIntoTensor";
+    case OpType::kReduceScatterTensor:
+      return "ReduceScatterTensor";
+    case OpType::kAlltoallSingle:
+      return "AlltoallSingle";
+    case OpType::kRecvAnysource:
+      return "RecvAnysource";
+    case OpType::kMonitoredBarrier:
+      return "MonitoredBarrier";
   }
   return "UnknownOp";
 }

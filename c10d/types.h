@@ -9,10 +9,13 @@
 #ifndef FERRY_C10D_TYPES_H_
 #define FERRY_C10D_TYPES_H_
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {
@@ -52,6 +55,12 @@ enum class OpType : int {
   kBarrier,
   kSend,
   kRecv,
+  // Added after the first release; values stay stable.
+  kAllgatherIntoTensor,
+  kReduceScatterTensor,
+  kAlltoallSingle,
+  kRecvAnysource,
+  kMonitoredBarrier,
 };
 
 // "Allreduce", "Broadcast", ... (the method names).
@@ -96,6 +105,15 @@ struct AlltoallOptions {
   std::optional<absl::Duration> timeout = std::nullopt;
 };
 
+// torch.distributed.all_to_all_single: splits count rows (dim 0) sent to /
+// received from each rank; empty means dim 0 divided equally by the group
+// size.
+struct AlltoallSingleOptions {
+  std::vector<int64_t> output_split_sizes;
+  std::vector<int64_t> input_split_sizes;
+  std::optional<absl::Duration> timeout = std::nullopt;
+};
+
 struct BarrierOptions {
   std::optional<absl::Duration> timeout = std::nullopt;
 };
@@ -110,6 +128,23 @@ struct SendOptions {
 struct RecvOptions {
   int tag = 0;
   std::optional<absl::Duration> timeout = std::nullopt;
+};
+
+// One entry of a batched point-to-point call (torch.distributed.P2POp).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  Tensor tensor;
+  int peer = 0;
+  int tag = 0;
+};
+
+// torch.distributed.monitored_barrier.
+struct MonitoredBarrierOptions {
+  std::optional<absl::Duration> timeout = std::nullopt;
+  // Rank 0 waits for every rank (naming all late ones) rather than failing
+  // at the first that is late.
+  bool wait_all_ranks = false;
 };
 
 }  // namespace c10d

@@ -20,6 +20,7 @@
 #ifndef FERRY_C10D_WORK_H_
 #define FERRY_C10D_WORK_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -64,10 +65,16 @@ class Work {
   // if it was already complete.
   bool Complete(absl::Status status);
 
+  // RecvAnysource: the rank the message came from, set by the backend
+  // before it completes the work; -1 otherwise.
+  int source_rank() const { return source_rank_.load(); }
+  void set_source_rank(int rank) { source_rank_.store(rank); }
+
  private:
   const std::string description_;
   Promise<void> promise_;
   const Future<void> future_;
+  std::atomic<int> source_rank_{-1};
 };
 
 }  // namespace c10d

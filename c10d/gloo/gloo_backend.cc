@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -17,6 +18,7 @@
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
+#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -39,6 +41,8 @@ constexpr uint64_t kP2PHeaderPrefix = 0x41;
 constexpr uint64_t kP2PPayloadPrefix = 0x42;
 // Slot prefix of the per-call header exchange.
 constexpr uint64_t kExchangePrefix = 0x43;
+// Slot prefix of the ring reduce-scatter's steps.
+constexpr uint64_t kRingPrefix = 0x44;
 // Largest mismatched payload a Recv drains (see WaitP2P).
 constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
 
@@ -126,8 +130,20 @@ struct GlooBackend::P2P {
 };
 
 absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
-    const std::map<std::string, std::string>& options) {
+    const std::map<std::string, std::string>& options,
+    std::optional<std::string> debug_level) {
   GlooBackendOptions out;
+  if (debug_level.has_value() && !debug_level->empty()) {
+    if (*debug_level == "OFF") {
+      out.check_args = false;
+    } else if (*debug_level == "DETAIL") {
+      out.log_calls = true;
+    } else if (*debug_level != "INFO") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FERRY_DISTRIBUTED_DEBUG='", *debug_level,
+                       "' is not one of OFF, INFO, DETAIL"));
+    }
+  }
   for (const auto& [key, value] : options) {
     if (key == "hostname") {
       out.hostname = value;
@@ -154,8 +170,12 @@ absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
 BackendFactory GlooBackend::Factory() {
   return [](const BackendConfig& config)
              -> absl::StatusOr<std::unique_ptr<Backend>> {
+    const char* level = std::getenv("FERRY_DISTRIBUTED_DEBUG");
     ASSIGN_OR_RETURN(GlooBackendOptions options,
-                     GlooBackendOptions::FromMap(config.options));
+                     GlooBackendOptions::FromMap(
+                         config.options,
+                         level == nullptr ? std::nullopt
+                                          : std::optional<std::string>(level)));
     ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,
                      GlooBackend::Create(config.store, config.rank, config.size,
                                          config.timeout, options));
@@ -261,6 +281,7 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   op->fill_inline = std::move(path.fill);
   op->inline_bytes = path.bytes;
   op->finish_inline = std::move(path.finish);
+  op->check_inline = std::move(path.check);
   std::shared_ptr<Work> work;
   {
     MutexLock lock(&mu_);
@@ -410,17 +431,22 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
 }
 
 absl::Status GlooBackend::RunOp(Op& op) {
+  if (options_.log_calls) {
+    FERRY_LOG(INFO) << op.work->description() << ": "
+                    << HeaderString(op.header);
+  }
   if (options_.check_args) {
     std::vector<char>& blocks = exchange_buf_;
     RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout, &blocks));
-    if (op.finish_inline) {
-      // Every rank's payload came with the headers: no second round.
-      const size_t block = sizeof(Header) + InlineBytes();
-      std::vector<const char*> data(size());
-      for (int r = 0; r < size(); ++r) {
-        data[r] = blocks.data() + r * block + sizeof(Header);
-      }
-      return op.finish_inline(data);
+    const size_t block = sizeof(Header) + InlineBytes();
+    std::vector<const char*> data(size());
+    for (int r = 0; r < size(); ++r) {
+      data[r] = blocks.data() + r * block + sizeof(Header);
+    }
+    // Every rank's payload came with the headers: no second round.
+    if (op.finish_inline) return op.finish_inline(data);
+    if (op.check_inline) {
+      RETURN_IF_ERROR(Annotate(op.check_inline(data), op.work->description()));
     }
   }
   uint32_t tag = op.seq * 2 + 1;
@@ -691,43 +717,205 @@ std::shared_ptr<Work> GlooBackend::ReduceScatter(
   constexpr OpType kOp = OpType::kReduceScatter;
   absl::Status local =
       Checks().WithList(kOp, output, "output", inputs, "inputs");
+  Tensor flat;
+  if (local.ok()) {
+    // The ring reads one flat buffer; copying the list costs one local pass.
+    flat = empty({size() * output.numel()}, output.dtype());
+    char* base = static_cast<char*>(flat.data_ptr());
+    for (int r = 0; r < size(); ++r) {
+      CopyBytes(base + r * output.nbytes(), inputs[r].data_ptr(),
+                output.nbytes());
+    }
+  }
+  return EnqueueReduceScatter(kOp, std::move(output), std::move(flat), local,
+                              options);
+}
+
+std::shared_ptr<Work> GlooBackend::ReduceScatterTensor(
+    Tensor output, Tensor input, const ReduceScatterOptions& options) {
+  constexpr OpType kOp = OpType::kReduceScatterTensor;
+  absl::Status local = Checks().Flat(kOp, input, "input", output, "output");
+  return EnqueueReduceScatter(kOp, std::move(output), std::move(input), local,
+                              options);
+}
+
+std::shared_ptr<Work> GlooBackend::EnqueueReduceScatter(
+    OpType op, Tensor output, Tensor flat_input, absl::Status local,
+    const ReduceScatterOptions& options) {
   Header h;
   h.reduce_op = static_cast<int64_t>(options.op);
-  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
   if (output.defined()) {
     h.dtype = static_cast<int64_t>(output.dtype());
     h.count = output.numel();
   }
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
   if (local.ok()) {
     fn = GetReduceFn(output.dtype(), options.op);
     if (!fn.ok()) local = fn.status();
   }
   ReduceOp rop = options.op;
   int n = size();
-  int me = rank();
   return Enqueue(
-      kOp, h, local, options.timeout,
-      [this, inputs = std::move(inputs), output, rop, n, me,
+      op, h, local, options.timeout,
+      [this, input = std::move(flat_input), output, rop, n,
        fn = fn.value_or(nullptr)](
           uint32_t tag, absl::Duration timeout) mutable -> absl::Status {
-        size_t nbytes = output.nbytes();
-        if (nbytes == 0) return absl::OkStatus();
-        Tensor flat = empty({n * output.numel()}, output.dtype());
-        char* base = static_cast<char*>(flat.data_ptr());
-        for (int r = 0; r < n; ++r) {
-          CopyBytes(base + r * nbytes, inputs[r].data_ptr(), nbytes);
-        }
-        ::gloo::AllreduceOptions o(context_);
-        SetOutputBySize(o, flat.data_ptr(), flat.numel(), flat.itemsize());
-        o.setReduceFunction([fn](void* c, const void* a, const void* b,
-                                 size_t k) { fn(c, a, b, k); });
-        o.setTag(tag);
-        o.setTimeout(ToMillis(timeout));
-        ::gloo::allreduce(o);
-        CopyBytes(output.data_ptr(), base + me * nbytes, nbytes);
+        if (output.numel() == 0) return absl::OkStatus();
+        RETURN_IF_ERROR(RingReduceScatter(input, output, fn, tag, timeout));
         if (rop == ReduceOp::kAvg) FinishAverage(output, n);
         return absl::OkStatus();
       });
+}
+
+absl::Status GlooBackend::RingReduceScatter(const Tensor& input, Tensor& output,
+                                            ReduceFn fn, uint32_t tag,
+                                            absl::Duration timeout) {
+  const int n = size();
+  const int me = rank();
+  const size_t bytes = output.nbytes();
+  const size_t numel = static_cast<size_t>(output.numel());
+  const char* in = static_cast<const char*>(input.data_ptr());
+  if (n == 1) {
+    CopyBytes(output.data_ptr(), in, bytes);
+    return absl::OkStatus();
+  }
+  // Step s sends chunk (me-s-1) (its partial sum so far) to the right and
+  // reduces chunk (me-s-2) from the left with this rank's own; after n-1
+  // steps the chunk reduced last is chunk `me`, summed over every rank.
+  // acc[s % 2] holds step s's result: what step s+1 sends.
+  std::vector<char> acc[2] = {std::vector<char>(bytes),
+                              std::vector<char>(bytes)};
+  std::vector<char> incoming(bytes);
+  auto in_buf = context_->createUnboundBuffer(const_cast<char*>(in),
+                                              bytes * static_cast<size_t>(n));
+  std::unique_ptr<::gloo::transport::UnboundBuffer> acc_buf[2] = {
+      context_->createUnboundBuffer(acc[0].data(), bytes),
+      context_->createUnboundBuffer(acc[1].data(), bytes)};
+  auto incoming_buf = context_->createUnboundBuffer(incoming.data(), bytes);
+  const int right = (me + 1) % n;
+  const int left = (me + n - 1) % n;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int s = 0; s < n - 1; ++s) {
+    const uint64_t slot =
+        (kRingPrefix << 56) | (uint64_t{tag} << 16) | static_cast<uint64_t>(s);
+    const int send_chunk = ((me - s - 1) % n + n) % n;
+    const int recv_chunk = ((me - s - 2) % n + n) % n;
+    incoming_buf->recv(left, slot, 0, bytes);
+    if (s == 0) {
+      in_buf->send(right, slot, send_chunk * bytes, bytes);
+    } else {
+      acc_buf[(s - 1) % 2]->send(right, slot, 0, bytes);
+    }
+    incoming_buf->waitRecv(ToMillis(deadline - absl::Now()));
+    void* dst = s == n - 2 ? output.data_ptr() : acc[s % 2].data();
+    fn(dst, in + recv_chunk * bytes, incoming.data(), numel);
+    // The send must be done before its buffer is overwritten two steps on.
+    if (s == 0) {
+      in_buf->waitSend(ToMillis(deadline - absl::Now()));
+    } else {
+      acc_buf[(s - 1) % 2]->waitSend(ToMillis(deadline - absl::Now()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> GlooBackend::AllgatherIntoTensor(
+    Tensor output, Tensor input, const AllgatherOptions& options) {
+  constexpr OpType kOp = OpType::kAllgatherIntoTensor;
+  absl::Status local = Checks().Flat(kOp, output, "output", input, "input");
+  Header h;
+  if (input.defined()) {
+    h.dtype = static_cast<int64_t>(input.dtype());
+    h.count = input.numel();
+  }
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, output, input](uint32_t tag,
+                            absl::Duration timeout) -> absl::Status {
+        size_t nbytes = input.nbytes();
+        if (nbytes == 0) return absl::OkStatus();
+        ::gloo::AllgatherOptions o(context_);
+        o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), nbytes);
+        o.setOutput<uint8_t>(static_cast<uint8_t*>(output.data_ptr()),
+                             output.nbytes());
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::allgather(o);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> GlooBackend::AlltoallSingle(
+    Tensor output, Tensor input, const AlltoallSingleOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoallSingle;
+  std::vector<int64_t> out_rows, in_rows;
+  absl::Status local =
+      Checks().AlltoallSingle(output, input, options, &out_rows, &in_rows);
+  Header h;
+  int64_t row_bytes = 0;
+  if (local.ok()) {
+    h.dtype = static_cast<int64_t>(input.dtype());
+    const int64_t rows = input.sizes()[0];
+    h.count = rows == 0 ? -1 : input.numel() / rows;  // Elements per row.
+    row_bytes = h.count < 0 ? 0 : h.count * input.itemsize();
+    if (h.count < 0) {
+      const int64_t out_dim0 = output.sizes()[0];
+      h.count = out_dim0 == 0 ? 0 : output.numel() / out_dim0;
+      row_bytes = h.count * output.itemsize();
+    }
+  }
+  const int n = size();
+  InlinePath path;
+  const size_t split_bytes = sizeof(int64_t) * 2 * static_cast<size_t>(n);
+  if (local.ok() && options_.check_args && split_bytes <= InlineBytes()) {
+    // Every rank learns every rank's splits, so all reach one verdict.
+    path.bytes = split_bytes;
+    path.fill = [in_rows, out_rows, n](char* dst) {
+      std::memcpy(dst, in_rows.data(), sizeof(int64_t) * n);
+      std::memcpy(dst + sizeof(int64_t) * n, out_rows.data(),
+                  sizeof(int64_t) * n);
+    };
+    path.check = [n](const std::vector<const char*>& data) -> absl::Status {
+      for (int src = 0; src < n; ++src) {
+        for (int dst = 0; dst < n; ++dst) {
+          int64_t sent, expected;
+          std::memcpy(&sent, data[src] + sizeof(int64_t) * dst, sizeof(sent));
+          std::memcpy(&expected, data[dst] + sizeof(int64_t) * (n + src),
+                      sizeof(expected));
+          if (sent != expected) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "rank ", src, " sends ", sent, " rows to rank ", dst,
+                ", which expects ", expected, " from it (split sizes differ)"));
+          }
+        }
+      }
+      return absl::OkStatus();
+    };
+  }
+  return Enqueue(
+      kOp, h, local, options.timeout,
+      [this, output, input, out_rows, in_rows, row_bytes](
+          uint32_t tag, absl::Duration timeout) -> absl::Status {
+        std::vector<int64_t> in_bytes, out_bytes;
+        for (int64_t r : in_rows) in_bytes.push_back(r * row_bytes);
+        for (int64_t r : out_rows) out_bytes.push_back(r * row_bytes);
+        ::gloo::AlltoallvOptions o(context_);
+        // Gloo wants a non-null buffer even for an empty side.
+        char empty_byte = 0;
+        uint8_t* in_ptr = input.nbytes() > 0
+                              ? static_cast<uint8_t*>(input.data_ptr())
+                              : reinterpret_cast<uint8_t*>(&empty_byte);
+        uint8_t* out_ptr = output.nbytes() > 0
+                               ? static_cast<uint8_t*>(output.data_ptr())
+                               : reinterpret_cast<uint8_t*>(&empty_byte);
+        o.setInput<uint8_t>(in_ptr, in_bytes);
+        o.setOutput<uint8_t>(out_ptr, out_bytes);
+        o.setTag(tag);
+        o.setTimeout(ToMillis(timeout));
+        ::gloo::alltoallv(o);
+        return absl::OkStatus();
+      },
+      std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
@@ -815,11 +1003,26 @@ std::shared_ptr<Work> GlooBackend::Recv(Tensor tensor, int src_rank,
                   options.timeout);
 }
 
+std::shared_ptr<Work> GlooBackend::RecvAnysource(Tensor tensor,
+                                                 const RecvOptions& options) {
+  return StartP2P(/*is_send=*/false, std::move(tensor), /*peer=*/-1,
+                  options.tag, options.timeout);
+}
+
 std::shared_ptr<Work> GlooBackend::StartP2P(
     bool is_send, Tensor tensor, int peer, int tag,
     std::optional<absl::Duration> timeout) {
-  const OpType kOp = is_send ? OpType::kSend : OpType::kRecv;
-  absl::Status local = Checks().PointToPoint(kOp, tensor, peer, tag);
+  const bool any_source = !is_send && peer == -1;
+  const OpType kOp = is_send      ? OpType::kSend
+                     : any_source ? OpType::kRecvAnysource
+                                  : OpType::kRecv;
+  absl::Status local = any_source
+                           ? Checks().One(kOp, tensor, "tensor")
+                           : Checks().PointToPoint(kOp, tensor, peer, tag);
+  if (local.ok() && tag < 0) {
+    local = absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(kOp), ": tag ", tag, " is negative"));
+  }
   if (!local.ok()) return Fail(kOp, local);
   auto p = std::make_shared<P2P>();
   p->is_send = is_send;
@@ -834,17 +1037,26 @@ std::shared_ptr<Work> GlooBackend::StartP2P(
     p->header[3] = static_cast<int64_t>(tensor.nbytes());
   }
   p->work = std::make_shared<Work>(
-      absl::StrCat(Describe(kOp), is_send ? " to rank " : " from rank ", peer,
-                   " tag ", tag));
+      any_source
+          ? absl::StrCat(Describe(kOp), " tag ", tag)
+          : absl::StrCat(Describe(kOp), is_send ? " to rank " : " from rank ",
+                         peer, " tag ", tag));
   try {
     p->header_buf = context_->createUnboundBuffer(p->header, sizeof(p->header));
     const uint64_t header_slot = P2PSlot(kP2PHeaderPrefix, p->tag, 0);
     if (is_send) {
       p->header_buf->send(peer, header_slot);
+    } else if (any_source) {
+      std::vector<int> peers;
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank()) peers.push_back(r);
+      }
+      p->header_buf->recv(peers, header_slot);
     } else {
       p->header_buf->recv(peer, header_slot);
     }
-    if (tensor.nbytes() > 0) {
+    // An any-source payload is posted once the header names the sender.
+    if (tensor.nbytes() > 0 && !any_source) {
       p->payload_buf =
           context_->createUnboundBuffer(tensor.data_ptr(), tensor.nbytes());
       const uint64_t payload_slot =
@@ -878,7 +1090,22 @@ void GlooBackend::WaitP2P(std::shared_ptr<P2P> p) {
       if (ok && p->payload_buf) ok = p->payload_buf->waitSend(remaining());
       if (!ok) status = absl::CancelledError("send aborted");
     } else {
-      bool ok = p->header_buf->waitRecv(remaining());
+      const bool any_source = p->peer == -1;
+      int source = p->peer;
+      bool ok = p->header_buf->waitRecv(&source, remaining());
+      if (ok && any_source) {
+        p->peer = source;
+        p->work->set_source_rank(source);
+      }
+      if (ok && any_source && p->tensor.nbytes() > 0 &&
+          p->header[0] == kP2PMagic &&
+          p->header[1] == static_cast<int64_t>(p->tensor.dtype()) &&
+          p->header[2] == p->tensor.numel()) {
+        p->payload_buf = context_->createUnboundBuffer(p->tensor.data_ptr(),
+                                                       p->tensor.nbytes());
+        p->payload_buf->recv(
+            source, P2PSlot(kP2PPayloadPrefix, p->tag, p->tensor.nbytes()));
+      }
       if (!ok) {
         status = absl::CancelledError("receive aborted");
       } else if (p->header[0] != kP2PMagic ||

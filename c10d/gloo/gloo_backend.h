@@ -44,10 +44,18 @@
 //
 // Dtypes: all nine for data movement; every (dtype, ReduceOp) pair that
 // CheckReduceOp accepts for reductions. Float16/BFloat16 reduce in float
-// with rounding after each step (exact for small integers). ReduceScatter is
-// an Allreduce of the concatenated inputs (Gloo has no reduce-scatter with
-// custom reductions), so it moves size x the data. Alltoall needs equal
-// chunk sizes.
+// with rounding after each step (exact for small integers).
+//
+// ReduceScatter and ReduceScatterTensor run a ring over Gloo's unbound
+// buffers: n-1 steps, each sending one chunk to the next rank and reducing
+// the chunk received from the previous one, so each rank sends and receives
+// (n-1)/n of the input; rank r ends with chunk r. AllgatherIntoTensor writes
+// Gloo's allgather straight into the flat output. AlltoallSingle (uneven
+// splits) uses Gloo's alltoallv; with check_args every rank's split sizes
+// ride in the argument exchange (groups of up to 255 ranks) and a split that
+// does not match its peer's fails every rank with InvalidArgument. Alltoall
+// (the list form) needs equal chunk sizes. RecvAnysource posts the header
+// receive for every peer and the payload receive once the sender is known.
 //
 // Thread safety: all methods may be called from any thread (see backend.h
 // on ordering). The destructor fails queued operations with Cancelled and
@@ -59,6 +67,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +76,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "c10d/backend.h"
+#include "c10d/reduce.h"
 #include "c10d/registry.h"
 #include "common/executor.h"
 #include "common/sync.h"
@@ -87,13 +97,22 @@ struct GlooBackendOptions {
   std::string hostname = "127.0.0.1";
   // Exchange argument headers before each collective (see above).
   bool check_args = true;
+  // Log every collective's signature (op, dtype, count, root, sequence
+  // number) at INFO before it runs.
+  bool log_calls = false;
   // Threads that wait for Send/Recv completion (posting never waits).
   int p2p_threads = 4;
 
   // From BackendConfig::options: "hostname", "check_args" (true/false),
   // "p2p_threads". InvalidArgument naming an unknown key or bad value.
+  // Where "check_args" is not given, FERRY_DISTRIBUTED_DEBUG (read from
+  // `debug_level`, normally the environment) decides, in the spirit of
+  // TORCH_DISTRIBUTED_DEBUG: OFF turns the check off; INFO (the default,
+  // also when unset) keeps it; DETAIL keeps it and sets log_calls. Any
+  // other value is InvalidArgument.
   static absl::StatusOr<GlooBackendOptions> FromMap(
-      const std::map<std::string, std::string>& options);
+      const std::map<std::string, std::string>& options,
+      std::optional<std::string> debug_level = std::nullopt);
 };
 
 namespace gloo_internal {
@@ -102,6 +121,8 @@ struct InlinePath {
   size_t bytes = 0;
   absl::AnyInvocable<void(char*)> fill;
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
+  // Without `finish`: checks every rank's payload, then the data phase runs.
+  absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> check;
 };
 }  // namespace gloo_internal
 
@@ -140,6 +161,17 @@ class GlooBackend : public Backend {
                              const SendOptions& options = {}) override;
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                              const RecvOptions& options = {}) override;
+  std::shared_ptr<Work> AllgatherIntoTensor(
+      Tensor output, Tensor input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> ReduceScatterTensor(
+      Tensor output, Tensor input,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> AlltoallSingle(
+      Tensor output, Tensor input,
+      const AlltoallSingleOptions& options = {}) override;
+  std::shared_ptr<Work> RecvAnysource(Tensor tensor,
+                                      const RecvOptions& options = {}) override;
 
   // Payload bytes that ride in each rank's header block (same on every
   // rank): with check_args on, an Allreduce or Broadcast of at most this many
@@ -175,6 +207,8 @@ class GlooBackend : public Backend {
     size_t inline_bytes = 0;
     absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
         finish_inline;
+    absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
+        check_inline;
   };
   using InlinePath = gloo_internal::InlinePath;
   struct P2P;
@@ -201,8 +235,19 @@ class GlooBackend : public Backend {
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);
 
+  // Ring reduce-scatter of `input` (size chunks of output.numel()) into
+  // `output` (see above); may throw (run inside CallGloo).
+  absl::Status RingReduceScatter(const Tensor& input, Tensor& output,
+                                 ReduceFn fn, uint32_t tag,
+                                 absl::Duration timeout);
+  std::shared_ptr<Work> EnqueueReduceScatter(OpType op, Tensor output,
+                                             Tensor flat_input,
+                                             absl::Status local,
+                                             const ReduceScatterOptions& o);
+
   // Send and Recv: validates, posts the header and payload buffers, and
   // hands completion to a p2p waiter thread.
+  // peer -1 on a receive: any source.
   std::shared_ptr<Work> StartP2P(bool is_send, Tensor tensor, int peer, int tag,
                                  std::optional<absl::Duration> timeout);
   void WaitP2P(std::shared_ptr<P2P> p2p);

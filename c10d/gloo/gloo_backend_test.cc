@@ -32,6 +32,11 @@ BackendUnderTest GlooUnderTest(bool check_args) {
     return std::unique_ptr<Backend>(std::move(*backend));
   };
   b.detects_mismatch = check_args;
+  for (OpType op : {OpType::kAllgatherIntoTensor, OpType::kReduceScatterTensor,
+                    OpType::kAlltoallSingle, OpType::kRecvAnysource,
+                    OpType::kMonitoredBarrier}) {
+    b.ops.push_back(op);
+  }
   return b;
 }
 
@@ -213,6 +218,27 @@ TEST(GlooBackendTest, SmallAgainstLargeMismatchIsCaughtSafely) {
   EXPECT_TRUE((*b0)->Allreduce(ok)->Wait(absl::Seconds(10)).ok());
   EXPECT_EQ(ok.to_vector<float>(), std::vector<float>(3, 2));
   t1.join();
+}
+
+TEST(GlooBackendOptionsTest, DistributedDebugLevel) {
+  auto off = GlooBackendOptions::FromMap({}, "OFF");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->check_args);
+  auto info = GlooBackendOptions::FromMap({}, "INFO");
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->check_args);
+  EXPECT_FALSE(info->log_calls);
+  auto detail = GlooBackendOptions::FromMap({}, "DETAIL");
+  ASSERT_TRUE(detail.ok());
+  EXPECT_TRUE(detail->check_args && detail->log_calls);
+  // An explicit option wins over the environment.
+  auto forced = GlooBackendOptions::FromMap({{"check_args", "true"}}, "OFF");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_TRUE(forced->check_args);
+  auto bad = GlooBackendOptions::FromMap({}, "LOUD");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("FERRY_DISTRIBUTED_DEBUG"));
 }
 
 }  // namespace

@@ -625,5 +625,131 @@ TEST_P(BackendConformanceTest, UnimplementedOpsAreNamed) {
   });
 }
 
+TEST_P(BackendConformanceTest, FlatCollectivesAndUnevenAlltoall) {
+  const BackendUnderTest& p = GetParam();
+  if (!Supports(OpType::kReduceScatterTensor) ||
+      !Supports(OpType::kAllgatherIntoTensor) ||
+      !Supports(OpType::kAlltoallSingle)) {
+    GTEST_SKIP() << "the backend does not implement the flat collectives";
+  }
+  for (int n : GroupSizes(p)) {
+    RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
+      // ReduceScatterTensor: chunk k of rank r is r + k*10 + i.
+      Tensor in = Filled(DType::kFloat32, n * kNumel, [&](int64_t j) {
+        return r + (j / kNumel) * 10 + j % kNumel;
+      });
+      Tensor out = zeros({kNumel});
+      ASSERT_TRUE(b.ReduceScatterTensor(out, in)->Wait(kTimeout).ok());
+      std::vector<float> got = out.to_vector<float>();
+      for (int64_t i = 0; i < kNumel; ++i) {
+        ASSERT_EQ(got[i], n * (n - 1) / 2 + n * (r * 10 + i))
+            << Where(n, r, DType::kFloat32);
+      }
+      // AllgatherIntoTensor.
+      Tensor all = zeros({n * kNumel}, DType::kInt32);
+      Tensor mine =
+          Filled(DType::kInt32, kNumel, [&](int64_t i) { return r * 100 + i; });
+      ASSERT_TRUE(b.AllgatherIntoTensor(all, mine)->Wait(kTimeout).ok());
+      std::vector<int32_t> g = all.to_vector<int32_t>();
+      for (int64_t j = 0; j < n * kNumel; ++j) {
+        ASSERT_EQ(g[j], (j / kNumel) * 100 + j % kNumel);
+      }
+      // AlltoallSingle, uneven: rank s sends s + d + 1 rows (of 2) to d.
+      auto rows = [](int s, int d) { return int64_t{s + d + 1}; };
+      AlltoallSingleOptions o;
+      int64_t in_total = 0, out_total = 0;
+      for (int d = 0; d < n; ++d) {
+        o.input_split_sizes.push_back(rows(r, d));
+        o.output_split_sizes.push_back(rows(d, r));
+        in_total += rows(r, d);
+        out_total += rows(d, r);
+      }
+      std::vector<double> src;
+      for (int d = 0; d < n; ++d) {
+        for (int64_t k = 0; k < rows(r, d) * 2; ++k) {
+          src.push_back(r * 1000 + d * 100 + k);
+        }
+      }
+      Tensor a_in = from_vector<double>(src, {in_total, 2});
+      Tensor a_out = zeros({out_total, 2}, DType::kFloat64);
+      absl::Status s = b.AlltoallSingle(a_out, a_in, o)->Wait(kTimeout);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<double> ag = a_out.to_vector<double>();
+      size_t at = 0;
+      for (int sr = 0; sr < n; ++sr) {
+        for (int64_t k = 0; k < rows(sr, r) * 2; ++k) {
+          ASSERT_EQ(ag[at++], sr * 1000 + r * 100 + k)
+              << Where(n, r, DType::kFloat64);
+        }
+      }
+      // Splits that disagree between ranks fail every rank.
+      if (p.detects_mismatch && n >= 2) {
+        AlltoallSingleOptions bad = o;
+        if (r == 0) {
+          bad.input_split_sizes[1] += 1;
+          bad.input_split_sizes[0] -= 1;
+        }
+        absl::Status m = b.AlltoallSingle(a_out, a_in, bad)->Wait(kTimeout);
+        EXPECT_EQ(m.code(), absl::StatusCode::kInvalidArgument) << m;
+        EXPECT_THAT(std::string(m.message()), HasSubstr("split sizes differ"));
+      }
+    });
+  }
+}
+
+TEST_P(BackendConformanceTest, AnySourceBatchedP2PAndMonitoredBarrier) {
+  const BackendUnderTest& p = GetParam();
+  if (!Supports(OpType::kRecvAnysource) ||
+      !Supports(OpType::kMonitoredBarrier)) {
+    GTEST_SKIP() << "the backend does not implement RecvAnysource";
+  }
+  for (int n : GroupSizes(p)) {
+    if (n < 2) continue;
+    RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
+      // Any source: rank 0 receives one message from each other rank.
+      if (r == 0) {
+        std::vector<int> seen;
+        for (int k = 1; k < n; ++k) {
+          Tensor t = zeros({3}, DType::kInt64);
+          auto w = b.RecvAnysource(t, {.tag = 9});
+          ASSERT_TRUE(w->Wait(kTimeout).ok());
+          ASSERT_EQ(t.to_vector<int64_t>()[2], w->source_rank() * 7);
+          seen.push_back(w->source_rank());
+        }
+        std::sort(seen.begin(), seen.end());
+        for (int k = 1; k < n; ++k) EXPECT_EQ(seen[k - 1], k);
+      } else {
+        ASSERT_TRUE(b.Send(full({3}, r * 7, DType::kInt64), 0, {.tag = 9})
+                        ->Wait(kTimeout)
+                        .ok());
+      }
+      // Batched ring exchange.
+      int next = (r + 1) % n, prev = (r + n - 1) % n;
+      Tensor got = zeros({4});
+      std::vector<P2POp> ops = {
+          {P2POp::Kind::kRecv, got, prev, 3},
+          {P2POp::Kind::kSend, full({4}, r + 0.5), next, 3}};
+      for (auto& w : b.BatchIsendIrecv(ops)) {
+        ASSERT_TRUE(w->Wait(kTimeout).ok());
+      }
+      EXPECT_EQ(got.to_vector<float>()[3], prev + 0.5);
+      EXPECT_TRUE(b.MonitoredBarrier({.timeout = kTimeout}).ok());
+    });
+    // A rank that never arrives is named by every rank that did.
+    const absl::Duration kShort = absl::Milliseconds(800);
+    std::vector<absl::Status> results(n);
+    RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
+      if (r == n - 1) return;
+      results[r] = b.MonitoredBarrier({.timeout = kShort});
+    });
+    for (int r = 0; r < n - 1; ++r) {
+      EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded)
+          << "rank " << r << ": " << results[r];
+      EXPECT_THAT(std::string(results[r].message()),
+                  HasSubstr(absl::StrCat("rank(s) ", n - 1)));
+    }
+  }
+}
+
 }  // namespace c10d
 }  // namespace ferry

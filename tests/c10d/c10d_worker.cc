@@ -2,6 +2,8 @@
 //
 //   c10d_worker --rank=R --world_size=N (--init_method=URL | --tcp_port=P)
 //               [--timeout_ms=T] [--mode=collectives|expect_deadline]
+//   c10d_worker --init_method=env://     (rank and size from RANK /
+//                                         WORLD_SIZE, as under ferry_run)
 //
 // collectives: runs every collective on the gloo backend, checks results
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
@@ -125,8 +127,9 @@ int Main(int argc, char** argv) {
     flags[a.substr(2, eq - 2)] = a.substr(eq + 1);
   }
   int rank = -1, world = -1, port = 0, timeout_ms = 60000;
-  if (!absl::SimpleAtoi(flags["rank"], &rank) ||
-      !absl::SimpleAtoi(flags["world_size"], &world)) {
+  const bool from_env = flags["init_method"] == "env://";
+  if (!from_env && (!absl::SimpleAtoi(flags["rank"], &rank) ||
+                    !absl::SimpleAtoi(flags["world_size"], &world))) {
     std::fprintf(stderr, "--rank and --world_size are required\n");
     return 2;
   }

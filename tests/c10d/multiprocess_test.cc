@@ -74,6 +74,59 @@ TEST(C10dMultiProcessTest, TcpStoreThreeRanks) {
   });
 }
 
+// The issue this guards: under ferry_run, rank 0 tried to host a second
+// store on MASTER_PORT (EADDRINUSE). Three workers via env:// must pass.
+TEST(C10dMultiProcessTest, EnvInitUnderFerryRun) {
+  auto [code, out] = testutil::RunCommand(
+      {testutil::RunfilePath("tools/launcher/ferry_run"), "--nproc=3",
+       "--timeout_s=110", "--", g_worker, "--init_method=env://"},
+      {}, absl::Minutes(2));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.find("EADDRINUSE"), std::string::npos) << out;
+}
+
+// torchrun's contract: the agent serves the store on MASTER_PORT, sets
+// TORCHELASTIC_USE_AGENT_STORE=True, and keys live under
+// /worker/attempt_<restart count>. This test plays the agent.
+TEST(C10dMultiProcessTest, EnvInitWithTorchelasticAgentStore) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.is_server = true;
+  o.timeout = absl::Seconds(60);
+  auto server = TcpStore::Create(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int world = 2;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers;
+  for (int r = 0; r < world; ++r) {
+    testutil::SpawnOptions so;
+    so.env = {{"MASTER_ADDR", "127.0.0.1"},
+              {"MASTER_PORT", absl::StrCat((*server)->port())},
+              {"RANK", absl::StrCat(r)},
+              {"WORLD_SIZE", absl::StrCat(world)},
+              {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+              {"TORCHELASTIC_RESTART_COUNT", "3"},
+              {"FERRY_USE_AGENT_STORE", "0"}};
+    auto child = testutil::Subprocess::Spawn({g_worker, "--init_method=env://"},
+                                             std::move(so));
+    ASSERT_TRUE(child.ok()) << child.status();
+    workers.push_back(*std::move(child));
+  }
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  for (auto& w : workers) {
+    absl::StatusOr<int> code = w->Wait(deadline);
+    EXPECT_EQ(code.value_or(-1), 0)
+        << "worker pid " << w->pid() << ": " << code.status();
+  }
+  // Gloo's rendezvous key for rank 0 went to this attempt's namespace.
+  const std::string key = "default_pg/gloo/rank_0";
+  auto in_attempt = (*server)->Check({"/worker/attempt_3/" + key});
+  auto bare = (*server)->Check({key});
+  ASSERT_TRUE(in_attempt.ok() && bare.ok());
+  EXPECT_TRUE(*in_attempt);
+  EXPECT_FALSE(*bare);
+}
+
 TEST(C10dMultiProcessTest, RankThatNeverStartsGivesDeadlineExceeded) {
   std::string path = FreshPath("c10d_missing");
   RunJob(
