@@ -23,12 +23,7 @@ for arg in "$@"; do
   esac
 done
 
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  SUDO=""
-  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
-fi
+bench/install_torch.sh
 
 bazel build -c opt //bench/ddp:ddp_bench //tools/launcher:ferry_run
 bin="$(bazel info -c opt bazel-bin)"

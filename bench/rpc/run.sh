@@ -21,12 +21,7 @@ for arg in "$@"; do
   esac
 done
 
-if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  SUDO=""
-  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
-fi
+bench/install_torch.sh
 bazel build -c opt //bench/rpc:rpc_bench
 BIN="$(bazel info -c opt bazel-bin)/bench/rpc/rpc_bench"
 
