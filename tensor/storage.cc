@@ -17,8 +17,12 @@ std::string Device::ToString() const {
 Storage Storage::Wrap(void* data, size_t nbytes, Device device,
                       std::shared_ptr<const void> owner) {
   Storage s;
-  s.impl_ = std::make_shared<const Impl>(
-      Impl{data, nbytes, device, std::move(owner)});
+  auto impl = std::make_shared<Impl>();
+  impl->data = data;
+  impl->nbytes = nbytes;
+  impl->device = device;
+  impl->owner = std::move(owner);
+  s.impl_ = std::move(impl);
   return s;
 }
 

@@ -13,6 +13,7 @@
 #ifndef FERRY_TENSOR_STORAGE_H_
 #define FERRY_TENSOR_STORAGE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -65,12 +66,24 @@ class Storage {
   long use_count() const { return impl_.use_count(); }
   bool is_same(const Storage& other) const { return impl_ == other.impl_; }
 
+  // Version counter shared by every tensor and view over these bytes:
+  // Tensor's in-place ops (copy_, fill_, add_, ...) bump it, so autograd can
+  // tell that a tensor it saved for backward was modified since. Writes
+  // through data_ptr() are not counted. 0 for a null storage; atomic.
+  uint64_t version() const {
+    return impl_ ? impl_->version.load(std::memory_order_acquire) : 0;
+  }
+  void BumpVersion() const {
+    if (impl_) impl_->version.fetch_add(1, std::memory_order_acq_rel);
+  }
+
  private:
   struct Impl {
-    void* data;
-    size_t nbytes;
+    void* data = nullptr;
+    size_t nbytes = 0;
     Device device;
     std::shared_ptr<const void> owner;
+    mutable std::atomic<uint64_t> version{0};
   };
   std::shared_ptr<const Impl> impl_;
 };

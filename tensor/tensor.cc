@@ -136,7 +136,7 @@ Tensor Tensor::Make(Storage storage, DType dtype, std::vector<int64_t> sizes,
   Tensor t;
   t.impl_ = std::make_shared<const Impl>(Impl{std::move(storage), dtype,
                                               std::move(sizes),
-                                              std::move(strides), offset, n});
+                                              std::move(strides), offset, n, nullptr});
   return t;
 }
 
@@ -283,8 +283,24 @@ bool Tensor::is_contiguous() const {
 
 // --- Copies ------------------------------------------------------------------
 
+AutogradMetaInterface* Tensor::autograd_meta() const {
+  return impl_ ? impl_->autograd_meta.get() : nullptr;
+}
+std::shared_ptr<AutogradMetaInterface> Tensor::shared_autograd_meta() const {
+  return impl_ ? impl_->autograd_meta : nullptr;
+}
+void Tensor::set_autograd_meta(
+    std::shared_ptr<AutogradMetaInterface> meta) const {
+  CheckDefined("set_autograd_meta");
+  impl_->autograd_meta = std::move(meta);
+}
+uint64_t Tensor::version() const {
+  return impl_ ? impl_->storage.version() : 0;
+}
+
 Tensor& Tensor::copy_(const Tensor& src_in) {
   CheckCpu("copy_");
+  storage().BumpVersion();
   src_in.CheckCpu("copy_");
   if (sizes() != src_in.sizes()) {
     TensorFail(absl::StrCat("copy_: source shape ", ShapeStr(src_in.sizes()),
@@ -317,6 +333,7 @@ Tensor& Tensor::copy_(const Tensor& src_in) {
 
 Tensor& Tensor::fill_(double value) {
   CheckCpu("fill_");
+  storage().BumpVersion();
   DispatchDType(dtype(), [&]<typename T>() {
     const T v = ConvertElement<T>(value);
     T* d = static_cast<T*>(data_ptr());
@@ -579,6 +596,7 @@ void BinaryInPlace(Tensor& self, const Tensor* b, double scalar,
   } else if (!self.defined() || !self.device().is_cpu()) {
     TensorFail(absl::StrCat(name, ": expected a defined CPU tensor"));
   }
+  self.storage().BumpVersion();
   if (!self.is_contiguous()) {
     self.copy_(BinaryOut(self, b, scalar, name, op));
     return;

@@ -50,6 +50,14 @@ absl::Status CheckShape(const std::vector<int64_t>& sizes, DType dtype,
 // Prints `msg` to stderr and aborts (precondition failure; see top).
 [[noreturn]] void TensorFail(const std::string& msg);
 
+// Opaque per-tensor state owned by a layer above tensor/ (autograd keeps
+// requires_grad, grad and grad_fn here). tensor/ only stores and returns it,
+// so a Tensor carried inside a Value still knows its autograd state.
+class AutogradMetaInterface {
+ public:
+  virtual ~AutogradMetaInterface() = default;
+};
+
 // Row-major (C order) strides for `sizes`.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
 
@@ -111,6 +119,15 @@ class Tensor {
   void CheckDefined(const char* op) const;
   void CheckCpu(const char* op) const;
   void CheckDType(DType expected, const char* op) const;
+
+  // Autograd state of this tensor object (views and copies have their own);
+  // null until a layer above sets it. Setting it is not synchronized: do it
+  // before the tensor is shared between threads.
+  AutogradMetaInterface* autograd_meta() const;
+  std::shared_ptr<AutogradMetaInterface> shared_autograd_meta() const;
+  void set_autograd_meta(std::shared_ptr<AutogradMetaInterface> meta) const;
+  // The storage's version counter (see Storage::version).
+  uint64_t version() const;
 
   // --- Copies and conversions -------------------------------------------
   Tensor clone() const;          // Contiguous copy.
@@ -196,6 +213,7 @@ class Tensor {
     std::vector<int64_t> strides;
     int64_t offset;
     int64_t numel;
+    mutable std::shared_ptr<AutogradMetaInterface> autograd_meta;
   };
   static Tensor Make(Storage storage, DType dtype, std::vector<int64_t> sizes,
                      std::vector<int64_t> strides, int64_t offset);

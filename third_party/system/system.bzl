@@ -32,7 +32,16 @@ _LIBS = {
 # Libraries without a pkg-config file: name -> (probe header, link options).
 _PLAIN = {
     "gloo": ("gloo/context.h", ["-lgloo"]),
-    "blas": ("cblas.h", ["-lblas"]),
+    # BLAS behind @system//:blas is chosen at build time: OpenBLAS by default,
+    # Debian's reference BLAS with --define=ferry_blas=reference. The rpath
+    # pins the reference library, since libblas.so.3 is an alternatives link
+    # that OpenBLAS's package takes over.
+    "openblas": ("cblas.h", ["-lopenblas"]),
+    "blas_reference": ("cblas.h", [
+        "-L/usr/lib/x86_64-linux-gnu/blas",
+        "-Wl,-rpath,/usr/lib/x86_64-linux-gnu/blas",
+        "-lblas",
+    ]),
     "dlpack": ("dlpack/dlpack.h", []),
 }
 
@@ -69,6 +78,10 @@ def _system_libs_impl(ctx):
             fail("%s not found (header %s): run tools/setup" % (name, header))
         out.append("cc_library(name = %r, linkopts = %r)" % (name, linkopts))
         out.append("")
+
+    out.append('config_setting(name = "reference_blas", define_values = {"ferry_blas": "reference"})')
+    out.append('cc_library(name = "blas", deps = select({":reference_blas": [":blas_reference"], "//conditions:default": [":openblas"]}))')
+    out.append("")
 
     protoc = ctx.which("protoc")
     plugin = ctx.which("grpc_cpp_plugin")

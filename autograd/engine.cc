@@ -1,0 +1,203 @@
+#include "autograd/engine.h"
+
+#include <deque>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+
+namespace ferry::autograd {
+
+absl::Status AccumulateSink::Deliver(const Tensor& leaf, const Tensor& grad) {
+  AccumulateIntoGrad(leaf, grad);
+  return absl::OkStatus();
+}
+
+void GraphTask::Capture(const Edge& edge, int slot) {
+  captures_.emplace_back(edge, slot);
+  if (slot >= static_cast<int>(captured_.size())) captured_.resize(slot + 1);
+}
+
+namespace {
+
+// Sums `grad` into `slot` (first arrival is kept as is: gradients are
+// never written in place by the engine).
+void AddInto(Tensor& slot, const Tensor& grad) {
+  if (!grad.defined()) return;
+  slot = slot.defined() ? slot.add(grad) : grad;
+}
+
+absl::Status WithNode(const absl::Status& s, const Node& node) {
+  return absl::Status(s.code(),
+                      absl::StrCat("backward of ", node.name(), " (inputs ",
+                                   node.shapes(), "): ", s.message()));
+}
+
+// Number of edges into each node reachable from `roots`.
+std::unordered_map<Node*, int> CountDependencies(
+    const std::vector<std::pair<Edge, Tensor>>& roots) {
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (const auto& [edge, g] : roots) {
+    if (!seen[edge.node.get()]) {
+      seen[edge.node.get()] = true;
+      stack.push_back(edge.node.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      ++deps[e.node.get()];
+      if (!seen[e.node.get()]) {
+        seen[e.node.get()] = true;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+  return deps;
+}
+
+}  // namespace
+
+absl::Status GraphTask::Execute(
+    const std::vector<std::pair<Edge, Tensor>>& roots) {
+  // Backward math records no graph (no double backward).
+  NoGradGuard no_grad;
+  std::unordered_map<Node*, int> deps = CountDependencies(roots);
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  // Keeps nodes alive while their gradients are pending.
+  std::unordered_map<Node*, std::shared_ptr<Node>> owners;
+  std::deque<Node*> ready;
+  for (const auto& [edge, grad] : roots) {
+    Node* n = edge.node.get();
+    auto& buf = buffers[n];
+    if (buf.empty()) buf.resize(n->num_inputs());
+    AddInto(buf[edge.input_nr], grad);
+    if (owners.emplace(n, edge.node).second && deps[n] == 0)
+      ready.push_back(n);
+  }
+  while (!ready.empty()) {
+    Node* node = ready.front();
+    ready.pop_front();
+    std::shared_ptr<Node> keep = std::move(owners[node]);
+    owners.erase(node);
+    std::vector<Tensor> inputs = std::move(buffers[node]);
+    buffers.erase(node);
+    for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+      if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
+      for (const auto& [edge, slot] : captures_) {
+        if (edge.node.get() == node && edge.input_nr == i)
+          AddInto(captured_[slot], inputs[i]);
+      }
+    }
+    absl::StatusOr<std::vector<Tensor>> outs =
+        node->Apply(*this, std::move(inputs));
+    if (!outs.ok()) return WithNode(outs.status(), *node);
+    if (!retain_graph_) node->Release();
+    const std::vector<Edge>& edges = node->next_edges();
+    if (outs->size() != edges.size()) {
+      return WithNode(
+          absl::InternalError(absl::StrCat("returned ", outs->size(),
+                                           " gradients for ", edges.size(),
+                                           " inputs")),
+          *node);
+    }
+    for (size_t j = 0; j < edges.size(); ++j) {
+      const Edge& e = edges[j];
+      if (!e.valid()) continue;
+      Node* next = e.node.get();
+      auto& buf = buffers[next];
+      if (buf.empty()) buf.resize(next->num_inputs());
+      AddInto(buf[e.input_nr], (*outs)[j]);
+      owners.emplace(next, e.node);
+      if (--deps[next] == 0) ready.push_back(next);
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
+    const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  if (grads.size() > roots.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward: ", grads.size(), " gradients for ",
+                     roots.size(), " roots"));
+  }
+  std::vector<std::pair<Edge, Tensor>> out;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    Edge e = GradientEdge(r);
+    if (!e.valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward: root ", i, " ", ShapeString(r),
+          " does not require grad and has no grad_fn"));
+    }
+    Tensor g = i < grads.size() ? grads[i] : Tensor();
+    if (!g.defined()) {
+      if (r.numel() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "backward: a gradient is needed for root ", i, " of shape ",
+            ShapeString(r), " (implicit ones only for one element)"));
+      }
+      g = ones_like(r);
+    } else if (g.sizes() != r.sizes() || g.dtype() != r.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward: gradient ", ShapeString(g), " ", DTypeName(g.dtype()),
+          " for root ", i, " ", ShapeString(r), " ", DTypeName(r.dtype())));
+    }
+    out.emplace_back(std::move(e), std::move(g));
+  }
+  return out;
+}
+
+// Drops leaf gradients (Grad() must not touch .grad).
+class DiscardSink final : public GradientSink {
+ public:
+  absl::Status Deliver(const Tensor&, const Tensor&) override {
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+absl::Status Backward(const std::vector<Tensor>& roots,
+                      const std::vector<Tensor>& grad_outputs,
+                      bool retain_graph) {
+  absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> edges =
+      RootEdges(roots, grad_outputs);
+  if (!edges.ok()) return edges.status();
+  AccumulateSink sink;
+  GraphTask task(&sink, retain_graph);
+  return task.Execute(*edges);
+}
+
+absl::StatusOr<std::vector<Tensor>> Grad(
+    const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+    const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> edges =
+      RootEdges(outputs, grad_outputs);
+  if (!edges.ok()) return edges.status();
+  DiscardSink sink;
+  GraphTask task(&sink, retain_graph);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Edge e = GradientEdge(inputs[i]);
+    if (!e.valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "grad: input ", i, " ", ShapeString(inputs[i]),
+          " does not require grad"));
+    }
+    task.Capture(e, static_cast<int>(i));
+  }
+  absl::Status s = task.Execute(*edges);
+  if (!s.ok()) return s;
+  std::vector<Tensor> out = task.captured();
+  out.resize(inputs.size());
+  return out;
+}
+
+}  // namespace ferry::autograd

@@ -1,0 +1,32 @@
+// Thread-local grad mode: while disabled (NoGradGuard), differentiable ops
+// record no graph and their results do not require grad.
+//
+// Thread safety: the mode is per thread; a guard must be destroyed on the
+// thread that created it.
+#ifndef FERRY_AUTOGRAD_GRAD_MODE_H_
+#define FERRY_AUTOGRAD_GRAD_MODE_H_
+
+namespace ferry::autograd {
+
+class GradMode {
+ public:
+  static bool IsEnabled();
+  static void SetEnabled(bool enabled);
+};
+
+// RAII: disables grad mode on this thread for its lifetime, then restores
+// the previous mode (guards nest).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::IsEnabled()) { GradMode::SetEnabled(false); }
+  ~NoGradGuard() { GradMode::SetEnabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace ferry::autograd
+
+#endif  // FERRY_AUTOGRAD_GRAD_MODE_H_

@@ -1,0 +1,203 @@
+// The autograd graph: nodes, edges, per-tensor autograd state.
+//
+// Design. Autograd state lives ON the tensor (Tensor's opaque
+// AutogradMetaInterface slot holds an AutogradMeta), so a Tensor carried in
+// an RPC Value still knows whether it requires grad and where its gradient
+// goes. A tensor produced by a differentiable op points at its `grad_fn`
+// node; a node's `next_edges` point at the nodes of the op's inputs (the
+// grad_fn of a non-leaf input, the AccumulateGrad node of a leaf that
+// requires grad, or an invalid edge for an input that needs no gradient).
+// Ownership runs from outputs toward leaves only: tensor -> grad_fn ->
+// next nodes -> AccumulateGrad -> leaf tensor. A leaf's meta refers to its
+// AccumulateGrad weakly, and saved tensors are stored without autograd
+// state, so the graph has no cycles and dies with its last output.
+//
+// Extension: Node is an open base class. Layers above (distributed autograd
+// send/recv nodes) subclass it; the engine only calls Apply/Release and the
+// hook entry points below.
+//
+// Thread safety: a Node's hooks and a meta's grad/hooks are guarded by
+// mutexes, so hooks may be registered and .grad read while another thread
+// runs backward. Running two backward passes through the *same* node at once
+// is not supported (separate graphs may run concurrently). Creating or
+// setting a tensor's autograd state (SetRequiresGrad, results of ops) must
+// happen before that tensor object is shared between threads.
+#ifndef FERRY_AUTOGRAD_NODE_H_
+#define FERRY_AUTOGRAD_NODE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/sync.h"
+#include "tensor/tensor.h"
+
+namespace ferry::autograd {
+
+class Node;
+class GraphTask;
+
+// Where a gradient flows: input `input_nr` of `node`. Invalid (null node)
+// for inputs that need no gradient.
+struct Edge {
+  std::shared_ptr<Node> node;
+  int input_nr = 0;
+  bool valid() const { return node != nullptr; }
+};
+
+// Called with a gradient; returns a replacement gradient, or an undefined
+// tensor to keep it unchanged.
+using GradHook = std::function<Tensor(const Tensor& grad)>;
+// Called after a leaf's gradient was accumulated into its .grad.
+using PostAccumulateHook = std::function<void(const Tensor& leaf)>;
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  // `name` names the op in errors ("MulBackward"); `num_inputs` is how many
+  // gradients the node receives (outputs of the forward op).
+  Node(std::string name, int num_inputs);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  const std::string& name() const { return name_; }
+  int num_inputs() const { return num_inputs_; }
+  const std::vector<Edge>& next_edges() const { return next_edges_; }
+  void set_next_edges(std::vector<Edge> edges) {
+    next_edges_ = std::move(edges);
+  }
+  // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
+  std::string shapes() const;
+  void set_input_shapes(std::vector<std::vector<int64_t>> shapes) {
+    input_shapes_ = std::move(shapes);
+  }
+
+  // Gradients w.r.t. the forward inputs, one per next edge (undefined = no
+  // gradient), given the gradients of the forward outputs (`grads` has
+  // num_inputs() entries; undefined ones are zero). Errors end the pass.
+  virtual absl::StatusOr<std::vector<Tensor>> Apply(
+      GraphTask& task, std::vector<Tensor> grads) = 0;
+  // Frees saved state after a pass without retain_graph; a later Apply must
+  // fail with FailedPrecondition.
+  virtual void Release() {}
+
+  // Hooks on the gradient arriving at input `input_nr` (a non-leaf tensor's
+  // hooks live on its grad_fn at its output number).
+  void AddPreHook(int input_nr, GradHook hook);
+  // Runs the hooks for `input_nr` in registration order.
+  virtual Tensor RunPreHooks(int input_nr, Tensor grad);
+
+ private:
+  const std::string name_;
+  const int num_inputs_;
+  std::vector<Edge> next_edges_;
+  std::vector<std::vector<int64_t>> input_shapes_;
+  Mutex mu_;
+  std::vector<std::pair<int, GradHook>> pre_hooks_ ABSL_GUARDED_BY(mu_);
+};
+
+// A tensor saved for backward: the elements (without autograd state, so no
+// reference cycle) and the storage version at save time.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, std::string name);
+  // The saved tensor, or FailedPrecondition naming `name` and `op` when it
+  // was modified in place since it was saved.
+  absl::StatusOr<Tensor> Unpack(const std::string& op) const;
+  bool defined() const { return data_.defined(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+  std::string name_;
+};
+
+// A node whose backward is a function of the output gradient and saved
+// tensors: what every built-in op uses. `needs[i]` tells the function
+// whether input i wants a gradient (it may return undefined otherwise).
+// Release() drops the function (and the saved tensors); Apply afterwards
+// reports the freed graph.
+class FunctionNode : public Node {
+ public:
+  using Fn = std::function<absl::StatusOr<std::vector<Tensor>>(
+      const Tensor& grad, const std::vector<Tensor>& saved,
+      const std::vector<bool>& needs)>;
+  FunctionNode(std::string name, std::vector<SavedTensor> saved, Fn fn);
+
+  absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
+                                            std::vector<Tensor> grads) override;
+  void Release() override;
+
+ private:
+  std::vector<SavedTensor> saved_;
+  Fn fn_;
+  bool released_ = false;
+};
+
+// The node at a leaf that requires grad: hands the incoming gradient to the
+// running GraphTask's sink (by default accumulated into the leaf's .grad).
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(Tensor variable);
+  const Tensor& variable() const { return variable_; }
+  absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
+                                            std::vector<Tensor> grads) override;
+  // The leaf tensor's own hooks (RegisterHook on a leaf).
+  Tensor RunPreHooks(int input_nr, Tensor grad) override;
+
+ private:
+  Tensor variable_;
+};
+
+// Autograd state of one tensor object.
+class AutogradMeta final : public AutogradMetaInterface {
+ public:
+  bool requires_grad = false;  // Set on leaves by SetRequiresGrad.
+  std::shared_ptr<Node> grad_fn;  // Null for leaves.
+  int output_nr = 0;
+
+  Mutex mu;
+  Tensor grad ABSL_GUARDED_BY(mu);
+  std::weak_ptr<AccumulateGrad> accumulator ABSL_GUARDED_BY(mu);
+  std::vector<GradHook> hooks ABSL_GUARDED_BY(mu);  // Leaves only.
+  std::vector<PostAccumulateHook> post_hooks ABSL_GUARDED_BY(mu);
+};
+
+// --- Per-tensor autograd API ----------------------------------------------
+// Whether gradients flow to `t` (a leaf that requires grad, or an op result
+// recorded with a grad_fn).
+bool RequiresGrad(const Tensor& t);
+// requires_grad_: only on leaves (aborts on a non-leaf, or a non-floating
+// dtype when `requires_grad` is true). Returns `t`.
+const Tensor& SetRequiresGrad(const Tensor& t, bool requires_grad = true);
+bool IsLeaf(const Tensor& t);
+std::shared_ptr<Node> GradFn(const Tensor& t);
+// The accumulated gradient (undefined until a backward reaches `t`).
+Tensor GradOf(const Tensor& t);
+// Replaces (or with an undefined tensor, clears) the accumulated gradient.
+void SetGrad(const Tensor& t, Tensor grad);
+// A new tensor object sharing `t`'s elements, without autograd state.
+Tensor Detach(const Tensor& t);
+// The edge a gradient for `t` flows along (invalid when it needs none).
+Edge GradientEdge(const Tensor& t);
+// Hooks on `t`'s gradient, run once per backward pass that reaches `t`,
+// before accumulation or further propagation. Aborts unless RequiresGrad.
+void RegisterHook(const Tensor& t, GradHook hook);
+// Runs after the default sink accumulated into a leaf's .grad (DDP starts
+// its bucket all-reduces here while backward continues). Leaves only.
+void RegisterPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook);
+// Adds `grad` into the leaf's .grad (a copy the first time) and runs its
+// post-accumulate hooks. Thread-safe. Used by the default sink.
+void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad);
+
+// "[2, 3]".
+std::string ShapeString(const Tensor& t);
+
+}  // namespace ferry::autograd
+
+#endif  // FERRY_AUTOGRAD_NODE_H_

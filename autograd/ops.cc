@@ -1,0 +1,695 @@
+#include "autograd/ops.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+#include "autograd/kernels.h"
+
+namespace ferry::autograd {
+namespace {
+
+using kernels::FloatDispatch;
+using kernels::Map;
+using kernels::Materialize;
+using kernels::ReduceTo;
+using kernels::Zip;
+using Grads = absl::StatusOr<std::vector<Tensor>>;
+using Saved = std::vector<Tensor>;
+using Needs = std::vector<bool>;
+
+template <typename... Ts>
+bool NeedsGrad(const Ts&... ts) {
+  return GradMode::IsEnabled() && (RequiresGrad(ts) || ...);
+}
+
+// Attaches a FunctionNode named `name` to `out`, with edges to `inputs`.
+Tensor Record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
+              std::vector<SavedTensor> saved, FunctionNode::Fn fn) {
+  auto node =
+      std::make_shared<FunctionNode>(name, std::move(saved), std::move(fn));
+  std::vector<Edge> edges;
+  std::vector<std::vector<int64_t>> shapes;
+  edges.reserve(inputs.size());
+  shapes.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    edges.push_back(GradientEdge(t));
+    shapes.push_back(t.sizes());
+    if (out.is_same(t)) out = Detach(out);
+  }
+  node->set_next_edges(std::move(edges));
+  node->set_input_shapes(std::move(shapes));
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->grad_fn = std::move(node);
+  out.set_autograd_meta(std::move(meta));
+  return out;
+}
+
+int64_t NormDim(int64_t d, int64_t ndim, const char* op) {
+  if (d < 0) d += ndim;
+  if (d < 0 || d >= ndim) {
+    TensorFail(absl::StrCat(op, ": dimension ", d, " out of range for ", ndim,
+                            "-d tensor"));
+  }
+  return d;
+}
+
+}  // namespace
+
+// --- Elementwise --------------------------------------------------------------
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = Zip(a, b, "add", [](auto x, auto y) { return x + y; });
+  if (!NeedsGrad(a, b)) return out;
+  return Record("AddBackward", {a, b}, out, {},
+                [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved&,
+                                                 const Needs&) -> Grads {
+                  return std::vector<Tensor>{ReduceTo(g, sa), ReduceTo(g, sb)};
+                });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = Zip(a, b, "sub", [](auto x, auto y) { return x - y; });
+  if (!NeedsGrad(a, b)) return out;
+  return Record("SubBackward", {a, b}, out, {},
+                [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved&,
+                                                 const Needs& n) -> Grads {
+                  return std::vector<Tensor>{
+                      ReduceTo(g, sa), n[1] ? ReduceTo(g.neg(), sb) : Tensor()};
+                });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = Zip(a, b, "mul", [](auto x, auto y) { return x * y; });
+  if (!NeedsGrad(a, b)) return out;
+  auto m = [](auto x, auto y) { return x * y; };
+  return Record(
+      "MulBackward", {a, b}, out, {SavedTensor(a, "self"), SavedTensor(b, "other")},
+      [m, sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved& s,
+                                          const Needs& n) -> Grads {
+        return std::vector<Tensor>{
+            n[0] ? ReduceTo(Zip(g, s[1], "mul", m), sa) : Tensor(),
+            n[1] ? ReduceTo(Zip(g, s[0], "mul", m), sb) : Tensor()};
+      });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = Zip(a, b, "div", [](auto x, auto y) { return x / y; });
+  if (!NeedsGrad(a, b)) return out;
+  return Record(
+      "DivBackward", {a, b}, out, {SavedTensor(a, "self"), SavedTensor(b, "other")},
+      [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved& s,
+                                       const Needs& n) -> Grads {
+        Tensor ga, gb;
+        if (n[0])
+          ga = ReduceTo(Zip(g, s[1], "div", [](auto x, auto y) { return x / y; }),
+                        sa);
+        if (n[1]) {
+          Tensor ga_times_a =
+              Zip(g, s[0], "div", [](auto x, auto y) { return x * y; });
+          gb = ReduceTo(Zip(ga_times_a, s[1], "div",
+                            [](auto x, auto y) { return -x / (y * y); }),
+                        sb);
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
+}
+
+Tensor add(const Tensor& a, double b) {
+  Tensor out = a.add(b);
+  if (!NeedsGrad(a)) return out;
+  return Record("AddScalarBackward", {a}, out, {},
+                [](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g};
+                });
+}
+
+Tensor sub(const Tensor& a, double b) { return add(a, -b); }
+
+Tensor mul(const Tensor& a, double b) {
+  Tensor out = a.mul(b);
+  if (!NeedsGrad(a)) return out;
+  return Record("MulScalarBackward", {a}, out, {},
+                [b](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.mul(b)};
+                });
+}
+
+Tensor div(const Tensor& a, double b) {
+  Tensor out = a.div(b);
+  if (!NeedsGrad(a)) return out;
+  return Record("DivScalarBackward", {a}, out, {},
+                [b](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.div(b)};
+                });
+}
+
+Tensor neg(const Tensor& a) {
+  Tensor out = a.neg();
+  if (!NeedsGrad(a)) return out;
+  return Record("NegBackward", {a}, out, {},
+                [](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.neg()};
+                });
+}
+
+namespace {
+
+// A unary op whose gradient is g * f'(saved) with `saved` the input
+// (save_output false) or the output.
+template <typename F, typename D>
+Tensor Unary(const char* name, const char* backward_name, const Tensor& a,
+             bool save_output, F f, D dfdx_times_g) {
+  Tensor out = Map(a, name, f);
+  if (!NeedsGrad(a)) return out;
+  SavedTensor saved = save_output ? SavedTensor(out, "result")
+                                  : SavedTensor(a, "self");
+  return Record(backward_name, {a}, out, {std::move(saved)},
+                [dfdx_times_g, name](const Tensor& g, const Saved& s,
+                                     const Needs&) -> Grads {
+                  return std::vector<Tensor>{Zip(g, s[0], name, dfdx_times_g)};
+                });
+}
+
+}  // namespace
+
+Tensor pow(const Tensor& a, double p) {
+  return Unary(
+      "pow", "PowBackward", a, false,
+      [p](auto x) { return static_cast<decltype(x)>(std::pow(x, p)); },
+      [p](auto g, auto x) {
+        return static_cast<decltype(x)>(g * p * std::pow(x, p - 1));
+      });
+}
+
+Tensor sqrt(const Tensor& a) {
+  return Unary(
+      "sqrt", "SqrtBackward", a, true, [](auto x) { return std::sqrt(x); },
+      [](auto g, auto y) { return g / (2 * y); });
+}
+
+Tensor exp(const Tensor& a) {
+  return Unary(
+      "exp", "ExpBackward", a, true, [](auto x) { return std::exp(x); },
+      [](auto g, auto y) { return g * y; });
+}
+
+Tensor log(const Tensor& a) {
+  return Unary(
+      "log", "LogBackward", a, false, [](auto x) { return std::log(x); },
+      [](auto g, auto x) { return g / x; });
+}
+
+Tensor tanh(const Tensor& a) {
+  return Unary(
+      "tanh", "TanhBackward", a, true, [](auto x) { return std::tanh(x); },
+      [](auto g, auto y) { return g * (1 - y * y); });
+}
+
+Tensor sigmoid(const Tensor& a) {
+  return Unary(
+      "sigmoid", "SigmoidBackward", a, true,
+      [](auto x) { return 1 / (1 + std::exp(-x)); },
+      [](auto g, auto y) { return g * y * (1 - y); });
+}
+
+Tensor relu(const Tensor& a) {
+  return Unary(
+      "relu", "ReluBackward", a, true,
+      [](auto x) { return x > 0 ? x : decltype(x)(0); },
+      [](auto g, auto y) { return y > 0 ? g : decltype(g)(0); });
+}
+
+Tensor gelu(const Tensor& a) {
+  return Unary(
+      "gelu", "GeluBackward", a, false,
+      [](auto x) {
+        using T = decltype(x);
+        return static_cast<T>(0.5 * x * (1 + std::erf(x * M_SQRT1_2)));
+      },
+      [](auto g, auto x) {
+        using T = decltype(x);
+        const double cdf = 0.5 * (1 + std::erf(x * M_SQRT1_2));
+        const double pdf = std::exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+        return static_cast<T>(g * (cdf + x * pdf));
+      });
+}
+
+namespace {
+
+Tensor WhereKernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  cond.CheckDType(DType::kBool, "where");
+  if (cond.sizes() != a.sizes() || a.sizes() != b.sizes() ||
+      a.dtype() != b.dtype()) {
+    TensorFail(absl::StrCat("where: expected cond, a, b of one shape, got ",
+                            ShapeString(cond), ", ", ShapeString(a), ", ",
+                            ShapeString(b)));
+  }
+  Tensor cc = cond.contiguous(), ac = a.contiguous(), bc = b.contiguous();
+  Tensor out = empty(a.sizes(), a.dtype());
+  FloatDispatch(a.dtype(), "where", [&]<typename T>() {
+    const bool* pc = cc.data<bool>();
+    const T *pa = ac.data<T>(), *pb = bc.data<T>();
+    T* po = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) po[i] = pc[i] ? pa[i] : pb[i];
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = WhereKernel(cond, a, b);
+  if (!NeedsGrad(a, b)) return out;
+  return Record("WhereBackward", {a, b}, out, {SavedTensor(cond, "condition")},
+                [](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+                  Tensor z = zeros_like(g);
+                  return std::vector<Tensor>{WhereKernel(s[0], g, z),
+                                             WhereKernel(s[0], z, g)};
+                });
+}
+
+// --- Linear algebra and reductions -----------------------------------------
+
+namespace {
+
+using kernels::Gemm;
+
+// Batched product of [B, m, k] x [B, k, n] (contiguous), or its
+// gradients: op(a_i) x op(b_i) per batch.
+Tensor BatchGemm(const Tensor& a, bool ta, const Tensor& b, bool tb) {
+  const int64_t batch = a.size(0);
+  std::vector<Tensor> parts;
+  Tensor first;
+  Tensor out;
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor r = Gemm(a.select(0, i), ta, b.select(0, i), tb);
+    if (!out.defined()) out = empty({batch, r.size(0), r.size(1)}, r.dtype());
+    out.select(0, i).copy_(r);
+  }
+  if (!out.defined()) {
+    const int64_t m = ta ? a.size(2) : a.size(1);
+    const int64_t n = tb ? b.size(1) : b.size(2);
+    out = zeros({0, m, n}, a.dtype());
+  }
+  return out;
+}
+
+std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
+                               int64_t n) {
+  batch.push_back(m);
+  batch.push_back(n);
+  return batch;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.dim() < 2 || b.dim() < 2) {
+    TensorFail(absl::StrCat("matmul: expected at least 2-d tensors, got ",
+                            ShapeString(a), " and ", ShapeString(b)));
+  }
+  if (a.dim() == 2 && b.dim() == 2) {
+    Tensor out = Gemm(a, false, b, false);
+    if (!NeedsGrad(a, b)) return out;
+    return Record("MatmulBackward", {a, b}, out,
+                  {SavedTensor(a, "self"), SavedTensor(b, "other")},
+                  [](const Tensor& g, const Saved& s, const Needs& n) -> Grads {
+                    return std::vector<Tensor>{
+                        n[0] ? Gemm(g, false, s[1], true) : Tensor(),
+                        n[1] ? Gemm(s[0], true, g, false) : Tensor()};
+                  });
+  }
+  const int64_t k = a.size(-1), m = a.size(-2), n = b.size(-1);
+  std::vector<int64_t> batch(a.sizes().begin(), a.sizes().end() - 2);
+  if (b.dim() == 2) {  // Fold a's batch dims into its rows.
+    Tensor a2 = a.reshape({-1, k});
+    Tensor out = Gemm(a2, false, b, false).view(WithLast2(batch, m, n));
+    if (!NeedsGrad(a, b)) return out;
+    return Record(
+        "MatmulBackward", {a, b}, out,
+        {SavedTensor(a, "self"), SavedTensor(b, "other")},
+        [k, n, sa = a.sizes()](const Tensor& g, const Saved& s,
+                               const Needs& nd) -> Grads {
+          Tensor g2 = g.reshape({-1, n});
+          return std::vector<Tensor>{
+              nd[0] ? Gemm(g2, false, s[1], true).view(sa) : Tensor(),
+              nd[1] ? Gemm(s[0].reshape({-1, k}), true, g2, false) : Tensor()};
+        });
+  }
+  if (a.dim() != b.dim() ||
+      !std::equal(batch.begin(), batch.end(), b.sizes().begin())) {
+    TensorFail(absl::StrCat("matmul: batch dims must match, got ",
+                            ShapeString(a), " and ", ShapeString(b)));
+  }
+  auto as3 = [](const Tensor& t) {
+    return t.reshape({-1, t.size(-2), t.size(-1)}).contiguous();
+  };
+  Tensor out = BatchGemm(as3(a), false, as3(b), false)
+                   .view(WithLast2(batch, m, n));
+  if (!NeedsGrad(a, b)) return out;
+  return Record(
+      "BmmBackward", {a, b}, out,
+      {SavedTensor(a, "self"), SavedTensor(b, "other")},
+      [as3, sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved& s,
+                                            const Needs& nd) -> Grads {
+        Tensor g3 = as3(g);
+        return std::vector<Tensor>{
+            nd[0] ? BatchGemm(g3, false, as3(s[1]), true).view(sa) : Tensor(),
+            nd[1] ? BatchGemm(as3(s[0]), true, g3, false).view(sb) : Tensor()};
+      });
+}
+
+Tensor sum(const Tensor& a) {
+  Tensor out = a.sum();
+  if (!NeedsGrad(a)) return out;
+  return Record("SumBackward", {a}, out, {},
+                [sa = a.sizes()](const Tensor& g, const Saved&,
+                                 const Needs&) -> Grads {
+                  return std::vector<Tensor>{Materialize(g, sa)};
+                });
+}
+
+namespace {
+
+std::vector<int64_t> KeptShape(const Tensor& a, std::vector<int64_t> dims) {
+  std::vector<int64_t> shape = a.sizes();
+  for (int64_t d : dims) shape[NormDim(d, a.dim(), "sum")] = 1;
+  return shape;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor out = kernels::SumDims(a, dims, keepdim);
+  if (!NeedsGrad(a)) return out;
+  return Record("SumBackward", {a}, out, {},
+                [sa = a.sizes(), kept = KeptShape(a, dims)](
+                    const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{Materialize(g.reshape(kept), sa)};
+                });
+}
+
+Tensor mean(const Tensor& a) {
+  return div(sum(a), static_cast<double>(a.numel()));
+}
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  int64_t count = 1;
+  for (int64_t d : KeptShape(a, dims)) count *= d;
+  return div(sum(a, dims, keepdim),
+             static_cast<double>(a.numel()) / static_cast<double>(count));
+}
+
+// --- Shapes and views ------------------------------------------------------
+
+namespace {
+
+// A view-like op whose gradient is the output gradient reshaped back.
+Tensor ReshapeLike(const char* name, const Tensor& a, Tensor out) {
+  if (!NeedsGrad(a)) return out;
+  return Record(name, {a}, out, {},
+                [sa = a.sizes()](const Tensor& g, const Saved&,
+                                 const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.reshape(sa)};
+                });
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& a, const std::vector<int64_t>& sizes) {
+  return ReshapeLike("ReshapeBackward", a, a.reshape(sizes));
+}
+Tensor view(const Tensor& a, const std::vector<int64_t>& sizes) {
+  return ReshapeLike("ViewBackward", a, a.view(sizes));
+}
+Tensor unsqueeze(const Tensor& a, int64_t dim) {
+  return ReshapeLike("UnsqueezeBackward", a, a.unsqueeze(dim));
+}
+Tensor squeeze(const Tensor& a, int64_t dim) {
+  return ReshapeLike("SqueezeBackward", a, a.squeeze(dim));
+}
+
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
+  Tensor out = a.transpose(d0, d1);
+  if (!NeedsGrad(a)) return out;
+  return Record("TransposeBackward", {a}, out, {},
+                [d0, d1](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.transpose(d0, d1)};
+                });
+}
+
+Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {
+  Tensor out = a.permute(dims);
+  if (!NeedsGrad(a)) return out;
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i)
+    inverse[NormDim(dims[i], a.dim(), "permute")] = static_cast<int64_t>(i);
+  return Record("PermuteBackward", {a}, out, {},
+                [inverse](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  return std::vector<Tensor>{g.permute(inverse)};
+                });
+}
+
+Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end,
+             int64_t step) {
+  Tensor out = a.slice(dim, start, end, step);
+  if (!NeedsGrad(a)) return out;
+  return Record("SliceBackward", {a}, out, {},
+                [sa = a.sizes(), dim, start, end, step](
+                    const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  Tensor z = zeros(sa, g.dtype());
+                  z.slice(dim, start, end, step).copy_(g);
+                  return std::vector<Tensor>{z};
+                });
+}
+
+Tensor select(const Tensor& a, int64_t dim, int64_t index) {
+  Tensor out = a.select(dim, index);
+  if (!NeedsGrad(a)) return out;
+  return Record("SelectBackward", {a}, out, {},
+                [sa = a.sizes(), dim, index](const Tensor& g, const Saved&,
+                                             const Needs&) -> Grads {
+                  Tensor z = zeros(sa, g.dtype());
+                  z.select(dim, index).copy_(g);
+                  return std::vector<Tensor>{z};
+                });
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (tensors.empty()) TensorFail("cat: no tensors");
+  const Tensor& first = tensors[0];
+  dim = NormDim(dim, first.dim(), "cat");
+  std::vector<int64_t> shape = first.sizes();
+  std::vector<int64_t> lengths;
+  shape[dim] = 0;
+  bool needs = false;
+  for (const Tensor& t : tensors) {
+    std::vector<int64_t> s = t.sizes();
+    if (t.dim() != first.dim() || t.dtype() != first.dtype()) {
+      TensorFail("cat: tensors differ in rank or dtype");
+    }
+    s[dim] = shape[dim];
+    if (s != shape) {
+      TensorFail(absl::StrCat("cat: shapes ", ShapeString(first), " and ",
+                              ShapeString(t), " differ outside dim ", dim));
+    }
+    shape[dim] += t.size(dim);
+    lengths.push_back(t.size(dim));
+    needs = needs || NeedsGrad(t);
+  }
+  Tensor out = empty(shape, first.dtype());
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    out.slice(dim, offset, offset + t.size(dim)).copy_(t);
+    offset += t.size(dim);
+  }
+  if (!needs) return out;
+  return Record("CatBackward", tensors, out, {},
+                [dim, lengths](const Tensor& g, const Saved&,
+                               const Needs&) -> Grads {
+                  std::vector<Tensor> grads;
+                  int64_t off = 0;
+                  for (int64_t len : lengths) {
+                    grads.push_back(g.slice(dim, off, off + len).contiguous());
+                    off += len;
+                  }
+                  return grads;
+                });
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (tensors.empty()) TensorFail("stack: no tensors");
+  const int64_t rank = tensors[0].dim() + 1;
+  if (dim < 0) dim += rank;
+  std::vector<Tensor> parts;
+  for (const Tensor& t : tensors) parts.push_back(unsqueeze(t, dim));
+  return cat(parts, dim);
+}
+
+// --- Neural-network functions ----------------------------------------------
+
+namespace {
+
+// Softmax / log-softmax over `dim` through the last-dim kernel.
+Tensor SoftmaxAlong(const Tensor& a, int64_t dim, bool log) {
+  if (dim == a.dim() - 1) return kernels::SoftmaxLast(a, log);
+  return kernels::SoftmaxLast(a.transpose(dim, -1), log)
+      .transpose(dim, -1)
+      .contiguous();
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) {
+  dim = NormDim(dim, a.dim(), "softmax");
+  Tensor out = SoftmaxAlong(a, dim, false);
+  if (!NeedsGrad(a)) return out;
+  return Record(
+      "SoftmaxBackward", {a}, out, {SavedTensor(out, "result")},
+      [dim](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+        const Tensor& y = s[0];
+        Tensor gy = Zip(g, y, "softmax", [](auto u, auto v) { return u * v; });
+        Tensor dot = kernels::SumDims(gy, {dim}, true);
+        Tensor centered =
+            Zip(g, dot, "softmax", [](auto u, auto v) { return u - v; });
+        return std::vector<Tensor>{
+            Zip(centered, y, "softmax", [](auto u, auto v) { return u * v; })};
+      });
+}
+
+Tensor log_softmax(const Tensor& a, int64_t dim) {
+  dim = NormDim(dim, a.dim(), "log_softmax");
+  Tensor out = SoftmaxAlong(a, dim, true);
+  if (!NeedsGrad(a)) return out;
+  return Record(
+      "LogSoftmaxBackward", {a}, out, {SavedTensor(out, "result")},
+      [dim](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+        Tensor total = kernels::SumDims(g, {dim}, true);
+        Tensor p_total = Zip(s[0], total, "log_softmax", [](auto y, auto t) {
+          return std::exp(y) * t;
+        });
+        return std::vector<Tensor>{
+            Zip(g, p_total, "log_softmax", [](auto u, auto v) { return u - v; })};
+      });
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  if (input.sizes() != target.sizes()) {
+    TensorFail(absl::StrCat("mse_loss: input ", ShapeString(input),
+                            " and target ", ShapeString(target), " differ"));
+  }
+  return mean(pow(sub(input, target), 2.0));
+}
+
+namespace {
+
+void CheckClassIndices(const Tensor& target, int64_t rows, int64_t classes,
+                       const char* op) {
+  target.CheckDType(DType::kInt64, op);
+  if (target.dim() != 1 || target.size(0) != rows) {
+    TensorFail(absl::StrCat(op, ": target ", ShapeString(target),
+                            " does not match ", rows, " rows"));
+  }
+  for (int64_t t : target.to_vector<int64_t>()) {
+    if (t < 0 || t >= classes) {
+      TensorFail(absl::StrCat(op, ": class index ", t, " outside [0, ",
+                              classes, ")"));
+    }
+  }
+}
+
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
+  if (log_probs.dim() != 2) {
+    TensorFail(absl::StrCat("nll_loss: expected [N, C] input, got ",
+                            ShapeString(log_probs)));
+  }
+  const int64_t rows = log_probs.size(0), classes = log_probs.size(1);
+  CheckClassIndices(target, rows, classes, "nll_loss");
+  Tensor lp = log_probs.contiguous(), tc = target.contiguous();
+  const int64_t* pt = tc.data<int64_t>();
+  Tensor out = FloatDispatch(log_probs.dtype(), "nll_loss", [&]<typename T>() {
+    const T* p = lp.data<T>();
+    double total = 0;
+    for (int64_t i = 0; i < rows; ++i) total -= p[i * classes + pt[i]];
+    return full({}, total / static_cast<double>(rows), log_probs.dtype());
+  });
+  if (!NeedsGrad(log_probs)) return out;
+  return Record(
+      "NllLossBackward", {log_probs}, out, {SavedTensor(target, "target")},
+      [rows, classes, dtype = log_probs.dtype()](
+          const Tensor& g, const Saved& s, const Needs&) -> Grads {
+        Tensor grad = zeros({rows, classes}, dtype);
+        const double v = -g.item<double>() / static_cast<double>(rows);
+        Tensor tc = s[0].contiguous();
+        const int64_t* pt = tc.data<int64_t>();
+        FloatDispatch(dtype, "nll_loss", [&]<typename T>() {
+          T* p = grad.data<T>();
+          for (int64_t i = 0; i < rows; ++i)
+            p[i * classes + pt[i]] = static_cast<T>(v);
+        });
+        return std::vector<Tensor>{grad};
+      });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+  return nll_loss(log_softmax(logits, 1), target);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (weight.dim() != 2) {
+    TensorFail(absl::StrCat("embedding: expected [V, D] weight, got ",
+                            ShapeString(weight)));
+  }
+  indices.CheckDType(DType::kInt64, "embedding");
+  const int64_t rows = weight.size(0), width = weight.size(1);
+  Tensor ic = indices.contiguous(), wc = weight.contiguous();
+  const int64_t* pi = ic.data<int64_t>();
+  for (int64_t i = 0; i < ic.numel(); ++i) {
+    if (pi[i] < 0 || pi[i] >= rows) {
+      TensorFail(absl::StrCat("embedding: index ", pi[i], " outside [0, ",
+                              rows, ")"));
+    }
+  }
+  std::vector<int64_t> shape = indices.sizes();
+  shape.push_back(width);
+  Tensor out = empty(shape, weight.dtype());
+  FloatDispatch(weight.dtype(), "embedding", [&]<typename T>() {
+    const T* w = wc.data<T>();
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < ic.numel(); ++i)
+      std::copy(w + pi[i] * width, w + (pi[i] + 1) * width, o + i * width);
+  });
+  if (!NeedsGrad(weight)) return out;
+  return Record(
+      "EmbeddingBackward", {weight}, out, {SavedTensor(indices, "indices")},
+      [rows, width](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+        Tensor grad = zeros({rows, width}, g.dtype());
+        Tensor gc = g.contiguous(), ic = s[0].contiguous();
+        const int64_t* idx = ic.data<int64_t>();
+        FloatDispatch(g.dtype(), "embedding", [&]<typename T>() {
+          const T* pg = gc.data<T>();
+          T* p = grad.data<T>();
+          for (int64_t i = 0; i < ic.numel(); ++i)
+            for (int64_t j = 0; j < width; ++j)
+              p[idx[i] * width + j] += pg[i * width + j];
+        });
+        return std::vector<Tensor>{grad};
+      });
+}
+
+Tensor dropout(const Tensor& a, double p, bool training, uint64_t seed) {
+  if (p < 0 || p > 1) TensorFail(absl::StrCat("dropout: p ", p, " not in [0, 1]"));
+  if (!training || p == 0) return a;
+  const double scale = p >= 1 ? 0.0 : 1.0 / (1.0 - p);
+  Tensor mask = Map(rand(a.sizes(), seed, a.dtype()), "dropout",
+                    [p, scale](auto u) {
+                      return static_cast<decltype(u)>(u >= p ? scale : 0.0);
+                    });
+  return mul(a, mask);
+}
+
+}  // namespace ferry::autograd
