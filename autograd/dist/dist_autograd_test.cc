@@ -227,5 +227,250 @@ TEST_F(ChainTest, ArgumentsRequireGradOnTheCalleeOnlyInsideAContext) {
   ExpectNoContexts();
 }
 
+// A call that comes back to its caller: a -> b -> a -> b returns -> a.
+TEST_F(DistAutogradTest, CallThatComesBackToTheCaller) {
+  Start({"a", "b"});
+  Tensor x = Param({2, 3}, 11), wa = Param({2, 3}, 12), wb = Param({2, 3}, 13);
+  ASSERT_TRUE(agent(0)
+                  .Register("on_a", [&](Tensor u) { return tanh(mul(u, wa)); })
+                  .ok());
+  ASSERT_TRUE(agent(1)
+                  .Register("on_b",
+                            [&](Tensor t) -> absl::StatusOr<Tensor> {
+                              absl::StatusOr<Tensor> v = agent(1).rpc_sync<Tensor>(
+                                  "a", "on_a", mul(t, wb));
+                              if (!v.ok()) return v.status();
+                              return add(*v, t);
+                            })
+                  .ok());
+  Tensor rx = Copy(x), rwa = Copy(wa), rwb = Copy(wb);
+  Tensor rt = sigmoid(rx);
+  Tensor ref = sum(mul(add(tanh(mul(mul(rt, rwb), rwa)), rt), rx));
+  ASSERT_TRUE(Backward({ref}).ok());
+  {
+    ContextScope ctx(dist(0));
+    Tensor t = sigmoid(x);
+    absl::StatusOr<Tensor> y = agent(0).rpc_sync<Tensor>("b", "on_b", t);
+    ASSERT_TRUE(y.ok()) << y.status();
+    Tensor loss = sum(mul(*y, x));
+    EXPECT_TRUE(loss.allclose(ref, 1e-12));
+    absl::Status s = dist(0).Backward(ctx.id(), {loss});
+    ASSERT_TRUE(s.ok()) << s;
+    GradientMap ga = *dist(0).GetGradients(ctx.id());
+    ExpectGrad(ga, x, GradOf(rx), "x on a");
+    ExpectGrad(ga, wa, GradOf(rwa), "wa on a (through b's call back)");
+    ExpectGrad(*dist(1).GetGradients(ctx.id()), wb, GradOf(rwb), "wb on b");
+  }
+  ExpectNoContexts();
+}
+
+// b keeps one intermediate and returns it in two calls: b's TanhBackward is
+// reached from two send nodes and must run once with the summed gradient
+// (retain_graph=false would fail a second run). The two gradients are
+// delivered to b in reverse order, the first answered before the second
+// arrives.
+TEST_F(DistAutogradTest, SharedCalleeNodeWaitsForEveryGradientInAnyOrder) {
+  Start({"a", "b"});
+  Tensor x = Param({3, 2}, 21), wb = Param({2, 2}, 22);
+  Tensor stash;
+  ASSERT_TRUE(agent(1)
+                  .Register("stash",
+                            [&](Tensor in) {
+                              stash = tanh(matmul(in, wb));
+                              return stash;
+                            })
+                  .ok());
+  ASSERT_TRUE(
+      agent(1).Register("again", [&]() { return mul(stash, 3.0); }).ok());
+  Tensor rx = Copy(x), rwb = Copy(wb);
+  Tensor rh = tanh(matmul(rx, rwb));
+  ASSERT_TRUE(Backward({sum(mul(rh, mul(rh, 3.0)))}).ok());
+
+  ContextScope ctx(dist(0));
+  absl::StatusOr<Tensor> h1 = agent(0).rpc_sync<Tensor>("b", "stash", x);
+  absl::StatusOr<Tensor> h2 = agent(0).rpc_sync<Tensor>("b", "again");
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  Tensor loss = sum(mul(*h1, *h2));
+
+  net_->SetAutoDeliver(false);
+  absl::Status result = absl::UnknownError("not run");
+  std::thread backward(
+      [&] { result = dist(0).Backward(ctx.id(), {loss}); });
+  auto to_b = [](const QueuedMessage& q) {
+    return !q.is_reply && q.to == "b" && q.type == MessageType::kBackward;
+  };
+  absl::StatusOr<QueuedMessage> first = net_->AwaitQueued(to_b, absl::Seconds(20));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const uint64_t first_seq = first->seq;
+  absl::StatusOr<QueuedMessage> second = net_->AwaitQueued(
+      [&](const QueuedMessage& q) { return to_b(q) && q.seq != first_seq; },
+      absl::Seconds(20));
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE(net_->Deliver(second->seq).ok());
+  absl::StatusOr<QueuedMessage> reply =
+      net_->AwaitQueued(rpc::testing::RepliesTo("a"), absl::Seconds(20));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_TRUE(reply->error.ok()) << reply->error;
+  // The shared node has not run yet: no gradient for wb on b.
+  EXPECT_EQ(dist(1).GetGradients(ctx.id())->size(), 0u);
+  ASSERT_TRUE(net_->Deliver(reply->seq).ok());
+  ASSERT_TRUE(net_->Deliver(first_seq).ok());
+  net_->SetAutoDeliver(true);
+  net_->DeliverAll();
+  backward.join();
+  ASSERT_TRUE(result.ok()) << result;
+  ExpectGrad(*dist(1).GetGradients(ctx.id()), wb, GradOf(rwb), "wb on b");
+  ExpectGrad(*dist(0).GetGradients(ctx.id()), x, GradOf(rx), "x on a");
+}
+
+// Several threads on a run their own contexts through the same parameter
+// on b at once; each context's gradient matches its own input's.
+TEST_F(DistAutogradTest, ConcurrentContextsFromSeveralThreads) {
+  Start({"a", "b"});
+  Tensor wb = Param({4, 3}, 31);
+  ASSERT_TRUE(agent(1)
+                  .Register("forward",
+                            [&](Tensor in) { return tanh(matmul(in, wb)); })
+                  .ok());
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 5;
+  std::vector<Tensor> inputs, expected;
+  for (int t = 0; t < kThreads; ++t) {
+    inputs.push_back(randn({2, 4}, 100 + t, kF64));
+    Tensor rwb = Copy(wb);
+    ASSERT_TRUE(Backward({sum(tanh(matmul(inputs[t], rwb)))}).ok());
+    expected.push_back(GradOf(rwb));
+  }
+  std::vector<std::vector<Tensor>> got(kThreads);
+  std::vector<absl::Status> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds && errors[t].ok(); ++r) {
+        ContextScope ctx(dist(0));
+        absl::StatusOr<Tensor> y =
+            agent(0).rpc_sync<Tensor>("b", "forward", inputs[t]);
+        if (!y.ok()) {
+          errors[t] = y.status();
+          break;
+        }
+        errors[t] = dist(0).Backward(ctx.id(), {sum(*y)});
+        absl::StatusOr<GradientMap> g = dist(1).GetGradients(ctx.id());
+        if (errors[t].ok() && g.ok()) got[t].push_back(g->Get(wb));
+        errors[t].Update(g.status());
+        errors[t].Update(ctx.Release());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_TRUE(errors[t].ok()) << "thread " << t << ": " << errors[t];
+    ASSERT_EQ(got[t].size(), static_cast<size_t>(kRounds));
+    for (const Tensor& g : got[t]) {
+      ASSERT_TRUE(g.defined());
+      EXPECT_TRUE(g.allclose(expected[t], 1e-9, 1e-12)) << "thread " << t;
+    }
+  }
+  ExpectNoContexts();
+}
+
+// A custom op (a Node defined outside autograd/) whose backward fails.
+Tensor FailingOp(const Tensor& in) {
+  Tensor out = Detach(in).clone();
+  auto node = std::make_shared<FunctionNode>(
+      "InjectedFailureBackward", std::vector<SavedTensor>{},
+      [](const Tensor&, const std::vector<Tensor>&, const std::vector<bool>&)
+          -> absl::StatusOr<std::vector<Tensor>> {
+        return absl::InternalError("injected failure");
+      });
+  node->set_next_edges({GradientEdge(in)});
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->grad_fn = node;
+  out.set_autograd_meta(meta);
+  return out;
+}
+
+TEST_F(DistAutogradTest, RemoteBackwardErrorReachesTheInitiator) {
+  Start({"a", "b", "c"});
+  Tensor wc = Param({2, 2}, 41);
+  ASSERT_TRUE(agent(2)
+                  .Register("bad", [&](Tensor in) {
+                    return FailingOp(matmul(in, wc));
+                  })
+                  .ok());
+  ASSERT_TRUE(agent(1)
+                  .Register("relay",
+                            [&](Tensor in) {
+                              return agent(1).rpc_sync<Tensor>("c", "bad",
+                                                               tanh(in));
+                            })
+                  .ok());
+  {
+    ContextScope ctx(dist(0));
+    Tensor x = Param({2, 2}, 42);
+    absl::StatusOr<Tensor> y = agent(0).rpc_sync<Tensor>("b", "relay", x);
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::Status s = dist(0).Backward(ctx.id(), {sum(*y)});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("worker 'c'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("InjectedFailureBackward"), std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("injected failure"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(ctx.id().ToString()), std::string::npos) << s;
+    // Nothing reached wc or x.
+    EXPECT_EQ(dist(2).GetGradients(ctx.id())->size(), 0u);
+    EXPECT_EQ(dist(0).GetGradients(ctx.id())->size(), 0u);
+  }
+  ExpectNoContexts();
+}
+
+// c dies while b's gradients to it are in flight: a's pass fails naming c
+// well within the timeout, and releasing still clears the live workers.
+TEST_F(DistAutogradTest, WorkerKilledDuringBackwardFailsThePass) {
+  Start({"a", "b", "c"});
+  Tensor wb = Param({2, 2}, 51), wc = Param({2, 2}, 52);
+  ASSERT_TRUE(
+      agent(2).Register("c_fn", [&](Tensor in) { return mul(in, wc); }).ok());
+  ASSERT_TRUE(agent(1)
+                  .Register("b_fn",
+                            [&](Tensor in) {
+                              return agent(1).rpc_sync<Tensor>("c", "c_fn",
+                                                               mul(in, wb));
+                            })
+                  .ok());
+  ContextScope ctx(dist(0));
+  Tensor x = Param({2, 2}, 53);
+  absl::StatusOr<Tensor> y = agent(0).rpc_sync<Tensor>("b", "b_fn", x);
+  ASSERT_TRUE(y.ok()) << y.status();
+  Tensor loss = sum(*y);
+
+  net_->SetAutoDeliver(false);
+  absl::Status result = absl::UnknownError("not run");
+  const absl::Time start = absl::Now();
+  std::thread backward([&] { result = dist(0).Backward(ctx.id(), {loss}); });
+  auto backward_to = [](std::string to) {
+    return [to](const QueuedMessage& q) {
+      return !q.is_reply && q.to == to && q.type == MessageType::kBackward;
+    };
+  };
+  absl::StatusOr<QueuedMessage> to_b =
+      net_->AwaitQueued(backward_to("b"), absl::Seconds(20));
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  ASSERT_TRUE(net_->Deliver(to_b->seq).ok());
+  absl::StatusOr<QueuedMessage> to_c =
+      net_->AwaitQueued(backward_to("c"), absl::Seconds(20));
+  ASSERT_TRUE(to_c.ok()) << to_c.status();
+  ASSERT_TRUE(net_->Kill("c").ok());
+  net_->SetAutoDeliver(true);
+  net_->DeliverAll();
+  backward.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_NE(result.message().find("'c'"), std::string::npos) << result;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "took the timeout";
+  absl::Status released = ctx.Release();
+  EXPECT_FALSE(released.ok()) << "release cannot reach the dead worker";
+  ExpectNoContexts();
+}
+
 }  // namespace
 }  // namespace ferry::autograd::dist
