@@ -405,7 +405,7 @@ absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
     MutexLock l(&ctx->mu_);
     ctx->workers_.insert(peer.id);
   }
-  return RecordSend(*ctx, peer, grads, m);
+  return RecordSend(*ctx, peer, grads, /*is_reply=*/false, m);
 }
 
 absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
@@ -427,7 +427,13 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     ctx->pending_replies_.insert(key);
     ctx->workers_.insert(peer.id);
   }
-  return RecordRecv(*ctx, peer, m);
+  auto marker = m.context.find(kGradTensorsKey);
+  if (marker == m.context.end() || !m.autograd.has_value()) {
+    return absl::OkStatus();
+  }
+  std::string indices = marker->second;
+  m.context.erase(marker);
+  return RecordRecv(*ctx, peer, indices, m);
 }
 
 absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
@@ -447,28 +453,34 @@ absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
     MutexLock cl(&ctx->mu_);
     ctx->pending_replies_.erase(ReplyKey{peer.id, m.id.value()});
   }
-  return RecordSend(*ctx, peer, grads, m);
+  return RecordSend(*ctx, peer, grads, /*is_reply=*/true, m);
 }
 
 absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
                                                    Message& m) {
-  if (IsOwnType(m.type) || !m.autograd.has_value()) {
-    m.context.erase(kGradTensorsKey);
-    return absl::OkStatus();
+  if (IsOwnType(m.type) || !m.autograd.has_value()) return absl::OkStatus();
+  // Unwrap what OnSendReply wrapped: [marker, payload].
+  const Value::List* parts = m.payload.if_list();
+  if (parts == nullptr || parts->size() != 2 ||
+      (*parts)[0].if_string() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_.self().name, "': reply from '", peer.name,
+        "' in autograd context ", m.autograd->context_id.ToString(),
+        " lacks its grad-tensor marker"));
   }
+  std::string indices = *(*parts)[0].if_string();
+  Value inner = (*parts)[1];
+  m.payload = std::move(inner);
   std::shared_ptr<DistAutogradContext> ctx = Find(m.autograd->context_id);
-  if (ctx == nullptr) {
-    // Released while the call was in flight: the tensors arrive detached.
-    m.context.erase(kGradTensorsKey);
-    return absl::OkStatus();
-  }
-  return RecordRecv(*ctx, peer, m);
+  // Released while the call was in flight: the tensors arrive detached.
+  if (ctx == nullptr) return absl::OkStatus();
+  return RecordRecv(*ctx, peer, indices, m);
 }
 
 absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
                                                const GradTensors& grads,
-                                               Message& m) {
+                                               bool is_reply, Message& m) {
   if (grads.indices.empty()) return absl::OkStatus();
   absl::StatusOr<GlobalId> message_id = ids_.Next();
   if (!message_id.ok()) return Annotate(message_id.status(), Where(ctx.id()));
@@ -485,19 +497,21 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
     ctx.workers_.insert(peer.id);
   }
   m.autograd = rpc::AutogradFields{ctx.id(), *message_id, false};
-  m.context[kGradTensorsKey] = absl::StrJoin(grads.indices, ",");
+  std::string marker = absl::StrJoin(grads.indices, ",");
+  if (is_reply) {
+    m.payload = Value::FromList(
+        {Value::String(std::move(marker)), std::move(m.payload)});
+  } else {
+    m.context[kGradTensorsKey] = std::move(marker);
+  }
   return absl::OkStatus();
 }
 
 absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
+                                               const std::string& marker,
                                                Message& m) {
-  auto marker = m.context.find(kGradTensorsKey);
-  if (marker == m.context.end() || !m.autograd.has_value()) {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<int>> indices = ParseIndices(marker->second);
-  m.context.erase(marker);
+  absl::StatusOr<std::vector<int>> indices = ParseIndices(marker);
   if (!indices.ok()) return Annotate(indices.status(), Where(ctx.id()));
   // First pass: the specs, so the node exists before the tensors point at it.
   std::vector<TensorSpec> specs;

@@ -17,9 +17,12 @@
 // is recorded by the agent interceptors: the sender adds a SendNode whose
 // edges are those tensors' gradient edges, the receiver gives the arriving
 // tensors a RecvNode as grad_fn (so they require grad there), and both are
-// keyed by a fresh message id. Which tensors required grad travels in the
-// message's context entry kGradTensorsKey. Outside a context, tensors travel
-// without autograd state.
+// keyed by a fresh message id. Which tensors required grad travels with the
+// message: in a request's context entry kGradTensorsKey; in a reply (whose
+// envelope has no context) as the payload wrapped in [marker, payload],
+// which the receiving interceptor unwraps before the caller sees it. Every
+// worker of a job must therefore install distributed autograd. Outside a
+// context, tensors travel without autograd state.
 //
 // Backward (FAST mode, as PyTorch's): on the initiator, dependencies are
 // counted from the roots and every SendNode of the context on that worker;
@@ -86,7 +89,7 @@ namespace ferry::autograd::dist {
 
 // rpc context entry holding the current context id (decimal GlobalId value).
 inline constexpr char kContextKey[] = "autograd/context";
-// Message context entry listing which payload tensors (depth-first indices,
+// Request context entry listing which payload tensors (depth-first indices,
 // comma-separated) required grad on the sender.
 inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
 
@@ -208,12 +211,14 @@ class DistAutogradContainer
   Future<rpc::Message> OnBackward(const rpc::Message& m);
   Future<rpc::Message> OnCleanup(const rpc::Message& m);
 
-  // Records an outgoing message's grad tensors (already detached) in `ctx`.
+  // Records an outgoing message's grad tensors (already detached) in `ctx`
+  // and marks which they are (see kGradTensorsKey).
   absl::Status RecordSend(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
-                          const GradTensors& grads, rpc::Message& m);
-  // Gives the marked tensors of an incoming message a RecvNode.
-  absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
+                          const GradTensors& grads, bool is_reply,
                           rpc::Message& m);
+  // Gives the tensors of an incoming message listed in `marker` a RecvNode.
+  absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
+                          const std::string& marker, rpc::Message& m);
 
   // Pass runner.
   std::shared_ptr<Pass> NewPass(DistAutogradContext& ctx, GlobalId pass_id,
