@@ -21,10 +21,14 @@ Agent::Agent(Options options, std::shared_ptr<FunctionRegistry> registry)
 
 Agent::~Agent() { StopExecutor(/*drain=*/false); }
 
-void Agent::Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
-  self_ = std::move(self);
+void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
   workers_ = std::move(workers);
   for (const WorkerInfo& w : workers_) ids_by_name_[w.name] = w.id;
+  joined_.store(true, std::memory_order_release);
+}
+
+void Agent::SetSelf(WorkerInfo self) {
+  self_ = std::move(self);
   ids_ = std::make_unique<IdGenerator>(static_cast<uint16_t>(self_.id),
                                        /*first_local=*/1);
   ThreadPoolExecutor::Options eo;
@@ -64,7 +68,7 @@ absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
 }
 
 WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
-  if (id >= 0 && id < world_size() && workers_[id].name == name) {
+  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() && workers_[id].name == name) {
     return workers_[id];
   }
   return WorkerInfo{name, id, ""};
@@ -168,19 +172,25 @@ Future<Value> Agent::CallAsync(const WorkerRef& to, const std::string& function,
 // Receiving.
 
 Future<Message> Agent::Dispatch(Message request) {
-  Handler handler = FindHandler(request.type);
+  const MessageType type = request.type;
+  return Dispatch(type, [request = std::move(request)]() mutable {
+    return absl::StatusOr<Message>(std::move(request));
+  });
+}
+
+Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
+  Handler handler = FindHandler(type);
   if (handler == nullptr) {
     return MakeErrorFuture<Message>(absl::UnimplementedError(absl::StrCat(
         "worker '", self_.name, "' does not serve message type ",
-        MessageTypeName(request.type), " (",
-        static_cast<uint32_t>(request.type), ")")));
+        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")")));
   }
   Promise<Message> reply;
   Future<Message> out = reply.GetFuture();
   absl::Status submitted = executor_->Submit(
-      [this, handler = std::move(handler), request = std::move(request),
+      [this, handler = std::move(handler), receive = std::move(receive),
        reply]() mutable {
-        RunHandler(std::move(handler), std::move(request), std::move(reply));
+        RunHandler(std::move(handler), receive(), std::move(reply));
       },
       [reply](const absl::Status& s) mutable { reply.SetError(s); });
   if (!submitted.ok()) {
@@ -190,8 +200,13 @@ Future<Message> Agent::Dispatch(Message request) {
   return out;
 }
 
-void Agent::RunHandler(Handler handler, Message request,
+void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
                        Promise<Message> reply) {
+  if (!received.ok()) {
+    reply.SetError(received.status());
+    return;
+  }
+  Message request = *std::move(received);
   ScopedContext context(request.context);
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
   const WorkerInfo peer = PeerInfo(request.caller_id, request.caller_name);

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "rpc/agent.h"
 #include "rpc/context.h"
+#include "rpc/grpc/cluster.h"
 #include "rpc/testing/agent_cluster.h"
 #include "tensor/tensor.h"
 
@@ -497,7 +498,8 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
 }
 
 std::vector<Implementation> Implementations() {
-  return {{"InProcess", testing::StartInProcessCluster}};
+  return {{"InProcess", testing::StartInProcessCluster},
+          {"Grpc", grpc_agent::StartGrpcCluster}};
 }
 
 INSTANTIATE_TEST_SUITE_P(
