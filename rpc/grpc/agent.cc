@@ -97,6 +97,13 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
       new GrpcAgent(std::move(store), std::move(options), std::move(registry)));
   // The executor exists before the server can take a request.
   agent->SetSelf(WorkerInfo{name, rank, ""});
+  if (agent->grpc_options_.before_serving) {
+    absl::Status installed = agent->grpc_options_.before_serving(*agent);
+    if (!installed.ok()) {
+      return Annotate(installed, absl::StrCat("worker '", name,
+                                              "' installing handlers"));
+    }
+  }
   absl::StatusOr<std::string> address = agent->StartServer(name);
   if (!address.ok()) return address.status();
   agent->SetSelf(WorkerInfo{name, rank, *address});

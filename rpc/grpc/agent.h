@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +44,10 @@ struct GrpcAgentOptions : Agent::Options {
   int max_message_bytes = 0x7fffffff;
   std::string listen_address = "127.0.0.1:0";
   WireLimits wire_limits;
+  // Called once with the new agent before it serves or joins the group:
+  // register the handlers and interceptors peers may use as soon as the
+  // group forms (a layer's Install(agent)). An error aborts Start.
+  std::function<absl::Status(Agent&)> before_serving;
 };
 
 namespace grpc_agent {
