@@ -68,7 +68,8 @@ absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
 }
 
 WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
-  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() && workers_[id].name == name) {
+  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() &&
+      workers_[id].name == name) {
     return workers_[id];
   }
   return WorkerInfo{name, id, ""};
@@ -76,16 +77,16 @@ WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
 
 absl::Status Agent::RegisterHandler(MessageType type, Handler handler) {
   if (type == MessageType::kUnspecified || handler == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker '", self_.name, "': cannot register a handler for ",
-                     MessageTypeName(type)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", self_.name, "': cannot register a handler for ",
+        MessageTypeName(type)));
   }
   MutexLock lock(&mu_);
   auto [it, fresh] = handlers_.emplace(type, std::move(handler));
   if (!fresh) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("worker '", self_.name, "' already has a handler for ",
-                     MessageTypeName(type)));
+    return absl::AlreadyExistsError(absl::StrCat("worker '", self_.name,
+                                                 "' already has a handler for ",
+                                                 MessageTypeName(type)));
   }
   return absl::OkStatus();
 }
@@ -138,9 +139,8 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   message.id = *id;
   message.caller_name = self_.name;
   message.caller_id = self_.id;
-  message.deadline = limit == absl::InfiniteDuration()
-                         ? absl::InfiniteFuture()
-                         : absl::Now() + limit;
+  message.deadline = limit == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                       : absl::Now() + limit;
   for (const auto& [k, v] : CurrentContext()) message.context.emplace(k, v);
   absl::Status s = Intercept(InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
@@ -211,10 +211,9 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
   const WorkerInfo peer = PeerInfo(request.caller_id, request.caller_name);
   if (absl::Now() > request.deadline) {
-    reply.SetError(absl::DeadlineExceededError(
-        absl::StrCat("the caller's deadline passed before ",
-                     request.DebugString(), " started on worker '", self_.name,
-                     "'")));
+    reply.SetError(absl::DeadlineExceededError(absl::StrCat(
+        "the caller's deadline passed before ", request.DebugString(),
+        " started on worker '", self_.name, "'")));
     return;
   }
   absl::Status s = Intercept(InterceptPoint::kReceiveRequest, peer, request);
@@ -225,22 +224,22 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   const GlobalId id = request.id;
   const MessageType type = request.type;
   handler(std::move(request))
-      .OnComplete([this, reply, peer, id, type](
-                      const Result<Message>& r) mutable {
-        if (!r.ok()) {
-          reply.SetError(r.status());
-          return;
-        }
-        Message m = *r;
-        m.id = id;
-        if (m.type == MessageType::kUnspecified) m.type = type;
-        absl::Status s = Intercept(InterceptPoint::kSendReply, peer, m);
-        if (!s.ok()) {
-          reply.SetError(s);
-          return;
-        }
-        reply.SetValue(std::move(m));
-      });
+      .OnComplete(
+          [this, reply, peer, id, type](const Result<Message>& r) mutable {
+            if (!r.ok()) {
+              reply.SetError(r.status());
+              return;
+            }
+            Message m = *r;
+            m.id = id;
+            if (m.type == MessageType::kUnspecified) m.type = type;
+            absl::Status s = Intercept(InterceptPoint::kSendReply, peer, m);
+            if (!s.ok()) {
+              reply.SetError(s);
+              return;
+            }
+            reply.SetValue(std::move(m));
+          });
 }
 
 Future<Message> Agent::ServeCall(Message request) {
@@ -249,10 +248,9 @@ Future<Message> Agent::ServeCall(Message request) {
   if (entry == nullptr) {
     std::vector<std::string> names;
     for (const auto& e : registry_->List()) names.push_back(e->name);
-    return MakeErrorFuture<Message>(absl::NotFoundError(
-        absl::StrCat("worker '", self_.name, "' has no function '",
-                     request.function, "' (registered: ",
-                     absl::StrJoin(names, ", "), ")")));
+    return MakeErrorFuture<Message>(absl::NotFoundError(absl::StrCat(
+        "worker '", self_.name, "' has no function '", request.function,
+        "' (registered: ", absl::StrJoin(names, ", "), ")")));
   }
   CallContext ctx;
   ctx.caller_name = request.caller_name;

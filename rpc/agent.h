@@ -72,7 +72,7 @@ namespace ferry::rpc {
 
 struct WorkerInfo {
   std::string name;
-  int id = -1;  // The rank.
+  int id = -1;          // The rank.
   std::string address;  // Transport-specific ("127.0.0.1:port" for gRPC).
 };
 

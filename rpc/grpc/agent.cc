@@ -54,8 +54,8 @@ struct GrpcAgent::Peer {
 
 struct GrpcAgent::OutgoingCall {
   uint64_t id = 0;
-  std::string target;    // DescribeTarget(peer, request)
-  std::string sending;   // Sending(request)
+  std::string target;   // DescribeTarget(peer, request)
+  std::string sending;  // Sending(request)
   std::string stats_key;
   std::string peer_address;
   absl::Duration timeout;
@@ -100,16 +100,16 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   if (agent->grpc_options_.before_serving) {
     absl::Status installed = agent->grpc_options_.before_serving(*agent);
     if (!installed.ok()) {
-      return Annotate(installed, absl::StrCat("worker '", name,
-                                              "' installing handlers"));
+      return Annotate(installed,
+                      absl::StrCat("worker '", name, "' installing handlers"));
     }
   }
   absl::StatusOr<std::string> address = agent->StartServer(name);
   if (!address.ok()) return address.status();
   agent->SetSelf(WorkerInfo{name, rank, *address});
-  absl::StatusOr<std::vector<WorkerInfo>> group = grpc_agent::JoinGroup(
-      agent->store_, agent->self(), world_size,
-      agent->grpc_options_.join_timeout);
+  absl::StatusOr<std::vector<WorkerInfo>> group =
+      grpc_agent::JoinGroup(agent->store_, agent->self(), world_size,
+                            agent->grpc_options_.join_timeout);
   if (!group.ok()) {
     agent->Shutdown(/*graceful=*/false).IgnoreError();
     return group.status();
@@ -234,16 +234,17 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   call->peer_address = to.address;
   call->timeout = timeout;
   call->start = absl::Now();
-  absl::StatusOr<grpc_agent::EncodedMessage> encoded = grpc_agent::EncodeRequest(
-      request, call->start, grpc_options_.wire_limits);
+  absl::StatusOr<grpc_agent::EncodedMessage> encoded =
+      grpc_agent::EncodeRequest(request, call->start,
+                                grpc_options_.wire_limits);
   if (!encoded.ok()) {
     return MakeErrorFuture<Message>(Annotate(
         encoded.status(),
         request.type == MessageType::kCall
             ? absl::StrCat("encoding the arguments of '", request.function,
                            "' for worker '", to.name, "'")
-            : absl::StrCat("encoding ", request.DebugString(),
-                           " for worker '", to.name, "'")));
+            : absl::StrCat("encoding ", request.DebugString(), " for worker '",
+                           to.name, "'")));
   }
   call->bytes_out = encoded->bytes;
   call->request = std::move(encoded->buffer);
@@ -255,9 +256,9 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   {
     MutexLock lock(&mu_);
     if (shutting_down_) {
-      return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
-          "worker '", self().name, "' is shut down; cannot ", raw->sending,
-          " on worker '", to.name, "'")));
+      return MakeErrorFuture<Message>(absl::UnavailableError(
+          absl::StrCat("worker '", self().name, "' is shut down; cannot ",
+                       raw->sending, " on worker '", to.name, "'")));
     }
     outgoing_.emplace(raw->id, call.release());
   }
@@ -285,10 +286,10 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
     absl::Status s = FromGrpcStatus(status);
     switch (status.error_code()) {
       case grpc::StatusCode::DEADLINE_EXCEEDED:
-        result = absl::DeadlineExceededError(absl::StrCat(
-            "call to ", where, " timed out after ",
-            absl::FormatDuration(call->timeout), " (request ",
-            GlobalId::FromValue(call->id).ToString(), ")"));
+        result = absl::DeadlineExceededError(
+            absl::StrCat("call to ", where, " timed out after ",
+                         absl::FormatDuration(call->timeout), " (request ",
+                         GlobalId::FromValue(call->id).ToString(), ")"));
         break;
       case grpc::StatusCode::UNAVAILABLE:
         result = absl::UnavailableError(
@@ -297,8 +298,8 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
         break;
       case grpc::StatusCode::CANCELLED:
         result = absl::CancelledError(
-            absl::StrCat("call to ", where, " cancelled (worker '",
-                         self().name, "' shutting down)"));
+            absl::StrCat("call to ", where, " cancelled (worker '", self().name,
+                         "' shutting down)"));
         break;
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
         result = absl::ResourceExhaustedError(absl::StrCat(
@@ -307,8 +308,8 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
         break;
       default:
         // Agent-level errors from the peer already name it.
-        result = absl::Status(
-            s.code(), absl::StrCat(call->sending, ": ", s.message()));
+        result = absl::Status(s.code(),
+                              absl::StrCat(call->sending, ": ", s.message()));
     }
   }
   stats_.Record(RpcStats::Direction::kOut, call->stats_key,

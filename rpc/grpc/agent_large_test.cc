@@ -11,7 +11,7 @@
 namespace ferry::rpc {
 namespace {
 
-TEST(RpcAgentLarge, OneGibTensorArgument) {
+TEST(GrpcAgentLarge, OneGibTensorArgument) {
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(registry
                   ->Register("probe",
@@ -29,7 +29,7 @@ TEST(RpcAgentLarge, OneGibTensorArgument) {
   for (int i = 0; i < 2; ++i) {
     ts.emplace_back([&, i] {
       agents[i] = GrpcAgent::Start(i == 0 ? "sender" : "receiver", i, 2, store,
-                                  {}, registry);
+                                   {}, registry);
     });
   }
   for (auto& t : ts) t.join();

@@ -74,7 +74,7 @@ std::shared_ptr<FunctionRegistry> BasicRegistry() {
   return reg;
 }
 
-TEST(RpcAgent, DuplicateNameFailsOnEveryWorker) {
+TEST(GrpcAgent, DuplicateNameFailsOnEveryWorker) {
   auto store = std::make_shared<HashStore>();
   GrpcAgentOptions opts;
   opts.join_timeout = absl::Seconds(30);
@@ -87,7 +87,7 @@ TEST(RpcAgent, DuplicateNameFailsOnEveryWorker) {
       << agents.status();
 }
 
-TEST(RpcAgent, DuplicateRankFailsOnEveryWorker) {
+TEST(GrpcAgent, DuplicateRankFailsOnEveryWorker) {
   auto store = std::make_shared<HashStore>();
   GrpcAgentOptions opts;
   std::vector<absl::Status> results(3);
@@ -96,7 +96,8 @@ TEST(RpcAgent, DuplicateRankFailsOnEveryWorker) {
   const char* names[] = {"p", "q", "r"};
   for (int i = 0; i < 3; ++i) {
     ts.emplace_back([&, i] {
-      results[i] = GrpcAgent::Start(names[i], ranks[i], 3, store, opts).status();
+      results[i] =
+          GrpcAgent::Start(names[i], ranks[i], 3, store, opts).status();
     });
   }
   for (auto& t : ts) t.join();
@@ -109,7 +110,7 @@ TEST(RpcAgent, DuplicateRankFailsOnEveryWorker) {
   }
 }
 
-TEST(RpcAgent, MissingWorkerTimesOutJoining) {
+TEST(GrpcAgent, MissingWorkerTimesOutJoining) {
   auto store = std::make_shared<HashStore>();
   GrpcAgentOptions opts;
   opts.join_timeout = absl::Milliseconds(300);
@@ -122,7 +123,7 @@ TEST(RpcAgent, MissingWorkerTimesOutJoining) {
       << a.status();
 }
 
-TEST(RpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
+TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
   auto agents = StartGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   auto channel = grpc::CreateChannel((*agents)[1]->address(),
@@ -162,7 +163,7 @@ TEST(RpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
   ShutdownAll(*agents);
 }
 
-TEST(RpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
+TEST(GrpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
   auto agents = StartGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   ASSERT_TRUE((*agents)[0]
@@ -206,7 +207,7 @@ TEST(RpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
 
 // Every message type with a handler is served; others are refused naming
 // the worker and the type, and the server lives on.
-TEST(RpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
+TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
   auto agents = StartGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   constexpr auto kToy = static_cast<MessageType>(1001);

@@ -44,8 +44,8 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
-      results[i] = GrpcAgent::Start(spec.names[i], i, n, store, options,
-                                    spec.registry);
+      results[i] =
+          GrpcAgent::Start(spec.names[i], i, n, store, options, spec.registry);
     });
   }
   for (auto& t : threads) t.join();

@@ -20,8 +20,8 @@ void ToProto(const RRefFields& r, v1::RRefFields* p) {
 
 RRefFields FromProto(const v1::RRefFields& p) {
   return RRefFields{GlobalId::FromValue(p.rref_id()),
-                    GlobalId::FromValue(p.fork_id()), p.owner_id(),
-                    p.peer_id(), p.type_name()};
+                    GlobalId::FromValue(p.fork_id()), p.owner_id(), p.peer_id(),
+                    p.type_name()};
 }
 
 void ToProto(const AutogradFields& a, v1::AutogradFields* p) {
@@ -32,12 +32,11 @@ void ToProto(const AutogradFields& a, v1::AutogradFields* p) {
 
 AutogradFields FromProto(const v1::AutogradFields& p) {
   return AutogradFields{GlobalId::FromValue(p.context_id()),
-                        GlobalId::FromValue(p.message_id()),
-                        p.retain_graph()};
+                        GlobalId::FromValue(p.message_id()), p.retain_graph()};
 }
 
-absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts,
-                                    Value if_absent, const WireLimits& limits) {
+absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts, Value if_absent,
+                                    const WireLimits& limits) {
   if (parts.payload.empty()) return if_absent;
   return DecodeValue(absl::MakeConstSpan(parts.payload), limits);
 }
@@ -125,8 +124,8 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
 }
 
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
-                                    const WireLimits& limits,
-                                    uint64_t* bytes) {
+                                            const WireLimits& limits,
+                                            uint64_t* bytes) {
   ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
   v1::RpcResponse h;
   if (!h.ParseFromString(parts.header)) {

@@ -51,8 +51,8 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
 // callee gave them); the outer error is InvalidArgument for a malformed
 // envelope or payload.
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
-                                    const WireLimits& limits,
-                                    uint64_t* bytes);
+                                            const WireLimits& limits,
+                                            uint64_t* bytes);
 
 }  // namespace ferry::rpc::grpc_agent
 

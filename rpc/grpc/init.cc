@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
   if (rank < 0) rank = method.rank.value_or(-1);
   if (world_size < 0) world_size = method.world_size.value_or(-1);
   return GrpcAgent::Start(name, rank, world_size,
-                         std::shared_ptr<Store>(std::move(store)),
-                         std::move(options), std::move(registry));
+                          std::shared_ptr<Store>(std::move(store)),
+                          std::move(options), std::move(registry));
 }
 
 }  // namespace ferry::rpc

@@ -66,9 +66,10 @@ absl::StatusOr<std::vector<WorkerInfo>> CheckGroup(
 
 }  // namespace
 
-absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(
-    std::shared_ptr<Store> base, const WorkerInfo& self, int world_size,
-    absl::Duration timeout) {
+absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> base,
+                                                  const WorkerInfo& self,
+                                                  int world_size,
+                                                  absl::Duration timeout) {
   PrefixStore store("rpc/", std::move(base));
   store.SetTimeout(timeout);
   const std::string who =

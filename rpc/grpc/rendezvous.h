@@ -20,9 +20,10 @@ namespace ferry::rpc::grpc_agent {
 
 // The group's workers, indexed by rank. InvalidArgument for an invalid group,
 // DeadlineExceeded when not everyone joins within `timeout`, naming `self`.
-absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(
-    std::shared_ptr<Store> store, const WorkerInfo& self, int world_size,
-    absl::Duration timeout);
+absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> store,
+                                                  const WorkerInfo& self,
+                                                  int world_size,
+                                                  absl::Duration timeout);
 
 // Returns once all `world_size` workers called it, or an error at `deadline`.
 absl::Status ShutdownBarrier(std::shared_ptr<Store> store,

@@ -28,8 +28,8 @@ grpc::ServerUnaryReactor* WorkerService::Call(
     reactor->Finish(grpc::Status(
         grpc::StatusCode::UNIMPLEMENTED,
         absl::StrCat("worker '", me, "' does not serve message type ",
-                     MessageTypeName(type), " (",
-                     static_cast<uint32_t>(type), ")")));
+                     MessageTypeName(type), " (", static_cast<uint32_t>(type),
+                     ")")));
     return reactor;
   }
   // Stats are kept per function for calls, per type for other messages.
@@ -39,11 +39,14 @@ grpc::ServerUnaryReactor* WorkerService::Call(
   const WireLimits limits = agent_->grpc_options_.wire_limits;
   auto received = std::make_shared<ReceivedRequest>(*std::move(split));
   GrpcAgent* agent = agent_;
-  agent_->Dispatch(type, [received, start, limits]() mutable {
-          absl::StatusOr<Message> m = DecodeRequest(*received, start, limits);
-          received.reset();  // Release the request's slices early.
-          return m;
-        })
+  agent_
+      ->Dispatch(type,
+                 [received, start, limits]() mutable {
+                   absl::StatusOr<Message> m =
+                       DecodeRequest(*received, start, limits);
+                   received.reset();  // Release the request's slices early.
+                   return m;
+                 })
       .OnComplete([agent, reactor, response, start, bytes_in,
                    key = std::move(key)](const Result<Message>& reply) {
         absl::StatusOr<EncodedMessage> encoded =
@@ -51,16 +54,15 @@ grpc::ServerUnaryReactor* WorkerService::Call(
         if (!encoded.ok()) {
           agent->stats_.Record(RpcStats::Direction::kIn, key,
                                absl::Now() - start, true, bytes_in, 0);
-          reactor->Finish(ToGrpcStatus(Annotate(
-              encoded.status(),
-              absl::StrCat("worker '", agent->self().name,
-                           "' encoding the result of '", key, "'"))));
+          reactor->Finish(ToGrpcStatus(
+              Annotate(encoded.status(),
+                       absl::StrCat("worker '", agent->self().name,
+                                    "' encoding the result of '", key, "'"))));
           return;
         }
         *response = std::move(encoded->buffer);
-        agent->stats_.Record(RpcStats::Direction::kIn, key,
-                             absl::Now() - start, !reply.ok(), bytes_in,
-                             encoded->bytes);
+        agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
+                             !reply.ok(), bytes_in, encoded->bytes);
         reactor->Finish(grpc::Status::OK);
       });
   return reactor;

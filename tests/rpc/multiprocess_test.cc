@@ -13,9 +13,9 @@
 #include "gtest/gtest.h"
 #include "rpc/context.h"
 #include "rpc/grpc/init.h"
-#include "tests/rpc/toy_layer.h"
 #include "store/tcp_store_server.h"
 #include "tensor/tensor.h"
+#include "tests/rpc/toy_layer.h"
 
 namespace ferry::rpc {
 namespace {

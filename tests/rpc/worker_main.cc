@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "rpc/grpc/init.h"
-#include "tests/rpc/toy_layer.h"
 #include "tensor/tensor.h"
+#include "tests/rpc/toy_layer.h"
 
 int main() {
   const int rank = std::atoi(std::getenv("RANK"));
