@@ -104,18 +104,22 @@ Handler Agent::FindHandler(MessageType type) const {
 
 void Agent::AddInterceptor(Interceptor interceptor) {
   MutexLock lock(&mu_);
-  interceptors_.push_back(std::move(interceptor));
+  auto list = interceptors_
+                  ? std::make_shared<std::vector<Interceptor>>(*interceptors_)
+                  : std::make_shared<std::vector<Interceptor>>();
+  list->push_back(std::move(interceptor));
+  interceptors_ = std::move(list);
 }
 
-std::vector<Interceptor> Agent::Interceptors() const {
+Agent::InterceptorList Agent::Interceptors() const {
   MutexLock lock(&mu_);
   return interceptors_;
 }
 
-absl::Status Agent::Intercept(InterceptPoint point, const WorkerInfo& peer,
-                              Message& message) const {
-  // Copied so that an interceptor may add another without deadlock.
-  for (const Interceptor& i : Interceptors()) {
+absl::Status Agent::Intercept(const InterceptorList& list, InterceptPoint point,
+                              const WorkerInfo& peer, Message& message) {
+  if (list == nullptr) return absl::OkStatus();
+  for (const Interceptor& i : *list) {
     RETURN_IF_ERROR(i(point, peer, message));
   }
   return absl::OkStatus();
@@ -142,14 +146,20 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   message.deadline = limit == absl::InfiniteDuration() ? absl::InfiniteFuture()
                                                        : absl::Now() + limit;
   for (const auto& [k, v] : CurrentContext()) message.context.emplace(k, v);
-  absl::Status s = Intercept(InterceptPoint::kSendRequest, *peer, message);
+  InterceptorList interceptors = Interceptors();
+  if (interceptors == nullptr) {
+    return Transmit(*peer, std::move(message), limit);
+  }
+  absl::Status s =
+      Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
   return Transmit(*peer, std::move(message), limit)
-      .Then([this, peer = *std::move(peer)](
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
                 const Result<Message>& reply) -> absl::StatusOr<Message> {
         if (!reply.ok()) return reply.status();
         Message m = *reply;
-        RETURN_IF_ERROR(Intercept(InterceptPoint::kReceiveReply, peer, m));
+        RETURN_IF_ERROR(
+            Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
         return m;
       });
 }
@@ -209,37 +219,44 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   Message request = *std::move(received);
   ScopedContext context(request.context);
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
-  const WorkerInfo peer = PeerInfo(request.caller_id, request.caller_name);
   if (absl::Now() > request.deadline) {
     reply.SetError(absl::DeadlineExceededError(absl::StrCat(
         "the caller's deadline passed before ", request.DebugString(),
         " started on worker '", self_.name, "'")));
     return;
   }
-  absl::Status s = Intercept(InterceptPoint::kReceiveRequest, peer, request);
-  if (!s.ok()) {
-    reply.SetError(s);
-    return;
+  InterceptorList interceptors = Interceptors();
+  WorkerInfo peer;
+  if (interceptors != nullptr) {
+    peer = PeerInfo(request.caller_id, request.caller_name);
+    absl::Status s =
+        Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
+    if (!s.ok()) {
+      reply.SetError(s);
+      return;
+    }
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
   handler(std::move(request))
-      .OnComplete(
-          [this, reply, peer, id, type](const Result<Message>& r) mutable {
-            if (!r.ok()) {
-              reply.SetError(r.status());
-              return;
-            }
-            Message m = *r;
-            m.id = id;
-            if (m.type == MessageType::kUnspecified) m.type = type;
-            absl::Status s = Intercept(InterceptPoint::kSendReply, peer, m);
-            if (!s.ok()) {
-              reply.SetError(s);
-              return;
-            }
-            reply.SetValue(std::move(m));
-          });
+      .OnComplete([reply, interceptors = std::move(interceptors),
+                   peer = std::move(peer), id,
+                   type](const Result<Message>& r) mutable {
+        if (!r.ok()) {
+          reply.SetError(r.status());
+          return;
+        }
+        Message m = *r;
+        m.id = id;
+        if (m.type == MessageType::kUnspecified) m.type = type;
+        absl::Status s =
+            Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
+        if (!s.ok()) {
+          reply.SetError(s);
+          return;
+        }
+        reply.SetValue(std::move(m));
+      });
 }
 
 Future<Message> Agent::ServeCall(Message request) {
@@ -258,12 +275,14 @@ Future<Message> Agent::ServeCall(Message request) {
   ctx.function = request.function;
   ctx.request_id = request.id.value();
   ctx.deadline = request.deadline;
-  const std::string where = DescribeTarget(self_.name, request);
   return entry->fn(ctx, request.payload)
-      .Then([where](const Result<Value>& r) -> absl::StatusOr<Message> {
+      .Then([self = self_.name, function = request.function](
+                const Result<Value>& r) -> absl::StatusOr<Message> {
         if (!r.ok()) {
-          return absl::Status(r.status().code(),
-                              absl::StrCat(where, ": ", r.status().message()));
+          return absl::Status(
+              r.status().code(),
+              absl::StrCat("worker '", self, "' function '", function,
+                           "': ", r.status().message()));
         }
         Message reply;
         reply.payload = *r;

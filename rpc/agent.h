@@ -238,9 +238,13 @@ class Agent {
     }
   }
 
-  std::vector<Interceptor> Interceptors() const;
-  absl::Status Intercept(InterceptPoint point, const WorkerInfo& peer,
-                         Message& message) const;
+  // Copy-on-write, so a message keeps the list it started with and a
+  // reply arriving late never touches the agent.
+  using InterceptorList = std::shared_ptr<const std::vector<Interceptor>>;
+  InterceptorList Interceptors() const;
+  static absl::Status Intercept(const InterceptorList& list,
+                                InterceptPoint point, const WorkerInfo& peer,
+                                Message& message);
   Handler FindHandler(MessageType type) const;
   void RunHandler(Handler handler, absl::StatusOr<Message> request,
                   Promise<Message> reply);
@@ -260,7 +264,7 @@ class Agent {
 
   mutable Mutex mu_;
   std::map<MessageType, Handler> handlers_ ABSL_GUARDED_BY(mu_);
-  std::vector<Interceptor> interceptors_ ABSL_GUARDED_BY(mu_);
+  InterceptorList interceptors_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc
