@@ -21,10 +21,14 @@ Agent::Agent(Options options, std::shared_ptr<FunctionRegistry> registry)
 
 Agent::~Agent() { StopExecutor(/*drain=*/false); }
 
-void Agent::Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
-  self_ = std::move(self);
+void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
   workers_ = std::move(workers);
   for (const WorkerInfo& w : workers_) ids_by_name_[w.name] = w.id;
+  joined_.store(true, std::memory_order_release);
+}
+
+void Agent::SetSelf(WorkerInfo self) {
+  self_ = std::move(self);
   ids_ = std::make_unique<IdGenerator>(static_cast<uint16_t>(self_.id),
                                        /*first_local=*/1);
   ThreadPoolExecutor::Options eo;
@@ -64,7 +68,8 @@ absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
 }
 
 WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
-  if (id >= 0 && id < world_size() && workers_[id].name == name) {
+  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() &&
+      workers_[id].name == name) {
     return workers_[id];
   }
   return WorkerInfo{name, id, ""};
@@ -72,16 +77,16 @@ WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
 
 absl::Status Agent::RegisterHandler(MessageType type, Handler handler) {
   if (type == MessageType::kUnspecified || handler == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker '", self_.name, "': cannot register a handler for ",
-                     MessageTypeName(type)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", self_.name, "': cannot register a handler for ",
+        MessageTypeName(type)));
   }
   MutexLock lock(&mu_);
   auto [it, fresh] = handlers_.emplace(type, std::move(handler));
   if (!fresh) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("worker '", self_.name, "' already has a handler for ",
-                     MessageTypeName(type)));
+    return absl::AlreadyExistsError(absl::StrCat("worker '", self_.name,
+                                                 "' already has a handler for ",
+                                                 MessageTypeName(type)));
   }
   return absl::OkStatus();
 }
@@ -99,18 +104,22 @@ Handler Agent::FindHandler(MessageType type) const {
 
 void Agent::AddInterceptor(Interceptor interceptor) {
   MutexLock lock(&mu_);
-  interceptors_.push_back(std::move(interceptor));
+  auto list = interceptors_
+                  ? std::make_shared<std::vector<Interceptor>>(*interceptors_)
+                  : std::make_shared<std::vector<Interceptor>>();
+  list->push_back(std::move(interceptor));
+  interceptors_ = std::move(list);
 }
 
-std::vector<Interceptor> Agent::Interceptors() const {
+Agent::InterceptorList Agent::Interceptors() const {
   MutexLock lock(&mu_);
   return interceptors_;
 }
 
-absl::Status Agent::Intercept(InterceptPoint point, const WorkerInfo& peer,
-                              Message& message) const {
-  // Copied so that an interceptor may add another without deadlock.
-  for (const Interceptor& i : Interceptors()) {
+absl::Status Agent::Intercept(const InterceptorList& list, InterceptPoint point,
+                              const WorkerInfo& peer, Message& message) {
+  if (list == nullptr) return absl::OkStatus();
+  for (const Interceptor& i : *list) {
     RETURN_IF_ERROR(i(point, peer, message));
   }
   return absl::OkStatus();
@@ -134,18 +143,23 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   message.id = *id;
   message.caller_name = self_.name;
   message.caller_id = self_.id;
-  message.deadline = limit == absl::InfiniteDuration()
-                         ? absl::InfiniteFuture()
-                         : absl::Now() + limit;
+  message.deadline = limit == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                       : absl::Now() + limit;
   for (const auto& [k, v] : CurrentContext()) message.context.emplace(k, v);
-  absl::Status s = Intercept(InterceptPoint::kSendRequest, *peer, message);
+  InterceptorList interceptors = Interceptors();
+  if (interceptors == nullptr) {
+    return Transmit(*peer, std::move(message), limit);
+  }
+  absl::Status s =
+      Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
   return Transmit(*peer, std::move(message), limit)
-      .Then([this, peer = *std::move(peer)](
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
                 const Result<Message>& reply) -> absl::StatusOr<Message> {
         if (!reply.ok()) return reply.status();
         Message m = *reply;
-        RETURN_IF_ERROR(Intercept(InterceptPoint::kReceiveReply, peer, m));
+        RETURN_IF_ERROR(
+            Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
         return m;
       });
 }
@@ -168,19 +182,25 @@ Future<Value> Agent::CallAsync(const WorkerRef& to, const std::string& function,
 // Receiving.
 
 Future<Message> Agent::Dispatch(Message request) {
-  Handler handler = FindHandler(request.type);
+  const MessageType type = request.type;
+  return Dispatch(type, [request = std::move(request)]() mutable {
+    return absl::StatusOr<Message>(std::move(request));
+  });
+}
+
+Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
+  Handler handler = FindHandler(type);
   if (handler == nullptr) {
     return MakeErrorFuture<Message>(absl::UnimplementedError(absl::StrCat(
         "worker '", self_.name, "' does not serve message type ",
-        MessageTypeName(request.type), " (",
-        static_cast<uint32_t>(request.type), ")")));
+        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")")));
   }
   Promise<Message> reply;
   Future<Message> out = reply.GetFuture();
   absl::Status submitted = executor_->Submit(
-      [this, handler = std::move(handler), request = std::move(request),
+      [this, handler = std::move(handler), receive = std::move(receive),
        reply]() mutable {
-        RunHandler(std::move(handler), std::move(request), std::move(reply));
+        RunHandler(std::move(handler), receive(), std::move(reply));
       },
       [reply](const absl::Status& s) mutable { reply.SetError(s); });
   if (!submitted.ok()) {
@@ -190,28 +210,38 @@ Future<Message> Agent::Dispatch(Message request) {
   return out;
 }
 
-void Agent::RunHandler(Handler handler, Message request,
+void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
                        Promise<Message> reply) {
-  ScopedContext context(request.context);
-  ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
-  const WorkerInfo peer = PeerInfo(request.caller_id, request.caller_name);
-  if (absl::Now() > request.deadline) {
-    reply.SetError(absl::DeadlineExceededError(
-        absl::StrCat("the caller's deadline passed before ",
-                     request.DebugString(), " started on worker '", self_.name,
-                     "'")));
+  if (!received.ok()) {
+    reply.SetError(received.status());
     return;
   }
-  absl::Status s = Intercept(InterceptPoint::kReceiveRequest, peer, request);
-  if (!s.ok()) {
-    reply.SetError(s);
+  Message request = *std::move(received);
+  ScopedContext context(request.context);
+  ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
+  if (absl::Now() > request.deadline) {
+    reply.SetError(absl::DeadlineExceededError(absl::StrCat(
+        "the caller's deadline passed before ", request.DebugString(),
+        " started on worker '", self_.name, "'")));
     return;
+  }
+  InterceptorList interceptors = Interceptors();
+  WorkerInfo peer;
+  if (interceptors != nullptr) {
+    peer = PeerInfo(request.caller_id, request.caller_name);
+    absl::Status s =
+        Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
+    if (!s.ok()) {
+      reply.SetError(s);
+      return;
+    }
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
   handler(std::move(request))
-      .OnComplete([this, reply, peer, id, type](
-                      const Result<Message>& r) mutable {
+      .OnComplete([reply, interceptors = std::move(interceptors),
+                   peer = std::move(peer), id,
+                   type](const Result<Message>& r) mutable {
         if (!r.ok()) {
           reply.SetError(r.status());
           return;
@@ -219,7 +249,8 @@ void Agent::RunHandler(Handler handler, Message request,
         Message m = *r;
         m.id = id;
         if (m.type == MessageType::kUnspecified) m.type = type;
-        absl::Status s = Intercept(InterceptPoint::kSendReply, peer, m);
+        absl::Status s =
+            Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
         if (!s.ok()) {
           reply.SetError(s);
           return;
@@ -234,10 +265,9 @@ Future<Message> Agent::ServeCall(Message request) {
   if (entry == nullptr) {
     std::vector<std::string> names;
     for (const auto& e : registry_->List()) names.push_back(e->name);
-    return MakeErrorFuture<Message>(absl::NotFoundError(
-        absl::StrCat("worker '", self_.name, "' has no function '",
-                     request.function, "' (registered: ",
-                     absl::StrJoin(names, ", "), ")")));
+    return MakeErrorFuture<Message>(absl::NotFoundError(absl::StrCat(
+        "worker '", self_.name, "' has no function '", request.function,
+        "' (registered: ", absl::StrJoin(names, ", "), ")")));
   }
   CallContext ctx;
   ctx.caller_name = request.caller_name;
@@ -245,12 +275,14 @@ Future<Message> Agent::ServeCall(Message request) {
   ctx.function = request.function;
   ctx.request_id = request.id.value();
   ctx.deadline = request.deadline;
-  const std::string where = DescribeTarget(self_.name, request);
   return entry->fn(ctx, request.payload)
-      .Then([where](const Result<Value>& r) -> absl::StatusOr<Message> {
+      .Then([self = self_.name, function = request.function](
+                const Result<Value>& r) -> absl::StatusOr<Message> {
         if (!r.ok()) {
-          return absl::Status(r.status().code(),
-                              absl::StrCat(where, ": ", r.status().message()));
+          return absl::Status(
+              r.status().code(),
+              absl::StrCat("worker '", self, "' function '", function,
+                           "': ", r.status().message()));
         }
         Message reply;
         reply.payload = *r;

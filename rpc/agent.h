@@ -55,6 +55,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -71,7 +72,7 @@ namespace ferry::rpc {
 
 struct WorkerInfo {
   std::string name;
-  int id = -1;  // The rank.
+  int id = -1;          // The rank.
   std::string address;  // Transport-specific ("127.0.0.1:port" for gRPC).
 };
 
@@ -188,9 +189,16 @@ class Agent {
   // `registry` may be shared with other agents; null creates one.
   Agent(Options options, std::shared_ptr<FunctionRegistry> registry);
 
-  // Sets the membership and starts the executor; once, before any Send or
-  // Dispatch. `self` must be one of `workers`, which are indexed by id.
-  void Join(WorkerInfo self, std::vector<WorkerInfo> workers);
+  // Names this worker and starts the executor; once, before any Dispatch.
+  void SetSelf(WorkerInfo self);
+  // Sets the group, indexed by id (self among them); once, before any Send.
+  // Handlers may already run (a fast peer); they see the group once set.
+  void SetWorkers(std::vector<WorkerInfo> workers);
+  // Both at once.
+  void Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
+    SetSelf(std::move(self));
+    SetWorkers(std::move(workers));
+  }
 
   // Transport: deliver `request` (fully filled in) to `to` and complete with
   // the reply, or with an error naming the peer and request (DescribeTarget).
@@ -203,6 +211,11 @@ class Agent {
   // local clock). Runs the interceptors and the handler on the executor;
   // the future completes with the reply (interceptors run) or the error.
   Future<Message> Dispatch(Message request);
+  // The same, with the request produced on the executor by `receive` (e.g.
+  // decoding bytes off a transport thread). An error from `receive` is the
+  // reply. `type` selects the handler (Unimplemented when there is none).
+  using Receiver = absl::AnyInvocable<absl::StatusOr<Message>()>;
+  Future<Message> Dispatch(MessageType type, Receiver receive);
 
   // Stops the executor (draining or cancelling queued handlers). Idempotent.
   void StopExecutor(bool drain);
@@ -225,26 +238,33 @@ class Agent {
     }
   }
 
-  std::vector<Interceptor> Interceptors() const;
-  absl::Status Intercept(InterceptPoint point, const WorkerInfo& peer,
-                         Message& message) const;
+  // Copy-on-write, so a message keeps the list it started with and a
+  // reply arriving late never touches the agent.
+  using InterceptorList = std::shared_ptr<const std::vector<Interceptor>>;
+  InterceptorList Interceptors() const;
+  static absl::Status Intercept(const InterceptorList& list,
+                                InterceptPoint point, const WorkerInfo& peer,
+                                Message& message);
   Handler FindHandler(MessageType type) const;
-  void RunHandler(Handler handler, Message request, Promise<Message> reply);
+  void RunHandler(Handler handler, absl::StatusOr<Message> request,
+                  Promise<Message> reply);
   Future<Message> ServeCall(Message request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
 
   const Options options_;
   const std::shared_ptr<FunctionRegistry> registry_;
-  // Written once by Join, before any message; read-only afterwards.
+  // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
+  // read workers_ only once joined_ is set.
   WorkerInfo self_;
   std::vector<WorkerInfo> workers_;
   std::map<std::string, int> ids_by_name_;
+  std::atomic<bool> joined_{false};
   std::unique_ptr<IdGenerator> ids_;
   std::unique_ptr<ThreadPoolExecutor> executor_;
 
   mutable Mutex mu_;
   std::map<MessageType, Handler> handlers_ ABSL_GUARDED_BY(mu_);
-  std::vector<Interceptor> interceptors_ ABSL_GUARDED_BY(mu_);
+  InterceptorList interceptors_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

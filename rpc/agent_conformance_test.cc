@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "rpc/agent.h"
 #include "rpc/context.h"
+#include "rpc/grpc/cluster.h"
 #include "rpc/testing/agent_cluster.h"
 #include "tensor/tensor.h"
 
@@ -22,8 +23,8 @@ using testing::AgentCluster;
 using testing::ClusterFactory;
 using testing::ClusterSpec;
 
-constexpr MessageType kToy =
-    static_cast<MessageType>(static_cast<uint32_t>(MessageType::kFirstLayerType) + 7);
+constexpr MessageType kToy = static_cast<MessageType>(
+    static_cast<uint32_t>(MessageType::kFirstLayerType) + 7);
 
 struct Implementation {
   std::string name;
@@ -137,8 +138,8 @@ TEST_P(AgentConformance, TimeoutIsDeadlineExceededNamingTheCall) {
                   .ok());
   auto c = Start({"a", "b"}, reg);
   ASSERT_NE(c, nullptr);
-  Future<Value> f = c->agent(0).CallAsync("b", "block", {},
-                                          absl::Milliseconds(200));
+  Future<Value> f =
+      c->agent(0).CallAsync("b", "block", {}, absl::Milliseconds(200));
   Result<Value> r = f.Get(absl::Seconds(30));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded)
       << r.status();
@@ -216,8 +217,8 @@ TEST_P(AgentConformance, ThousandsOfConcurrentAsyncCalls) {
   std::vector<Future<std::string>> fs;
   fs.reserve(kCalls);
   for (int i = 0; i < kCalls; ++i) {
-    fs.push_back(c->agent(i % 2).rpc_async<std::string>(
-        1 - i % 2, "concat", std::string("n"), i));
+    fs.push_back(c->agent(i % 2).rpc_async<std::string>(1 - i % 2, "concat",
+                                                        std::string("n"), i));
   }
   auto all = CollectAll(fs).Get(absl::Seconds(120));
   ASSERT_TRUE(all.ok()) << all.status();
@@ -301,12 +302,17 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
                                      return MakeReadyFuture<Message>(reply);
                                    })
                   .ok());
-  EXPECT_EQ(c->agent(1).RegisterHandler(kToy, [](Message m) {
-    return MakeReadyFuture<Message>(m);
-  }).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(c->agent(1).RegisterHandler(MessageType::kCall, [](Message m) {
-    return MakeReadyFuture<Message>(m);
-  }).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(c->agent(1)
+                .RegisterHandler(
+                    kToy, [](Message m) { return MakeReadyFuture<Message>(m); })
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(c->agent(1)
+                .RegisterHandler(
+                    MessageType::kCall,
+                    [](Message m) { return MakeReadyFuture<Message>(m); })
+                .code(),
+            absl::StatusCode::kAlreadyExists);
 
   Message m;
   m.type = kToy;
@@ -373,8 +379,7 @@ TEST_P(AgentConformance, InterceptorsSeeEveryTensor) {
   ASSERT_NE(c, nullptr);
   struct Seen {
     Mutex mu;
-    std::vector<std::pair<InterceptPoint, int64_t>> events
-        ABSL_GUARDED_BY(mu);
+    std::vector<std::pair<InterceptPoint, int64_t>> events ABSL_GUARDED_BY(mu);
   };
   auto seen = std::make_shared<Seen>();
   for (int i = 0; i < 2; ++i) {
@@ -407,23 +412,23 @@ TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
   ASSERT_NE(c, nullptr);
   // The sender stamps autograd fields; the receiver checks them and refuses
   // calls to "noop".
-  c->agent(0).AddInterceptor([](InterceptPoint p, const WorkerInfo&,
-                                Message& m) {
-    if (p == InterceptPoint::kSendRequest)
-      m.autograd = AutogradFields{GlobalId(0, 77), GlobalId(0, 78), false};
-    return absl::OkStatus();
-  });
+  c->agent(0).AddInterceptor(
+      [](InterceptPoint p, const WorkerInfo&, Message& m) {
+        if (p == InterceptPoint::kSendRequest)
+          m.autograd = AutogradFields{GlobalId(0, 77), GlobalId(0, 78), false};
+        return absl::OkStatus();
+      });
   auto got = std::make_shared<std::atomic<uint64_t>>(0);
-  c->agent(1).AddInterceptor([got](InterceptPoint p, const WorkerInfo& peer,
-                                   Message& m) {
-    if (p != InterceptPoint::kReceiveRequest) return absl::OkStatus();
-    if (m.autograd) got->store(m.autograd->context_id.value());
-    if (m.function == "noop") {
-      return absl::FailedPreconditionError(
-          absl::StrCat("refused a call from '", peer.name, "'"));
-    }
-    return absl::OkStatus();
-  });
+  c->agent(1).AddInterceptor(
+      [got](InterceptPoint p, const WorkerInfo& peer, Message& m) {
+        if (p != InterceptPoint::kReceiveRequest) return absl::OkStatus();
+        if (m.autograd) got->store(m.autograd->context_id.value());
+        if (m.function == "noop") {
+          return absl::FailedPreconditionError(
+              absl::StrCat("refused a call from '", peer.name, "'"));
+        }
+        return absl::OkStatus();
+      });
   EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "whoami"), "a");
   EXPECT_EQ(got->load(), GlobalId(0, 77).value());
   absl::Status refused = c->agent(0).rpc_sync<void>("b", "noop");
@@ -438,13 +443,19 @@ TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
 TEST_P(AgentConformance, ContextTravelsWithCalls) {
   auto reg = std::make_shared<FunctionRegistry>();
   auto cluster = std::make_shared<std::atomic<AgentCluster*>>(nullptr);
-  ASSERT_TRUE(reg->Register("read", [](std::string key) {
-                   return CurrentContextValue(key).value_or("<unset>");
-                 }).ok());
-  ASSERT_TRUE(reg->Register("forward", [cluster](std::string key) {
-                   return cluster->load()->agent(1).rpc_sync<std::string>(
-                       "c", "read", key);
-                 }).ok());
+  ASSERT_TRUE(reg->Register("read",
+                            [](std::string key) {
+                              return CurrentContextValue(key).value_or(
+                                  "<unset>");
+                            })
+                  .ok());
+  ASSERT_TRUE(
+      reg->Register("forward",
+                    [cluster](std::string key) {
+                      return cluster->load()->agent(1).rpc_sync<std::string>(
+                          "c", "read", key);
+                    })
+          .ok());
   auto c = Start({"a", "b", "c"}, reg);
   ASSERT_NE(c, nullptr);
   cluster->store(c.get());
@@ -452,9 +463,8 @@ TEST_P(AgentConformance, ContextTravelsWithCalls) {
             "<unset>");
   {
     ScopedContextEntry ctx("k", "ctx-42");
-    EXPECT_EQ(
-        *c->agent(0).rpc_sync<std::string>("b", "read", std::string("k")),
-        "ctx-42");
+    EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "read", std::string("k")),
+              "ctx-42");
     EXPECT_EQ(
         *c->agent(0).rpc_sync<std::string>("b", "forward", std::string("k")),
         "ctx-42");
@@ -471,14 +481,16 @@ TEST_P(AgentConformance, ContextTravelsWithCalls) {
 // deadline of a 60 s call to 2 s from now before it is sent.
 TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
   auto reg = std::make_shared<FunctionRegistry>();
-  ASSERT_TRUE(reg->Register("remaining_ms", [](const CallContext& ctx) {
-                   return absl::ToInt64Milliseconds(ctx.deadline -
-                                                    absl::Now());
-                 }).ok());
+  ASSERT_TRUE(reg->Register("remaining_ms",
+                            [](const CallContext& ctx) {
+                              return absl::ToInt64Milliseconds(ctx.deadline -
+                                                               absl::Now());
+                            })
+                  .ok());
   auto c = Start({"a", "b"}, reg);
   ASSERT_NE(c, nullptr);
-  auto full = c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b",
-                                                "remaining_ms");
+  auto full =
+      c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b", "remaining_ms");
   ASSERT_TRUE(full.ok()) << full.status();
   EXPECT_GT(*full, 50'000);
   EXPECT_LE(*full, 60'000);
@@ -488,8 +500,8 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
           m.deadline = absl::Now() + absl::Seconds(2);
         return absl::OkStatus();
       });
-  auto spent = c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b",
-                                                 "remaining_ms");
+  auto spent =
+      c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b", "remaining_ms");
   ASSERT_TRUE(spent.ok()) << spent.status();
   EXPECT_GT(*spent, 0);
   EXPECT_LE(*spent, 2'000);
@@ -497,14 +509,15 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
 }
 
 std::vector<Implementation> Implementations() {
-  return {{"InProcess", testing::StartInProcessCluster}};
+  return {{"InProcess", testing::StartInProcessCluster},
+          {"Grpc", grpc_agent::StartGrpcCluster}};
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, AgentConformance, ::testing::ValuesIn(Implementations()),
-    [](const ::testing::TestParamInfo<Implementation>& i) {
-      return i.param.name;
-    });
+INSTANTIATE_TEST_SUITE_P(All, AgentConformance,
+                         ::testing::ValuesIn(Implementations()),
+                         [](const ::testing::TestParamInfo<Implementation>& i) {
+                           return i.param.name;
+                         });
 
 }  // namespace
 }  // namespace ferry::rpc

@@ -6,18 +6,28 @@ namespace ferry::rpc {
 
 std::string MessageTypeName(MessageType type) {
   switch (type) {
-    case MessageType::kUnspecified: return "UNSPECIFIED";
-    case MessageType::kCall: return "CALL";
-    case MessageType::kRemoteCall: return "REMOTE_CALL";
-    case MessageType::kRRefFetch: return "RREF_FETCH";
-    case MessageType::kRRefUserDelete: return "RREF_USER_DELETE";
-    case MessageType::kRRefForkRequest: return "RREF_FORK_REQUEST";
-    case MessageType::kRRefChildAccept: return "RREF_CHILD_ACCEPT";
-    case MessageType::kBackward: return "BACKWARD";
+    case MessageType::kUnspecified:
+      return "UNSPECIFIED";
+    case MessageType::kCall:
+      return "CALL";
+    case MessageType::kRemoteCall:
+      return "REMOTE_CALL";
+    case MessageType::kRRefFetch:
+      return "RREF_FETCH";
+    case MessageType::kRRefUserDelete:
+      return "RREF_USER_DELETE";
+    case MessageType::kRRefForkRequest:
+      return "RREF_FORK_REQUEST";
+    case MessageType::kRRefChildAccept:
+      return "RREF_CHILD_ACCEPT";
+    case MessageType::kBackward:
+      return "BACKWARD";
     case MessageType::kCleanupAutogradContext:
       return "CLEANUP_AUTOGRAD_CONTEXT";
-    case MessageType::kPing: return "PING";
-    case MessageType::kFirstLayerType: break;
+    case MessageType::kPing:
+      return "PING";
+    case MessageType::kFirstLayerType:
+      break;
   }
   return absl::StrCat("TYPE_", static_cast<uint32_t>(type));
 }

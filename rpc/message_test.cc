@@ -49,8 +49,9 @@ TEST(Context, ScopesNestAndStayOnTheirThread) {
     {
       ScopedContextEntry inner("k", "2");
       EXPECT_EQ(CurrentContextValue("k"), "2");
-      std::thread([] { EXPECT_FALSE(CurrentContextValue("k").has_value()); })
-          .join();
+      std::thread([] {
+        EXPECT_FALSE(CurrentContextValue("k").has_value());
+      }).join();
     }
     EXPECT_EQ(CurrentContextValue("k"), "1");
     {

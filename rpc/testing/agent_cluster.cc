@@ -25,7 +25,8 @@ namespace {
 class InProcessCluster final : public AgentCluster {
  public:
   explicit InProcessCluster(const ClusterSpec& spec)
-      : network_(spec.names, InProcessOptions{.auto_deliver = true,
+      : names_(spec.names),
+        network_(spec.names, InProcessOptions{.auto_deliver = true,
                                               .agent = spec.options,
                                               .registry = spec.registry}) {}
   Agent& agent(int i) override { return network_.agent(i); }
@@ -35,10 +36,8 @@ class InProcessCluster final : public AgentCluster {
 
  private:
   int size() const override { return network_.size(); }
-  bool alive(int i) const override {
-    return !network_.IsDead(
-        const_cast<InProcessNetwork&>(network_).agent(i).self().name);
-  }
+  bool alive(int i) const override { return !network_.IsDead(names_[i]); }
+  const std::vector<std::string> names_;
   InProcessNetwork network_;
 };
 

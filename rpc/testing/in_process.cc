@@ -54,9 +54,9 @@ absl::Status InProcessAgent::Shutdown(bool graceful, absl::Duration timeout) {
 // Queue summaries.
 
 std::string QueuedMessage::DebugString() const {
-  std::string s = absl::StrCat("#", seq, " ", from, "->", to, " ",
-                               is_reply ? "reply to " : "",
-                               MessageTypeName(type));
+  std::string s =
+      absl::StrCat("#", seq, " ", from, "->", to, " ",
+                   is_reply ? "reply to " : "", MessageTypeName(type));
   if (!function.empty()) absl::StrAppend(&s, " '", function, "'");
   if (!error.ok()) absl::StrAppend(&s, " error: ", error.ToString());
   return s;
@@ -82,8 +82,8 @@ InProcessNetwork::InProcessNetwork(const std::vector<std::string>& names,
   std::vector<WorkerInfo> workers;
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i].empty() || ids_.count(names[i]) != 0) {
-      Die(absl::StrCat("worker names must be unique and non-empty: '",
-                       names[i], "'"));
+      Die(absl::StrCat("worker names must be unique and non-empty: '", names[i],
+                       "'"));
     }
     ids_[names[i]] = static_cast<int>(i);
     workers.push_back(
@@ -141,11 +141,11 @@ absl::StatusOr<QueuedMessage> InProcessNetwork::AwaitQueued(
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&has), timeout)) {
     std::vector<std::string> queued;
-    for (const auto& [seq, e] : queue_) queued.push_back(e.summary.DebugString());
-    return absl::DeadlineExceededError(
-        absl::StrCat("no matching message queued after ",
-                     absl::FormatDuration(timeout), " (queued: ",
-                     absl::StrJoin(queued, "; "), ")"));
+    for (const auto& [seq, e] : queue_)
+      queued.push_back(e.summary.DebugString());
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no matching message queued after ", absl::FormatDuration(timeout),
+        " (queued: ", absl::StrJoin(queued, "; "), ")"));
   }
   return *found;
 }
@@ -156,6 +156,18 @@ void InProcessNetwork::SetAutoDeliver(bool on) {
     auto_deliver_ = on;
   }
   if (on) DeliverAll();
+}
+
+void InProcessNetwork::Hold(MessagePredicate hold) {
+  std::vector<uint64_t> release;
+  {
+    MutexLock lock(&mu_);
+    hold_ = std::move(hold);
+    if (hold_ == nullptr && auto_deliver_) {
+      for (const auto& [seq, e] : queue_) release.push_back(seq);
+    }
+  }
+  for (uint64_t seq : release) Deliver(seq).IgnoreError();
 }
 
 int InProcessNetwork::ignored_replies() const {
@@ -169,7 +181,8 @@ absl::Status InProcessNetwork::Deliver(uint64_t seq) {
     MutexLock lock(&mu_);
     auto it = queue_.find(seq);
     if (it == queue_.end()) {
-      return absl::NotFoundError(absl::StrCat("message #", seq, " is not queued"));
+      return absl::NotFoundError(
+          absl::StrCat("message #", seq, " is not queued"));
     }
     e = std::move(it->second);
     queue_.erase(it);
@@ -181,7 +194,8 @@ absl::Status InProcessNetwork::Deliver(uint64_t seq) {
 absl::Status InProcessNetwork::Drop(uint64_t seq) {
   MutexLock lock(&mu_);
   if (queue_.erase(seq) == 0) {
-    return absl::NotFoundError(absl::StrCat("message #", seq, " is not queued"));
+    return absl::NotFoundError(
+        absl::StrCat("message #", seq, " is not queued"));
   }
   return absl::OkStatus();
 }
@@ -192,7 +206,8 @@ absl::StatusOr<uint64_t> InProcessNetwork::Duplicate(uint64_t seq) {
     MutexLock lock(&mu_);
     auto it = queue_.find(seq);
     if (it == queue_.end()) {
-      return absl::NotFoundError(absl::StrCat("message #", seq, " is not queued"));
+      return absl::NotFoundError(
+          absl::StrCat("message #", seq, " is not queued"));
     }
     copy = it->second;
     copy.summary.seq = next_seq_++;
@@ -299,12 +314,12 @@ Future<Message> InProcessNetwork::Transmit(int from, const WorkerInfo& to,
                        "; cannot reach ", target)));
     }
     if (dead_.count(to.id) || stopped_.count(to.id)) {
-      return MakeErrorFuture<Message>(absl::UnavailableError(
-          absl::StrCat(target, " at ", to.address, " is unavailable: worker '",
-                       to.name, "' is ", dead_.count(to.id) ? "dead" : "shut down")));
+      return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
+          target, " at ", to.address, " is unavailable: worker '", to.name,
+          "' is ", dead_.count(to.id) ? "dead" : "shut down")));
     }
-    calls_.emplace(key, PendingCall{promise, to.id, target, timeout,
-                                    request.deadline});
+    calls_.emplace(
+        key, PendingCall{promise, to.id, target, timeout, request.deadline});
     ++generation_;
   }
   e.body = std::move(request);
@@ -317,7 +332,7 @@ void InProcessNetwork::Post(Envelope e) {
     MutexLock lock(&mu_);
     if (dead_.count(e.from_id) || dead_.count(e.to_id)) return;
     e.summary.seq = next_seq_++;
-    if (!auto_deliver_) {
+    if (!auto_deliver_ || (hold_ != nullptr && hold_(e.summary))) {
       const uint64_t seq = e.summary.seq;
       queue_.emplace(seq, std::move(e));
       return;
@@ -336,8 +351,8 @@ void InProcessNetwork::DeliverEnvelope(Envelope e) {
     if (dead_.count(e.to_id) || dead_.count(e.from_id)) return;
     if (stopped_.count(e.to_id)) {
       // Answered like a refused connection.
-      e.body = absl::UnavailableError(absl::StrCat(
-          "worker '", e.summary.to, "' is shut down"));
+      e.body = absl::UnavailableError(
+          absl::StrCat("worker '", e.summary.to, "' is shut down"));
     }
   }
   if (!e.body.ok()) {
@@ -351,13 +366,14 @@ void InProcessNetwork::DeliverEnvelope(Envelope e) {
   reply.summary.to = e.summary.from;
   reply.from_id = e.to_id;
   reply.to_id = e.from_id;
-  agents_[e.to_id]->Receive(*std::move(e.body))
-      .OnComplete([this, reply = std::move(reply)](
-                      const Result<Message>& r) mutable {
-        reply.body = r;
-        reply.summary.error = r.status();
-        Post(std::move(reply));
-      });
+  agents_[e.to_id]
+      ->Receive(*std::move(e.body))
+      .OnComplete(
+          [this, reply = std::move(reply)](const Result<Message>& r) mutable {
+            reply.body = r;
+            reply.summary.error = r.status();
+            Post(std::move(reply));
+          });
 }
 
 void InProcessNetwork::CompleteCall(CallKey key, Result<Message> result) {
@@ -391,10 +407,10 @@ void InProcessNetwork::TimerLoop() {
     const absl::Time now = absl::Now();
     auto expired = TakeCalls([&](const CallKey& key, const PendingCall& call) {
       if (call.deadline > now) return absl::OkStatus();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "call to ", call.target, " timed out after ",
-          absl::FormatDuration(call.timeout), " (request ",
-          GlobalId::FromValue(key.second).ToString(), ")"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("call to ", call.target, " timed out after ",
+                       absl::FormatDuration(call.timeout), " (request ",
+                       GlobalId::FromValue(key.second).ToString(), ")"));
     });
     mu_.Unlock();
     for (auto& [p, s] : expired) p.SetError(s);
@@ -445,9 +461,9 @@ void InProcessNetwork::CancelCallsFrom(int from) {
     const std::string me = agents_[from]->self().name;
     cancelled = TakeCalls([&](const CallKey& key, const PendingCall& call) {
       if (key.first != from) return absl::OkStatus();
-      return absl::CancelledError(absl::StrCat(
-          "call to ", call.target, " cancelled (worker '", me,
-          "' shutting down)"));
+      return absl::CancelledError(absl::StrCat("call to ", call.target,
+                                               " cancelled (worker '", me,
+                                               "' shutting down)"));
     });
     ++generation_;
   }

@@ -14,7 +14,8 @@
 // In manual mode (auto_deliver = false) it stays queued until the test
 // Delivers, Drops or Duplicates it, in any order: holding a message while
 // others pass is a delay. In auto mode every message is delivered as soon as
-// it is queued, on the queuing thread, so ordinary tests need no stepping.
+// it is queued, on the queuing thread, so ordinary tests need no stepping;
+// Hold(predicate) keeps matching messages queued (delayed) meanwhile.
 //
 // Failure switches: Kill(worker) makes it dead at once: its queued messages
 // vanish, calls it made and calls made to it fail with Unavailable naming it,
@@ -71,7 +72,9 @@ class InProcessAgent final : public Agent {
 
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
-  Future<Message> Receive(Message request) { return Dispatch(std::move(request)); }
+  Future<Message> Receive(Message request) {
+    return Dispatch(std::move(request));
+  }
 
   InProcessNetwork* const network_;
   Mutex shutdown_mu_;
@@ -86,8 +89,8 @@ struct QueuedMessage {
   bool is_reply = false;
   MessageType type = MessageType::kUnspecified;
   std::string function;
-  GlobalId id;        // The request's id (a reply carries its request's).
-  absl::Status error; // Replies only: the handler's error, if any.
+  GlobalId id;         // The request's id (a reply carries its request's).
+  absl::Status error;  // Replies only: the handler's error, if any.
   std::string DebugString() const;
 };
 
@@ -140,6 +143,10 @@ class InProcessNetwork {
   // AwaitQueued to wait for them.
   int DeliverAll(int max_messages = 10000);
   void SetAutoDeliver(bool on);
+  // Delay in auto mode: messages matching `hold` stay queued (for Deliver,
+  // Drop, Duplicate) while the others flow. Hold(nullptr) stops holding and
+  // delivers what was held.
+  void Hold(MessagePredicate hold);
   // Replies that arrived for calls no longer pending (duplicates, late).
   int ignored_replies() const;
 
@@ -190,6 +197,7 @@ class InProcessNetwork {
 
   mutable Mutex mu_;
   bool auto_deliver_ ABSL_GUARDED_BY(mu_);
+  MessagePredicate hold_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Envelope> queue_ ABSL_GUARDED_BY(mu_);
   std::map<CallKey, PendingCall> calls_ ABSL_GUARDED_BY(mu_);

@@ -78,9 +78,9 @@ TEST(InProcessNetwork, DuplicatedRequestRunsTwiceAndTheExtraReplyIsIgnored) {
   ASSERT_TRUE(net.Deliver(m->seq).ok());
   ASSERT_TRUE(net.Deliver(*copy).ok());
   // Two replies come back; the first completes the call.
-  ASSERT_TRUE(net.AwaitQueued(
-                     [](const QueuedMessage& q) { return q.is_reply; }, kWait)
-                  .ok());
+  ASSERT_TRUE(
+      net.AwaitQueued([](const QueuedMessage& q) { return q.is_reply; }, kWait)
+          .ok());
   int delivered = 0;
   for (int i = 0; i < 100 && delivered < 2; ++i) {
     auto r = net.AwaitQueued(RepliesTo("a"), kWait);
@@ -113,13 +113,15 @@ TEST(InProcessNetwork, DroppedMessageTimesOutInsteadOfHanging) {
 TEST(InProcessNetwork, DelayedReplyArrivesAfterLaterTraffic) {
   auto log = std::make_shared<Log>();
   InProcessNetwork net({"a", "b"}, Manual(log));
-  auto slow = net.agent("a").rpc_async<std::string>("b", "log", std::string("s"));
+  auto slow =
+      net.agent("a").rpc_async<std::string>("b", "log", std::string("s"));
   auto m = net.AwaitQueued(Matching("a", "b"), kWait);
   ASSERT_TRUE(net.Deliver(m->seq).ok());
   auto held = net.AwaitQueued(RepliesTo("a"), kWait);
   ASSERT_TRUE(held.ok());
   // While the reply is held, a second call makes the full round trip.
-  auto fast = net.agent("a").rpc_async<std::string>("b", "log", std::string("f"));
+  auto fast =
+      net.agent("a").rpc_async<std::string>("b", "log", std::string("f"));
   for (int i = 0; i < 100 && !fast.IsReady(); ++i) {
     auto next = net.AwaitQueued(
         [&](const QueuedMessage& q) { return q.seq != held->seq; }, kWait);
@@ -135,9 +137,12 @@ TEST(InProcessNetwork, DelayedReplyArrivesAfterLaterTraffic) {
 TEST(InProcessNetwork, KilledWorkerFailsPendingAndLaterCalls) {
   auto log = std::make_shared<Log>();
   InProcessNetwork net({"a", "b", "c"}, Manual(log));
-  auto to_b = net.agent("a").rpc_async<std::string>("b", "log", std::string("1"));
-  auto from_b = net.agent("b").rpc_async<std::string>("c", "log", std::string("2"));
-  auto c_to_a = net.agent("c").rpc_async<std::string>("a", "log", std::string("3"));
+  auto to_b =
+      net.agent("a").rpc_async<std::string>("b", "log", std::string("1"));
+  auto from_b =
+      net.agent("b").rpc_async<std::string>("c", "log", std::string("2"));
+  auto c_to_a =
+      net.agent("c").rpc_async<std::string>("a", "log", std::string("3"));
   ASSERT_TRUE(net.AwaitQueued(Matching("a", "b"), kWait).ok());
   ASSERT_TRUE(net.AwaitQueued(Matching("b", "c"), kWait).ok());
   ASSERT_TRUE(net.Kill("b").ok());
@@ -173,6 +178,26 @@ TEST(InProcessNetwork, SwitchingToAutoDeliversWhatIsQueued) {
   EXPECT_EQ(*f.Get(kWait), "q!");
   EXPECT_EQ(*net.agent("b").rpc_sync<std::string>("a", "log", std::string("r")),
             "r!");
+}
+
+TEST(InProcessNetwork, HoldDelaysMatchingMessagesInAutoMode) {
+  auto log = std::make_shared<Log>();
+  InProcessOptions o = Manual(log);
+  o.auto_deliver = true;
+  InProcessNetwork net({"a", "b", "c"}, o);
+  net.Hold(Matching("a", ""));  // Everything a sends waits.
+  auto held =
+      net.agent("a").rpc_async<std::string>("b", "log", std::string("a"));
+  // Other traffic flows without stepping.
+  EXPECT_EQ(*net.agent("c").rpc_sync<std::string>("b", "log", std::string("c")),
+            "c!");
+  auto q = net.AwaitQueued(Matching("a", "b"), kWait);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_FALSE(held.IsReady());
+  EXPECT_EQ(log->Get(), std::vector<std::string>{"c"});
+  net.Hold(nullptr);
+  EXPECT_EQ(*held.Get(kWait), "a!");
+  EXPECT_EQ(log->Get(), (std::vector<std::string>{"c", "a"}));
 }
 
 }  // namespace

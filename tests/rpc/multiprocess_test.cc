@@ -11,9 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
-#include "rpc/init.h"
+#include "rpc/context.h"
+#include "rpc/grpc/init.h"
 #include "store/tcp_store_server.h"
 #include "tensor/tensor.h"
+#include "tests/rpc/toy_layer.h"
 
 namespace ferry::rpc {
 namespace {
@@ -47,7 +49,7 @@ class Group {
       }
       pids_.push_back(pid);
     }
-    RpcAgentOptions options;
+    GrpcAgentOptions options;
     options.join_timeout = absl::Seconds(60);
     // The test serves the store; rank 0 must not host a second one.
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
@@ -81,12 +83,12 @@ class Group {
     }
   }
 
-  RpcAgent& agent() { return *agent_; }
+  Agent& agent() { return *agent_; }
   std::vector<pid_t>& pids() { return pids_; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
-  std::unique_ptr<RpcAgent> agent_;
+  std::unique_ptr<GrpcAgent> agent_;
   std::vector<pid_t> pids_;
 };
 
@@ -103,6 +105,39 @@ TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
     ASSERT_TRUE(sum.ok()) << sum.status();
     EXPECT_TRUE(sum->equal(full({1000}, 1.5 + r)));
   }
+  ASSERT_TRUE(g.agent().Shutdown().ok());
+  for (size_t i = 0; i < g.pids().size(); ++i) {
+    int status = g.Reap(i, absl::Seconds(60));
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
+// A layer's own message type (registered by the worker processes before they
+// serve) crosses processes with its tensor, RRef fields and context.
+TEST(MultiProcessRpc, LayerDefinedMessageTypeAcrossProcesses) {
+  Group g;
+  absl::Status started = g.Start(3);
+  ASSERT_TRUE(started.ok()) << started;
+  for (int r = 1; r < 3; ++r) {
+    RRefFields rref{GlobalId(0, 100 + r), GlobalId(0, 200 + r), 0, r, "Toy"};
+    ScopedContextEntry tag("toy/tag", absl::StrCat("tag", r));
+    auto d = toy::Double(g.agent(), r, full({5}, 1.0 + r), rref)
+                 .Get(absl::Seconds(60));
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->tensor.equal(full({5}, 2.0 + 2 * r)));
+    EXPECT_EQ(d->rref, rref);
+    EXPECT_EQ(d->tag, absl::StrCat("tag", r));
+  }
+  // This process did not install the toy layer: refused, naming it.
+  Message m;
+  m.type = toy::kToyDouble;
+  auto refused = g.agent().Send("worker0", m).Get(absl::Seconds(60));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("worker 'worker0'"),
+            std::string::npos)
+      << refused.status();
   ASSERT_TRUE(g.agent().Shutdown().ok());
   for (size_t i = 0; i < g.pids().size(); ++i) {
     int status = g.Reap(i, absl::Seconds(60));
