@@ -400,9 +400,19 @@ absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
   GradTensors grads = TakeGradTensors(m.payload);
   ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
   if (!id.has_value()) return absl::OkStatus();
-  std::shared_ptr<DistAutogradContext> ctx = GetOrCreate(*id);
+  std::shared_ptr<DistAutogradContext> ctx = Find(*id);
+  if (ctx == nullptr) {
+    // Released (or never created) here: the id must not revive it on the
+    // callee, which would then hold it forever.
+    m.context.erase(kContextKey);
+    return absl::OkStatus();
+  }
   {
     MutexLock l(&ctx->mu_);
+    if (ctx->released_) {
+      m.context.erase(kContextKey);
+      return absl::OkStatus();
+    }
     ctx->workers_.insert(peer.id);
   }
   return RecordSend(*ctx, peer, grads, /*is_reply=*/false, m);
@@ -639,7 +649,6 @@ void DistAutogradContainer::Drain(
     }
     absl::StatusOr<std::vector<Tensor>> outs =
         RunNode(*ctx, pass, *node, std::move(inputs), rpcs);
-    MutexLock l(&ctx->mu_);
     if (outs.ok() && outs->size() != node->next_edges().size()) {
       outs = absl::InternalError(absl::StrCat("returned ", outs->size(),
                                               " gradients for ",
@@ -647,11 +656,16 @@ void DistAutogradContainer::Drain(
                                               " inputs"));
     }
     if (!outs.ok()) {
-      pass.error = NodeError(Where(ctx->id()), outs.status(), *node);
-      pass.running = false;
-      rpcs.Fail(pass.error);
+      absl::Status error = NodeError(Where(ctx->id()), outs.status(), *node);
+      {
+        MutexLock l(&ctx->mu_);
+        pass.error = error;
+        pass.running = false;
+      }
+      rpcs.Fail(error);  // Outside the lock: it may run continuations.
       return;
     }
+    MutexLock l(&ctx->mu_);
     const std::vector<Edge>& edges = node->next_edges();
     for (size_t j = 0; j < edges.size(); ++j) {
       if (!edges[j].valid()) continue;
@@ -864,6 +878,7 @@ ContextScope::~ContextScope() {
 absl::Status ContextScope::Release(absl::Duration timeout) {
   if (released_) return absl::OkStatus();
   released_ = true;
+  entry_.reset();  // No longer current: later calls travel outside it.
   return container_.Release(id_).Get(timeout);
 }
 

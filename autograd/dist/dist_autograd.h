@@ -22,7 +22,9 @@
 // envelope has no context) as the payload wrapped in [marker, payload],
 // which the receiving interceptor unwraps before the caller sees it. Every
 // worker of a job must therefore install distributed autograd. Outside a
-// context, tensors travel without autograd state.
+// context, tensors travel without autograd state. A worker sends a context
+// id only while it knows the context: once released there, the id is
+// dropped from its messages, so it cannot revive the context elsewhere.
 //
 // Backward (FAST mode, as PyTorch's): on the initiator, dependencies are
 // counted from the roots and every SendNode of the context on that worker;
@@ -174,8 +176,9 @@ class DistAutogradContainer
   size_t NumContexts() const;
   std::vector<GlobalId> ContextIds() const;
 
-  // Runs the distributed backward pass of `roots` (one-element tensors get
-  // a gradient of one) in context `context_id`. See the header comment.
+  // Runs the distributed backward pass of `roots` (one-element tensors,
+  // each seeded with a gradient of one) in context `context_id`, whose
+  // graph pieces are kept when `retain_graph`. See the header comment.
   // Errors: NotFound (unknown context), InvalidArgument (a root without
   // grad), FailedPrecondition (a pass of this context already running from
   // this worker), the first node or transport error of any worker reached.
@@ -260,7 +263,8 @@ class ContextScope {
   ContextScope& operator=(const ContextScope&) = delete;
 
   GlobalId id() const { return id_; }
-  // Releases now (idempotent); waits up to `timeout` for every worker.
+  // Releases now (idempotent) and restores the previous rpc context entry;
+  // waits up to `timeout` for every worker. On the scope's thread.
   absl::Status Release(absl::Duration timeout = absl::Seconds(60));
 
  private:

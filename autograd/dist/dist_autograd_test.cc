@@ -108,7 +108,6 @@ class ChainTest : public DistAutogradTest {
     ASSERT_TRUE(agent(1)
                     .Register("layer_b",
                               [this](Tensor h) -> absl::StatusOr<Tensor> {
-                                EXPECT_TRUE(RequiresGrad(h));
                                 Tensor s = sigmoid(matmul(h, wb_));
                                 absl::StatusOr<Tensor> r =
                                     agent(1).rpc_sync<Tensor>("c", "layer_c", s);
@@ -469,6 +468,24 @@ TEST_F(DistAutogradTest, WorkerKilledDuringBackwardFailsThePass) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << "took the timeout";
   absl::Status released = ctx.Release();
   EXPECT_FALSE(released.ok()) << "release cannot reach the dead worker";
+  ExpectNoContexts();
+}
+
+// After release, calls made on the scope's thread carry no context, and a
+// released id cannot come back to life on a callee.
+TEST_F(ChainTest, ReleasedContextIsNotRevivedByLaterCalls) {
+  ContextScope ctx(dist(0));
+  absl::StatusOr<Tensor> y = DistLoss();
+  ASSERT_TRUE(y.ok()) << y.status();
+  EXPECT_EQ(dist(2).NumContexts(), 1u);
+  ASSERT_TRUE(ctx.Release().ok());
+  ExpectNoContexts();
+  absl::StatusOr<Tensor> again = DistLoss();
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectNoContexts();
+  // Even a thread that still names the released id does not revive it.
+  rpc::ScopedContextEntry stale(kContextKey, std::to_string(ctx.id().value()));
+  ASSERT_TRUE(DistLoss().ok());
   ExpectNoContexts();
 }
 
