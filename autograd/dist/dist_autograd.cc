@@ -273,10 +273,9 @@ absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
 
 absl::Status NodeError(const std::string& where, const absl::Status& s,
                        const Node& node) {
-  return absl::Status(s.code(),
-                      absl::StrCat(where, ": backward of ", node.name(),
-                                   " (inputs ", node.shapes(),
-                                   "): ", s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat(where, ": backward of ", node.name(), " (inputs ",
+                             node.shapes(), "): ", s.message()));
 }
 
 }  // namespace
@@ -284,8 +283,7 @@ absl::Status NodeError(const std::string& where, const absl::Status& s,
 // ---------------------------------------------------------------------------
 // Container: installation and the context map.
 
-DistAutogradContainer::DistAutogradContainer(rpc::Agent& agent,
-                                             Options options)
+DistAutogradContainer::DistAutogradContainer(rpc::Agent& agent, Options options)
     : agent_(agent),
       options_(options),
       ids_(static_cast<uint16_t>(agent.self().id), /*first_local=*/1) {}
@@ -295,10 +293,9 @@ DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
   for (MessageType t :
        {MessageType::kBackward, MessageType::kCleanupAutogradContext}) {
     if (agent.HasHandler(t)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("worker '", agent.self().name, "' already serves ",
-                       rpc::MessageTypeName(t),
-                       ": distributed autograd installed twice?"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker '", agent.self().name, "' already serves ",
+          rpc::MessageTypeName(t), ": distributed autograd installed twice?"));
     }
   }
   std::shared_ptr<DistAutogradContainer> c(
@@ -308,8 +305,8 @@ DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
     return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
         "worker '", name, "': distributed autograd was destroyed")));
   };
-  RETURN_IF_ERROR(agent.RegisterHandler(
-      MessageType::kBackward, [weak, gone](Message m) {
+  RETURN_IF_ERROR(
+      agent.RegisterHandler(MessageType::kBackward, [weak, gone](Message m) {
         std::shared_ptr<DistAutogradContainer> self = weak.lock();
         return self ? self->OnBackward(m) : gone();
       }));
@@ -499,9 +496,9 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
   {
     MutexLock l(&ctx.mu_);
     if (ctx.released_) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Where(ctx.id()), " was released; cannot send ", m.DebugString(),
-          " in it"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(Where(ctx.id()), " was released; cannot send ",
+                       m.DebugString(), " in it"));
     }
     ctx.sends_[*message_id] = std::move(node);
     ctx.workers_.insert(peer.id);
@@ -593,8 +590,7 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
     return absl::NotFoundError(
         absl::StrCat(Where(context_id), " is unknown (backward)"));
   }
-  absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> edges =
-      RootEdges(roots);
+  absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> edges = RootEdges(roots);
   if (!edges.ok()) return Annotate(edges.status(), Where(context_id));
   absl::StatusOr<GlobalId> pass_id = ids_.Next();
   if (!pass_id.ok()) return Annotate(pass_id.status(), Where(context_id));
@@ -650,10 +646,9 @@ void DistAutogradContainer::Drain(
     absl::StatusOr<std::vector<Tensor>> outs =
         RunNode(*ctx, pass, *node, std::move(inputs), rpcs);
     if (outs.ok() && outs->size() != node->next_edges().size()) {
-      outs = absl::InternalError(absl::StrCat("returned ", outs->size(),
-                                              " gradients for ",
-                                              node->next_edges().size(),
-                                              " inputs"));
+      outs = absl::InternalError(
+          absl::StrCat("returned ", outs->size(), " gradients for ",
+                       node->next_edges().size(), " inputs"));
     }
     if (!outs.ok()) {
       absl::Status error = NodeError(Where(ctx->id()), outs.status(), *node);
@@ -706,13 +701,12 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
   m.type = MessageType::kBackward;
   m.autograd =
       rpc::AutogradFields{ctx.id(), node.message_id(), pass.retain_graph};
-  m.payload = Value::FromList(
-      {Value::Int(static_cast<int64_t>(pass.id.value())),
-       Value::FromList(std::move(list))});
-  std::string what =
-      absl::StrCat(Where(ctx.id()), ": gradients of message ",
-                   node.message_id().ToString(), " to worker '",
-                   node.peer_name(), "'");
+  m.payload =
+      Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
+                       Value::FromList(std::move(list))});
+  std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
+                                  node.message_id().ToString(), " to worker '",
+                                  node.peer_name(), "'");
   rpcs.Add(agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
                .Then([what](const Result<Message>& r) -> absl::Status {
                  return Annotate(r.status(), what);
@@ -735,19 +729,18 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
       GlobalId::FromValue(static_cast<uint64_t>(*(*parts)[0].if_int()));
   std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
   if (ctx == nullptr) {
-    return fail(absl::NotFoundError(
-        absl::StrCat(Where(context_id), " is unknown (backward from '",
-                     m.caller_name, "')")));
+    return fail(absl::NotFoundError(absl::StrCat(Where(context_id),
+                                                 " is unknown (backward from '",
+                                                 m.caller_name, "')")));
   }
   std::shared_ptr<Pass> pass;
   {
     MutexLock l(&ctx->mu_);
     auto it = ctx->sends_.find(message_id);
     if (ctx->released_ || it == ctx->sends_.end()) {
-      return fail(absl::NotFoundError(
-          absl::StrCat(Where(context_id), ": no send node for message ",
-                       message_id.ToString(), " (backward from '",
-                       m.caller_name, "')")));
+      return fail(absl::NotFoundError(absl::StrCat(
+          Where(context_id), ": no send node for message ",
+          message_id.ToString(), " (backward from '", m.caller_name, "')")));
     }
     const std::shared_ptr<SendNode>& send = it->second;
     if (grad_values->size() != send->specs().size()) {
@@ -756,31 +749,32 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
           " gradients for send node of ", send->specs().size(), " tensors")));
     }
     if (pass_id == ctx->finished_pass_) {
-      return fail(absl::AbortedError(absl::StrCat(
-          Where(context_id), ": backward pass ", pass_id.ToString(),
-          " already finished here")));
+      return fail(absl::AbortedError(
+          absl::StrCat(Where(context_id), ": backward pass ",
+                       pass_id.ToString(), " already finished here")));
     }
     if (ctx->pass_ == nullptr || ctx->pass_->id != pass_id) {
       if (ctx->pass_ != nullptr && ctx->pass_->running) {
-        return fail(absl::UnavailableError(absl::StrCat(
-            Where(context_id), ": the previous backward pass is still running")));
+        return fail(absl::UnavailableError(
+            absl::StrCat(Where(context_id),
+                         ": the previous backward pass is still running")));
       }
       ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {});
     }
     pass = ctx->pass_;
     if (!pass->error.ok()) return fail(pass->error);
     if (!pass->fed_sends.insert(send.get()).second) {
-      return fail(absl::AlreadyExistsError(absl::StrCat(
-          Where(context_id), ": gradients for message ",
-          message_id.ToString(), " arrived twice in one pass")));
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat(Where(context_id), ": gradients for message ",
+                       message_id.ToString(), " arrived twice in one pass")));
     }
     for (size_t i = 0; i < grad_values->size(); ++i) {
       const Tensor* g = (*grad_values)[i].if_tensor();
       if (g == nullptr || g->sizes() != send->specs()[i].sizes) {
-        return fail(absl::InvalidArgumentError(absl::StrCat(
-            Where(context_id), ": gradient ", i, " for message ",
-            message_id.ToString(), " is not a tensor of shape ",
-            ShapeString(zeros(send->specs()[i].sizes)))));
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat(Where(context_id), ": gradient ", i, " for message ",
+                         message_id.ToString(), " is not a tensor of shape ",
+                         ShapeString(zeros(send->specs()[i].sizes)))));
       }
       pass->Feed(send, static_cast<int>(i), *g);
     }
@@ -817,7 +811,8 @@ Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
     ctx = std::move(it->second);
     contexts_.erase(it);
     MutexLock cl(&ctx->mu_);
-    for (const ReplyKey& key : ctx->pending_replies_) reply_contexts_.erase(key);
+    for (const ReplyKey& key : ctx->pending_replies_)
+      reply_contexts_.erase(key);
     ctx->pending_replies_.clear();
     ctx->released_ = true;
     workers = std::move(ctx->workers_);
@@ -871,7 +866,8 @@ ContextScope::ContextScope(DistAutogradContainer& container)
 
 ContextScope::~ContextScope() {
   absl::Status s = Release();
-  if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id_.ToString() << ": " << s;
+  if (!s.ok())
+    FERRY_LOG(WARNING) << "releasing " << id_.ToString() << ": " << s;
   entry_.reset();
 }
 

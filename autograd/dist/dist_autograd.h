@@ -224,9 +224,9 @@ class DistAutogradContainer
                           const std::string& marker, rpc::Message& m);
 
   // Pass runner.
-  std::shared_ptr<Pass> NewPass(DistAutogradContext& ctx, GlobalId pass_id,
-                                bool retain_graph,
-                                const std::vector<std::pair<Edge, Tensor>>& roots)
+  std::shared_ptr<Pass> NewPass(
+      DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
+      const std::vector<std::pair<Edge, Tensor>>& roots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu_);
   // Runs ready nodes until none is left; kBackward futures go to `rpcs`.
   void Drain(const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,

@@ -49,8 +49,8 @@ class DistAutogradTest : public ::testing::Test {
     o.agent.rpc_timeout = absl::Seconds(30);
     net_ = std::make_unique<InProcessNetwork>(names, o);
     for (int i = 0; i < net_->size(); ++i) {
-      auto c = DistAutogradContainer::Install(net_->agent(i),
-                                              {.rpc_timeout = absl::Seconds(30)});
+      auto c = DistAutogradContainer::Install(
+          net_->agent(i), {.rpc_timeout = absl::Seconds(30)});
       ASSERT_TRUE(c.ok()) << c.status();
       dist_.push_back(*c);
     }
@@ -101,16 +101,17 @@ class ChainTest : public DistAutogradTest {
     wa_ = Param({3, 4}, 2);
     wb_ = Param({4, 4}, 3);
     wc_ = Param({4, 2}, 4);
-    ASSERT_TRUE(agent(2)
-                    .Register("layer_c",
-                              [this](Tensor s) { return matmul(s, wc_); })
-                    .ok());
+    ASSERT_TRUE(
+        agent(2)
+            .Register("layer_c", [this](Tensor s) { return matmul(s, wc_); })
+            .ok());
     ASSERT_TRUE(agent(1)
                     .Register("layer_b",
                               [this](Tensor h) -> absl::StatusOr<Tensor> {
                                 Tensor s = sigmoid(matmul(h, wb_));
                                 absl::StatusOr<Tensor> r =
-                                    agent(1).rpc_sync<Tensor>("c", "layer_c", s);
+                                    agent(1).rpc_sync<Tensor>("c", "layer_c",
+                                                              s);
                                 if (!r.ok()) return r.status();
                                 return tanh(*r);
                               })
@@ -201,10 +202,10 @@ TEST_F(ChainTest, LocalBackwardThroughReceivedTensorFails) {
 }
 
 TEST_F(ChainTest, ArgumentsRequireGradOnTheCalleeOnlyInsideAContext) {
-  ASSERT_TRUE(agent(1)
-                  .Register("requires_grad",
-                            [](Tensor t) { return RequiresGrad(t); })
-                  .ok());
+  ASSERT_TRUE(
+      agent(1)
+          .Register("requires_grad", [](Tensor t) { return RequiresGrad(t); })
+          .ok());
   absl::StatusOr<bool> outside =
       agent(0).rpc_sync<bool>("b", "requires_grad", wa_);
   ASSERT_TRUE(outside.ok()) << outside.status();
@@ -236,8 +237,9 @@ TEST_F(DistAutogradTest, CallThatComesBackToTheCaller) {
   ASSERT_TRUE(agent(1)
                   .Register("on_b",
                             [&](Tensor t) -> absl::StatusOr<Tensor> {
-                              absl::StatusOr<Tensor> v = agent(1).rpc_sync<Tensor>(
-                                  "a", "on_a", mul(t, wb));
+                              absl::StatusOr<Tensor> v =
+                                  agent(1).rpc_sync<Tensor>("a", "on_a",
+                                                            mul(t, wb));
                               if (!v.ok()) return v.status();
                               return add(*v, t);
                             })
@@ -293,12 +295,12 @@ TEST_F(DistAutogradTest, SharedCalleeNodeWaitsForEveryGradientInAnyOrder) {
 
   net_->SetAutoDeliver(false);
   absl::Status result = absl::UnknownError("not run");
-  std::thread backward(
-      [&] { result = dist(0).Backward(ctx.id(), {loss}); });
+  std::thread backward([&] { result = dist(0).Backward(ctx.id(), {loss}); });
   auto to_b = [](const QueuedMessage& q) {
     return !q.is_reply && q.to == "b" && q.type == MessageType::kBackward;
   };
-  absl::StatusOr<QueuedMessage> first = net_->AwaitQueued(to_b, absl::Seconds(20));
+  absl::StatusOr<QueuedMessage> first =
+      net_->AwaitQueued(to_b, absl::Seconds(20));
   ASSERT_TRUE(first.ok()) << first.status();
   const uint64_t first_seq = first->seq;
   absl::StatusOr<QueuedMessage> second = net_->AwaitQueued(
@@ -327,10 +329,10 @@ TEST_F(DistAutogradTest, SharedCalleeNodeWaitsForEveryGradientInAnyOrder) {
 TEST_F(DistAutogradTest, ConcurrentContextsFromSeveralThreads) {
   Start({"a", "b"});
   Tensor wb = Param({4, 3}, 31);
-  ASSERT_TRUE(agent(1)
-                  .Register("forward",
-                            [&](Tensor in) { return tanh(matmul(in, wb)); })
-                  .ok());
+  ASSERT_TRUE(
+      agent(1)
+          .Register("forward", [&](Tensor in) { return tanh(matmul(in, wb)); })
+          .ok());
   constexpr int kThreads = 4;
   constexpr int kRounds = 5;
   std::vector<Tensor> inputs, expected;
@@ -378,8 +380,8 @@ Tensor FailingOp(const Tensor& in) {
   Tensor out = Detach(in).clone();
   auto node = std::make_shared<FunctionNode>(
       "InjectedFailureBackward", std::vector<SavedTensor>{},
-      [](const Tensor&, const std::vector<Tensor>&, const std::vector<bool>&)
-          -> absl::StatusOr<std::vector<Tensor>> {
+      [](const Tensor&, const std::vector<Tensor>&,
+         const std::vector<bool>&) -> absl::StatusOr<std::vector<Tensor>> {
         return absl::InternalError("injected failure");
       });
   node->set_next_edges({GradientEdge(in)});
@@ -392,11 +394,10 @@ Tensor FailingOp(const Tensor& in) {
 TEST_F(DistAutogradTest, RemoteBackwardErrorReachesTheInitiator) {
   Start({"a", "b", "c"});
   Tensor wc = Param({2, 2}, 41);
-  ASSERT_TRUE(agent(2)
-                  .Register("bad", [&](Tensor in) {
-                    return FailingOp(matmul(in, wc));
-                  })
-                  .ok());
+  ASSERT_TRUE(
+      agent(2)
+          .Register("bad", [&](Tensor in) { return FailingOp(matmul(in, wc)); })
+          .ok());
   ASSERT_TRUE(agent(1)
                   .Register("relay",
                             [&](Tensor in) {

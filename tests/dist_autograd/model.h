@@ -16,7 +16,8 @@ namespace ferry::dist_autograd_test {
 
 // A fresh leaf requiring grad: the input (rank -1) or rank r's weight.
 inline Tensor Leaf(int rank) {
-  static const std::vector<int64_t> kShapes[] = {{5, 3}, {3, 4}, {4, 4}, {4, 2}};
+  static const std::vector<int64_t> kShapes[] = {
+      {5, 3}, {3, 4}, {4, 4}, {4, 2}};
   Tensor t = randn(kShapes[rank + 1], 100 + rank, DType::kFloat64);
   autograd::SetRequiresGrad(t);
   return t;

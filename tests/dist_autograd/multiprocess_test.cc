@@ -59,9 +59,9 @@ class Group {
       return absl::OkStatus();
     };
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
-    ASSIGN_OR_RETURN(agent_, rpc::InitRpc("worker0",
-                                          absl::StrCat("tcp://127.0.0.1:", port),
-                                          0, world, options));
+    ASSIGN_OR_RETURN(
+        agent_, rpc::InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port),
+                             0, world, options));
     return absl::OkStatus();
   }
 
@@ -100,7 +100,8 @@ class Group {
   std::vector<pid_t> pids_;
 };
 
-void ExpectClose(const Tensor& got, const Tensor& want, const std::string& what) {
+void ExpectClose(const Tensor& got, const Tensor& want,
+                 const std::string& what) {
   ASSERT_TRUE(got.defined() && want.defined()) << what;
   EXPECT_TRUE(got.allclose(want, 1e-9, 1e-12))
       << what << "\n got " << got.ToString() << "\n want " << want.ToString();

@@ -25,8 +25,8 @@ struct Worker {
 absl::Status RegisterFunctions(int rank, std::shared_ptr<Worker> w,
                                rpc::FunctionRegistry& registry) {
   if (rank == 1) {
-    RETURN_IF_ERROR(registry.Register(
-        "layer1", [w](Tensor h) -> absl::StatusOr<Tensor> {
+    RETURN_IF_ERROR(
+        registry.Register("layer1", [w](Tensor h) -> absl::StatusOr<Tensor> {
           Tensor s = autograd::sigmoid(autograd::matmul(h, w->weight));
           absl::StatusOr<Tensor> r =
               w->agent->rpc_sync<Tensor>("worker2", "layer2", s);
@@ -37,8 +37,8 @@ absl::Status RegisterFunctions(int rank, std::shared_ptr<Worker> w,
     RETURN_IF_ERROR(registry.Register(
         "layer2", [w](Tensor s) { return autograd::matmul(s, w->weight); }));
   }
-  RETURN_IF_ERROR(registry.Register(
-      "grad", [w](int64_t context) -> absl::StatusOr<Tensor> {
+  RETURN_IF_ERROR(
+      registry.Register("grad", [w](int64_t context) -> absl::StatusOr<Tensor> {
         auto grads = w->dist->GetGradients(
             GlobalId::FromValue(static_cast<uint64_t>(context)));
         if (!grads.ok()) return grads.status();
@@ -65,7 +65,8 @@ int Main() {
   options.join_timeout = absl::Seconds(60);
   options.before_serving = [w](rpc::Agent& agent) -> absl::Status {
     w->agent = &agent;
-    ASSIGN_OR_RETURN(w->dist, autograd::dist::DistAutogradContainer::Install(agent));
+    ASSIGN_OR_RETURN(w->dist,
+                     autograd::dist::DistAutogradContainer::Install(agent));
     return absl::OkStatus();
   };
   auto agent = rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1, -1,
