@@ -20,11 +20,19 @@ void GraphTask::Capture(const Edge& edge, int slot) {
 
 namespace {
 
-// Sums `grad` into `slot` (first arrival is kept as is: gradients are
-// never written in place by the engine).
+// Sums `grad` into `slot`. The first arrival is kept as is (it may be
+// shared); a sum the engine made itself, seen by no one else, is updated
+// in place to save an allocation per arriving gradient.
 void AddInto(Tensor& slot, const Tensor& grad) {
   if (!grad.defined()) return;
-  slot = slot.defined() ? slot.add(grad) : grad;
+  if (!slot.defined()) {
+    slot = grad;
+  } else if (slot.use_count() == 1 && slot.storage().use_count() == 1 &&
+             slot.is_contiguous() && !grad.storage().is_same(slot.storage())) {
+    slot.add_(grad);
+  } else {
+    slot = slot.add(grad);
+  }
 }
 
 absl::Status WithNode(const absl::Status& s, const Node& node) {
@@ -33,31 +41,42 @@ absl::Status WithNode(const absl::Status& s, const Node& node) {
                                    node.shapes(), "): ", s.message()));
 }
 
-// Number of edges into each node reachable from `roots`.
-std::unordered_map<Node*, int> CountDependencies(
-    const std::vector<std::pair<Edge, Tensor>>& roots) {
-  std::unordered_map<Node*, int> deps;
+// Per-node bookkeeping of one pass.
+struct NodeState {
+  int dependencies = 0;       // Edges from nodes that have not run yet.
+  std::vector<Tensor> inputs;  // Gradients arrived so far (summed).
+  std::shared_ptr<Node> owner;  // Keeps the node alive while pending.
+};
+using NodeMap = std::unordered_map<Node*, NodeState>;
+
+// Counts, for each node reachable from `roots`, the edges into it.
+NodeMap CountDependencies(const std::vector<std::pair<Edge, Tensor>>& roots) {
+  NodeMap nodes;
   std::vector<Node*> stack;
-  std::unordered_map<Node*, bool> seen;
   for (const auto& [edge, g] : roots) {
-    if (!seen[edge.node.get()]) {
-      seen[edge.node.get()] = true;
+    if (nodes.try_emplace(edge.node.get()).second)
       stack.push_back(edge.node.get());
-    }
   }
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next_edges()) {
       if (!e.valid()) continue;
-      ++deps[e.node.get()];
-      if (!seen[e.node.get()]) {
-        seen[e.node.get()] = true;
-        stack.push_back(e.node.get());
-      }
+      auto [it, fresh] = nodes.try_emplace(e.node.get());
+      ++it->second.dependencies;
+      if (fresh) stack.push_back(e.node.get());
     }
   }
-  return deps;
+  return nodes;
+}
+
+// Adds `grad` into `edge`'s input slot, recording the owner.
+NodeState& Deposit(NodeMap& nodes, const Edge& edge, const Tensor& grad) {
+  NodeState& st = nodes[edge.node.get()];
+  if (st.inputs.empty()) st.inputs.resize(edge.node->num_inputs());
+  AddInto(st.inputs[edge.input_nr], grad);
+  if (st.owner == nullptr) st.owner = edge.node;
+  return st;
 }
 
 }  // namespace
@@ -66,26 +85,20 @@ absl::Status GraphTask::Execute(
     const std::vector<std::pair<Edge, Tensor>>& roots) {
   // Backward math records no graph (no double backward).
   NoGradGuard no_grad;
-  std::unordered_map<Node*, int> deps = CountDependencies(roots);
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  // Keeps nodes alive while their gradients are pending.
-  std::unordered_map<Node*, std::shared_ptr<Node>> owners;
+  NodeMap nodes = CountDependencies(roots);
   std::deque<Node*> ready;
   for (const auto& [edge, grad] : roots) {
-    Node* n = edge.node.get();
-    auto& buf = buffers[n];
-    if (buf.empty()) buf.resize(n->num_inputs());
-    AddInto(buf[edge.input_nr], grad);
-    if (owners.emplace(n, edge.node).second && deps[n] == 0)
-      ready.push_back(n);
+    const bool first = nodes[edge.node.get()].owner == nullptr;
+    NodeState& st = Deposit(nodes, edge, grad);
+    if (first && st.dependencies == 0) ready.push_back(edge.node.get());
   }
   while (!ready.empty()) {
     Node* node = ready.front();
     ready.pop_front();
-    std::shared_ptr<Node> keep = std::move(owners[node]);
-    owners.erase(node);
-    std::vector<Tensor> inputs = std::move(buffers[node]);
-    buffers.erase(node);
+    NodeState& st = nodes[node];
+    std::shared_ptr<Node> keep = std::move(st.owner);
+    std::vector<Tensor> inputs = std::move(st.inputs);
+    inputs.resize(node->num_inputs());
     for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
       if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
       for (const auto& [edge, slot] : captures_) {
@@ -106,14 +119,9 @@ absl::Status GraphTask::Execute(
           *node);
     }
     for (size_t j = 0; j < edges.size(); ++j) {
-      const Edge& e = edges[j];
-      if (!e.valid()) continue;
-      Node* next = e.node.get();
-      auto& buf = buffers[next];
-      if (buf.empty()) buf.resize(next->num_inputs());
-      AddInto(buf[e.input_nr], (*outs)[j]);
-      owners.emplace(next, e.node);
-      if (--deps[next] == 0) ready.push_back(next);
+      if (!edges[j].valid()) continue;
+      NodeState& next = Deposit(nodes, edges[j], (*outs)[j]);
+      if (--next.dependencies == 0) ready.push_back(edges[j].node.get());
     }
   }
   return absl::OkStatus();

@@ -245,6 +245,23 @@ TEST(EngineTest, ConcurrentPassesOverSeparateGraphs) {
   }
 }
 
+TEST(EngineTest, ConcurrentPassesSharingALeafAccumulateEveryGradient) {
+  constexpr int kThreads = 4, kIters = 50;
+  Tensor w = Leaf({0.5, -1.0});
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kIters && results[t].ok(); ++i)
+        results[t] = Backward({sum(mul(w, static_cast<double>(t + 1)))});
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const absl::Status& s : results) ASSERT_TRUE(s.ok()) << s;
+  // Every pass adds (t + 1) per element: 50 * (1 + 2 + 3 + 4).
+  EXPECT_EQ(Vals(GradOf(w)), (std::vector<double>{500, 500}));
+}
+
 TEST(EngineTest, AutogradStateTravelsWithTheTensorHandle) {
   Tensor a = Leaf({4});
   Tensor copy = a;  // Same tensor object, e.g. inside an RPC Value.

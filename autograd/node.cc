@@ -18,9 +18,26 @@ Node::Node(std::string name, int num_inputs)
 
 std::string Node::shapes() const {
   std::vector<std::string> parts;
-  for (const auto& s : input_shapes_)
-    parts.push_back(absl::StrCat("[", absl::StrJoin(s, ", "), "]"));
+  for (size_t i = 0; i < input_shapes_.size();) {
+    const size_t rank = static_cast<size_t>(input_shapes_[i++]);
+    parts.push_back(absl::StrCat(
+        "[",
+        absl::StrJoin(input_shapes_.begin() + i,
+                      input_shapes_.begin() + i + rank, ", "),
+        "]"));
+    i += rank;
+  }
   return absl::StrJoin(parts, ", ");
+}
+
+void Node::set_input_shapes(const std::vector<std::vector<int64_t>>& shapes) {
+  input_shapes_.clear();
+  for (const auto& s : shapes) AddInputShape(s);
+}
+
+void Node::AddInputShape(const std::vector<int64_t>& shape) {
+  input_shapes_.push_back(static_cast<int64_t>(shape.size()));
+  input_shapes_.insert(input_shapes_.end(), shape.begin(), shape.end());
 }
 
 void Node::AddPreHook(int input_nr, GradHook hook) {
@@ -220,7 +237,13 @@ void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad) {
   {
     MutexLock l(&m->mu);
     if (!m->grad.defined()) {
-      m->grad = grad.clone();
+      // Adopt the buffer when no other handle or view can see it (the
+      // engine passes its only reference); copy otherwise, since one
+      // gradient tensor may flow to several inputs.
+      const bool sole = grad.use_count() == 1 &&
+                        grad.storage().use_count() == 1 &&
+                        grad.is_contiguous() && grad.autograd_meta() == nullptr;
+      m->grad = sole ? grad : grad.clone();
     } else {
       m->grad.add_(grad);
     }

@@ -18,8 +18,10 @@
 //
 // Thread safety: a Node's hooks and a meta's grad/hooks are guarded by
 // mutexes, so hooks may be registered and .grad read while another thread
-// runs backward. Running two backward passes through the *same* node at once
-// is not supported (separate graphs may run concurrently). Creating or
+// runs backward. Running two backward passes through the *same* function
+// node at once is not supported (separate graphs may run concurrently);
+// AccumulateGrad nodes are stateless, so graphs that share leaves (one
+// model, several threads) may. Creating or
 // setting a tensor's autograd state (SetRequiresGrad, results of ops) must
 // happen before that tensor object is shared between threads.
 #ifndef FERRY_AUTOGRAD_NODE_H_
@@ -72,9 +74,9 @@ class Node : public std::enable_shared_from_this<Node> {
   }
   // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
   std::string shapes() const;
-  void set_input_shapes(std::vector<std::vector<int64_t>> shapes) {
-    input_shapes_ = std::move(shapes);
-  }
+  void set_input_shapes(const std::vector<std::vector<int64_t>>& shapes);
+  // Appends one input's shape (ops record them without extra allocations).
+  void AddInputShape(const std::vector<int64_t>& shape);
 
   // Gradients w.r.t. the forward inputs, one per next edge (undefined = no
   // gradient), given the gradients of the forward outputs (`grads` has
@@ -95,7 +97,8 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::string name_;
   const int num_inputs_;
   std::vector<Edge> next_edges_;
-  std::vector<std::vector<int64_t>> input_shapes_;
+  // Flattened: rank, then sizes, per input.
+  std::vector<int64_t> input_shapes_;
   Mutex mu_;
   std::vector<std::pair<int, GradHook>> pre_hooks_ ABSL_GUARDED_BY(mu_);
 };

@@ -30,16 +30,13 @@ Tensor Record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
   auto node =
       std::make_shared<FunctionNode>(name, std::move(saved), std::move(fn));
   std::vector<Edge> edges;
-  std::vector<std::vector<int64_t>> shapes;
   edges.reserve(inputs.size());
-  shapes.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     edges.push_back(GradientEdge(t));
-    shapes.push_back(t.sizes());
+    node->AddInputShape(t.sizes());
     if (out.is_same(t)) out = Detach(out);
   }
   node->set_next_edges(std::move(edges));
-  node->set_input_shapes(std::move(shapes));
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
   out.set_autograd_meta(std::move(meta));
@@ -62,6 +59,12 @@ int64_t NormDim(int64_t d, int64_t ndim, const char* op) {
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = Zip(a, b, "add", [](auto x, auto y) { return x + y; });
   if (!NeedsGrad(a, b)) return out;
+  if (a.sizes() == b.sizes()) {  // No broadcast: nothing to capture.
+    return Record("AddBackward", {a, b}, out, {},
+                  [](const Tensor& g, const Saved&, const Needs&) -> Grads {
+                    return std::vector<Tensor>{g, g};
+                  });
+  }
   return Record("AddBackward", {a, b}, out, {},
                 [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved&,
                                                  const Needs&) -> Grads {
@@ -252,7 +255,8 @@ Tensor WhereKernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
     const bool* pc = cc.data<bool>();
     const T *pa = ac.data<T>(), *pb = bc.data<T>();
     T* po = out.data<T>();
-    for (int64_t i = 0; i < out.numel(); ++i) po[i] = pc[i] ? pa[i] : pb[i];
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) po[i] = pc[i] ? pa[i] : pb[i];
   });
   return out;
 }
@@ -280,8 +284,6 @@ using kernels::Gemm;
 // gradients: op(a_i) x op(b_i) per batch.
 Tensor BatchGemm(const Tensor& a, bool ta, const Tensor& b, bool tb) {
   const int64_t batch = a.size(0);
-  std::vector<Tensor> parts;
-  Tensor first;
   Tensor out;
   for (int64_t i = 0; i < batch; ++i) {
     Tensor r = Gemm(a.select(0, i), ta, b.select(0, i), tb);
@@ -294,6 +296,25 @@ Tensor BatchGemm(const Tensor& a, bool ta, const Tensor& b, bool tb) {
     out = zeros({0, m, n}, a.dtype());
   }
   return out;
+}
+
+// Whether `t` is the transpose of a contiguous matrix (nn.Linear's W^T).
+bool IsTransposed(const Tensor& t) {
+  return t.dim() == 2 && !t.is_contiguous() && t.strides()[0] == 1 &&
+         t.strides()[1] == t.size(0);
+}
+
+// d(a b)/da = g b^T, laid out like `a` so that a transposed parameter view
+// gets a contiguous gradient (no strided copy when it is accumulated).
+Tensor MatmulGradA(const Tensor& g, const Tensor& b, const Tensor& a) {
+  if (IsTransposed(a)) return Gemm(b, false, g, true).t();
+  return Gemm(g, false, b, true);
+}
+
+// d(a b)/db = a^T g, laid out like `b`.
+Tensor MatmulGradB(const Tensor& g, const Tensor& a, const Tensor& b) {
+  if (IsTransposed(b)) return Gemm(g, true, a, false).t();
+  return Gemm(a, true, g, false);
 }
 
 std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
@@ -317,8 +338,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                   {SavedTensor(a, "self"), SavedTensor(b, "other")},
                   [](const Tensor& g, const Saved& s, const Needs& n) -> Grads {
                     return std::vector<Tensor>{
-                        n[0] ? Gemm(g, false, s[1], true) : Tensor(),
-                        n[1] ? Gemm(s[0], true, g, false) : Tensor()};
+                        n[0] ? MatmulGradA(g, s[1], s[0]) : Tensor(),
+                        n[1] ? MatmulGradB(g, s[0], s[1]) : Tensor()};
                   });
   }
   const int64_t k = a.size(-1), m = a.size(-2), n = b.size(-1);

@@ -94,6 +94,10 @@ class Tensor {
   int64_t storage_offset() const;
   const Storage& storage() const;
   bool is_contiguous() const;
+  // Number of handles to this tensor object (0 when undefined); with
+  // storage().use_count() it tells whether anything else can see the
+  // elements (autograd reuses a gradient buffer only then).
+  long use_count() const { return impl_.use_count(); }
   // Whether both handles are the same tensor object (not just equal values).
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 

@@ -329,5 +329,36 @@ TEST(TensorDeathTest, PreconditionsAbortWithMessage) {
   EXPECT_DEATH(zeros({2, 3}).permute({0, 0}), "repeated");
 }
 
+TEST(TensorTest, InPlaceOpsBumpTheSharedVersion) {
+  Tensor t = zeros({4});
+  Tensor view = t.slice(0, 1, 3);
+  const uint64_t v0 = t.version();
+  view.add_(1.0);
+  EXPECT_EQ(t.version(), v0 + 1);
+  EXPECT_EQ(view.version(), t.version());
+  t.fill_(2);
+  t.copy_(ones({4}));
+  t.mul_(ones({4}));
+  EXPECT_EQ(t.version(), v0 + 4);
+  Tensor out = t.add(1.0);  // Out of place: no bump on t.
+  EXPECT_EQ(t.version(), v0 + 4);
+  EXPECT_EQ(out.version(), 0u);
+}
+
+struct TestMeta : AutogradMetaInterface {
+  int value = 7;
+};
+
+TEST(TensorTest, AutogradMetaSlotBelongsToTheTensorObject) {
+  Tensor t = zeros({4});
+  EXPECT_EQ(t.autograd_meta(), nullptr);
+  t.set_autograd_meta(std::make_shared<TestMeta>());
+  Tensor copy = t;  // Same object: same state.
+  ASSERT_NE(copy.autograd_meta(), nullptr);
+  EXPECT_EQ(static_cast<TestMeta*>(copy.autograd_meta())->value, 7);
+  EXPECT_EQ(t.view({2, 2}).autograd_meta(), nullptr);  // New object.
+  EXPECT_EQ(t.clone().autograd_meta(), nullptr);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -1,0 +1,19 @@
+"""Reads the JSON lines of bench/autograd on stdin and prints the
+side-by-side table (Ferry time / PyTorch time per figure)."""
+import json
+import sys
+
+rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+torch_rows = {(r["figure"], r.get("mlp", "")): r for r in rows
+              if r["impl"].startswith("pytorch")}
+print("%-10s %-22s %-16s %12s %12s %8s" %
+      ("figure", "shape", "impl", "time_us", "torch_us", "ratio"))
+for r in rows:
+    key = (r["figure"], r.get("mlp", ""))
+    shape = r.get("mlp", "") + (" b%d" % r["batch"] if "batch" in r else
+                                "%d adds x%d" % (r["ops"], r["numel"]))
+    t = torch_rows.get(key)
+    ratio = "%.2f" % (r["time_us"] / t["time_us"]) if t else "-"
+    print("%-10s %-22s %-16s %12.1f %12s %8s" %
+          (r["figure"], shape, r["impl"], r["time_us"],
+           "%.1f" % t["time_us"] if t else "-", ratio))

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Autograd benchmark, Ferry (OpenBLAS and reference BLAS builds) vs PyTorch
+# 1.13 from Debian, one command:
+#
+#   bench/autograd/run.sh [--threads=N]    (default: 1)
+#
+# Figures (see autograd_bench.cc): MLP training step 784-256-10 and
+# 1024-1024-1024-10 at batch 64; 100 chained adds on 4 elements, forward +
+# backward. BLAS and PyTorch use N threads (OPENBLAS_NUM_THREADS,
+# torch.set_num_threads). Installs python3-torch if missing (root). Prints
+# the JSON lines, then a table with Ferry/PyTorch ratios (< 1: Ferry faster).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+threads=1
+for arg in "$@"; do
+  case "$arg" in
+    --threads=*) threads="${arg#--threads=}" ;;
+    *) echo "usage: $0 [--threads=N]" >&2; exit 2 ;;
+  esac
+done
+
+if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-torch
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+bin_dir="$(bazel info -c opt bazel-bin)/bench/autograd"
+bazel build -c opt --define=ferry_blas=reference //bench/autograd:autograd_bench
+cp "$bin_dir/autograd_bench" "$tmp/bench_reference"
+bazel build -c opt //bench/autograd:autograd_bench
+cp "$bin_dir/autograd_bench" "$tmp/bench_openblas"
+
+export OPENBLAS_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads"
+{
+  "$tmp/bench_openblas" --impl=ferry-openblas --threads="$threads"
+  "$tmp/bench_reference" --impl=ferry-refblas --threads="$threads" --mlps=784-256-10,1024-1024-1024-10
+  /usr/bin/python3 bench/autograd/torch_bench.py --threads="$threads"
+} | tee "$tmp/lines"
+echo
+/usr/bin/python3 bench/autograd/report.py < "$tmp/lines"

@@ -1,0 +1,195 @@
+#include "optim/optim.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+#include "autograd/kernels.h"
+#include "autograd/node.h"
+
+namespace ferry::optim {
+namespace {
+
+using autograd::kernels::FloatDispatch;
+
+absl::Status Check(const std::vector<Tensor>& params,
+                   const std::vector<Tensor>& grads, const char* op) {
+  if (params.size() != grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", params.size(), " params but ", grads.size(), " grads"));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (grads[i].sizes() != params[i].sizes() ||
+        grads[i].dtype() != params[i].dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": grad ", i, " is ", autograd::ShapeString(grads[i]), " ",
+          DTypeName(grads[i].dtype()), ", param is ",
+          autograd::ShapeString(params[i]), " ", DTypeName(params[i].dtype())));
+    }
+    if (!params[i].is_contiguous())
+      TensorFail(absl::StrCat(op, ": param ", i, " is not contiguous"));
+  }
+  return absl::OkStatus();
+}
+
+// Per-parameter state slot, created as `init` (zeros by default) on first use.
+Tensor& Slot(std::vector<Tensor>& slots, size_t n, size_t i, const Tensor& p,
+             double init = 0) {
+  if (slots.size() < n) slots.resize(n);
+  if (!slots[i].defined()) slots[i] = full_like(p, init);
+  return slots[i];
+}
+
+}  // namespace
+
+// PyTorch 1.13 torch.optim.SGD:
+//   g <- g + weight_decay * p
+//   if momentum != 0:  b <- g on the first step, else
+//                      b <- momentum * b + (1 - dampening) * g
+//                      g <- g + momentum * b if nesterov else b
+//   p <- p - lr * g
+absl::Status SgdStep(const std::vector<Tensor>& params,
+                     const std::vector<Tensor>& grads, SgdState& state,
+                     const SgdOptions& o) {
+  if (absl::Status s = Check(params, grads, "SgdStep"); !s.ok()) return s;
+  state.momentum_buffer.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i], gc = grads[i].contiguous();
+    const bool first = !state.momentum_buffer[i].defined();
+    Tensor buf;
+    if (o.momentum != 0) buf = Slot(state.momentum_buffer, params.size(), i, p);
+    p.storage().BumpVersion();
+    FloatDispatch(p.dtype(), "SgdStep", [&]<typename T>() {
+      T* pp = p.data<T>();
+      const T* pg = gc.data<T>();
+      const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay);
+      const int64_t n = p.numel();
+      if (!buf.defined()) {  // Plain SGD: one vectorizable pass.
+        for (int64_t j = 0; j < n; ++j) pp[j] -= lr * (pg[j] + wd * pp[j]);
+        return;
+      }
+      T* pb = buf.data<T>();
+      const T mom = static_cast<T>(o.momentum);
+      const T damp = static_cast<T>(1 - o.dampening);
+      for (int64_t j = 0; j < n; ++j) {
+        T g = pg[j] + wd * pp[j];
+        const T b = first ? g : mom * pb[j] + damp * g;
+        pb[j] = b;
+        g = o.nesterov ? g + mom * b : b;
+        pp[j] -= lr * g;
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// PyTorch 1.13 torch.optim.Adam / AdamW (amsgrad=False):
+//   t <- t + 1
+//   AdamW: p <- p * (1 - lr * weight_decay)
+//   Adam:  g <- g + weight_decay * p
+//   m <- beta1 * m + (1 - beta1) * g
+//   v <- beta2 * v + (1 - beta2) * g^2
+//   p <- p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+absl::Status AdamImpl(const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, AdamState& state,
+                      const AdamOptions& o, bool decoupled) {
+  if (absl::Status s = Check(params, grads, decoupled ? "AdamWStep" : "AdamStep");
+      !s.ok()) {
+    return s;
+  }
+  const size_t n = params.size();
+  state.step.resize(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i], gc = grads[i].contiguous();
+    Tensor m = Slot(state.exp_avg, n, i, p), v = Slot(state.exp_avg_sq, n, i, p);
+    const int64_t t = ++state.step[i];
+    const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t));
+    const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t)));
+    const double step_size = o.lr / bc1;
+    p.storage().BumpVersion();
+    FloatDispatch(p.dtype(), "AdamStep", [&]<typename T>() {
+      T *pp = p.data<T>(), *pm = m.data<T>(), *pv = v.data<T>();
+      const T* pg = gc.data<T>();
+      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
+        double param = pp[j], g = pg[j];
+        if (decoupled) {
+          param *= 1 - o.lr * o.weight_decay;
+        } else {
+          g += o.weight_decay * param;
+        }
+        const double mj = o.beta1 * pm[j] + (1 - o.beta1) * g;
+        const double vj = o.beta2 * pv[j] + (1 - o.beta2) * g * g;
+        pm[j] = static_cast<T>(mj);
+        pv[j] = static_cast<T>(vj);
+        const double denom = std::sqrt(vj) / bc2_sqrt + o.eps;
+        pp[j] = static_cast<T>(param - step_size * mj / denom);
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status AdamStep(const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, AdamState& state,
+                      const AdamOptions& options) {
+  return AdamImpl(params, grads, state, options, /*decoupled=*/false);
+}
+
+absl::Status AdamWStep(const std::vector<Tensor>& params,
+                       const std::vector<Tensor>& grads, AdamState& state,
+                       const AdamOptions& options) {
+  return AdamImpl(params, grads, state, options, /*decoupled=*/true);
+}
+
+// PyTorch 1.13 torch.optim.Adagrad:
+//   t <- t + 1
+//   g <- g + weight_decay * p
+//   clr <- lr / (1 + (t - 1) * lr_decay)
+//   s <- s + g^2          (s starts at initial_accumulator_value)
+//   p <- p - clr * g / (sqrt(s) + eps)
+absl::Status AdagradStep(const std::vector<Tensor>& params,
+                         const std::vector<Tensor>& grads, AdagradState& state,
+                         const AdagradOptions& o) {
+  if (absl::Status s = Check(params, grads, "AdagradStep"); !s.ok()) return s;
+  const size_t n = params.size();
+  state.step.resize(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (!grads[i].defined()) continue;
+    Tensor p = params[i], gc = grads[i].contiguous();
+    Tensor sum = Slot(state.sum, n, i, p, o.initial_accumulator_value);
+    const int64_t t = ++state.step[i];
+    const double clr = o.lr / (1 + static_cast<double>(t - 1) * o.lr_decay);
+    p.storage().BumpVersion();
+    FloatDispatch(p.dtype(), "AdagradStep", [&]<typename T>() {
+      T *pp = p.data<T>(), *ps = sum.data<T>();
+      const T* pg = gc.data<T>();
+      for (int64_t j = 0, n = p.numel(); j < n; ++j) {
+        const double g = pg[j] + o.weight_decay * pp[j];
+        const double s = ps[j] + g * g;
+        ps[j] = static_cast<T>(s);
+        pp[j] = static_cast<T>(pp[j] - clr * g / (std::sqrt(s) + o.eps));
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::Step() {
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (const Tensor& p : params_) grads.push_back(autograd::GradOf(p));
+  return StepWith(grads);
+}
+
+void Optimizer::ZeroGrad() {
+  for (const Tensor& p : params_) autograd::SetGrad(p, Tensor());
+}
+
+}  // namespace ferry::optim
