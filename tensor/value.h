@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -63,6 +64,10 @@ struct RRefHandle {
   GlobalId fork_id;
   std::string type_name;
   std::string extra;
+  // The RRef layer's reference held by this worker while the handle sits in
+  // a Value (keeps the RRef alive until the handle is sent or dropped).
+  // Never encoded, copied by sharing, ignored by ==.
+  std::shared_ptr<void> local = nullptr;
   friend bool operator==(const RRefHandle& a, const RRefHandle& b) {
     return a.owner_id == b.owner_id && a.rref_id == b.rref_id &&
            a.fork_id == b.fork_id && a.type_name == b.type_name &&
