@@ -748,6 +748,18 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
           Where(context_id), ": ", grad_values->size(),
           " gradients for send node of ", send->specs().size(), " tensors")));
     }
+    // Validated before the pass state changes.
+    for (size_t i = 0; i < grad_values->size(); ++i) {
+      const Tensor* g = (*grad_values)[i].if_tensor();
+      const TensorSpec& want = send->specs()[i];
+      if (g == nullptr || g->sizes() != want.sizes ||
+          g->dtype() != want.dtype) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            Where(context_id), ": gradient ", i, " for message ",
+            message_id.ToString(), " is not a ", DTypeName(want.dtype),
+            " tensor of shape ", ShapeString(zeros(want.sizes)))));
+      }
+    }
     if (pass_id == ctx->finished_pass_) {
       return fail(absl::AbortedError(
           absl::StrCat(Where(context_id), ": backward pass ",
@@ -769,14 +781,7 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
                        message_id.ToString(), " arrived twice in one pass")));
     }
     for (size_t i = 0; i < grad_values->size(); ++i) {
-      const Tensor* g = (*grad_values)[i].if_tensor();
-      if (g == nullptr || g->sizes() != send->specs()[i].sizes) {
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat(Where(context_id), ": gradient ", i, " for message ",
-                         message_id.ToString(), " is not a tensor of shape ",
-                         ShapeString(zeros(send->specs()[i].sizes)))));
-      }
-      pass->Feed(send, static_cast<int>(i), *g);
+      pass->Feed(send, static_cast<int>(i), *(*grad_values)[i].if_tensor());
     }
     pass->ready.push_back(send.get());
     if (pass->running) return MakeReadyFuture<Message>(Message());

@@ -490,5 +490,54 @@ TEST_F(ChainTest, ReleasedContextIsNotRevivedByLaterCalls) {
   ExpectNoContexts();
 }
 
+// Malformed or misdirected backward messages are refused with errors naming
+// the worker and context, and leave the pass state untouched.
+TEST_F(DistAutogradTest, BackwardMessagesAreValidated) {
+  Start({"a", "b"});
+  ASSERT_TRUE(agent(1).Register("echo", [](Tensor t) { return t; }).ok());
+  ContextScope ctx(dist(0));
+  Tensor x = Param({2, 2}, 91);
+  absl::StatusOr<Tensor> y = agent(0).rpc_sync<Tensor>("b", "echo", x);
+  ASSERT_TRUE(y.ok()) << y.status();
+  // y's grad_fn is a's RecvNode, paired with b's SendNode for the reply.
+  auto recv = std::dynamic_pointer_cast<RecvNode>(GradFn(*y));
+  ASSERT_NE(recv, nullptr);
+  EXPECT_EQ(recv->peer_name(), "b");
+
+  auto send_backward = [&](GlobalId context, GlobalId message, Tensor grad) {
+    rpc::Message m;
+    m.type = MessageType::kBackward;
+    m.autograd = rpc::AutogradFields{context, message, false};
+    m.payload = Value::FromList(
+        {Value::Int(77), Value::FromList({Value::FromTensor(grad)})});
+    return agent(0).Send("b", m).Get(absl::Seconds(20)).status();
+  };
+  absl::Status wrong_shape =
+      send_backward(ctx.id(), recv->message_id(), ones({3}, kF64));
+  EXPECT_EQ(wrong_shape.code(), absl::StatusCode::kInvalidArgument)
+      << wrong_shape;
+  EXPECT_NE(wrong_shape.message().find("worker 'b'"), std::string::npos);
+  absl::Status wrong_dtype =
+      send_backward(ctx.id(), recv->message_id(), ones({2, 2}));
+  EXPECT_EQ(wrong_dtype.code(), absl::StatusCode::kInvalidArgument)
+      << wrong_dtype;
+  absl::Status unknown_message =
+      send_backward(ctx.id(), GlobalId(1, 999), ones({2, 2}, kF64));
+  EXPECT_EQ(unknown_message.code(), absl::StatusCode::kNotFound)
+      << unknown_message;
+  absl::Status unknown_context =
+      send_backward(GlobalId(0, 999), recv->message_id(), ones({2, 2}, kF64));
+  EXPECT_EQ(unknown_context.code(), absl::StatusCode::kNotFound)
+      << unknown_context;
+  EXPECT_EQ(dist(1).NumContexts(), 1u) << "a refused message created one";
+
+  // The real pass is unaffected.
+  absl::Status s = dist(0).Backward(ctx.id(), {sum(mul(*y, *y))});
+  ASSERT_TRUE(s.ok()) << s;
+  Tensor g = dist(0).GetGradients(ctx.id())->Get(x);
+  ASSERT_TRUE(g.defined());
+  EXPECT_TRUE(g.allclose(mul(x, 2.0), 1e-12));
+}
+
 }  // namespace
 }  // namespace ferry::autograd::dist
