@@ -43,8 +43,8 @@ absl::Status WithNode(const absl::Status& s, const Node& node) {
 
 // Per-node bookkeeping of one pass.
 struct NodeState {
-  int dependencies = 0;       // Edges from nodes that have not run yet.
-  std::vector<Tensor> inputs;  // Gradients arrived so far (summed).
+  int dependencies = 0;         // Edges from nodes that have not run yet.
+  std::vector<Tensor> inputs;   // Gradients arrived so far (summed).
   std::shared_ptr<Node> owner;  // Keeps the node alive while pending.
 };
 using NodeMap = std::unordered_map<Node*, NodeState>;
@@ -112,11 +112,10 @@ absl::Status GraphTask::Execute(
     if (!retain_graph_) node->Release();
     const std::vector<Edge>& edges = node->next_edges();
     if (outs->size() != edges.size()) {
-      return WithNode(
-          absl::InternalError(absl::StrCat("returned ", outs->size(),
-                                           " gradients for ", edges.size(),
-                                           " inputs")),
-          *node);
+      return WithNode(absl::InternalError(absl::StrCat(
+                          "returned ", outs->size(), " gradients for ",
+                          edges.size(), " inputs")),
+                      *node);
     }
     for (size_t j = 0; j < edges.size(); ++j) {
       if (!edges[j].valid()) continue;
@@ -132,18 +131,17 @@ namespace {
 absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
     const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
   if (grads.size() > roots.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("backward: ", grads.size(), " gradients for ",
-                     roots.size(), " roots"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward: ", grads.size(), " gradients for ", roots.size(), " roots"));
   }
   std::vector<std::pair<Edge, Tensor>> out;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
     Edge e = GradientEdge(r);
     if (!e.valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "backward: root ", i, " ", ShapeString(r),
-          " does not require grad and has no grad_fn"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("backward: root ", i, " ", ShapeString(r),
+                       " does not require grad and has no grad_fn"));
     }
     Tensor g = i < grads.size() ? grads[i] : Tensor();
     if (!g.defined()) {
@@ -195,9 +193,9 @@ absl::StatusOr<std::vector<Tensor>> Grad(
   for (size_t i = 0; i < inputs.size(); ++i) {
     Edge e = GradientEdge(inputs[i]);
     if (!e.valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "grad: input ", i, " ", ShapeString(inputs[i]),
-          " does not require grad"));
+      return absl::InvalidArgumentError(absl::StrCat("grad: input ", i, " ",
+                                                     ShapeString(inputs[i]),
+                                                     " does not require grad"));
     }
     task.Capture(e, static_cast<int>(i));
   }

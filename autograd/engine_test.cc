@@ -61,9 +61,7 @@ TEST(EngineTest, NoGradGuardRecordsNothingAndRestores) {
   {
     NoGradGuard g;
     EXPECT_FALSE(GradMode::IsEnabled());
-    {
-      NoGradGuard nested;
-    }
+    { NoGradGuard nested; }
     EXPECT_FALSE(GradMode::IsEnabled());
     Tensor y = mul(a, 2.0);
     EXPECT_FALSE(RequiresGrad(y));
@@ -105,7 +103,7 @@ TEST(EngineTest, InPlaceChangeOfSavedTensorIsReported) {
 
 TEST(EngineTest, InPlaceChangeThroughViewIsReported) {
   Tensor a = Leaf({1, 2, 3, 4}, {2, 2});
-  Tensor w = exp(a);  // ExpBackward saves its result.
+  Tensor w = exp(a);                // ExpBackward saves its result.
   Detach(w).select(0, 1).fill_(0);  // Writes through another view.
   absl::Status s = Backward({sum(w)});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -169,7 +167,8 @@ TEST(EngineTest, HooksFireOncePerPassWithTheGradient) {
 // nodes will be): scales the gradient and fails on request.
 class ScaleNode : public Node {
  public:
-  ScaleNode(double scale, bool fail) : Node("ScaleNode", 1), scale_(scale), fail_(fail) {}
+  ScaleNode(double scale, bool fail)
+      : Node("ScaleNode", 1), scale_(scale), fail_(fail) {}
   absl::StatusOr<std::vector<Tensor>> Apply(GraphTask&,
                                             std::vector<Tensor> g) override {
     if (fail_) return absl::UnavailableError("peer went away");

@@ -42,8 +42,7 @@ absl::Status GradCheck(const std::string& op, const GradCheckFn& f,
   const Tensor v = randn(out.sizes(), /*seed=*/12345, DType::kFloat64);
   std::vector<Tensor> wrt;
   for (size_t i : floating) wrt.push_back(xs[i]);
-  absl::StatusOr<std::vector<Tensor>> analytic =
-      Grad({sum(mul(out, v))}, wrt);
+  absl::StatusOr<std::vector<Tensor>> analytic = Grad({sum(mul(out, v))}, wrt);
   if (!analytic.ok()) return analytic.status();
   for (size_t k = 0; k < floating.size(); ++k) {
     const size_t i = floating[k];
@@ -66,9 +65,9 @@ absl::Status GradCheck(const std::string& op, const GradCheckFn& f,
       px[e] = orig;
       const double numeric = (up - down) / (2 * eps);
       if (!(std::abs(a[e] - numeric) <= atol + rtol * std::abs(numeric))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gradcheck(", op, "): input ", i, " element ", e,
-            ": analytical ", a[e], " vs numerical ", numeric));
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradcheck(", op, "): input ", i, " element ", e,
+                         ": analytical ", a[e], " vs numerical ", numeric));
       }
     }
   }

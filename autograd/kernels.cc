@@ -19,8 +19,8 @@ std::string Shape(const std::vector<int64_t>& s) {
 int64_t Normalize(int64_t d, int64_t ndim, const char* op) {
   if (d < 0) d += ndim;
   if (d < 0 || d >= ndim) {
-    TensorFail(absl::StrCat(op, ": dimension out of range for ", ndim,
-                            "-d tensor"));
+    TensorFail(
+        absl::StrCat(op, ": dimension out of range for ", ndim, "-d tensor"));
   }
   return d;
 }
@@ -84,8 +84,8 @@ Tensor ReduceTo(const Tensor& g, const std::vector<int64_t>& shape) {
   if (lead < 0) TensorFail("ReduceTo: target has more dims than gradient");
   int64_t inner = 1;
   for (int64_t s : shape) inner *= s;
-  const bool suffix = std::equal(shape.begin(), shape.end(),
-                                 g.sizes().begin() + lead);
+  const bool suffix =
+      std::equal(shape.begin(), shape.end(), g.sizes().begin() + lead);
   if (suffix && inner > 0) {  // Only leading dims were added: sum rows.
     Tensor gc = g.contiguous();
     Tensor out = zeros(shape, g.dtype());
@@ -100,8 +100,7 @@ Tensor ReduceTo(const Tensor& g, const std::vector<int64_t>& shape) {
   }
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < g.dim(); ++d)
-    if (d < lead || (shape[d - lead] == 1 && g.size(d) != 1))
-      dims.push_back(d);
+    if (d < lead || (shape[d - lead] == 1 && g.size(d) != 1)) dims.push_back(d);
   return SumDims(g, dims, /*keepdim=*/true).reshape(shape);
 }
 
@@ -123,9 +122,10 @@ Tensor GemmOperand(const Tensor& t, bool* trans) {
 Tensor Gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in,
             bool trans_b) {
   if (a_in.dim() != 2 || b_in.dim() != 2 || a_in.dtype() != b_in.dtype()) {
-    TensorFail(absl::StrCat("matmul: expected two 2-d tensors of one dtype, "
-                            "got ", Shape(a_in.sizes()), " and ",
-                            Shape(b_in.sizes())));
+    TensorFail(
+        absl::StrCat("matmul: expected two 2-d tensors of one dtype, "
+                     "got ",
+                     Shape(a_in.sizes()), " and ", Shape(b_in.sizes())));
   }
   const int64_t m = trans_a ? a_in.size(1) : a_in.size(0);
   const int64_t k = trans_a ? a_in.size(0) : a_in.size(1);
@@ -144,7 +144,8 @@ Tensor Gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in,
   if (k == 0) return out.zero_();
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  const int lda = static_cast<int>(a.size(1)), ldb = static_cast<int>(b.size(1));
+  const int lda = static_cast<int>(a.size(1)),
+            ldb = static_cast<int>(b.size(1));
   const int im = static_cast<int>(m), in = static_cast<int>(n),
             ik = static_cast<int>(k);
   if (a.dtype() == DType::kFloat32) {

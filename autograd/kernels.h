@@ -62,8 +62,9 @@ Tensor Map(const Tensor& a, const char* op, F f) {
 template <typename F>
 Tensor Zip(const Tensor& a, const Tensor& b, const char* op, F f) {
   if (a.dtype() != b.dtype()) {
-    TensorFail(std::string(op) + ": dtype mismatch (" + std::string(DTypeName(a.dtype())) +
-               " vs " + std::string(DTypeName(b.dtype())) + ")");
+    TensorFail(std::string(op) + ": dtype mismatch (" +
+               std::string(DTypeName(a.dtype())) + " vs " +
+               std::string(DTypeName(b.dtype())) + ")");
   }
   const std::vector<int64_t> shape = BroadcastShape(a.sizes(), b.sizes(), op);
   Tensor out = empty(shape, a.dtype());
@@ -91,8 +92,7 @@ Tensor Zip(const Tensor& a, const Tensor& b, const char* op, F f) {
     const int64_t inner = b.numel();
     const bool suffix =
         !b_full && inner > 0 && b.dim() <= out.dim() &&
-        std::equal(b.sizes().begin(), b.sizes().end(),
-                   shape.end() - b.dim());
+        std::equal(b.sizes().begin(), b.sizes().end(), shape.end() - b.dim());
     if (suffix) {
       Tensor bc = b.contiguous();
       const T* pb = bc.data<T>();
@@ -113,8 +113,9 @@ Tensor Zip3(const Tensor& a, const Tensor& b, const Tensor& c, const char* op,
             F f) {
   if (a.sizes() != b.sizes() || a.sizes() != c.sizes() ||
       a.dtype() != b.dtype() || a.dtype() != c.dtype()) {
-    TensorFail(std::string(op) + ": expected three tensors of one shape "
-                                 "and dtype");
+    TensorFail(std::string(op) +
+               ": expected three tensors of one shape "
+               "and dtype");
   }
   Tensor ac = a.contiguous(), bc = b.contiguous(), cc = c.contiguous();
   Tensor out = empty(a.sizes(), a.dtype());

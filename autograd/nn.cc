@@ -80,10 +80,10 @@ absl::Status Module::LoadStateDict(absl::string_view bytes) {
           absl::StrCat("state dict: no tensor for parameter '", name, "'"));
     }
     if (src->sizes() != p.sizes() || src->dtype() != p.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state dict: '", name, "' is ", ag::ShapeString(*src), " ",
-          DTypeName(src->dtype()), ", parameter is ", ag::ShapeString(p),
-          " ", DTypeName(p.dtype())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict: '", name, "' is ", ag::ShapeString(*src),
+                       " ", DTypeName(src->dtype()), ", parameter is ",
+                       ag::ShapeString(p), " ", DTypeName(p.dtype())));
     }
     sources.push_back(src);
   }
@@ -121,7 +121,8 @@ Tensor Linear::Forward(const Tensor& input) {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t dim, uint64_t seed,
                      DType dtype) {
-  weight_ = RegisterParameter("weight", randn({num_embeddings, dim}, seed, dtype));
+  weight_ =
+      RegisterParameter("weight", randn({num_embeddings, dim}, seed, dtype));
 }
 
 Tensor Embedding::Forward(const Tensor& indices) {

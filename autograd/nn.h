@@ -36,8 +36,8 @@ class Module {
   // Own parameters first (registration order), then each submodule's.
   std::vector<Tensor> parameters() const;
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
-  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>&
-  children() const {
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children()
+      const {
     return children_;
   }
 

@@ -133,8 +133,9 @@ TEST(NnTest, EmbeddingAndLosses) {
   Tensor p = from_vector<double>({1, 2}), t = from_vector<double>({0, 4});
   EXPECT_DOUBLE_EQ(MSELoss()(p, t).item<double>(), (1 + 4) / 2.0);
   Tensor logits = from_vector<double>({0, 0}, {1, 2});
-  EXPECT_NEAR(CrossEntropyLoss()(logits, from_vector<int64_t>({1}, {1})).item<double>(),
-              std::log(2.0), 1e-12);
+  EXPECT_NEAR(
+      CrossEntropyLoss()(logits, from_vector<int64_t>({1}, {1})).item<double>(),
+      std::log(2.0), 1e-12);
 }
 
 }  // namespace

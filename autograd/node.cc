@@ -20,11 +20,11 @@ std::string Node::shapes() const {
   std::vector<std::string> parts;
   for (size_t i = 0; i < input_shapes_.size();) {
     const size_t rank = static_cast<size_t>(input_shapes_[i++]);
-    parts.push_back(absl::StrCat(
-        "[",
-        absl::StrJoin(input_shapes_.begin() + i,
-                      input_shapes_.begin() + i + rank, ", "),
-        "]"));
+    parts.push_back(
+        absl::StrCat("[",
+                     absl::StrJoin(input_shapes_.begin() + i,
+                                   input_shapes_.begin() + i + rank, ", "),
+                     "]"));
     i += rank;
   }
   return absl::StrJoin(parts, ", ");
@@ -64,10 +64,10 @@ SavedTensor::SavedTensor(const Tensor& t, std::string name)
 
 absl::StatusOr<Tensor> SavedTensor::Unpack(const std::string& op) const {
   if (data_.version() != version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", name_, "' ", ShapeString(data_), " saved by ", op,
-        " was modified by an in-place operation (version ", version_,
-        " when saved, now ", data_.version(), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name_, "' ", ShapeString(data_), " saved by ",
+                     op, " was modified by an in-place operation (version ",
+                     version_, " when saved, now ", data_.version(), ")"));
   }
   return data_;
 }
@@ -84,8 +84,7 @@ absl::StatusOr<std::vector<Tensor>> FunctionNode::Apply(
         "tensors were released after the previous backward; pass "
         "retain_graph=true to backward twice)");
   }
-  if (!grads[0].defined())
-    return std::vector<Tensor>(next_edges().size());
+  if (!grads[0].defined()) return std::vector<Tensor>(next_edges().size());
   std::vector<Tensor> saved;
   saved.reserve(saved_.size());
   for (const SavedTensor& s : saved_) {
@@ -158,9 +157,10 @@ const Tensor& SetRequiresGrad(const Tensor& t, bool requires_grad) {
   if (!IsLeaf(t))
     TensorFail("SetRequiresGrad: only leaf tensors (no grad_fn) may be set");
   if (requires_grad && !IsFloatingPoint(t.dtype())) {
-    TensorFail(absl::StrCat("SetRequiresGrad: only floating tensors can "
-                            "require grad, got ",
-                            DTypeName(t.dtype())));
+    TensorFail(
+        absl::StrCat("SetRequiresGrad: only floating tensors can "
+                     "require grad, got ",
+                     DTypeName(t.dtype())));
   }
   MetaOrCreate(t)->requires_grad = requires_grad;
   return t;

@@ -160,7 +160,7 @@ class AccumulateGrad final : public Node {
 // Autograd state of one tensor object.
 class AutogradMeta final : public AutogradMetaInterface {
  public:
-  bool requires_grad = false;  // Set on leaves by SetRequiresGrad.
+  bool requires_grad = false;     // Set on leaves by SetRequiresGrad.
   std::shared_ptr<Node> grad_fn;  // Null for leaves.
   int output_nr = 0;
 

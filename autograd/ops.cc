@@ -54,7 +54,8 @@ int64_t NormDim(int64_t d, int64_t ndim, const char* op) {
 
 }  // namespace
 
-// --- Elementwise --------------------------------------------------------------
+// --- Elementwise
+// --------------------------------------------------------------
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = Zip(a, b, "add", [](auto x, auto y) { return x + y; });
@@ -87,27 +88,28 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = Zip(a, b, "mul", [](auto x, auto y) { return x * y; });
   if (!NeedsGrad(a, b)) return out;
   auto m = [](auto x, auto y) { return x * y; };
-  return Record(
-      "MulBackward", {a, b}, out, {SavedTensor(a, "self"), SavedTensor(b, "other")},
-      [m, sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved& s,
-                                          const Needs& n) -> Grads {
-        return std::vector<Tensor>{
-            n[0] ? ReduceTo(Zip(g, s[1], "mul", m), sa) : Tensor(),
-            n[1] ? ReduceTo(Zip(g, s[0], "mul", m), sb) : Tensor()};
-      });
+  return Record("MulBackward", {a, b}, out,
+                {SavedTensor(a, "self"), SavedTensor(b, "other")},
+                [m, sa = a.sizes(), sb = b.sizes()](
+                    const Tensor& g, const Saved& s, const Needs& n) -> Grads {
+                  return std::vector<Tensor>{
+                      n[0] ? ReduceTo(Zip(g, s[1], "mul", m), sa) : Tensor(),
+                      n[1] ? ReduceTo(Zip(g, s[0], "mul", m), sb) : Tensor()};
+                });
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = Zip(a, b, "div", [](auto x, auto y) { return x / y; });
   if (!NeedsGrad(a, b)) return out;
   return Record(
-      "DivBackward", {a, b}, out, {SavedTensor(a, "self"), SavedTensor(b, "other")},
+      "DivBackward", {a, b}, out,
+      {SavedTensor(a, "self"), SavedTensor(b, "other")},
       [sa = a.sizes(), sb = b.sizes()](const Tensor& g, const Saved& s,
                                        const Needs& n) -> Grads {
         Tensor ga, gb;
         if (n[0])
-          ga = ReduceTo(Zip(g, s[1], "div", [](auto x, auto y) { return x / y; }),
-                        sa);
+          ga = ReduceTo(
+              Zip(g, s[1], "div", [](auto x, auto y) { return x / y; }), sa);
         if (n[1]) {
           Tensor ga_times_a =
               Zip(g, s[0], "div", [](auto x, auto y) { return x * y; });
@@ -166,8 +168,8 @@ Tensor Unary(const char* name, const char* backward_name, const Tensor& a,
              bool save_output, F f, D dfdx_times_g) {
   Tensor out = Map(a, name, f);
   if (!NeedsGrad(a)) return out;
-  SavedTensor saved = save_output ? SavedTensor(out, "result")
-                                  : SavedTensor(a, "self");
+  SavedTensor saved =
+      save_output ? SavedTensor(out, "result") : SavedTensor(a, "self");
   return Record(backward_name, {a}, out, {std::move(saved)},
                 [dfdx_times_g, name](const Tensor& g, const Saved& s,
                                      const Needs&) -> Grads {
@@ -234,7 +236,8 @@ Tensor gelu(const Tensor& a) {
       [](auto g, auto x) {
         using T = decltype(x);
         const double cdf = 0.5 * (1 + std::erf(x * M_SQRT1_2));
-        const double pdf = std::exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
+        const double pdf =
+            std::exp(-0.5 * x * x) * (0.5 * M_2_SQRTPI * M_SQRT1_2);
         return static_cast<T>(g * (cdf + x * pdf));
       });
 }
@@ -367,8 +370,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   auto as3 = [](const Tensor& t) {
     return t.reshape({-1, t.size(-2), t.size(-1)}).contiguous();
   };
-  Tensor out = BatchGemm(as3(a), false, as3(b), false)
-                   .view(WithLast2(batch, m, n));
+  Tensor out =
+      BatchGemm(as3(a), false, as3(b), false).view(WithLast2(batch, m, n));
   if (!NeedsGrad(a, b)) return out;
   return Record(
       "BmmBackward", {a, b}, out,
@@ -385,11 +388,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor sum(const Tensor& a) {
   Tensor out = a.sum();
   if (!NeedsGrad(a)) return out;
-  return Record("SumBackward", {a}, out, {},
-                [sa = a.sizes()](const Tensor& g, const Saved&,
-                                 const Needs&) -> Grads {
-                  return std::vector<Tensor>{Materialize(g, sa)};
-                });
+  return Record(
+      "SumBackward", {a}, out, {},
+      [sa = a.sizes()](const Tensor& g, const Saved&, const Needs&) -> Grads {
+        return std::vector<Tensor>{Materialize(g, sa)};
+      });
 }
 
 namespace {
@@ -430,11 +433,11 @@ namespace {
 // A view-like op whose gradient is the output gradient reshaped back.
 Tensor ReshapeLike(const char* name, const Tensor& a, Tensor out) {
   if (!NeedsGrad(a)) return out;
-  return Record(name, {a}, out, {},
-                [sa = a.sizes()](const Tensor& g, const Saved&,
-                                 const Needs&) -> Grads {
-                  return std::vector<Tensor>{g.reshape(sa)};
-                });
+  return Record(
+      name, {a}, out, {},
+      [sa = a.sizes()](const Tensor& g, const Saved&, const Needs&) -> Grads {
+        return std::vector<Tensor>{g.reshape(sa)};
+      });
 }
 
 }  // namespace
@@ -467,10 +470,11 @@ Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {
   std::vector<int64_t> inverse(dims.size());
   for (size_t i = 0; i < dims.size(); ++i)
     inverse[NormDim(dims[i], a.dim(), "permute")] = static_cast<int64_t>(i);
-  return Record("PermuteBackward", {a}, out, {},
-                [inverse](const Tensor& g, const Saved&, const Needs&) -> Grads {
-                  return std::vector<Tensor>{g.permute(inverse)};
-                });
+  return Record(
+      "PermuteBackward", {a}, out, {},
+      [inverse](const Tensor& g, const Saved&, const Needs&) -> Grads {
+        return std::vector<Tensor>{g.permute(inverse)};
+      });
 }
 
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end,
@@ -527,17 +531,17 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     offset += t.size(dim);
   }
   if (!needs) return out;
-  return Record("CatBackward", tensors, out, {},
-                [dim, lengths](const Tensor& g, const Saved&,
-                               const Needs&) -> Grads {
-                  std::vector<Tensor> grads;
-                  int64_t off = 0;
-                  for (int64_t len : lengths) {
-                    grads.push_back(g.slice(dim, off, off + len).contiguous());
-                    off += len;
-                  }
-                  return grads;
-                });
+  return Record(
+      "CatBackward", tensors, out, {},
+      [dim, lengths](const Tensor& g, const Saved&, const Needs&) -> Grads {
+        std::vector<Tensor> grads;
+        int64_t off = 0;
+        for (int64_t len : lengths) {
+          grads.push_back(g.slice(dim, off, off + len).contiguous());
+          off += len;
+        }
+        return grads;
+      });
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
@@ -588,11 +592,10 @@ Tensor log_softmax(const Tensor& a, int64_t dim) {
       "LogSoftmaxBackward", {a}, out, {SavedTensor(out, "result")},
       [dim](const Tensor& g, const Saved& s, const Needs&) -> Grads {
         Tensor total = kernels::SumDims(g, {dim}, true);
-        Tensor p_total = Zip(s[0], total, "log_softmax", [](auto y, auto t) {
-          return std::exp(y) * t;
-        });
-        return std::vector<Tensor>{
-            Zip(g, p_total, "log_softmax", [](auto u, auto v) { return u - v; })};
+        Tensor p_total = Zip(s[0], total, "log_softmax",
+                             [](auto y, auto t) { return std::exp(y) * t; });
+        return std::vector<Tensor>{Zip(g, p_total, "log_softmax",
+                                       [](auto u, auto v) { return u - v; })};
       });
 }
 
@@ -615,8 +618,8 @@ void CheckClassIndices(const Tensor& target, int64_t rows, int64_t classes,
   }
   for (int64_t t : target.to_vector<int64_t>()) {
     if (t < 0 || t >= classes) {
-      TensorFail(absl::StrCat(op, ": class index ", t, " outside [0, ",
-                              classes, ")"));
+      TensorFail(
+          absl::StrCat(op, ": class index ", t, " outside [0, ", classes, ")"));
     }
   }
 }
@@ -671,8 +674,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const int64_t* pi = ic.data<int64_t>();
   for (int64_t i = 0; i < ic.numel(); ++i) {
     if (pi[i] < 0 || pi[i] >= rows) {
-      TensorFail(absl::StrCat("embedding: index ", pi[i], " outside [0, ",
-                              rows, ")"));
+      TensorFail(
+          absl::StrCat("embedding: index ", pi[i], " outside [0, ", rows, ")"));
     }
   }
   std::vector<int64_t> shape = indices.sizes();
@@ -703,13 +706,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor dropout(const Tensor& a, double p, bool training, uint64_t seed) {
-  if (p < 0 || p > 1) TensorFail(absl::StrCat("dropout: p ", p, " not in [0, 1]"));
+  if (p < 0 || p > 1)
+    TensorFail(absl::StrCat("dropout: p ", p, " not in [0, 1]"));
   if (!training || p == 0) return a;
   const double scale = p >= 1 ? 0.0 : 1.0 / (1.0 - p);
-  Tensor mask = Map(rand(a.sizes(), seed, a.dtype()), "dropout",
-                    [p, scale](auto u) {
-                      return static_cast<decltype(u)>(u >= p ? scale : 0.0);
-                    });
+  Tensor mask =
+      Map(rand(a.sizes(), seed, a.dtype()), "dropout", [p, scale](auto u) {
+        return static_cast<decltype(u)>(u >= p ? scale : 0.0);
+      });
   return mul(a, mask);
 }
 

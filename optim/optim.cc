@@ -97,7 +97,8 @@ namespace {
 absl::Status AdamImpl(const std::vector<Tensor>& params,
                       const std::vector<Tensor>& grads, AdamState& state,
                       const AdamOptions& o, bool decoupled) {
-  if (absl::Status s = Check(params, grads, decoupled ? "AdamWStep" : "AdamStep");
+  if (absl::Status s =
+          Check(params, grads, decoupled ? "AdamWStep" : "AdamStep");
       !s.ok()) {
     return s;
   }
@@ -106,10 +107,12 @@ absl::Status AdamImpl(const std::vector<Tensor>& params,
   for (size_t i = 0; i < n; ++i) {
     if (!grads[i].defined()) continue;
     Tensor p = params[i], gc = grads[i].contiguous();
-    Tensor m = Slot(state.exp_avg, n, i, p), v = Slot(state.exp_avg_sq, n, i, p);
+    Tensor m = Slot(state.exp_avg, n, i, p),
+           v = Slot(state.exp_avg_sq, n, i, p);
     const int64_t t = ++state.step[i];
     const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(t));
-    const double bc2_sqrt = std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t)));
+    const double bc2_sqrt =
+        std::sqrt(1 - std::pow(o.beta2, static_cast<double>(t)));
     const double step_size = o.lr / bc1;
     p.storage().BumpVersion();
     FloatDispatch(p.dtype(), "AdamStep", [&]<typename T>() {

@@ -106,7 +106,9 @@ class SGD : public Optimizer {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled = false)
-      : Optimizer(std::move(params)), options_(options), decoupled_(decoupled) {}
+      : Optimizer(std::move(params)),
+        options_(options),
+        decoupled_(decoupled) {}
 
  private:
   absl::Status StepWith(const std::vector<Tensor>& grads) override {

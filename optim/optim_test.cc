@@ -8,13 +8,18 @@
 namespace ferry::optim {
 namespace {
 
-Tensor P(std::vector<double> v) { return from_vector<double>(v, {static_cast<int64_t>(v.size())}); }
+Tensor P(std::vector<double> v) {
+  return from_vector<double>(v, {static_cast<int64_t>(v.size())});
+}
 
 TEST(SgdTest, MomentumDampeningWeightDecayTwoSteps) {
   Tensor p = P({1.0, -2.0});
   SgdState st;
-  SgdOptions o{.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
-               .nesterov = false, .weight_decay = 0.01};
+  SgdOptions o{.lr = 0.1,
+               .momentum = 0.9,
+               .dampening = 0.1,
+               .nesterov = false,
+               .weight_decay = 0.01};
   ASSERT_TRUE(SgdStep({p}, {P({0.5, 1.0})}, st, o).ok());
   // g = 0.5 + 0.01*1 = 0.51, b = g, p = 1 - 0.1*0.51.
   EXPECT_NEAR(p.to_vector<double>()[0], 0.949, 1e-12);
@@ -39,7 +44,8 @@ TEST(SgdTest, Nesterov) {
 TEST(SgdTest, PlainAndFloat32) {
   Tensor p = from_vector<float>({1.f, 2.f});
   SgdState st;
-  ASSERT_TRUE(SgdStep({p}, {from_vector<float>({10.f, -10.f})}, st, {.lr = 0.5}).ok());
+  ASSERT_TRUE(
+      SgdStep({p}, {from_vector<float>({10.f, -10.f})}, st, {.lr = 0.5}).ok());
   EXPECT_EQ(p.to_vector<float>(), (std::vector<float>{-4.f, 7.f}));
   EXPECT_FALSE(st.momentum_buffer[0].defined());
 }
@@ -80,7 +86,8 @@ TEST(AdamWTest, DecoupledWeightDecay) {
 TEST(AdagradTest, LrDecayAndInitialAccumulator) {
   Tensor p = P({1.0});
   AdagradState st;
-  AdagradOptions o{.lr = 0.1, .lr_decay = 0.5, .initial_accumulator_value = 0.1};
+  AdagradOptions o{
+      .lr = 0.1, .lr_decay = 0.5, .initial_accumulator_value = 0.1};
   ASSERT_TRUE(AdagradStep({p}, {P({0.5})}, st, o).ok());
   EXPECT_NEAR(p.item<double>(), 0.9154845745414341, 1e-12);
   ASSERT_TRUE(AdagradStep({p}, {P({-0.3})}, st, o).ok());
@@ -110,7 +117,8 @@ TEST(OptimizerTest, MismatchedGradIsAnErrorAndUpdatesNothing) {
   absl::Status s = SgdStep({a, b}, {P({1.0}), P({1.0, 2.0})}, st, {.lr = 1});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(a.item<double>(), 1.0);
-  EXPECT_EQ(SgdStep({a}, {}, st, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SgdStep({a}, {}, st, {}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

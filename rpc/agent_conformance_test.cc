@@ -254,8 +254,10 @@ TEST_P(AgentConformance, NonGracefulShutdownCancelsCallsInFlight) {
   ASSERT_TRUE(c->agent(0).Shutdown(/*graceful=*/false).ok());
   Result<Value> r = f.Get(absl::Seconds(30));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
-  EXPECT_EQ(c->agent(0).rpc_sync<Value>("b", "noop").status().code(),
-            absl::StatusCode::kUnavailable);
+  absl::Status after = c->agent(0).rpc_sync<Value>("b", "noop").status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(after.message().find("worker 'a' is shut down"), std::string::npos)
+      << after;
   release->Notify();
   EXPECT_TRUE(c->agent(0).Shutdown().ok());  // Idempotent.
   EXPECT_TRUE(c->agent(1).Shutdown(/*graceful=*/false).ok());

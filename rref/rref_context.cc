@@ -219,15 +219,12 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
   if (handle.owner_id == self) {
     std::shared_ptr<RRefState> state;
     {
+      // The handle may overtake the REMOTE_CALL creating the value (a user
+      // sharing an unconfirmed RRef): a placeholder waits for it.
       MutexLock lock(&mu_);
-      auto it = owners_.find(rref_id);
-      if (it == owners_.end()) {
-        return absl::NotFoundError(absl::StrCat(
-            Describe(rref_id, agent_->self().name),
-            " was deleted before a handle to it arrived from worker id ",
-            parent));
-      }
-      state = NewOwnerHandle(rref_id, it->second.type_name, it->second.slot);
+      ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
+                       SlotFor(rref_id, handle.type_name));
+      state = NewOwnerHandle(rref_id, handle.type_name, slot);
     }
     if (parent == self) {
       DeleteFork(rref_id, fork);  // Our own early registration.
@@ -640,7 +637,8 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
     std::weak_ptr<RRefContext> weak = weak_from_this();
     agent_->Send(self, std::move(m), timeout)
         .OnComplete([slot, weak, id = *rref_id,
-                     keep_alive](const Result<Message>& r) {
+                     keep_alive](const Result<Message>& r) mutable {
+          keep_alive.reset();
           if (r.ok()) return;
           slot->promise.Set(r.status());  // Never ran: fail the creation.
           if (std::shared_ptr<RRefContext> ctx = weak.lock()) ctx->OnCreated(id);
@@ -654,6 +652,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
   // One attempt: a retried REMOTE_CALL would fork its RRef arguments again.
   SendInternal(owner->id, std::move(m),
                [created, keep_alive](const Result<Message>& r) mutable {
+                 keep_alive.reset();
                  created.Set(r.status());
                },
                timeout, /*retry_timeouts=*/false);
@@ -727,9 +726,11 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
                       state->fork_id(), state->owner().id);
   m.rref->type_name = state->type_name();
   return agent_->Send(state->owner().id, std::move(m), timeout)
-      .Then([what, timeout, state](
-                const Result<Message>& r) -> absl::StatusOr<Value> {
-        // `state` is held until the reply: a deletion cannot overtake it.
+      .Then([what, timeout, state = state](
+                const Result<Message>& r) mutable -> absl::StatusOr<Value> {
+        // `state` is held until the reply, so a deletion cannot overtake the
+        // fetch; released before the caller sees the result.
+        state.reset();
         if (!r.ok()) {
           return Annotate(r.status(),
                           absl::StrCat("to_here of ", what, " (limit ",
@@ -815,7 +816,9 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
   m.function = method;
   m.payload = Value::FromList(std::move(args));
   return agent_->Send(state->owner().id, std::move(m), timeout)
-      .Then([what, state](const Result<Message>& r) -> absl::StatusOr<Value> {
+      .Then([what, state = state](
+                const Result<Message>& r) mutable -> absl::StatusOr<Value> {
+        state.reset();  // As in Fetch.
         if (!r.ok()) return Annotate(r.status(), what);
         return r->payload;
       });

@@ -278,6 +278,35 @@ TEST_F(ProtocolTest, UserToOwnerAccepts) {
   Settle();
 }
 
+// A user shares an RRef it is still creating with the owner, and that
+// message overtakes the REMOTE_CALL: the owner's handle waits for the value.
+TEST_F(ProtocolTest, HandleOvertakesCreationOnOwner) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
+  Future<Value> call = net_.agent("a").rpc_async("b", "hold", r);
+  r = RRef<int64_t>();
+  uint64_t call_reply = Serve(MessageType::kCall, "a", "b");
+  ASSERT_EQ(HeldCount(), 1u);
+  RRef<int64_t> held;
+  {
+    MutexLock lock(&mu_);
+    held = held_[0];
+  }
+  EXPECT_TRUE(held.is_owner());
+  EXPECT_FALSE(held.creation().IsReady());
+  EXPECT_EQ(held.local_value(absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  absl::StatusOr<int64_t> v = held.local_value(kWait);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 7);
+  ASSERT_TRUE(net_.Deliver(call_reply).ok());
+  held = RRef<int64_t>();
+  DropHeld();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(ctx_["a"]->num_users(), 0u);
+}
+
 // Duplicated REMOTE_CALL, FORK_REQUEST and USER_DELETE delivered late
 // neither resurrect the value nor run the function twice.
 TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
@@ -346,7 +375,7 @@ TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);  // r3's value, untouched.
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
   Future<int64_t> v = r3.to_here_async(kWait);
-  Settle();
+  RoundTrip(MessageType::kRRefFetch, "c", "b");
   ASSERT_TRUE(v.Get(kWait).ok()) << v.Get(kWait).status();
   EXPECT_EQ(*v.Get(kWait), 3);
 }

@@ -134,9 +134,9 @@ Tensor Tensor::Make(Storage storage, DType dtype, std::vector<int64_t> sizes,
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
   Tensor t;
-  t.impl_ = std::make_shared<const Impl>(Impl{std::move(storage), dtype,
-                                              std::move(sizes),
-                                              std::move(strides), offset, n, nullptr});
+  t.impl_ = std::make_shared<const Impl>(
+      Impl{std::move(storage), dtype, std::move(sizes), std::move(strides),
+           offset, n, nullptr});
   return t;
 }
 

@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "autograd/engine.h"
-#include "autograd/node.h"
 #include "autograd/nn.h"
+#include "autograd/node.h"
 #include "autograd/ops.h"
 #include "optim/optim.h"
 
@@ -72,7 +72,8 @@ void MlpStep(const std::string& spec) {
   int64_t params = 0;
   for (size_t i = 0; i + 1 < widths.size(); ++i) {
     if (i > 0) model.Append(std::make_shared<nn::ReLU>());
-    model.Append(std::make_shared<nn::Linear>(widths[i], widths[i + 1], 10 + i));
+    model.Append(
+        std::make_shared<nn::Linear>(widths[i], widths[i + 1], 10 + i));
     params += widths[i] * widths[i + 1] + widths[i + 1];
   }
   const int64_t batch = absl::GetFlag(FLAGS_batch);

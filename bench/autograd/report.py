@@ -1,9 +1,18 @@
 """Reads the JSON lines of bench/autograd on stdin and prints the
-side-by-side table (Ferry time / PyTorch time per figure)."""
+side-by-side table (Ferry time / PyTorch time per figure), keeping the
+best of the rounds for each implementation and figure."""
 import json
 import sys
 
-rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+best = {}
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    key = (r["impl"], r["figure"], r.get("mlp", ""))
+    if key not in best or r["time_us"] < best[key]["time_us"]:
+        best[key] = r
+rows = list(best.values())
 torch_rows = {(r["figure"], r.get("mlp", "")): r for r in rows
               if r["impl"].startswith("pytorch")}
 print("%-10s %-22s %-16s %12s %12s %8s" %

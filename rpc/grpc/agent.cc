@@ -256,9 +256,13 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   {
     MutexLock lock(&mu_);
     if (shutting_down_) {
-      return MakeErrorFuture<Message>(absl::UnavailableError(
-          absl::StrCat("worker '", self().name, "' is shut down; cannot ",
-                       raw->sending, " on worker '", to.name, "'")));
+      // Worded as before the seam for calls.
+      return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
+          "worker '", self().name, "' is shut down; cannot ",
+          request.type == MessageType::kCall
+              ? absl::StrCat("call '", request.function, "' on")
+              : absl::StrCat("send ", MessageTypeName(request.type), " to"),
+          " worker '", to.name, "'")));
     }
     outgoing_.emplace(raw->id, call.release());
   }
