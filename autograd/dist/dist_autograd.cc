@@ -425,6 +425,12 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     // mu_ before ctx->mu_ (the one lock order), so release cannot slip in
     // between the two tables (invariant 4).
     MutexLock l(&mu_);
+    if (released_ids_.count(*id) > 0) {
+      // Overtaken by its release: serve it outside the context (its
+      // tensors arrived detached) rather than revive the context.
+      m.context.erase(kGradTensorsKey);
+      return absl::OkStatus();
+    }
     std::shared_ptr<DistAutogradContext>& slot = contexts_[*id];
     if (slot == nullptr) slot = std::make_shared<DistAutogradContext>(*id);
     ctx = slot;
@@ -805,12 +811,22 @@ Future<void> DistAutogradContainer::Release(GlobalId context_id) {
   return ReleaseExcept(context_id, agent_.self().id);
 }
 
+void DistAutogradContainer::RememberReleased(GlobalId id) {
+  if (!released_ids_.insert(id).second) return;
+  released_order_.push_back(id);
+  if (released_order_.size() > kMaxReleasedIds) {
+    released_ids_.erase(released_order_.front());
+    released_order_.pop_front();
+  }
+}
+
 Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
                                                   int skip_worker) {
   std::shared_ptr<DistAutogradContext> ctx;
   std::set<int> workers;
   {
     MutexLock l(&mu_);
+    RememberReleased(id);
     auto it = contexts_.find(id);
     if (it == contexts_.end()) return MakeReadyFuture();
     ctx = std::move(it->second);

@@ -61,6 +61,10 @@
 //     context's pending_replies, and release erases both.
 //  5. A context has at most one pass; a pass runs its nodes on at most one
 //     thread at a time (Pass::running).
+//  6. An id released here (or whose release arrived before the context
+//     did) is never created again by a received message, as long as it is
+//     among the last kMaxReleasedIds released: a request overtaken by its
+//     context's release is served outside any context instead.
 //
 // Thread safety: every public method is safe from any thread. The agent must
 // outlive every use of the container; the handlers and interceptors it
@@ -68,6 +72,7 @@
 #ifndef FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -203,6 +208,7 @@ class DistAutogradContainer
 
   std::shared_ptr<DistAutogradContext> GetOrCreate(GlobalId id);
   Future<void> ReleaseExcept(GlobalId id, int skip_worker);
+  void RememberReleased(GlobalId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Interceptor and handlers.
   absl::Status Intercept(rpc::InterceptPoint point, const rpc::WorkerInfo& peer,
@@ -248,6 +254,10 @@ class DistAutogradContainer
   std::map<GlobalId, std::shared_ptr<DistAutogradContext>> contexts_
       ABSL_GUARDED_BY(mu_);
   std::map<ReplyKey, GlobalId> reply_contexts_ ABSL_GUARDED_BY(mu_);
+  // Recently released ids (invariant 6), oldest first in released_order_.
+  static constexpr size_t kMaxReleasedIds = 1 << 14;
+  std::set<GlobalId> released_ids_ ABSL_GUARDED_BY(mu_);
+  std::deque<GlobalId> released_order_ ABSL_GUARDED_BY(mu_);
 };
 
 // Makes a new context current on this thread for its scope (the rpc context

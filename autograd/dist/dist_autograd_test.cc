@@ -539,5 +539,48 @@ TEST_F(DistAutogradTest, BackwardMessagesAreValidated) {
   EXPECT_TRUE(g.allclose(mul(x, 2.0), 1e-12));
 }
 
+// A request made in a context is overtaken by the context's release: the
+// callee serves it outside any context and does not revive the context.
+TEST_F(DistAutogradTest, RequestOvertakenByItsReleaseDoesNotReviveIt) {
+  Start({"a", "b"});
+  ASSERT_TRUE(
+      agent(1)
+          .Register("requires_grad", [](Tensor t) { return RequiresGrad(t); })
+          .ok());
+  net_->SetAutoDeliver(false);
+  Tensor x = Param({2}, 95);
+  Future<bool> call;
+  absl::Status released;
+  {
+    ContextScope ctx(dist(0));
+    call = agent(0).rpc_async<bool>("b", "requires_grad", x);
+    absl::StatusOr<QueuedMessage> request =
+        net_->AwaitQueued(rpc::testing::Matching("a", "b"), absl::Seconds(20));
+    ASSERT_TRUE(request.ok()) << request.status();
+    // The container's release is asynchronous: no thread needed.
+    Future<void> release = dist(0).Release(ctx.id());
+    auto is_cleanup = [](const QueuedMessage& q) {
+      return q.type == MessageType::kCleanupAutogradContext && !q.is_reply;
+    };
+    absl::StatusOr<QueuedMessage> cleanup =
+        net_->AwaitQueued(is_cleanup, absl::Seconds(20));
+    ASSERT_TRUE(cleanup.ok()) << cleanup.status();
+    ASSERT_TRUE(net_->Deliver(cleanup->seq).ok());  // Release first...
+    absl::StatusOr<QueuedMessage> done =
+        net_->AwaitQueued(rpc::testing::RepliesTo("a"), absl::Seconds(20));
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE(net_->Deliver(done->seq).ok());
+    released = release.Get(absl::Seconds(20));
+    ASSERT_TRUE(net_->Deliver(request->seq).ok());  // ...then the request.
+    net_->SetAutoDeliver(true);
+    net_->DeliverAll();
+  }
+  EXPECT_TRUE(released.ok()) << released;
+  absl::StatusOr<bool> requires_grad = call.Get(absl::Seconds(20));
+  ASSERT_TRUE(requires_grad.ok()) << requires_grad.status();
+  EXPECT_FALSE(*requires_grad);
+  ExpectNoContexts();
+}
+
 }  // namespace
 }  // namespace ferry::autograd::dist
