@@ -324,13 +324,13 @@ TEST_F(DistAutogradTest, SharedCalleeNodeWaitsForEveryGradientInAnyOrder) {
   ExpectGrad(*dist(0).GetGradients(ctx.id()), x, GradOf(rx), "x on a");
 }
 
-// Several threads on a run their own contexts through the same parameter
-// on b at once; each context's gradient matches its own input's.
-TEST_F(DistAutogradTest, ConcurrentContextsFromSeveralThreads) {
-  Start({"a", "b"});
+// Threads on two trainers run their own contexts through the same
+// parameter on ps at once; each context's gradient matches its own input's.
+TEST_F(DistAutogradTest, ConcurrentContextsFromSeveralThreadsAndTrainers) {
+  Start({"t0", "t1", "ps"});
   Tensor wb = Param({4, 3}, 31);
   ASSERT_TRUE(
-      agent(1)
+      agent(2)
           .Register("forward", [&](Tensor in) { return tanh(matmul(in, wb)); })
           .ok());
   constexpr int kThreads = 4;
@@ -347,16 +347,17 @@ TEST_F(DistAutogradTest, ConcurrentContextsFromSeveralThreads) {
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
+      const int trainer = t % 2;
       for (int r = 0; r < kRounds && errors[t].ok(); ++r) {
-        ContextScope ctx(dist(0));
+        ContextScope ctx(dist(trainer));
         absl::StatusOr<Tensor> y =
-            agent(0).rpc_sync<Tensor>("b", "forward", inputs[t]);
+            agent(trainer).rpc_sync<Tensor>("ps", "forward", inputs[t]);
         if (!y.ok()) {
           errors[t] = y.status();
           break;
         }
-        errors[t] = dist(0).Backward(ctx.id(), {sum(*y)});
-        absl::StatusOr<GradientMap> g = dist(1).GetGradients(ctx.id());
+        errors[t] = dist(trainer).Backward(ctx.id(), {sum(*y)});
+        absl::StatusOr<GradientMap> g = dist(2).GetGradients(ctx.id());
         if (errors[t].ok() && g.ok()) got[t].push_back(g->Get(wb));
         errors[t].Update(g.status());
         errors[t].Update(ctx.Release());
