@@ -14,7 +14,9 @@
 #include "autograd/engine.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
+#include "optim/distributed_optimizer.h"
 #include "rpc/grpc/init.h"
+#include "rref/rref.h"
 #include "store/tcp_store_server.h"
 #include "tests/dist_autograd/model.h"
 
@@ -56,6 +58,7 @@ class Group {
     options.join_timeout = absl::Seconds(60);
     options.before_serving = [this](rpc::Agent& agent) -> absl::Status {
       ASSIGN_OR_RETURN(dist_, DistAutogradContainer::Install(agent));
+      ASSIGN_OR_RETURN(rrefs_, rref::RRefContext::Create(&agent));
       return absl::OkStatus();
     };
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
@@ -111,11 +114,13 @@ class Group {
 
   rpc::Agent& agent() { return *agent_; }
   DistAutogradContainer& dist() { return *dist_; }
+  rref::RRefContext& rrefs() { return *rrefs_; }
   std::vector<pid_t>& pids() { return pids_; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<DistAutogradContainer> dist_;
+  std::shared_ptr<rref::RRefContext> rrefs_;
   std::unique_ptr<rpc::GrpcAgent> agent_;
   std::vector<pid_t> pids_;
 };
@@ -169,7 +174,66 @@ TEST(MultiProcessDistAutograd, ChainGradientsEqualSingleProcessAndCleanup) {
     EXPECT_EQ(g.dist().NumContexts(), 0u);
   }
 
-  ASSERT_TRUE(g.agent().Shutdown().ok());
+  ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < g.pids().size(); ++i) {
+    int status = g.Reap(i, absl::Seconds(60));
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
+// A DistributedOptimizer on worker0 steps the weights where they live (SGD
+// with momentum, two iterations): each owner's weight equals the local
+// functional step applied to that owner's gradients.
+TEST(MultiProcessDistAutograd, DistributedOptimizerStepsOwnersWeights) {
+  Group g;
+  absl::Status started = g.Start(3);
+  ASSERT_TRUE(started.ok()) << started;
+  std::vector<rref::RRef<Tensor>> params;
+  for (int r = 1; r <= 2; ++r) {
+    auto p = g.agent().rpc_sync<rref::RRef<Tensor>>(r, "param_rref");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->owner().id, r);
+    params.push_back(*p);
+  }
+  const optim::SgdOptions sgd{.lr = 0.1, .momentum = 0.9};
+  auto opt = optim::DistributedOptimizer::Create(g.agent(), sgd, params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+
+  std::vector<Tensor> expected;  // The local replay of each owner's steps.
+  for (int r = 1; r <= 2; ++r) {
+    auto w = g.agent().rpc_sync<Tensor>(r, "weight");
+    ASSERT_TRUE(w.ok()) << w.status();
+    expected.push_back(*w);
+  }
+  std::vector<optim::SgdState> states(2);
+  Tensor x = Leaf(-1), w0 = Leaf(0);
+  for (int it = 0; it < 2; ++it) {
+    ContextScope ctx(g.dist());
+    Tensor h = Layer0(x, w0);
+    auto y = g.agent().rpc_sync<Tensor>("worker1", "layer1", h);
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::Status s = g.dist().Backward(ctx.id(), {Loss(h, *y)});
+    ASSERT_TRUE(s.ok()) << s;
+    const int64_t id = static_cast<int64_t>(ctx.id().value());
+    for (int r = 1; r <= 2; ++r) {
+      auto grad = g.agent().rpc_sync<Tensor>(r, "grad", id);
+      ASSERT_TRUE(grad.ok()) << grad.status();
+      std::vector<Tensor> p = {expected[r - 1]};
+      ASSERT_TRUE(optim::SgdStep(p, {*grad}, states[r - 1], sgd).ok());
+    }
+    s = (*opt)->Step(ctx.id());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int r = 1; r <= 2; ++r) {
+    auto w = g.agent().rpc_sync<Tensor>(r, "weight");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(w->allclose(expected[r - 1], 1e-12, 1e-14)) << "worker" << r;
+    EXPECT_FALSE(w->allclose(Leaf(r), 1e-6)) << "worker" << r << " unchanged";
+  }
+  opt->reset();
+  params.clear();
+  ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
   for (size_t i = 0; i < g.pids().size(); ++i) {
     int status = g.Reap(i, absl::Seconds(60));
     ASSERT_TRUE(WIFEXITED(status)) << status;

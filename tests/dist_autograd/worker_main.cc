@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/dist/dist_autograd.h"
+#include "optim/distributed_optimizer.h"
 #include "rpc/grpc/init.h"
+#include "rref/rref.h"
 #include "tests/dist_autograd/model.h"
 
 namespace ferry::dist_autograd_test {
@@ -19,6 +21,8 @@ namespace {
 struct Worker {
   rpc::Agent* agent = nullptr;
   std::shared_ptr<autograd::dist::DistAutogradContainer> dist;
+  std::shared_ptr<rref::RRefContext> rrefs;
+  std::shared_ptr<optim::DistOptimizerService> optimizers;
   Tensor weight;
 };
 
@@ -46,6 +50,12 @@ absl::Status RegisterFunctions(int rank, std::shared_ptr<Worker> w,
         if (!g.defined()) return absl::NotFoundError("no gradient");
         return g;
       }));
+  // The weight as an RRef (for the DistributedOptimizer) and its value.
+  RETURN_IF_ERROR(registry.Register("param_rref", [w] {
+    return rref::MakeLocalRRef<Tensor>(*w->rrefs, w->weight);
+  }));
+  RETURN_IF_ERROR(registry.Register(
+      "weight", [w] { return autograd::Detach(w->weight).clone(); }));
   // Whether this worker knows the whole group yet (see the test's Start).
   RETURN_IF_ERROR(registry.Register("world_size", [w] {
     return static_cast<int64_t>(w->agent->world_size());
@@ -71,6 +81,9 @@ int Main() {
     w->agent = &agent;
     ASSIGN_OR_RETURN(w->dist,
                      autograd::dist::DistAutogradContainer::Install(agent));
+    ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Create(&agent));
+    ASSIGN_OR_RETURN(w->optimizers,
+                     optim::DistOptimizerService::Install(agent, w->dist));
     return absl::OkStatus();
   };
   auto agent = rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1, -1,
@@ -80,7 +93,7 @@ int Main() {
                  agent.status().ToString().c_str());
     return 1;
   }
-  absl::Status down = (*agent)->Shutdown(/*graceful=*/true, absl::Seconds(120));
+  absl::Status down = w->rrefs->Shutdown(absl::Seconds(120));
   if (!down.ok()) {
     std::fprintf(stderr, "worker%d shutdown: %s\n", rank,
                  down.ToString().c_str());
