@@ -1,486 +1,53 @@
 #include "rpc/agent.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <mutex>
-#include <set>
-#include <tuple>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
-#include "proto/admin.grpc.pb.h"
-#include "proto/rpc.grpc.pb.h"
-#include "rpc/envelope.h"
-#include "store/prefix_store.h"
 
 namespace ferry::rpc {
-namespace {
 
-constexpr char kCallMethod[] = "/ferry.rpc.v1.Worker/Call";
-constexpr char kVersion[] = "ferry 0.1";
-
-// gRPC's reflection and health services are switched on through process-wide
-// registration calls; doing it once is all they need.
-void EnableServerPlugins() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-    grpc::EnableDefaultHealthCheckService(true);
-  });
-}
-
-std::string HostOf(const std::string& address) {
-  size_t colon = address.rfind(':');
-  return colon == std::string::npos ? address : address.substr(0, colon);
-}
-
-}  // namespace
-
-struct RpcAgent::Peer {
-  WorkerInfo info;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<grpc::GenericStub> stub;
-};
-
-struct RpcAgent::OutgoingCall {
-  uint64_t id = 0;
-  std::string function;
-  std::string peer;
-  std::string peer_address;
-  absl::Duration timeout;
-  absl::Time start;
-  grpc::ClientContext context;
-  grpc::ByteBuffer request;
-  grpc::ByteBuffer response;
-  uint64_t bytes_out = 0;
-  Promise<Value> promise;
-};
-
-// ---------------------------------------------------------------------------
-// Server side.
-
-class RpcAgent::WorkerService final
-    : public ferry::rpc::v1::Worker::WithRawCallbackMethod_Call<
-          ferry::rpc::v1::Worker::Service> {
- public:
-  explicit WorkerService(RpcAgent* agent) : agent_(agent) {}
-
-  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* context,
-                                 const grpc::ByteBuffer* request,
-                                 grpc::ByteBuffer* response) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    const absl::Time start = absl::Now();
-    const std::string& me = agent_->self_.name;
-    absl::StatusOr<EnvelopeParts> parts = SplitEnvelope(*request);
-    ferry::rpc::v1::RpcRequest header;
-    if (parts.ok() && !header.ParseFromString(parts->header)) {
-      parts =
-          absl::InvalidArgumentError("envelope: malformed RpcRequest fields");
-    }
-    if (!parts.ok()) {
-      reactor->Finish(ToGrpcStatus(
-          Annotate(parts.status(), absl::StrCat("worker '", me, "'"))));
-      return reactor;
-    }
-    if (header.type() != ferry::rpc::v1::CALL) {
-      reactor->Finish(grpc::Status(
-          grpc::StatusCode::UNIMPLEMENTED,
-          absl::StrCat("worker '", me, "' does not serve message type ",
-                       ferry::rpc::v1::MessageType_Name(header.type()), " (",
-                       static_cast<int>(header.type()), ")")));
-      return reactor;
-    }
-    std::shared_ptr<const FunctionEntry> entry =
-        agent_->registry_->Find(header.function());
-    if (entry == nullptr) {
-      std::vector<std::string> names;
-      for (const auto& e : agent_->registry_->List()) names.push_back(e->name);
-      reactor->Finish(grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("worker '", me, "' has no function '", header.function(),
-                       "' (registered: ", absl::StrJoin(names, ", "), ")")));
-      agent_->stats_.Record(RpcStats::Direction::kIn, header.function(),
-                            absl::Now() - start, true, parts->total_bytes, 0);
-      return reactor;
-    }
-
-    CallContext ctx;
-    ctx.caller_name = header.caller_name();
-    ctx.caller_id = static_cast<int>(header.caller_id());
-    ctx.function = header.function();
-    ctx.request_id = header.request_id();
-    ctx.deadline = header.timeout_ms() > 0
-                       ? start + absl::Milliseconds(header.timeout_ms())
-                       : absl::InfiniteFuture();
-    const uint64_t bytes_in = parts->total_bytes;
-    auto payload = std::make_shared<EnvelopeParts>(*std::move(parts));
-
-    // The reply: encode the result and finish the RPC. Runs wherever the
-    // function's future completes.
-    Promise<Value> reply;
-    RpcAgent* agent = agent_;
-    std::string function = header.function();
-    reply.GetFuture().OnComplete([agent, reactor, response, start, bytes_in,
-                                  function](const Result<Value>& result) {
-      ferry::rpc::v1::RpcResponse out;
-      Value value;
-      if (result.ok()) {
-        value = *result;
-      } else {
-        out.set_error_code(static_cast<int>(result.status().code()));
-        out.set_error_message(std::string(result.status().message()));
-      }
-      absl::StatusOr<EncodedValue> encoded =
-          EncodeValue(value, agent->options_.wire_limits);
-      if (!encoded.ok()) {
-        agent->stats_.Record(RpcStats::Direction::kIn, function,
-                             absl::Now() - start, true, bytes_in, 0);
-        reactor->Finish(ToGrpcStatus(Annotate(
-            encoded.status(),
-            absl::StrCat("worker '", agent->self_.name,
-                         "' encoding the result of '", function, "'"))));
-        return;
-      }
-      const uint64_t bytes_out = encoded->total_bytes();
-      *response = EncodeEnvelope(out, *std::move(encoded));
-      agent->stats_.Record(RpcStats::Direction::kIn, function,
-                           absl::Now() - start, !result.ok(), bytes_in,
-                           bytes_out);
-      reactor->Finish(grpc::Status::OK);
-    });
-
-    absl::Status submitted = agent_->executor_->Submit(
-        [agent, ctx = std::move(ctx), payload, reply]() mutable {
-          absl::StatusOr<Value> args =
-              payload->payload.empty()
-                  ? absl::StatusOr<Value>(Value::FromList({}))
-                  : DecodeValue(absl::MakeConstSpan(payload->payload),
-                                agent->options_.wire_limits);
-          payload.reset();
-          if (!args.ok()) {
-            reply.SetError(Annotate(args.status(), "decoding the arguments"));
-            return;
-          }
-          agent->Serve(ctx, ctx.function, *std::move(args), reply);
-        },
-        [reply](const absl::Status& s) mutable { reply.SetError(s); });
-    if (!submitted.ok()) reply.SetError(submitted);
-    return reactor;
-  }
-
- private:
-  RpcAgent* const agent_;
-};
-
-class RpcAgent::AdminService final
-    : public ferry::admin::v1::Admin::CallbackService {
- public:
-  explicit AdminService(RpcAgent* agent) : agent_(agent) {}
-
-  grpc::ServerUnaryReactor* GetWorkerInfo(
-      grpc::CallbackServerContext* context,
-      const ferry::admin::v1::WorkerInfoRequest*,
-      ferry::admin::v1::WorkerInfo* out) override {
-    Fill(agent_->self_, out);
-    out->set_uptime_seconds(
-        absl::ToDoubleSeconds(absl::Now() - agent_->start_time_));
-    out->set_pid(static_cast<int>(getpid()));
-    return Done(context);
-  }
-
-  grpc::ServerUnaryReactor* ListWorkers(
-      grpc::CallbackServerContext* context,
-      const ferry::admin::v1::ListWorkersRequest*,
-      ferry::admin::v1::ListWorkersResponse* out) override {
-    for (const WorkerInfo& w : agent_->workers_) Fill(w, out->add_workers());
-    return Done(context);
-  }
-
-  grpc::ServerUnaryReactor* ListFunctions(
-      grpc::CallbackServerContext* context,
-      const ferry::admin::v1::ListFunctionsRequest*,
-      ferry::admin::v1::ListFunctionsResponse* out) override {
-    for (const auto& e : agent_->registry_->List()) {
-      auto* f = out->add_functions();
-      f->set_name(e->name);
-      f->set_signature(e->signature);
-      f->set_doc(e->doc);
-      f->set_is_async(e->is_async);
-    }
-    return Done(context);
-  }
-
-  grpc::ServerUnaryReactor* GetStats(
-      grpc::CallbackServerContext* context,
-      const ferry::admin::v1::GetStatsRequest*,
-      ferry::admin::v1::GetStatsResponse* out) override {
-    *out = agent_->stats_.Snapshot();
-    return Done(context);
-  }
-
- private:
-  void Fill(const WorkerInfo& w, ferry::admin::v1::WorkerInfo* out) {
-    out->set_name(w.name);
-    out->set_rank(w.id);
-    out->set_world_size(agent_->world_size());
-    out->set_address(w.address);
-    out->set_version(kVersion);
-  }
-  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context) {
-    grpc::ServerUnaryReactor* r = context->DefaultReactor();
-    r->Finish(grpc::Status::OK);
-    return r;
-  }
-
-  RpcAgent* const agent_;
-};
-
-// ---------------------------------------------------------------------------
-// Life cycle.
-
-RpcAgent::RpcAgent(std::string name, int rank, std::shared_ptr<Store> store,
-                   RpcAgentOptions options,
-                   std::shared_ptr<FunctionRegistry> registry)
+Agent::Agent(Options options, std::shared_ptr<FunctionRegistry> registry)
     : options_(std::move(options)),
-      store_(std::move(store)),
       registry_(registry ? std::move(registry)
-                         : std::make_shared<FunctionRegistry>()),
-      start_time_(absl::Now()) {
-  self_.name = std::move(name);
-  self_.id = rank;
+                         : std::make_shared<FunctionRegistry>()) {
+  handlers_[MessageType::kCall] = [this](Message request) {
+    return ServeCall(std::move(request));
+  };
 }
 
-absl::StatusOr<std::unique_ptr<RpcAgent>> RpcAgent::Start(
-    std::string name, int rank, int world_size, std::shared_ptr<Store> store,
-    RpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
-  if (name.empty() || name.find('\n') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker name '", name, "' is empty or contains a newline"));
-  }
-  if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("worker '", name, "': rank ",
-                                                   rank, " is outside [0, ",
-                                                   world_size, ")"));
-  }
-  if (store == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker '", name, "': no store"));
-  }
-  std::unique_ptr<RpcAgent> agent(
-      new RpcAgent(std::move(name), rank, std::move(store), std::move(options),
-                   std::move(registry)));
+Agent::~Agent() { StopExecutor(/*drain=*/false); }
+
+void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
+  workers_ = std::move(workers);
+  for (const WorkerInfo& w : workers_) ids_by_name_[w.name] = w.id;
+  joined_.store(true, std::memory_order_release);
+}
+
+void Agent::SetSelf(WorkerInfo self) {
+  self_ = std::move(self);
+  ids_ = std::make_unique<IdGenerator>(static_cast<uint16_t>(self_.id),
+                                       /*first_local=*/1);
   ThreadPoolExecutor::Options eo;
-  eo.name = absl::StrCat("rpc-", agent->self_.name);
-  eo.num_threads = std::max(1, agent->options_.num_worker_threads);
-  eo.max_queue = agent->options_.max_pending_calls;
-  eo.log_label = absl::StrCat(agent->self_.name, ":", rank);
-  agent->executor_ = std::make_unique<ThreadPoolExecutor>(std::move(eo));
-  RETURN_IF_ERROR(agent->StartServer());
-  absl::Status joined = agent->Rendezvous(world_size);
-  if (!joined.ok()) {
-    agent->Shutdown(/*graceful=*/false).IgnoreError();
-    return joined;
-  }
-  FERRY_LOG(INFO) << "worker '" << agent->self_.name << "' (rank " << rank
-                  << "/" << world_size << ") serving on "
-                  << agent->self_.address;
-  return agent;
+  eo.name = absl::StrCat("rpc-", self_.name);
+  eo.num_threads = std::max(1, options_.num_worker_threads);
+  eo.max_queue = options_.max_pending_calls;
+  eo.log_label = absl::StrCat(self_.name, ":", self_.id);
+  executor_ = std::make_unique<ThreadPoolExecutor>(std::move(eo));
 }
 
-absl::Status RpcAgent::StartServer() {
-  EnableServerPlugins();
-  worker_service_ = std::make_unique<WorkerService>(this);
-  admin_service_ = std::make_unique<AdminService>(this);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(options_.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  builder.SetMaxSendMessageSize(options_.max_message_bytes);
-  builder.RegisterService(worker_service_.get());
-  builder.RegisterService(admin_service_.get());
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("worker '", self_.name,
-                                               "' cannot listen on ",
-                                               options_.listen_address));
-  }
-  self_.address = absl::StrCat(HostOf(options_.listen_address), ":", port);
-  if (auto* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus("ferry.rpc.v1.Worker", true);
-    health->SetServingStatus("ferry.admin.v1.Admin", true);
-  }
-  return absl::OkStatus();
+void Agent::StopExecutor(bool drain) {
+  if (executor_ == nullptr) return;
+  executor_
+      ->Shutdown(drain ? ThreadPoolExecutor::ShutdownMode::kDrain
+                       : ThreadPoolExecutor::ShutdownMode::kCancelPending)
+      .IgnoreError();
 }
 
-absl::Status RpcAgent::Rendezvous(int world_size) {
-  PrefixStore store("rpc/", store_);
-  store.SetTimeout(options_.join_timeout);
-  const std::string who =
-      absl::StrCat("worker '", self_.name, "' (rank ", self_.id, ")");
-  ASSIGN_OR_RETURN(int64_t seq, store.Add("join_count", 1));
-  --seq;
-  RETURN_IF_ERROR(
-      store.Set(absl::StrCat("join/", seq),
-                absl::StrCat(self_.id, "\n", self_.name, "\n", self_.address)));
-  if (seq >= world_size) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(who, " joined a group of world size ", world_size,
-                     " that already has ", world_size, " workers"));
-  }
-  std::vector<std::string> keys;
-  for (int i = 0; i < world_size; ++i) keys.push_back(absl::StrCat("join/", i));
-  absl::Status waited = store.Wait(keys, options_.join_timeout);
-  if (!waited.ok()) {
-    return Annotate(waited, absl::StrCat(who, " waiting for ", world_size,
-                                         " workers to join"));
-  }
-  ASSIGN_OR_RETURN(std::vector<std::string> records, store.MultiGet(keys));
-
-  // Parse, then check in rank order so every worker reports the same thing.
-  std::vector<WorkerInfo> joined;
-  std::vector<std::string> problems;
-  for (const std::string& r : records) {
-    std::vector<std::string> f = absl::StrSplit(r, absl::MaxSplits('\n', 2));
-    int rank;
-    if (f.size() != 3 || !absl::SimpleAtoi(f[0], &rank) || rank < 0 ||
-        rank >= world_size) {
-      problems.push_back(absl::StrCat("malformed join record '", r, "'"));
-      continue;
-    }
-    joined.push_back(WorkerInfo{f[1], rank, f[2]});
-  }
-  std::sort(joined.begin(), joined.end(),
-            [](const WorkerInfo& a, const WorkerInfo& b) {
-              return std::tie(a.id, a.name) < std::tie(b.id, b.name);
-            });
-  std::vector<WorkerInfo> by_rank(world_size);
-  std::map<std::string, int> names;
-  for (WorkerInfo& w : joined) {
-    if (!by_rank[w.id].name.empty()) {
-      problems.push_back(absl::StrCat("rank ", w.id, " is claimed by workers '",
-                                      by_rank[w.id].name, "' and '", w.name,
-                                      "'"));
-      continue;
-    }
-    auto [it, fresh] = names.emplace(w.name, w.id);
-    if (!fresh) {
-      problems.push_back(absl::StrCat("worker name '", w.name,
-                                      "' is used by ranks ", it->second,
-                                      " and ", w.id));
-    }
-    by_rank[w.id] = std::move(w);
-  }
-  for (int i = 0; i < world_size; ++i) {
-    if (by_rank[i].name.empty())
-      problems.push_back(absl::StrCat("no worker has rank ", i));
-  }
-  if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": invalid worker group: ", absl::StrJoin(problems, "; ")));
-  }
-
-  workers_ = std::move(by_rank);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-  args.SetMaxSendMessageSize(options_.max_message_bytes);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  for (const WorkerInfo& w : workers_) {
-    ids_by_name_[w.name] = w.id;
-    auto peer = std::make_shared<Peer>();
-    peer->info = w;
-    peer->channel = grpc::CreateCustomChannel(
-        w.address, grpc::InsecureChannelCredentials(), args);
-    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-    peers_.push_back(std::move(peer));
-  }
-  return absl::OkStatus();
-}
-
-RpcAgent::~RpcAgent() { Shutdown(/*graceful=*/false).IgnoreError(); }
-
-absl::Status RpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
-  MutexLock serial(&shutdown_mu_);
-  {
-    MutexLock lock(&mu_);
-    if (shut_down_) return absl::OkStatus();
-  }
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Status result;
-  if (graceful) {
-    // 1. Our own calls finish while every peer still serves.
-    {
-      MutexLock lock(&mu_);
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return outgoing_.empty();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-        result = absl::DeadlineExceededError(absl::StrCat(
-            "worker '", self_.name, "' shutdown: ", outgoing_.size(),
-            " outgoing calls still running after ",
-            absl::FormatDuration(timeout)));
-      }
-    }
-    // 2. Meet everyone: after this no worker issues new calls.
-    if (result.ok()) {
-      PrefixStore store("rpc/", store_);
-      absl::StatusOr<int64_t> n = store.Add("shutdown_count", 1);
-      absl::Status s = n.status();
-      if (s.ok() && *n == world_size()) s = store.Set("shutdown_done", "1");
-      if (s.ok())
-        s = store.Wait({std::string("shutdown_done")}, deadline - absl::Now());
-      if (!s.ok())
-        result = Annotate(
-            s, absl::StrCat("worker '", self_.name, "' shutdown barrier"));
-    }
-  }
-  // 3. Stop: fail what is still outgoing, drain (or cut) what we serve.
-  if (server_ != nullptr) {
-    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
-  }
-  {
-    MutexLock lock(&mu_);
-    shutting_down_ = true;
-    for (auto& [id, call] : outgoing_) call->context.TryCancel();
-  }
-  if (server_ != nullptr) {
-    server_->Shutdown(
-        absl::ToChronoTime(graceful && result.ok() ? deadline : absl::Now()));
-    server_->Wait();
-  }
-  if (executor_ != nullptr) {
-    executor_
-        ->Shutdown(graceful ? ThreadPoolExecutor::ShutdownMode::kDrain
-                            : ThreadPoolExecutor::ShutdownMode::kCancelPending)
-        .IgnoreError();
-  }
-  {
-    MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return outgoing_.empty();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
-    shut_down_ = true;
-  }
-  return result;
-}
-
-// ---------------------------------------------------------------------------
-// Calls.
-
-absl::StatusOr<WorkerInfo> RpcAgent::GetWorkerInfo(const WorkerRef& ref) const {
+absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
   if (const int* id = std::get_if<int>(&ref.ref())) {
     if (*id < 0 || *id >= world_size()) {
       return absl::NotFoundError(absl::StrCat(
@@ -500,157 +67,227 @@ absl::StatusOr<WorkerInfo> RpcAgent::GetWorkerInfo(const WorkerRef& ref) const {
   return workers_[it->second];
 }
 
-absl::StatusOr<std::shared_ptr<RpcAgent::Peer>> RpcAgent::PeerFor(
-    const WorkerRef& to) {
-  ASSIGN_OR_RETURN(WorkerInfo info, GetWorkerInfo(to));
-  return peers_[info.id];
+WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
+  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() &&
+      workers_[id].name == name) {
+    return workers_[id];
+  }
+  return WorkerInfo{name, id, ""};
 }
 
-Future<Value> RpcAgent::CallAsync(const WorkerRef& to,
-                                  const std::string& function, Value::List args,
-                                  std::optional<absl::Duration> timeout) {
-  absl::StatusOr<std::shared_ptr<Peer>> peer = PeerFor(to);
+absl::Status Agent::RegisterHandler(MessageType type, Handler handler) {
+  if (type == MessageType::kUnspecified || handler == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", self_.name, "': cannot register a handler for ",
+        MessageTypeName(type)));
+  }
+  MutexLock lock(&mu_);
+  auto [it, fresh] = handlers_.emplace(type, std::move(handler));
+  if (!fresh) {
+    return absl::AlreadyExistsError(absl::StrCat("worker '", self_.name,
+                                                 "' already has a handler for ",
+                                                 MessageTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+bool Agent::HasHandler(MessageType type) const {
+  MutexLock lock(&mu_);
+  return handlers_.count(type) > 0;
+}
+
+Handler Agent::FindHandler(MessageType type) const {
+  MutexLock lock(&mu_);
+  auto it = handlers_.find(type);
+  return it == handlers_.end() ? nullptr : it->second;
+}
+
+void Agent::AddInterceptor(Interceptor interceptor) {
+  MutexLock lock(&mu_);
+  auto list = interceptors_
+                  ? std::make_shared<std::vector<Interceptor>>(*interceptors_)
+                  : std::make_shared<std::vector<Interceptor>>();
+  list->push_back(std::move(interceptor));
+  interceptors_ = std::move(list);
+}
+
+Agent::InterceptorList Agent::Interceptors() const {
+  MutexLock lock(&mu_);
+  return interceptors_;
+}
+
+absl::Status Agent::Intercept(const InterceptorList& list, InterceptPoint point,
+                              const WorkerInfo& peer, Message& message) {
+  if (list == nullptr) return absl::OkStatus();
+  for (const Interceptor& i : *list) {
+    RETURN_IF_ERROR(i(point, peer, message));
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Sending.
+
+Future<Message> Agent::Send(const WorkerRef& to, Message message,
+                            std::optional<absl::Duration> timeout) {
+  absl::StatusOr<WorkerInfo> peer = GetWorkerInfo(to);
   if (!peer.ok()) {
-    return MakeErrorFuture<Value>(
-        Annotate(peer.status(), absl::StrCat("calling '", function, "'")));
+    std::string what = message.type == MessageType::kCall
+                           ? absl::StrCat("calling '", message.function, "'")
+                           : absl::StrCat("sending ", message.DebugString());
+    return MakeErrorFuture<Message>(Annotate(peer.status(), what));
   }
+  absl::StatusOr<GlobalId> id = ids_->Next();
+  if (!id.ok()) return MakeErrorFuture<Message>(id.status());
   const absl::Duration limit = timeout.value_or(options_.rpc_timeout);
-  auto call = std::make_unique<OutgoingCall>();
-  call->id = next_request_id_.fetch_add(1);
-  call->function = function;
-  call->peer = (*peer)->info.name;
-  call->peer_address = (*peer)->info.address;
-  call->timeout = limit;
-  call->start = absl::Now();
-
-  ferry::rpc::v1::RpcRequest header;
-  header.set_type(ferry::rpc::v1::CALL);
-  header.set_function(function);
-  header.set_caller_id(static_cast<uint32_t>(self_.id));
-  header.set_caller_name(self_.name);
-  header.set_request_id(call->id);
-  header.set_timeout_ms(absl::ToInt64Milliseconds(limit));
-  absl::StatusOr<EncodedValue> encoded =
-      EncodeValue(Value::FromList(std::move(args)), options_.wire_limits);
-  if (!encoded.ok()) {
-    return MakeErrorFuture<Value>(Annotate(
-        encoded.status(), absl::StrCat("encoding the arguments of '", function,
-                                       "' for worker '", call->peer, "'")));
+  message.id = *id;
+  message.caller_name = self_.name;
+  message.caller_id = self_.id;
+  message.deadline = limit == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                                       : absl::Now() + limit;
+  for (const auto& [k, v] : CurrentContext()) message.context.emplace(k, v);
+  InterceptorList interceptors = Interceptors();
+  if (interceptors == nullptr) {
+    return Transmit(*peer, std::move(message), limit);
   }
-  call->bytes_out = encoded->total_bytes();
-  call->request = EncodeEnvelope(header, *std::move(encoded));
-  if (limit != absl::InfiniteDuration()) {
-    call->context.set_deadline(absl::ToChronoTime(call->start + limit));
-  }
-  Future<Value> result = call->promise.GetFuture();
-  OutgoingCall* raw = call.get();
-  {
-    MutexLock lock(&mu_);
-    if (shutting_down_) {
-      return MakeErrorFuture<Value>(absl::UnavailableError(
-          absl::StrCat("worker '", self_.name, "' is shut down; cannot call '",
-                       function, "' on worker '", raw->peer, "'")));
-    }
-    outgoing_.emplace(raw->id, call.release());
-  }
-  (*peer)->stub->UnaryCall(
-      &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
-      &raw->response,
-      [this, raw](grpc::Status status) { CallDone(raw, status); });
-  return result;
+  absl::Status s =
+      Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
+  if (!s.ok()) return MakeErrorFuture<Message>(s);
+  return Transmit(*peer, std::move(message), limit)
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
+                const Result<Message>& reply) -> absl::StatusOr<Message> {
+        if (!reply.ok()) return reply.status();
+        Message m = *reply;
+        RETURN_IF_ERROR(
+            Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
+        return m;
+      });
 }
 
-void RpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
-  std::unique_ptr<OutgoingCall> call(raw);
-  const std::string where =
-      absl::StrCat("worker '", call->peer, "' function '", call->function, "'");
-  absl::StatusOr<Value> result;
-  uint64_t bytes_in = 0;
-  if (status.ok()) {
-    absl::StatusOr<EnvelopeParts> parts = SplitEnvelope(call->response);
-    ferry::rpc::v1::RpcResponse header;
-    if (parts.ok() && !header.ParseFromString(parts->header)) {
-      parts =
-          absl::InvalidArgumentError("envelope: malformed RpcResponse fields");
-    }
-    if (!parts.ok()) {
-      result = Annotate(parts.status(), absl::StrCat("reply from ", where));
-    } else if (header.error_code() != 0) {
-      int code = header.error_code();
-      result = absl::Status(code > 0 && code <= 16
-                                ? static_cast<absl::StatusCode>(code)
-                                : absl::StatusCode::kUnknown,
-                            absl::StrCat(where, ": ", header.error_message()));
-    } else {
-      bytes_in = parts->total_bytes;
-      result = parts->payload.empty()
-                   ? absl::StatusOr<Value>(Value::None())
-                   : DecodeValue(absl::MakeConstSpan(parts->payload),
-                                 options_.wire_limits);
-      if (!result.ok())
-        result = Annotate(result.status(), absl::StrCat("reply from ", where));
-    }
-  } else {
-    absl::Status s = FromGrpcStatus(status);
-    switch (status.error_code()) {
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
-        result = absl::DeadlineExceededError(absl::StrCat(
-            "call to ", where, " timed out after ",
-            absl::FormatDuration(call->timeout), " (request ", call->id, ")"));
-        break;
-      case grpc::StatusCode::UNAVAILABLE:
-        result = absl::UnavailableError(
-            absl::StrCat(where, " at ", call->peer_address,
-                         " is unavailable: ", s.message()));
-        break;
-      case grpc::StatusCode::CANCELLED:
-        result = absl::CancelledError(
-            absl::StrCat("call to ", where, " cancelled (worker '", self_.name,
-                         "' shutting down)"));
-        break;
-      case grpc::StatusCode::RESOURCE_EXHAUSTED:
-        result = absl::ResourceExhaustedError(absl::StrCat(
-            "call to ", where, ": ", s.message(), " (message limit ",
-            options_.max_message_bytes, " bytes)"));
-        break;
-      default:
-        // Agent-level errors from the peer already name it.
-        result = absl::Status(
-            s.code(),
-            absl::StrCat("calling '", call->function, "': ", s.message()));
-    }
-  }
-  stats_.Record(RpcStats::Direction::kOut, call->function,
-                absl::Now() - call->start, !result.ok(), bytes_in,
-                call->bytes_out);
-  Promise<Value> promise = call->promise;
-  {
-    MutexLock lock(&mu_);
-    outgoing_.erase(call->id);
-  }
-  call.reset();
-  // Completed here, on gRPC's callback thread: completing on the executor
-  // could deadlock when every executor thread is a function blocked in
-  // rpc_sync waiting for exactly this completion.
-  promise.Set(std::move(result));
+Future<Value> Agent::CallAsync(const WorkerRef& to, const std::string& function,
+                               Value::List args,
+                               std::optional<absl::Duration> timeout) {
+  Message m;
+  m.type = MessageType::kCall;
+  m.function = function;
+  m.payload = Value::FromList(std::move(args));
+  return Send(to, std::move(m), timeout)
+      .Then([](const Result<Message>& reply) -> absl::StatusOr<Value> {
+        if (!reply.ok()) return reply.status();
+        return reply->payload;
+      });
 }
 
-void RpcAgent::Serve(const CallContext& ctx, const std::string& function,
-                     Value args, Promise<Value> reply) {
-  if (absl::Now() > ctx.deadline) {
-    reply.SetError(absl::DeadlineExceededError(absl::StrCat(
-        "the caller's deadline passed before '", function, "' started")));
+// ---------------------------------------------------------------------------
+// Receiving.
+
+Future<Message> Agent::Dispatch(Message request) {
+  const MessageType type = request.type;
+  return Dispatch(type, [request = std::move(request)]() mutable {
+    return absl::StatusOr<Message>(std::move(request));
+  });
+}
+
+Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
+  Handler handler = FindHandler(type);
+  if (handler == nullptr) {
+    return MakeErrorFuture<Message>(absl::UnimplementedError(absl::StrCat(
+        "worker '", self_.name, "' does not serve message type ",
+        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")")));
+  }
+  Promise<Message> reply;
+  Future<Message> out = reply.GetFuture();
+  absl::Status submitted = executor_->Submit(
+      [this, handler = std::move(handler), receive = std::move(receive),
+       reply]() mutable {
+        RunHandler(std::move(handler), receive(), std::move(reply));
+      },
+      [reply](const absl::Status& s) mutable { reply.SetError(s); });
+  if (!submitted.ok()) {
+    reply.SetError(Annotate(submitted, absl::StrCat("worker '", self_.name,
+                                                    "' queueing a request")));
+  }
+  return out;
+}
+
+void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
+                       Promise<Message> reply) {
+  if (!received.ok()) {
+    reply.SetError(received.status());
     return;
   }
-  std::shared_ptr<const FunctionEntry> entry = registry_->Find(function);
-  if (entry == nullptr) {
-    reply.SetError(
-        absl::NotFoundError(absl::StrCat("no function '", function, "'")));
-    return;
-  }
+  Message request = *std::move(received);
+  ScopedContext context(request.context);
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
-  entry->fn(ctx, args).OnComplete(
-      [reply](const Result<Value>& r) mutable { reply.Set(r); });
+  if (absl::Now() > request.deadline) {
+    reply.SetError(absl::DeadlineExceededError(absl::StrCat(
+        "the caller's deadline passed before ", request.DebugString(),
+        " started on worker '", self_.name, "'")));
+    return;
+  }
+  InterceptorList interceptors = Interceptors();
+  WorkerInfo peer;
+  if (interceptors != nullptr) {
+    peer = PeerInfo(request.caller_id, request.caller_name);
+    absl::Status s =
+        Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
+    if (!s.ok()) {
+      reply.SetError(s);
+      return;
+    }
+  }
+  const GlobalId id = request.id;
+  const MessageType type = request.type;
+  handler(std::move(request))
+      .OnComplete([reply, interceptors = std::move(interceptors),
+                   peer = std::move(peer), id,
+                   type](const Result<Message>& r) mutable {
+        if (!r.ok()) {
+          reply.SetError(r.status());
+          return;
+        }
+        Message m = *r;
+        m.id = id;
+        if (m.type == MessageType::kUnspecified) m.type = type;
+        absl::Status s =
+            Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
+        if (!s.ok()) {
+          reply.SetError(s);
+          return;
+        }
+        reply.SetValue(std::move(m));
+      });
+}
+
+Future<Message> Agent::ServeCall(Message request) {
+  std::shared_ptr<const FunctionEntry> entry =
+      registry_->Find(request.function);
+  if (entry == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& e : registry_->List()) names.push_back(e->name);
+    return MakeErrorFuture<Message>(absl::NotFoundError(absl::StrCat(
+        "worker '", self_.name, "' has no function '", request.function,
+        "' (registered: ", absl::StrJoin(names, ", "), ")")));
+  }
+  CallContext ctx;
+  ctx.caller_name = request.caller_name;
+  ctx.caller_id = request.caller_id;
+  ctx.function = request.function;
+  ctx.request_id = request.id.value();
+  ctx.deadline = request.deadline;
+  return entry->fn(ctx, request.payload)
+      .Then([self = self_.name, function = request.function](
+                const Result<Value>& r) -> absl::StatusOr<Message> {
+        if (!r.ok()) {
+          return absl::Status(
+              r.status().code(),
+              absl::StrCat("worker '", self, "' function '", function,
+                           "': ", r.status().message()));
+        }
+        Message reply;
+        reply.payload = *r;
+        return reply;
+      });
 }
 
 }  // namespace ferry::rpc

@@ -1,73 +1,79 @@
-// RpcAgent: a named worker that serves registered functions over gRPC and
-// calls other workers' functions (rpc_sync / rpc_async).
+// Agent: a named worker of a group that exchanges Messages with the others.
+// The transport-free seam of rpc/: the gRPC agent (rpc/grpc/) and the
+// in-process test agent (rpc/testing/) implement it; rref/, autograd/ and
+// user code see only this header.
 //
-// Start-up (Start): the agent starts its gRPC server (127.0.0.1, port 0 by
-// default), publishes {name, rank, address} in the store, waits until all
-// `world_size` workers have joined, and checks the group: names unique, ranks
-// exactly 0..world_size-1. Every worker sees the same records, so a duplicate
-// name or rank is reported by every worker, naming the culprits.
+// Sending: Send(to, message, timeout) delivers a request and completes with
+// the peer's reply. Receiving: RegisterHandler(type, handler) serves one
+// MessageType. Handlers run on the agent's executor (never on a transport
+// thread), may block (e.g. in a nested rpc_sync), and may reply later by
+// returning a pending Future. kCall is served by the built-in handler that
+// runs FunctionRegistry functions: rpc_sync / rpc_async are a client of Send.
 //
-// Calls: user functions run on the agent's executor, never on gRPC's threads,
-// and may block (e.g. in a nested rpc_sync). The futures rpc_async returns
-// complete on gRPC's callback thread: a continuation attached with Then or
-// OnComplete must not block; to do blocking work, hand it to an executor.
-// Tensors travel with the zero-copy wire encoding.
+// Interceptors see every message in both directions, with its tensors, and
+// may edit it or fail it; distributed autograd records send/recv nodes there.
+// The thread-local context (rpc/context.h) travels with every Send and is
+// installed while the handler runs.
 //
-// Graceful Shutdown is collective: every worker of the group must call it
-// (concurrently, from its own thread or process), as in torch.distributed.rpc.
+// Futures returned by Send / rpc_async complete on a transport thread: a
+// continuation attached with Then or OnComplete must not block; hand blocking
+// work to an executor.
 //
-// Errors are values naming the worker and function:
+// Deadlines: Send's timeout (default Options::rpc_timeout) bounds the whole
+// exchange. The transport sends the remaining time; the callee's deadline
+// (Message::deadline, CallContext::deadline) is its receive time plus that.
+// A handler whose deadline passed before it started is not run.
+//
+// Errors are values naming the worker and function (or message type):
 //   NotFound          unknown function / worker name or id
-//   InvalidArgument   wrong argument count or types, malformed envelope
-//   DeadlineExceeded  the call's timeout (default Options::rpc_timeout) passed
-//   Unavailable       the peer is unreachable or died mid-call
+//   InvalidArgument   wrong argument count or types, malformed message
+//   Unimplemented     the peer has no handler for the message type
+//   DeadlineExceeded  the timeout passed
+//   Unavailable       the peer is unreachable, dead, or this agent shut down
 //   Cancelled         non-graceful shutdown with the call in flight
-//   <any>             the function's own error, with its code
+//   <any>             the handler's / function's own error, with its code
 //
-// Shutdown(graceful=true): waits for this worker's outgoing calls, then meets
-// every worker in the store (a barrier), then stops the server (draining the
-// calls it is serving) and the executor. Shutdown(graceful=false) fails
-// outgoing calls with Cancelled and stops at once. Idempotent; the destructor
-// does a non-graceful shutdown if none happened.
+// Shutdown(graceful=true) is collective: every worker of the group calls it
+// (each from its own thread or process). It waits for this worker's outgoing
+// calls, meets every worker, then stops serving. Shutdown(graceful=false)
+// fails outgoing calls with Cancelled and stops at once. Idempotent.
 //
-// Several agents may live in one process (each has its own server, executor
-// and channels; nothing is process-wide).
-//
-// Thread safety: all public methods are safe from any thread, including from
-// functions the agent is running.
+// Several agents may live in one process; nothing is process-wide.
+// Thread safety: every public method is safe from any thread, including from
+// handlers the agent is running.
 #ifndef FERRY_RPC_AGENT_H_
 #define FERRY_RPC_AGENT_H_
 
-#include <grpcpp/grpcpp.h>
-
 #include <atomic>
-#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/executor.h"
 #include "common/future.h"
+#include "common/ids.h"
 #include "common/sync.h"
+#include "rpc/context.h"
 #include "rpc/function_registry.h"
-#include "rpc/stats.h"
-#include "store/store.h"
+#include "rpc/message.h"
 #include "tensor/value.h"
-#include "tensor/wire.h"
 
 namespace ferry::rpc {
 
 struct WorkerInfo {
   std::string name;
-  int id = -1;  // The rank.
-  std::string address;
+  int id = -1;          // The rank.
+  std::string address;  // Transport-specific ("127.0.0.1:port" for gRPC).
 };
 
 // Names a peer: by name, id (rank) or WorkerInfo.
@@ -83,43 +89,65 @@ class WorkerRef {
   std::variant<std::string, int> ref_;
 };
 
-struct RpcAgentOptions {
-  int num_worker_threads = 16;
-  absl::Duration rpc_timeout = absl::Seconds(60);
-  // How long Start waits for the other workers (store rendezvous).
-  absl::Duration join_timeout = absl::Seconds(300);
-  // Largest message sent or received (bytes). gRPC's own ceiling is 2 GiB - 1.
-  int max_message_bytes = 0x7fffffff;
-  std::string listen_address = "127.0.0.1:0";
-  // Queue bound of the executor running functions.
-  size_t max_pending_calls = 1 << 16;
-  WireLimits wire_limits;
+// Serves one request. Runs on the agent's executor with the request's context
+// installed. The reply's id and type default to the request's.
+using Handler = std::function<Future<Message>(Message request)>;
+
+// Where an interceptor sees a message.
+enum class InterceptPoint {
+  kSendRequest,     // Caller, in Send, on the sending thread.
+  kReceiveRequest,  // Callee, on the executor, before the handler.
+  kSendReply,       // Callee, when the handler's reply is ready.
+  kReceiveReply,    // Caller, before Send's future completes.
 };
 
-class RpcAgent {
- public:
-  // Starts a worker. `store` is shared by every worker of the group (its keys
-  // live under "rpc/"). `registry` may be shared with other agents; null
-  // creates one. Register functions peers call right away before Start.
-  static absl::StatusOr<std::unique_ptr<RpcAgent>> Start(
-      std::string name, int rank, int world_size, std::shared_ptr<Store> store,
-      RpcAgentOptions options = {},
-      std::shared_ptr<FunctionRegistry> registry = nullptr);
+// `peer` is the other end of the exchange. May edit `message`; an error fails
+// the exchange with that error (the handler does not run / the caller gets
+// it). Must not block.
+using Interceptor = std::function<absl::Status(
+    InterceptPoint point, const WorkerInfo& peer, Message& message)>;
 
-  ~RpcAgent();
-  RpcAgent(const RpcAgent&) = delete;
-  RpcAgent& operator=(const RpcAgent&) = delete;
+class Agent {
+ public:
+  struct Options {
+    int num_worker_threads = 16;
+    absl::Duration rpc_timeout = absl::Seconds(60);
+    // Queue bound of the executor running handlers.
+    size_t max_pending_calls = 1 << 16;
+  };
+
+  virtual ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  const WorkerInfo& self() const { return self_; }
+  int world_size() const { return static_cast<int>(workers_.size()); }
+  absl::StatusOr<WorkerInfo> GetWorkerInfo(const WorkerRef& ref) const;
+  const std::vector<WorkerInfo>& GetWorkerInfos() const { return workers_; }
+
+  // --- The message seam. ---
+
+  // Sends `message` to `to`; completes with the reply or an error naming the
+  // peer. Fills in id, caller, deadline (now + timeout; nullopt means
+  // Options::rpc_timeout) and the current thread's context.
+  Future<Message> Send(const WorkerRef& to, Message message,
+                       std::optional<absl::Duration> timeout = std::nullopt);
+
+  // Serves `type`. AlreadyExists if taken (kCall is built in); InvalidArgument
+  // for kUnspecified. Register before peers send that type.
+  absl::Status RegisterHandler(MessageType type, Handler handler);
+  bool HasHandler(MessageType type) const;
+
+  // Adds an interceptor; interceptors run in the order added.
+  void AddInterceptor(Interceptor interceptor);
+
+  // --- Functions (the kCall client). ---
 
   FunctionRegistry& registry() { return *registry_; }
   template <typename F>
   absl::Status Register(std::string name, F f, std::string doc = "") {
     return registry_->Register(std::move(name), std::move(f), std::move(doc));
   }
-
-  const WorkerInfo& self() const { return self_; }
-  int world_size() const { return static_cast<int>(workers_.size()); }
-  absl::StatusOr<WorkerInfo> GetWorkerInfo(const WorkerRef& ref) const;
-  const std::vector<WorkerInfo>& GetWorkerInfos() const { return workers_; }
 
   // Calls `function` on `to` with `args` (a list). The untyped core of
   // rpc_async; `timeout` nullopt means Options::rpc_timeout.
@@ -154,26 +182,47 @@ class RpcAgent {
   }
 
   // See the header comment. `timeout` bounds the whole shutdown.
-  absl::Status Shutdown(bool graceful = true,
-                        absl::Duration timeout = absl::Seconds(60));
+  virtual absl::Status Shutdown(bool graceful = true,
+                                absl::Duration timeout = absl::Seconds(60)) = 0;
 
-  // The gRPC address this worker serves on ("127.0.0.1:port").
-  const std::string& address() const { return self_.address; }
+ protected:
+  // `registry` may be shared with other agents; null creates one.
+  Agent(Options options, std::shared_ptr<FunctionRegistry> registry);
 
-  const RpcStats& stats() const { return stats_; }
+  // Names this worker and starts the executor; once, before any Dispatch.
+  void SetSelf(WorkerInfo self);
+  // Sets the group, indexed by id (self among them); once, before any Send.
+  // Handlers may already run (a fast peer); they see the group once set.
+  void SetWorkers(std::vector<WorkerInfo> workers);
+  // Both at once.
+  void Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
+    SetSelf(std::move(self));
+    SetWorkers(std::move(workers));
+  }
+
+  // Transport: deliver `request` (fully filled in) to `to` and complete with
+  // the reply, or with an error naming the peer and request (DescribeTarget).
+  // `timeout` is the caller's full timeout, for error texts; the deadline is
+  // request.deadline. Called on the sender's thread; must not block.
+  virtual Future<Message> Transmit(const WorkerInfo& to, Message request,
+                                   absl::Duration timeout) = 0;
+
+  // Transport: serves a received request (deadline already converted to the
+  // local clock). Runs the interceptors and the handler on the executor;
+  // the future completes with the reply (interceptors run) or the error.
+  Future<Message> Dispatch(Message request);
+  // The same, with the request produced on the executor by `receive` (e.g.
+  // decoding bytes off a transport thread). An error from `receive` is the
+  // reply. `type` selects the handler (Unimplemented when there is none).
+  using Receiver = absl::AnyInvocable<absl::StatusOr<Message>()>;
+  Future<Message> Dispatch(MessageType type, Receiver receive);
+
+  // Stops the executor (draining or cancelling queued handlers). Idempotent.
+  void StopExecutor(bool drain);
+
+  const Options& options() const { return options_; }
 
  private:
-  class WorkerService;
-  class AdminService;
-  struct Peer;
-  struct OutgoingCall;
-
-  RpcAgent(std::string name, int rank, std::shared_ptr<Store> store,
-           RpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry);
-
-  absl::Status StartServer();
-  absl::Status Rendezvous(int world_size);
-
   template <typename R>
   static Future<R> Typed(Future<Value> f) {
     if constexpr (std::is_same_v<R, Value>) {
@@ -189,37 +238,33 @@ class RpcAgent {
     }
   }
 
-  // Serves one incoming request (on the executor).
-  void Serve(const CallContext& ctx, const std::string& function, Value args,
-             Promise<Value> reply);
+  // Copy-on-write, so a message keeps the list it started with and a
+  // reply arriving late never touches the agent.
+  using InterceptorList = std::shared_ptr<const std::vector<Interceptor>>;
+  InterceptorList Interceptors() const;
+  static absl::Status Intercept(const InterceptorList& list,
+                                InterceptPoint point, const WorkerInfo& peer,
+                                Message& message);
+  Handler FindHandler(MessageType type) const;
+  void RunHandler(Handler handler, absl::StatusOr<Message> request,
+                  Promise<Message> reply);
+  Future<Message> ServeCall(Message request);
+  WorkerInfo PeerInfo(int id, const std::string& name) const;
 
-  void CallDone(OutgoingCall* call, const grpc::Status& status);
-
-  absl::StatusOr<std::shared_ptr<Peer>> PeerFor(const WorkerRef& to);
-
-  const RpcAgentOptions options_;
-  const std::shared_ptr<Store> store_;
+  const Options options_;
   const std::shared_ptr<FunctionRegistry> registry_;
-  const absl::Time start_time_;
+  // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
+  // read workers_ only once joined_ is set.
   WorkerInfo self_;
-  // Written once by Rendezvous, before any call; read-only afterwards.
   std::vector<WorkerInfo> workers_;
   std::map<std::string, int> ids_by_name_;
-  std::vector<std::shared_ptr<Peer>> peers_;
-
-  RpcStats stats_;
+  std::atomic<bool> joined_{false};
+  std::unique_ptr<IdGenerator> ids_;
   std::unique_ptr<ThreadPoolExecutor> executor_;
-  std::unique_ptr<WorkerService> worker_service_;
-  std::unique_ptr<AdminService> admin_service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::atomic<uint64_t> next_request_id_{1};
 
-  Mutex mu_;
-  // Outgoing calls not yet completed; Shutdown waits for or cancels them.
-  std::map<uint64_t, OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  mutable Mutex mu_;
+  std::map<MessageType, Handler> handlers_ ABSL_GUARDED_BY(mu_);
+  InterceptorList interceptors_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

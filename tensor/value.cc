@@ -77,10 +77,10 @@ std::string Value::DebugString() const {
           "}");
     case Kind::kRRef: {
       const RRefHandle& r = *if_rref();
-      return absl::StrCat("RRef(owner=", r.owner_id,
-                          ", id=", r.rref_id.creator_id, ":",
-                          r.rref_id.local_id, ", fork=", r.fork_id.creator_id,
-                          ":", r.fork_id.local_id, ", type=", r.type_name, ")");
+      return absl::StrCat("RRef(owner=", r.owner_id, ", id=",
+                          r.rref_id.worker_id(), ":", r.rref_id.local_id(),
+                          ", fork=", r.fork_id.worker_id(), ":",
+                          r.fork_id.local_id(), ", type=", r.type_name, ")");
     }
     case Kind::kMessage:
       return absl::StrCat("<", if_message()->type_name, ">");

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -39,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/ids.h"
 #include "common/status.h"
 #include "google/protobuf/message.h"
 #include "tensor/tensor.h"
@@ -53,24 +55,19 @@ struct Bytes {
   }
 };
 
-// Identity of an RRef or of one fork of it: (creating worker, local counter).
-struct GloballyUniqueId {
-  int64_t creator_id = 0;
-  int64_t local_id = 0;
-  friend bool operator==(const GloballyUniqueId& a, const GloballyUniqueId& b) {
-    return a.creator_id == b.creator_id && a.local_id == b.local_id;
-  }
-};
-
 // The serialized form of a reference to a remote value. Its meaning belongs
 // to the RRef layer; this layer only carries it. `extra` is free for that
 // layer's own fields.
 struct RRefHandle {
   int64_t owner_id = 0;
-  GloballyUniqueId rref_id;
-  GloballyUniqueId fork_id;
+  GlobalId rref_id;  // common/ids.h: creating worker + counter.
+  GlobalId fork_id;
   std::string type_name;
   std::string extra;
+  // The RRef layer's reference held by this worker while the handle sits in
+  // a Value (keeps the RRef alive until the handle is sent or dropped).
+  // Never encoded, copied by sharing, ignored by ==.
+  std::shared_ptr<void> local = nullptr;
   friend bool operator==(const RRefHandle& a, const RRefHandle& b) {
     return a.owner_id == b.owner_id && a.rref_id == b.rref_id &&
            a.fork_id == b.fork_id && a.type_name == b.type_name &&

@@ -73,7 +73,7 @@ TEST(ValueTest, TensorIsSharedNotCopied) {
 }
 
 TEST(ValueTest, RRefAndMessages) {
-  RRefHandle r{1, {2, 3}, {4, 5}, "Tensor", "x"};
+  RRefHandle r{1, GlobalId(2, 3), GlobalId(4, 5), "Tensor", "x"};
   EXPECT_EQ(RoundTrip(r), r);
   proto::TensorMeta meta;
   meta.set_nbytes(42);

@@ -81,10 +81,8 @@ class Encoder {
         const RRefHandle& r = *v.if_rref();
         proto::RRefHandleProto* rp = p->mutable_rref();
         rp->set_owner_id(r.owner_id);
-        rp->mutable_rref_id()->set_creator_id(r.rref_id.creator_id);
-        rp->mutable_rref_id()->set_local_id(r.rref_id.local_id);
-        rp->mutable_fork_id()->set_creator_id(r.fork_id.creator_id);
-        rp->mutable_fork_id()->set_local_id(r.fork_id.local_id);
+        rp->set_rref_id(r.rref_id.value());
+        rp->set_fork_id(r.fork_id.value());
         rp->set_type_name(r.type_name);
         rp->set_extra(r.extra);
         return absl::OkStatus();
@@ -275,8 +273,8 @@ class Decoder {
         const proto::RRefHandleProto& rp = p.rref();
         RRefHandle r;
         r.owner_id = rp.owner_id();
-        r.rref_id = {rp.rref_id().creator_id(), rp.rref_id().local_id()};
-        r.fork_id = {rp.fork_id().creator_id(), rp.fork_id().local_id()};
+        r.rref_id = GlobalId::FromValue(rp.rref_id());
+        r.fork_id = GlobalId::FromValue(rp.fork_id());
         r.type_name = rp.type_name();
         r.extra = rp.extra();
         return Value::FromRRef(std::move(r));

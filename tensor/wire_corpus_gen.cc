@@ -51,7 +51,7 @@ int Main(const std::string& dir) {
       {Value::Int(-3), Value::Double(0.5), Value::String("s"),
        Value::FromBytes({"\x01\x02"}), Value::None(), Value::Bool(true)});
   dict["t"] = Value::FromTensor(zeros({0, 5}));
-  dict["r"] = Value::FromRRef(RRefHandle{1, {2, 3}, {4, 5}, "T", ""});
+  dict["r"] = Value::FromRRef(RRefHandle{1, GlobalId(2, 3), GlobalId(4, 5), "T", ""});
   dict["m"] = Value::FromMessage(MessageValue{"x.Y", "\x08\x01"});
   dict["u"] = Value::FromTensor(full({}, 3, DType::kInt32));
   files.emplace_back("valid_nested", Encode(Value::FromDict(dict)));

@@ -65,7 +65,7 @@ Value Sample() {
   d["list"] = Value::FromList({Value::Int(1),
                                Value::FromTensor(ones({3}, DType::kInt8)),
                                Value::FromList({})});
-  d["rref"] = Value::FromRRef(RRefHandle{3, {1, 2}, {4, 5}, "T", "x"});
+  d["rref"] = Value::FromRRef(RRefHandle{3, GlobalId(1, 2), GlobalId(4, 5), "T", "x"});
   d["msg"] = Value::FromMessage(MessageValue{"pkg.Msg", "\x08\x01"});
   d["empty_tensor"] = Value::FromTensor(zeros({0, 4}));
   d["scalar_tensor"] = Value::FromTensor(full({}, 7, DType::kInt64));

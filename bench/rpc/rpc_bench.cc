@@ -62,7 +62,7 @@
 #include "common/future.h"
 #include "common/sync.h"
 #include "proto/rpc.grpc.pb.h"
-#include "rpc/agent.h"
+#include "rpc/grpc/agent.h"
 #include "store/tcp_store.h"
 #include "tensor/tensor.h"
 
@@ -389,8 +389,8 @@ std::shared_ptr<Store> ConnectStore(int port) {
   return OrDie(TcpStore::Create(o), "connecting to the store");
 }
 
-rpc::RpcAgentOptions AgentOptions() {
-  rpc::RpcAgentOptions o;
+rpc::GrpcAgentOptions AgentOptions() {
+  rpc::GrpcAgentOptions o;
   o.rpc_timeout = absl::Minutes(5);
   o.join_timeout = absl::Minutes(2);
   return o;
@@ -425,7 +425,7 @@ int RunServer(int port) {
   OrDie(store->Set("bench/tcp_port", absl::StrCat(tcp.port())), "set");
   OrDie(store->Set("bench/grpc_port", absl::StrCat(grpc_port)), "set");
   auto agent = OrDie(
-      rpc::RpcAgent::Start("callee", 1, 2, store, AgentOptions(), registry),
+      rpc::GrpcAgent::Start("callee", 1, 2, store, AgentOptions(), registry),
       "starting the callee agent");
   // The caller sets bench/done when it has measured everything.
   OrDie(store->Wait({std::string("bench/done")}, absl::Minutes(20)),
@@ -538,7 +538,7 @@ struct CallbackBench {
 int RunClient(int port) {
   std::shared_ptr<Store> store = ConnectStore(port);
   auto agent =
-      OrDie(rpc::RpcAgent::Start("caller", 0, 2, store, AgentOptions()),
+      OrDie(rpc::GrpcAgent::Start("caller", 0, 2, store, AgentOptions()),
             "starting the caller agent");
   const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
   const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));

@@ -18,14 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
-#include "rpc/init.h"
+#include "rpc/grpc/init.h"
 #include "tensor/tensor.h"
 
 namespace {
 
 using ferry::DType;
 using ferry::Tensor;
-using ferry::rpc::RpcAgent;
+using ferry::rpc::Agent;
 
 constexpr int kIn = 8, kShard = 4, kBatch = 2;
 
@@ -51,11 +51,11 @@ absl::Status Run() {
       },
       "acknowledges a tensor from another worker"));
 
-  ASSIGN_OR_RETURN(std::unique_ptr<RpcAgent> agent,
+  ASSIGN_OR_RETURN(std::unique_ptr<Agent> agent,
                    ferry::rpc::InitRpc(name, "env://", -1, -1, {}, registry));
   const int world = agent->world_size();
   std::printf("%s: up at %s, %d workers\n", name.c_str(),
-              agent->address().c_str(), world);
+              agent->self().address.c_str(), world);
 
   absl::Status job;
   if (rank == 0) {

@@ -9,9 +9,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
-#include "rpc/init.h"
+#include "rpc/context.h"
+#include "rpc/grpc/init.h"
 #include "store/tcp_store_server.h"
 #include "tensor/tensor.h"
+#include "tests/rpc/toy_layer.h"
 #include "tests/util/subprocess.h"
 
 namespace ferry::rpc {
@@ -38,7 +40,7 @@ class Group {
               {testutil::RunfilePath("tests/rpc/worker_main")}, options));
       workers_.push_back(std::move(child));
     }
-    RpcAgentOptions options;
+    GrpcAgentOptions options;
     options.join_timeout = absl::Seconds(60);
     // The test serves the store; rank 0 must not host a second one.
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
@@ -53,14 +55,14 @@ class Group {
     if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
   }
 
-  RpcAgent& agent() { return *agent_; }
+  Agent& agent() { return *agent_; }
   // Rank r's process (r >= 1).
   testutil::Subprocess& worker(int r) { return *workers_[r - 1]; }
   int workers() const { return static_cast<int>(workers_.size()); }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
-  std::unique_ptr<RpcAgent> agent_;
+  std::unique_ptr<GrpcAgent> agent_;
   std::vector<std::unique_ptr<testutil::Subprocess>> workers_;
 };
 
@@ -77,6 +79,39 @@ TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
     ASSERT_TRUE(sum.ok()) << sum.status();
     EXPECT_TRUE(sum->equal(full({1000}, 1.5 + r)));
   }
+  ASSERT_TRUE(g.agent().Shutdown().ok());
+  for (int r = 1; r <= g.workers(); ++r) {
+    absl::StatusOr<int> code =
+        g.worker(r).Wait(absl::Now() + absl::Seconds(60));
+    EXPECT_EQ(code.value_or(-1), 0) << code.status();
+  }
+}
+
+// A layer's own message type (registered by the worker processes before they
+// serve) crosses processes with its tensor, RRef fields and context.
+TEST(MultiProcessRpc, LayerDefinedMessageTypeAcrossProcesses) {
+  Group g;
+  absl::Status started = g.Start(3);
+  ASSERT_TRUE(started.ok()) << started;
+  for (int r = 1; r < 3; ++r) {
+    RRefFields rref{GlobalId(0, 100 + r), GlobalId(0, 200 + r), 0, r, "Toy"};
+    ScopedContextEntry tag("toy/tag", absl::StrCat("tag", r));
+    auto d = toy::Double(g.agent(), r, full({5}, 1.0 + r), rref)
+                 .Get(absl::Seconds(60));
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->tensor.equal(full({5}, 2.0 + 2 * r)));
+    EXPECT_EQ(d->rref, rref);
+    EXPECT_EQ(d->tag, absl::StrCat("tag", r));
+  }
+  // This process did not install the toy layer: refused, naming it.
+  Message m;
+  m.type = toy::kToyDouble;
+  auto refused = g.agent().Send("worker0", m).Get(absl::Seconds(60));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("worker 'worker0'"),
+            std::string::npos)
+      << refused.status();
   ASSERT_TRUE(g.agent().Shutdown().ok());
   for (int r = 1; r <= g.workers(); ++r) {
     absl::StatusOr<int> code =

@@ -10,8 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
-#include "rpc/init.h"
+#include "rpc/grpc/init.h"
 #include "tensor/tensor.h"
+#include "tests/rpc/toy_layer.h"
 
 int main() {
   const int rank = std::atoi(std::getenv("RANK"));
@@ -38,8 +39,9 @@ int main() {
           .ok() &&
       registry->Register("blocked", [blocked] { return blocked->load(); }).ok();
   if (!ok) return 2;
-  ferry::rpc::RpcAgentOptions options;
+  ferry::rpc::GrpcAgentOptions options;
   options.join_timeout = absl::Seconds(60);
+  options.before_serving = ferry::rpc::toy::Install;
   auto agent = ferry::rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1,
                                    -1, options, registry);
   if (!agent.ok()) {

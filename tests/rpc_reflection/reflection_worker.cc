@@ -2,7 +2,7 @@
 //
 //   reflection_worker [--name=NAME]
 //
-// Starts an RpcAgent (rank 0 of 1, over an in-process HashStore) serving a
+// Starts a GrpcAgent (rank 0 of 1, over an in-process HashStore) serving a
 // few functions, prints "ADDRESS <host:port>" on stdout, and serves until its
 // stdin reaches end of file or it gets SIGTERM/SIGINT; then it shuts down
 // gracefully and exits 0. Used by reflection_test (a Node reflection client
@@ -21,7 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "common/future.h"
-#include "rpc/agent.h"
+#include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
 #include "tensor/tensor.h"
 
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "register: %s\n", s.ToString().c_str());
     return 1;
   }
-  auto agent = ferry::rpc::RpcAgent::Start(name, /*rank=*/0, /*world_size=*/1,
+  auto agent = ferry::rpc::GrpcAgent::Start(name, /*rank=*/0, /*world_size=*/1,
                                            std::make_shared<ferry::HashStore>(),
                                            {}, registry);
   if (!agent.ok()) {

@@ -1,4 +1,4 @@
-#include "rpc/init.h"
+#include "rpc/grpc/init.h"
 
 #include <utility>
 
@@ -9,9 +9,9 @@
 
 namespace ferry::rpc {
 
-absl::StatusOr<std::unique_ptr<RpcAgent>> InitRpc(
+absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
     const std::string& name, const std::string& init_method, int rank,
-    int world_size, RpcAgentOptions options,
+    int world_size, GrpcAgentOptions options,
     std::shared_ptr<FunctionRegistry> registry) {
   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod(init_method));
   StoreFactories factories;
@@ -30,9 +30,9 @@ absl::StatusOr<std::unique_ptr<RpcAgent>> InitRpc(
       CreateStore(method, rank, world_size, options.join_timeout, factories));
   if (rank < 0) rank = method.rank.value_or(-1);
   if (world_size < 0) world_size = method.world_size.value_or(-1);
-  return RpcAgent::Start(name, rank, world_size,
-                         std::shared_ptr<Store>(std::move(store)),
-                         std::move(options), std::move(registry));
+  return GrpcAgent::Start(name, rank, world_size,
+                          std::shared_ptr<Store>(std::move(store)),
+                          std::move(options), std::move(registry));
 }
 
 }  // namespace ferry::rpc

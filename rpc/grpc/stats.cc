@@ -1,4 +1,4 @@
-#include "rpc/stats.h"
+#include "rpc/grpc/stats.h"
 
 #include <algorithm>
 

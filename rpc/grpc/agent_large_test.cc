@@ -4,14 +4,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "rpc/agent.h"
+#include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
 #include "tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {
 
-TEST(RpcAgentLarge, OneGibTensorArgument) {
+TEST(GrpcAgentLarge, OneGibTensorArgument) {
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(registry
                   ->Register("probe",
@@ -24,12 +24,12 @@ TEST(RpcAgentLarge, OneGibTensorArgument) {
                              })
                   .ok());
   auto store = std::make_shared<HashStore>();
-  std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> agents(2);
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(2);
   std::vector<std::thread> ts;
   for (int i = 0; i < 2; ++i) {
     ts.emplace_back([&, i] {
-      agents[i] = RpcAgent::Start(i == 0 ? "sender" : "receiver", i, 2, store,
-                                  {}, registry);
+      agents[i] = GrpcAgent::Start(i == 0 ? "sender" : "receiver", i, 2, store,
+                                   {}, registry);
     });
   }
   for (auto& t : ts) t.join();

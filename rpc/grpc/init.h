@@ -9,23 +9,23 @@
 // (set by ferry_run, whose launcher process hosts the store), in which case
 // every rank is a client.
 //
-// Errors: those of ParseInitMethod / CreateStore / RpcAgent::Start.
-#ifndef FERRY_RPC_INIT_H_
-#define FERRY_RPC_INIT_H_
+// Errors: those of ParseInitMethod / CreateStore / GrpcAgent::Start.
+#ifndef FERRY_RPC_GRPC_INIT_H_
+#define FERRY_RPC_GRPC_INIT_H_
 
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc/agent.h"
+#include "rpc/grpc/agent.h"
 
 namespace ferry::rpc {
 
-absl::StatusOr<std::unique_ptr<RpcAgent>> InitRpc(
+absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
     const std::string& name, const std::string& init_method, int rank = -1,
-    int world_size = -1, RpcAgentOptions options = {},
+    int world_size = -1, GrpcAgentOptions options = {},
     std::shared_ptr<FunctionRegistry> registry = nullptr);
 
 }  // namespace ferry::rpc
 
-#endif  // FERRY_RPC_INIT_H_
+#endif  // FERRY_RPC_GRPC_INIT_H_

@@ -1,4 +1,4 @@
-#include "rpc/init.h"
+#include "rpc/grpc/init.h"
 
 #include <cstdlib>
 #include <string>
@@ -18,11 +18,11 @@ void RunGroup(const std::string& url, int n) {
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(
       registry->Register("twice", [](int64_t x) { return 2 * x; }).ok());
-  std::vector<absl::StatusOr<std::unique_ptr<RpcAgent>>> agents(n);
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(n);
   std::vector<std::thread> ts;
   for (int i = 0; i < n; ++i) {
     ts.emplace_back([&, i] {
-      RpcAgentOptions o;
+      GrpcAgentOptions o;
       o.join_timeout = absl::Seconds(60);
       agents[i] = InitRpc(absl::StrCat("w", i), url, i, n, o, registry);
     });

@@ -4,8 +4,8 @@
 // latencies (a bounded ring per function and direction) for percentiles.
 //
 // Thread safety: all methods are safe from any thread.
-#ifndef FERRY_RPC_STATS_H_
-#define FERRY_RPC_STATS_H_
+#ifndef FERRY_RPC_GRPC_STATS_H_
+#define FERRY_RPC_GRPC_STATS_H_
 
 #include <cstdint>
 #include <map>
@@ -51,4 +51,4 @@ class RpcStats {
 
 }  // namespace ferry::rpc
 
-#endif  // FERRY_RPC_STATS_H_
+#endif  // FERRY_RPC_GRPC_STATS_H_

@@ -1,4 +1,4 @@
-#include "rpc/envelope.h"
+#include "rpc/grpc/envelope.h"
 
 #include <grpc/slice.h>
 #include <grpcpp/support/slice.h>

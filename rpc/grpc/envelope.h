@@ -13,8 +13,8 @@
 // the limit) is InvalidArgument naming the problem; nothing is trusted.
 //
 // Thread safety: reentrant.
-#ifndef FERRY_RPC_ENVELOPE_H_
-#define FERRY_RPC_ENVELOPE_H_
+#ifndef FERRY_RPC_GRPC_ENVELOPE_H_
+#define FERRY_RPC_GRPC_ENVELOPE_H_
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -47,4 +47,4 @@ absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
 
 }  // namespace ferry::rpc
 
-#endif  // FERRY_RPC_ENVELOPE_H_
+#endif  // FERRY_RPC_GRPC_ENVELOPE_H_

@@ -1,0 +1,902 @@
+#include "autograd/dist/dist_autograd.h"
+
+#include <cstdlib>
+#include <deque>
+#include <unordered_map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace ferry::autograd::dist {
+
+using rpc::InterceptPoint;
+using rpc::Message;
+using rpc::MessageType;
+using rpc::WorkerInfo;
+
+// ---------------------------------------------------------------------------
+// GradientMap and DistAutogradContext.
+
+Tensor GradientMap::Get(const Tensor& leaf) const {
+  auto it = index_.find(leaf.autograd_meta());
+  return it == index_.end() ? Tensor() : entries_[it->second].second;
+}
+
+void GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
+  auto [it, fresh] = index_.emplace(leaf.autograd_meta(), entries_.size());
+  if (fresh) {
+    entries_.emplace_back(leaf, grad);
+  } else {
+    Tensor& slot = entries_[it->second].second;
+    slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+  }
+}
+
+GradientMap DistAutogradContext::gradients() const {
+  MutexLock l(&mu_);
+  return grads_;
+}
+
+size_t DistAutogradContext::num_send_nodes() const {
+  MutexLock l(&mu_);
+  return sends_.size();
+}
+
+size_t DistAutogradContext::num_recv_nodes() const {
+  MutexLock l(&mu_);
+  return recvs_.size();
+}
+
+std::set<int> DistAutogradContext::workers() const {
+  MutexLock l(&mu_);
+  return workers_;
+}
+
+// ---------------------------------------------------------------------------
+// A pass on one worker: FAST-mode dependency counts and ready queue.
+
+// Delivers leaf gradients into the context's map.
+class ContextSink final : public GradientSink {
+ public:
+  explicit ContextSink(DistAutogradContext* ctx) : ctx_(ctx) {}
+  absl::Status Deliver(const Tensor& leaf, const Tensor& grad) override {
+    MutexLock l(&ctx_->mu_);
+    // A released context keeps no gradients (invariant 2).
+    if (!ctx_->released_) ctx_->grads_.Accumulate(leaf, grad);
+    return absl::OkStatus();
+  }
+
+ private:
+  DistAutogradContext* const ctx_;
+};
+
+namespace {
+
+void AddInto(Tensor& slot, const Tensor& grad) {
+  if (!grad.defined()) return;
+  slot = slot.defined() ? slot.add(grad) : grad;
+}
+
+std::unordered_map<Node*, int> CountDependencies(
+    const std::vector<Node*>& starts) {
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, bool> seen;
+  std::vector<Node*> stack;
+  for (Node* n : starts) {
+    if (!seen[n]) {
+      seen[n] = true;
+      stack.push_back(n);
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      ++deps[e.node.get()];
+      if (!seen[e.node.get()]) {
+        seen[e.node.get()] = true;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+  return deps;
+}
+
+}  // namespace
+
+// Fields below `running` are guarded by the owning context's mu_ (not
+// expressible as an annotation across objects).
+struct Pass {
+  Pass(GlobalId pass_id, bool retain, DistAutogradContext* ctx)
+      : id(pass_id), retain_graph(retain), sink(ctx), task(&sink, retain) {}
+
+  const GlobalId id;
+  const bool retain_graph;
+  ContextSink sink;
+  GraphTask task;  // Carries the sink and retain flag into Node::Apply.
+  bool local_initiator = false;
+
+  bool running = false;
+  absl::Status error;
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, std::shared_ptr<Node>> owners;
+  std::set<Node*> fed_sends;
+  std::deque<Node*> ready;
+
+  // Adds `grad` to input `input_nr` of `node`; queues the node once its
+  // dependencies are met.
+  void Feed(const std::shared_ptr<Node>& node, int input_nr,
+            const Tensor& grad) {
+    Node* n = node.get();
+    auto& buf = buffers[n];
+    if (buf.empty()) buf.resize(n->num_inputs());
+    AddInto(buf[input_nr], grad);
+    owners.emplace(n, node);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Outstanding: completes when sealed and every added future completed, or at
+// the first error. Callbacks only count: safe on transport threads.
+
+class DistAutogradContainer::Outstanding {
+ public:
+  Outstanding() : s_(std::make_shared<State>()) {}
+
+  void Add(Future<void> f) {
+    {
+      MutexLock l(&s_->mu);
+      ++s_->pending;
+    }
+    f.OnComplete([s = s_](const absl::Status& r) {
+      if (!r.ok()) {
+        s->done.SetError(r);
+        return;
+      }
+      bool finished;
+      {
+        MutexLock l(&s->mu);
+        finished = --s->pending == 0 && s->sealed;
+      }
+      if (finished) s->done.SetValue();
+    });
+  }
+  void Fail(absl::Status error) { s_->done.SetError(std::move(error)); }
+  void Seal() {
+    bool finished;
+    {
+      MutexLock l(&s_->mu);
+      s_->sealed = true;
+      finished = s_->pending == 0;
+    }
+    if (finished) s_->done.SetValue();
+  }
+  Future<void> future() const { return s_->done.GetFuture(); }
+
+ private:
+  struct State {
+    Mutex mu;
+    int pending ABSL_GUARDED_BY(mu) = 0;
+    bool sealed ABSL_GUARDED_BY(mu) = false;
+    Promise<void> done;
+  };
+  std::shared_ptr<State> s_;
+};
+
+// ---------------------------------------------------------------------------
+// Message helpers.
+
+// The payload's tensors that require grad, detached in place (so they
+// travel without the sender's autograd state).
+struct GradTensors {
+  std::vector<int> indices;  // Depth-first positions in the payload.
+  std::vector<Edge> edges;
+  std::vector<TensorSpec> specs;
+};
+
+namespace {
+
+bool IsOwnType(MessageType t) {
+  return t == MessageType::kBackward ||
+         t == MessageType::kCleanupAutogradContext;
+}
+
+// The context id a message travels in, if any.
+absl::StatusOr<std::optional<GlobalId>> ContextIdOf(
+    const rpc::ContextEntries& entries) {
+  auto it = entries.find(kContextKey);
+  if (it == entries.end()) return std::optional<GlobalId>();
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(it->second, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "malformed autograd context id '", it->second, "' in rpc context"));
+  }
+  return std::optional<GlobalId>(GlobalId::FromValue(v));
+}
+
+GradTensors TakeGradTensors(Value& payload) {
+  GradTensors out;
+  int i = 0;
+  rpc::ForEachTensor(payload, [&](Tensor& t) {
+    if (t.defined() && RequiresGrad(t)) {
+      out.indices.push_back(i);
+      out.edges.push_back(GradientEdge(t));
+      out.specs.push_back(TensorSpec{t.sizes(), t.dtype()});
+      t = Detach(t);
+    }
+    ++i;
+  });
+  return out;
+}
+
+absl::StatusOr<std::vector<int>> ParseIndices(const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (!absl::SimpleAtoi(part, &v) || v < 0 ||
+        (!out.empty() && v <= out.back())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed ", kGradTensorsKey, " entry '", text, "'"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
+    const std::vector<Tensor>& roots) {
+  std::vector<std::pair<Edge, Tensor>> out;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    Edge e = GradientEdge(roots[i]);
+    if (!e.valid()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("root ", i, " ", ShapeString(roots[i]),
+                       " does not require grad and has no grad_fn"));
+    }
+    if (roots[i].numel() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("root ", i, " has shape ", ShapeString(roots[i]),
+                       ": distributed backward seeds one-element roots"));
+    }
+    out.emplace_back(std::move(e), ones_like(roots[i]));
+  }
+  return out;
+}
+
+absl::Status NodeError(const std::string& where, const absl::Status& s,
+                       const Node& node) {
+  return absl::Status(
+      s.code(), absl::StrCat(where, ": backward of ", node.name(), " (inputs ",
+                             node.shapes(), "): ", s.message()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Container: installation and the context map.
+
+DistAutogradContainer::DistAutogradContainer(rpc::Agent& agent, Options options)
+    : agent_(agent),
+      options_(options),
+      ids_(static_cast<uint16_t>(agent.self().id), /*first_local=*/1) {}
+
+absl::StatusOr<std::shared_ptr<DistAutogradContainer>>
+DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
+  for (MessageType t :
+       {MessageType::kBackward, MessageType::kCleanupAutogradContext}) {
+    if (agent.HasHandler(t)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker '", agent.self().name, "' already serves ",
+          rpc::MessageTypeName(t), ": distributed autograd installed twice?"));
+    }
+  }
+  std::shared_ptr<DistAutogradContainer> c(
+      new DistAutogradContainer(agent, options));
+  std::weak_ptr<DistAutogradContainer> weak = c;
+  auto gone = [name = agent.self().name] {
+    return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
+        "worker '", name, "': distributed autograd was destroyed")));
+  };
+  RETURN_IF_ERROR(
+      agent.RegisterHandler(MessageType::kBackward, [weak, gone](Message m) {
+        std::shared_ptr<DistAutogradContainer> self = weak.lock();
+        return self ? self->OnBackward(m) : gone();
+      }));
+  RETURN_IF_ERROR(agent.RegisterHandler(
+      MessageType::kCleanupAutogradContext, [weak, gone](Message m) {
+        std::shared_ptr<DistAutogradContainer> self = weak.lock();
+        return self ? self->OnCleanup(m) : gone();
+      }));
+  agent.AddInterceptor(
+      [weak](InterceptPoint point, const WorkerInfo& peer, Message& m) {
+        std::shared_ptr<DistAutogradContainer> self = weak.lock();
+        return self ? self->Intercept(point, peer, m) : absl::OkStatus();
+      });
+  return c;
+}
+
+std::string DistAutogradContainer::Where(GlobalId context_id) const {
+  return absl::StrCat("worker '", agent_.self().name, "' autograd context ",
+                      context_id.ToString());
+}
+
+absl::StatusOr<GlobalId> DistAutogradContainer::NewContext() {
+  ASSIGN_OR_RETURN(GlobalId id, ids_.Next());
+  GetOrCreate(id);
+  return id;
+}
+
+std::shared_ptr<DistAutogradContext> DistAutogradContainer::GetOrCreate(
+    GlobalId id) {
+  MutexLock l(&mu_);
+  std::shared_ptr<DistAutogradContext>& slot = contexts_[id];
+  if (slot == nullptr) slot = std::make_shared<DistAutogradContext>(id);
+  return slot;
+}
+
+std::shared_ptr<DistAutogradContext> DistAutogradContainer::Find(
+    GlobalId id) const {
+  MutexLock l(&mu_);
+  auto it = contexts_.find(id);
+  return it == contexts_.end() ? nullptr : it->second;
+}
+
+size_t DistAutogradContainer::NumContexts() const {
+  MutexLock l(&mu_);
+  return contexts_.size();
+}
+
+std::vector<GlobalId> DistAutogradContainer::ContextIds() const {
+  MutexLock l(&mu_);
+  std::vector<GlobalId> out;
+  for (const auto& [id, ctx] : contexts_) out.push_back(id);
+  return out;
+}
+
+absl::StatusOr<GradientMap> DistAutogradContainer::GetGradients(
+    GlobalId context_id) const {
+  std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
+  if (ctx == nullptr) {
+    return absl::NotFoundError(absl::StrCat(Where(context_id), " is unknown"));
+  }
+  return ctx->gradients();
+}
+
+// ---------------------------------------------------------------------------
+// Recording.
+
+absl::Status DistAutogradContainer::Intercept(InterceptPoint point,
+                                              const WorkerInfo& peer,
+                                              Message& m) {
+  switch (point) {
+    case InterceptPoint::kSendRequest:
+      return OnSendRequest(peer, m);
+    case InterceptPoint::kReceiveRequest:
+      return OnReceiveRequest(peer, m);
+    case InterceptPoint::kSendReply:
+      return OnSendReply(peer, m);
+    case InterceptPoint::kReceiveReply:
+      return OnReceiveReply(peer, m);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
+                                                  Message& m) {
+  // The entry may have come from the handler thread's installed context.
+  m.context.erase(kGradTensorsKey);
+  if (IsOwnType(m.type)) return absl::OkStatus();
+  GradTensors grads = TakeGradTensors(m.payload);
+  ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
+  if (!id.has_value()) return absl::OkStatus();
+  std::shared_ptr<DistAutogradContext> ctx = Find(*id);
+  if (ctx == nullptr) {
+    // Released (or never created) here: the id must not revive it on the
+    // callee, which would then hold it forever.
+    m.context.erase(kContextKey);
+    return absl::OkStatus();
+  }
+  {
+    MutexLock l(&ctx->mu_);
+    if (ctx->released_) {
+      m.context.erase(kContextKey);
+      return absl::OkStatus();
+    }
+    ctx->workers_.insert(peer.id);
+  }
+  return RecordSend(*ctx, peer, grads, /*is_reply=*/false, m);
+}
+
+absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
+                                                     Message& m) {
+  if (IsOwnType(m.type)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
+  if (!id.has_value()) return absl::OkStatus();
+  std::shared_ptr<DistAutogradContext> ctx;
+  {
+    // mu_ before ctx->mu_ (the one lock order), so release cannot slip in
+    // between the two tables (invariant 4).
+    MutexLock l(&mu_);
+    if (released_ids_.count(*id) > 0) {
+      // Overtaken by its release: serve it outside the context (its
+      // tensors arrived detached) rather than revive the context.
+      m.context.erase(kGradTensorsKey);
+      return absl::OkStatus();
+    }
+    std::shared_ptr<DistAutogradContext>& slot = contexts_[*id];
+    if (slot == nullptr) slot = std::make_shared<DistAutogradContext>(*id);
+    ctx = slot;
+    const ReplyKey key{peer.id, m.id.value()};
+    reply_contexts_[key] = *id;
+    MutexLock cl(&ctx->mu_);
+    ctx->pending_replies_.insert(key);
+    ctx->workers_.insert(peer.id);
+  }
+  auto marker = m.context.find(kGradTensorsKey);
+  if (marker == m.context.end() || !m.autograd.has_value()) {
+    return absl::OkStatus();
+  }
+  std::string indices = marker->second;
+  m.context.erase(marker);
+  return RecordRecv(*ctx, peer, indices, m);
+}
+
+absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
+                                                Message& m) {
+  m.context.erase(kGradTensorsKey);
+  if (IsOwnType(m.type)) return absl::OkStatus();
+  GradTensors grads = TakeGradTensors(m.payload);
+  std::shared_ptr<DistAutogradContext> ctx;
+  {
+    MutexLock l(&mu_);
+    auto it = reply_contexts_.find(ReplyKey{peer.id, m.id.value()});
+    if (it == reply_contexts_.end()) return absl::OkStatus();
+    auto c = contexts_.find(it->second);
+    reply_contexts_.erase(it);
+    if (c == contexts_.end()) return absl::OkStatus();
+    ctx = c->second;
+    MutexLock cl(&ctx->mu_);
+    ctx->pending_replies_.erase(ReplyKey{peer.id, m.id.value()});
+  }
+  return RecordSend(*ctx, peer, grads, /*is_reply=*/true, m);
+}
+
+absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
+                                                   Message& m) {
+  if (IsOwnType(m.type) || !m.autograd.has_value()) return absl::OkStatus();
+  // Unwrap what OnSendReply wrapped: [marker, payload].
+  const Value::List* parts = m.payload.if_list();
+  if (parts == nullptr || parts->size() != 2 ||
+      (*parts)[0].if_string() == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_.self().name, "': reply from '", peer.name,
+        "' in autograd context ", m.autograd->context_id.ToString(),
+        " lacks its grad-tensor marker"));
+  }
+  std::string indices = *(*parts)[0].if_string();
+  Value inner = (*parts)[1];
+  m.payload = std::move(inner);
+  std::shared_ptr<DistAutogradContext> ctx = Find(m.autograd->context_id);
+  // Released while the call was in flight: the tensors arrive detached.
+  if (ctx == nullptr) return absl::OkStatus();
+  return RecordRecv(*ctx, peer, indices, m);
+}
+
+absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
+                                               const WorkerInfo& peer,
+                                               const GradTensors& grads,
+                                               bool is_reply, Message& m) {
+  if (grads.indices.empty()) return absl::OkStatus();
+  absl::StatusOr<GlobalId> message_id = ids_.Next();
+  if (!message_id.ok()) return Annotate(message_id.status(), Where(ctx.id()));
+  auto node = std::make_shared<SendNode>(peer.id, *message_id, grads.edges,
+                                         grads.specs);
+  {
+    MutexLock l(&ctx.mu_);
+    if (ctx.released_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Where(ctx.id()), " was released; cannot send ",
+                       m.DebugString(), " in it"));
+    }
+    ctx.sends_[*message_id] = std::move(node);
+    ctx.workers_.insert(peer.id);
+  }
+  m.autograd = rpc::AutogradFields{ctx.id(), *message_id, false};
+  std::string marker = absl::StrJoin(grads.indices, ",");
+  if (is_reply) {
+    m.payload = Value::FromList(
+        {Value::String(std::move(marker)), std::move(m.payload)});
+  } else {
+    m.context[kGradTensorsKey] = std::move(marker);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
+                                               const WorkerInfo& peer,
+                                               const std::string& marker,
+                                               Message& m) {
+  absl::StatusOr<std::vector<int>> indices = ParseIndices(marker);
+  if (!indices.ok()) return Annotate(indices.status(), Where(ctx.id()));
+  // First pass: the specs, so the node exists before the tensors point at it.
+  std::vector<TensorSpec> specs;
+  {
+    size_t next = 0;
+    int i = 0;
+    rpc::ForEachTensor(m.payload, [&](Tensor& t) {
+      if (next < indices->size() && (*indices)[next] == i) {
+        specs.push_back(TensorSpec{t.sizes(), t.dtype()});
+        ++next;
+      }
+      ++i;
+    });
+  }
+  if (specs.size() != indices->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(ctx.id()), ": ", m.DebugString(), " marks ", indices->size(),
+        " tensors requiring grad but carries ", specs.size()));
+  }
+  const GlobalId message_id = m.autograd->message_id;
+  auto node = std::make_shared<RecvNode>(peer.id, peer.name, message_id,
+                                         std::move(specs));
+  size_t next = 0;
+  int i = 0;
+  rpc::ForEachTensor(m.payload, [&](Tensor& t) {
+    if (next < indices->size() && (*indices)[next] == i) {
+      Tensor fresh = Detach(t);
+      auto meta = std::make_shared<AutogradMeta>();
+      meta->grad_fn = node;
+      meta->output_nr = static_cast<int>(next);
+      fresh.set_autograd_meta(std::move(meta));
+      t = std::move(fresh);
+      ++next;
+    }
+    ++i;
+  });
+  MutexLock l(&ctx.mu_);
+  if (ctx.released_) return absl::OkStatus();  // Nothing will run backward.
+  ctx.recvs_[message_id] = std::move(node);
+  ctx.workers_.insert(peer.id);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Backward.
+
+std::shared_ptr<Pass> DistAutogradContainer::NewPass(
+    DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
+    const std::vector<std::pair<Edge, Tensor>>& roots) {
+  auto pass = std::make_shared<Pass>(pass_id, retain_graph, &ctx);
+  std::vector<Node*> starts;
+  for (const auto& [edge, grad] : roots) starts.push_back(edge.node.get());
+  for (const auto& [id, send] : ctx.sends_) starts.push_back(send.get());
+  pass->deps = CountDependencies(starts);
+  for (const auto& [edge, grad] : roots) {
+    Node* n = edge.node.get();
+    const bool first = pass->owners.count(n) == 0;
+    pass->Feed(edge.node, edge.input_nr, grad);
+    if (first && pass->deps[n] == 0) pass->ready.push_back(n);
+  }
+  return pass;
+}
+
+absl::Status DistAutogradContainer::Backward(GlobalId context_id,
+                                             const std::vector<Tensor>& roots,
+                                             bool retain_graph) {
+  std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
+  if (ctx == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat(Where(context_id), " is unknown (backward)"));
+  }
+  absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> edges = RootEdges(roots);
+  if (!edges.ok()) return Annotate(edges.status(), Where(context_id));
+  absl::StatusOr<GlobalId> pass_id = ids_.Next();
+  if (!pass_id.ok()) return Annotate(pass_id.status(), Where(context_id));
+  std::shared_ptr<Pass> pass;
+  {
+    MutexLock l(&ctx->mu_);
+    if (ctx->released_) {
+      return absl::NotFoundError(
+          absl::StrCat(Where(context_id), " was released (backward)"));
+    }
+    if (ctx->pass_ != nullptr &&
+        (ctx->pass_->local_initiator || ctx->pass_->running)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Where(context_id), ": a backward pass is already running"));
+    }
+    pass = NewPass(*ctx, *pass_id, retain_graph, *edges);
+    pass->local_initiator = true;
+    pass->running = true;
+    ctx->pass_ = pass;
+  }
+  Outstanding rpcs;
+  Drain(ctx, *pass, rpcs);
+  rpcs.Seal();
+  // Bounded: every kBackward this worker sent has options_.rpc_timeout.
+  absl::Status s = rpcs.future().Get();
+  MutexLock l(&ctx->mu_);
+  if (ctx->pass_ == pass) ctx->pass_.reset();
+  ctx->finished_pass_ = *pass_id;
+  if (s.ok()) s = pass->error;
+  return s;
+}
+
+void DistAutogradContainer::Drain(
+    const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,
+    Outstanding& rpcs) {
+  NoGradGuard no_grad;  // Backward math records no graph.
+  for (;;) {
+    std::shared_ptr<Node> node;
+    std::vector<Tensor> inputs;
+    {
+      MutexLock l(&ctx->mu_);
+      if (pass.ready.empty() || !pass.error.ok()) {
+        pass.running = false;
+        return;
+      }
+      Node* n = pass.ready.front();
+      pass.ready.pop_front();
+      node = std::move(pass.owners[n]);
+      pass.owners.erase(n);
+      inputs = std::move(pass.buffers[n]);
+      pass.buffers.erase(n);
+    }
+    absl::StatusOr<std::vector<Tensor>> outs =
+        RunNode(*ctx, pass, *node, std::move(inputs), rpcs);
+    if (outs.ok() && outs->size() != node->next_edges().size()) {
+      outs = absl::InternalError(
+          absl::StrCat("returned ", outs->size(), " gradients for ",
+                       node->next_edges().size(), " inputs"));
+    }
+    if (!outs.ok()) {
+      absl::Status error = NodeError(Where(ctx->id()), outs.status(), *node);
+      {
+        MutexLock l(&ctx->mu_);
+        pass.error = error;
+        pass.running = false;
+      }
+      rpcs.Fail(error);  // Outside the lock: it may run continuations.
+      return;
+    }
+    MutexLock l(&ctx->mu_);
+    const std::vector<Edge>& edges = node->next_edges();
+    for (size_t j = 0; j < edges.size(); ++j) {
+      if (!edges[j].valid()) continue;
+      Node* next = edges[j].node.get();
+      pass.Feed(edges[j].node, edges[j].input_nr, (*outs)[j]);
+      if (--pass.deps[next] == 0) pass.ready.push_back(next);
+    }
+  }
+}
+
+absl::StatusOr<std::vector<Tensor>> DistAutogradContainer::RunNode(
+    DistAutogradContext& ctx, Pass& pass, Node& node,
+    std::vector<Tensor> inputs, Outstanding& rpcs) {
+  for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+    if (inputs[i].defined()) inputs[i] = node.RunPreHooks(i, inputs[i]);
+  }
+  if (auto* recv = dynamic_cast<RecvNode*>(&node)) {
+    SendGradients(ctx, pass, *recv, std::move(inputs), rpcs);
+    return std::vector<Tensor>();
+  }
+  absl::StatusOr<std::vector<Tensor>> outs =
+      node.Apply(pass.task, std::move(inputs));
+  if (outs.ok() && !pass.retain_graph) node.Release();
+  return outs;
+}
+
+void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
+                                          const RecvNode& node,
+                                          std::vector<Tensor> grads,
+                                          Outstanding& rpcs) {
+  Value::List list;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const TensorSpec& spec = node.specs()[i];
+    list.push_back(Value::FromTensor(
+        grads[i].defined() ? grads[i] : zeros(spec.sizes, spec.dtype)));
+  }
+  Message m;
+  m.type = MessageType::kBackward;
+  m.autograd =
+      rpc::AutogradFields{ctx.id(), node.message_id(), pass.retain_graph};
+  m.payload =
+      Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
+                       Value::FromList(std::move(list))});
+  std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
+                                  node.message_id().ToString(), " to worker '",
+                                  node.peer_name(), "'");
+  rpcs.Add(agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
+               .Then([what](const Result<Message>& r) -> absl::Status {
+                 return Annotate(r.status(), what);
+               }));
+}
+
+Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
+  auto fail = [](absl::Status s) { return MakeErrorFuture<Message>(s); };
+  const Value::List* parts = m.payload.if_list();
+  const Value::List* grad_values =
+      parts != nullptr && parts->size() == 2 ? (*parts)[1].if_list() : nullptr;
+  if (!m.autograd.has_value() || grad_values == nullptr ||
+      (*parts)[0].if_int() == nullptr) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_.self().name, "': malformed ", m.DebugString())));
+  }
+  const GlobalId context_id = m.autograd->context_id;
+  const GlobalId message_id = m.autograd->message_id;
+  const GlobalId pass_id =
+      GlobalId::FromValue(static_cast<uint64_t>(*(*parts)[0].if_int()));
+  std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
+  if (ctx == nullptr) {
+    return fail(absl::NotFoundError(absl::StrCat(Where(context_id),
+                                                 " is unknown (backward from '",
+                                                 m.caller_name, "')")));
+  }
+  std::shared_ptr<Pass> pass;
+  {
+    MutexLock l(&ctx->mu_);
+    auto it = ctx->sends_.find(message_id);
+    if (ctx->released_ || it == ctx->sends_.end()) {
+      return fail(absl::NotFoundError(absl::StrCat(
+          Where(context_id), ": no send node for message ",
+          message_id.ToString(), " (backward from '", m.caller_name, "')")));
+    }
+    const std::shared_ptr<SendNode>& send = it->second;
+    if (grad_values->size() != send->specs().size()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          Where(context_id), ": ", grad_values->size(),
+          " gradients for send node of ", send->specs().size(), " tensors")));
+    }
+    // Validated before the pass state changes.
+    for (size_t i = 0; i < grad_values->size(); ++i) {
+      const Tensor* g = (*grad_values)[i].if_tensor();
+      const TensorSpec& want = send->specs()[i];
+      if (g == nullptr || g->sizes() != want.sizes ||
+          g->dtype() != want.dtype) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            Where(context_id), ": gradient ", i, " for message ",
+            message_id.ToString(), " is not a ", DTypeName(want.dtype),
+            " tensor of shape ", ShapeString(zeros(want.sizes)))));
+      }
+    }
+    if (pass_id == ctx->finished_pass_) {
+      return fail(absl::AbortedError(
+          absl::StrCat(Where(context_id), ": backward pass ",
+                       pass_id.ToString(), " already finished here")));
+    }
+    if (ctx->pass_ == nullptr || ctx->pass_->id != pass_id) {
+      if (ctx->pass_ != nullptr && ctx->pass_->running) {
+        return fail(absl::UnavailableError(
+            absl::StrCat(Where(context_id),
+                         ": the previous backward pass is still running")));
+      }
+      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {});
+    }
+    pass = ctx->pass_;
+    if (!pass->error.ok()) return fail(pass->error);
+    if (!pass->fed_sends.insert(send.get()).second) {
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat(Where(context_id), ": gradients for message ",
+                       message_id.ToString(), " arrived twice in one pass")));
+    }
+    for (size_t i = 0; i < grad_values->size(); ++i) {
+      pass->Feed(send, static_cast<int>(i), *(*grad_values)[i].if_tensor());
+    }
+    pass->ready.push_back(send.get());
+    if (pass->running) return MakeReadyFuture<Message>(Message());
+    pass->running = true;
+  }
+  // This thread runs the pass; the reply waits for what that work sent.
+  Outstanding rpcs;
+  Drain(ctx, *pass, rpcs);
+  rpcs.Seal();
+  return rpcs.future().Then(
+      [](const absl::Status& s) -> absl::StatusOr<Message> {
+        if (!s.ok()) return s;
+        return Message();
+      });
+}
+
+// ---------------------------------------------------------------------------
+// Release.
+
+Future<void> DistAutogradContainer::Release(GlobalId context_id) {
+  return ReleaseExcept(context_id, agent_.self().id);
+}
+
+void DistAutogradContainer::RememberReleased(GlobalId id) {
+  if (!released_ids_.insert(id).second) return;
+  released_order_.push_back(id);
+  if (released_order_.size() > kMaxReleasedIds) {
+    released_ids_.erase(released_order_.front());
+    released_order_.pop_front();
+  }
+}
+
+Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
+                                                  int skip_worker) {
+  std::shared_ptr<DistAutogradContext> ctx;
+  std::set<int> workers;
+  {
+    MutexLock l(&mu_);
+    RememberReleased(id);
+    auto it = contexts_.find(id);
+    if (it == contexts_.end()) return MakeReadyFuture();
+    ctx = std::move(it->second);
+    contexts_.erase(it);
+    MutexLock cl(&ctx->mu_);
+    for (const ReplyKey& key : ctx->pending_replies_)
+      reply_contexts_.erase(key);
+    ctx->pending_replies_.clear();
+    ctx->released_ = true;
+    workers = std::move(ctx->workers_);
+    ctx->workers_.clear();
+    ctx->sends_.clear();
+    ctx->recvs_.clear();
+    ctx->grads_ = GradientMap();
+    ctx->pass_.reset();
+  }
+  Outstanding out;
+  for (int w : workers) {
+    if (w == agent_.self().id || w == skip_worker) continue;
+    Message m;
+    m.type = MessageType::kCleanupAutogradContext;
+    m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+    std::string what = absl::StrCat(Where(id), ": releasing on worker ", w);
+    out.Add(agent_.Send(w, std::move(m), options_.rpc_timeout)
+                .Then([what](const Result<Message>& r) -> absl::Status {
+                  return Annotate(r.status(), what);
+                }));
+  }
+  out.Seal();
+  return out.future();
+}
+
+Future<Message> DistAutogradContainer::OnCleanup(const Message& m) {
+  if (!m.autograd.has_value()) {
+    return MakeErrorFuture<Message>(absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_.self().name, "': malformed ", m.DebugString())));
+  }
+  return ReleaseExcept(m.autograd->context_id, m.caller_id)
+      .Then([](const absl::Status& s) -> absl::StatusOr<Message> {
+        if (!s.ok()) return s;
+        return Message();
+      });
+}
+
+// ---------------------------------------------------------------------------
+// ContextScope.
+
+ContextScope::ContextScope(DistAutogradContainer& container)
+    : container_(container) {
+  absl::StatusOr<GlobalId> id = container.NewContext();
+  if (!id.ok()) {
+    FERRY_LOG(ERROR) << "ContextScope: " << id.status();
+    std::abort();
+  }
+  id_ = *id;
+  entry_.emplace(kContextKey, std::to_string(id_.value()));
+}
+
+ContextScope::~ContextScope() {
+  absl::Status s = Release();
+  if (!s.ok())
+    FERRY_LOG(WARNING) << "releasing " << id_.ToString() << ": " << s;
+  entry_.reset();
+}
+
+absl::Status ContextScope::Release(absl::Duration timeout) {
+  if (released_) return absl::OkStatus();
+  released_ = true;
+  entry_.reset();  // No longer current: later calls travel outside it.
+  return container_.Release(id_).Get(timeout);
+}
+
+}  // namespace ferry::autograd::dist

@@ -1,0 +1,289 @@
+// Distributed autograd: one backward pass over a graph that spans workers.
+//
+//   auto dist = DistAutogradContainer::Install(agent);   // on every worker
+//   {
+//     ContextScope ctx(**dist);                 // thread's current context
+//     Tensor y = *agent.rpc_sync<Tensor>("b", "forward", x);
+//     Tensor loss = autograd::sum(y);
+//     RETURN_IF_ERROR((*dist)->Backward(ctx.id(), {loss}));
+//     GradientMap g = *(*dist)->GetGradients(ctx.id());   // here; each worker
+//   }                                           // has its own map
+//   // Scope exit released the context on every worker it touched.
+//
+// Recording. While a context is current on a thread (its id is the rpc
+// context entry kContextKey, so it travels with every message and is current
+// again in the callee's handler), every message that carries tensors
+// requiring grad — call arguments, return values, any layer's message type —
+// is recorded by the agent interceptors: the sender adds a SendNode whose
+// edges are those tensors' gradient edges, the receiver gives the arriving
+// tensors a RecvNode as grad_fn (so they require grad there), and both are
+// keyed by a fresh message id. Which tensors required grad travels with the
+// message: in a request's context entry kGradTensorsKey; in a reply (whose
+// envelope has no context) as the payload wrapped in [marker, payload],
+// which the receiving interceptor unwraps before the caller sees it. Every
+// worker of a job must therefore install distributed autograd. Outside a
+// context, tensors travel without autograd state. A worker sends a context
+// id only while it knows the context: once released there, the id is
+// dropped from its messages, so it cannot revive the context elsewhere.
+//
+// Backward (FAST mode, as PyTorch's): on the initiator, dependencies are
+// counted from the roots and every SendNode of the context on that worker;
+// on another worker, from its SendNodes, when the pass's first gradients
+// arrive. A node runs once all of its dependencies delivered. A RecvNode
+// sends its gradients to its peer (kBackward), whose runner starts at the
+// matching SendNode. A worker answers a kBackward once the work it ran and
+// the kBackward messages that work sent are answered, so the initiator's
+// Backward returns when every worker the pass reached is done, or with the
+// first error (naming worker, context and op). FAST mode's assumption: every
+// SendNode of the context receives a gradient in the pass; nodes that also
+// depend on one that does not, never run (their gradients are missing).
+// Gradients of leaves accumulate in the context (GetGradients), never in
+// .grad.
+//
+// Release. ContextScope's end (or Release) removes the context here and
+// sends kCleanupAutogradContext to every worker it exchanged messages with
+// in the context; each does the same (skipping the sender), so the release
+// reaches every worker the context touched, transitively, and frees their
+// graph pieces. A worker that does not know the id answers OK.
+//
+// Invariants of the context map (DistAutogradContainer::contexts_):
+//  1. An id maps to at most one live context per worker; ids are minted by
+//     the creating worker (16-bit worker id + 48-bit counter), so contexts
+//     of different workers never collide.
+//  2. A context is in the map from creation (scope, or first message
+//     received or sent in it) until its release; after release no graph
+//     piece of it is reachable from the container.
+//  3. Every SendNode / RecvNode of a context is in that context's tables,
+//     keyed by its message id; the peer of each is in the context's
+//     workers (so release reaches it).
+//  4. reply_contexts_ holds (caller, request id) for requests received in a
+//     context whose reply is not yet sent; each key is also in its
+//     context's pending_replies, and release erases both.
+//  5. A context has at most one pass; a pass runs its nodes on at most one
+//     thread at a time (Pass::running).
+//  6. An id released here (or whose release arrived before the context
+//     did) is never created again by a received message, as long as it is
+//     among the last kMaxReleasedIds released: a request overtaken by its
+//     context's release is served outside any context instead.
+//
+// Thread safety: every public method is safe from any thread. The agent must
+// outlive every use of the container; the handlers and interceptors it
+// installs hold it weakly and fail (Unavailable) once it is gone.
+#ifndef FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
+#define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "autograd/dist/nodes.h"
+#include "common/future.h"
+#include "common/ids.h"
+#include "common/sync.h"
+#include "rpc/agent.h"
+#include "rpc/context.h"
+#include "tensor/tensor.h"
+
+namespace ferry::autograd::dist {
+
+// rpc context entry holding the current context id (decimal GlobalId value).
+inline constexpr char kContextKey[] = "autograd/context";
+// Request context entry listing which payload tensors (depth-first indices,
+// comma-separated) required grad on the sender.
+inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
+
+// Leaf tensor -> accumulated gradient, for one context on one worker.
+class GradientMap {
+ public:
+  // The gradient of `leaf` (the same tensor object), or undefined.
+  Tensor Get(const Tensor& leaf) const;
+  size_t size() const { return entries_.size(); }
+  // (leaf, gradient) in first-arrival order.
+  const std::vector<std::pair<Tensor, Tensor>>& entries() const {
+    return entries_;
+  }
+  // Adds `grad` to `leaf`'s gradient (out of place).
+  void Accumulate(const Tensor& leaf, const Tensor& grad);
+
+ private:
+  std::vector<std::pair<Tensor, Tensor>> entries_;
+  std::map<const AutogradMetaInterface*, size_t> index_;
+};
+
+struct Pass;
+struct GradTensors;
+class ContextSink;
+
+// The state of one context on one worker. Obtained from the container; its
+// tables are the container's business (see the invariants above).
+class DistAutogradContext {
+ public:
+  explicit DistAutogradContext(GlobalId id) : id_(id) {}
+  GlobalId id() const { return id_; }
+
+  GradientMap gradients() const;
+  size_t num_send_nodes() const;
+  size_t num_recv_nodes() const;
+  // Workers this one exchanged messages with in the context.
+  std::set<int> workers() const;
+
+ private:
+  friend class DistAutogradContainer;
+  friend class ContextSink;
+
+  const GlobalId id_;
+  mutable Mutex mu_;
+  std::map<GlobalId, std::shared_ptr<SendNode>> sends_ ABSL_GUARDED_BY(mu_);
+  std::map<GlobalId, std::shared_ptr<RecvNode>> recvs_ ABSL_GUARDED_BY(mu_);
+  std::set<int> workers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<int, uint64_t>> pending_replies_ ABSL_GUARDED_BY(mu_);
+  GradientMap grads_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Pass> pass_ ABSL_GUARDED_BY(mu_);
+  // The last pass this worker initiated and finished (late messages of it
+  // are refused).
+  GlobalId finished_pass_ ABSL_GUARDED_BY(mu_);
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class DistAutogradContainer
+    : public std::enable_shared_from_this<DistAutogradContainer> {
+ public:
+  struct Options {
+    // Timeout of each kBackward and kCleanupAutogradContext message.
+    absl::Duration rpc_timeout = absl::Seconds(60);
+  };
+
+  // Installs distributed autograd on `agent`: handlers for kBackward and
+  // kCleanupAutogradContext, and the recording interceptors. Once per agent
+  // (AlreadyExists otherwise), on every worker, before messages flow.
+  static absl::StatusOr<std::shared_ptr<DistAutogradContainer>> Install(
+      rpc::Agent& agent, Options options);
+  static absl::StatusOr<std::shared_ptr<DistAutogradContainer>> Install(
+      rpc::Agent& agent) {
+    return Install(agent, Options());
+  }
+
+  DistAutogradContainer(const DistAutogradContainer&) = delete;
+  DistAutogradContainer& operator=(const DistAutogradContainer&) = delete;
+
+  // A new context owned by this worker (in the map until released).
+  absl::StatusOr<GlobalId> NewContext();
+  // Null when the id is unknown here.
+  std::shared_ptr<DistAutogradContext> Find(GlobalId id) const;
+  size_t NumContexts() const;
+  std::vector<GlobalId> ContextIds() const;
+
+  // Runs the distributed backward pass of `roots` (one-element tensors,
+  // each seeded with a gradient of one) in context `context_id`, whose
+  // graph pieces are kept when `retain_graph`. See the header comment.
+  // Errors: NotFound (unknown context), InvalidArgument (a root without
+  // grad), FailedPrecondition (a pass of this context already running from
+  // this worker), the first node or transport error of any worker reached.
+  absl::Status Backward(GlobalId context_id, const std::vector<Tensor>& roots,
+                        bool retain_graph = false);
+
+  // The gradients accumulated in the context on this worker.
+  absl::StatusOr<GradientMap> GetGradients(GlobalId context_id) const;
+
+  // Removes the context here and on every worker it touched; completes when
+  // they all answered (the first error otherwise; local state is gone
+  // either way). OK when the id is unknown.
+  Future<void> Release(GlobalId context_id);
+
+  const rpc::WorkerInfo& self() const { return agent_.self(); }
+
+ private:
+  class Outstanding;
+  using ReplyKey = std::pair<int, uint64_t>;  // (caller id, request id)
+
+  DistAutogradContainer(rpc::Agent& agent, Options options);
+
+  std::shared_ptr<DistAutogradContext> GetOrCreate(GlobalId id);
+  Future<void> ReleaseExcept(GlobalId id, int skip_worker);
+  void RememberReleased(GlobalId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Interceptor and handlers.
+  absl::Status Intercept(rpc::InterceptPoint point, const rpc::WorkerInfo& peer,
+                         rpc::Message& message);
+  absl::Status OnSendRequest(const rpc::WorkerInfo& peer, rpc::Message& m);
+  absl::Status OnReceiveRequest(const rpc::WorkerInfo& peer, rpc::Message& m);
+  absl::Status OnSendReply(const rpc::WorkerInfo& peer, rpc::Message& m);
+  absl::Status OnReceiveReply(const rpc::WorkerInfo& peer, rpc::Message& m);
+  Future<rpc::Message> OnBackward(const rpc::Message& m);
+  Future<rpc::Message> OnCleanup(const rpc::Message& m);
+
+  // Records an outgoing message's grad tensors (already detached) in `ctx`
+  // and marks which they are (see kGradTensorsKey).
+  absl::Status RecordSend(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
+                          const GradTensors& grads, bool is_reply,
+                          rpc::Message& m);
+  // Gives the tensors of an incoming message listed in `marker` a RecvNode.
+  absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
+                          const std::string& marker, rpc::Message& m);
+
+  // Pass runner.
+  std::shared_ptr<Pass> NewPass(
+      DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
+      const std::vector<std::pair<Edge, Tensor>>& roots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu_);
+  // Runs ready nodes until none is left; kBackward futures go to `rpcs`.
+  void Drain(const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,
+             Outstanding& rpcs);
+  absl::StatusOr<std::vector<Tensor>> RunNode(DistAutogradContext& ctx,
+                                              Pass& pass, Node& node,
+                                              std::vector<Tensor> inputs,
+                                              Outstanding& rpcs);
+  void SendGradients(DistAutogradContext& ctx, Pass& pass, const RecvNode& node,
+                     std::vector<Tensor> grads, Outstanding& rpcs);
+  // "worker 'b' autograd context GlobalId(...)": how errors start.
+  std::string Where(GlobalId context_id) const;
+
+  rpc::Agent& agent_;
+  const Options options_;
+  IdGenerator ids_;
+
+  mutable Mutex mu_;
+  std::map<GlobalId, std::shared_ptr<DistAutogradContext>> contexts_
+      ABSL_GUARDED_BY(mu_);
+  std::map<ReplyKey, GlobalId> reply_contexts_ ABSL_GUARDED_BY(mu_);
+  // Recently released ids (invariant 6), oldest first in released_order_.
+  static constexpr size_t kMaxReleasedIds = 1 << 14;
+  std::set<GlobalId> released_ids_ ABSL_GUARDED_BY(mu_);
+  std::deque<GlobalId> released_order_ ABSL_GUARDED_BY(mu_);
+};
+
+// Makes a new context current on this thread for its scope (the rpc context
+// entry kContextKey), then releases it everywhere and restores the previous
+// entry. Must end on the thread that began it. Aborts if the container's
+// ids are exhausted (2^48 contexts). Release errors (a dead worker) are
+// logged by the destructor; call Release() to see them.
+class ContextScope {
+ public:
+  explicit ContextScope(DistAutogradContainer& container);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+  GlobalId id() const { return id_; }
+  // Releases now (idempotent) and restores the previous rpc context entry;
+  // waits up to `timeout` for every worker. On the scope's thread.
+  absl::Status Release(absl::Duration timeout = absl::Seconds(60));
+
+ private:
+  DistAutogradContainer& container_;
+  GlobalId id_;
+  std::optional<rpc::ScopedContextEntry> entry_;
+  bool released_ = false;
+};
+
+}  // namespace ferry::autograd::dist
+
+#endif  // FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_

@@ -1,0 +1,53 @@
+#include "autograd/dist/nodes.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::autograd::dist {
+
+namespace {
+
+std::vector<std::vector<int64_t>> Shapes(const std::vector<TensorSpec>& specs) {
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(specs.size());
+  for (const TensorSpec& s : specs) out.push_back(s.sizes);
+  return out;
+}
+
+}  // namespace
+
+SendNode::SendNode(int peer, GlobalId message_id, std::vector<Edge> edges,
+                   std::vector<TensorSpec> specs)
+    : Node("SendRpcBackward", static_cast<int>(edges.size())),
+      peer_(peer),
+      message_id_(message_id),
+      specs_(std::move(specs)) {
+  set_input_shapes(Shapes(specs_));
+  set_next_edges(std::move(edges));
+}
+
+absl::StatusOr<std::vector<Tensor>> SendNode::Apply(GraphTask&,
+                                                    std::vector<Tensor> grads) {
+  return grads;
+}
+
+RecvNode::RecvNode(int peer, std::string peer_name, GlobalId message_id,
+                   std::vector<TensorSpec> specs)
+    : Node("RecvRpcBackward", static_cast<int>(specs.size())),
+      peer_(peer),
+      peer_name_(std::move(peer_name)),
+      message_id_(message_id),
+      specs_(std::move(specs)) {
+  set_input_shapes(Shapes(specs_));
+}
+
+absl::StatusOr<std::vector<Tensor>> RecvNode::Apply(GraphTask&,
+                                                    std::vector<Tensor>) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a local backward reached tensors received from worker '", peer_name_,
+      "' (message ", message_id_.ToString(),
+      "); use dist::DistAutogradContainer::Backward in their context"));
+}
+
+}  // namespace ferry::autograd::dist

@@ -1,0 +1,84 @@
+// The two graph nodes distributed autograd adds at worker boundaries.
+//
+// A tensor that requires grad and leaves a worker inside a distributed
+// autograd context is recorded on the sender as a SendNode input (its next
+// edge is the tensor's gradient edge); on the receiver the arriving copy gets
+// a RecvNode as its grad_fn. The pair shares the message id of the message
+// that carried the tensors. In a backward pass the receiver's RecvNode sends
+// the gradients it collects to the sender, which runs its graph from the
+// matching SendNode (autograd/dist/dist_autograd.h).
+//
+// Both nodes are driven by the distributed pass runner, never by the local
+// engine: a local Backward() that reaches a RecvNode fails, since the
+// gradient it would need belongs to another worker.
+//
+// Thread safety: immutable after construction (Node's hook lists excepted,
+// which Node locks).
+#ifndef FERRY_AUTOGRAD_DIST_NODES_H_
+#define FERRY_AUTOGRAD_DIST_NODES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "autograd/node.h"
+#include "common/ids.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace ferry::autograd::dist {
+
+// Shape and dtype of one tensor that crossed a worker boundary.
+struct TensorSpec {
+  std::vector<int64_t> sizes;
+  DType dtype = DType::kFloat32;
+};
+
+// Sender side: one input per sent tensor that required grad; passes the
+// gradients it receives to those tensors' gradient edges unchanged.
+class SendNode final : public Node {
+ public:
+  // `edges[i]` is the gradient edge of the i-th recorded tensor.
+  SendNode(int peer, GlobalId message_id, std::vector<Edge> edges,
+           std::vector<TensorSpec> specs);
+
+  int peer() const { return peer_; }
+  GlobalId message_id() const { return message_id_; }
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+
+  absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
+                                            std::vector<Tensor> grads) override;
+
+ private:
+  const int peer_;
+  const GlobalId message_id_;
+  const std::vector<TensorSpec> specs_;
+};
+
+// Receiver side: grad_fn of the tensors that arrived requiring grad (output
+// i for the i-th of them). Has no next edges: its gradients leave the worker.
+class RecvNode final : public Node {
+ public:
+  RecvNode(int peer, std::string peer_name, GlobalId message_id,
+           std::vector<TensorSpec> specs);
+
+  int peer() const { return peer_; }
+  const std::string& peer_name() const { return peer_name_; }
+  GlobalId message_id() const { return message_id_; }
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+
+  // Always FailedPrecondition: only the distributed runner may run it.
+  absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
+                                            std::vector<Tensor> grads) override;
+
+ private:
+  const int peer_;
+  const std::string peer_name_;
+  const GlobalId message_id_;
+  const std::vector<TensorSpec> specs_;
+};
+
+}  // namespace ferry::autograd::dist
+
+#endif  // FERRY_AUTOGRAD_DIST_NODES_H_

@@ -1,0 +1,108 @@
+// DistributedOptimizer: steps parameters where they live, with the gradients
+// a distributed autograd context accumulated there (PyTorch's
+// torch.distributed.optim.DistributedOptimizer).
+//
+//   // On every worker, after distributed autograd and RRefs:
+//   auto service = *DistOptimizerService::Install(agent, dist_container);
+//   // On the trainer:
+//   auto opt = *DistributedOptimizer::Create(agent, SgdOptions{.lr = 0.05},
+//                                            param_rrefs);
+//   { ContextScope ctx(*dist); ...forward...; dist->Backward(ctx.id(), {loss});
+//     RETURN_IF_ERROR(opt->Step(ctx.id())); }
+//
+// Create groups the parameters by owner and creates one functional
+// optimizer per owner (a DistOptimizerService call); Step asks every owner
+// in parallel to apply the context's gradients (GetGradients there) with
+// optim.h's functional step, and returns the first error, naming the owner.
+// A parameter without a gradient in the context is skipped. Steps of one
+// owner-side optimizer are serialized (a mutex), as in PyTorch; different
+// optimizers on one owner step concurrently. Destroying the
+// DistributedOptimizer frees its owner-side state (waiting up to the
+// timeout per owner; failures are logged).
+//
+// Thread safety: Step may be called from several threads (each with its own
+// context). The agent and the service must outlive the optimizer's use.
+#ifndef FERRY_OPTIM_DISTRIBUTED_OPTIMIZER_H_
+#define FERRY_OPTIM_DISTRIBUTED_OPTIMIZER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "autograd/dist/dist_autograd.h"
+#include "common/ids.h"
+#include "common/sync.h"
+#include "optim/optim.h"
+#include "rpc/agent.h"
+#include "rref/rref.h"
+#include "tensor/tensor.h"
+
+namespace ferry::optim {
+
+// Which functional optimizer, with its hyper-parameters.
+using FunctionalOptions = std::variant<SgdOptions, AdamOptions>;
+
+// Owner side: holds the per-owner optimizers and steps them. Install on
+// every worker that owns parameters (it registers functions named
+// "ferry.optim.*" in the agent's registry, which must not be shared with
+// another agent that installs it too).
+class DistOptimizerService {
+ public:
+  static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
+      rpc::Agent& agent,
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist);
+
+  size_t num_optimizers() const;
+
+ private:
+  struct Owned;
+  DistOptimizerService(rpc::Agent& agent,
+                       std::shared_ptr<autograd::dist::DistAutogradContainer> d)
+      : agent_(agent), dist_(std::move(d)) {}
+
+  absl::Status Create(int64_t id, const std::string& kind,
+                      const std::vector<double>& options,
+                      const std::vector<rref::RRef<Tensor>>& params);
+  absl::Status Step(int64_t id, int64_t context_id);
+  void Destroy(int64_t id);
+
+  rpc::Agent& agent_;
+  const std::shared_ptr<autograd::dist::DistAutogradContainer> dist_;
+  mutable Mutex mu_;
+  std::map<int64_t, std::shared_ptr<Owned>> optimizers_ ABSL_GUARDED_BY(mu_);
+};
+
+// Trainer side.
+class DistributedOptimizer {
+ public:
+  // Creates one optimizer per owner of `params` (all RRefs to tensors that
+  // require grad). Errors name the owner that refused.
+  static absl::StatusOr<std::unique_ptr<DistributedOptimizer>> Create(
+      rpc::Agent& agent, FunctionalOptions options,
+      const std::vector<rref::RRef<Tensor>>& params,
+      absl::Duration timeout = absl::Seconds(60));
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Applies context `context_id`'s gradients on every owner, in parallel.
+  absl::Status Step(GlobalId context_id);
+
+ private:
+  DistributedOptimizer(rpc::Agent& agent, int64_t id, std::vector<int> owners,
+                       absl::Duration timeout)
+      : agent_(agent), id_(id), owners_(std::move(owners)), timeout_(timeout) {}
+
+  rpc::Agent& agent_;
+  const int64_t id_;
+  const std::vector<int> owners_;
+  const absl::Duration timeout_;
+};
+
+}  // namespace ferry::optim
+
+#endif  // FERRY_OPTIM_DISTRIBUTED_OPTIMIZER_H_

@@ -1,0 +1,138 @@
+#include "optim/distributed_optimizer.h"
+
+#include <memory>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "gtest/gtest.h"
+#include "rpc/testing/in_process.h"
+
+namespace ferry::optim {
+namespace {
+
+using autograd::dist::ContextScope;
+using autograd::dist::DistAutogradContainer;
+using rref::RRef;
+using rref::RRefContext;
+
+Tensor Param(const std::vector<int64_t>& sizes, uint64_t seed) {
+  Tensor t = randn(sizes, seed, DType::kFloat64);
+  autograd::SetRequiresGrad(t);
+  return t;
+}
+
+// A trainer and a parameter server "ps" that owns w and v of
+// y = x w + v; the trainer's loss is sum(y * y).
+class DistOptimizerTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    net_ = std::make_unique<rpc::testing::InProcessNetwork>(
+        std::vector<std::string>{"trainer", "ps"});
+    for (int i = 0; i < 2; ++i) {
+      auto d = DistAutogradContainer::Install(net_->agent(i));
+      ASSERT_TRUE(d.ok()) << d.status();
+      dist_.push_back(*d);
+      auto r = RRefContext::Create(&net_->agent(i));
+      ASSERT_TRUE(r.ok()) << r.status();
+      rrefs_.push_back(*r);
+      auto s = DistOptimizerService::Install(net_->agent(i), dist_[i]);
+      ASSERT_TRUE(s.ok()) << s.status();
+      services_.push_back(*s);
+    }
+    w_ = Param({3, 2}, 71);
+    v_ = Param({2}, 72);
+    RRefContext* ps = rrefs_[1].get();
+    ASSERT_TRUE(net_->agent(1)
+                    .Register("params",
+                              [this, ps] {
+                                return std::vector<RRef<Tensor>>{
+                                    rref::MakeLocalRRef<Tensor>(*ps, w_),
+                                    rref::MakeLocalRRef<Tensor>(*ps, v_)};
+                              })
+                    .ok());
+    ASSERT_TRUE(net_->agent(1)
+                    .Register("forward",
+                              [this](Tensor x) {
+                                return autograd::add(autograd::matmul(x, w_),
+                                                     v_);
+                              })
+                    .ok());
+  }
+
+  rpc::Agent& trainer() { return net_->agent(0); }
+
+  std::unique_ptr<rpc::testing::InProcessNetwork> net_;
+  std::vector<std::shared_ptr<DistAutogradContainer>> dist_;
+  std::vector<std::shared_ptr<RRefContext>> rrefs_;
+  std::vector<std::shared_ptr<DistOptimizerService>> services_;
+  Tensor w_, v_;
+};
+
+// Each owner-side step equals the local functional step applied to the
+// same gradients, over several iterations (so optimizer state carries).
+TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
+  const bool adam = GetParam() == 1;
+  FunctionalOptions options;
+  if (adam) {
+    options = AdamOptions{.lr = 0.05};
+  } else {
+    options = SgdOptions{.lr = 0.05, .momentum = 0.9};
+  }
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto opt = DistributedOptimizer::Create(trainer(), options, *params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  EXPECT_EQ(services_[1]->num_optimizers(), 1u);
+
+  std::vector<Tensor> ref = {autograd::Detach(w_).clone(),
+                             autograd::Detach(v_).clone()};
+  SgdState sgd;
+  AdamState adam_state;
+  double first_loss = 0, last_loss = 0;
+  for (int it = 0; it < 4; ++it) {
+    ContextScope ctx(*dist_[0]);
+    Tensor x = randn({4, 3}, 80 + it, DType::kFloat64);
+    auto y = trainer().rpc_sync<Tensor>("ps", "forward", x);
+    ASSERT_TRUE(y.ok()) << y.status();
+    Tensor loss = autograd::sum(autograd::mul(*y, *y));
+    (it == 0 ? first_loss : last_loss) = loss.item();
+    ASSERT_TRUE(dist_[0]->Backward(ctx.id(), {loss}).ok());
+    auto grads = dist_[1]->GetGradients(ctx.id());
+    ASSERT_TRUE(grads.ok());
+    std::vector<Tensor> g = {grads->Get(w_).clone(), grads->Get(v_).clone()};
+    ASSERT_TRUE(g[0].defined() && g[1].defined());
+    Tensor before = autograd::Detach(w_).clone();
+    absl::Status s = (*opt)->Step(ctx.id());
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(
+        (adam ? AdamStep(ref, g, adam_state, std::get<AdamOptions>(options))
+              : SgdStep(ref, g, sgd, std::get<SgdOptions>(options)))
+            .ok());
+    EXPECT_TRUE(w_.allclose(ref[0], 1e-12, 1e-14)) << "iteration " << it;
+    EXPECT_TRUE(v_.allclose(ref[1], 1e-12, 1e-14)) << "iteration " << it;
+    EXPECT_FALSE(w_.equal(before)) << "the step left w unchanged";
+  }
+  EXPECT_LT(last_loss, first_loss) << "training did not reduce the loss";
+  opt->reset();
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(dist_[i]->NumContexts(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(SgdAndAdam, DistOptimizerTest,
+                         ::testing::Values(0, 1));
+
+TEST_F(DistOptimizerTest, StepWithAnUnknownContextNamesTheOwner) {
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto opt = DistributedOptimizer::Create(trainer(), SgdOptions{}, *params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  Tensor before = autograd::Detach(w_).clone();
+  absl::Status s = (*opt)->Step(GlobalId(0, 12345));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find("worker 'ps'"), std::string::npos) << s;
+  EXPECT_TRUE(w_.equal(before));
+}
+
+}  // namespace
+}  // namespace ferry::optim

@@ -1,0 +1,525 @@
+// The Agent conformance suite: the same semantic tests against every
+// implementation of the Agent interface (gRPC, in-process). gRPC-only tests
+// (malformed envelopes, admin, rendezvous, large tensors) live in rpc/grpc/.
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/sync.h"
+#include "gtest/gtest.h"
+#include "rpc/agent.h"
+#include "rpc/context.h"
+#include "rpc/grpc/cluster.h"
+#include "rpc/testing/agent_cluster.h"
+#include "tensor/tensor.h"
+
+namespace ferry::rpc {
+namespace {
+
+using testing::AgentCluster;
+using testing::ClusterFactory;
+using testing::ClusterSpec;
+
+constexpr MessageType kToy = static_cast<MessageType>(
+    static_cast<uint32_t>(MessageType::kFirstLayerType) + 7);
+
+struct Implementation {
+  std::string name;
+  ClusterFactory start;
+};
+
+std::shared_ptr<FunctionRegistry> BasicRegistry() {
+  auto reg = std::make_shared<FunctionRegistry>();
+  EXPECT_TRUE(
+      reg->Register("add", [](Tensor a, Tensor b) { return a.add(b); }).ok());
+  EXPECT_TRUE(
+      reg->Register("concat", [](std::string a,
+                                 int64_t b) { return a + std::to_string(b); })
+          .ok());
+  EXPECT_TRUE(
+      reg->Register("whoami",
+                    [](const CallContext& ctx) { return ctx.caller_name; })
+          .ok());
+  EXPECT_TRUE(reg->Register("fail",
+                            [](std::string why) -> absl::StatusOr<int64_t> {
+                              return absl::PermissionDeniedError(why);
+                            })
+                  .ok());
+  EXPECT_TRUE(reg->Register("noop", [] {}).ok());
+  return reg;
+}
+
+class AgentConformance : public ::testing::TestWithParam<Implementation> {
+ protected:
+  std::unique_ptr<AgentCluster> Start(std::vector<std::string> names,
+                                      std::shared_ptr<FunctionRegistry> reg,
+                                      Agent::Options options = {}) {
+    auto c = GetParam().start(ClusterSpec{std::move(names), reg, options});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+};
+
+TEST_P(AgentConformance, SyncAndAsyncCallsWithTensors) {
+  auto c = Start({"w0", "w1", "w2"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& w0 = c->agent(0);
+  Tensor a = arange(0.0, 4.0, 1.0, DType::kFloat32);
+  Tensor b = full({4}, 10.0);
+  absl::StatusOr<Tensor> sum = w0.rpc_sync<Tensor>("w1", "add", a, b);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(sum->to_vector<float>(), (std::vector<float>{10, 11, 12, 13}));
+
+  Future<std::string> s =
+      w0.rpc_async<std::string>(2, "concat", std::string("x"), 7);
+  EXPECT_EQ(*s.Get(absl::Seconds(30)), "x7");
+  // By WorkerInfo, and to self.
+  EXPECT_EQ(*w0.rpc_sync<std::string>(w0.GetWorkerInfos()[1], "whoami"), "w0");
+  EXPECT_EQ(*w0.rpc_sync<std::string>("w0", "whoami"), "w0");
+  EXPECT_TRUE(w0.rpc_sync<void>("w2", "noop").ok());
+  EXPECT_EQ(w0.GetWorkerInfos().size(), 3u);
+  EXPECT_EQ(w0.self().name, "w0");
+  EXPECT_EQ(w0.self().id, 0);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, ErrorsNameWorkerAndFunction) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+
+  auto unknown = a.rpc_sync<Value>("b", "nope");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("worker 'b'"), std::string::npos)
+      << unknown.status();
+  EXPECT_NE(unknown.status().message().find("'nope'"), std::string::npos);
+
+  auto wrong_count = a.rpc_sync<std::string>("b", "concat", std::string("x"));
+  EXPECT_EQ(wrong_count.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_count.status().message().find("concat"), std::string::npos)
+      << wrong_count.status();
+
+  auto wrong_type = a.rpc_sync<std::string>("b", "concat", 1, 2);
+  EXPECT_EQ(wrong_type.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong_type.status().message().find("expected string"),
+            std::string::npos)
+      << wrong_type.status();
+
+  auto own = a.rpc_sync<int64_t>("b", "fail", std::string("no access"));
+  EXPECT_EQ(own.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(
+      own.status().message().find("worker 'b' function 'fail': no access"),
+      std::string::npos)
+      << own.status();
+
+  auto no_worker = a.rpc_sync<Value>("zed", "noop");
+  EXPECT_EQ(no_worker.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(no_worker.status().message().find("'zed'"), std::string::npos);
+  EXPECT_EQ(a.rpc_sync<Value>(5, "noop").status().code(),
+            absl::StatusCode::kNotFound);
+
+  // Result type mismatch on the caller side.
+  auto mismatch = a.rpc_sync<Tensor>("b", "concat", std::string("x"), 1);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, TimeoutIsDeadlineExceededNamingTheCall) {
+  auto reg = BasicRegistry();
+  auto release = std::make_shared<Notification>();
+  ASSERT_TRUE(reg->Register("block",
+                            [release] {
+                              release->WaitForNotificationWithTimeout(
+                                  absl::Seconds(30));
+                            })
+                  .ok());
+  auto c = Start({"a", "b"}, reg);
+  ASSERT_NE(c, nullptr);
+  Future<Value> f =
+      c->agent(0).CallAsync("b", "block", {}, absl::Milliseconds(200));
+  Result<Value> r = f.Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << r.status();
+  EXPECT_NE(r.status().message().find("worker 'b' function 'block'"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("200ms"), std::string::npos)
+      << r.status();
+  auto typed =
+      c->agent(0).rpc_sync_for<void>(absl::Milliseconds(100), "b", "block");
+  EXPECT_EQ(typed.code(), absl::StatusCode::kDeadlineExceeded) << typed;
+  EXPECT_NE(typed.message().find("100ms"), std::string::npos) << typed;
+  release->Notify();
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, AsyncFunctionDoesNotHoldAThread) {
+  // One worker thread: if "wait_for_signal" held it, "signal" could never run.
+  auto reg = std::make_shared<FunctionRegistry>();
+  auto pending = std::make_shared<Promise<int64_t>>();
+  ASSERT_TRUE(reg->Register("wait_for_signal",
+                            [pending] { return pending->GetFuture(); })
+                  .ok());
+  ASSERT_TRUE(
+      reg->Register("signal", [pending](int64_t v) { pending->SetValue(v); })
+          .ok());
+  Agent::Options opts;
+  opts.num_worker_threads = 1;
+  auto c = Start({"a", "b"}, reg, opts);
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+  Future<int64_t> waiting = a.rpc_async<int64_t>("b", "wait_for_signal");
+  ASSERT_TRUE(a.rpc_sync<void>("b", "signal", 42).ok());
+  EXPECT_EQ(*waiting.Get(absl::Seconds(30)), 42);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, NestedCallsAndCallbacksToTheCaller) {
+  auto reg = std::make_shared<FunctionRegistry>();
+  // Filled once the cluster exists; functions only run after that. (Atomic:
+  // the hand-off may go through a library TSAN cannot see.)
+  auto cluster = std::make_shared<std::atomic<AgentCluster*>>(nullptr);
+  ASSERT_TRUE(reg->Register("leaf", [](int64_t x) { return x * 2; }).ok());
+  ASSERT_TRUE(
+      reg->Register("relay",
+                    [cluster](const CallContext& ctx,
+                              int64_t x) -> absl::StatusOr<int64_t> {
+                      Agent& me = cluster->load()->agent(1);
+                      // Call a third worker, then call back the caller.
+                      ASSIGN_OR_RETURN(int64_t y,
+                                       me.rpc_sync<int64_t>("c", "leaf", x));
+                      return me.rpc_sync<int64_t>(ctx.caller_name, "leaf", y);
+                    })
+          .ok());
+  Agent::Options opts;
+  opts.num_worker_threads = 2;
+  auto c = Start({"a", "b", "c"}, reg, opts);
+  ASSERT_NE(c, nullptr);
+  cluster->store(c.get());
+  EXPECT_EQ(*c->agent(0).rpc_sync<int64_t>("b", "relay", 5), 20);
+  // Several at once, more than the worker threads.
+  std::vector<Future<int64_t>> fs;
+  for (int i = 0; i < 8; ++i)
+    fs.push_back(c->agent(0).rpc_async<int64_t>("b", "relay", i));
+  auto all = CollectAll(fs).Get(absl::Seconds(60));
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ((*all)[i], 4 * i);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, ThousandsOfConcurrentAsyncCalls) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  constexpr int kCalls = 3000;
+  std::vector<Future<std::string>> fs;
+  fs.reserve(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    fs.push_back(c->agent(i % 2).rpc_async<std::string>(1 - i % 2, "concat",
+                                                        std::string("n"), i));
+  }
+  auto all = CollectAll(fs).Get(absl::Seconds(120));
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (int i = 0; i < kCalls; ++i)
+    ASSERT_EQ((*all)[i], "n" + std::to_string(i));
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, DeadPeerGivesUnavailableNotAHang) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  c->Kill(1);
+  Future<Value> f = c->agent(0).CallAsync("b", "noop", {}, absl::Seconds(20));
+  Result<Value> r = f.Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("worker 'b'"), std::string::npos)
+      << r.status();
+  EXPECT_TRUE(c->agent(0).Shutdown(/*graceful=*/false).ok());
+}
+
+TEST_P(AgentConformance, NonGracefulShutdownCancelsCallsInFlight) {
+  auto reg = BasicRegistry();
+  auto release = std::make_shared<Notification>();
+  ASSERT_TRUE(reg->Register("block",
+                            [release] {
+                              release->WaitForNotificationWithTimeout(
+                                  absl::Seconds(30));
+                            })
+                  .ok());
+  auto c = Start({"a", "b"}, reg);
+  ASSERT_NE(c, nullptr);
+  Future<Value> f = c->agent(0).CallAsync("b", "block", {});
+  ASSERT_TRUE(c->agent(0).Shutdown(/*graceful=*/false).ok());
+  Result<Value> r = f.Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  absl::Status after = c->agent(0).rpc_sync<Value>("b", "noop").status();
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(after.message().find("worker 'a' is shut down"), std::string::npos)
+      << after;
+  release->Notify();
+  EXPECT_TRUE(c->agent(0).Shutdown().ok());  // Idempotent.
+  EXPECT_TRUE(c->agent(1).Shutdown(/*graceful=*/false).ok());
+}
+
+TEST_P(AgentConformance, GracefulShutdownDrainsCallsInFlight) {
+  auto reg = BasicRegistry();
+  auto gate = std::make_shared<Notification>();
+  ASSERT_TRUE(reg->Register("slow",
+                            [gate](int64_t x) {
+                              gate->WaitForNotificationWithTimeout(
+                                  absl::Seconds(30));
+                              return x + 1;
+                            })
+                  .ok());
+  auto c = Start({"a", "b"}, reg);
+  ASSERT_NE(c, nullptr);
+  std::vector<Future<int64_t>> fs;
+  for (int i = 0; i < 4; ++i)
+    fs.push_back(c->agent(0).rpc_async<int64_t>("b", "slow", i));
+  // b's graceful shutdown waits at the barrier for a, whose calls are still
+  // running on b; a finishes only once the gate opens.
+  std::thread b_down([&] { EXPECT_TRUE(c->agent(1).Shutdown().ok()); });
+  gate->Notify();
+  EXPECT_TRUE(c->agent(0).Shutdown().ok());
+  b_down.join();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(*fs[i].Get(absl::Seconds(1)), i + 1);
+}
+
+// A layer above rpc/ adds its own message type with fields and tensors.
+TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->agent(1)
+                  .RegisterHandler(kToy,
+                                   [](Message m) -> Future<Message> {
+                                     Message reply;
+                                     reply.rref = m.rref;
+                                     reply.rref->peer_id = 99;
+                                     reply.autograd = m.autograd;
+                                     Tensor t = *m.payload.if_tensor();
+                                     reply.payload = Value::FromTensor(
+                                         t.add(full(t.sizes(), 1.0)));
+                                     return MakeReadyFuture<Message>(reply);
+                                   })
+                  .ok());
+  EXPECT_EQ(c->agent(1)
+                .RegisterHandler(
+                    kToy, [](Message m) { return MakeReadyFuture<Message>(m); })
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(c->agent(1)
+                .RegisterHandler(
+                    MessageType::kCall,
+                    [](Message m) { return MakeReadyFuture<Message>(m); })
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+
+  Message m;
+  m.type = kToy;
+  m.rref = RRefFields{GlobalId(0, 5), GlobalId(1, 6), 1, 0, "Toy"};
+  m.autograd = AutogradFields{GlobalId(0, 40), GlobalId(0, 41), true};
+  m.payload = Value::FromTensor(full({3}, 2.0));
+  Result<Message> r = c->agent(0).Send("b", m).Get(absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->type, kToy);
+  EXPECT_EQ(r->id.worker_id(), 0);  // The request's id, minted by "a".
+  ASSERT_TRUE(r->rref.has_value());
+  EXPECT_EQ(r->rref->rref_id, GlobalId(0, 5));
+  EXPECT_EQ(r->rref->fork_id, GlobalId(1, 6));
+  EXPECT_EQ(r->rref->type_name, "Toy");
+  EXPECT_EQ(r->rref->peer_id, 99);
+  EXPECT_EQ(r->autograd, m.autograd);
+  ASSERT_EQ(r->Tensors().size(), 1u);
+  EXPECT_EQ(r->Tensors()[0].to_vector<float>(), (std::vector<float>{3, 3, 3}));
+
+  // The same type to a worker without the handler.
+  Result<Message> none = c->agent(1).Send("a", m).Get(absl::Seconds(30));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnimplemented)
+      << none.status();
+  EXPECT_NE(none.status().message().find("worker 'a'"), std::string::npos)
+      << none.status();
+  EXPECT_NE(none.status().message().find("TYPE_1007"), std::string::npos)
+      << none.status();
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, HandlerErrorsAndAsyncReplies) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  auto later = std::make_shared<Promise<Message>>();
+  ASSERT_TRUE(c->agent(1)
+                  .RegisterHandler(kToy,
+                                   [later](Message m) -> Future<Message> {
+                                     if (m.function == "later")
+                                       return later->GetFuture();
+                                     return MakeErrorFuture<Message>(
+                                         absl::AbortedError("toy refuses"));
+                                   })
+                  .ok());
+  Message m;
+  m.type = kToy;
+  Result<Message> refused = c->agent(0).Send("b", m).Get(absl::Seconds(30));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(refused.status().message().find("toy refuses"), std::string::npos)
+      << refused.status();
+  m.function = "later";
+  Future<Message> pending = c->agent(0).Send("b", m);
+  Message answer;
+  answer.payload = Value::Int(5);
+  later->SetValue(answer);
+  Result<Message> r = pending.Get(absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->payload.if_int(), 5);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// Interceptors see every message in the four places, with its tensors.
+TEST_P(AgentConformance, InterceptorsSeeEveryTensor) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  struct Seen {
+    Mutex mu;
+    std::vector<std::pair<InterceptPoint, int64_t>> events ABSL_GUARDED_BY(mu);
+  };
+  auto seen = std::make_shared<Seen>();
+  for (int i = 0; i < 2; ++i) {
+    c->agent(i).AddInterceptor(
+        [seen](InterceptPoint p, const WorkerInfo&, Message& m) {
+          int64_t n = 0;
+          for (const Tensor& t : m.Tensors()) n += t.numel();
+          MutexLock lock(&seen->mu);
+          seen->events.emplace_back(p, n);
+          return absl::OkStatus();
+        });
+  }
+  Tensor x = full({4}, 1.0);
+  Tensor y = full({4}, 2.0);
+  ASSERT_TRUE(c->agent(0).rpc_sync<Tensor>("b", "add", x, y).ok());
+  MutexLock lock(&seen->mu);
+  ASSERT_EQ(seen->events.size(), 4u);
+  EXPECT_EQ(seen->events[0],
+            std::make_pair(InterceptPoint::kSendRequest, int64_t{8}));
+  EXPECT_EQ(seen->events[1],
+            std::make_pair(InterceptPoint::kReceiveRequest, int64_t{8}));
+  EXPECT_EQ(seen->events[2],
+            std::make_pair(InterceptPoint::kSendReply, int64_t{4}));
+  EXPECT_EQ(seen->events[3],
+            std::make_pair(InterceptPoint::kReceiveReply, int64_t{4}));
+}
+
+TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  // The sender stamps autograd fields; the receiver checks them and refuses
+  // calls to "noop".
+  c->agent(0).AddInterceptor(
+      [](InterceptPoint p, const WorkerInfo&, Message& m) {
+        if (p == InterceptPoint::kSendRequest)
+          m.autograd = AutogradFields{GlobalId(0, 77), GlobalId(0, 78), false};
+        return absl::OkStatus();
+      });
+  auto got = std::make_shared<std::atomic<uint64_t>>(0);
+  c->agent(1).AddInterceptor(
+      [got](InterceptPoint p, const WorkerInfo& peer, Message& m) {
+        if (p != InterceptPoint::kReceiveRequest) return absl::OkStatus();
+        if (m.autograd) got->store(m.autograd->context_id.value());
+        if (m.function == "noop") {
+          return absl::FailedPreconditionError(
+              absl::StrCat("refused a call from '", peer.name, "'"));
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "whoami"), "a");
+  EXPECT_EQ(got->load(), GlobalId(0, 77).value());
+  absl::Status refused = c->agent(0).rpc_sync<void>("b", "noop");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("refused a call from 'a'"),
+            std::string::npos)
+      << refused;
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// The thread-local context travels with calls, through nested calls.
+TEST_P(AgentConformance, ContextTravelsWithCalls) {
+  auto reg = std::make_shared<FunctionRegistry>();
+  auto cluster = std::make_shared<std::atomic<AgentCluster*>>(nullptr);
+  ASSERT_TRUE(reg->Register("read",
+                            [](std::string key) {
+                              return CurrentContextValue(key).value_or(
+                                  "<unset>");
+                            })
+                  .ok());
+  ASSERT_TRUE(
+      reg->Register("forward",
+                    [cluster](std::string key) {
+                      return cluster->load()->agent(1).rpc_sync<std::string>(
+                          "c", "read", key);
+                    })
+          .ok());
+  auto c = Start({"a", "b", "c"}, reg);
+  ASSERT_NE(c, nullptr);
+  cluster->store(c.get());
+  EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "read", std::string("k")),
+            "<unset>");
+  {
+    ScopedContextEntry ctx("k", "ctx-42");
+    EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "read", std::string("k")),
+              "ctx-42");
+    EXPECT_EQ(
+        *c->agent(0).rpc_sync<std::string>("b", "forward", std::string("k")),
+        "ctx-42");
+  }
+  // Gone with the scope, on the caller and on the callee's threads.
+  EXPECT_EQ(
+      *c->agent(0).rpc_sync<std::string>("b", "forward", std::string("k")),
+      "<unset>");
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// The callee's deadline is the caller's: the remaining time travels, not the
+// full timeout. An interceptor plays "time already spent" by moving the
+// deadline of a 60 s call to 2 s from now before it is sent.
+TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
+  auto reg = std::make_shared<FunctionRegistry>();
+  ASSERT_TRUE(reg->Register("remaining_ms",
+                            [](const CallContext& ctx) {
+                              return absl::ToInt64Milliseconds(ctx.deadline -
+                                                               absl::Now());
+                            })
+                  .ok());
+  auto c = Start({"a", "b"}, reg);
+  ASSERT_NE(c, nullptr);
+  auto full =
+      c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b", "remaining_ms");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_GT(*full, 50'000);
+  EXPECT_LE(*full, 60'000);
+  c->agent(0).AddInterceptor(
+      [](InterceptPoint p, const WorkerInfo&, Message& m) {
+        if (p == InterceptPoint::kSendRequest)
+          m.deadline = absl::Now() + absl::Seconds(2);
+        return absl::OkStatus();
+      });
+  auto spent =
+      c->agent(0).rpc_sync_for<int64_t>(absl::Seconds(60), "b", "remaining_ms");
+  ASSERT_TRUE(spent.ok()) << spent.status();
+  EXPECT_GT(*spent, 0);
+  EXPECT_LE(*spent, 2'000);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+std::vector<Implementation> Implementations() {
+  return {{"InProcess", testing::StartInProcessCluster},
+          {"Grpc", grpc_agent::StartGrpcCluster}};
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AgentConformance,
+                         ::testing::ValuesIn(Implementations()),
+                         [](const ::testing::TestParamInfo<Implementation>& i) {
+                           return i.param.name;
+                         });
+
+}  // namespace
+}  // namespace ferry::rpc

@@ -1,0 +1,44 @@
+// The Admin gRPC service of a GrpcAgent (proto/admin.proto): worker info,
+// the group, registered functions and call statistics, for grpcurl and
+// tools. Read-only.
+#ifndef FERRY_RPC_GRPC_ADMIN_H_
+#define FERRY_RPC_GRPC_ADMIN_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/admin.grpc.pb.h"
+#include "rpc/grpc/agent.h"
+
+namespace ferry::rpc::grpc_agent {
+
+class AdminService final : public ferry::admin::v1::Admin::CallbackService {
+ public:
+  // `agent` outlives the service.
+  explicit AdminService(GrpcAgent* agent) : agent_(agent) {}
+
+  grpc::ServerUnaryReactor* GetWorkerInfo(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::WorkerInfoRequest*,
+      ferry::admin::v1::WorkerInfo* out) override;
+  grpc::ServerUnaryReactor* ListWorkers(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::ListWorkersRequest*,
+      ferry::admin::v1::ListWorkersResponse* out) override;
+  grpc::ServerUnaryReactor* ListFunctions(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::ListFunctionsRequest*,
+      ferry::admin::v1::ListFunctionsResponse* out) override;
+  grpc::ServerUnaryReactor* GetStats(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::GetStatsRequest*,
+      ferry::admin::v1::GetStatsResponse* out) override;
+
+ private:
+  void Fill(const WorkerInfo& w, ferry::admin::v1::WorkerInfo* out) const;
+
+  GrpcAgent* const agent_;
+};
+
+}  // namespace ferry::rpc::grpc_agent
+
+#endif  // FERRY_RPC_GRPC_ADMIN_H_

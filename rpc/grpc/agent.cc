@@ -1,0 +1,334 @@
+#include "rpc/grpc/agent.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "rpc/grpc/admin.h"
+#include "rpc/grpc/codec.h"
+#include "rpc/grpc/rendezvous.h"
+#include "rpc/grpc/service.h"
+
+namespace ferry::rpc {
+namespace {
+
+constexpr char kCallMethod[] = "/ferry.rpc.v1.Worker/Call";
+
+// gRPC's reflection and health services are switched on through process-wide
+// registration calls; doing it once is all they need.
+void EnableServerPlugins() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::EnableDefaultHealthCheckService(true);
+  });
+}
+
+std::string HostOf(const std::string& address) {
+  size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// "calling 'f'" / "sending RREF_FETCH": the prefix of errors a peer already
+// worded.
+std::string Sending(const Message& m) {
+  return m.type == MessageType::kCall
+             ? absl::StrCat("calling '", m.function, "'")
+             : absl::StrCat("sending ", MessageTypeName(m.type));
+}
+
+}  // namespace
+
+struct GrpcAgent::Peer {
+  WorkerInfo info;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<grpc::GenericStub> stub;
+};
+
+struct GrpcAgent::OutgoingCall {
+  uint64_t id = 0;
+  std::string target;   // DescribeTarget(peer, request)
+  std::string sending;  // Sending(request)
+  std::string stats_key;
+  std::string peer_address;
+  absl::Duration timeout;
+  absl::Time start;
+  grpc::ClientContext context;
+  grpc::ByteBuffer request;
+  grpc::ByteBuffer response;
+  uint64_t bytes_out = 0;
+  Promise<Message> promise;
+};
+
+// ---------------------------------------------------------------------------
+// Life cycle.
+
+GrpcAgent::GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
+                     std::shared_ptr<FunctionRegistry> registry)
+    : Agent(options, std::move(registry)),
+      grpc_options_(std::move(options)),
+      store_(std::move(store)),
+      start_time_(absl::Now()) {}
+
+absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
+    std::string name, int rank, int world_size, std::shared_ptr<Store> store,
+    GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
+  if (name.empty() || name.find('\n') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker name '", name, "' is empty or contains a newline"));
+  }
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", name, "': rank ",
+                                                   rank, " is outside [0, ",
+                                                   world_size, ")"));
+  }
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker '", name, "': no store"));
+  }
+  std::unique_ptr<GrpcAgent> agent(
+      new GrpcAgent(std::move(store), std::move(options), std::move(registry)));
+  // The executor exists before the server can take a request.
+  agent->SetSelf(WorkerInfo{name, rank, ""});
+  if (agent->grpc_options_.before_serving) {
+    absl::Status installed = agent->grpc_options_.before_serving(*agent);
+    if (!installed.ok()) {
+      return Annotate(installed,
+                      absl::StrCat("worker '", name, "' installing handlers"));
+    }
+  }
+  absl::StatusOr<std::string> address = agent->StartServer(name);
+  if (!address.ok()) return address.status();
+  agent->SetSelf(WorkerInfo{name, rank, *address});
+  absl::StatusOr<std::vector<WorkerInfo>> group =
+      grpc_agent::JoinGroup(agent->store_, agent->self(), world_size,
+                            agent->grpc_options_.join_timeout);
+  if (!group.ok()) {
+    agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return group.status();
+  }
+  agent->SetWorkers(*std::move(group));
+  agent->OpenChannels();
+  FERRY_LOG(INFO) << "worker '" << name << "' (rank " << rank << "/"
+                  << world_size << ") serving on " << *address;
+  return agent;
+}
+
+absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
+  EnableServerPlugins();
+  worker_service_ = std::make_unique<grpc_agent::WorkerService>(this);
+  admin_service_ = std::make_unique<grpc_agent::AdminService>(this);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(grpc_options_.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
+  builder.RegisterService(worker_service_.get());
+  builder.RegisterService(admin_service_.get());
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", name, "' cannot listen on ", grpc_options_.listen_address));
+  }
+  if (auto* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus("ferry.rpc.v1.Worker", true);
+    health->SetServingStatus("ferry.admin.v1.Admin", true);
+  }
+  return absl::StrCat(HostOf(grpc_options_.listen_address), ":", port);
+}
+
+void GrpcAgent::OpenChannels() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
+  args.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  for (const WorkerInfo& w : GetWorkerInfos()) {
+    auto peer = std::make_shared<Peer>();
+    peer->info = w;
+    peer->channel = grpc::CreateCustomChannel(
+        w.address, grpc::InsecureChannelCredentials(), args);
+    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+    peers_.push_back(std::move(peer));
+  }
+}
+
+GrpcAgent::~GrpcAgent() { Shutdown(/*graceful=*/false).IgnoreError(); }
+
+absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
+  MutexLock serial(&shutdown_mu_);
+  {
+    MutexLock lock(&mu_);
+    if (shut_down_) return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status result;
+  if (graceful) {
+    // 1. Our own calls finish while every peer still serves.
+    {
+      MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return outgoing_.empty();
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+        result = absl::DeadlineExceededError(absl::StrCat(
+            "worker '", self().name, "' shutdown: ", outgoing_.size(),
+            " outgoing calls still running after ",
+            absl::FormatDuration(timeout)));
+      }
+    }
+    // 2. Meet everyone: after this no worker issues new calls.
+    if (result.ok()) {
+      result = grpc_agent::ShutdownBarrier(store_, self().name, world_size(),
+                                           deadline);
+    }
+  }
+  // 3. Stop: fail what is still outgoing, drain (or cut) what we serve.
+  if (server_ != nullptr) {
+    if (auto* health = server_->GetHealthCheckService())
+      health->SetServingStatus(false);
+  }
+  {
+    MutexLock lock(&mu_);
+    shutting_down_ = true;
+    for (auto& [id, call] : outgoing_) call->context.TryCancel();
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(
+        absl::ToChronoTime(graceful && result.ok() ? deadline : absl::Now()));
+    server_->Wait();
+  }
+  StopExecutor(/*drain=*/graceful);
+  {
+    MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return outgoing_.empty();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+    shut_down_ = true;
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Calls.
+
+Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
+                                    absl::Duration timeout) {
+  auto call = std::make_unique<OutgoingCall>();
+  call->id = request.id.value();
+  call->target = DescribeTarget(to.name, request);
+  call->sending = Sending(request);
+  call->stats_key = request.type == MessageType::kCall
+                        ? request.function
+                        : MessageTypeName(request.type);
+  call->peer_address = to.address;
+  call->timeout = timeout;
+  call->start = absl::Now();
+  absl::StatusOr<grpc_agent::EncodedMessage> encoded =
+      grpc_agent::EncodeRequest(request, call->start,
+                                grpc_options_.wire_limits);
+  if (!encoded.ok()) {
+    return MakeErrorFuture<Message>(Annotate(
+        encoded.status(),
+        request.type == MessageType::kCall
+            ? absl::StrCat("encoding the arguments of '", request.function,
+                           "' for worker '", to.name, "'")
+            : absl::StrCat("encoding ", request.DebugString(), " for worker '",
+                           to.name, "'")));
+  }
+  call->bytes_out = encoded->bytes;
+  call->request = std::move(encoded->buffer);
+  if (request.deadline != absl::InfiniteFuture()) {
+    call->context.set_deadline(absl::ToChronoTime(request.deadline));
+  }
+  Future<Message> result = call->promise.GetFuture();
+  OutgoingCall* raw = call.get();
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_) {
+      // Worded as before the seam for calls.
+      return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
+          "worker '", self().name, "' is shut down; cannot ",
+          request.type == MessageType::kCall
+              ? absl::StrCat("call '", request.function, "' on")
+              : absl::StrCat("send ", MessageTypeName(request.type), " to"),
+          " worker '", to.name, "'")));
+    }
+    outgoing_.emplace(raw->id, call.release());
+  }
+  peers_[to.id]->stub->UnaryCall(
+      &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
+      &raw->response,
+      [this, raw](grpc::Status status) { CallDone(raw, status); });
+  return result;
+}
+
+void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
+  std::unique_ptr<OutgoingCall> call(raw);
+  const std::string& where = call->target;
+  Result<Message> result = absl::UnknownError("unset");
+  uint64_t bytes_in = 0;
+  if (status.ok()) {
+    absl::StatusOr<Result<Message>> reply = grpc_agent::DecodeReply(
+        call->response, grpc_options_.wire_limits, &bytes_in);
+    if (!reply.ok()) {
+      result = Annotate(reply.status(), absl::StrCat("reply from ", where));
+    } else {
+      result = *std::move(reply);
+    }
+  } else {
+    absl::Status s = FromGrpcStatus(status);
+    switch (status.error_code()) {
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        result = absl::DeadlineExceededError(
+            absl::StrCat("call to ", where, " timed out after ",
+                         absl::FormatDuration(call->timeout), " (request ",
+                         GlobalId::FromValue(call->id).ToString(), ")"));
+        break;
+      case grpc::StatusCode::UNAVAILABLE:
+        result = absl::UnavailableError(
+            absl::StrCat(where, " at ", call->peer_address,
+                         " is unavailable: ", s.message()));
+        break;
+      case grpc::StatusCode::CANCELLED:
+        result = absl::CancelledError(
+            absl::StrCat("call to ", where, " cancelled (worker '", self().name,
+                         "' shutting down)"));
+        break;
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        result = absl::ResourceExhaustedError(absl::StrCat(
+            "call to ", where, ": ", s.message(), " (message limit ",
+            grpc_options_.max_message_bytes, " bytes)"));
+        break;
+      default:
+        // Agent-level errors from the peer already name it.
+        result = absl::Status(s.code(),
+                              absl::StrCat(call->sending, ": ", s.message()));
+    }
+  }
+  stats_.Record(RpcStats::Direction::kOut, call->stats_key,
+                absl::Now() - call->start, !result.ok(), bytes_in,
+                call->bytes_out);
+  Promise<Message> promise = call->promise;
+  {
+    MutexLock lock(&mu_);
+    outgoing_.erase(call->id);
+  }
+  call.reset();
+  // Completed here, on gRPC's callback thread: completing on the executor
+  // could deadlock when every executor thread is a handler blocked in
+  // rpc_sync waiting for exactly this completion.
+  promise.Set(std::move(result));
+}
+
+}  // namespace ferry::rpc

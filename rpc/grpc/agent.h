@@ -1,0 +1,115 @@
+// GrpcAgent: the production Agent (rpc/agent.h), over gRPC.
+//
+// Start-up (Start): the agent starts its gRPC server (127.0.0.1, port 0 by
+// default) with the Worker, Admin, health and reflection services, joins the
+// group through the store (rpc/grpc/rendezvous.h), and opens a channel to
+// every peer. Every message type with a registered handler is served; others
+// are refused with Unimplemented naming the worker and type.
+//
+// Messages travel as proto/rpc.proto envelopes whose payload is the
+// zero-copy wire encoding of the Value (tensors are not copied). Replies
+// complete Send's future on gRPC's callback thread.
+//
+// Shutdown and errors follow rpc/agent.h; transport errors add the peer's
+// address (Unavailable) or the message limit (ResourceExhausted).
+//
+// Thread safety: as rpc/agent.h.
+#ifndef FERRY_RPC_GRPC_AGENT_H_
+#define FERRY_RPC_GRPC_AGENT_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/sync.h"
+#include "rpc/agent.h"
+#include "rpc/grpc/stats.h"
+#include "store/store.h"
+#include "tensor/wire.h"
+
+namespace ferry::rpc {
+
+struct GrpcAgentOptions : Agent::Options {
+  // How long Start waits for the other workers (store rendezvous).
+  absl::Duration join_timeout = absl::Seconds(300);
+  // Largest message sent or received (bytes). gRPC's own ceiling is 2 GiB - 1.
+  int max_message_bytes = 0x7fffffff;
+  std::string listen_address = "127.0.0.1:0";
+  WireLimits wire_limits;
+  // Called once with the new agent before it serves or joins the group:
+  // register the handlers and interceptors peers may use as soon as the
+  // group forms (a layer's Install(agent)). An error aborts Start.
+  std::function<absl::Status(Agent&)> before_serving;
+};
+
+namespace grpc_agent {
+class WorkerService;
+class AdminService;
+}  // namespace grpc_agent
+
+class GrpcAgent final : public Agent {
+ public:
+  // Starts a worker. `store` is shared by every worker of the group (its keys
+  // live under "rpc/"). `registry` may be shared with other agents; null
+  // creates one. Register functions and handlers peers use at once before
+  // Start returns on the other workers (e.g. in a shared registry).
+  static absl::StatusOr<std::unique_ptr<GrpcAgent>> Start(
+      std::string name, int rank, int world_size, std::shared_ptr<Store> store,
+      GrpcAgentOptions options = {},
+      std::shared_ptr<FunctionRegistry> registry = nullptr);
+
+  ~GrpcAgent() override;
+
+  absl::Status Shutdown(bool graceful = true,
+                        absl::Duration timeout = absl::Seconds(60)) override;
+
+  // The gRPC address this worker serves on ("127.0.0.1:port").
+  const std::string& address() const { return self().address; }
+  const RpcStats& stats() const { return stats_; }
+  absl::Time start_time() const { return start_time_; }
+
+ private:
+  friend class grpc_agent::WorkerService;
+  struct Peer;
+  struct OutgoingCall;
+
+  GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
+            std::shared_ptr<FunctionRegistry> registry);
+
+  // Returns the bound address.
+  absl::StatusOr<std::string> StartServer(const std::string& name);
+  void OpenChannels();
+  Future<Message> Transmit(const WorkerInfo& to, Message request,
+                           absl::Duration timeout) override;
+  void CallDone(OutgoingCall* call, const grpc::Status& status);
+
+  const GrpcAgentOptions grpc_options_;
+  const std::shared_ptr<Store> store_;
+  const absl::Time start_time_;
+  // Written once in Start, before any message; read-only afterwards.
+  std::vector<std::shared_ptr<Peer>> peers_;
+
+  RpcStats stats_;
+  std::unique_ptr<grpc_agent::WorkerService> worker_service_;
+  std::unique_ptr<grpc_agent::AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+
+  Mutex mu_;
+  // Outgoing calls not yet completed; Shutdown waits for or cancels them.
+  std::map<uint64_t, OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+};
+
+}  // namespace ferry::rpc
+
+#endif  // FERRY_RPC_GRPC_AGENT_H_

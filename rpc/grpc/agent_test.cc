@@ -1,0 +1,268 @@
+#include "rpc/grpc/agent.h"
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/sync.h"
+#include "gtest/gtest.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/rpc.pb.h"
+#include "store/hash_store.h"
+#include "tensor/tensor.h"
+
+namespace ferry::rpc {
+namespace {
+
+using Agents = std::vector<std::unique_ptr<GrpcAgent>>;
+
+// Starts `names.size()` agents concurrently (Start blocks until all join).
+absl::StatusOr<Agents> StartGroup(const std::vector<std::string>& names,
+                                  std::shared_ptr<FunctionRegistry> registry,
+                                  GrpcAgentOptions options = {},
+                                  std::shared_ptr<Store> store = nullptr) {
+  if (!store) store = std::make_shared<HashStore>();
+  const int n = static_cast<int>(names.size());
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = GrpcAgent::Start(names[i], i, n, store, options, registry);
+    });
+  }
+  for (auto& t : threads) t.join();
+  Agents agents;
+  for (auto& r : results) {
+    if (!r.ok()) return r.status();
+    agents.push_back(*std::move(r));
+  }
+  return agents;
+}
+
+// Graceful shutdown is collective (a barrier), so every agent shuts down at
+// once, each from its own thread.
+void ShutdownAll(Agents& agents) {
+  std::vector<std::thread> ts;
+  for (auto& a : agents) {
+    if (a) ts.emplace_back([&a] { EXPECT_TRUE(a->Shutdown().ok()); });
+  }
+  for (auto& t : ts) t.join();
+}
+
+std::shared_ptr<FunctionRegistry> BasicRegistry() {
+  auto reg = std::make_shared<FunctionRegistry>();
+  EXPECT_TRUE(
+      reg->Register("add", [](Tensor a, Tensor b) { return a.add(b); }).ok());
+  EXPECT_TRUE(
+      reg->Register("concat", [](std::string a,
+                                 int64_t b) { return a + std::to_string(b); })
+          .ok());
+  EXPECT_TRUE(
+      reg->Register("whoami",
+                    [](const CallContext& ctx) { return ctx.caller_name; })
+          .ok());
+  EXPECT_TRUE(reg->Register("fail",
+                            [](std::string why) -> absl::StatusOr<int64_t> {
+                              return absl::PermissionDeniedError(why);
+                            })
+                  .ok());
+  EXPECT_TRUE(reg->Register("noop", [] {}).ok());
+  return reg;
+}
+
+TEST(GrpcAgent, DuplicateNameFailsOnEveryWorker) {
+  auto store = std::make_shared<HashStore>();
+  GrpcAgentOptions opts;
+  opts.join_timeout = absl::Seconds(30);
+  auto agents = StartGroup({"x", "y", "x"}, BasicRegistry(), opts, store);
+  ASSERT_FALSE(agents.ok());
+  EXPECT_EQ(agents.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(agents.status().message().find(
+                "worker name 'x' is used by ranks 0 and 2"),
+            std::string::npos)
+      << agents.status();
+}
+
+TEST(GrpcAgent, DuplicateRankFailsOnEveryWorker) {
+  auto store = std::make_shared<HashStore>();
+  GrpcAgentOptions opts;
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> ts;
+  const int ranks[] = {0, 1, 1};
+  const char* names[] = {"p", "q", "r"};
+  for (int i = 0; i < 3; ++i) {
+    ts.emplace_back([&, i] {
+      results[i] =
+          GrpcAgent::Start(names[i], ranks[i], 3, store, opts).status();
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("rank 1 is claimed by workers"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("no worker has rank 2"), std::string::npos) << s;
+  }
+}
+
+TEST(GrpcAgent, MissingWorkerTimesOutJoining) {
+  auto store = std::make_shared<HashStore>();
+  GrpcAgentOptions opts;
+  opts.join_timeout = absl::Milliseconds(300);
+  auto a = GrpcAgent::Start("lonely", 0, 2, store, opts);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << a.status();
+  EXPECT_NE(a.status().message().find(
+                "worker 'lonely' (rank 0) waiting for 2 workers"),
+            std::string::npos)
+      << a.status();
+}
+
+TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
+  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  auto channel = grpc::CreateChannel((*agents)[1]->address(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::vector<std::string> bad = {
+      std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+                  11),                             // Endless varint.
+      std::string("\x7a\x80\x80\x80\x80\x10", 6),  // Payload of 4 GiB, absent.
+      std::string("\x0b\x00", 2),                  // Group wire type.
+      std::string("\x12\x03no", 4),                // Truncated function name.
+      std::string("\x08\x01\x12\x04noop\x7a\x04FRY1",
+                  14),  // Truncated value stream.
+  };
+  for (const std::string& bytes : bad) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, "/ferry.rpc.v1.Worker/Call", grpc::StubOptions(),
+                   &request, &response, [&](grpc::Status s) {
+                     status = s;
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << status.error_message();
+    EXPECT_NE(status.error_message().find("worker 'b'"), std::string::npos)
+        << status.error_message();
+  }
+  EXPECT_EQ(
+      *(*agents)[0]->rpc_sync<std::string>("b", "concat", std::string("ok"), 1),
+      "ok1");
+  ShutdownAll(*agents);
+}
+
+TEST(GrpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
+  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  ASSERT_TRUE((*agents)[0]
+                  ->rpc_sync<std::string>("b", "concat", std::string("s"), 1)
+                  .ok());
+  auto channel = grpc::CreateChannel((*agents)[1]->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto admin = ferry::admin::v1::Admin::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    ferry::admin::v1::WorkerInfo info;
+    ASSERT_TRUE(admin->GetWorkerInfo(&ctx, {}, &info).ok());
+    EXPECT_EQ(info.name(), "b");
+    EXPECT_EQ(info.rank(), 1);
+    EXPECT_EQ(info.world_size(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    ferry::admin::v1::ListFunctionsResponse fns;
+    ASSERT_TRUE(admin->ListFunctions(&ctx, {}, &fns).ok());
+    bool found = false;
+    for (const auto& f : fns.functions()) {
+      if (f.name() == "concat") {
+        found = true;
+        EXPECT_EQ(f.signature(), "(string, int64) -> string");
+      }
+    }
+    EXPECT_TRUE(found);
+  }
+  {
+    grpc::ClientContext ctx;
+    ferry::admin::v1::GetStatsResponse stats;
+    ASSERT_TRUE(admin->GetStats(&ctx, {}, &stats).ok());
+    EXPECT_EQ(stats.total_calls_in(), 1u);
+    ASSERT_EQ(stats.functions_size(), 1);
+    EXPECT_EQ(stats.functions(0).function(), "concat");
+    EXPECT_GT(stats.functions(0).bytes_in(), 0u);
+  }
+  ShutdownAll(*agents);
+}
+
+// Every message type with a handler is served; others are refused naming
+// the worker and the type, and the server lives on.
+TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
+  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  constexpr auto kToy = static_cast<MessageType>(1001);
+  ASSERT_TRUE((*agents)[1]
+                  ->RegisterHandler(kToy,
+                                    [](Message m) {
+                                      Message reply;
+                                      reply.payload = Value::String(
+                                          m.caller_name + ":" + m.function);
+                                      return MakeReadyFuture<Message>(reply);
+                                    })
+                  .ok());
+  auto channel = grpc::CreateChannel((*agents)[1]->address(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  auto raw_call = [&](uint32_t type, grpc::ByteBuffer* response) {
+    ferry::rpc::v1::RpcRequest header;
+    header.set_type(static_cast<ferry::rpc::v1::MessageType>(type));
+    header.set_function("f");
+    header.set_caller_name("grpcurl");
+    std::string bytes = header.SerializeAsString();
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(30));
+    Notification done;
+    grpc::Status status;
+    stub.UnaryCall(&ctx, "/ferry.rpc.v1.Worker/Call", grpc::StubOptions(),
+                   &request, response, [&](grpc::Status s) {
+                     status = s;
+                     done.Notify();
+                   });
+    done.WaitForNotification();
+    return status;
+  };
+  grpc::ByteBuffer response;
+  grpc::Status served = raw_call(1001, &response);
+  EXPECT_TRUE(served.ok()) << served.error_message();
+  for (uint32_t type : {1002u, 10u, 0u}) {
+    grpc::Status refused = raw_call(type, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+    EXPECT_NE(refused.error_message().find("worker 'b' does not serve"),
+              std::string::npos)
+        << refused.error_message();
+  }
+  // Through the agent, the same type works with its payload.
+  Message m;
+  m.type = kToy;
+  m.function = "hello";
+  auto r = (*agents)[0]->Send("b", m).Get(absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r->payload.if_string(), "a:hello");
+  ShutdownAll(*agents);
+}
+
+}  // namespace
+}  // namespace ferry::rpc

@@ -1,0 +1,18 @@
+// A started group of GrpcAgents in this process (over a HashStore), for the
+// agent conformance suite (rpc/testing/agent_cluster.h).
+#ifndef FERRY_RPC_GRPC_CLUSTER_H_
+#define FERRY_RPC_GRPC_CLUSTER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "rpc/testing/agent_cluster.h"
+
+namespace ferry::rpc::grpc_agent {
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
+    const testing::ClusterSpec& spec);
+
+}  // namespace ferry::rpc::grpc_agent
+
+#endif  // FERRY_RPC_GRPC_CLUSTER_H_

@@ -1,0 +1,150 @@
+#include "rpc/grpc/codec.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/status.h"
+
+namespace ferry::rpc::grpc_agent {
+namespace {
+
+namespace v1 = ::ferry::rpc::v1;
+
+void ToProto(const RRefFields& r, v1::RRefFields* p) {
+  p->set_rref_id(r.rref_id.value());
+  p->set_fork_id(r.fork_id.value());
+  p->set_owner_id(r.owner_id);
+  p->set_peer_id(r.peer_id);
+  p->set_type_name(r.type_name);
+}
+
+RRefFields FromProto(const v1::RRefFields& p) {
+  return RRefFields{GlobalId::FromValue(p.rref_id()),
+                    GlobalId::FromValue(p.fork_id()), p.owner_id(), p.peer_id(),
+                    p.type_name()};
+}
+
+void ToProto(const AutogradFields& a, v1::AutogradFields* p) {
+  p->set_context_id(a.context_id.value());
+  p->set_message_id(a.message_id.value());
+  p->set_retain_graph(a.retain_graph);
+}
+
+AutogradFields FromProto(const v1::AutogradFields& p) {
+  return AutogradFields{GlobalId::FromValue(p.context_id()),
+                        GlobalId::FromValue(p.message_id()), p.retain_graph()};
+}
+
+absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts, Value if_absent,
+                                    const WireLimits& limits) {
+  if (parts.payload.empty()) return if_absent;
+  return DecodeValue(absl::MakeConstSpan(parts.payload), limits);
+}
+
+}  // namespace
+
+absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
+                                             const WireLimits& limits) {
+  v1::RpcRequest header;
+  header.set_type(static_cast<v1::MessageType>(m.type));
+  header.set_function(m.function);
+  header.set_caller_id(static_cast<uint32_t>(m.caller_id));
+  header.set_caller_name(m.caller_name);
+  header.set_request_id(m.id.value());
+  if (m.deadline != absl::InfiniteFuture()) {
+    // At least 1 µs: 0 would mean "no deadline".
+    header.set_remaining_us(
+        std::max<int64_t>(1, absl::ToInt64Microseconds(m.deadline - now)));
+  }
+  if (m.rref) ToProto(*m.rref, header.mutable_rref());
+  if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
+  for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
+  ASSIGN_OR_RETURN(EncodedValue payload, EncodeValue(m.payload, limits));
+  EncodedMessage out;
+  out.bytes = payload.total_bytes();
+  out.buffer = EncodeEnvelope(header, std::move(payload));
+  return out;
+}
+
+absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer) {
+  ReceivedRequest r;
+  ASSIGN_OR_RETURN(r.parts, SplitEnvelope(buffer));
+  if (!r.header.ParseFromString(r.parts.header)) {
+    return absl::InvalidArgumentError("envelope: malformed RpcRequest fields");
+  }
+  return r;
+}
+
+absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
+                                      absl::Time received_at,
+                                      const WireLimits& limits) {
+  const v1::RpcRequest& h = r.header;
+  Message m;
+  m.type = static_cast<MessageType>(h.type());
+  m.id = GlobalId::FromValue(h.request_id());
+  m.function = h.function();
+  m.caller_name = h.caller_name();
+  m.caller_id = static_cast<int>(h.caller_id());
+  if (h.remaining_us() > 0) {
+    m.deadline = received_at + absl::Microseconds(h.remaining_us());
+  }
+  if (h.has_rref()) m.rref = FromProto(h.rref());
+  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
+  for (const auto& [k, v] : h.context()) m.context.emplace(k, v);
+  absl::StatusOr<Value> payload =
+      DecodePayload(r.parts, Value::FromList({}), limits);
+  if (!payload.ok()) {
+    return Annotate(payload.status(), m.type == MessageType::kCall
+                                          ? "decoding the arguments"
+                                          : "decoding the payload");
+  }
+  m.payload = *std::move(payload);
+  return m;
+}
+
+absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
+                                           const WireLimits& limits) {
+  v1::RpcResponse header;
+  static const Value kNone;
+  const Value* payload = &kNone;
+  if (reply.ok()) {
+    header.set_type(static_cast<v1::MessageType>(reply->type));
+    if (reply->rref) ToProto(*reply->rref, header.mutable_rref());
+    if (reply->autograd) ToProto(*reply->autograd, header.mutable_autograd());
+    payload = &reply->payload;
+  } else {
+    header.set_error_code(static_cast<int>(reply.status().code()));
+    header.set_error_message(std::string(reply.status().message()));
+  }
+  ASSIGN_OR_RETURN(EncodedValue encoded, EncodeValue(*payload, limits));
+  EncodedMessage out;
+  out.bytes = encoded.total_bytes();
+  out.buffer = EncodeEnvelope(header, std::move(encoded));
+  return out;
+}
+
+absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
+                                            const WireLimits& limits,
+                                            uint64_t* bytes) {
+  ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
+  v1::RpcResponse h;
+  if (!h.ParseFromString(parts.header)) {
+    return absl::InvalidArgumentError("envelope: malformed RpcResponse fields");
+  }
+  if (h.error_code() != 0) {
+    const int code = h.error_code();
+    return Result<Message>(absl::Status(
+        code > 0 && code <= 16 ? static_cast<absl::StatusCode>(code)
+                               : absl::StatusCode::kUnknown,
+        h.error_message()));
+  }
+  *bytes = parts.total_bytes;
+  Message m;
+  m.type = static_cast<MessageType>(h.type());
+  if (h.has_rref()) m.rref = FromProto(h.rref());
+  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
+  ASSIGN_OR_RETURN(m.payload, DecodePayload(parts, Value::None(), limits));
+  return Result<Message>(std::move(m));
+}
+
+}  // namespace ferry::rpc::grpc_agent

@@ -1,0 +1,35 @@
+// Store rendezvous of a gRPC agent group, and the collective shutdown
+// barrier. Keys live under "rpc/" in the group's store.
+//
+// Join: every worker publishes {rank, name, address}, waits until all
+// `world_size` have joined, and checks the group (names unique, ranks exactly
+// 0..world_size-1). Every worker sees the same records, so a duplicate name
+// or rank is reported by every worker, naming the culprits.
+#ifndef FERRY_RPC_GRPC_RENDEZVOUS_H_
+#define FERRY_RPC_GRPC_RENDEZVOUS_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rpc/agent.h"
+#include "store/store.h"
+
+namespace ferry::rpc::grpc_agent {
+
+// The group's workers, indexed by rank. InvalidArgument for an invalid group,
+// DeadlineExceeded when not everyone joins within `timeout`, naming `self`.
+absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> store,
+                                                  const WorkerInfo& self,
+                                                  int world_size,
+                                                  absl::Duration timeout);
+
+// Returns once all `world_size` workers called it, or an error at `deadline`.
+absl::Status ShutdownBarrier(std::shared_ptr<Store> store,
+                             const std::string& self_name, int world_size,
+                             absl::Time deadline);
+
+}  // namespace ferry::rpc::grpc_agent
+
+#endif  // FERRY_RPC_GRPC_RENDEZVOUS_H_

@@ -1,0 +1,33 @@
+// The Worker gRPC service of a GrpcAgent: receives envelopes, hands them to
+// the agent's handlers (on its executor), and sends the encoded reply.
+// Malformed envelopes are refused with InvalidArgument naming the worker;
+// message types without a handler with Unimplemented. Nothing a client sends
+// can crash the server.
+#ifndef FERRY_RPC_GRPC_SERVICE_H_
+#define FERRY_RPC_GRPC_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/rpc.grpc.pb.h"
+#include "rpc/grpc/agent.h"
+
+namespace ferry::rpc::grpc_agent {
+
+class WorkerService final
+    : public ferry::rpc::v1::Worker::WithRawCallbackMethod_Call<
+          ferry::rpc::v1::Worker::Service> {
+ public:
+  // `agent` outlives the service.
+  explicit WorkerService(GrpcAgent* agent) : agent_(agent) {}
+
+  grpc::ServerUnaryReactor* Call(grpc::CallbackServerContext* context,
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+
+ private:
+  GrpcAgent* const agent_;
+};
+
+}  // namespace ferry::rpc::grpc_agent
+
+#endif  // FERRY_RPC_GRPC_SERVICE_H_

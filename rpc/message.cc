@@ -1,0 +1,82 @@
+#include "rpc/message.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::rpc {
+
+std::string MessageTypeName(MessageType type) {
+  switch (type) {
+    case MessageType::kUnspecified:
+      return "UNSPECIFIED";
+    case MessageType::kCall:
+      return "CALL";
+    case MessageType::kRemoteCall:
+      return "REMOTE_CALL";
+    case MessageType::kRRefFetch:
+      return "RREF_FETCH";
+    case MessageType::kRRefUserDelete:
+      return "RREF_USER_DELETE";
+    case MessageType::kRRefForkRequest:
+      return "RREF_FORK_REQUEST";
+    case MessageType::kRRefChildAccept:
+      return "RREF_CHILD_ACCEPT";
+    case MessageType::kBackward:
+      return "BACKWARD";
+    case MessageType::kCleanupAutogradContext:
+      return "CLEANUP_AUTOGRAD_CONTEXT";
+    case MessageType::kPing:
+      return "PING";
+    case MessageType::kFirstLayerType:
+      break;
+  }
+  return absl::StrCat("TYPE_", static_cast<uint32_t>(type));
+}
+
+namespace {
+
+void Collect(const Value& v, std::vector<Tensor>& out) {
+  if (const Tensor* t = v.if_tensor()) {
+    out.push_back(*t);
+  } else if (const Value::List* l = v.if_list()) {
+    for (const Value& e : *l) Collect(e, out);
+  } else if (const Value::Dict* d = v.if_dict()) {
+    for (const auto& [k, e] : *d) Collect(e, out);
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> Message::Tensors() const {
+  std::vector<Tensor> out;
+  Collect(payload, out);
+  return out;
+}
+
+std::string Message::DebugString() const {
+  std::string s = MessageTypeName(type);
+  if (!function.empty()) absl::StrAppend(&s, " '", function, "'");
+  if (!caller_name.empty()) absl::StrAppend(&s, " from '", caller_name, "'");
+  return s;
+}
+
+void ForEachTensor(Value& value, const std::function<void(Tensor&)>& fn) {
+  if (Tensor* t = value.mutable_tensor()) {
+    fn(*t);
+  } else if (Value::List* l = value.mutable_list()) {
+    for (Value& e : *l) ForEachTensor(e, fn);
+  } else if (Value::Dict* d = value.mutable_dict()) {
+    for (auto& [k, e] : *d) ForEachTensor(e, fn);
+  }
+}
+
+std::string DescribeTarget(const std::string& worker, const Message& message) {
+  if (message.type == MessageType::kCall ||
+      message.type == MessageType::kRemoteCall) {
+    return absl::StrCat("worker '", worker, "' function '", message.function,
+                        "'");
+  }
+  return absl::StrCat("worker '", worker, "' message ",
+                      MessageTypeName(message.type));
+}
+
+}  // namespace ferry::rpc

@@ -1,0 +1,110 @@
+// Message: what one worker sends another through an Agent (rpc/agent.h).
+//
+// Every exchange between workers (a function call, an RRef control message,
+// a distributed-autograd backward or cleanup) is one request Message and one
+// reply Message. rpc/ gives meaning only to kCall; other layers register
+// handlers for their own types (built-in ones below, or their own numbers at
+// kFirstLayerType and above). Transports carry every field; none of them is
+// encoded until a transport needs bytes, so the payload's tensors stay
+// reachable (Message::Tensors) for interceptors.
+//
+// Thread safety: a value type; not synchronized.
+#ifndef FERRY_RPC_MESSAGE_H_
+#define FERRY_RPC_MESSAGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/ids.h"
+#include "tensor/tensor.h"
+#include "tensor/value.h"
+
+namespace ferry::rpc {
+
+// Numbers are part of the wire format (proto/rpc.proto MessageType).
+enum class MessageType : uint32_t {
+  kUnspecified = 0,
+  // rpc_sync / rpc_async: run a registered function, reply with its result.
+  kCall = 1,
+  // remote(): run a function, keep the result on the callee (owner RRef).
+  kRemoteCall = 2,
+  // RRef protocol (rref/).
+  kRRefFetch = 10,
+  kRRefUserDelete = 11,
+  kRRefForkRequest = 12,
+  kRRefChildAccept = 13,
+  // Distributed autograd.
+  kBackward = 20,
+  kCleanupAutogradContext = 21,
+  kPing = 30,
+  // Types defined by layers above rpc/ (and tests): kFirstLayerType + n.
+  kFirstLayerType = 1000,
+};
+
+// "CALL", "RREF_FETCH", ..., "TYPE_1003" for layer-defined numbers.
+std::string MessageTypeName(MessageType type);
+
+// RRef identity carried by RRef messages; its meaning belongs to rref/.
+struct RRefFields {
+  GlobalId rref_id;
+  GlobalId fork_id;
+  int owner_id = -1;
+  // Worker a fork is being shared with / accepted from.
+  int peer_id = -1;
+  std::string type_name;
+  friend bool operator==(const RRefFields&, const RRefFields&) = default;
+};
+
+// Distributed-autograd fields; their meaning belongs to autograd/.
+struct AutogradFields {
+  GlobalId context_id;
+  // Pairs a send node with its recv node.
+  GlobalId message_id;
+  // BACKWARD: keep the graph after running it.
+  bool retain_graph = false;
+  friend bool operator==(const AutogradFields&,
+                         const AutogradFields&) = default;
+};
+
+// Key/value entries of the thread-local context (rpc/context.h).
+using ContextEntries = std::map<std::string, std::string>;
+
+struct Message {
+  MessageType type = MessageType::kUnspecified;
+  // Set by Agent::Send (worker id + counter); a reply carries its request's.
+  GlobalId id;
+  // Registered function name (kCall, kRemoteCall); free for other types.
+  std::string function;
+  // Set by Agent::Send; on the callee, the worker that sent the request.
+  std::string caller_name;
+  int caller_id = -1;
+  // Absolute, in the local clock of whoever holds the message: the callee's
+  // deadline is its receive time plus the caller's remaining time.
+  absl::Time deadline = absl::InfiniteFuture();
+  std::optional<RRefFields> rref;
+  std::optional<AutogradFields> autograd;
+  // The sender's thread-local context (Agent::Send fills it in).
+  ContextEntries context;
+  Value payload;
+
+  // Every tensor in the payload, depth first (shared handles, not copies).
+  std::vector<Tensor> Tensors() const;
+  // Short form for logs and errors: "CALL 'add' from 'w0'".
+  std::string DebugString() const;
+};
+
+// Calls `fn` on every tensor of `value`, depth first; `fn` may replace it.
+void ForEachTensor(Value& value, const std::function<void(Tensor&)>& fn);
+
+// "worker 'b' function 'add'" for calls, "worker 'b' message RREF_FETCH"
+// for other types: how errors name a message's target.
+std::string DescribeTarget(const std::string& worker, const Message& message);
+
+}  // namespace ferry::rpc
+
+#endif  // FERRY_RPC_MESSAGE_H_

@@ -1,0 +1,215 @@
+// InProcessNetwork: several Agents in one process whose messages travel
+// through one queue that the test controls. For protocol tests of layers on
+// the Agent seam (RRef reference counting, distributed autograd) and for the
+// agent conformance suite.
+//
+//   InProcessNetwork net({"a", "b"}, {.auto_deliver = false});
+//   Future<Value> f = net.agent("a").rpc_async("b", "add", x, y);
+//   auto req = net.AwaitQueued(Matching("a", "b"), absl::Seconds(10));
+//   net.Deliver(req->seq);                       // b runs "add"
+//   auto rep = net.AwaitQueued(RepliesTo("a"), absl::Seconds(10));
+//   net.Deliver(rep->seq);                       // f completes
+//
+// Every request and every reply is a queued message with a sequence number.
+// In manual mode (auto_deliver = false) it stays queued until the test
+// Delivers, Drops or Duplicates it, in any order: holding a message while
+// others pass is a delay. In auto mode every message is delivered as soon as
+// it is queued, on the queuing thread, so ordinary tests need no stepping;
+// Hold(predicate) keeps matching messages queued (delayed) meanwhile.
+//
+// Failure switches: Kill(worker) makes it dead at once: its queued messages
+// vanish, calls it made and calls made to it fail with Unavailable naming it,
+// and later sends to or from it fail the same way. Timeouts hold in both
+// modes: a call whose message was dropped or never delivered fails with
+// DeadlineExceeded at its deadline (a timer thread enforces it), so no test
+// hangs on a lost message.
+//
+// Replies complete the caller's future on the thread that delivers them
+// (the test's thread in manual mode, the callee's executor in auto mode).
+//
+// Thread safety: every method is safe from any thread. The network owns its
+// agents and must outlive every use of them; destroying it shuts them down
+// non-gracefully.
+#ifndef FERRY_RPC_TESTING_IN_PROCESS_H_
+#define FERRY_RPC_TESTING_IN_PROCESS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/future.h"
+#include "common/sync.h"
+#include "rpc/agent.h"
+
+namespace ferry::rpc::testing {
+
+class InProcessNetwork;
+
+// One worker of an InProcessNetwork. WorkerInfo::address is "inproc:<name>".
+class InProcessAgent final : public Agent {
+ public:
+  ~InProcessAgent() override;
+
+  // Graceful: waits for this worker's outgoing calls, then for every live
+  // worker of the network to call Shutdown (a barrier), then drains its
+  // executor. Non-graceful: fails outgoing calls with Cancelled and stops.
+  absl::Status Shutdown(bool graceful = true,
+                        absl::Duration timeout = absl::Seconds(60)) override;
+
+ private:
+  friend class InProcessNetwork;
+  InProcessAgent(InProcessNetwork* network, Options options,
+                 std::shared_ptr<FunctionRegistry> registry);
+
+  Future<Message> Transmit(const WorkerInfo& to, Message request,
+                           absl::Duration timeout) override;
+  Future<Message> Receive(Message request) {
+    return Dispatch(std::move(request));
+  }
+
+  InProcessNetwork* const network_;
+  Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+// A message waiting in the network's queue.
+struct QueuedMessage {
+  uint64_t seq = 0;
+  std::string from;
+  std::string to;
+  bool is_reply = false;
+  MessageType type = MessageType::kUnspecified;
+  std::string function;
+  GlobalId id;         // The request's id (a reply carries its request's).
+  absl::Status error;  // Replies only: the handler's error, if any.
+  std::string DebugString() const;
+};
+
+using MessagePredicate = std::function<bool(const QueuedMessage&)>;
+// Requests (not replies) from `from` to `to`; "" matches any worker.
+MessagePredicate Matching(const std::string& from, const std::string& to);
+// Replies travelling to `to`.
+MessagePredicate RepliesTo(const std::string& to);
+
+struct InProcessOptions {
+  bool auto_deliver = true;
+  Agent::Options agent;
+  // Shared by every worker; null gives each worker its own registry.
+  std::shared_ptr<FunctionRegistry> registry;
+};
+
+class InProcessNetwork {
+ public:
+  using Options = InProcessOptions;
+
+  // Workers get ids 0..n-1 in the order of `names`, which must be unique and
+  // non-empty (the process aborts otherwise: a test bug).
+  explicit InProcessNetwork(const std::vector<std::string>& names,
+                            Options options = Options());
+  ~InProcessNetwork();
+  InProcessNetwork(const InProcessNetwork&) = delete;
+  InProcessNetwork& operator=(const InProcessNetwork&) = delete;
+
+  // The worker named `name` / with id `id`; aborts when absent (a test bug).
+  InProcessAgent& agent(const std::string& name);
+  InProcessAgent& agent(int id);
+  int size() const { return static_cast<int>(agents_.size()); }
+
+  // --- Queue control. Errors: NotFound for a seq no longer queued. ---
+
+  std::vector<QueuedMessage> Queued() const;
+  // Waits until a queued message satisfies `match` and returns it;
+  // DeadlineExceeded (listing the queue) after `timeout`.
+  absl::StatusOr<QueuedMessage> AwaitQueued(const MessagePredicate& match,
+                                            absl::Duration timeout) const;
+  absl::Status Deliver(uint64_t seq);
+  absl::Status Drop(uint64_t seq);
+  // Queues a copy of message `seq`; returns the copy's seq. A duplicated
+  // request runs its handler again; a duplicated reply is ignored by the
+  // caller (counted in ignored_replies()).
+  absl::StatusOr<uint64_t> Duplicate(uint64_t seq);
+  // Delivers what is queued now and what that queues at once, until the
+  // queue is empty or `max_messages` were delivered; returns how many.
+  // Replies of handlers still running on an executor are queued later: use
+  // AwaitQueued to wait for them.
+  int DeliverAll(int max_messages = 10000);
+  void SetAutoDeliver(bool on);
+  // Delay in auto mode: messages matching `hold` stay queued (for Deliver,
+  // Drop, Duplicate) while the others flow. Hold(nullptr) stops holding and
+  // delivers what was held.
+  void Hold(MessagePredicate hold);
+  // Replies that arrived for calls no longer pending (duplicates, late).
+  int ignored_replies() const;
+
+  // --- Failures. ---
+
+  // NotFound for an unknown worker.
+  absl::Status Kill(const std::string& worker);
+  bool IsDead(const std::string& worker) const;
+
+ private:
+  friend class InProcessAgent;
+  struct Envelope {
+    QueuedMessage summary;
+    int from_id = -1;
+    int to_id = -1;
+    Result<Message> body = absl::UnknownError("empty");
+  };
+  struct PendingCall {
+    Promise<Message> promise;
+    int callee = -1;
+    std::string target;  // DescribeTarget(...)
+    absl::Duration timeout;
+    absl::Time deadline;
+  };
+  using CallKey = std::pair<int, uint64_t>;  // (caller id, request id)
+
+  Future<Message> Transmit(int from, const WorkerInfo& to, Message request,
+                           absl::Duration timeout);
+  // Queues (or, in auto mode, delivers) one envelope.
+  void Post(Envelope envelope) ABSL_LOCKS_EXCLUDED(mu_);
+  void DeliverEnvelope(Envelope envelope) ABSL_LOCKS_EXCLUDED(mu_);
+  void CompleteCall(CallKey key, Result<Message> result)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the calls matching `pred`, returning their promises.
+  std::vector<std::pair<Promise<Message>, absl::Status>> TakeCalls(
+      const std::function<absl::Status(const CallKey&, const PendingCall&)>&
+          error_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails `from`'s outgoing calls with Cancelled (non-graceful shutdown).
+  void CancelCallsFrom(int from);
+  absl::Status AwaitNoCallsFrom(int from, absl::Time deadline);
+  absl::Status Barrier(int id, absl::Time deadline);
+  void MarkStopped(int id);
+  void TimerLoop();
+
+  Options options_;
+  std::vector<std::unique_ptr<InProcessAgent>> agents_;
+  std::map<std::string, int> ids_;
+
+  mutable Mutex mu_;
+  bool auto_deliver_ ABSL_GUARDED_BY(mu_);
+  MessagePredicate hold_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Envelope> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<CallKey, PendingCall> calls_ ABSL_GUARDED_BY(mu_);
+  std::set<int> dead_ ABSL_GUARDED_BY(mu_);
+  std::set<int> stopped_ ABSL_GUARDED_BY(mu_);
+  std::set<int> at_barrier_ ABSL_GUARDED_BY(mu_);
+  int ignored_replies_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_timer_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread timer_;
+};
+
+}  // namespace ferry::rpc::testing
+
+#endif  // FERRY_RPC_TESTING_IN_PROCESS_H_

@@ -1,0 +1,1031 @@
+#include "rref/rref_context.h"
+
+#include <functional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace ferry::rref {
+
+using rpc::Message;
+using rpc::MessageType;
+using rpc::RRefFields;
+using rpc::WorkerInfo;
+
+// The value (or object) of one owned RRef. `object` and `cls` are written
+// before `promise` completes and only read after `value` is ready.
+struct RRefContext::Slot {
+  Promise<Value> promise;
+  Future<Value> value = promise.GetFuture();
+  std::shared_ptr<void> object;
+  std::shared_ptr<const ClassInfo> cls;
+  Mutex method_mu;  // Serialized classes: one method at a time.
+  std::atomic<bool> started{false};
+};
+
+struct RRefContext::OwnerEntry {
+  std::string type_name;
+  std::shared_ptr<Slot> slot;
+  std::map<GlobalId, int> forks;  // fork id -> holder worker id
+  int local_handles = 0;
+};
+
+namespace {
+
+void ForEachHandle(Value& v, const std::function<void(RRefHandle&)>& fn) {
+  if (RRefHandle* h = v.mutable_rref()) {
+    fn(*h);
+  } else if (Value::List* l = v.mutable_list()) {
+    for (Value& x : *l) ForEachHandle(x, fn);
+  } else if (Value::Dict* d = v.mutable_dict()) {
+    for (auto& [k, x] : *d) ForEachHandle(x, fn);
+  }
+}
+
+Message Control(MessageType type, GlobalId rref_id, GlobalId fork_id,
+                int owner_id) {
+  Message m;
+  m.type = type;
+  m.rref = RRefFields{rref_id, fork_id, owner_id, -1, ""};
+  return m;
+}
+
+Future<Message> ErrorReply(absl::Status s) {
+  return MakeErrorFuture<Message>(std::move(s));
+}
+
+constexpr char kMethodPrefix = '@';
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// RRefState
+
+RRefState::~RRefState() {
+  if (released_.exchange(true)) return;
+  if (std::shared_ptr<RRefContext> ctx = ctx_.lock()) {
+    ctx->OnStateDropped(is_owner_, owner_, rref_id_, fork_id_, created_);
+  }
+}
+
+std::string RRefState::DebugString() const {
+  return absl::StrCat("RRef ", rref_id_.ToString(), " owned by '",
+                      owner_.name, "'",
+                      is_owner_ ? "" : absl::StrCat(" (fork ",
+                                                    fork_id_.ToString(), ")"));
+}
+
+std::string RRefContext::OwnedInfo::DebugString() const {
+  std::vector<std::string> f;
+  for (const auto& [fork, holder] : forks) {
+    f.push_back(absl::StrCat(fork.ToString(), "@", holder));
+  }
+  return absl::StrCat(rref_id.ToString(), " type=", type_name, " forks=[",
+                      absl::StrJoin(f, ", "), "] local=", local_handles,
+                      created ? "" : " (creation pending)");
+}
+
+// ---------------------------------------------------------------------------
+// Setup
+
+RRefContext::RRefContext(rpc::Agent* agent, Options options)
+    : agent_(agent),
+      options_(std::move(options)),
+      classes_(options_.classes ? options_.classes
+                                : std::make_shared<ClassRegistry>()),
+      ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1) {}
+
+RRefContext::~RRefContext() = default;
+
+absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Create(
+    rpc::Agent* agent, Options options) {
+  if (agent == nullptr) return absl::InvalidArgumentError("null agent");
+  if (agent->self().id < 0) {
+    return absl::FailedPreconditionError(
+        "RRefContext needs a joined agent (self() unknown)");
+  }
+  std::shared_ptr<RRefContext> ctx(new RRefContext(agent, std::move(options)));
+  RETURN_IF_ERROR(ctx->Install());
+  return ctx;
+}
+
+absl::Status RRefContext::Install() {
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  const std::string self = agent_->self().name;
+  using Method = Future<Message> (RRefContext::*)(Message);
+  const std::pair<MessageType, Method> handlers[] = {
+      {MessageType::kRemoteCall, &RRefContext::HandleRemoteCall},
+      {MessageType::kRRefFetch, &RRefContext::HandleFetch},
+      {MessageType::kRRefForkRequest, &RRefContext::HandleForkRequest},
+      {MessageType::kRRefChildAccept, &RRefContext::HandleChildAccept},
+      {MessageType::kRRefUserDelete, &RRefContext::HandleUserDelete},
+      {kRRefMethod, &RRefContext::HandleMethod},
+  };
+  for (const auto& [type, method] : handlers) {
+    RETURN_IF_ERROR(agent_->RegisterHandler(
+        type, [weak, method = method, self](Message m) -> Future<Message> {
+          std::shared_ptr<RRefContext> ctx = weak.lock();
+          if (ctx == nullptr) {
+            return ErrorReply(absl::UnavailableError(absl::StrCat(
+                "worker '", self, "' has no RRef context any more")));
+          }
+          return ((*ctx).*method)(std::move(m));
+        }));
+  }
+  agent_->AddInterceptor([weak](rpc::InterceptPoint point,
+                                const WorkerInfo& peer, Message& m) {
+    std::shared_ptr<RRefContext> ctx = weak.lock();
+    return ctx ? ctx->Intercept(point, peer, m) : absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GlobalId> RRefContext::NextId() { return ids_.Next(); }
+
+absl::StatusOr<WorkerInfo> RRefContext::Worker(int id) const {
+  return agent_->GetWorkerInfo(id);
+}
+
+std::string RRefContext::Describe(GlobalId rref_id,
+                                  const std::string& owner) const {
+  return absl::StrCat("RRef ", rref_id.ToString(), " owned by '", owner,
+                      "' (on worker '", agent_->self().name, "')");
+}
+
+RRefHandle RRefContext::MakeHandle(const std::shared_ptr<RRefState>& state) {
+  RRefHandle h;
+  if (state == nullptr) return h;
+  h.owner_id = state->owner().id;
+  h.rref_id = state->rref_id();
+  h.fork_id = state->fork_id();
+  h.type_name = state->type_name();
+  h.local = state;
+  return h;
+}
+
+// ---------------------------------------------------------------------------
+// Handles travelling in messages
+
+absl::Status RRefContext::Intercept(rpc::InterceptPoint point,
+                                    const WorkerInfo& peer, Message& message) {
+  const bool sending = point == rpc::InterceptPoint::kSendRequest ||
+                       point == rpc::InterceptPoint::kSendReply;
+  absl::Status status;
+  ForEachHandle(message.payload, [&](RRefHandle& h) {
+    if (!status.ok()) return;
+    status = sending ? ForkForSend(h, peer.id) : AcceptReceived(h, peer.id);
+  });
+  return status;
+}
+
+absl::Status RRefContext::ForkForSend(RRefHandle& handle, int to) {
+  if (handle.local == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_->self().name, "' cannot send RRef ",
+        handle.rref_id.ToString(),
+        ": the handle holds no reference on this worker (build it from an "
+        "RRef)"));
+  }
+  auto state = std::static_pointer_cast<RRefState>(handle.local);
+  ASSIGN_OR_RETURN(GlobalId fork, NextId());
+  {
+    MutexLock lock(&mu_);
+    if (state->is_owner()) {
+      auto it = owners_.find(state->rref_id());
+      if (it == owners_.end()) {
+        return absl::InternalError(absl::StrCat(
+            state->DebugString(), ": owner handle alive but not registered"));
+      }
+      it->second.forks[fork] = to;  // Early registration.
+    } else {
+      pending_children_[fork] = PendingChild{state, to};  // I2
+    }
+  }
+  handle.owner_id = state->owner().id;
+  handle.rref_id = state->rref_id();
+  handle.fork_id = fork;
+  handle.type_name = state->type_name();
+  handle.local.reset();  // May drop this worker's reference: outside mu_.
+  return absl::OkStatus();
+}
+
+absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
+  const int self = agent_->self().id;
+  const GlobalId rref_id = handle.rref_id;
+  const GlobalId fork = handle.fork_id;
+  if (handle.owner_id == self) {
+    std::shared_ptr<RRefState> state;
+    {
+      // The handle may overtake the REMOTE_CALL creating the value (a user
+      // sharing an unconfirmed RRef): a placeholder waits for it.
+      MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
+                       SlotFor(rref_id, handle.type_name));
+      state = NewOwnerHandle(rref_id, handle.type_name, slot);
+    }
+    if (parent == self) {
+      DeleteFork(rref_id, fork);  // Our own early registration.
+    } else {
+      SendInternal(parent,
+                   Control(MessageType::kRRefChildAccept, rref_id, fork, self),
+                   nullptr);
+    }
+    handle.local = std::move(state);
+    return absl::OkStatus();
+  }
+  {
+    MutexLock lock(&mu_);
+    auto it = users_.find(fork);
+    if (it != users_.end()) {
+      if (std::shared_ptr<RRefState> s = it->second.lock()) {
+        handle.local = std::move(s);  // A duplicate of a delivered handle.
+        return absl::OkStatus();
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(WorkerInfo owner, Worker(static_cast<int>(handle.owner_id)));
+  if (parent == owner.id) {
+    handle.local = NewUser(owner, rref_id, fork, handle.type_name,
+                           MakeReadyFuture());
+    return absl::OkStatus();
+  }
+  Promise<void> confirmed;
+  handle.local = NewUser(owner, rref_id, fork, handle.type_name,
+                         confirmed.GetFuture());
+  Message request = Control(MessageType::kRRefForkRequest, rref_id, fork,
+                            owner.id);
+  request.rref->peer_id = parent;
+  request.rref->type_name = handle.type_name;
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  const std::string what =
+      absl::StrCat("confirming fork ", fork.ToString(), " of ",
+                   Describe(rref_id, owner.name));
+  SendInternal(owner.id, std::move(request),
+               [weak, confirmed, parent, rref_id, fork, what,
+                owner_id = owner.id](const Result<Message>& r) mutable {
+                 confirmed.Set(r.ok() ? absl::OkStatus()
+                                      : Annotate(r.status(), what));
+                 if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+                   ctx->SendInternal(
+                       parent,
+                       Control(MessageType::kRRefChildAccept, rref_id, fork,
+                               owner_id),
+                       nullptr);
+                 }
+               });
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Owner side
+
+absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::SlotFor(
+    GlobalId rref_id, const std::string& type_name) {
+  auto it = owners_.find(rref_id);
+  if (it != owners_.end()) return it->second.slot;
+  if (deleted_rrefs_.count(rref_id)) {
+    return absl::NotFoundError(
+        absl::StrCat(Describe(rref_id, agent_->self().name),
+                     " was already deleted on its owner"));
+  }
+  OwnerEntry& e = owners_[rref_id];  // A placeholder until created.
+  e.type_name = type_name;
+  e.slot = std::make_shared<Slot>();
+  return e.slot;
+}
+
+std::shared_ptr<RRefState> RRefContext::NewOwnerHandle(
+    GlobalId rref_id, const std::string& type_name,
+    const std::shared_ptr<Slot>& slot) {
+  ++owners_[rref_id].local_handles;
+  std::shared_ptr<RRefState> s(new RRefState());
+  s->ctx_ = weak_from_this();
+  s->is_owner_ = true;
+  s->owner_ = agent_->self();
+  s->rref_id_ = rref_id;
+  s->type_name_ = type_name;
+  s->created_ = slot->value.Then(
+      [](const Result<Value>& v) -> absl::Status { return v.status(); });
+  return s;
+}
+
+std::shared_ptr<RRefContext::Slot> RRefContext::MaybeDelete(GlobalId rref_id) {
+  auto it = owners_.find(rref_id);
+  if (it == owners_.end()) return nullptr;
+  OwnerEntry& e = it->second;
+  if (!e.forks.empty() || e.local_handles > 0 || !e.slot->value.IsReady()) {
+    return nullptr;
+  }
+  std::shared_ptr<Slot> slot = std::move(e.slot);
+  owners_.erase(it);
+  deleted_rrefs_.insert(rref_id);
+  return slot;  // Destroyed by the caller outside mu_ (I3).
+}
+
+void RRefContext::DeleteFork(GlobalId rref_id, GlobalId fork_id) {
+  std::shared_ptr<Slot> doomed;
+  MutexLock lock(&mu_);
+  deleted_forks_.insert(fork_id);
+  auto it = owners_.find(rref_id);
+  if (it == owners_.end()) return;
+  it->second.forks.erase(fork_id);
+  doomed = MaybeDelete(rref_id);
+  // `doomed` dies after the lock is released (declared first).
+}
+
+void RRefContext::OnCreated(GlobalId rref_id) {
+  std::shared_ptr<Slot> doomed;
+  MutexLock lock(&mu_);
+  doomed = MaybeDelete(rref_id);
+}
+
+Future<Message> RRefContext::HandleRemoteCall(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  const RRefFields f = *request.rref;
+  std::shared_ptr<Slot> slot;
+  bool start = false;
+  {
+    MutexLock lock(&mu_);
+    if (f.fork_id != GlobalId() && deleted_forks_.count(f.fork_id)) {
+      return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
+    }
+    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+    if (!s.ok()) return ErrorReply(s.status());
+    slot = *s;
+    if (f.fork_id != GlobalId()) {
+      owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+    }
+    start = !slot->started.exchange(true);
+  }
+  if (start) {
+    std::weak_ptr<RRefContext> weak = weak_from_this();
+    const std::string what =
+        absl::StrCat("worker '", agent_->self().name, "' creating RRef ",
+                     f.rref_id.ToString(), " with '", request.function, "'");
+    RunCreation(slot, request)
+        .OnComplete([slot, weak, what, id = f.rref_id](const Result<Value>& r) {
+          slot->promise.Set(r.ok() ? r : Annotate(r.status(), what));
+          if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+            ctx->OnCreated(id);
+          }
+        });
+  }
+  return slot->value.Then([](const Result<Value>& v) -> absl::StatusOr<Message> {
+    if (!v.ok()) return v.status();
+    return Message();
+  });
+}
+
+Future<Value> RRefContext::RunCreation(const std::shared_ptr<Slot>& slot,
+                                       const Message& request) {
+  const std::string& fn = request.function;
+  if (!fn.empty() && fn[0] == kMethodPrefix) {
+    const Value::List* p = request.payload.if_list();
+    if (p == nullptr || p->size() != 2 || p->at(0).if_int() == nullptr) {
+      return MakeErrorFuture<Value>(
+          absl::InvalidArgumentError("malformed remote method call"));
+    }
+    const GlobalId target = GlobalId::FromValue(*p->at(0).if_int());
+    absl::StatusOr<std::shared_ptr<Slot>> t;
+    {
+      MutexLock lock(&mu_);
+      t = SlotFor(target, "");
+    }
+    if (!t.ok()) return MakeErrorFuture<Value>(t.status());
+    std::weak_ptr<RRefContext> weak = weak_from_this();
+    return (*t)->value.Then(
+        [weak, t = *t, method = fn.substr(1),
+         args = p->at(1)](const Result<Value>& v) -> Future<Value> {
+          if (!v.ok()) return MakeErrorFuture<Value>(v.status());
+          std::shared_ptr<RRefContext> ctx = weak.lock();
+          if (ctx == nullptr) {
+            return MakeErrorFuture<Value>(absl::UnavailableError("shut down"));
+          }
+          return ctx->RunMethod(t, method, args);
+        });
+  }
+  if (std::shared_ptr<const ClassInfo> cls = classes_->Find(fn)) {
+    if (!cls->construct) {
+      return MakeErrorFuture<Value>(absl::FailedPreconditionError(
+          absl::StrCat("class '", fn, "' has no registered constructor")));
+    }
+    absl::StatusOr<std::shared_ptr<void>> object = cls->construct(request.payload);
+    if (!object.ok()) return MakeErrorFuture<Value>(object.status());
+    slot->object = *std::move(object);
+    slot->cls = std::move(cls);
+    return MakeReadyFuture<Value>(Value::None());
+  }
+  std::shared_ptr<const rpc::FunctionEntry> entry =
+      agent_->registry().Find(fn);
+  if (entry == nullptr) {
+    return MakeErrorFuture<Value>(absl::NotFoundError(absl::StrCat(
+        "worker '", agent_->self().name, "' has no function or class '", fn,
+        "'")));
+  }
+  rpc::CallContext cc;
+  cc.caller_name = request.caller_name;
+  cc.caller_id = request.caller_id;
+  cc.function = fn;
+  cc.request_id = request.id.value();
+  cc.deadline = request.deadline;
+  return entry->fn(cc, request.payload);
+}
+
+Future<Value> RRefContext::RunMethod(const std::shared_ptr<Slot>& slot,
+                                     const std::string& method,
+                                     const Value& args) {
+  if (slot->object == nullptr || slot->cls == nullptr) {
+    return MakeErrorFuture<Value>(absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_->self().name, "': cannot call method '", method,
+        "': the RRef holds a value, not an object of a registered class")));
+  }
+  auto it = slot->cls->methods.find(method);
+  if (it == slot->cls->methods.end()) {
+    return MakeErrorFuture<Value>(absl::NotFoundError(
+        absl::StrCat("class '", slot->cls->name, "' has no method '", method,
+                     "' (on worker '", agent_->self().name, "')")));
+  }
+  if (slot->cls->serialized) {
+    MutexLock lock(&slot->method_mu);
+    return it->second(slot->object.get(), args);
+  }
+  return it->second(slot->object.get(), args);
+}
+
+Future<Message> RRefContext::HandleFetch(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  const GlobalId id = request.rref->rref_id;
+  std::shared_ptr<Slot> slot;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(id, request.rref->type_name);
+    if (!s.ok()) return ErrorReply(s.status());
+    slot = *s;
+  }
+  const std::string what = Describe(id, agent_->self().name);
+  return slot->value.Then(
+      [slot, what](const Result<Value>& v) -> absl::StatusOr<Message> {
+        if (!v.ok()) return v.status();
+        if (slot->object != nullptr) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              what, " holds an object of class '", slot->cls->name,
+              "', which does not travel; call its methods through rpc_sync()"));
+        }
+        Message reply;
+        reply.payload = *v;
+        return reply;
+      });
+}
+
+Future<Message> RRefContext::HandleMethod(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  std::shared_ptr<Slot> slot;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(request.rref->rref_id, "");
+    if (!s.ok()) return ErrorReply(s.status());
+    slot = *s;
+  }
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  return slot->value
+      .Then([weak, slot, method = request.function,
+             args = request.payload](const Result<Value>& v) -> Future<Value> {
+        if (!v.ok()) return MakeErrorFuture<Value>(v.status());
+        std::shared_ptr<RRefContext> ctx = weak.lock();
+        if (ctx == nullptr) {
+          return MakeErrorFuture<Value>(absl::UnavailableError("shut down"));
+        }
+        return ctx->RunMethod(slot, method, args);
+      })
+      .Then([](const Result<Value>& v) -> absl::StatusOr<Message> {
+        if (!v.ok()) return v.status();
+        Message reply;
+        reply.payload = *v;
+        return reply;
+      });
+}
+
+Future<Message> RRefContext::HandleForkRequest(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  const RRefFields& f = *request.rref;
+  MutexLock lock(&mu_);
+  if (deleted_forks_.count(f.fork_id)) return MakeReadyFuture<Message>(Message());
+  absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+  if (!s.ok()) return ErrorReply(s.status());
+  owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+  return MakeReadyFuture<Message>(Message());
+}
+
+Future<Message> RRefContext::HandleChildAccept(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  PendingChild child;  // Released after the lock (it may be the last ref).
+  {
+    MutexLock lock(&mu_);
+    auto it = pending_children_.find(request.rref->fork_id);
+    if (it != pending_children_.end()) {
+      child = std::move(it->second);
+      pending_children_.erase(it);
+    }
+  }
+  return MakeReadyFuture<Message>(Message());
+}
+
+Future<Message> RRefContext::HandleUserDelete(Message request) {
+  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  DeleteFork(request.rref->rref_id, request.rref->fork_id);
+  return MakeReadyFuture<Message>(Message());
+}
+
+// ---------------------------------------------------------------------------
+// User side
+
+std::shared_ptr<RRefState> RRefContext::NewUser(const WorkerInfo& owner,
+                                                GlobalId rref_id,
+                                                GlobalId fork_id,
+                                                std::string type_name,
+                                                Future<void> created) {
+  std::shared_ptr<RRefState> s(new RRefState());
+  s->ctx_ = weak_from_this();
+  s->owner_ = owner;
+  s->rref_id_ = rref_id;
+  s->fork_id_ = fork_id;
+  s->type_name_ = std::move(type_name);
+  s->created_ = std::move(created);
+  MutexLock lock(&mu_);
+  users_[fork_id] = s;
+  return s;
+}
+
+void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
+                                 GlobalId rref_id, GlobalId fork_id,
+                                 const Future<void>& created) {
+  if (is_owner) {
+    std::shared_ptr<Slot> doomed;
+    MutexLock lock(&mu_);
+    auto it = owners_.find(rref_id);
+    if (it == owners_.end()) return;
+    --it->second.local_handles;
+    doomed = MaybeDelete(rref_id);
+    return;
+  }
+  {
+    MutexLock lock(&mu_);
+    auto it = users_.find(fork_id);
+    if (it != users_.end() && it->second.expired()) users_.erase(it);
+    if (owner.id < 0 || dead_.count(owner.id)) return;
+    ++pending_deletes_;
+  }
+  // I1: the deletion goes out once the owner confirmed the fork (or its
+  // confirmation failed: USER_DELETE is idempotent and tombstones the fork).
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  created.OnComplete([weak, owner_id = owner.id, rref_id,
+                      fork_id](const absl::Status&) {
+    std::shared_ptr<RRefContext> ctx = weak.lock();
+    if (ctx == nullptr) return;
+    ctx->SendInternal(owner_id,
+                      Control(MessageType::kRRefUserDelete, rref_id, fork_id,
+                              owner_id),
+                      nullptr);
+    MutexLock lock(&ctx->mu_);
+    --ctx->pending_deletes_;
+  });
+}
+
+std::shared_ptr<RRefState> RRefContext::Remote(const rpc::WorkerRef& to,
+                                               const std::string& function,
+                                               Value::List args,
+                                               std::string type_name,
+                                               absl::Duration timeout) {
+  return RemoteImpl(to, function, std::move(args), std::move(type_name),
+                    timeout, nullptr);
+}
+
+std::shared_ptr<RRefState> RRefContext::RemoteImpl(
+    const rpc::WorkerRef& to, const std::string& function, Value::List args,
+    std::string type_name, absl::Duration timeout,
+    std::shared_ptr<RRefState> keep_alive) {
+  Message m;
+  m.type = MessageType::kRemoteCall;
+  m.function = function;
+  m.payload = Value::FromList(std::move(args));
+  absl::StatusOr<WorkerInfo> owner = agent_->GetWorkerInfo(to);
+  absl::StatusOr<GlobalId> rref_id = NextId();
+  absl::StatusOr<GlobalId> fork_id = NextId();
+  absl::Status bad = !owner.ok() ? owner.status()
+                     : !rref_id.ok() ? rref_id.status()
+                                     : fork_id.status();
+  if (!bad.ok()) {
+    // A handle that fails at its first use, never a crash.
+    return NewUser(WorkerInfo{"?", -1, ""}, GlobalId(), GlobalId(),
+                   std::move(type_name),
+                   MakeErrorFuture<void>(Annotate(
+                       bad, absl::StrCat("remote('", function, "')"))));
+  }
+  const int self = agent_->self().id;
+  if (owner->id == self) {
+    std::shared_ptr<RRefState> state;
+    std::shared_ptr<Slot> slot;
+    {
+      MutexLock lock(&mu_);
+      slot = *SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
+      state = NewOwnerHandle(*rref_id, type_name, slot);
+    }
+    m.rref = RRefFields{*rref_id, GlobalId(), self, -1, type_name};
+    std::weak_ptr<RRefContext> weak = weak_from_this();
+    agent_->Send(self, std::move(m), timeout)
+        .OnComplete([slot, weak, id = *rref_id,
+                     keep_alive](const Result<Message>& r) mutable {
+          keep_alive.reset();
+          if (r.ok()) return;
+          slot->promise.Set(r.status());  // Never ran: fail the creation.
+          if (std::shared_ptr<RRefContext> ctx = weak.lock()) ctx->OnCreated(id);
+        });
+    return state;
+  }
+  Promise<void> created;
+  std::shared_ptr<RRefState> state =
+      NewUser(*owner, *rref_id, *fork_id, type_name, created.GetFuture());
+  m.rref = RRefFields{*rref_id, *fork_id, owner->id, -1, type_name};
+  // One attempt: a retried REMOTE_CALL would fork its RRef arguments again.
+  SendInternal(owner->id, std::move(m),
+               [created, keep_alive](const Result<Message>& r) mutable {
+                 keep_alive.reset();
+                 created.Set(r.status());
+               },
+               timeout, /*retry_timeouts=*/false);
+  return state;
+}
+
+std::shared_ptr<RRefState> RRefContext::RemoteMethod(
+    const std::shared_ptr<RRefState>& target, const std::string& method,
+    Value::List args, std::string type_name, absl::Duration timeout) {
+  Value::List payload{
+      Value::Int(static_cast<int64_t>(target->rref_id().value())),
+      Value::FromList(std::move(args))};
+  // The target stays referenced until the owner replied (the method ran),
+  // so its deletion cannot overtake the call.
+  return RemoteImpl(target->owner().id, std::string(1, kMethodPrefix) + method,
+                    std::move(payload), std::move(type_name), timeout, target);
+}
+
+std::shared_ptr<RRefState> RRefContext::Local(Value value,
+                                              std::string type_name) {
+  absl::StatusOr<GlobalId> id = NextId();
+  if (!id.ok()) {
+    return NewUser(WorkerInfo{"?", -1, ""}, GlobalId(), GlobalId(),
+                   std::move(type_name), MakeErrorFuture<void>(id.status()));
+  }
+  MutexLock lock(&mu_);
+  std::shared_ptr<Slot> slot = *SlotFor(*id, type_name);
+  slot->started = true;
+  slot->promise.SetValue(std::move(value));
+  return NewOwnerHandle(*id, type_name, slot);
+}
+
+// ---------------------------------------------------------------------------
+// Use
+
+Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
+                                 absl::Duration timeout) {
+  const std::string what =
+      Describe(state->rref_id(), state->owner().name);
+  if (state->is_owner()) {
+    std::shared_ptr<Slot> slot;
+    {
+      MutexLock lock(&mu_);
+      auto it = owners_.find(state->rref_id());
+      if (it != owners_.end()) slot = it->second.slot;
+    }
+    if (slot == nullptr) {
+      return MakeErrorFuture<Value>(
+          absl::InternalError(absl::StrCat(what, ": not registered")));
+    }
+    return slot->value.Then([slot, what](const Result<Value>& v)
+                                -> absl::StatusOr<Value> {
+      if (!v.ok()) return v.status();
+      if (slot->object != nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " holds an object of class '", slot->cls->name,
+                         "'; use local_value() or its methods"));
+      }
+      return *v;
+    });
+  }
+  if (IsKnownDead(state->owner().id)) {
+    return MakeErrorFuture<Value>(absl::UnavailableError(
+        absl::StrCat("to_here of ", what, ": the owner is dead")));
+  }
+  if (state->created().IsReady() && !state->created().status().ok()) {
+    return MakeErrorFuture<Value>(
+        Annotate(state->created().status(), absl::StrCat("to_here of ", what)));
+  }
+  Message m = Control(MessageType::kRRefFetch, state->rref_id(),
+                      state->fork_id(), state->owner().id);
+  m.rref->type_name = state->type_name();
+  return agent_->Send(state->owner().id, std::move(m), timeout)
+      .Then([what, timeout, state = state](
+                const Result<Message>& r) mutable -> absl::StatusOr<Value> {
+        // `state` is held until the reply, so a deletion cannot overtake the
+        // fetch; released before the caller sees the result.
+        state.reset();
+        if (!r.ok()) {
+          return Annotate(r.status(),
+                          absl::StrCat("to_here of ", what, " (limit ",
+                                       absl::FormatDuration(timeout), ")"));
+        }
+        return r->payload;
+      });
+}
+
+absl::StatusOr<Value> RRefContext::LocalValue(const RRefState& state,
+                                              absl::Duration timeout) {
+  const std::string what = Describe(state.rref_id(), state.owner().name);
+  if (!state.is_owner()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local_value() of ", what, ": only the owner has the value"));
+  }
+  std::shared_ptr<Slot> slot;
+  {
+    MutexLock lock(&mu_);
+    auto it = owners_.find(state.rref_id());
+    if (it != owners_.end()) slot = it->second.slot;
+  }
+  if (slot == nullptr) {
+    return absl::InternalError(absl::StrCat(what, ": not registered"));
+  }
+  if (!slot->value.Wait(timeout).ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("local_value() of ", what, ": creation not done after ",
+                     absl::FormatDuration(timeout)));
+  }
+  if (!slot->value.status().ok()) return slot->value.status();
+  if (slot->object != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " holds an object of class '", slot->cls->name, "'"));
+  }
+  return *slot->value.result();
+}
+
+absl::StatusOr<std::shared_ptr<void>> RRefContext::LocalObject(
+    const RRefState& state, std::type_index type, absl::Duration timeout) {
+  const std::string what = Describe(state.rref_id(), state.owner().name);
+  if (!state.is_owner()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "local_value() of ", what, ": only the owner has the object"));
+  }
+  std::shared_ptr<Slot> slot;
+  {
+    MutexLock lock(&mu_);
+    auto it = owners_.find(state.rref_id());
+    if (it != owners_.end()) slot = it->second.slot;
+  }
+  if (slot == nullptr) {
+    return absl::InternalError(absl::StrCat(what, ": not registered"));
+  }
+  if (!slot->value.Wait(timeout).ok()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("local_value() of ", what, ": creation not done after ",
+                     absl::FormatDuration(timeout)));
+  }
+  if (!slot->value.status().ok()) return slot->value.status();
+  if (slot->object == nullptr || slot->cls->type != type) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " does not hold an object of the requested class"));
+  }
+  return slot->object;
+}
+
+Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
+                                      const std::string& method,
+                                      Value::List args,
+                                      absl::Duration timeout) {
+  const std::string what = absl::StrCat(
+      "method '", method, "' of ", Describe(state->rref_id(), state->owner().name));
+  if (IsKnownDead(state->owner().id)) {
+    return MakeErrorFuture<Value>(
+        absl::UnavailableError(absl::StrCat(what, ": the owner is dead")));
+  }
+  if (state->created().IsReady() && !state->created().status().ok()) {
+    return MakeErrorFuture<Value>(Annotate(state->created().status(), what));
+  }
+  Message m = Control(kRRefMethod, state->rref_id(), state->fork_id(),
+                      state->owner().id);
+  m.function = method;
+  m.payload = Value::FromList(std::move(args));
+  return agent_->Send(state->owner().id, std::move(m), timeout)
+      .Then([what, state = state](
+                const Result<Message>& r) mutable -> absl::StatusOr<Value> {
+        state.reset();  // As in Fetch.
+        if (!r.ok()) return Annotate(r.status(), what);
+        return r->payload;
+      });
+}
+
+// ---------------------------------------------------------------------------
+// Internal messages
+
+void RRefContext::SendInternal(int to, Message message, Done done,
+                               std::optional<absl::Duration> timeout,
+                               bool retry_timeouts) {
+  {
+    MutexLock lock(&mu_);
+    if (dead_.count(to) == 0) {
+      ++in_flight_;
+    } else {
+      to = -1;
+    }
+  }
+  if (to < 0) {
+    if (done) {
+      done(absl::UnavailableError(
+          absl::StrCat("worker is known dead; not sending ",
+                       rpc::MessageTypeName(message.type))));
+    }
+    return;
+  }
+  Attempt(to, std::move(message), 1, std::move(done),
+          timeout.value_or(options_.internal_timeout), retry_timeouts);
+}
+
+void RRefContext::Attempt(int to, Message message, int attempt, Done done,
+                          absl::Duration timeout, bool retry_timeouts) {
+  {
+    MutexLock lock(&mu_);
+    ++sent_[message.type];
+  }
+  Message copy = message;
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  agent_->Send(to, std::move(copy), timeout)
+      .OnComplete([weak, to, message = std::move(message), attempt,
+                   done = std::move(done), timeout,
+                   retry_timeouts](const Result<Message>& r) mutable {
+        std::shared_ptr<RRefContext> ctx = weak.lock();
+        if (ctx == nullptr) {
+          if (done) done(r);
+          return;
+        }
+        const absl::StatusCode code = r.status().code();
+        const bool transient =
+            code == absl::StatusCode::kUnavailable ||
+            (retry_timeouts && code == absl::StatusCode::kDeadlineExceeded);
+        if (transient && attempt < ctx->options_.max_attempts &&
+            !ctx->IsKnownDead(to)) {
+          ctx->Attempt(to, std::move(message), attempt + 1, std::move(done),
+                       timeout, retry_timeouts);
+          return;
+        }
+        if (code == absl::StatusCode::kUnavailable && retry_timeouts) {
+          ctx->NotifyWorkerFailed(to);  // Retries exhausted.
+        }
+        if (done) done(r);
+        ctx->FinishInternal();
+      });
+}
+
+void RRefContext::FinishInternal() {
+  MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+// ---------------------------------------------------------------------------
+// Failures, shutdown, inspection
+
+void RRefContext::NotifyWorkerFailed(int id) {
+  std::vector<std::shared_ptr<Slot>> doomed;
+  std::vector<PendingChild> released;
+  MutexLock lock(&mu_);
+  if (id == agent_->self().id || !dead_.insert(id).second) return;
+  std::vector<GlobalId> touched;
+  for (auto& [rref_id, e] : owners_) {
+    for (auto it = e.forks.begin(); it != e.forks.end();) {
+      if (it->second == id) {
+        deleted_forks_.insert(it->first);
+        it = e.forks.erase(it);
+        touched.push_back(rref_id);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (GlobalId r : touched) doomed.push_back(MaybeDelete(r));
+  for (auto it = pending_children_.begin(); it != pending_children_.end();) {
+    if (it->second.to == id) {
+      released.push_back(std::move(it->second));
+      it = pending_children_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // `doomed` and `released` die after the lock is released.
+}
+
+bool RRefContext::IsKnownDead(int id) const {
+  MutexLock lock(&mu_);
+  return dead_.count(id) > 0;
+}
+
+absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
+  MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ == 0 && pending_children_.empty() &&
+           pending_deletes_ == 0;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", agent_->self().name, "': RRef protocol not settled after ",
+      absl::FormatDuration(timeout), ": ", in_flight_,
+      " messages in flight, ", pending_children_.size(), " pending children, ",
+      pending_deletes_, " deletions waiting for confirmation"));
+}
+
+absl::Status RRefContext::Shutdown(absl::Duration timeout) {
+  {
+    MutexLock lock(&mu_);
+    shutting_down_ = true;
+  }
+  // Children first (I2): parents are released only once their children are.
+  absl::Status settled = AwaitSettled(timeout);
+  std::vector<std::shared_ptr<RRefState>> users;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [fork, weak] : users_) {
+      if (std::shared_ptr<RRefState> s = weak.lock()) users.push_back(s);
+    }
+  }
+  for (const std::shared_ptr<RRefState>& s : users) {
+    if (!s->released_.exchange(true)) {
+      OnStateDropped(false, s->owner(), s->rref_id(), s->fork_id(),
+                     s->created());
+    }
+  }
+  users.clear();
+  if (settled.ok()) settled = AwaitSettled(timeout);
+  absl::Status stopped = agent_->Shutdown(/*graceful=*/true, timeout);
+  std::vector<std::shared_ptr<Slot>> dropped;
+  std::vector<std::string> leaked;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, e] : owners_) {
+      if (!e.forks.empty() || !e.slot->value.IsReady()) {
+        OwnedInfo info{id, e.type_name, e.forks, e.local_handles,
+                       e.slot->value.IsReady()};
+        leaked.push_back(info.DebugString());
+      }
+      dropped.push_back(std::move(e.slot));
+    }
+    owners_.clear();
+  }
+  dropped.clear();
+  RETURN_IF_ERROR(settled);
+  RETURN_IF_ERROR(stopped);
+  if (!leaked.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_->self().name, "' leaked ", leaked.size(),
+        " OwnerRRef(s): ", absl::StrJoin(leaked, "; ")));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<RRefContext::OwnedInfo> RRefContext::Owned() const {
+  std::vector<OwnedInfo> out;
+  MutexLock lock(&mu_);
+  for (const auto& [id, e] : owners_) {
+    out.push_back(OwnedInfo{id, e.type_name, e.forks, e.local_handles,
+                            e.slot->value.IsReady()});
+  }
+  return out;
+}
+
+size_t RRefContext::num_owned() const {
+  MutexLock lock(&mu_);
+  return owners_.size();
+}
+
+size_t RRefContext::num_users() const {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [f, w] : users_) n += w.expired() ? 0 : 1;
+  return n;
+}
+
+size_t RRefContext::num_pending_children() const {
+  MutexLock lock(&mu_);
+  return pending_children_.size();
+}
+
+int RRefContext::num_in_flight() const {
+  MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+std::map<MessageType, int> RRefContext::messages_sent() const {
+  MutexLock lock(&mu_);
+  return sent_;
+}
+
+}  // namespace ferry::rref

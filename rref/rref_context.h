@@ -1,0 +1,340 @@
+// RRefContext: one worker's side of Ferry's RRef protocol (remote references
+// with distributed reference counting), on top of the transport-free Agent
+// (rpc/agent.h). One context per agent; several may share a process. Typed
+// use goes through rref.h (RRef<T>, remote<T>); this header is the protocol.
+//
+// Vocabulary (PyTorch's rref.md): the OWNER holds the value; every other
+// worker holding the RRef is a USER, known to the owner by a fork id. The
+// owner also counts its own local handles.
+//
+// Protocol (messages are requests with a reply; all are idempotent):
+//   REMOTE_CALL(R, F)     user -> owner: run a function / construct an object,
+//                         keep the result as R, register fork F of the caller.
+//                         Replied when the value exists (or failed).
+//   RREF_FETCH(R)         any -> owner: reply with a copy of the value.
+//   RREF_FORK_REQUEST(R,F) new user -> owner: register fork F (sent by a user
+//                         that received R from another user).
+//   RREF_CHILD_ACCEPT(F)  receiver -> parent: the owner knows F; the parent
+//                         may drop the reference it kept for F.
+//   RREF_USER_DELETE(R,F) user -> owner: fork F is gone.
+//   RREF_METHOD(R)        any -> owner: run a method of the object R holds.
+// Sending an RRef (an RRefHandle inside any message's payload) forks it:
+//   owner -> W : the owner registers the fork at once (holder W); W is a
+//                confirmed user on arrival, no further message.
+//   user U -> W: U keeps the fork as a pending child (holding U's own
+//                reference) until W sends CHILD_ACCEPT; W, unless it is the
+//                owner, first gets the owner's reply to FORK_REQUEST.
+//   any -> owner: the owner takes a local handle; the fork is never
+//                registered (owner -> itself removes the early registration).
+//
+// Invariants:
+//  I1 (G1) A user sends USER_DELETE for its fork only after the owner has
+//     confirmed that fork (reply to REMOTE_CALL / FORK_REQUEST, or the fork
+//     came from the owner), so the owner always registers a fork before it
+//     can see its deletion: it learns of every user deletion.
+//  I2 (G2) A parent user's reference stays alive while a child fork is
+//     pending, and the child accepts only after the owner confirmed it, so
+//     the owner never reaches zero forks while a fork is in flight.
+//  I3 The owner deletes R when R's value exists (or failed), it has no
+//     registered fork and no local handle. Handles inside a stored value are
+//     released outside the context's lock.
+//  I4 Every deleted fork id is remembered (8 bytes each, for the context's
+//     life), as is every deleted RRef id: a late or duplicated REMOTE_CALL,
+//     FORK_REQUEST or USER_DELETE can neither resurrect nor double-count.
+//  I5 Internal messages are retried (Options::max_attempts, each bounded by
+//     Options::internal_timeout) on Unavailable and DeadlineExceeded.
+//
+// Failures (beyond PyTorch):
+//  - Owner death: to_here, proxies and pending creations on holders fail with
+//    the transport's error (Unavailable naming the owner) or their timeout,
+//    annotated with the RRef id and owner; after the owner is known dead
+//    (below) they fail at once.
+//  - A worker becomes KNOWN DEAD when NotifyWorkerFailed(id) is called (by
+//    the program's failure detector, e.g. the launcher seeing a process exit,
+//    or a test after Kill), or when an internal message to it still fails
+//    with Unavailable after every retry. Then the owner drops every fork held
+//    by that worker, pending children sent to it are released, and nothing
+//    more is sent to it.
+//
+// Lifetime: created by Create(), which registers the handlers and the
+// interceptor on the agent; they hold only a weak reference, so the context
+// may be destroyed before the agent (they then answer Unavailable). Handles
+// (RRefState) hold a weak reference too. Shutdown(): see below.
+//
+// Thread safety: every method is safe from any thread. Completion callbacks
+// run on transport threads and never block.
+#ifndef FERRY_RREF_RREF_CONTEXT_H_
+#define FERRY_RREF_RREF_CONTEXT_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/future.h"
+#include "common/ids.h"
+#include "common/sync.h"
+#include "rpc/agent.h"
+#include "rpc/message.h"
+#include "rref/class_registry.h"
+#include "tensor/value.h"
+
+namespace ferry::rref {
+
+// Proxy calls on remote objects (rref.h); a layer-defined message type.
+inline constexpr rpc::MessageType kRRefMethod =
+    static_cast<rpc::MessageType>(
+        static_cast<uint32_t>(rpc::MessageType::kFirstLayerType) + 17);
+
+class RRefContext;
+
+// One worker's reference to an RRef: the owner's local handle or a user's
+// fork. Shared by every RRef<T> copy on this worker; its destruction releases
+// the reference (a user's deletion is sent once the owner confirmed it).
+class RRefState {
+ public:
+  ~RRefState();
+  RRefState(const RRefState&) = delete;
+  RRefState& operator=(const RRefState&) = delete;
+
+  bool is_owner() const { return is_owner_; }
+  const rpc::WorkerInfo& owner() const { return owner_; }
+  GlobalId rref_id() const { return rref_id_; }
+  // Users: this worker's fork id. Owners: none (GlobalId()).
+  GlobalId fork_id() const { return fork_id_; }
+  const std::string& type_name() const { return type_name_; }
+  // Users: completes when the owner confirmed this fork, with the creation
+  // error of a remote() whose function failed. Owners: when the value exists.
+  const Future<void>& created() const { return created_; }
+  std::shared_ptr<RRefContext> context() const { return ctx_.lock(); }
+  std::string DebugString() const;
+
+ private:
+  friend class RRefContext;
+  RRefState() = default;
+
+  std::weak_ptr<RRefContext> ctx_;
+  bool is_owner_ = false;
+  rpc::WorkerInfo owner_;
+  GlobalId rref_id_;
+  GlobalId fork_id_;
+  std::string type_name_;
+  Future<void> created_;
+  // Set once the deletion was handed to the protocol (Shutdown may do it
+  // before the last handle goes).
+  std::atomic<bool> released_{false};
+};
+
+class RRefContext : public std::enable_shared_from_this<RRefContext> {
+ public:
+  struct Options {
+    // Per attempt of an internal message (fork request, accept, delete).
+    absl::Duration internal_timeout = absl::Seconds(10);
+    int max_attempts = 5;
+    // Shared with other contexts if given; a fresh one otherwise.
+    std::shared_ptr<ClassRegistry> classes;
+  };
+
+  // What an owner holds, for inspection and leak reports.
+  struct OwnedInfo {
+    GlobalId rref_id;
+    std::string type_name;
+    std::map<GlobalId, int> forks;  // fork id -> holder worker id
+    int local_handles = 0;
+    bool created = false;
+    std::string DebugString() const;
+  };
+
+  // Registers the RRef handlers and interceptor on `agent` (which must
+  // outlive the context, and must be joined: self() known). AlreadyExists if
+  // the agent already has RRef handlers.
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
+      rpc::Agent* agent, Options options);
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
+      rpc::Agent* agent) {
+    return Create(agent, Options());
+  }
+  ~RRefContext();
+
+  rpc::Agent& agent() const { return *agent_; }
+  ClassRegistry& classes() { return *classes_; }
+
+  // --- Creation (rref.h wraps these). Never fail synchronously: errors
+  // complete the state's created() future and surface at the next use. ---
+
+  // Runs `function` (a registered function or class) on `to` with `args`;
+  // the result stays there. `timeout` bounds the creation.
+  std::shared_ptr<RRefState> Remote(const rpc::WorkerRef& to,
+                                    const std::string& function,
+                                    Value::List args, std::string type_name,
+                                    absl::Duration timeout);
+  // Runs `method` of the object behind `target` on its owner; the result
+  // stays there as a new RRef.
+  std::shared_ptr<RRefState> RemoteMethod(
+      const std::shared_ptr<RRefState>& target, const std::string& method,
+      Value::List args, std::string type_name, absl::Duration timeout);
+  // A value this worker owns.
+  std::shared_ptr<RRefState> Local(Value value, std::string type_name);
+
+  // --- Use. ---
+
+  // A copy of the value (fetched from the owner unless local). Errors name
+  // the RRef, owner and limit.
+  Future<Value> Fetch(const std::shared_ptr<RRefState>& state,
+                      absl::Duration timeout);
+  // Owner only: the value (FailedPrecondition elsewhere), waiting up to
+  // `timeout` for a pending creation.
+  absl::StatusOr<Value> LocalValue(const RRefState& state,
+                                   absl::Duration timeout);
+  // Owner only: the object of a remote-object RRef.
+  absl::StatusOr<std::shared_ptr<void>> LocalObject(const RRefState& state,
+                                                    std::type_index type,
+                                                    absl::Duration timeout);
+  // Runs `method` on the object behind `state`, on its owner.
+  Future<Value> CallMethod(const std::shared_ptr<RRefState>& state,
+                           const std::string& method, Value::List args,
+                           absl::Duration timeout);
+
+  // --- Failures and shutdown. ---
+
+  // Makes worker `id` known dead (see header). Idempotent.
+  void NotifyWorkerFailed(int id);
+  bool IsKnownDead(int id) const;
+
+  // Waits until this worker has no internal message in flight, no pending
+  // child and no deletion waiting for a confirmation. DeadlineExceeded
+  // (listing what is pending) after `timeout`.
+  absl::Status AwaitSettled(absl::Duration timeout) const;
+
+  // Graceful, collective (every worker calls it, like Agent::Shutdown):
+  // releases every user reference this worker still holds (handles held by
+  // the program become unusable), waits for this worker's protocol messages
+  // to settle, shuts the agent down gracefully (a barrier: after it, every
+  // worker's deletions have been served), then drops this worker's own
+  // unforked values. Returns FailedPrecondition listing the OwnerRRefs still
+  // registered (leaked: a fork whose deletion never came), or the first
+  // error of the steps above. `timeout` bounds each step.
+  absl::Status Shutdown(absl::Duration timeout = absl::Seconds(60));
+
+  // --- Inspection (tests, admin). ---
+  std::vector<OwnedInfo> Owned() const;
+  size_t num_owned() const;
+  size_t num_users() const;  // Live user forks on this worker.
+  size_t num_pending_children() const;
+  int num_in_flight() const;
+  // Counters of internal messages sent, by type (each attempt counts).
+  std::map<rpc::MessageType, int> messages_sent() const;
+
+  // Interceptor/handler entry points for Value conversion (rref.h).
+  // Takes a handle for this worker's reference (attached to a Value).
+  static RRefHandle MakeHandle(const std::shared_ptr<RRefState>& state);
+
+ private:
+  struct Slot;
+  struct OwnerEntry;
+  struct PendingChild {
+    std::shared_ptr<RRefState> parent;
+    int to = -1;
+  };
+  using Done = absl::AnyInvocable<void(const Result<rpc::Message>&)>;
+
+  RRefContext(rpc::Agent* agent, Options options);
+  absl::Status Install();
+
+  // --- Sending and receiving handles (the interceptor). ---
+  absl::Status Intercept(rpc::InterceptPoint point, const rpc::WorkerInfo& peer,
+                         rpc::Message& message);
+  absl::Status ForkForSend(RRefHandle& handle, int to);
+  absl::Status AcceptReceived(RRefHandle& handle, int parent);
+
+  // --- Handlers. ---
+  Future<rpc::Message> HandleRemoteCall(rpc::Message request);
+  Future<rpc::Message> HandleFetch(rpc::Message request);
+  Future<rpc::Message> HandleForkRequest(rpc::Message request);
+  Future<rpc::Message> HandleChildAccept(rpc::Message request);
+  Future<rpc::Message> HandleUserDelete(rpc::Message request);
+  Future<rpc::Message> HandleMethod(rpc::Message request);
+
+  // --- Owner side. ---
+  // The slot of R, creating a placeholder entry when R is unknown;
+  // NotFound when R was deleted.
+  absl::StatusOr<std::shared_ptr<Slot>> SlotFor(GlobalId rref_id,
+                                                const std::string& type_name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartCreation(GlobalId rref_id, std::shared_ptr<Slot> slot,
+                     const rpc::Message& request);
+  Future<Value> RunCreation(const std::shared_ptr<Slot>& slot,
+                            const rpc::Message& request);
+  Future<Value> RunMethod(const std::shared_ptr<Slot>& slot,
+                          const std::string& method, const Value& args);
+  std::shared_ptr<RRefState> NewOwnerHandle(GlobalId rref_id,
+                                            const std::string& type_name,
+                                            const std::shared_ptr<Slot>& slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeleteFork(GlobalId rref_id, GlobalId fork_id);
+  // Removes R if I3 allows; returns what to destroy outside the lock.
+  std::shared_ptr<Slot> MaybeDelete(GlobalId rref_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCreated(GlobalId rref_id);
+
+  std::shared_ptr<RRefState> RemoteImpl(const rpc::WorkerRef& to,
+                                        const std::string& function,
+                                        Value::List args,
+                                        std::string type_name,
+                                        absl::Duration timeout,
+                                        std::shared_ptr<RRefState> keep_alive);
+
+  // --- User side. ---
+  std::shared_ptr<RRefState> NewUser(const rpc::WorkerInfo& owner,
+                                     GlobalId rref_id, GlobalId fork_id,
+                                     std::string type_name,
+                                     Future<void> created);
+  friend class RRefState;
+  void OnStateDropped(bool is_owner, const rpc::WorkerInfo& owner,
+                      GlobalId rref_id, GlobalId fork_id,
+                      const Future<void>& created);
+  void SendUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
+
+  // --- Internal messages. ---
+  void SendInternal(int to, rpc::Message message, Done done,
+                    std::optional<absl::Duration> timeout = std::nullopt,
+                    bool retry_timeouts = true);
+  void Attempt(int to, rpc::Message message, int attempt, Done done,
+               absl::Duration timeout, bool retry_timeouts);
+  void FinishInternal();
+
+  absl::StatusOr<GlobalId> NextId();
+  absl::StatusOr<rpc::WorkerInfo> Worker(int id) const;
+  std::string Describe(GlobalId rref_id, const std::string& owner) const;
+
+  rpc::Agent* const agent_;
+  const Options options_;
+  const std::shared_ptr<ClassRegistry> classes_;
+  IdGenerator ids_;
+
+  mutable Mutex mu_;
+  // Owner side: every RRef this worker owns and has not deleted (I3).
+  std::map<GlobalId, OwnerEntry> owners_ ABSL_GUARDED_BY(mu_);
+  std::set<GlobalId> deleted_forks_ ABSL_GUARDED_BY(mu_);  // I4
+  std::set<GlobalId> deleted_rrefs_ ABSL_GUARDED_BY(mu_);  // I4
+  // User side: live forks (dedups a received handle delivered twice).
+  std::map<GlobalId, std::weak_ptr<RRefState>> users_ ABSL_GUARDED_BY(mu_);
+  // Forks this worker (a user) sent, waiting for CHILD_ACCEPT (I2).
+  std::map<GlobalId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
+  // Dropped users whose deletion waits for the owner's confirmation (I1).
+  int pending_deletes_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> dead_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<rpc::MessageType, int> sent_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::rref
+
+#endif  // FERRY_RREF_RREF_CONTEXT_H_

@@ -1,0 +1,441 @@
+// Deterministic protocol tests: the in-process network holds every message
+// and the test chooses what is delivered, in which order, duplicated or
+// dropped (PyTorch rref.md's scenarios, G1 and G2, idempotency, retries).
+#include <atomic>
+#include <functional>
+#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rpc/testing/in_process.h"
+#include "rref/rref.h"
+
+namespace ferry::rref {
+namespace {
+
+using rpc::MessageType;
+using rpc::testing::InProcessNetwork;
+using rpc::testing::QueuedMessage;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+class ProtocolTest : public ::testing::Test {
+ protected:
+  ProtocolTest() : net_({"a", "b", "c"}, Manual()) {
+    RRefContext::Options o;
+    o.internal_timeout = absl::Milliseconds(300);  // Retries come quickly.
+    o.max_attempts = 5;
+    for (const char* n : {"a", "b", "c"}) {
+      auto ctx = RRefContext::Create(&net_.agent(n), o);
+      EXPECT_TRUE(ctx.ok()) << ctx.status();
+      ctx_[n] = *ctx;
+      rpc::Agent& agent = net_.agent(n);
+      RRefContext* c = ctx_[n].get();
+      EXPECT_TRUE(agent.Register("add", [](int64_t x, int64_t y) {
+                         return x + y;
+                       }).ok());
+      EXPECT_TRUE(agent.Register("hold", [this](RRef<int64_t> r) {
+                         MutexLock lock(&mu_);
+                         held_.push_back(std::move(r));
+                       }).ok());
+      EXPECT_TRUE(agent.Register("own", [c](int64_t v) {
+                         return MakeLocalRRef<int64_t>(*c, v);
+                       }).ok());
+    }
+  }
+
+  static InProcessNetwork::Options Manual() {
+    InProcessNetwork::Options o;
+    o.auto_deliver = false;
+    return o;
+  }
+
+  // Waits for a request of `type` from `from` to `to` and delivers it.
+  uint64_t Deliver(MessageType type, const std::string& from,
+                   const std::string& to) {
+    absl::StatusOr<QueuedMessage> m = net_.AwaitQueued(
+        [&](const QueuedMessage& q) {
+          return !q.is_reply && q.type == type && q.from == from && q.to == to;
+        },
+        kWait);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return 0;
+    EXPECT_TRUE(net_.Deliver(m->seq).ok());
+    return m->seq;
+  }
+  // Delivers request `seq` and waits until its handler replied (the reply is
+  // queued, not delivered); returns the reply's seq.
+  uint64_t Serve(uint64_t seq) {
+    std::optional<QueuedMessage> req;
+    for (const QueuedMessage& q : net_.Queued()) {
+      if (q.seq == seq) req = q;
+    }
+    EXPECT_TRUE(req.has_value());
+    if (!req) return 0;
+    EXPECT_TRUE(net_.Deliver(seq).ok());
+    absl::StatusOr<QueuedMessage> reply = net_.AwaitQueued(
+        [&](const QueuedMessage& q) { return q.is_reply && q.id == req->id; },
+        kWait);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? reply->seq : 0;
+  }
+  uint64_t Serve(MessageType type, const std::string& from,
+                 const std::string& to) {
+    absl::StatusOr<QueuedMessage> m = net_.AwaitQueued(
+        [&](const QueuedMessage& q) {
+          return !q.is_reply && q.type == type && q.from == from && q.to == to;
+        },
+        kWait);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? Serve(m->seq) : 0;
+  }
+  // Waits (bounded) until `pred` holds; returns whether it did.
+  static bool WaitUntil(const std::function<bool()>& pred) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (!pred()) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+  // Waits for the reply to a request of `type` travelling to `to`; delivers.
+  void DeliverReply(MessageType type, const std::string& to) {
+    absl::StatusOr<QueuedMessage> m = net_.AwaitQueued(
+        [&](const QueuedMessage& q) {
+          return q.is_reply && q.type == type && q.to == to;
+        },
+        kWait);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE(net_.Deliver(m->seq).ok());
+  }
+  // Round trip: request delivered, then its reply.
+  void RoundTrip(MessageType type, const std::string& from,
+                 const std::string& to) {
+    uint64_t reply = Serve(type, from, to);
+    ASSERT_TRUE(net_.Deliver(reply).ok());
+  }
+  int CountQueued(MessageType type) const {
+    int n = 0;
+    for (const QueuedMessage& q : net_.Queued()) n += q.type == type;
+    return n;
+  }
+  // Delivers everything until every context is settled and the queue empty.
+  void Settle() {
+    for (int i = 0; i < 200; ++i) {
+      net_.DeliverAll();
+      bool settled = net_.Queued().empty();
+      for (auto& [n, c] : ctx_) {
+        settled = settled && c->AwaitSettled(absl::ZeroDuration()).ok();
+      }
+      if (settled) return;
+      (void)net_.AwaitQueued([](const QueuedMessage&) { return true; },
+                             absl::Milliseconds(200));
+    }
+    FAIL() << "protocol did not settle";
+  }
+  size_t HeldCount() {
+    MutexLock lock(&mu_);
+    return held_.size();
+  }
+  void DropHeld() {
+    std::vector<RRef<int64_t>> doomed;
+    {
+      MutexLock lock(&mu_);
+      doomed.swap(held_);
+    }
+  }
+  // A confirmed user RRef on `user` owned by `owner`, made in manual mode.
+  RRef<int64_t> Confirmed(const std::string& user, const std::string& owner) {
+    RRef<int64_t> r = remote<int64_t>(*ctx_[user], owner, "add", 1, 2);
+    RoundTrip(MessageType::kRemoteCall, user, owner);
+    EXPECT_TRUE(r.creation().Get(kWait).ok());
+    return r;
+  }
+
+  InProcessNetwork net_;
+  std::map<std::string, std::shared_ptr<RRefContext>> ctx_;
+  Mutex mu_;
+  std::vector<RRef<int64_t>> held_ ABSL_GUARDED_BY(mu_);
+};
+
+// G1: a user dropped before the owner confirmed it sends its deletion only
+// after the confirmation, so the owner registers the fork first.
+TEST_F(ProtocolTest, DeleteOfUnconfirmedUserWaitsForConfirmation) {
+  {
+    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  }
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(MessageType::kRemoteCall), 1);
+  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  ASSERT_TRUE(net_.Deliver(reply).ok());
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  Settle();
+}
+
+// A fetch that overtakes the creation waits on the owner for the value.
+TEST_F(ProtocolTest, FetchBeforeCreationWaitsForValue) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 20, 22);
+  Future<int64_t> f = r.to_here_async(kWait);
+  Deliver(MessageType::kRRefFetch, "a", "b");
+  ASSERT_TRUE(WaitUntil([&] { return ctx_["b"]->num_owned() == 1; }));
+  // A placeholder; the fetch's reply waits for the value.
+  EXPECT_FALSE(ctx_["b"]->Owned()[0].created);
+  EXPECT_FALSE(f.IsReady());
+  Deliver(MessageType::kRemoteCall, "a", "b");
+  DeliverReply(MessageType::kRRefFetch, "a");
+  ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
+  EXPECT_EQ(*f.Get(kWait), 42);
+  r = RRef<int64_t>();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// G2: user a shares its RRef with c and drops it at once. a's reference stays
+// (a pending child) until c's fork is confirmed by the owner and c accepted;
+// holding c's FORK_REQUEST back holds everything else back.
+TEST_F(ProtocolTest, ParentKeptUntilChildConfirmed) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
+  r = RRef<int64_t>();
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
+  RoundTrip(MessageType::kCall, "a", "c");
+  ASSERT_TRUE(call.Get(kWait).ok());
+  EXPECT_EQ(HeldCount(), 1u);
+  // c's FORK_REQUEST to b is queued; deliver nothing else of the protocol.
+  absl::StatusOr<QueuedMessage> fork = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefForkRequest && !q.is_reply;
+      },
+      kWait);
+  ASSERT_TRUE(fork.ok());
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(MessageType::kRRefChildAccept), 0);
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
+  ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);  // a's only.
+  // Now the owner learns of c's fork, then c accepts, then a deletes.
+  uint64_t fork_reply = Serve(fork->seq);
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 2u);
+  ASSERT_TRUE(net_.Deliver(fork_reply).ok());
+  RoundTrip(MessageType::kRRefChildAccept, "c", "a");
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);  // c still holds it.
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
+  DropHeld();
+  RoundTrip(MessageType::kRRefUserDelete, "c", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  Settle();
+}
+
+// Owner -> user: the fork is registered when sent; the user is confirmed on
+// arrival and sends nothing until it deletes.
+TEST_F(ProtocolTest, OwnerForkRegisteredEarly) {
+  Future<RRef<int64_t>> f = net_.agent("a").rpc_async<RRef<int64_t>>("b", "own", 9);
+  uint64_t reply = Serve(MessageType::kCall, "a", "b");
+  // The owner's own handle is gone with the handler; the fork keeps it.
+  ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
+  ASSERT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.begin()->second, 0);  // Holder a.
+  ASSERT_TRUE(net_.Deliver(reply).ok());
+  absl::StatusOr<RRef<int64_t>> r = f.Get(kWait);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->confirmed_by_owner());
+  EXPECT_TRUE(net_.Queued().empty());
+  r = absl::CancelledError("dropped");
+  f = Future<RRef<int64_t>>();  // The future kept a copy of the result.
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// User -> owner: the owner takes a local handle and accepts the child; the
+// fork is never registered.
+TEST_F(ProtocolTest, UserToOwnerAccepts) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  Future<Value> call = net_.agent("a").rpc_async("b", "hold", r);
+  r = RRef<int64_t>();
+  uint64_t call_reply = Serve(MessageType::kCall, "a", "b");
+  ASSERT_EQ(HeldCount(), 1u);
+  {
+    MutexLock lock(&mu_);
+    EXPECT_TRUE(held_[0].is_owner());
+  }
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);  // Still a's only.
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  RoundTrip(MessageType::kRRefChildAccept, "b", "a");
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 1u);  // b's own handle.
+  ASSERT_TRUE(net_.Deliver(call_reply).ok());
+  ASSERT_TRUE(call.Get(kWait).ok());
+  DropHeld();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  Settle();
+}
+
+// A user shares an RRef it is still creating with the owner, and that
+// message overtakes the REMOTE_CALL: the owner's handle waits for the value.
+TEST_F(ProtocolTest, HandleOvertakesCreationOnOwner) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
+  Future<Value> call = net_.agent("a").rpc_async("b", "hold", r);
+  r = RRef<int64_t>();
+  uint64_t call_reply = Serve(MessageType::kCall, "a", "b");
+  ASSERT_EQ(HeldCount(), 1u);
+  RRef<int64_t> held;
+  {
+    MutexLock lock(&mu_);
+    held = held_[0];
+  }
+  EXPECT_TRUE(held.is_owner());
+  EXPECT_FALSE(held.creation().IsReady());
+  EXPECT_EQ(held.local_value(absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  absl::StatusOr<int64_t> v = held.local_value(kWait);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 7);
+  ASSERT_TRUE(net_.Deliver(call_reply).ok());
+  held = RRef<int64_t>();
+  DropHeld();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(ctx_["a"]->num_users(), 0u);
+}
+
+// Duplicated REMOTE_CALL, FORK_REQUEST and USER_DELETE delivered late
+// neither resurrect the value nor run the function twice.
+TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
+  std::atomic<int> calls{0};
+  ASSERT_TRUE(net_.agent("b").Register("count", [&calls](int64_t x) {
+                    calls.fetch_add(1);
+                    return x;
+                  }).ok());
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "count", 5);
+  absl::StatusOr<QueuedMessage> create = net_.AwaitQueued(
+      [](const QueuedMessage& q) { return q.type == MessageType::kRemoteCall; },
+      kWait);
+  ASSERT_TRUE(create.ok());
+  absl::StatusOr<uint64_t> dup_create = net_.Duplicate(create->seq);
+  ASSERT_TRUE(dup_create.ok());
+  ASSERT_TRUE(net_.Deliver(Serve(create->seq)).ok());
+  // Share with c so there is a FORK_REQUEST to duplicate.
+  Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
+  RoundTrip(MessageType::kCall, "a", "c");
+  absl::StatusOr<QueuedMessage> fork = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefForkRequest && !q.is_reply;
+      },
+      kWait);
+  ASSERT_TRUE(fork.ok());
+  absl::StatusOr<uint64_t> dup_fork = net_.Duplicate(fork->seq);
+  ASSERT_TRUE(dup_fork.ok());
+  ASSERT_TRUE(net_.Deliver(Serve(fork->seq)).ok());
+  r = RRef<int64_t>();
+  DropHeld();
+  // Deliver the protocol, holding back the two duplicates.
+  for (int i = 0; i < 100; ++i) {
+    bool progressed = false;
+    for (const QueuedMessage& q : net_.Queued()) {
+      if (q.seq == *dup_create || q.seq == *dup_fork) continue;
+      progressed = net_.Deliver(q.seq).ok() || progressed;
+    }
+    if (ctx_["b"]->num_owned() == 0 && !progressed) break;
+    if (!progressed) {
+      (void)net_.AwaitQueued(
+          [&](const QueuedMessage& q) {
+            return q.seq != *dup_create && q.seq != *dup_fork;
+          },
+          absl::Milliseconds(200));
+    }
+  }
+  ASSERT_EQ(ctx_["b"]->num_owned(), 0u);
+  // Now the stale duplicates arrive.
+  ASSERT_TRUE(net_.Deliver(*dup_create).ok());
+  ASSERT_TRUE(net_.Deliver(*dup_fork).ok());
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(calls.load(), 1);
+  // A duplicated deletion of a live fork removes it once.
+  RRef<int64_t> r2 = Confirmed("a", "b");
+  RRef<int64_t> r3 = Confirmed("c", "b");
+  r2 = RRef<int64_t>();
+  absl::StatusOr<QueuedMessage> del = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+      },
+      kWait);
+  ASSERT_TRUE(del.ok());
+  ASSERT_TRUE(net_.Duplicate(del->seq).ok());
+  Settle();
+  ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);  // r3's value, untouched.
+  EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
+  Future<int64_t> v = r3.to_here_async(kWait);
+  RoundTrip(MessageType::kRRefFetch, "c", "b");
+  ASSERT_TRUE(v.Get(kWait).ok()) << v.Get(kWait).status();
+  EXPECT_EQ(*v.Get(kWait), 3);
+}
+
+// A dropped USER_DELETE is retried after the internal timeout.
+TEST_F(ProtocolTest, DroppedDeleteIsRetried) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  r = RRef<int64_t>();
+  absl::StatusOr<QueuedMessage> del = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+      },
+      kWait);
+  ASSERT_TRUE(del.ok());
+  ASSERT_TRUE(net_.Drop(del->seq).ok());
+  EXPECT_EQ(ctx_["b"]->num_owned(), 1u);
+  // The retry appears once the first attempt's deadline passes.
+  absl::StatusOr<QueuedMessage> retry = net_.AwaitQueued(
+      [&](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefUserDelete && !q.is_reply &&
+               q.seq != del->seq;
+      },
+      kWait);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  ASSERT_TRUE(net_.Deliver(Serve(retry->seq)).ok());
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_GE(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 2);
+  Settle();
+}
+
+// A receiver that dies before accepting its fork: once its death is known,
+// the parent's pending child goes and the parent deletes normally.
+TEST_F(ProtocolTest, ReceiverDeathReleasesPendingChild) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
+  r = RRef<int64_t>();
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
+  ASSERT_TRUE(net_.Kill("c").ok());
+  EXPECT_FALSE(call.Get(kWait).ok());
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
+  ctx_["a"]->NotifyWorkerFailed(2);
+  EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// Owner death fails a pending creation and a pending fetch, naming the owner.
+TEST_F(ProtocolTest, OwnerDeathFailsPendingCreationAndFetch) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 1);
+  Future<int64_t> f = r.to_here_async(kWait);
+  ASSERT_TRUE(net_.Kill("b").ok());
+  absl::Status created = r.creation().Get(kWait);
+  EXPECT_EQ(created.code(), absl::StatusCode::kUnavailable) << created;
+  EXPECT_NE(created.message().find("'b'"), std::string::npos) << created;
+  Result<int64_t> v = f.Get(kWait);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(v.status().message().find(r.rref_id().ToString()), std::string::npos)
+      << v.status();
+}
+
+}  // namespace
+}  // namespace ferry::rref

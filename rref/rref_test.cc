@@ -1,0 +1,377 @@
+// RRef API on in-process agents in auto-deliver mode: creation, to_here,
+// local values, RRefs as arguments and results in every direction, remote
+// objects, errors, failures and shutdown.
+#include "rref/rref.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "rpc/testing/in_process.h"
+#include "tensor/tensor.h"
+
+namespace ferry::rref {
+namespace {
+
+using rpc::testing::InProcessNetwork;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+class Counter {
+ public:
+  explicit Counter(int64_t start) : total_(start) {}
+  int64_t Add(int64_t x) {
+    MutexLock lock(&mu_);
+    total_ += x;
+    return total_;
+  }
+  int64_t Get() const {
+    MutexLock lock(&mu_);
+    return total_;
+  }
+  absl::StatusOr<int64_t> Fail() const {
+    return absl::InvalidArgumentError("counter refuses");
+  }
+
+ private:
+  mutable Mutex mu_;
+  int64_t total_ ABSL_GUARDED_BY(mu_);
+};
+
+class RRefTest : public ::testing::Test {
+ protected:
+  RRefTest() : net_({"a", "b", "c"}) {
+    for (const char* n : {"a", "b", "c"}) {
+      auto ctx = RRefContext::Create(&net_.agent(n));
+      EXPECT_TRUE(ctx.ok()) << ctx.status();
+      ctx_[n] = *ctx;
+    }
+    for (const char* n : {"a", "b", "c"}) {
+      rpc::Agent& agent = net_.agent(n);
+      RRefContext* ctx = ctx_[n].get();
+      EXPECT_TRUE(agent.Register("add", [](int64_t x, int64_t y) {
+                         return x + y;
+                       }).ok());
+      EXPECT_TRUE(agent.Register("fail", []() -> absl::StatusOr<int64_t> {
+                         return absl::InternalError("boom");
+                       }).ok());
+      EXPECT_TRUE(
+          agent.Register("fetch", [](RRef<int64_t> r) -> absl::StatusOr<int64_t> {
+                 return r.to_here(kWait);
+               }).ok());
+      EXPECT_TRUE(agent.Register("sum_all", [](std::vector<RRef<int64_t>> rs)
+                                                -> absl::StatusOr<int64_t> {
+                         int64_t s = 0;
+                         for (const auto& r : rs) {
+                           absl::StatusOr<int64_t> v = r.to_here(kWait);
+                           if (!v.ok()) return v.status();
+                           s += *v;
+                         }
+                         return s;
+                       }).ok());
+      EXPECT_TRUE(agent.Register("is_owner", [](RRef<int64_t> r) {
+                         return r.is_owner();
+                       }).ok());
+      EXPECT_TRUE(agent.Register("own", [ctx](int64_t v) {
+                         return MakeLocalRRef<int64_t>(*ctx, v);
+                       }).ok());
+      EXPECT_TRUE(agent.Register("echo", [](RRef<int64_t> r) { return r; })
+                      .ok());
+      ctx->classes()
+          .RegisterClass<Counter>("Counter")
+          .Constructor<int64_t>()
+          .Method("add", &Counter::Add)
+          .Method("get", &Counter::Get)
+          .Method("fail", &Counter::Fail);
+    }
+  }
+
+  // Within kWait, every worker's protocol settles and every owner's table
+  // empties. (A completed future's continuation may hold a reference a little
+  // after the caller got its result, hence the bounded wait, not a check.)
+  void ExpectAllReleased() {
+    const absl::Time deadline = absl::Now() + kWait;
+    auto released = [&] {
+      for (auto& [n, c] : ctx_) {
+        if (c->num_owned() != 0 || c->num_pending_children() != 0 ||
+            c->num_users() != 0 || c->num_in_flight() != 0) {
+          return false;
+        }
+      }
+      return true;
+    };
+    while (!released() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
+    }
+    for (auto& [n, c] : ctx_) {
+      EXPECT_TRUE(c->AwaitSettled(absl::ZeroDuration()).ok()) << n;
+      EXPECT_EQ(c->num_owned(), 0u) << n;
+      for (const auto& o : c->Owned()) ADD_FAILURE() << n << ": " << o.DebugString();
+      EXPECT_EQ(c->num_pending_children(), 0u) << n;
+      EXPECT_EQ(c->num_users(), 0u) << n;
+    }
+  }
+
+  InProcessNetwork net_;
+  std::map<std::string, std::shared_ptr<RRefContext>> ctx_;
+};
+
+TEST_F(RRefTest, RemoteThenToHere) {
+  {
+    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 2, 3);
+    EXPECT_FALSE(r.is_owner());
+    EXPECT_EQ(r.owner_name(), "b");
+    EXPECT_EQ(r.owner().id, 1);
+    absl::StatusOr<int64_t> v = r.to_here(kWait);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, 5);
+    ASSERT_TRUE(r.creation().Get(kWait).ok());
+    EXPECT_TRUE(r.confirmed_by_owner());
+    ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
+    EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
+    EXPECT_EQ(ctx_["b"]->Owned()[0].rref_id, r.rref_id());
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, LocalRRefAndLocalValue) {
+  RRef<int64_t> r = MakeLocalRRef<int64_t>(*ctx_["a"], 41);
+  EXPECT_TRUE(r.is_owner());
+  EXPECT_TRUE(r.confirmed_by_owner());
+  absl::StatusOr<int64_t> v = r.local_value(kWait);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 41);
+  EXPECT_EQ(*r.to_here(kWait), 41);
+  EXPECT_EQ(ctx_["a"]->num_owned(), 1u);
+  r = RRef<int64_t>();
+  EXPECT_EQ(ctx_["a"]->num_owned(), 0u);
+}
+
+TEST_F(RRefTest, LocalValueOnUserFails) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 1);
+  absl::StatusOr<int64_t> v = r.local_value(kWait);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(v.status().message().find("'b'"), std::string::npos)
+      << v.status();
+  EXPECT_NE(v.status().message().find(r.rref_id().ToString()),
+            std::string::npos);
+}
+
+TEST_F(RRefTest, RemoteToSelfIsOwner) {
+  {
+    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "a", "add", 4, 4);
+    EXPECT_TRUE(r.is_owner());
+    EXPECT_EQ(*r.local_value(kWait), 8);
+    EXPECT_EQ(*r.to_here(kWait), 8);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, CreationErrorSurfacesAtUse) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "fail");
+  absl::StatusOr<int64_t> v = r.to_here(kWait);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(v.status().message().find("boom"), std::string::npos);
+  EXPECT_FALSE(r.creation().Get(kWait).ok());
+  EXPECT_FALSE(r.confirmed_by_owner());
+
+  RRef<int64_t> missing = remote<int64_t>(*ctx_["a"], "b", "no_such_fn");
+  absl::StatusOr<int64_t> m = missing.to_here(kWait);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("no_such_fn"), std::string::npos);
+
+  RRef<int64_t> nowhere = remote<int64_t>(*ctx_["a"], "zz", "add", 1, 2);
+  absl::StatusOr<int64_t> n = nowhere.to_here(kWait);
+  ASSERT_FALSE(n.ok());
+  EXPECT_EQ(n.status().code(), absl::StatusCode::kNotFound);
+  r = missing = nowhere = RRef<int64_t>();
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, UserToUserAsArgument) {
+  {
+    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 20, 1);
+    absl::StatusOr<int64_t> v =
+        net_.agent("a").rpc_sync<int64_t>("c", "fetch", r);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, 21);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, UserToOwnerBecomesOwnerHandle) {
+  {
+    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+    absl::StatusOr<bool> owner = net_.agent("a").rpc_sync<bool>("b", "is_owner", r);
+    ASSERT_TRUE(owner.ok()) << owner.status();
+    EXPECT_TRUE(*owner);
+    absl::StatusOr<bool> user = net_.agent("a").rpc_sync<bool>("c", "is_owner", r);
+    ASSERT_TRUE(user.ok()) << user.status();
+    EXPECT_FALSE(*user);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, OwnerToUserAsResult) {
+  {
+    absl::StatusOr<RRef<int64_t>> r =
+        net_.agent("a").rpc_sync<RRef<int64_t>>("b", "own", 77);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->is_owner());
+    EXPECT_EQ(r->owner_name(), "b");
+    EXPECT_TRUE(r->confirmed_by_owner());  // Forked by the owner.
+    EXPECT_EQ(*r->to_here(kWait), 77);
+    // And back through a user->user->... echo chain.
+    absl::StatusOr<RRef<int64_t>> back =
+        net_.agent("a").rpc_sync<RRef<int64_t>>("c", "echo", *r);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->rref_id(), r->rref_id());
+    EXPECT_NE(back->fork_id(), r->fork_id());
+    EXPECT_EQ(*back->to_here(kWait), 77);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, NestedInLists) {
+  {
+    std::vector<RRef<int64_t>> rs;
+    for (int i = 0; i < 4; ++i) {
+      rs.push_back(remote<int64_t>(*ctx_["a"], i % 2 ? "b" : "c", "add", i, 10));
+    }
+    rs.push_back(MakeLocalRRef<int64_t>(*ctx_["a"], 100));
+    absl::StatusOr<int64_t> s =
+        net_.agent("a").rpc_sync<int64_t>("b", "sum_all", rs);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(*s, 0 + 1 + 2 + 3 + 40 + 100);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, RemoteObjectProxies) {
+  {
+    RRef<Counter> c = remote<Counter>(*ctx_["a"], "b", "Counter", 10);
+    absl::StatusOr<int64_t> v = c.rpc_sync(kWait).call<int64_t>("add", 5);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v, 15);
+    Future<int64_t> f = c.rpc_async(kWait).call<int64_t>("add", 1);
+    ASSERT_TRUE(f.Get(kWait).ok());
+    EXPECT_EQ(*f.Get(kWait), 16);
+    RRef<int64_t> got = c.remote(kWait).call<int64_t>("get");
+    EXPECT_EQ(*got.to_here(kWait), 16);
+    absl::StatusOr<int64_t> bad = c.rpc_sync(kWait).call<int64_t>("fail");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("counter refuses"), std::string::npos);
+    absl::StatusOr<int64_t> none = c.rpc_sync(kWait).call<int64_t>("nope");
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_FALSE(c.local_value(kWait).ok());  // a is a user.
+    // On the owner, local_value gives the object itself.
+    RRef<Counter> mine = remote<Counter>(*ctx_["b"], "b", "Counter", 3);
+    absl::StatusOr<std::shared_ptr<Counter>> obj = mine.local_value(kWait);
+    ASSERT_TRUE(obj.ok()) << obj.status();
+    EXPECT_EQ((*obj)->Add(1), 4);
+    EXPECT_EQ(*mine.rpc_sync(kWait).call<int64_t>("get"), 4);
+  }
+  ExpectAllReleased();
+}
+
+TEST_F(RRefTest, ConcurrentMethodCallsOnOneObject) {
+  RRef<Counter> c = remote<Counter>(*ctx_["a"], "b", "Counter", 0);
+  std::vector<Future<int64_t>> fs;
+  for (int i = 0; i < 50; ++i) fs.push_back(c.rpc_async(kWait).call<int64_t>("add", 1));
+  for (auto& f : fs) ASSERT_TRUE(f.Get(kWait).ok());
+  EXPECT_EQ(*c.rpc_sync(kWait).call<int64_t>("get"), 50);
+}
+
+TEST_F(RRefTest, OwnerDeathFailsHoldersNamingOwner) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  ASSERT_TRUE(r.creation().Get(kWait).ok());
+  RRef<Counter> c = remote<Counter>(*ctx_["a"], "b", "Counter", 0);
+  ASSERT_TRUE(c.creation().Get(kWait).ok());
+  ASSERT_TRUE(net_.Kill("b").ok());
+  absl::StatusOr<int64_t> v = r.to_here(absl::Seconds(5));
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(v.status().message().find("'b'"), std::string::npos) << v.status();
+  EXPECT_NE(v.status().message().find(r.rref_id().ToString()),
+            std::string::npos) << v.status();
+  absl::StatusOr<int64_t> m = c.rpc_sync(absl::Seconds(5)).call<int64_t>("get");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable);
+  // A creation sent to the dead owner fails too.
+  RRef<int64_t> late = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  EXPECT_EQ(late.creation().Get(kWait).code(), absl::StatusCode::kUnavailable);
+  // Dropping them sends nothing more and does not hang.
+  r = late = RRef<int64_t>();
+  c = RRef<Counter>();
+  EXPECT_TRUE(ctx_["a"]->AwaitSettled(kWait).ok());
+}
+
+TEST_F(RRefTest, UserDeathReleasesItsForks) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["c"], "b", "add", 1, 2);
+  ASSERT_TRUE(r.creation().Get(kWait).ok());
+  ASSERT_TRUE(net_.agent("c").rpc_sync<int64_t>("a", "fetch", r).ok());
+  // a's fork is deleted once a's handler is done with it: only c's is left.
+  const absl::Time deadline = absl::Now() + kWait;
+  auto forks = [&] {
+    auto owned = ctx_["b"]->Owned();
+    return owned.size() == 1 ? owned[0].forks.size() : size_t{0};
+  };
+  while (forks() != 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
+  }
+  ASSERT_EQ(forks(), 1u);
+  ASSERT_TRUE(net_.Kill("c").ok());
+  ctx_["b"]->NotifyWorkerFailed(2);
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+TEST_F(RRefTest, GracefulShutdownReleasesUsersAndReportsNoLeak) {
+  RRef<int64_t> r1 = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  RRef<int64_t> r2 = remote<int64_t>(*ctx_["c"], "a", "add", 1, 2);
+  ASSERT_TRUE(r1.creation().Get(kWait).ok());
+  ASSERT_TRUE(r2.creation().Get(kWait).ok());
+  // The program still holds r1 and r2: shutdown releases them itself.
+  std::vector<std::thread> threads;
+  std::map<std::string, absl::Status> results;
+  Mutex mu;
+  for (const char* n : {"a", "b", "c"}) {
+    threads.emplace_back([&, n] {
+      absl::Status s = ctx_[n]->Shutdown(kWait);
+      MutexLock lock(&mu);
+      results[n] = s;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& [n, s] : results) EXPECT_TRUE(s.ok()) << n << ": " << s;
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(ctx_["a"]->num_owned(), 0u);
+}
+
+TEST_F(RRefTest, ShutdownReportsLeakedOwner) {
+  // A fork registered for a user that never deletes it: c's reference is
+  // created by hand through the owner's early registration, then c is cut off
+  // from the protocol by destroying its context.
+  absl::StatusOr<RRef<int64_t>> r =
+      net_.agent("c").rpc_sync<RRef<int64_t>>("b", "own", 5);
+  ASSERT_TRUE(r.ok());
+  ctx_["c"].reset();  // c's handle now never reports its deletion.
+  r = absl::UnknownError("dropped");
+  std::vector<std::thread> threads;
+  absl::Status b_status;
+  threads.emplace_back([&] { b_status = ctx_["b"]->Shutdown(kWait); });
+  threads.emplace_back([&] { EXPECT_TRUE(ctx_["a"]->Shutdown(kWait).ok()); });
+  threads.emplace_back([&] { (void)net_.agent("c").Shutdown(true, kWait); });
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(b_status.code(), absl::StatusCode::kFailedPrecondition) << b_status;
+  EXPECT_NE(b_status.message().find("leaked 1 OwnerRRef"), std::string::npos)
+      << b_status;
+}
+
+}  // namespace
+}  // namespace ferry::rref

@@ -1,0 +1,245 @@
+// Distributed autograd across real processes over gRPC: the test is worker0
+// of a 3-process group (model.h) meeting through a TCPStore it serves.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/dist/dist_autograd.h"
+#include "autograd/engine.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+#include "optim/distributed_optimizer.h"
+#include "rpc/grpc/init.h"
+#include "rref/rref.h"
+#include "store/tcp_store_server.h"
+#include "tests/dist_autograd/model.h"
+
+namespace ferry::dist_autograd_test {
+namespace {
+
+using autograd::dist::ContextScope;
+using autograd::dist::DistAutogradContainer;
+
+std::string WorkerBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* ws = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry",
+                      "/tests/dist_autograd/worker_main");
+}
+
+class Group {
+ public:
+  absl::Status Start(int world) {
+    TcpStoreServer::Options so;
+    so.host = "127.0.0.1";  // Port 0: the server picks one.
+    ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
+    const std::string port = std::to_string(server_->port());
+    for (int r = 1; r < world; ++r) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        setenv("RANK", std::to_string(r).c_str(), 1);
+        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", port.c_str(), 1);
+        setenv("FERRY_USE_AGENT_STORE", "1", 1);
+        std::string bin = WorkerBinary();
+        execl(bin.c_str(), bin.c_str(), nullptr);
+        _exit(127);
+      }
+      pids_.push_back(pid);
+    }
+    rpc::GrpcAgentOptions options;
+    options.join_timeout = absl::Seconds(60);
+    options.before_serving = [this](rpc::Agent& agent) -> absl::Status {
+      ASSIGN_OR_RETURN(dist_, DistAutogradContainer::Install(agent));
+      ASSIGN_OR_RETURN(rrefs_, rref::RRefContext::Create(&agent));
+      return absl::OkStatus();
+    };
+    setenv("FERRY_USE_AGENT_STORE", "1", 1);
+    ASSIGN_OR_RETURN(
+        agent_, rpc::InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port),
+                             0, world, options));
+    return AwaitGroupKnown(world);
+  }
+
+  // A GrpcAgent serves before it has learnt the group (SetWorkers follows
+  // JoinGroup), so right after InitRpc a peer's handler may not yet send by
+  // id ("world size 0"). Ask each worker until it knows all `world`
+  // workers; bounded by a deadline.
+  absl::Status AwaitGroupKnown(int world) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int r = 1; r < world; ++r) {
+      for (;;) {
+        auto n = agent_->rpc_sync<int64_t>(r, "world_size");
+        if (!n.ok()) return n.status();
+        if (*n == world) break;
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("worker", r, " never learnt the group"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The child's wait status, or -1 after `timeout`.
+  int Reap(size_t i, absl::Duration timeout) {
+    absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status;
+      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+        pids_[i] = -1;
+        return status;
+      }
+      absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
+    }
+    return -1;
+  }
+
+  ~Group() {
+    if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
+    for (pid_t pid : pids_) {
+      if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  }
+
+  rpc::Agent& agent() { return *agent_; }
+  DistAutogradContainer& dist() { return *dist_; }
+  rref::RRefContext& rrefs() { return *rrefs_; }
+  std::vector<pid_t>& pids() { return pids_; }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+  std::shared_ptr<DistAutogradContainer> dist_;
+  std::shared_ptr<rref::RRefContext> rrefs_;
+  std::unique_ptr<rpc::GrpcAgent> agent_;
+  std::vector<pid_t> pids_;
+};
+
+void ExpectClose(const Tensor& got, const Tensor& want,
+                 const std::string& what) {
+  ASSERT_TRUE(got.defined() && want.defined()) << what;
+  EXPECT_TRUE(got.allclose(want, 1e-9, 1e-12))
+      << what << "\n got " << got.ToString() << "\n want " << want.ToString();
+}
+
+TEST(MultiProcessDistAutograd, ChainGradientsEqualSingleProcessAndCleanup) {
+  Group g;
+  absl::Status started = g.Start(3);
+  ASSERT_TRUE(started.ok()) << started;
+
+  Tensor x = Leaf(-1), w0 = Leaf(0);
+  std::vector<Tensor> ref = {Leaf(-1), Leaf(0), Leaf(1), Leaf(2)};
+  Tensor ref_loss = LocalLoss(ref[0], ref[1], ref[2], ref[3]);
+  ASSERT_TRUE(autograd::Backward({ref_loss}).ok());
+
+  for (int round = 0; round < 2; ++round) {
+    ContextScope ctx(g.dist());
+    Tensor h = Layer0(x, w0);
+    auto y = g.agent().rpc_sync<Tensor>("worker1", "layer1", h);
+    ASSERT_TRUE(y.ok()) << y.status();
+    Tensor loss = Loss(h, *y);
+    EXPECT_TRUE(loss.allclose(ref_loss, 1e-12));
+    absl::Status s = g.dist().Backward(ctx.id(), {loss});
+    ASSERT_TRUE(s.ok()) << s;
+    auto here = g.dist().GetGradients(ctx.id());
+    ASSERT_TRUE(here.ok()) << here.status();
+    ExpectClose(here->Get(x), autograd::GradOf(ref[0]), "x on worker0");
+    ExpectClose(here->Get(w0), autograd::GradOf(ref[1]), "w0 on worker0");
+    const int64_t id = static_cast<int64_t>(ctx.id().value());
+    for (int r = 1; r <= 2; ++r) {
+      auto grad = g.agent().rpc_sync<Tensor>(r, "grad", id);
+      ASSERT_TRUE(grad.ok()) << grad.status();
+      ExpectClose(*grad, autograd::GradOf(ref[r + 1]),
+                  absl::StrCat("w", r, " on worker", r));
+      auto n = g.agent().rpc_sync<int64_t>(r, "num_contexts");
+      ASSERT_TRUE(n.ok()) << n.status();
+      EXPECT_EQ(*n, 1) << "worker" << r;
+    }
+    ASSERT_TRUE(ctx.Release(absl::Seconds(60)).ok());
+    for (int r = 1; r <= 2; ++r) {
+      auto n = g.agent().rpc_sync<int64_t>(r, "num_contexts");
+      ASSERT_TRUE(n.ok()) << n.status();
+      EXPECT_EQ(*n, 0) << "worker" << r << " kept a released context";
+    }
+    EXPECT_EQ(g.dist().NumContexts(), 0u);
+  }
+
+  ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < g.pids().size(); ++i) {
+    int status = g.Reap(i, absl::Seconds(60));
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
+// A DistributedOptimizer on worker0 steps the weights where they live (SGD
+// with momentum, two iterations): each owner's weight equals the local
+// functional step applied to that owner's gradients.
+TEST(MultiProcessDistAutograd, DistributedOptimizerStepsOwnersWeights) {
+  Group g;
+  absl::Status started = g.Start(3);
+  ASSERT_TRUE(started.ok()) << started;
+  std::vector<rref::RRef<Tensor>> params;
+  for (int r = 1; r <= 2; ++r) {
+    auto p = g.agent().rpc_sync<rref::RRef<Tensor>>(r, "param_rref");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->owner().id, r);
+    params.push_back(*p);
+  }
+  const optim::SgdOptions sgd{.lr = 0.1, .momentum = 0.9};
+  auto opt = optim::DistributedOptimizer::Create(g.agent(), sgd, params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+
+  std::vector<Tensor> expected;  // The local replay of each owner's steps.
+  for (int r = 1; r <= 2; ++r) {
+    auto w = g.agent().rpc_sync<Tensor>(r, "weight");
+    ASSERT_TRUE(w.ok()) << w.status();
+    expected.push_back(*w);
+  }
+  std::vector<optim::SgdState> states(2);
+  Tensor x = Leaf(-1), w0 = Leaf(0);
+  for (int it = 0; it < 2; ++it) {
+    ContextScope ctx(g.dist());
+    Tensor h = Layer0(x, w0);
+    auto y = g.agent().rpc_sync<Tensor>("worker1", "layer1", h);
+    ASSERT_TRUE(y.ok()) << y.status();
+    absl::Status s = g.dist().Backward(ctx.id(), {Loss(h, *y)});
+    ASSERT_TRUE(s.ok()) << s;
+    const int64_t id = static_cast<int64_t>(ctx.id().value());
+    for (int r = 1; r <= 2; ++r) {
+      auto grad = g.agent().rpc_sync<Tensor>(r, "grad", id);
+      ASSERT_TRUE(grad.ok()) << grad.status();
+      std::vector<Tensor> p = {expected[r - 1]};
+      ASSERT_TRUE(optim::SgdStep(p, {*grad}, states[r - 1], sgd).ok());
+    }
+    s = (*opt)->Step(ctx.id());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  for (int r = 1; r <= 2; ++r) {
+    auto w = g.agent().rpc_sync<Tensor>(r, "weight");
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(w->allclose(expected[r - 1], 1e-12, 1e-14)) << "worker" << r;
+    EXPECT_FALSE(w->allclose(Leaf(r), 1e-6)) << "worker" << r << " unchanged";
+  }
+  opt->reset();
+  params.clear();
+  ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
+  for (size_t i = 0; i < g.pids().size(); ++i) {
+    int status = g.Reap(i, absl::Seconds(60));
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::dist_autograd_test
