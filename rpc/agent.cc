@@ -24,6 +24,11 @@ Agent::~Agent() { StopExecutor(/*drain=*/false); }
 void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
   workers_ = std::move(workers);
   for (const WorkerInfo& w : workers_) ids_by_name_[w.name] = w.id;
+  if (self_.id >= 0 && self_.id < world_size()) {
+    self_.address = workers_[self_.id].address;
+  }
+  MutexLock lock(&mu_);  // Wakes the requests waiting in AwaitGroup.
+  group_known_ = true;
   joined_.store(true, std::memory_order_release);
 }
 
@@ -39,7 +44,13 @@ void Agent::SetSelf(WorkerInfo self) {
   executor_ = std::make_unique<ThreadPoolExecutor>(std::move(eo));
 }
 
+void Agent::BeginStop() {
+  MutexLock lock(&mu_);
+  stopping_ = true;
+}
+
 void Agent::StopExecutor(bool drain) {
+  BeginStop();
   if (executor_ == nullptr) return;
   executor_
       ->Shutdown(drain ? ThreadPoolExecutor::ShutdownMode::kDrain
@@ -126,6 +137,40 @@ absl::Status Agent::Intercept(const InterceptorList& list, InterceptPoint point,
 }
 
 // ---------------------------------------------------------------------------
+// Peer failures.
+
+void Agent::AddPeerFailureListener(PeerFailureListener listener) {
+  std::map<int, absl::Status> known;
+  {
+    MutexLock lock(&mu_);
+    failure_listeners_.push_back(listener);
+    known = failed_peers_;
+  }
+  for (const auto& [id, why] : known) listener(workers_[id], why);
+}
+
+bool Agent::IsPeerFailed(int id) const {
+  MutexLock lock(&mu_);
+  return failed_peers_.count(id) > 0;
+}
+
+void Agent::ReportPeerFailure(int id, const absl::Status& why) {
+  std::vector<PeerFailureListener> listeners;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_ || !group_known_ || id == self_.id || id < 0 ||
+        id >= world_size() || !failed_peers_.emplace(id, why).second) {
+      return;
+    }
+    listeners = failure_listeners_;
+  }
+  FERRY_LOG(WARNING) << "worker '" << self_.name << "': peer '"
+                     << workers_[id].name << "' (rank " << id
+                     << ") failed: " << why;
+  for (const PeerFailureListener& l : listeners) l(workers_[id], why);
+}
+
+// ---------------------------------------------------------------------------
 // Sending.
 
 Future<Message> Agent::Send(const WorkerRef& to, Message message,
@@ -153,15 +198,11 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   absl::Status s =
       Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
-  ContextEntries context = message.context;
   return Transmit(*peer, std::move(message), limit)
-      .Then([interceptors = std::move(interceptors), peer = *std::move(peer),
-             context = std::move(context)](
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
                 const Result<Message>& reply) -> absl::StatusOr<Message> {
         if (!reply.ok()) return reply.status();
         Message m = *reply;
-        // The sender's context, whichever thread the reply arrives on.
-        ScopedContext installed(context);
         RETURN_IF_ERROR(
             Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
         return m;
@@ -214,6 +255,32 @@ Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
   return out;
 }
 
+absl::Status Agent::AwaitGroup(const Message& request) {
+  if (joined_.load(std::memory_order_acquire)) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  auto known_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return group_known_ || stopping_;
+  };
+  ++awaiting_group_;
+  mu_.AwaitWithDeadline(absl::Condition(&known_or_stopping), request.deadline);
+  --awaiting_group_;
+  if (group_known_) return absl::OkStatus();
+  const std::string what =
+      absl::StrCat(request.DebugString(), " reached worker '", self_.name,
+                   "' before it knew its group");
+  if (stopping_) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ", and the worker stopped meanwhile"));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, "; the caller's deadline passed waiting for it"));
+}
+
+int Agent::requests_awaiting_group() const {
+  MutexLock lock(&mu_);
+  return awaiting_group_;
+}
+
 void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
                        Promise<Message> reply) {
   if (!received.ok()) {
@@ -221,7 +288,11 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
     return;
   }
   Message request = *std::move(received);
-  ScopedContext installed_context(request.context);
+  if (absl::Status known = AwaitGroup(request); !known.ok()) {
+    reply.SetError(known);
+    return;
+  }
+  ScopedContext context(request.context);
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
   if (absl::Now() > request.deadline) {
     reply.SetError(absl::DeadlineExceededError(absl::StrCat(
@@ -242,14 +313,10 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
-  // The request's context again when the reply is intercepted, whichever
-  // thread completes the handler.
-  ContextEntries reply_context =
-      interceptors != nullptr ? request.context : ContextEntries();
   handler(std::move(request))
       .OnComplete([reply, interceptors = std::move(interceptors),
-                   peer = std::move(peer), context = std::move(reply_context),
-                   id, type](const Result<Message>& r) mutable {
+                   peer = std::move(peer), id,
+                   type](const Result<Message>& r) mutable {
         if (!r.ok()) {
           reply.SetError(r.status());
           return;
@@ -257,11 +324,8 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
         Message m = *r;
         m.id = id;
         if (m.type == MessageType::kUnspecified) m.type = type;
-        absl::Status s;
-        if (interceptors != nullptr) {
-          ScopedContext installed(context);
-          s = Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
-        }
+        absl::Status s =
+            Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
         if (!s.ok()) {
           reply.SetError(s);
           return;

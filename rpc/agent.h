@@ -33,6 +33,18 @@
 //   Cancelled         non-graceful shutdown with the call in flight
 //   <any>             the handler's / function's own error, with its code
 //
+// Peer failures: a transport that finds a peer dead or unreachable reports
+// it once; AddPeerFailureListener subscribes a layer (RRef, distributed
+// autograd) to those reports. The gRPC agent finds a failure when a call to
+// the peer fails with Unavailable and a health probe of the peer fails too;
+// the in-process agent when the test kills a worker. Nothing is reported once
+// this agent's Shutdown began (peers leaving then are not failures).
+//
+// Early requests: a request that arrives before this worker knows its group
+// (a fast peer; the transport serves while the group forms) waits on the
+// executor until the group is known, its deadline passes (DeadlineExceeded),
+// or the agent stops (Unavailable), so handlers always see the group.
+//
 // Shutdown(graceful=true) is collective: every worker of the group calls it
 // (each from its own thread or process). It waits for this worker's outgoing
 // calls, meets every worker, then stops serving. Shutdown(graceful=false)
@@ -103,11 +115,15 @@ enum class InterceptPoint {
 
 // `peer` is the other end of the exchange. May edit `message`; an error fails
 // the exchange with that error (the handler does not run / the caller gets
-// it). Must not block. At every point the thread-local context is the one the
-// message travels with (the caller's for the request and its reply), and a
-// reply's id is its request's, so send/recv pairs can be matched.
+// it). Must not block.
 using Interceptor = std::function<absl::Status(
     InterceptPoint point, const WorkerInfo& peer, Message& message)>;
+
+// Told that `peer` is dead or unreachable; `why` is the error that showed it.
+// Runs on the thread that found the failure (often a transport thread), with
+// no agent lock held: must not block.
+using PeerFailureListener =
+    std::function<void(const WorkerInfo& peer, const absl::Status& why)>;
 
 class Agent {
  public:
@@ -122,7 +138,11 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
+  // self().address is set with the group (before that, only by SetSelf).
   const WorkerInfo& self() const { return self_; }
+  // Whether the group is known (SetWorkers ran); readers of the group on
+  // transport threads check it first.
+  bool joined() const { return joined_.load(std::memory_order_acquire); }
   int world_size() const { return static_cast<int>(workers_.size()); }
   absl::StatusOr<WorkerInfo> GetWorkerInfo(const WorkerRef& ref) const;
   const std::vector<WorkerInfo>& GetWorkerInfos() const { return workers_; }
@@ -142,6 +162,19 @@ class Agent {
 
   // Adds an interceptor; interceptors run in the order added.
   void AddInterceptor(Interceptor interceptor);
+
+  // --- Peer failures. ---
+
+  // Subscribes `listener` for this agent's life (capture weak references).
+  // Peers already found failed are reported to it at once, on this thread;
+  // each later failure once, to every listener, in the order added.
+  void AddPeerFailureListener(PeerFailureListener listener);
+  // Whether worker `id` was reported failed.
+  bool IsPeerFailed(int id) const;
+
+  // Requests received before the group was known and still waiting for it
+  // (inspection and tests).
+  int requests_awaiting_group() const;
 
   // --- Functions (the kCall client). ---
 
@@ -193,8 +226,9 @@ class Agent {
 
   // Names this worker and starts the executor; once, before any Dispatch.
   void SetSelf(WorkerInfo self);
-  // Sets the group, indexed by id (self among them); once, before any Send.
-  // Handlers may already run (a fast peer); they see the group once set.
+  // Sets the group, indexed by id (self among them, whose address self()
+  // takes); once, before any Send. Requests that arrived before (a fast peer)
+  // wait for it to run.
   void SetWorkers(std::vector<WorkerInfo> workers);
   // Both at once.
   void Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
@@ -220,7 +254,16 @@ class Agent {
   Future<Message> Dispatch(MessageType type, Receiver receive);
 
   // Stops the executor (draining or cancelling queued handlers). Idempotent.
+  // Also ends the wait of requests that arrived before the group was known.
   void StopExecutor(bool drain);
+  // Ends the wait of early requests (Unavailable) and stops reporting peer
+  // failures; for a transport about to stop serving. Idempotent.
+  void BeginStop();
+
+  // Transport: worker `id` is dead or unreachable, as `why` shows. The first
+  // report of a peer tells every listener (on this thread, no lock held);
+  // repeats, self, unknown ids and reports after BeginStop are ignored.
+  void ReportPeerFailure(int id, const absl::Status& why);
 
   const Options& options() const { return options_; }
 
@@ -248,6 +291,8 @@ class Agent {
                                 InterceptPoint point, const WorkerInfo& peer,
                                 Message& message);
   Handler FindHandler(MessageType type) const;
+  // Waits until the group is known; the error says why it is not.
+  absl::Status AwaitGroup(const Message& request);
   void RunHandler(Handler handler, absl::StatusOr<Message> request,
                   Promise<Message> reply);
   Future<Message> ServeCall(Message request);
@@ -256,7 +301,7 @@ class Agent {
   const Options options_;
   const std::shared_ptr<FunctionRegistry> registry_;
   // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
-  // read workers_ only once joined_ is set.
+  // run (and read workers_) only once joined_ is set (AwaitGroup).
   WorkerInfo self_;
   std::vector<WorkerInfo> workers_;
   std::map<std::string, int> ids_by_name_;
@@ -267,6 +312,12 @@ class Agent {
   mutable Mutex mu_;
   std::map<MessageType, Handler> handlers_ ABSL_GUARDED_BY(mu_);
   InterceptorList interceptors_ ABSL_GUARDED_BY(mu_);
+  bool group_known_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int awaiting_group_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
+  // Failed peers with the error that showed it.
+  std::map<int, absl::Status> failed_peers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

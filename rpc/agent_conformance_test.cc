@@ -3,7 +3,6 @@
 // (malformed envelopes, admin, rendezvous, large tensors) live in rpc/grpc/.
 #include <atomic>
 #include <memory>
-#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +30,6 @@ struct Implementation {
   std::string name;
   ClusterFactory start;
 };
-void PrintTo(const Implementation& i, std::ostream* os) { *os << i.name; }
 
 std::shared_ptr<FunctionRegistry> BasicRegistry() {
   auto reg = std::make_shared<FunctionRegistry>();
@@ -411,44 +409,6 @@ TEST_P(AgentConformance, InterceptorsSeeEveryTensor) {
             std::make_pair(InterceptPoint::kReceiveReply, int64_t{4}));
 }
 
-// At all four points the interceptor sees the caller's context and the
-// request's id, so send/recv records can be paired.
-TEST_P(AgentConformance, InterceptorsSeeTheContextAndPairIds) {
-  auto c = Start({"a", "b"}, BasicRegistry());
-  ASSERT_NE(c, nullptr);
-  struct Seen {
-    Mutex mu;
-    std::vector<std::pair<std::string, uint64_t>> events ABSL_GUARDED_BY(mu);
-  };
-  auto seen = std::make_shared<Seen>();
-  for (int i = 0; i < 2; ++i) {
-    c->agent(i).AddInterceptor(
-        [seen](InterceptPoint, const WorkerInfo&, Message& m) {
-          MutexLock lock(&seen->mu);
-          seen->events.emplace_back(
-              CurrentContextValue("ctx").value_or("<unset>"), m.id.value());
-          return absl::OkStatus();
-        });
-  }
-  Result<Message> r = absl::UnknownError("unset");
-  {
-    ScopedContextEntry ctx("ctx", "c7");
-    Message m;
-    m.type = MessageType::kCall;
-    m.function = "noop";
-    m.payload = Value::FromList({});
-    r = c->agent(0).Send("b", m).Get(absl::Seconds(30));
-  }
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->id.worker_id(), 0);
-  MutexLock lock(&seen->mu);
-  ASSERT_EQ(seen->events.size(), 4u);
-  for (const auto& [ctx, id] : seen->events) {
-    EXPECT_EQ(ctx, "c7");
-    EXPECT_EQ(id, r->id.value());
-  }
-}
-
 TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
   auto c = Start({"a", "b"}, BasicRegistry());
   ASSERT_NE(c, nullptr);
@@ -548,6 +508,62 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
   EXPECT_GT(*spent, 0);
   EXPECT_LE(*spent, 2'000);
   EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// Failure reports: a listener learns once that a killed peer failed (the
+// in-process agent at the kill, the gRPC agent once a call to it failed and
+// its health probe did too), a listener added later learns it at once, and a
+// live peer is never reported.
+TEST_P(AgentConformance, PeerFailureListenersLearnOfADeadPeerOnce) {
+  auto c = Start({"a", "b", "c"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  struct Reports {
+    Mutex mu;
+    std::vector<std::pair<WorkerInfo, absl::Status>> seen ABSL_GUARDED_BY(mu);
+  };
+  auto reports = std::make_shared<Reports>();
+  Agent& a = c->agent(0);
+  a.AddPeerFailureListener(
+      [reports](const WorkerInfo& peer, const absl::Status& why) {
+        MutexLock lock(&reports->mu);
+        reports->seen.emplace_back(peer, why);
+      });
+  ASSERT_TRUE(a.rpc_sync("b", "noop").ok());
+  EXPECT_FALSE(a.IsPeerFailed(1));
+  c->Kill(1);
+  Result<Value> r =
+      a.CallAsync("b", "noop", {}, absl::Seconds(20)).Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  {
+    MutexLock lock(&reports->mu);
+    auto reported = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reports->mu) {
+      return !reports->seen.empty();
+    };
+    ASSERT_TRUE(reports->mu.AwaitWithTimeout(absl::Condition(&reported),
+                                             absl::Seconds(30)));
+    EXPECT_EQ(reports->seen[0].first.name, "b");
+    EXPECT_EQ(reports->seen[0].first.id, 1);
+    EXPECT_EQ(reports->seen[0].second.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(reports->seen[0].second.message().find("'b'"), std::string::npos)
+        << reports->seen[0].second;
+  }
+  EXPECT_TRUE(a.IsPeerFailed(1));
+  EXPECT_FALSE(a.IsPeerFailed(2));
+  // Once failed, later failed calls report nothing more.
+  EXPECT_FALSE(a.rpc_sync_for(absl::Seconds(20), "b", "noop").ok());
+  std::atomic<int> late{0};
+  a.AddPeerFailureListener(
+      [&late](const WorkerInfo& peer, const absl::Status&) {
+        if (peer.id == 1) ++late;
+      });
+  EXPECT_EQ(late.load(), 1);
+  // The live peer still serves and is not reported, not even as the
+  // survivors leave (gRPC: non-graceful, since b never reaches the barrier).
+  EXPECT_TRUE(a.rpc_sync("c", "noop").ok());
+  EXPECT_TRUE(c->agent(2).Shutdown(/*graceful=*/false).ok());
+  EXPECT_TRUE(a.Shutdown(/*graceful=*/false).ok());
+  MutexLock lock(&reports->mu);
+  EXPECT_EQ(reports->seen.size(), 1u);
 }
 
 std::vector<Implementation> Implementations() {

@@ -140,6 +140,13 @@ absl::Status RRefContext::Install() {
     std::shared_ptr<RRefContext> ctx = weak.lock();
     return ctx ? ctx->Intercept(point, peer, m) : absl::OkStatus();
   });
+  // The agent's failure detector makes a peer known dead here too.
+  agent_->AddPeerFailureListener(
+      [weak](const WorkerInfo& peer, const absl::Status&) {
+        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+          ctx->NotifyWorkerFailed(peer.id);
+        }
+      });
   return absl::OkStatus();
 }
 

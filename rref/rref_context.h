@@ -49,10 +49,12 @@
 //    the transport's error (Unavailable naming the owner) or their timeout,
 //    annotated with the RRef id and owner; after the owner is known dead
 //    (below) they fail at once.
-//  - A worker becomes KNOWN DEAD when NotifyWorkerFailed(id) is called (by
-//    the program's failure detector, e.g. the launcher seeing a process exit,
-//    or a test after Kill), or when an internal message to it still fails
-//    with Unavailable after every retry. Then the owner drops every fork held
+//  - A worker becomes KNOWN DEAD when the agent reports it failed
+//    (Agent::AddPeerFailureListener: the gRPC agent's probe after a failed
+//    call, the in-process agent's Kill), when NotifyWorkerFailed(id) is
+//    called (by another failure detector, e.g. the launcher seeing a process
+//    exit), or when an internal message to it still fails with Unavailable
+//    after every retry. Then the owner drops every fork held
 //    by that worker, pending children sent to it are released, and nothing
 //    more is sent to it.
 //

@@ -406,17 +406,18 @@ TEST_F(ProtocolTest, DroppedDeleteIsRetried) {
   Settle();
 }
 
-// A receiver that dies before accepting its fork: once its death is known,
-// the parent's pending child goes and the parent deletes normally.
+// A receiver that dies before accepting its fork: once its death is known
+// (the agent reports it to the context), the parent's pending child goes and
+// the parent deletes normally.
 TEST_F(ProtocolTest, ReceiverDeathReleasesPendingChild) {
   RRef<int64_t> r = Confirmed("a", "b");
   Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
   r = RRef<int64_t>();
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
+  EXPECT_FALSE(ctx_["a"]->IsKnownDead(2));
   ASSERT_TRUE(net_.Kill("c").ok());
   EXPECT_FALSE(call.Get(kWait).ok());
-  EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
-  ctx_["a"]->NotifyWorkerFailed(2);
+  EXPECT_TRUE(ctx_["a"]->IsKnownDead(2));
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
   RoundTrip(MessageType::kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);

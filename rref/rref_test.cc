@@ -326,8 +326,9 @@ TEST_F(RRefTest, UserDeathReleasesItsForks) {
     absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
   }
   ASSERT_EQ(forks(), 1u);
+  // The agent reports c's death to b's context, which drops c's fork.
   ASSERT_TRUE(net_.Kill("c").ok());
-  ctx_["b"]->NotifyWorkerFailed(2);
+  EXPECT_TRUE(ctx_["b"]->IsKnownDead(2));
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
 }
 

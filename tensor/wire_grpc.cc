@@ -11,21 +11,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
-namespace {
-
-// A slice over memory owned by a heap object `T`, deleted when gRPC drops the
-// slice's last reference.
-template <typename T>
-grpc::Slice SliceOwning(std::unique_ptr<T> owner, const void* data,
-                        size_t size) {
-  T* raw = owner.release();
-  grpc_slice s = grpc_slice_new_with_user_data(
-      const_cast<void*>(data), size, [](void* p) { delete static_cast<T*>(p); },
-      raw);
-  return grpc::Slice(s, grpc::Slice::STEAL_REF);
-}
-
-}  // namespace
 
 grpc::ByteBuffer ToByteBuffer(EncodedValue encoded) {
   std::vector<grpc::Slice> slices;

@@ -22,15 +22,39 @@
 #ifndef FERRY_TENSOR_WIRE_GRPC_H_
 #define FERRY_TENSOR_WIRE_GRPC_H_
 
+#include <grpc/slice.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/slice.h>
 
+#include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tsan.h"
 #include "tensor/value.h"
 #include "tensor/wire.h"
 
 namespace ferry {
+
+// A slice over `size` bytes at `data`, memory that `owner` keeps alive; gRPC
+// deletes `owner` when it drops the slice's last reference, on whichever of
+// its threads does.
+template <typename T>
+grpc::Slice SliceOwning(std::unique_ptr<T> owner, const void* data,
+                        size_t size) {
+  T* raw = owner.release();
+  // gRPC's slice reference count orders the deleter after this hand-off.
+  FERRY_TSAN_RELEASE(raw);
+  grpc_slice s = grpc_slice_new_with_user_data(
+      const_cast<void*>(data), size,
+      [](void* p) {
+        FERRY_TSAN_ACQUIRE(p);  // Pairs with the release above.
+        delete static_cast<T*>(p);
+      },
+      raw);
+  return grpc::Slice(s, grpc::Slice::STEAL_REF);
+}
 
 absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(
     const Value& value, const WireLimits& limits = {},

@@ -2,15 +2,27 @@
 
 #include <unistd.h>
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
 namespace ferry::rpc::grpc_agent {
 namespace {
 
 constexpr char kVersion[] = "ferry 0.1";
 
-grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context) {
+grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                               grpc::Status status = grpc::Status::OK) {
   grpc::ServerUnaryReactor* r = context->DefaultReactor();
-  r->Finish(grpc::Status::OK);
+  r->Finish(std::move(status));
   return r;
+}
+
+// The group is read only once known (the server runs while it forms).
+grpc::Status NotJoined(const Agent& agent) {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("worker '", agent.self().name,
+                                   "' has not joined its group yet"));
 }
 
 }  // namespace
@@ -28,6 +40,7 @@ grpc::ServerUnaryReactor* AdminService::GetWorkerInfo(
     grpc::CallbackServerContext* context,
     const ferry::admin::v1::WorkerInfoRequest*,
     ferry::admin::v1::WorkerInfo* out) {
+  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
   Fill(agent_->self(), out);
   out->set_uptime_seconds(
       absl::ToDoubleSeconds(absl::Now() - agent_->start_time()));
@@ -39,6 +52,7 @@ grpc::ServerUnaryReactor* AdminService::ListWorkers(
     grpc::CallbackServerContext* context,
     const ferry::admin::v1::ListWorkersRequest*,
     ferry::admin::v1::ListWorkersResponse* out) {
+  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
   for (const WorkerInfo& w : agent_->GetWorkerInfos()) {
     Fill(w, out->add_workers());
   }

@@ -4,6 +4,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <atomic>
 #include <mutex>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "common/tsan.h"
 #include "rpc/grpc/admin.h"
 #include "rpc/grpc/codec.h"
 #include "rpc/grpc/rendezvous.h"
@@ -20,6 +22,7 @@ namespace ferry::rpc {
 namespace {
 
 constexpr char kCallMethod[] = "/ferry.rpc.v1.Worker/Call";
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 
 // gRPC's reflection and health services are switched on through process-wide
 // registration calls; doing it once is all they need.
@@ -50,6 +53,7 @@ struct GrpcAgent::Peer {
   WorkerInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
+  std::atomic<bool> probing{false};  // One health probe at a time.
 };
 
 struct GrpcAgent::OutgoingCall {
@@ -57,6 +61,7 @@ struct GrpcAgent::OutgoingCall {
   std::string target;   // DescribeTarget(peer, request)
   std::string sending;  // Sending(request)
   std::string stats_key;
+  int peer = -1;
   std::string peer_address;
   absl::Duration timeout;
   absl::Time start;
@@ -65,6 +70,14 @@ struct GrpcAgent::OutgoingCall {
   grpc::ByteBuffer response;
   uint64_t bytes_out = 0;
   Promise<Message> promise;
+};
+
+struct GrpcAgent::Probe {
+  int peer = -1;
+  absl::Status why;  // The failed call that started the probe.
+  grpc::ClientContext context;
+  grpc::ByteBuffer request;  // An empty HealthCheckRequest: the whole server.
+  grpc::ByteBuffer response;
 };
 
 // ---------------------------------------------------------------------------
@@ -106,10 +119,11 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   }
   absl::StatusOr<std::string> address = agent->StartServer(name);
   if (!address.ok()) return address.status();
-  agent->SetSelf(WorkerInfo{name, rank, *address});
+  // The server runs: self() is not written again (SetWorkers fills in its
+  // address along with the group, which handlers wait for).
   absl::StatusOr<std::vector<WorkerInfo>> group =
-      grpc_agent::JoinGroup(agent->store_, agent->self(), world_size,
-                            agent->grpc_options_.join_timeout);
+      grpc_agent::JoinGroup(agent->store_, WorkerInfo{name, rank, *address},
+                            world_size, agent->grpc_options_.join_timeout);
   if (!group.ok()) {
     agent->Shutdown(/*graceful=*/false).IgnoreError();
     return group.status();
@@ -197,21 +211,25 @@ absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
     if (auto* health = server_->GetHealthCheckService())
       health->SetServingStatus(false);
   }
+  BeginStop();  // Failures of peers leaving now are not failures.
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
     for (auto& [id, call] : outgoing_) call->context.TryCancel();
+    for (Probe* probe : probes_) probe->context.TryCancel();
   }
   if (server_ != nullptr) {
     server_->Shutdown(
         absl::ToChronoTime(graceful && result.ok() ? deadline : absl::Now()));
     server_->Wait();
+    // Wait returned after every call's OnDone (rpc/grpc/service.h).
+    FERRY_TSAN_ACQUIRE(worker_service_.get());
   }
   StopExecutor(/*drain=*/graceful);
   {
     MutexLock lock(&mu_);
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return outgoing_.empty();
+      return outgoing_.empty() && probes_.empty();
     };
     mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
     shut_down_ = true;
@@ -231,6 +249,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   call->stats_key = request.type == MessageType::kCall
                         ? request.function
                         : MessageTypeName(request.type);
+  call->peer = to.id;
   call->peer_address = to.address;
   call->timeout = timeout;
   call->start = absl::Now();
@@ -266,6 +285,9 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     }
     outgoing_.emplace(raw->id, call.release());
   }
+  // gRPC runs the completion callback on its own thread once the call is
+  // done; its completion queue orders that after this hand-off.
+  FERRY_TSAN_RELEASE(raw);
   peers_[to.id]->stub->UnaryCall(
       &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
       &raw->response,
@@ -274,6 +296,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
 }
 
 void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
+  FERRY_TSAN_ACQUIRE(raw);  // Pairs with the release in Transmit.
   std::unique_ptr<OutgoingCall> call(raw);
   const std::string& where = call->target;
   Result<Message> result = absl::UnknownError("unset");
@@ -285,7 +308,6 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {
       result = *std::move(reply);
-      if (result.ok()) result->id = GlobalId::FromValue(call->id);
     }
   } else {
     absl::Status s = FromGrpcStatus(status);
@@ -300,6 +322,7 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
         result = absl::UnavailableError(
             absl::StrCat(where, " at ", call->peer_address,
                          " is unavailable: ", s.message()));
+        ProbePeer(call->peer, result.status());
         break;
       case grpc::StatusCode::CANCELLED:
         result = absl::CancelledError(
@@ -330,6 +353,55 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   // could deadlock when every executor thread is a handler blocked in
   // rpc_sync waiting for exactly this completion.
   promise.Set(std::move(result));
+}
+
+// ---------------------------------------------------------------------------
+// Peer failures.
+
+void GrpcAgent::ProbePeer(int id, const absl::Status& why) {
+  Peer& peer = *peers_[id];
+  if (IsPeerFailed(id) || peer.probing.exchange(true)) return;
+  auto probe = std::make_unique<Probe>();
+  probe->peer = id;
+  probe->why = why;
+  grpc::Slice empty;
+  probe->request = grpc::ByteBuffer(&empty, 1);
+  probe->context.set_deadline(
+      absl::ToChronoTime(absl::Now() + grpc_options_.peer_probe_timeout));
+  Probe* raw = probe.get();
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_) {
+      peer.probing = false;
+      return;
+    }
+    probes_.insert(probe.release());
+  }
+  // As for calls: gRPC orders its callback after this hand-off.
+  FERRY_TSAN_RELEASE(raw);
+  peer.stub->UnaryCall(
+      &raw->context, kHealthCheckMethod, grpc::StubOptions(), &raw->request,
+      &raw->response,
+      [this, raw](grpc::Status status) { ProbeDone(raw, status); });
+}
+
+void GrpcAgent::ProbeDone(Probe* raw, const grpc::Status& status) {
+  FERRY_TSAN_ACQUIRE(raw);  // Pairs with the release in ProbePeer.
+  std::unique_ptr<Probe> probe(raw);
+  // An answer, even NOT_SERVING or an error status from the health service,
+  // shows the peer's server is there; only transport failures count.
+  const bool failed =
+      status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  if (failed) {
+    ReportPeerFailure(probe->peer, absl::UnavailableError(absl::StrCat(
+                                       probe->why.message(),
+                                       "; its health probe failed too: ",
+                                       FromGrpcStatus(status).ToString())));
+  }
+  peers_[probe->peer]->probing = false;
+  MutexLock lock(&mu_);
+  probes_.erase(raw);
 }
 
 }  // namespace ferry::rpc

@@ -13,6 +13,11 @@
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).
 //
+// Peer failures (rpc/agent.h): when a call fails with Unavailable, the agent
+// probes the peer's gRPC health service (peer_probe_timeout); if the probe
+// fails at the transport too, the peer is reported failed. A peer that
+// answers the probe (even "not serving", while it shuts down) is not.
+//
 // Thread safety: as rpc/agent.h.
 #ifndef FERRY_RPC_GRPC_AGENT_H_
 #define FERRY_RPC_GRPC_AGENT_H_
@@ -23,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +50,8 @@ struct GrpcAgentOptions : Agent::Options {
   int max_message_bytes = 0x7fffffff;
   std::string listen_address = "127.0.0.1:0";
   WireLimits wire_limits;
+  // Bound of the health probe that confirms a peer failure.
+  absl::Duration peer_probe_timeout = absl::Seconds(5);
   // Called once with the new agent before it serves or joins the group:
   // register the handlers and interceptors peers may use as soon as the
   // group forms (a layer's Install(agent)). An error aborts Start.
@@ -80,6 +88,7 @@ class GrpcAgent final : public Agent {
   friend class grpc_agent::WorkerService;
   struct Peer;
   struct OutgoingCall;
+  struct Probe;
 
   GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
             std::shared_ptr<FunctionRegistry> registry);
@@ -90,6 +99,10 @@ class GrpcAgent final : public Agent {
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
   void CallDone(OutgoingCall* call, const grpc::Status& status);
+  // After a call to peer `id` failed with Unavailable (`why`): probes the
+  // peer's health service and reports it failed if that fails too.
+  void ProbePeer(int id, const absl::Status& why);
+  void ProbeDone(Probe* probe, const grpc::Status& status);
 
   const GrpcAgentOptions grpc_options_;
   const std::shared_ptr<Store> store_;
@@ -105,6 +118,8 @@ class GrpcAgent final : public Agent {
   Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.
   std::map<uint64_t, OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
+  // Health probes in flight; Shutdown cancels them and waits.
+  std::set<Probe*> probes_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -3,16 +3,23 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/rpc.pb.h"
+#include "rpc/grpc/codec.h"
 #include "store/hash_store.h"
+#include "store/prefix_store.h"
 #include "tensor/tensor.h"
 
 namespace ferry::rpc {
@@ -72,6 +79,54 @@ std::shared_ptr<FunctionRegistry> BasicRegistry() {
                   .ok());
   EXPECT_TRUE(reg->Register("noop", [] {}).ok());
   return reg;
+}
+
+// Waits (bounded) until `cond` holds; polls observable state.
+bool Eventually(const std::function<bool()>& cond,
+                absl::Duration limit = absl::Seconds(30)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
+}
+
+// One Worker/Call with raw bytes, as a foreign client would send it.
+class RawCall {
+ public:
+  RawCall(grpc::GenericStub& stub, grpc::ByteBuffer request,
+          absl::Duration timeout)
+      : request_(std::move(request)) {
+    context_.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    stub.UnaryCall(&context_, "/ferry.rpc.v1.Worker/Call", grpc::StubOptions(),
+                   &request_, &response_, [this](grpc::Status s) {
+                     MutexLock lock(&mu_);
+                     status_ = std::move(s);
+                   });
+  }
+  // Waits for the call's end (gRPC's deadline bounds it).
+  grpc::Status Wait() {
+    MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return status_.has_value();
+    };
+    mu_.Await(absl::Condition(&done));
+    return *status_;
+  }
+  const grpc::ByteBuffer& response() const { return response_; }
+
+ private:
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  Mutex mu_;
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
+};
+
+grpc::ByteBuffer BytesOf(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
 }
 
 TEST(GrpcAgent, DuplicateNameFailsOnEveryWorker) {
@@ -139,19 +194,8 @@ TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
                   14),  // Truncated value stream.
   };
   for (const std::string& bytes : bad) {
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    Notification done;
-    grpc::Status status;
-    stub.UnaryCall(&ctx, "/ferry.rpc.v1.Worker/Call", grpc::StubOptions(),
-                   &request, &response, [&](grpc::Status s) {
-                     status = s;
-                     done.Notify();
-                   });
-    done.WaitForNotification();
+    grpc::Status status =
+        RawCall(stub, BytesOf(bytes), absl::Seconds(30)).Wait();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << status.error_message();
     EXPECT_NE(status.error_message().find("worker 'b'"), std::string::npos)
@@ -223,32 +267,18 @@ TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
   auto channel = grpc::CreateChannel((*agents)[1]->address(),
                                      grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
-  auto raw_call = [&](uint32_t type, grpc::ByteBuffer* response) {
+  auto raw_call = [&](uint32_t type) {
     ferry::rpc::v1::RpcRequest header;
     header.set_type(static_cast<ferry::rpc::v1::MessageType>(type));
     header.set_function("f");
     header.set_caller_name("grpcurl");
-    std::string bytes = header.SerializeAsString();
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::seconds(30));
-    Notification done;
-    grpc::Status status;
-    stub.UnaryCall(&ctx, "/ferry.rpc.v1.Worker/Call", grpc::StubOptions(),
-                   &request, response, [&](grpc::Status s) {
-                     status = s;
-                     done.Notify();
-                   });
-    done.WaitForNotification();
-    return status;
+    return RawCall(stub, BytesOf(header.SerializeAsString()), absl::Seconds(30))
+        .Wait();
   };
-  grpc::ByteBuffer response;
-  grpc::Status served = raw_call(1001, &response);
+  grpc::Status served = raw_call(1001);
   EXPECT_TRUE(served.ok()) << served.error_message();
   for (uint32_t type : {1002u, 10u, 0u}) {
-    grpc::Status refused = raw_call(type, &response);
+    grpc::Status refused = raw_call(type);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
     EXPECT_NE(refused.error_message().find("worker 'b' does not serve"),
               std::string::npos)
@@ -262,6 +292,88 @@ TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r->payload.if_string(), "a:hello");
   ShutdownAll(*agents);
+}
+
+// A request that reaches a worker before it knows its group (its server is
+// up and its join record written, the other worker not there yet) waits for
+// the group and then sees it, or fails at its deadline; it never runs against
+// an empty group. The test plays the fast peer with raw calls.
+TEST(GrpcAgent, RequestsBeforeTheGroupIsKnownWaitForIt) {
+  auto store = std::make_shared<HashStore>();
+  std::atomic<Agent*> b_agent{nullptr};
+  GrpcAgentOptions options;
+  options.before_serving = [&b_agent](Agent& agent) {
+    b_agent = &agent;
+    return agent.Register(
+        "group",
+        [&agent](const CallContext& ctx) -> absl::StatusOr<std::string> {
+          absl::StatusOr<WorkerInfo> caller =
+              agent.GetWorkerInfo(ctx.caller_id);
+          if (!caller.ok()) return caller.status();
+          return absl::StrCat(agent.world_size(), " workers, caller ",
+                              caller->name);
+        });
+  };
+  options.join_timeout = absl::Seconds(60);
+  absl::StatusOr<std::unique_ptr<GrpcAgent>> b;
+  std::thread b_starts(
+      [&] { b = GrpcAgent::Start("b", 1, 2, store, options); });
+  absl::Cleanup join_b = [&b_starts] {
+    if (b_starts.joinable()) b_starts.join();
+  };
+  // b joined first (join record 0), so it serves and waits for rank 0.
+  PrefixStore rendezvous("rpc/", store);
+  ASSERT_TRUE(rendezvous.Wait({"join/0"}, absl::Seconds(30)).ok());
+  std::vector<std::string> record =
+      absl::StrSplit(*rendezvous.Get("join/0"), '\n');
+  ASSERT_EQ(record.size(), 3u);
+  auto channel =
+      grpc::CreateChannel(record[2], grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  auto request = [](absl::Duration timeout) {
+    Message m;
+    m.type = MessageType::kCall;
+    m.function = "group";
+    m.id = GlobalId(0, 1);
+    m.caller_name = "a";
+    m.caller_id = 0;
+    m.deadline = absl::Now() + timeout;
+    m.payload = Value::FromList({});
+    return grpc_agent::EncodeRequest(m, absl::Now(), WireLimits{})->buffer;
+  };
+  auto awaiting = [&b_agent](int n) {
+    return Eventually(
+        [&] { return b_agent.load()->requests_awaiting_group() == n; });
+  };
+  // Waits, then fails at its deadline (the callee's copy of it too).
+  RawCall short_call(stub, request(absl::Milliseconds(300)),
+                     absl::Milliseconds(300));
+  ASSERT_TRUE(awaiting(1));
+  EXPECT_EQ(short_call.Wait().error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(awaiting(0));
+  // Waits, then runs once the group forms, seeing all of it.
+  RawCall long_call(stub, request(absl::Seconds(60)), absl::Seconds(60));
+  ASSERT_TRUE(awaiting(1));
+  absl::StatusOr<std::unique_ptr<GrpcAgent>> a =
+      GrpcAgent::Start("a", 0, 2, store);
+  b_starts.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  grpc::Status status = long_call.Wait();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  uint64_t bytes = 0;
+  absl::StatusOr<Result<Message>> reply =
+      grpc_agent::DecodeReply(long_call.response(), WireLimits{}, &bytes);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->ok()) << reply->status();
+  ASSERT_NE((*reply)->payload.if_string(), nullptr);
+  EXPECT_EQ(*(*reply)->payload.if_string(), "2 workers, caller a");
+  EXPECT_EQ((*b)->requests_awaiting_group(), 0);
+  Agents agents;
+  agents.push_back(*std::move(a));
+  agents.push_back(*std::move(b));
+  ShutdownAll(agents);
 }
 
 }  // namespace

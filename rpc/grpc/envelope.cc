@@ -122,12 +122,9 @@ grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
 
   std::vector<grpc::Slice> slices;
   slices.reserve(payload_slices.size() + 1);
-  std::string* raw = head.release();
-  slices.emplace_back(grpc::Slice(
-      grpc_slice_new_with_user_data(
-          raw->data(), raw->size(),
-          [](void* p) { delete static_cast<std::string*>(p); }, raw),
-      grpc::Slice::STEAL_REF));
+  const char* head_data = head->data();
+  const size_t head_size = head->size();
+  slices.push_back(SliceOwning(std::move(head), head_data, head_size));
   for (grpc::Slice& s : payload_slices) slices.push_back(std::move(s));
   return grpc::ByteBuffer(slices.data(), slices.size());
 }

@@ -3,6 +3,10 @@
 // Malformed envelopes are refused with InvalidArgument naming the worker;
 // message types without a handler with Unimplemented. Nothing a client sends
 // can crash the server.
+//
+// TSAN: every call's OnDone releases the service's address; after
+// grpc::Server::Wait (which returns once every call's OnDone ran) the agent
+// acquires it, so what the calls did is seen before the agent is torn down.
 #ifndef FERRY_RPC_GRPC_SERVICE_H_
 #define FERRY_RPC_GRPC_SERVICE_H_
 

@@ -243,6 +243,7 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
   }
   const int id = it->second;
   std::vector<std::pair<Promise<Message>, absl::Status>> failed;
+  std::vector<int> survivors;
   {
     MutexLock lock(&mu_);
     dead_.insert(id);
@@ -259,8 +260,14 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
           call.target, " is unavailable: worker '", worker, "' died"));
     });
     ++generation_;
+    for (int i = 0; i < size(); ++i) {
+      if (dead_.count(i) == 0) survivors.push_back(i);
+    }
   }
   for (auto& [p, s] : failed) p.SetError(s);
+  const absl::Status died = absl::UnavailableError(
+      absl::StrCat("worker '", worker, "' (rank ", id, ") was killed"));
+  for (int i : survivors) agents_[i]->PeerDied(id, died);
   return absl::OkStatus();
 }
 

@@ -19,10 +19,11 @@
 //
 // Failure switches: Kill(worker) makes it dead at once: its queued messages
 // vanish, calls it made and calls made to it fail with Unavailable naming it,
-// and later sends to or from it fail the same way. Timeouts hold in both
-// modes: a call whose message was dropped or never delivered fails with
-// DeadlineExceeded at its deadline (a timer thread enforces it), so no test
-// hangs on a lost message.
+// later sends to or from it fail the same way, and every live worker reports
+// it failed to its peer-failure listeners (rpc/agent.h), on Kill's thread.
+// Timeouts hold in both modes: a call whose message was dropped or never
+// delivered fails with DeadlineExceeded at its deadline (a timer thread
+// enforces it), so no test hangs on a lost message.
 //
 // Replies complete the caller's future on the thread that delivers them
 // (the test's thread in manual mode, the callee's executor in auto mode).
@@ -75,6 +76,7 @@ class InProcessAgent final : public Agent {
   Future<Message> Receive(Message request) {
     return Dispatch(std::move(request));
   }
+  void PeerDied(int id, const absl::Status& why) { ReportPeerFailure(id, why); }
 
   InProcessNetwork* const network_;
   Mutex shutdown_mu_;
