@@ -10,15 +10,21 @@
 //                              call <worker> <timeout_ms>        echo call
 //                              block <worker> <timeout_ms>       call a
 //                                handler that blocks (<= 60 s) until killed
+//                              wait <key> <timeout_ms>           store wait
+//                                (on its own TCPStore client)
 //                              quit                              exit 0
 //                            and answers each with one line
-//                              result <worker> OK|<code> <elapsed_ms> <msg>
+//                              result <worker|key> OK|<code> <elapsed_ms> <msg>
 //
+// --die_rank: that rank SIGKILLs itself after the RPC ring, while the others
+// enter the all-reduce (a worker killed mid-job).
 // Flags: --fail_rank / --fail_generation make that rank exit 3
 // in that FERRY_RUN_GENERATION, before joining (ferry_run tests);
 // --c10d_master_port: where c10d's store is when no launcher serves the
 // store (mpirun: rank 0 hosts two stores, as a PyTorch job calling init_rpc
 // and init_process_group with two ports does).
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +48,7 @@
 ABSL_FLAG(bool, interactive, false, "read commands from stdin (see above)");
 ABSL_FLAG(int, fail_rank, -1, "this rank exits 3 after joining");
 ABSL_FLAG(int, fail_generation, 0, "... in this FERRY_RUN_GENERATION");
+ABSL_FLAG(int, die_rank, -1, "this rank SIGKILLs itself mid-job");
 ABSL_FLAG(int, c10d_master_port, 0,
           "c10d store port without a launcher store (0: MASTER_PORT + 1)");
 ABSL_FLAG(int, rpc_timeout_ms, 20000, "default RPC timeout");
@@ -105,6 +112,17 @@ absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> StartC10d() {
       });
 }
 
+// A client of the job's store (MASTER_ADDR:MASTER_PORT), in this attempt's
+// namespace under ferry_run.
+absl::StatusOr<std::unique_ptr<Store>> ConnectStore() {
+  TcpStoreOptions so;
+  so.host = GetEnv("MASTER_ADDR").value_or("127.0.0.1");
+  so.port = EnvInt("MASTER_PORT", 0);
+  so.timeout = absl::Seconds(30);
+  ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> raw, TcpStore::Create(so));
+  return ScopeToLauncherGeneration(std::move(raw));
+}
+
 absl::Status Batch(Agent& agent, int rank) {
   const int world = agent.world_size();
   const std::string me = agent.self().name;
@@ -114,6 +132,11 @@ absl::Status Batch(Agent& agent, int rank) {
       std::string reply,
       agent.rpc_sync<std::string>(next, "echo", absl::StrCat("hi from ", me)));
   std::printf("rank %d: rpc ok: %s\n", rank, reply.c_str());
+  if (rank == absl::GetFlag(FLAGS_die_rank)) {
+    std::printf("rank %d: killing itself\n", rank);
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
   // All-reduce.
   ASSIGN_OR_RETURN(std::shared_ptr<c10d::ProcessGroup> pg, StartC10d());
   Tensor t = full({1024}, rank + 1.0);
@@ -126,13 +149,7 @@ absl::Status Batch(Agent& agent, int rank) {
   }
   std::printf("rank %d: allreduce ok sum=%g\n", rank, got);
   // Store round trip, on a client of its own, across hosts.
-  TcpStoreOptions so;
-  so.host = GetEnv("MASTER_ADDR").value_or("127.0.0.1");
-  so.port = EnvInt("MASTER_PORT", 0);
-  so.timeout = absl::Seconds(30);
-  ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> raw, TcpStore::Create(so));
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
-                   ScopeToLauncherGeneration(std::move(raw)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, ConnectStore());
   if (rank == 0) RETURN_IF_ERROR(store->Set("job/key", "from rank 0"));
   ASSIGN_OR_RETURN(std::string value, store->Get("job/key"));
   std::printf("rank %d: store ok: %s\n", rank, value.c_str());
@@ -151,7 +168,10 @@ bool Command(Agent& agent, const std::string& line) {
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Time start = absl::Now();
   absl::Status s;
-  if (w[0] == "block") {
+  if (w[0] == "wait") {
+    absl::StatusOr<std::unique_ptr<Store>> store = ConnectStore();
+    s = store.ok() ? (*store)->Wait({w[1]}, timeout) : store.status();
+  } else if (w[0] == "block") {
     s = agent.rpc_sync_for<int64_t>(timeout, w[1], "block", int64_t{0})
             .status();
   } else {

@@ -9,6 +9,10 @@
 //   - a link cut (the bridge port of host 1 set down): a call to host 1
 //     fails with Unavailable or DeadlineExceeded within its timeout; after
 //     the link returns, new calls succeed (gRPC reconnects);
+//   - a worker SIGKILLed mid-job under ferry_run (the others in the
+//     all-reduce): every node's ferry_run exits non-zero naming it, soon;
+//   - the store host killed: a worker waiting on the store gets an error
+//     naming the store within its timeout;
 //   - 20 ms delay and 1% loss (tc netem) on every host: the job completes.
 // Skips with the harness's reason where namespaces cannot be created (not
 // root) and the netem case where the kernel has no netem qdisc.
@@ -93,48 +97,55 @@ class NetnsTest : public ::testing::Test {
     return RunCommand(args, {}, absl::Seconds(10));
   }
 
-  // One ferry_run per host, 1 worker each; returns each node's output.
-  std::vector<std::string> RunJobOnEveryHost(int* failures) {
+  // One ferry_run per host, 1 worker each, job_main given `job_args`.
+  // Returns each node's exit code (-1: none) and output.
+  std::vector<std::pair<int, std::string>> RunJobOnEveryHost(
+      std::vector<std::string> job_args = {}) {
     std::vector<std::unique_ptr<Subprocess>> nodes;
     for (int h = 0; h < kHosts; ++h) {
-      nodes.push_back(
-          SpawnOn(h,
-                  {RunfilePath("tools/launcher/ferry_run"), "--nnodes=3",
-                   absl::StrCat("--node_rank=", h), "--nproc_per_node=1",
-                   "--master_addr=" + addr_[0], "--master_port=29500",
-                   "--timeout_s=50", "--rdzv_timeout_s=30", "--",
-                   RunfilePath("tests/multihost/job_main")},
-                  {}, false));
+      std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run"),
+                                       "--nnodes=3",
+                                       absl::StrCat("--node_rank=", h),
+                                       "--nproc_per_node=1",
+                                       "--master_addr=" + addr_[0],
+                                       "--master_port=29500",
+                                       "--timeout_s=50",
+                                       "--rdzv_timeout_s=30",
+                                       "--grace_s=2",
+                                       "--",
+                                       RunfilePath("tests/multihost/job_main")};
+      argv.insert(argv.end(), job_args.begin(), job_args.end());
+      nodes.push_back(SpawnOn(h, argv, {}, false));
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    std::vector<std::string> out;
-    *failures = 0;
+    std::vector<std::pair<int, std::string>> out;
     for (auto& n : nodes) {
       if (n == nullptr) {
-        ++*failures;
-        out.push_back("");
+        out.push_back({-1, ""});
         continue;
       }
-      out.push_back(n->ReadAll(deadline));
+      std::string text = n->ReadAll(deadline);
       absl::StatusOr<int> code = n->Wait(deadline);
-      if (!code.ok() || *code != 0) ++*failures;
+      out.push_back({code.ok() ? *code : -1, std::move(text)});
     }
     return out;
   }
 
-  void ExpectJobDone(const std::vector<std::string>& out) {
+  void ExpectJobDone(const std::vector<std::pair<int, std::string>>& nodes) {
     for (int h = 0; h < kHosts; ++h) {
+      const std::string& out_h = nodes[h].second;
+      EXPECT_EQ(nodes[h].first, 0) << out_h;
       // Rank h runs on host h and publishes that host's address.
       EXPECT_TRUE(absl::StrContains(
-          out[h], absl::StrCat("rank ", h, ": joined 3 workers as worker", h,
-                               " at ", addr_[h], ":")))
-          << out[h];
+          out_h, absl::StrCat("rank ", h, ": joined 3 workers as worker", h,
+                              " at ", addr_[h], ":")))
+          << out_h;
       for (const char* step :
            {"rpc ok", "allreduce ok sum=6", "store ok", "done"}) {
         EXPECT_TRUE(
-            absl::StrContains(out[h], absl::StrCat("rank ", h, ": ", step)))
+            absl::StrContains(out_h, absl::StrCat("rank ", h, ": ", step)))
             << "host " << h << " missing '" << step << "':\n"
-            << out[h];
+            << out_h;
       }
     }
   }
@@ -199,10 +210,41 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, JobRunsAcrossThreeHosts) {
-  int failures = 0;
-  std::vector<std::string> out = RunJobOnEveryHost(&failures);
-  EXPECT_EQ(failures, 0) << out[0] << out[1] << out[2];
-  ExpectJobDone(out);
+  ExpectJobDone(RunJobOnEveryHost());
+}
+
+TEST_F(NetnsTest, WorkerKilledMidJobStopsEveryNodeNamingIt) {
+  const absl::Time start = absl::Now();
+  std::vector<std::pair<int, std::string>> nodes =
+      RunJobOnEveryHost({"--die_rank=2"});
+  for (int h = 0; h < kHosts; ++h) {
+    EXPECT_NE(nodes[h].first, 0) << nodes[h].second;
+    EXPECT_NE(nodes[h].first, -1) << "node " << h << " did not exit";
+    EXPECT_TRUE(absl::StrContains(
+        nodes[h].second,
+        "job failed (node 2 rank 2 failed with signal 9 (Killed))"))
+        << nodes[h].second;
+  }
+  EXPECT_TRUE(absl::StrContains(nodes[2].second, "rank 2: killing itself"))
+      << nodes[2].second;
+  // Far below the job's --timeout_s (50 s): nobody waited it out.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST_F(NetnsTest, StoreHostKilledFailsAStoreWaitNamingTheStore) {
+  ASSERT_NO_FATAL_FAILURE(StartInteractive(29503));
+  // Worker 1 waits (up to 15 s) for a key nobody sets; rank 0, which hosts
+  // the store on host 0, dies meanwhile.
+  ASSERT_TRUE(workers_[1]->WriteStdin("wait never_set 15000\n").ok());
+  ASSERT_TRUE(workers_[0]->Signal(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  CallResult r = ReadResult(1, absl::Seconds(20));
+  std::printf("store host killed: %s\n", r.line.c_str());
+  EXPECT_NE(r.code, "") << "worker 1 never answered";
+  EXPECT_NE(r.code, "OK") << r.line;
+  EXPECT_TRUE(absl::StrContains(r.line, absl::StrCat(addr_[0], ":29503")))
+      << r.line;
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(16)) << r.line;
 }
 
 TEST_F(NetnsTest, WorkerKilledMidCallFailsItsCallersNamingIt) {
@@ -219,6 +261,7 @@ TEST_F(NetnsTest, WorkerKilledMidCallFailsItsCallersNamingIt) {
   ASSERT_TRUE(workers_[2]->Signal(SIGKILL).ok());
   for (int h : {0, 1}) {
     CallResult r = ReadResult(h, absl::Seconds(20));
+    std::printf("host %d after the kill: %s\n", h, r.line.c_str());
     EXPECT_NE(r.code, "") << "host " << h << " never answered";
     EXPECT_NE(r.code, "OK") << r.line;
     EXPECT_TRUE(absl::StrContains(r.line, "worker2")) << r.line;
@@ -238,6 +281,7 @@ TEST_F(NetnsTest, LinkCutFailsCallsInTimeAndTheyRecoverAfterward) {
   auto [down, down_out] = Ip({"-n", switch_, "link", "set", "vh1", "down"});
   ASSERT_EQ(down, 0) << down_out;
   CallResult cut = Send(0, "call worker1 2000", absl::Seconds(10));
+  std::printf("link down: %s\n", cut.line.c_str());
   EXPECT_TRUE(cut.code == "UNAVAILABLE" || cut.code == "DEADLINE_EXCEEDED")
       << cut.line;
   EXPECT_GE(cut.ms, 0) << cut.line;
@@ -252,6 +296,7 @@ TEST_F(NetnsTest, LinkCutFailsCallsInTimeAndTheyRecoverAfterward) {
   for (int i = 0; i < 20 && absl::Now() < until && after.code != "OK"; ++i) {
     after = Send(0, "call worker1 1000", absl::Seconds(5));
   }
+  std::printf("link up again: %s\n", after.line.c_str());
   EXPECT_EQ(after.code, "OK") << after.line;
 }
 
@@ -267,10 +312,7 @@ TEST_F(NetnsTest, JobCompletesUnderNetemDelayAndLoss) {
     ASSERT_EQ(code, 0) << out;
   }
   const absl::Time start = absl::Now();
-  int failures = 0;
-  std::vector<std::string> out = RunJobOnEveryHost(&failures);
-  EXPECT_EQ(failures, 0) << out[0] << out[1] << out[2];
-  ExpectJobDone(out);
+  ExpectJobDone(RunJobOnEveryHost());
   std::printf("job under netem 20ms/1%%: %s\n",
               absl::FormatDuration(absl::Now() - start).c_str());
 }
