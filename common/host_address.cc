@@ -79,6 +79,29 @@ absl::StatusOr<std::string> InterfaceAddress(absl::string_view name) {
                    absl::StrJoin(names, ", "), ")"));
 }
 
+absl::StatusOr<std::string> NumericHost(absl::string_view host_text) {
+  const std::string host = Unbracket(host_text);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  std::string v4, v6;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET && v4.empty()) v4 = Numeric(a->ai_addr);
+    if (a->ai_family == AF_INET6 && v6.empty()) v6 = Numeric(a->ai_addr);
+  }
+  freeaddrinfo(res);
+  if (!v4.empty()) return v4;
+  if (!v6.empty()) return v6;
+  return absl::UnavailableError(
+      absl::StrCat("'", host, "' has no IPv4 or IPv6 address"));
+}
+
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer) {
   const std::string host = Unbracket(peer);
   addrinfo hints{};

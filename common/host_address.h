@@ -42,6 +42,11 @@ std::optional<std::string> ProcessEnv(absl::string_view name);
 // listing the interfaces that have an address.
 absl::StatusOr<std::string> InterfaceAddress(absl::string_view name);
 
+// `host` as a numeric address: itself when already numeric (brackets
+// removed), else its first resolved address (IPv4 preferred). Unavailable
+// naming the host when it does not resolve.
+absl::StatusOr<std::string> NumericHost(absl::string_view host);
+
 // The local address a packet to `peer` (numeric or resolvable) would leave
 // from. Unavailable naming the peer when it cannot be resolved or routed.
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer);

@@ -59,6 +59,16 @@ TEST(HostAddress, UnresolvablePeerIsAnError) {
             std::string::npos);
 }
 
+TEST(HostAddress, NumericHost) {
+  EXPECT_EQ(*NumericHost("10.1.2.3"), "10.1.2.3");
+  EXPECT_EQ(*NumericHost("[::1]"), "::1");
+  auto local = NumericHost("localhost");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_TRUE(*local == "127.0.0.1" || *local == "::1") << *local;
+  EXPECT_EQ(NumericHost("no-such-host.invalid").status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 TEST(HostAddress, JoinAndWildcard) {
   EXPECT_EQ(JoinHostPort("10.0.0.1", 80), "10.0.0.1:80");
   EXPECT_EQ(JoinHostPort("::1", 80), "[::1]:80");

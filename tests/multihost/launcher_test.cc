@@ -197,6 +197,15 @@ TEST(MultiNodeLaunch, BadFlagsAreRefused) {
   }
 }
 
+TEST(MultiNodeLaunch, MasterAddrMayBeAHostName) {
+  auto [code, out] = RunCommand(
+      {RunfilePath("tools/launcher/ferry_run"), "--master_addr=localhost",
+       "--nproc=2", "--", "/bin/sh", "-c", "echo \"m=$MASTER_ADDR r=$RANK\""},
+      {}, absl::Seconds(30));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[1]: m=localhost r=1")) << out;
+}
+
 TEST(MultiNodeLaunch, StandaloneRunsOneNode) {
   auto [code, out] =
       RunCommand({RunfilePath("tools/launcher/ferry_run"), "--standalone",

@@ -738,8 +738,15 @@ int main(int argc, char** argv) {
   std::unique_ptr<ferry::TcpStoreServer> server;
   int port = config->port;
   if (config->node_rank == 0) {
+    // The store binds the master address (a host name is resolved).
+    absl::StatusOr<std::string> bind = ferry::NumericHost(config->addr);
+    if (!bind.ok()) {
+      std::fprintf(stderr, "ferry_run: --master_addr: %s\n",
+                   bind.status().ToString().c_str());
+      return 2;
+    }
     ferry::TcpStoreServer::Options so;
-    so.host = config->addr;
+    so.host = *bind;
     so.port = config->port;
     absl::StatusOr<std::unique_ptr<ferry::TcpStoreServer>> started =
         ferry::TcpStoreServer::Start(so);
