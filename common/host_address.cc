@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -37,6 +38,22 @@ std::string Unbracket(absl::string_view host) {
     host.remove_suffix(1);
   }
   return std::string(host);
+}
+
+using AddrList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
+
+// getaddrinfo for `host` (port 9, never contacted), any family.
+absl::StatusOr<AddrList> Resolve(const std::string& host, int socktype) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = socktype;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
+  if (rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  return AddrList(res, &freeaddrinfo);
 }
 
 }  // namespace
@@ -81,21 +98,13 @@ absl::StatusOr<std::string> InterfaceAddress(absl::string_view name) {
 
 absl::StatusOr<std::string> NumericHost(absl::string_view host_text) {
   const std::string host = Unbracket(host_text);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
-  }
+  absl::StatusOr<AddrList> res = Resolve(host, SOCK_STREAM);
+  if (!res.ok()) return res.status();
   std::string v4, v6;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+  for (addrinfo* a = res->get(); a != nullptr; a = a->ai_next) {
     if (a->ai_family == AF_INET && v4.empty()) v4 = Numeric(a->ai_addr);
     if (a->ai_family == AF_INET6 && v6.empty()) v6 = Numeric(a->ai_addr);
   }
-  freeaddrinfo(res);
   if (!v4.empty()) return v4;
   if (!v6.empty()) return v6;
   return absl::UnavailableError(
@@ -104,18 +113,12 @@ absl::StatusOr<std::string> NumericHost(absl::string_view host_text) {
 
 absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer) {
   const std::string host = Unbracket(peer);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
-  if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
-  }
+  absl::StatusOr<AddrList> res = Resolve(host, SOCK_DGRAM);
+  if (!res.ok()) return res.status();
   std::string local;
   std::string error = "no address";
-  for (addrinfo* a = res; a != nullptr && local.empty(); a = a->ai_next) {
+  for (addrinfo* a = res->get(); a != nullptr && local.empty();
+       a = a->ai_next) {
     int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     // A UDP connect only picks the route and source address.
@@ -129,7 +132,6 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer) {
     }
     close(fd);
   }
-  freeaddrinfo(res);
   if (local.empty()) {
     return absl::UnavailableError(
         absl::StrCat("no route toward '", host, "': ", error));
