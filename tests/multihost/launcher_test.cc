@@ -175,6 +175,48 @@ TEST(MultiNodeLaunch, AFailureWithoutRestartsStopsEveryNodeNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(45));
 }
 
+// A worker of an earlier attempt that reaches the store after the restart is
+// refused by InitRpc, naming both generations.
+TEST(MultiNodeLaunch, AStaleWorkerIsRefusedAfterARestart) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  // Generation 0 fails; generation 1 waits for our stdin to close.
+  auto launcher = Subprocess::Spawn(
+      {RunfilePath("tools/launcher/ferry_run"), "--nproc_per_node=1",
+       "--master_port=" + p, "--max_restarts=1", "--timeout_s=60", "--",
+       "/bin/sh", "-c",
+       "[ \"$FERRY_RUN_GENERATION\" = 0 ] && exit 5; echo waiting; read x; "
+       "exit 0"},
+      SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::string seen = (*launcher)->ReadUntil(
+      absl::Now() + absl::Seconds(30), [](const std::string& t) {
+        return absl::StrContains(t, "[0]: waiting");
+      });
+  ASSERT_TRUE(absl::StrContains(seen, "[0]: waiting")) << seen;
+
+  auto [code, out] = RunCommand({RunfilePath("tests/multihost/job_main")},
+                                {{"RANK", "0"},
+                                 {"WORLD_SIZE", "1"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", p},
+                                 {"FERRY_USE_AGENT_STORE", "1"},
+                                 {"FERRY_RUN_GENERATION", "0"}},
+                                absl::Seconds(30));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(absl::StrContains(
+      out,
+      "worker of launcher generation 0 refused: the job has restarted "
+      "and is at generation 1"))
+      << out;
+
+  (*launcher)->CloseStdin();
+  std::string rest = (*launcher)->ReadAll(absl::Now() + absl::Seconds(30));
+  absl::StatusOr<int> done = (*launcher)->Wait(absl::Now() + absl::Seconds(30));
+  EXPECT_TRUE(done.ok() && *done == 0) << seen << rest;
+}
+
 TEST(MultiNodeLaunch, BadFlagsAreRefused) {
   struct Case {
     std::vector<std::string> args;
