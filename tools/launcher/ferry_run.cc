@@ -572,7 +572,8 @@ class Launcher {
     if (!store.ok()) return Die(StoreLost(store.status()));
     store_ = *std::move(store);
     const absl::Time deadline = absl::Now() + c_.timeout;
-    for (int generation = 0;; ++generation) {
+    // A restart is decided only while generation < max_restarts.
+    for (int generation = 0; generation <= c_.max_restarts; ++generation) {
       absl::StatusOr<Assignment> a = Rendezvous(*store_, c_, generation);
       if (!a.ok()) return Die(a.status().ToString());
       std::fprintf(stderr,
@@ -599,6 +600,7 @@ class Launcher {
       std::fprintf(stderr, "ferry_run: job failed (%s)\n", e.why.c_str());
       return e.exit_code;
     }
+    return Die("restarted more often than --max_restarts allows");
   }
 
  private:
