@@ -12,6 +12,8 @@
 //                                handler that blocks (<= 60 s) until killed
 //                              wait <key> <timeout_ms>           store wait
 //                                (on its own TCPStore client)
+//                              allreduce - <timeout_ms>          Gloo
+//                                all-reduce (needs --with_c10d)
 //                              quit                              exit 0
 //                            and answers each with one line
 //                              result <worker|key> OK|<code> <elapsed_ms> <msg>
@@ -49,6 +51,7 @@ ABSL_FLAG(bool, interactive, false, "read commands from stdin (see above)");
 ABSL_FLAG(int, fail_rank, -1, "this rank exits 3 after joining");
 ABSL_FLAG(int, fail_generation, 0, "... in this FERRY_RUN_GENERATION");
 ABSL_FLAG(int, die_rank, -1, "this rank SIGKILLs itself mid-job");
+ABSL_FLAG(bool, with_c10d, false, "--interactive: also form a c10d group");
 ABSL_FLAG(int, c10d_master_port, 0,
           "c10d store port without a launcher store (0: MASTER_PORT + 1)");
 ABSL_FLAG(int, rpc_timeout_ms, 20000, "default RPC timeout");
@@ -157,7 +160,7 @@ absl::Status Batch(Agent& agent, int rank) {
 }
 
 // One command of --interactive; false on "quit" or EOF.
-bool Command(Agent& agent, const std::string& line) {
+bool Command(Agent& agent, c10d::ProcessGroup* pg, const std::string& line) {
   std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
   if (w.empty() || w[0] == "quit") return false;
   int timeout_ms = 0;
@@ -168,7 +171,11 @@ bool Command(Agent& agent, const std::string& line) {
   const absl::Duration timeout = absl::Milliseconds(timeout_ms);
   const absl::Time start = absl::Now();
   absl::Status s;
-  if (w[0] == "wait") {
+  if (w[0] == "allreduce") {
+    Tensor t = full({1024}, 1.0);
+    s = pg == nullptr ? absl::FailedPreconditionError("no c10d group")
+                      : pg->Allreduce(t)->Wait(timeout);
+  } else if (w[0] == "wait") {
     absl::StatusOr<std::unique_ptr<Store>> store = ConnectStore();
     s = store.ok() ? (*store)->Wait({w[1]}, timeout) : store.status();
   } else if (w[0] == "block") {
@@ -201,10 +208,14 @@ absl::Status Run() {
   std::printf("rank %d: joined %d workers as %s at %s\n", rank,
               agent->world_size(), me.c_str(), agent->self().address.c_str());
   if (absl::GetFlag(FLAGS_interactive)) {
+    std::shared_ptr<c10d::ProcessGroup> pg;
+    if (absl::GetFlag(FLAGS_with_c10d)) {
+      ASSIGN_OR_RETURN(pg, StartC10d());
+    }
     std::printf("ready\n");
     std::fflush(stdout);
     for (std::string line; std::getline(std::cin, line);) {
-      if (!Command(*agent, line)) break;
+      if (!Command(*agent, pg.get(), line)) break;
       std::fflush(stdout);
     }
     // Peers may be dead: no shutdown barrier.

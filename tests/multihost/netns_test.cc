@@ -9,6 +9,8 @@
 //   - a link cut (the bridge port of host 1 set down): a call to host 1
 //     fails with Unavailable or DeadlineExceeded within its timeout; after
 //     the link returns, new calls succeed (gRPC reconnects);
+//   - a worker SIGKILLed while the others are in a Gloo all-reduce: they
+//     fail within their timeout, the error naming its address;
 //   - a worker SIGKILLed mid-job under ferry_run (the others in the
 //     all-reduce): every node's ferry_run exits non-zero naming it, soon;
 //   - the store host killed: a worker waiting on the store gets an error
@@ -152,10 +154,12 @@ class NetnsTest : public ::testing::Test {
 
   // Interactive workers (job_main --interactive), one per host; rank 0
   // hosts the store on host 0.
-  void StartInteractive(int port) {
+  void StartInteractive(int port, bool with_c10d = false) {
     for (int h = 0; h < kHosts; ++h) {
       workers_.push_back(
-          SpawnOn(h, {RunfilePath("tests/multihost/job_main"), "--interactive"},
+          SpawnOn(h,
+                  {RunfilePath("tests/multihost/job_main"), "--interactive",
+                   absl::StrCat("--with_c10d=", with_c10d)},
                   {{"RANK", std::to_string(h)},
                    {"WORLD_SIZE", std::to_string(kHosts)},
                    {"MASTER_ADDR", addr_[0]},
@@ -229,6 +233,25 @@ TEST_F(NetnsTest, WorkerKilledMidJobStopsEveryNodeNamingIt) {
       << nodes[2].second;
   // Far below the job's --timeout_s (50 s): nobody waited it out.
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST_F(NetnsTest, WorkerKilledMidCollectiveFailsTheOthersInTime) {
+  ASSERT_NO_FATAL_FAILURE(StartInteractive(29504, /*with_c10d=*/true));
+  // Hosts 0 and 1 enter an all-reduce (timeout 15 s) that host 2 never
+  // joins: it is killed.
+  ASSERT_TRUE(workers_[0]->WriteStdin("allreduce - 15000\n").ok());
+  ASSERT_TRUE(workers_[1]->WriteStdin("allreduce - 15000\n").ok());
+  ASSERT_TRUE(workers_[2]->Signal(SIGKILL).ok());
+  const absl::Time killed = absl::Now();
+  for (int h : {0, 1}) {
+    CallResult r = ReadResult(h, absl::Seconds(20));
+    std::printf("host %d in the all-reduce: %s\n", h, r.line.c_str());
+    EXPECT_NE(r.code, "") << "host " << h << " never answered";
+    EXPECT_NE(r.code, "OK") << r.line;
+    // Gloo names the dead peer by its address (not yet by rank).
+    EXPECT_TRUE(absl::StrContains(r.line, addr_[2])) << r.line;
+    EXPECT_LT(absl::Now() - killed, absl::Seconds(16)) << r.line;
+  }
 }
 
 TEST_F(NetnsTest, StoreHostKilledFailsAStoreWaitNamingTheStore) {
