@@ -220,8 +220,7 @@ class ShmBackend::Round {
         return absl::Status(
             static_cast<absl::StatusCode>(failed >> 16),
             absl::StrCat("rank ", (failed & 0xFFFF) - 1,
-                         " gave up on this operation (a rank died or did not "
-                         "arrive within the timeout; see its error)"));
+                         " saw a rank of this group exit (see its error)"));
       }
       if (spin < 64) continue;
       const absl::Time now = absl::Now();
@@ -247,15 +246,15 @@ class ShmBackend::Round {
   }
 
   absl::Status GiveUp(uint64_t target, int dead) {
-    const absl::StatusCode code = dead >= 0
-                                      ? absl::StatusCode::kUnavailable
-                                      : absl::StatusCode::kDeadlineExceeded;
-    uint32_t expected = 0;
-    Atomic(seg_->header().failed)
-        .compare_exchange_strong(expected,
-                                 (static_cast<uint32_t>(code) << 16) |
-                                     static_cast<uint32_t>(b_->rank() + 1));
     if (dead >= 0) {
+      // A dead rank never arrives: tell the others at once. (A timeout is
+      // not shared: each rank's own timeout bounds its wait.)
+      uint32_t expected = 0;
+      Atomic(seg_->header().failed)
+          .compare_exchange_strong(
+              expected,
+              (static_cast<uint32_t>(absl::StatusCode::kUnavailable) << 16) |
+                  static_cast<uint32_t>(b_->rank() + 1));
       return absl::UnavailableError(
           absl::StrCat("rank ", dead, " (pid ", seg_->ctl(dead).pid,
                        ") exited during the operation"));

@@ -35,9 +35,9 @@
 // Failures: a rank that does not arrive within the operation's timeout, or
 // whose process has exited (checked through its pid while waiting), makes
 // the waiting ranks fail (DeadlineExceeded / Unavailable naming the rank);
-// the failing rank raises a flag in the segment so the others stop waiting
-// at once. After such a failure every later call fails with
-// FailedPrecondition quoting it.
+// the first rank to see a dead peer raises a flag in the segment so the
+// others stop waiting at once (Unavailable). After such a failure every later
+// call fails with FailedPrecondition quoting it.
 //
 // Thread safety: calls may come from any thread; collectives run one at a
 // time on a worker thread in issue order (backend.h). The destructor cancels
