@@ -28,8 +28,8 @@ std::pair<std::string, std::vector<double>> Encode(const FunctionalOptions& o) {
              g->eps}};
   }
   const bool decoupled = std::holds_alternative<AdamWOptions>(o);
-  const AdamOptions& a = decoupled ? std::get<AdamWOptions>(o)
-                                   : std::get<AdamOptions>(o);
+  const AdamOptions& a =
+      decoupled ? std::get<AdamWOptions>(o) : std::get<AdamOptions>(o);
   return {decoupled ? "adamw" : "adam",
           {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay}};
 }
@@ -85,9 +85,9 @@ DistOptimizerService::Install(
   };
   RETURN_IF_ERROR(agent.Register(
       kCreate,
-      [weak, gone](std::string kind, std::vector<double> options,
-                   std::vector<rref::RRef<Tensor>> params)
-          -> absl::StatusOr<int64_t> {
+      [weak, gone](
+          std::string kind, std::vector<double> options,
+          std::vector<rref::RRef<Tensor>> params) -> absl::StatusOr<int64_t> {
         std::shared_ptr<DistOptimizerService> self = weak.lock();
         if (self == nullptr) return gone();
         return self->Create(kind, options, params);

@@ -179,10 +179,9 @@ TEST_F(DistOptimizerTest, OptimizersOfSeveralWorkersAreIndependent) {
 TEST_F(DistOptimizerTest, UnknownOptimizerKindIsRefusedNamingTheOwner) {
   auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
   ASSERT_TRUE(params.ok()) << params.status();
-  auto r = trainer().rpc_sync<int64_t>("ps", "ferry.optim.create",
-                                       std::string("lion"),
-                                       std::vector<double>{1, 2, 3, 4, 5},
-                                       *params);
+  auto r = trainer().rpc_sync<int64_t>(
+      "ps", "ferry.optim.create", std::string("lion"),
+      std::vector<double>{1, 2, 3, 4, 5}, *params);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("worker 'ps'"), std::string::npos)
       << r.status();

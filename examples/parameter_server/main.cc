@@ -50,16 +50,16 @@
 
 ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
 ABSL_FLAG(int, trainers, 2, "N: trainers (ranks M..M+N-1)");
-ABSL_FLAG(int, iterations, 400, "iterations per trainer");
+ABSL_FLAG(int, iterations, 4000, "iterations per trainer");
 ABSL_FLAG(int, batch, 64, "samples per iteration per trainer");
-ABSL_FLAG(int, vocab, 1000, "V: token ids (embedding rows)");
+ABSL_FLAG(int, vocab, 5000, "V: token ids (embedding rows)");
 ABSL_FLAG(int, tokens, 8, "tokens per sample");
 ABSL_FLAG(int, dim, 16, "D: embedding width");
 ABSL_FLAG(int, hidden, 32, "hidden width of the dense head");
 ABSL_FLAG(int, classes, 4, "classes");
 ABSL_FLAG(std::string, optimizer, "adagrad", "sgd, adam, adamw or adagrad");
 ABSL_FLAG(double, lr, 0.1, "learning rate");
-ABSL_FLAG(int, log_every, 50, "progress line every N iterations");
+ABSL_FLAG(int, log_every, 250, "progress line every N iterations");
 ABSL_FLAG(int, test_samples, 2000, "held-out samples");
 ABSL_FLAG(double, target_accuracy, 0.9, "held-out accuracy to reach");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the task and the model");
@@ -72,17 +72,17 @@ using autograd::dist::ContextScope;
 using rref::RRef;
 
 struct Config {
-  int servers, trainers, iterations, batch, vocab, tokens, dim, hidden,
-      classes, log_every, test_samples;
+  int servers, trainers, iterations, batch, vocab, tokens, dim, hidden, classes,
+      log_every, test_samples;
   uint64_t seed;
 };
 
 Config FromFlags() {
-  return {absl::GetFlag(FLAGS_servers),    absl::GetFlag(FLAGS_trainers),
-          absl::GetFlag(FLAGS_iterations), absl::GetFlag(FLAGS_batch),
-          absl::GetFlag(FLAGS_vocab),      absl::GetFlag(FLAGS_tokens),
-          absl::GetFlag(FLAGS_dim),        absl::GetFlag(FLAGS_hidden),
-          absl::GetFlag(FLAGS_classes),    absl::GetFlag(FLAGS_log_every),
+  return {absl::GetFlag(FLAGS_servers),      absl::GetFlag(FLAGS_trainers),
+          absl::GetFlag(FLAGS_iterations),   absl::GetFlag(FLAGS_batch),
+          absl::GetFlag(FLAGS_vocab),        absl::GetFlag(FLAGS_tokens),
+          absl::GetFlag(FLAGS_dim),          absl::GetFlag(FLAGS_hidden),
+          absl::GetFlag(FLAGS_classes),      absl::GetFlag(FLAGS_log_every),
           absl::GetFlag(FLAGS_test_samples), absl::GetFlag(FLAGS_seed)};
 }
 
@@ -111,12 +111,12 @@ Shard MakeShard(const Config& c, int m) {
   s.end = int64_t{c.vocab} * (m + 1) / c.servers;
   s.embedding = Parameter({s.end - s.begin, c.dim}, c.seed * 100 + m, 0.1);
   if (m == 0) {
-    s.head = {Parameter({c.dim, c.hidden}, c.seed * 100 + 50,
-                        1.0 / std::sqrt(c.dim)),
-              Parameter({c.hidden}, c.seed * 100 + 51, 0.0),
-              Parameter({c.hidden, c.classes}, c.seed * 100 + 52,
-                        1.0 / std::sqrt(c.hidden)),
-              Parameter({c.classes}, c.seed * 100 + 53, 0.0)};
+    s.head = {
+        Parameter({c.dim, c.hidden}, c.seed * 100 + 50, 1.0 / std::sqrt(c.dim)),
+        Parameter({c.hidden}, c.seed * 100 + 51, 0.0),
+        Parameter({c.hidden, c.classes}, c.seed * 100 + 52,
+                  1.0 / std::sqrt(c.hidden)),
+        Parameter({c.classes}, c.seed * 100 + 53, 0.0)};
   }
   return s;
 }
@@ -168,7 +168,8 @@ absl::StatusOr<Tensor> Head(const Shard& s, const std::string& me,
     MutexLock l(s.mu.get());
     for (const Tensor& t : s.head) p.push_back(autograd::mul(t, 1.0));
   }
-  Tensor hidden = autograd::relu(autograd::add(autograd::matmul(h, p[0]), p[1]));
+  Tensor hidden =
+      autograd::relu(autograd::add(autograd::matmul(h, p[0]), p[1]));
   return autograd::add(autograd::matmul(hidden, p[2]), p[3]);
 }
 
@@ -230,7 +231,8 @@ class Task {
       for (int k = 0; k < c_.tokens; ++k) {
         const int64_t t = token(rng_);
         ids[i * c_.tokens + k] = t;
-        for (int j = 0; j < c_.classes; ++j) sum[j] += scores_[t * c_.classes + j];
+        for (int j = 0; j < c_.classes; ++j)
+          sum[j] += scores_[t * c_.classes + j];
       }
       labels[i] = ArgMax(sum.data(), c_.classes);
     }
@@ -309,8 +311,8 @@ absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
   std::vector<RRef<Tensor>> params;
   for (int m = 0; m < c.servers; ++m) {
     ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> p,
-                     agent.rpc_sync<std::vector<RRef<Tensor>>>(
-                         ServerName(m), "param_rrefs"));
+                     agent.rpc_sync<std::vector<RRef<Tensor>>>(ServerName(m),
+                                                               "param_rrefs"));
     params.insert(params.end(), p.begin(), p.end());
   }
   ASSIGN_OR_RETURN(optim::FunctionalOptions options, OptimizerFromFlags());
@@ -379,9 +381,8 @@ absl::Status Validate(const Config& c) {
       world != c.servers + c.trainers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "WORLD_SIZE is ", world_env ? world_env : "unset", ", --servers=",
-        c.servers, " --trainers=", c.trainers, " need ",
-        c.servers + c.trainers, " (ferry_run --nproc ",
-        c.servers + c.trainers, ")"));
+        c.servers, " --trainers=", c.trainers, " need ", c.servers + c.trainers,
+        " (ferry_run --nproc ", c.servers + c.trainers, ")"));
   }
   if (c.servers < 1 || c.trainers < 1 || c.vocab < c.servers ||
       c.iterations < 1 || c.batch < 1 || c.tokens < 1 || c.dim < 1 ||

@@ -85,9 +85,9 @@ absl::Status Train(Worker& w) {
   // net = rpc.remote("B", Net)
   RRef<Net> net = rref::remote<Net>(*w.rrefs, "B", "Net", int64_t{1});
   // param_rrefs = net's parameters, as RRefs
-  ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> param_rrefs,
-                   agent.rpc_sync<std::vector<RRef<Tensor>>>(
-                       "B", "parameter_rrefs", net));
+  ASSIGN_OR_RETURN(
+      std::vector<RRef<Tensor>> param_rrefs,
+      agent.rpc_sync<std::vector<RRef<Tensor>>>("B", "parameter_rrefs", net));
   // opt = DistributedOptimizer(optim.SGD, param_rrefs, lr=...)
   ASSIGN_OR_RETURN(std::unique_ptr<optim::DistributedOptimizer> opt,
                    optim::DistributedOptimizer::Create(
@@ -109,8 +109,8 @@ absl::Status Train(Worker& w) {
     std::printf("iteration %d loss %.6f\n", it, last);
   }
   if (!(last < 0.5 * first)) {
-    return absl::InternalError(absl::StrCat(
-        "the loss did not fall: first ", first, ", last ", last));
+    return absl::InternalError(
+        absl::StrCat("the loss did not fall: first ", first, ", last ", last));
   }
   std::printf("loss fell from %.6f to %.6f\n", first, last);
   return absl::OkStatus();

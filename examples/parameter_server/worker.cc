@@ -27,9 +27,9 @@ absl::Status AwaitGroupKnown(rpc::Agent& agent, absl::Duration timeout) {
       ASSIGN_OR_RETURN(int64_t n, agent.rpc_sync<int64_t>(r, kWorldSize));
       if (n == world) break;
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "worker ", r, " knows ", n, " of ", world, " workers after ",
-            absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("worker ", r, " knows ", n, " of ", world,
+                         " workers after ", absl::FormatDuration(timeout)));
       }
     }
   }

@@ -21,8 +21,11 @@ using testutil::RunfilePath;
 std::pair<int, std::string> Launch(int nproc, const std::string& program,
                                    std::vector<std::string> flags) {
   std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run"),
-                                   "--nproc", absl::StrCat(nproc),
-                                   "--timeout_s", "240", "--",
+                                   "--nproc",
+                                   absl::StrCat(nproc),
+                                   "--timeout_s",
+                                   "240",
+                                   "--",
                                    RunfilePath(program)};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return RunCommand(std::move(argv), {}, absl::Minutes(5));
@@ -52,22 +55,25 @@ TEST(ParameterServerExample, SeedExampleLossFalls) {
 }
 
 TEST(ParameterServerExample, TwoServersTwoTrainersReachTheirAccuracy) {
-  auto [code, out] = Launch(4, "examples/parameter_server/parameter_server",
-                            {"--servers=2", "--trainers=2",
-                             "--iterations=150", "--log_every=50",
-                             "--vocab=200", "--target_accuracy=0.85"});
+  auto [code, out] =
+      Launch(4, "examples/parameter_server/parameter_server",
+             {"--servers=2", "--trainers=2", "--iterations=150",
+              "--log_every=50", "--vocab=200", "--target_accuracy=0.85"});
   ASSERT_EQ(code, 0) << out;
-  EXPECT_TRUE(absl::StrContains(out, "[0]: ps0: owns embedding rows [0, 100) "
-                                     "and the dense head"))
+  EXPECT_TRUE(absl::StrContains(out,
+                                "[0]: ps0: owns embedding rows [0, 100) "
+                                "and the dense head"))
       << out;
-  EXPECT_TRUE(absl::StrContains(out, "[1]: ps1: owns embedding rows [100, "
-                                     "200)\n"))
+  EXPECT_TRUE(absl::StrContains(out,
+                                "[1]: ps1: owns embedding rows [100, "
+                                "200)\n"))
       << out;
   for (int t = 0; t < 2; ++t) {
     const std::string me = absl::StrCat("[", t + 2, "]: trainer", t);
     EXPECT_TRUE(absl::StrContains(out, absl::StrCat(me, " iteration 150 loss")))
         << out;
-    EXPECT_TRUE(absl::StrContains(out, absl::StrCat(me, " done: 150 iterations")))
+    EXPECT_TRUE(
+        absl::StrContains(out, absl::StrCat(me, " done: 150 iterations")))
         << out;
   }
   const std::vector<std::string> reached =
