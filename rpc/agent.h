@@ -219,6 +219,10 @@ class Agent {
 
   // Stops the executor (draining or cancelling queued handlers). Idempotent.
   void StopExecutor(bool drain);
+  // Handlers queued on the executor, not yet running (0 before SetSelf).
+  size_t ExecutorQueueDepth() const {
+    return executor_ ? executor_->QueueSize() : 0;
+  }
 
   const Options& options() const { return options_; }
 

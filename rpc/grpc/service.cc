@@ -32,6 +32,12 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                      ")")));
     return reactor;
   }
+  absl::StatusOr<std::shared_ptr<void>> slot =
+      limiter_.Acquire(context->peer(), me);
+  if (!slot.ok()) {
+    reactor->Finish(ToGrpcStatus(slot.status()));
+    return reactor;
+  }
   // Stats are kept per function for calls, per type for other messages.
   std::string key = type == MessageType::kCall ? split->header.function()
                                                : MessageTypeName(type);
@@ -48,7 +54,8 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                    return m;
                  })
       .OnComplete([agent, reactor, response, start, bytes_in,
-                   key = std::move(key)](const Result<Message>& reply) {
+                   key = std::move(key),
+                   slot = *std::move(slot)](const Result<Message>& reply) {
         absl::StatusOr<EncodedMessage> encoded =
             EncodeReply(reply, agent->grpc_options_.wire_limits);
         if (!encoded.ok()) {

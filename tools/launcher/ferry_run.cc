@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "store/store_auth.h"
 #include "store/tcp_store_server.h"
 
 ABSL_FLAG(int, nproc, 1, "number of worker processes");
@@ -106,6 +107,13 @@ int main(int argc, char** argv) {
   ferry::TcpStoreServer::Options so;
   so.host = absl::GetFlag(FLAGS_master_addr);
   so.port = absl::GetFlag(FLAGS_master_port);
+  // FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET: the children inherit it.
+  auto secret = ferry::tcpstore::StoreSecretFromEnv();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "ferry_run: %s\n", secret.status().ToString().c_str());
+    return 1;
+  }
+  so.secret = *secret;
   auto server = ferry::TcpStoreServer::Start(so);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry_run: cannot start the store: %s\n",
