@@ -321,6 +321,7 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {
       result = *std::move(reply);
+      if (result.ok()) result->id = GlobalId::FromValue(call->id);
     }
   } else {
     absl::Status s = FromGrpcStatus(status);
