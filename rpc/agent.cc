@@ -154,11 +154,15 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   absl::Status s =
       Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
+  ContextEntries context = message.context;
   return Transmit(*peer, std::move(message), limit)
-      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer),
+             context = std::move(context)](
                 const Result<Message>& reply) -> absl::StatusOr<Message> {
         if (!reply.ok()) return reply.status();
         Message m = *reply;
+        // The sender's context, whichever thread the reply arrives on.
+        ScopedContext installed(context);
         RETURN_IF_ERROR(
             Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
         return m;
@@ -233,16 +237,17 @@ Future<Message> Agent::Dispatch(MessageType type, const std::string& function,
 namespace {
 
 // The handler's reply, answering request `id` of `type`, through the send
-// interceptors.
+// interceptors (run with the request's `context` installed).
 Result<Message> FinishReply(
     const Result<Message>& r, GlobalId id, MessageType type,
     const std::shared_ptr<const std::vector<Interceptor>>& interceptors,
-    const WorkerInfo& peer) {
+    const WorkerInfo& peer, const ContextEntries& context) {
   if (!r.ok()) return r.status();
   Message m = *r;
   m.id = id;
   if (m.type == MessageType::kUnspecified) m.type = type;
   if (interceptors != nullptr) {
+    ScopedContext installed(context);
     for (const Interceptor& i : *interceptors) {
       RETURN_IF_ERROR(i(InterceptPoint::kSendReply, peer, m));
     }
@@ -257,7 +262,7 @@ Future<Message> Agent::Serve(
     absl::StatusOr<Message> received) {
   if (!received.ok()) return MakeErrorFuture<Message>(received.status());
   Message request = *std::move(received);
-  ScopedContext context(request.context);
+  ScopedContext installed_context(request.context);
   ScopedLogLabel label(log_label_);
   if (absl::Now() > request.deadline) {
     return MakeErrorFuture<Message>(absl::DeadlineExceededError(absl::StrCat(
@@ -274,16 +279,20 @@ Future<Message> Agent::Serve(
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
+  // The request's context again when the reply is intercepted, whichever
+  // thread completes the handler.
+  ContextEntries reply_context =
+      interceptors != nullptr ? request.context : ContextEntries();
   Future<Message> handled = handler(std::move(request));
   if (handled.IsReady()) {
-    return MakeReadyFuture<Message>(
-        FinishReply(handled.result(), id, type, interceptors, peer));
+    return MakeReadyFuture<Message>(FinishReply(
+        handled.result(), id, type, interceptors, peer, reply_context));
   }
-  return handled.Then([interceptors = std::move(interceptors),
-                       peer = std::move(peer), id,
-                       type](const Result<Message>& r) {
-    return FinishReply(r, id, type, interceptors, peer);
-  });
+  return handled.Then(
+      [interceptors = std::move(interceptors), peer = std::move(peer),
+       context = std::move(reply_context), id, type](const Result<Message>& r) {
+        return FinishReply(r, id, type, interceptors, peer, context);
+      });
 }
 
 Future<Message> Agent::ServeCall(Message request) {
