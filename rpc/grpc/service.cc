@@ -39,8 +39,9 @@ grpc::ServerUnaryReactor* WorkerService::Call(
   const WireLimits limits = agent_->grpc_options_.wire_limits;
   auto received = std::make_shared<ReceivedRequest>(*std::move(split));
   GrpcAgent* agent = agent_;
+  // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
   agent_
-      ->Dispatch(type,
+      ->Dispatch(type, received->header.function(),
                  [received, start, limits]() mutable {
                    absl::StatusOr<Message> m =
                        DecodeRequest(*received, start, limits);

@@ -1,5 +1,6 @@
 // The Worker gRPC service of a GrpcAgent: receives envelopes, hands them to
-// the agent's handlers (on its executor), and sends the encoded reply.
+// the agent's handlers (on its executor; a function registered non-blocking
+// runs on gRPC's thread), and sends the encoded reply.
 // Malformed envelopes are refused with InvalidArgument naming the worker;
 // message types without a handler with Unimplemented. Nothing a client sends
 // can crash the server.
