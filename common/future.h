@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -37,7 +38,9 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
 
@@ -64,6 +67,32 @@ const absl::Status& StatusOf(const Result<T>& r) {
   }
 }
 
+// absl::Status shares one heap representation between copies and counts
+// its references inside Abseil's compiled library. Debian's Abseil is not
+// built with TSAN, so TSAN does not see that count synchronize: an error
+// read on one thread (a waiter's copy) and freed on another (when the last
+// other copy goes) is reported as a data race. So every error crossing
+// threads through a future is an unshared copy (same code, message and
+// payloads): the state keeps its own, and Get() hands out another. Only
+// errors pay for it; OK results are not copied.
+inline absl::Status Unshared(const absl::Status& s) {
+  if (s.ok()) return s;
+  absl::Status out(s.code(), s.message());
+  s.ForEachPayload([&out](absl::string_view url, const absl::Cord& payload) {
+    out.SetPayload(url, absl::Cord(std::string(payload)));
+  });
+  return out;
+}
+template <typename T>
+Result<T> Unshared(Result<T> r) {
+  if constexpr (std::is_void_v<T>) {
+    return Unshared(static_cast<const absl::Status&>(r));
+  } else {
+    if (r.ok()) return r;
+    return Unshared(r.status());
+  }
+}
+
 template <typename T>
 class State {
  public:
@@ -75,7 +104,7 @@ class State {
     {
       MutexLock lock(&mu_);
       if (result_.has_value()) return false;
-      result_.emplace(std::move(result));
+      result_.emplace(Unshared<T>(std::move(result)));
       callbacks.swap(callbacks_);
       ready_.store(true, std::memory_order_release);
     }
@@ -191,11 +220,12 @@ class Future {
   }
 
   // Waits for completion and returns the result (a copy; futures are
-  // shared). On timeout returns DeadlineExceeded.
+  // shared; an error is an unshared copy, see Unshared). On timeout returns
+  // DeadlineExceeded.
   Result<T> Get(absl::Duration timeout = absl::InfiniteDuration()) const {
     absl::Status waited = Wait(timeout);
     if (!waited.ok()) return waited;
-    return state_->result();
+    return future_internal::Unshared<T>(state_->result());
   }
 
   // The result; requires IsReady(). A reference valid while a Future or

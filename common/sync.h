@@ -9,8 +9,8 @@
 // same thread-safety annotations.
 //
 // Await semantics: a waiter re-checks its condition whenever the mutex is
-// released by a holder while waiters exist (as absl::Mutex does), so
-// conditions need no explicit signalling.
+// released by a holder while waiters exist, by Unlock or by a holder starting
+// to wait (as absl::Mutex does), so conditions need no explicit signalling.
 //
 // Thread safety: these are synchronization primitives; all methods are safe
 // from any thread, with the usual lock discipline.
@@ -142,7 +142,13 @@ inline bool Mutex::AwaitUntil(const absl::Condition& cond,
                               absl::Time deadline) {
   std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
   bool ok = true;
+  // Entering a wait releases the lock too, after the caller may have changed
+  // guarded state: wake the other waiters once. Later rounds follow only a
+  // condition check, which changes nothing, so they do not (no ping-pong).
+  bool may_have_changed = true;
   while (!cond.Eval()) {
+    if (may_have_changed && awaiters_ > 0) changed_.notify_all();
+    may_have_changed = false;
     ++awaiters_;
     if (deadline == absl::InfiniteFuture()) {
       changed_.wait(lock);

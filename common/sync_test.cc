@@ -43,6 +43,31 @@ TEST(Mutex, AwaitWakesWhenAnotherHolderMakesConditionTrue) {
   producer.join();
 }
 
+// A holder that changes state and then waits (instead of unlocking) must
+// still wake a waiter whose condition it made true.
+TEST(Mutex, AwaitAfterChangingStateWakesOtherWaiters) {
+  Mutex mu;
+  bool waiting = false, ready = false, done = false;
+  std::thread other([&] {
+    MutexLock lock(&mu);
+    waiting = true;
+    EXPECT_TRUE(
+        mu.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(30)));
+    done = true;
+  });
+  {
+    const absl::Time start = absl::Now();
+    MutexLock lock(&mu);
+    EXPECT_TRUE(
+        mu.AwaitWithTimeout(absl::Condition(&waiting), absl::Seconds(30)));
+    ready = true;
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(30)));
+    // Woken by each hand-off, not by either thread's 30 s timeout.
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  }
+  other.join();
+}
+
 TEST(Mutex, AwaitWithTimeoutReturnsFalseHoldingLock) {
   Mutex mu;
   bool never = false;

@@ -1,6 +1,7 @@
 // ferry_run: environment, prefixed output, fail-fast job semantics, and a
-// real Ferry program under it: the main job's binary (tools/run_job runs the
-// same examples/rpc_tensors with 3 workers, optimized).
+// real Ferry program under it: examples/rpc_tensors (tools/run_job
+// --rpc_tensors runs it with 3 workers, optimized; tools/run_job's default,
+// the parameter-server job, is tested in //tests/parameter_server).
 #include <string>
 #include <utility>
 #include <vector>
