@@ -1,5 +1,5 @@
 // Ferry side of the RRef benchmark; bench/rref/run.sh runs it next to
-// PyTorch 1.13's TensorPipe agent.
+// PyTorch 1.13's TensorPipe agent (torch_rref_bench.py, same figures).
 //
 //   rref_bench [--seconds=N] [--rrefs=10000]
 //
@@ -62,7 +62,8 @@ class Acc {
   void Noop() {}
 };
 
-absl::Status Install(rpc::Agent& agent, std::shared_ptr<rref::RRefContext>* out) {
+absl::Status Install(rpc::Agent& agent,
+                     std::shared_ptr<rref::RRefContext>* out) {
   auto ctx = rref::RRefContext::Create(&agent);
   if (!ctx.ok()) return ctx.status();
   (*ctx)->classes().RegisterClass<Acc>("Acc").Constructor<int64_t>().Method(
@@ -116,7 +117,8 @@ void Report(const std::string& name, const Stats& s) {
   std::printf("%-24s mean %8.1f us  p50 %8.1f us  p99 %8.1f us  (%zu iters)\n",
               name.c_str(), s.mean, s.p50, s.p99, s.iters);
   std::printf(
-      "{\"impl\": \"ferry\", \"name\": \"%s\", \"mean_us\": %.2f, "
+      "{\"bench\": \"rref\", \"impl\": \"ferry\", \"name\": \"%s\", "
+      "\"mean_us\": %.2f, "
       "\"p50_us\": %.2f, \"p99_us\": %.2f, \"iters\": %zu}\n",
       name.c_str(), s.mean, s.p50, s.p99, s.iters);
 }
@@ -124,9 +126,10 @@ void Report(const std::string& name, const Stats& s) {
 int RunCallee(int port) {
   std::shared_ptr<rref::RRefContext> ctx;
   setenv("FERRY_USE_AGENT_STORE", "1", 1);
-  auto agent = OrDie(rpc::InitRpc("callee", absl::StrCat("tcp://127.0.0.1:", port),
-                                  1, 2, Options(&ctx)),
-                     "callee init");
+  auto agent =
+      OrDie(rpc::InitRpc("callee", absl::StrCat("tcp://127.0.0.1:", port), 1, 2,
+                         Options(&ctx)),
+            "callee init");
   OrDie(ctx->Shutdown(absl::Minutes(5)), "callee shutdown");
   return 0;
 }
@@ -134,21 +137,30 @@ int RunCallee(int port) {
 int RunCaller(int port) {
   std::shared_ptr<rref::RRefContext> ctx;
   setenv("FERRY_USE_AGENT_STORE", "1", 1);
-  auto agent = OrDie(rpc::InitRpc("caller", absl::StrCat("tcp://127.0.0.1:", port),
-                                  0, 2, Options(&ctx)),
-                     "caller init");
+  auto agent =
+      OrDie(rpc::InitRpc("caller", absl::StrCat("tcp://127.0.0.1:", port), 0, 2,
+                         Options(&ctx)),
+            "caller init");
   const double secs = absl::GetFlag(FLAGS_seconds);
-  Report("rpc_sync_noop", TimeLoop([&] {
-           OrDie(agent->rpc_sync<void>("callee", "noop"), "noop");
-         }, secs));
-  Report("remote_to_here_tensor4", TimeLoop([&] {
-           auto r = rref::remote<Tensor>(*ctx, "callee", "tensor4");
-           OrDie(r.to_here(absl::Seconds(60)).status(), "to_here");
-         }, secs));
+  Report(
+      "rpc_sync_noop",
+      TimeLoop([&] { OrDie(agent->rpc_sync<void>("callee", "noop"), "noop"); },
+               secs));
+  Report("remote_to_here_tensor4",
+         TimeLoop(
+             [&] {
+               auto r = rref::remote<Tensor>(*ctx, "callee", "tensor4");
+               OrDie(r.to_here(absl::Seconds(60)).status(), "to_here");
+             },
+             secs));
   auto acc = rref::remote<Acc>(*ctx, "callee", "Acc", 0);
-  Report("proxy_rpc_sync_noop", TimeLoop([&] {
-           OrDie(acc.rpc_sync(absl::Seconds(60)).call<void>("noop"), "proxy");
-         }, secs));
+  Report("proxy_rpc_sync_noop",
+         TimeLoop(
+             [&] {
+               OrDie(acc.rpc_sync(absl::Seconds(60)).call<void>("noop"),
+                     "proxy");
+             },
+             secs));
   acc = rref::RRef<Acc>();
   OrDie(ctx->AwaitSettled(absl::Seconds(60)), "settle");
 
@@ -165,11 +177,13 @@ int RunCaller(int port) {
     auto it = before.find(type);
     messages += count - (it == before.end() ? 0 : it->second);
   }
-  std::printf("%-24s %8.1f us per RRef, %.2f protocol messages per RRef "
-              "(each a request + reply), %d RRefs\n",
-              "create_drop", us, static_cast<double>(messages) / n, n);
   std::printf(
-      "{\"impl\": \"ferry\", \"name\": \"create_drop\", \"us_per_rref\": %.2f, "
+      "%-24s %8.1f us per RRef, %.2f protocol messages per RRef "
+      "(each a request + reply), %d RRefs\n",
+      "create_drop", us, static_cast<double>(messages) / n, n);
+  std::printf(
+      "{\"bench\": \"rref\", \"impl\": \"ferry\", \"name\": \"create_drop\", "
+      "\"us_per_rref\": %.2f, "
       "\"messages_per_rref\": %.2f, \"rrefs\": %d}\n",
       us, static_cast<double>(messages) / n, n);
   OrDie(ctx->Shutdown(absl::Minutes(5)), "caller shutdown (leak check)");

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "common/grpc_status.h"
+
 namespace ferry::rpc::grpc_agent {
 namespace {
 
@@ -65,6 +67,31 @@ grpc::ServerUnaryReactor* AdminService::GetStats(
     ferry::admin::v1::GetStatsResponse* out) {
   *out = agent_->stats().Snapshot();
   return Done(context);
+}
+
+grpc::ServerUnaryReactor* AdminService::Inspect(
+    grpc::CallbackServerContext* context,
+    const ferry::admin::v1::InspectRequest* request,
+    ferry::admin::v1::InspectResponse* out) {
+  absl::StatusOr<std::vector<Inspection>> found =
+      agent_->inspectors().Inspect(request->inspector());
+  grpc::ServerUnaryReactor* r = context->DefaultReactor();
+  if (!found.ok()) {
+    r->Finish(ToGrpcStatus(found.status()));
+    return r;
+  }
+  out->set_worker(agent_->self().name);
+  for (const Inspection& in : *found) {
+    auto* i = out->add_inspections();
+    i->set_inspector(in.name);
+    for (const InspectionRow& row : in.rows) {
+      auto* o = i->add_rows();
+      o->set_kind(row.kind);
+      for (const auto& [k, v] : row.fields) (*o->mutable_fields())[k] = v;
+    }
+  }
+  r->Finish(grpc::Status::OK);
+  return r;
 }
 
 }  // namespace ferry::rpc::grpc_agent

@@ -1,6 +1,6 @@
 // The Admin gRPC service of a GrpcAgent (proto/admin.proto): worker info,
 // the group, registered functions and call statistics, for grpcurl and
-// tools. Read-only.
+// tools, and the layers' inspectors (rpc/inspect.h). Read-only.
 #ifndef FERRY_RPC_GRPC_ADMIN_H_
 #define FERRY_RPC_GRPC_ADMIN_H_
 
@@ -32,6 +32,10 @@ class AdminService final : public ferry::admin::v1::Admin::CallbackService {
       grpc::CallbackServerContext* context,
       const ferry::admin::v1::GetStatsRequest*,
       ferry::admin::v1::GetStatsResponse* out) override;
+  grpc::ServerUnaryReactor* Inspect(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::InspectRequest* request,
+      ferry::admin::v1::InspectResponse* out) override;
 
  private:
   void Fill(const WorkerInfo& w, ferry::admin::v1::WorkerInfo* out) const;
