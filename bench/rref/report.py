@@ -9,37 +9,19 @@ this VM's tails are noisy.
 """
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from report_util import fmt, load, print_goals, ratio  # noqa: E402
 
 IMPLS = ("ferry", "pytorch", "pytorch_tcp")
 LATENCIES = ("rpc_sync_noop", "remote_to_here_tensor4", "proxy_rpc_sync_noop")
 
 
-def load(paths):
-    fig = {}
-    for path in paths:
-        with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if line.startswith("{"):
-                    r = json.loads(line)
-                    if r.get("bench") == "rref":
-                        fig[(r["impl"], r["name"])] = r
-    return fig
-
-
-def fmt(v, spec):
-    if v is None:
-        return "-".rjust(int(spec.split(".")[0]))
-    return format(v, spec)
-
-
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
-
-
 def main():
-    fig = load(sys.argv[1:])
+    fig = load(sys.argv[1:], "rref")
 
     def get(impl, name, field):
         r = fig.get((impl, name))
@@ -90,11 +72,7 @@ def main():
          ratio(rt, get("pytorch", "remote_to_here_tensor4", "p50_us")),
          lambda r: r <= 0.7),
     ]
-    for text, value, ok in goals:
-        verdict = "n/a" if value is None else ("MET" if ok(value) else
-                                               "NOT MET")
-        print(f"{text:<54} {fmt(value, '6.2f')}  {verdict}")
-        ratios.append(dict(goal=text, value=value, verdict=verdict))
+    print_goals(goals, ratios, width=54)
     print()
     for r in ratios:
         print(json.dumps(dict(bench="rref_ratio", **r)))

@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-seconds=2
+seconds=5
 rrefs=10000
 for arg in "$@"; do
   case "$arg" in
