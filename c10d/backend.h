@@ -118,8 +118,10 @@ class Backend {
   // them. A rank that is late makes every rank that did arrive fail with
   // DeadlineExceeded naming the late ranks (rank 0 stops at the first late
   // one unless wait_all_ranks). A failure may leave the backend unusable
-  // (gloo closes its pairs after a timed-out wait). Uses Send / Recv.
-  absl::Status MonitoredBarrier(const MonitoredBarrierOptions& options = {});
+  // (gloo closes its pairs after a timed-out wait). The default uses Send /
+  // Recv; a wrapper (e.g. a ProcessGroup adaptor) may forward it instead.
+  virtual absl::Status MonitoredBarrier(
+      const MonitoredBarrierOptions& options = {});
   // Reserved for MonitoredBarrier; user Send/Recv must not use it.
   static constexpr int kMonitoredBarrierTag = 0x7FFFFFF0;
 

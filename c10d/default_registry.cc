@@ -1,6 +1,7 @@
 #include "c10d/default_registry.h"
 
 #include "c10d/gloo/gloo_backend.h"
+#include "c10d/shm/shm_backend.h"
 #include "common/logging.h"
 #ifdef FERRY_C10D_WITH_NCCL
 #include "c10d/nccl/nccl_backend.h"
@@ -11,8 +12,14 @@ namespace c10d {
 
 std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry() {
   auto registry = std::make_shared<BackendRegistry>();
-  absl::Status s = registry->RegisterBackend("gloo", GlooBackend::Factory(),
+  // "gloo" puts shared memory in front of Gloo when every rank is on this
+  // host (options "shm"=false or FERRY_C10D_SHM=0 turn it off); "shm"
+  // insists on it.
+  absl::Status s = registry->RegisterBackend("gloo", ShmBackend::AutoFactory(),
                                              {DeviceType::kCPU});
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
+  s = registry->RegisterBackend("shm", ShmBackend::Factory(),
+                                {DeviceType::kCPU});
   if (!s.ok()) FERRY_LOG(ERROR) << s;
 #ifdef FERRY_C10D_WITH_NCCL
   s = registry->RegisterBackend("nccl", NcclBackend::Factory(),

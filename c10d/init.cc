@@ -79,6 +79,10 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(
     ASSIGN_OR_RETURN(std::unique_ptr<Store> made,
                      CreateStore(method, rank, world_size,
                                  options.group.timeout, factories));
+    if (tcp_scheme && agent.use) {
+      // ferry_run's restart generation (store/init_method.h).
+      ASSIGN_OR_RETURN(made, ScopeToLauncherGeneration(std::move(made), env));
+    }
     store = std::move(made);
     if (tcp_scheme && !agent.prefix.empty()) {
       store = std::make_shared<PrefixStore>(agent.prefix, std::move(store));

@@ -274,7 +274,64 @@ std::shared_ptr<Work> ProcessGroup::Recv(Tensor tensor, int src_rank,
                     Recv(std::move(tensor), src_rank, options));
 }
 
+std::shared_ptr<Work> ProcessGroup::AllgatherIntoTensor(
+    Tensor output, Tensor input, const AllgatherOptions& options) {
+  FERRY_PG_DISPATCH(
+      OpType::kAllgatherIntoTensor,
+      (std::vector<const Tensor*>{&output, &input}),
+      AllgatherIntoTensor(std::move(output), std::move(input), options));
+}
+
+std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(
+    Tensor output, Tensor input, const ReduceScatterOptions& options) {
+  FERRY_PG_DISPATCH(
+      OpType::kReduceScatterTensor,
+      (std::vector<const Tensor*>{&output, &input}),
+      ReduceScatterTensor(std::move(output), std::move(input), options));
+}
+
+std::shared_ptr<Work> ProcessGroup::AlltoallSingle(
+    Tensor output, Tensor input, const AlltoallSingleOptions& options) {
+  FERRY_PG_DISPATCH(
+      OpType::kAlltoallSingle, (std::vector<const Tensor*>{&output, &input}),
+      AlltoallSingle(std::move(output), std::move(input), options));
+}
+
+std::shared_ptr<Work> ProcessGroup::RecvAnysource(Tensor tensor,
+                                                  const RecvOptions& options) {
+  FERRY_PG_DISPATCH(OpType::kRecvAnysource, {&tensor},
+                    RecvAnysource(std::move(tensor), options));
+}
+
 #undef FERRY_PG_DISPATCH
+
+std::vector<std::shared_ptr<Work>> ProcessGroup::BatchIsendIrecv(
+    std::vector<P2POp> ops) {
+  if (ops.empty()) return {};
+  std::vector<const Tensor*> tensors;
+  for (const P2POp& op : ops) tensors.push_back(&op.tensor);
+  // The batch's device type decides the backend; a batch mixing device
+  // types fails every entry.
+  const OpType kind =
+      ops[0].kind == P2POp::Kind::kSend ? OpType::kSend : OpType::kRecv;
+  absl::StatusOr<Backend*> backend = Dispatch(kind, tensors);
+  if (!backend.ok()) {
+    std::vector<std::shared_ptr<Work>> failed;
+    for (const P2POp& op : ops) {
+      failed.push_back(
+          Fail(op.kind == P2POp::Kind::kSend ? OpType::kSend : OpType::kRecv,
+               backend.status()));
+    }
+    return failed;
+  }
+  return (*backend)->BatchIsendIrecv(std::move(ops));
+}
+
+absl::Status ProcessGroup::MonitoredBarrier(
+    const MonitoredBarrierOptions& options) {
+  ASSIGN_OR_RETURN(Backend * backend, Dispatch(OpType::kMonitoredBarrier, {}));
+  return backend->MonitoredBarrier(options);
+}
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> ProcessGroup::NewGroup(
     std::vector<int> ranks, std::optional<std::string> backend,

@@ -110,6 +110,20 @@ class ProcessGroup {
                              const SendOptions& options = {});
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                              const RecvOptions& options = {});
+  // The flat and uneven forms, any-source receive, batched point-to-point
+  // and the monitored barrier, as in backend.h. BatchIsendIrecv dispatches
+  // on its tensors' device type (all must share it; an empty batch returns
+  // no Works); MonitoredBarrier uses the CPU backend when there is one.
+  std::shared_ptr<Work> AllgatherIntoTensor(
+      Tensor output, Tensor input, const AllgatherOptions& options = {});
+  std::shared_ptr<Work> ReduceScatterTensor(
+      Tensor output, Tensor input, const ReduceScatterOptions& options = {});
+  std::shared_ptr<Work> AlltoallSingle(
+      Tensor output, Tensor input, const AlltoallSingleOptions& options = {});
+  std::shared_ptr<Work> RecvAnysource(Tensor tensor,
+                                      const RecvOptions& options = {});
+  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(std::vector<P2POp> ops);
+  absl::Status MonitoredBarrier(const MonitoredBarrierOptions& options = {});
 
   // torch.distributed.new_group: a group of `ranks` (ranks of this group;
   // distinct, in range, in the order that defines the new ranks). Every rank

@@ -1,7 +1,6 @@
 #include "optim/distributed_optimizer.h"
 
-#include <atomic>
-#include <set>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,8 +22,27 @@ std::pair<std::string, std::vector<double>> Encode(const FunctionalOptions& o) {
             {s->lr, s->momentum, s->dampening, s->nesterov ? 1.0 : 0.0,
              s->weight_decay}};
   }
-  const auto& a = std::get<AdamOptions>(o);
-  return {"adam", {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay}};
+  if (const auto* g = std::get_if<AdagradOptions>(&o)) {
+    return {"adagrad",
+            {g->lr, g->lr_decay, g->weight_decay, g->initial_accumulator_value,
+             g->eps}};
+  }
+  const bool decoupled = std::holds_alternative<AdamWOptions>(o);
+  const AdamOptions& a =
+      decoupled ? std::get<AdamWOptions>(o) : std::get<AdamOptions>(o);
+  return {decoupled ? "adamw" : "adam",
+          {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay}};
+}
+
+std::optional<FunctionalOptions> Decode(const std::string& kind,
+                                        const std::vector<double>& o) {
+  if (o.size() != 5) return std::nullopt;
+  if (kind == "sgd") return SgdOptions{o[0], o[1], o[2], o[3] != 0, o[4]};
+  if (kind == "adagrad") return AdagradOptions{o[0], o[1], o[2], o[3], o[4]};
+  const AdamOptions a{o[0], o[1], o[2], o[3], o[4]};
+  if (kind == "adam") return a;
+  if (kind == "adamw") return AdamWOptions{a};
+  return std::nullopt;
 }
 
 }  // namespace
@@ -36,24 +54,43 @@ struct DistOptimizerService::Owned {
   FunctionalOptions options;
   SgdState sgd ABSL_GUARDED_BY(mu);
   AdamState adam ABSL_GUARDED_BY(mu);
+  AdagradState adagrad ABSL_GUARDED_BY(mu);
+
+  absl::Status Apply(const std::vector<Tensor>& grads)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (const auto* o = std::get_if<SgdOptions>(&options)) {
+      return SgdStep(params, grads, sgd, *o);
+    }
+    if (const auto* o = std::get_if<AdamOptions>(&options)) {
+      return AdamStep(params, grads, adam, *o);
+    }
+    if (const auto* o = std::get_if<AdamWOptions>(&options)) {
+      return AdamWStep(params, grads, adam, *o);
+    }
+    return AdagradStep(params, grads, adagrad,
+                       std::get<AdagradOptions>(options));
+  }
 };
 
 absl::StatusOr<std::shared_ptr<DistOptimizerService>>
 DistOptimizerService::Install(
     rpc::Agent& agent,
-    std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
+    std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
+    Options options) {
   std::shared_ptr<DistOptimizerService> s(
-      new DistOptimizerService(agent, std::move(dist)));
+      new DistOptimizerService(agent, std::move(dist), std::move(options)));
   std::weak_ptr<DistOptimizerService> weak = s;
   auto gone = [] {
     return absl::UnavailableError("the DistOptimizerService was destroyed");
   };
   RETURN_IF_ERROR(agent.Register(
       kCreate,
-      [weak, gone](int64_t id, std::string kind, std::vector<double> options,
-                   std::vector<rref::RRef<Tensor>> params) {
+      [weak, gone](
+          std::string kind, std::vector<double> options,
+          std::vector<rref::RRef<Tensor>> params) -> absl::StatusOr<int64_t> {
         std::shared_ptr<DistOptimizerService> self = weak.lock();
-        return self ? self->Create(id, kind, options, params) : gone();
+        if (self == nullptr) return gone();
+        return self->Create(kind, options, params);
       }));
   RETURN_IF_ERROR(
       agent.Register(kStep, [weak, gone](int64_t id, int64_t context) {
@@ -73,18 +110,17 @@ size_t DistOptimizerService::num_optimizers() const {
   return optimizers_.size();
 }
 
-absl::Status DistOptimizerService::Create(
-    int64_t id, const std::string& kind, const std::vector<double>& o,
+absl::StatusOr<int64_t> DistOptimizerService::Create(
+    const std::string& kind, const std::vector<double>& o,
     const std::vector<rref::RRef<Tensor>>& params) {
   auto owned = std::make_shared<Owned>();
-  if (kind == "sgd" && o.size() == 5) {
-    owned->options = SgdOptions{o[0], o[1], o[2], o[3] != 0, o[4]};
-  } else if (kind == "adam" && o.size() == 5) {
-    owned->options = AdamOptions{o[0], o[1], o[2], o[3], o[4]};
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker '", agent_.self().name, "': unknown optimizer '", kind, "'"));
+  std::optional<FunctionalOptions> options = Decode(kind, o);
+  if (!options.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker '", agent_.self().name, "': unknown optimizer '",
+                     kind, "' with ", o.size(), " hyper-parameters"));
   }
+  owned->options = *options;
   for (const rref::RRef<Tensor>& p : params) {
     if (!p.valid() || !p.is_owner()) {
       return absl::InvalidArgumentError(
@@ -96,8 +132,9 @@ absl::Status DistOptimizerService::Create(
     owned->params.push_back(*t);  // The owner's tensor object itself.
   }
   MutexLock l(&mu_);
+  const int64_t id = next_id_++;
   optimizers_[id] = std::move(owned);
-  return absl::OkStatus();
+  return id;
 }
 
 absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
@@ -118,12 +155,9 @@ absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
   std::vector<Tensor> g;
   for (const Tensor& p : owned->params) g.push_back(grads->Get(p));
   MutexLock l(&owned->mu);
-  absl::Status s = std::holds_alternative<SgdOptions>(owned->options)
-                       ? SgdStep(owned->params, g, owned->sgd,
-                                 std::get<SgdOptions>(owned->options))
-                       : AdamStep(owned->params, g, owned->adam,
-                                  std::get<AdamOptions>(owned->options));
-  return Annotate(s, where);
+  if (options_.param_mutex == nullptr) return Annotate(owned->Apply(g), where);
+  MutexLock params(options_.param_mutex.get());
+  return Annotate(owned->Apply(g), where);
 }
 
 void DistOptimizerService::Destroy(int64_t id) {
@@ -135,10 +169,6 @@ absl::StatusOr<std::unique_ptr<DistributedOptimizer>>
 DistributedOptimizer::Create(rpc::Agent& agent, FunctionalOptions options,
                              const std::vector<rref::RRef<Tensor>>& params,
                              absl::Duration timeout) {
-  // Unique per creating worker; the worker id makes it unique per job.
-  static std::atomic<uint64_t> counter{1};
-  const int64_t id = static_cast<int64_t>(
-      GlobalId(static_cast<uint16_t>(agent.self().id), counter++).value());
   std::map<int, std::vector<rref::RRef<Tensor>>> by_owner;
   for (const rref::RRef<Tensor>& p : params) {
     if (!p.valid()) return absl::InvalidArgumentError("invalid parameter RRef");
@@ -146,35 +176,42 @@ DistributedOptimizer::Create(rpc::Agent& agent, FunctionalOptions options,
   }
   auto [kind, values] = Encode(options);
   std::vector<int> owners;
-  std::vector<Future<void>> created;
+  std::vector<Future<int64_t>> created;
   for (const auto& [owner, ps] : by_owner) {
     owners.push_back(owner);
-    created.push_back(agent.rpc_async_for<void>(timeout, owner, kCreate, id,
-                                                kind, values, ps));
+    created.push_back(agent.rpc_async_for<int64_t>(timeout, owner, kCreate,
+                                                   kind, values, ps));
   }
-  std::unique_ptr<DistributedOptimizer> opt(
-      new DistributedOptimizer(agent, id, owners, timeout));
+  // Collects every answer first, so that the optimizers that were created
+  // are destroyed (by the destructor) when another owner refused.
+  OwnerIds ids;
+  absl::Status first;
   for (size_t i = 0; i < created.size(); ++i) {
-    absl::Status s = created[i].Get();
-    if (!s.ok()) {
-      return Annotate(
-          s, absl::StrCat("creating the optimizer on worker ", owners[i]));
+    Result<int64_t> id = created[i].Get();
+    if (id.ok()) {
+      ids.emplace_back(owners[i], *id);
+    } else if (first.ok()) {
+      first = Annotate(id.status(), absl::StrCat("creating the optimizer on ",
+                                                 "worker ", owners[i]));
     }
   }
+  std::unique_ptr<DistributedOptimizer> opt(
+      new DistributedOptimizer(agent, std::move(ids), timeout));
+  if (!first.ok()) return first;
   return opt;
 }
 
 DistributedOptimizer::~DistributedOptimizer() {
   std::vector<Future<void>> done;
-  for (int owner : owners_) {
-    done.push_back(agent_.rpc_async_for<void>(timeout_, owner, kDestroy, id_));
+  for (const auto& [owner, id] : owners_) {
+    done.push_back(agent_.rpc_async_for<void>(timeout_, owner, kDestroy, id));
   }
   for (size_t i = 0; i < done.size(); ++i) {
     // Best effort: a dead owner has no state left to free.
     absl::Status s = done[i].Get();
     if (!s.ok()) {
-      FERRY_LOG(WARNING) << "freeing optimizer state on worker " << owners_[i]
-                         << ": " << s;
+      FERRY_LOG(WARNING) << "freeing optimizer state on worker "
+                         << owners_[i].first << ": " << s;
     }
   }
 }
@@ -182,9 +219,9 @@ DistributedOptimizer::~DistributedOptimizer() {
 absl::Status DistributedOptimizer::Step(GlobalId context_id) {
   const int64_t context = static_cast<int64_t>(context_id.value());
   std::vector<Future<void>> steps;
-  for (int owner : owners_) {
+  for (const auto& [owner, id] : owners_) {
     steps.push_back(
-        agent_.rpc_async_for<void>(timeout_, owner, kStep, id_, context));
+        agent_.rpc_async_for<void>(timeout_, owner, kStep, id, context));
   }
   absl::Status first;
   for (size_t i = 0; i < steps.size(); ++i) {

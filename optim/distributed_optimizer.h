@@ -11,7 +11,9 @@
 //     RETURN_IF_ERROR(opt->Step(ctx.id())); }
 //
 // Create groups the parameters by owner and creates one functional
-// optimizer per owner (a DistOptimizerService call); Step asks every owner
+// optimizer per owner (a DistOptimizerService call, which answers with the
+// id it gave that optimizer: ids are per service, so several workers, or
+// several optimizers, in one process stay independent); Step asks every owner
 // in parallel to apply the context's gradients (GetGradients there) with
 // optim.h's functional step, and returns the first error, naming the owner.
 // A parameter without a gradient in the context is skipped. Steps of one
@@ -28,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -43,8 +46,12 @@
 
 namespace ferry::optim {
 
+// AdamW: Adam's hyper-parameters with decoupled weight decay (AdamWStep).
+struct AdamWOptions : AdamOptions {};
+
 // Which functional optimizer, with its hyper-parameters.
-using FunctionalOptions = std::variant<SgdOptions, AdamOptions>;
+using FunctionalOptions =
+    std::variant<SgdOptions, AdamOptions, AdamWOptions, AdagradOptions>;
 
 // Owner side: holds the per-owner optimizers and steps them. Install on
 // every worker that owns parameters (it registers functions named
@@ -52,27 +59,46 @@ using FunctionalOptions = std::variant<SgdOptions, AdamOptions>;
 // another agent that installs it too).
 class DistOptimizerService {
  public:
+  struct Options {
+    // When set, held while any optimizer of this service updates its
+    // parameters. Steps of optimizers sharing parameters (one per trainer,
+    // as in a parameter server) then never overlap, and the owner's code
+    // that reads those parameters concurrently (a forward pass served for
+    // another trainer) holds it too, so it never sees a half-done update.
+    std::shared_ptr<Mutex> param_mutex;
+  };
+
   static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
       rpc::Agent& agent,
-      std::shared_ptr<autograd::dist::DistAutogradContainer> dist);
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
+      Options options);
+  static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
+      rpc::Agent& agent,
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
+    return Install(agent, std::move(dist), Options());
+  }
 
   size_t num_optimizers() const;
 
  private:
   struct Owned;
   DistOptimizerService(rpc::Agent& agent,
-                       std::shared_ptr<autograd::dist::DistAutogradContainer> d)
-      : agent_(agent), dist_(std::move(d)) {}
+                       std::shared_ptr<autograd::dist::DistAutogradContainer> d,
+                       Options options)
+      : agent_(agent), dist_(std::move(d)), options_(std::move(options)) {}
 
-  absl::Status Create(int64_t id, const std::string& kind,
-                      const std::vector<double>& options,
-                      const std::vector<rref::RRef<Tensor>>& params);
+  // Returns the new optimizer's id (unique within this service).
+  absl::StatusOr<int64_t> Create(const std::string& kind,
+                                 const std::vector<double>& options,
+                                 const std::vector<rref::RRef<Tensor>>& params);
   absl::Status Step(int64_t id, int64_t context_id);
   void Destroy(int64_t id);
 
   rpc::Agent& agent_;
   const std::shared_ptr<autograd::dist::DistAutogradContainer> dist_;
+  const Options options_;
   mutable Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, std::shared_ptr<Owned>> optimizers_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -93,13 +119,14 @@ class DistributedOptimizer {
   absl::Status Step(GlobalId context_id);
 
  private:
-  DistributedOptimizer(rpc::Agent& agent, int64_t id, std::vector<int> owners,
+  // (owner worker id, the optimizer's id on that owner).
+  using OwnerIds = std::vector<std::pair<int, int64_t>>;
+  DistributedOptimizer(rpc::Agent& agent, OwnerIds owners,
                        absl::Duration timeout)
-      : agent_(agent), id_(id), owners_(std::move(owners)), timeout_(timeout) {}
+      : agent_(agent), owners_(std::move(owners)), timeout_(timeout) {}
 
   rpc::Agent& agent_;
-  const int64_t id_;
-  const std::vector<int> owners_;
+  const OwnerIds owners_;
   const absl::Duration timeout_;
 };
 

@@ -22,6 +22,39 @@ Tensor Param(const std::vector<int64_t>& sizes, uint64_t seed) {
   return t;
 }
 
+FunctionalOptions Options(int kind) {
+  switch (kind) {
+    case 0:
+      return SgdOptions{.lr = 0.05, .momentum = 0.9};
+    case 1:
+      return AdamOptions{.lr = 0.05};
+    case 2:
+      return AdamWOptions{{.lr = 0.05, .weight_decay = 0.1}};
+    default:
+      return AdagradOptions{.lr = 0.1, .lr_decay = 0.01};
+  }
+}
+
+// The local functional optimizer the distributed one must match.
+struct LocalReplay {
+  SgdState sgd;
+  AdamState adam;
+  AdagradState adagrad;
+  absl::Status Step(const FunctionalOptions& o, const std::vector<Tensor>& p,
+                    const std::vector<Tensor>& g) {
+    if (const auto* s = std::get_if<SgdOptions>(&o)) {
+      return SgdStep(p, g, sgd, *s);
+    }
+    if (const auto* a = std::get_if<AdamOptions>(&o)) {
+      return AdamStep(p, g, adam, *a);
+    }
+    if (const auto* a = std::get_if<AdamWOptions>(&o)) {
+      return AdamWStep(p, g, adam, *a);
+    }
+    return AdagradStep(p, g, adagrad, std::get<AdagradOptions>(o));
+  }
+};
+
 // A trainer and a parameter server "ps" that owns w and v of
 // y = x w + v; the trainer's loss is sum(y * y).
 class DistOptimizerTest : public ::testing::TestWithParam<int> {
@@ -72,13 +105,7 @@ class DistOptimizerTest : public ::testing::TestWithParam<int> {
 // Each owner-side step equals the local functional step applied to the
 // same gradients, over several iterations (so optimizer state carries).
 TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
-  const bool adam = GetParam() == 1;
-  FunctionalOptions options;
-  if (adam) {
-    options = AdamOptions{.lr = 0.05};
-  } else {
-    options = SgdOptions{.lr = 0.05, .momentum = 0.9};
-  }
+  const FunctionalOptions options = Options(GetParam());
   auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
   ASSERT_TRUE(params.ok()) << params.status();
   auto opt = DistributedOptimizer::Create(trainer(), options, *params);
@@ -87,8 +114,7 @@ TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
 
   std::vector<Tensor> ref = {autograd::Detach(w_).clone(),
                              autograd::Detach(v_).clone()};
-  SgdState sgd;
-  AdamState adam_state;
+  LocalReplay replay;
   double first_loss = 0, last_loss = 0;
   for (int it = 0; it < 4; ++it) {
     ContextScope ctx(*dist_[0]);
@@ -105,10 +131,7 @@ TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
     Tensor before = autograd::Detach(w_).clone();
     absl::Status s = (*opt)->Step(ctx.id());
     ASSERT_TRUE(s.ok()) << s;
-    ASSERT_TRUE(
-        (adam ? AdamStep(ref, g, adam_state, std::get<AdamOptions>(options))
-              : SgdStep(ref, g, sgd, std::get<SgdOptions>(options)))
-            .ok());
+    ASSERT_TRUE(replay.Step(options, ref, g).ok());
     EXPECT_TRUE(w_.allclose(ref[0], 1e-12, 1e-14)) << "iteration " << it;
     EXPECT_TRUE(v_.allclose(ref[1], 1e-12, 1e-14)) << "iteration " << it;
     EXPECT_FALSE(w_.equal(before)) << "the step left w unchanged";
@@ -119,8 +142,52 @@ TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
   for (int i = 0; i < 2; ++i) EXPECT_EQ(dist_[i]->NumContexts(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(SgdAndAdam, DistOptimizerTest,
-                         ::testing::Values(0, 1));
+// 0 SGD with momentum, 1 Adam, 2 AdamW, 3 Adagrad.
+INSTANTIATE_TEST_SUITE_P(SgdAdamAdamWAdagrad, DistOptimizerTest,
+                         ::testing::Values(0, 1, 2, 3));
+
+// Two workers of one process create optimizers on the same owner: each gets
+// its own id from the owner, so they are independent (destroying one keeps
+// the other stepping).
+TEST_F(DistOptimizerTest, OptimizersOfSeveralWorkersAreIndependent) {
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  const std::vector<RRef<Tensor>> own = {
+      rref::MakeLocalRRef<Tensor>(*rrefs_[1], w_),
+      rref::MakeLocalRRef<Tensor>(*rrefs_[1], v_)};
+  auto first = DistributedOptimizer::Create(trainer(), SgdOptions{}, *params);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = DistributedOptimizer::Create(net_->agent(1), SgdOptions{}, own);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(services_[1]->num_optimizers(), 2u);
+  first->reset();
+  EXPECT_EQ(services_[1]->num_optimizers(), 1u);
+  {
+    ContextScope ctx(*dist_[1]);
+    Tensor y = autograd::add(
+        autograd::matmul(randn({4, 3}, 90, DType::kFloat64), w_), v_);
+    ASSERT_TRUE(dist_[1]->Backward(ctx.id(), {autograd::sum(y)}).ok());
+    Tensor before = autograd::Detach(w_).clone();
+    absl::Status s = (*second)->Step(ctx.id());
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_FALSE(w_.equal(before));
+  }
+  second->reset();
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+}
+
+TEST_F(DistOptimizerTest, UnknownOptimizerKindIsRefusedNamingTheOwner) {
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto r = trainer().rpc_sync<int64_t>(
+      "ps", "ferry.optim.create", std::string("lion"),
+      std::vector<double>{1, 2, 3, 4, 5}, *params);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("worker 'ps'"), std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("'lion'"), std::string::npos);
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+}
 
 TEST_F(DistOptimizerTest, StepWithAnUnknownContextNamesTheOwner) {
   auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");

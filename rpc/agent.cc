@@ -153,11 +153,15 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
   absl::Status s =
       Intercept(interceptors, InterceptPoint::kSendRequest, *peer, message);
   if (!s.ok()) return MakeErrorFuture<Message>(s);
+  ContextEntries context = message.context;
   return Transmit(*peer, std::move(message), limit)
-      .Then([interceptors = std::move(interceptors), peer = *std::move(peer)](
+      .Then([interceptors = std::move(interceptors), peer = *std::move(peer),
+             context = std::move(context)](
                 const Result<Message>& reply) -> absl::StatusOr<Message> {
         if (!reply.ok()) return reply.status();
         Message m = *reply;
+        // The sender's context, whichever thread the reply arrives on.
+        ScopedContext installed(context);
         RETURN_IF_ERROR(
             Intercept(interceptors, InterceptPoint::kReceiveReply, peer, m));
         return m;
@@ -217,7 +221,7 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
     return;
   }
   Message request = *std::move(received);
-  ScopedContext context(request.context);
+  ScopedContext installed_context(request.context);
   ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
   if (absl::Now() > request.deadline) {
     reply.SetError(absl::DeadlineExceededError(absl::StrCat(
@@ -238,10 +242,14 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
+  // The request's context again when the reply is intercepted, whichever
+  // thread completes the handler.
+  ContextEntries reply_context =
+      interceptors != nullptr ? request.context : ContextEntries();
   handler(std::move(request))
       .OnComplete([reply, interceptors = std::move(interceptors),
-                   peer = std::move(peer), id,
-                   type](const Result<Message>& r) mutable {
+                   peer = std::move(peer), context = std::move(reply_context),
+                   id, type](const Result<Message>& r) mutable {
         if (!r.ok()) {
           reply.SetError(r.status());
           return;
@@ -249,8 +257,11 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
         Message m = *r;
         m.id = id;
         if (m.type == MessageType::kUnspecified) m.type = type;
-        absl::Status s =
-            Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
+        absl::Status s;
+        if (interceptors != nullptr) {
+          ScopedContext installed(context);
+          s = Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
+        }
         if (!s.ok()) {
           reply.SetError(s);
           return;

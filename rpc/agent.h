@@ -104,7 +104,9 @@ enum class InterceptPoint {
 
 // `peer` is the other end of the exchange. May edit `message`; an error fails
 // the exchange with that error (the handler does not run / the caller gets
-// it). Must not block.
+// it). Must not block. At every point the thread-local context is the one the
+// message travels with (the caller's for the request and its reply), and a
+// reply's id is its request's, so send/recv pairs can be matched.
 using Interceptor = std::function<absl::Status(
     InterceptPoint point, const WorkerInfo& peer, Message& message)>;
 

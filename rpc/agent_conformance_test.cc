@@ -3,6 +3,7 @@
 // (malformed envelopes, admin, rendezvous, large tensors) live in rpc/grpc/.
 #include <atomic>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@ struct Implementation {
   std::string name;
   ClusterFactory start;
 };
+void PrintTo(const Implementation& i, std::ostream* os) { *os << i.name; }
 
 std::shared_ptr<FunctionRegistry> BasicRegistry() {
   auto reg = std::make_shared<FunctionRegistry>();
@@ -407,6 +409,44 @@ TEST_P(AgentConformance, InterceptorsSeeEveryTensor) {
             std::make_pair(InterceptPoint::kSendReply, int64_t{4}));
   EXPECT_EQ(seen->events[3],
             std::make_pair(InterceptPoint::kReceiveReply, int64_t{4}));
+}
+
+// At all four points the interceptor sees the caller's context and the
+// request's id, so send/recv records can be paired.
+TEST_P(AgentConformance, InterceptorsSeeTheContextAndPairIds) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  struct Seen {
+    Mutex mu;
+    std::vector<std::pair<std::string, uint64_t>> events ABSL_GUARDED_BY(mu);
+  };
+  auto seen = std::make_shared<Seen>();
+  for (int i = 0; i < 2; ++i) {
+    c->agent(i).AddInterceptor(
+        [seen](InterceptPoint, const WorkerInfo&, Message& m) {
+          MutexLock lock(&seen->mu);
+          seen->events.emplace_back(
+              CurrentContextValue("ctx").value_or("<unset>"), m.id.value());
+          return absl::OkStatus();
+        });
+  }
+  Result<Message> r = absl::UnknownError("unset");
+  {
+    ScopedContextEntry ctx("ctx", "c7");
+    Message m;
+    m.type = MessageType::kCall;
+    m.function = "noop";
+    m.payload = Value::FromList({});
+    r = c->agent(0).Send("b", m).Get(absl::Seconds(30));
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->id.worker_id(), 0);
+  MutexLock lock(&seen->mu);
+  ASSERT_EQ(seen->events.size(), 4u);
+  for (const auto& [ctx, id] : seen->events) {
+    EXPECT_EQ(ctx, "c7");
+    EXPECT_EQ(id, r->id.value());
+  }
 }
 
 TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {

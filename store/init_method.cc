@@ -9,8 +9,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "store/file_store.h"
+#include "store/prefix_store.h"
 
 namespace ferry {
 namespace {
@@ -101,7 +103,120 @@ absl::Status ParseQuery(absl::string_view url, absl::string_view query,
   return absl::OkStatus();
 }
 
+// The launcher whose variables give rank and world size.
+struct LauncherVars {
+  const char* source;
+  const char* rank;
+  const char* world_size;
+  const char* world_size_alt;  // Another name for the same value, or null.
+  const char* local_rank;
+};
+constexpr LauncherVars kLaunchers[] = {
+    {"RANK/WORLD_SIZE", "RANK", "WORLD_SIZE", nullptr, "LOCAL_RANK"},
+    {"OpenMPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", nullptr,
+     "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID"},
+};
+
+// Rank, world size and local rank from the first launcher whose variables
+// are present; RANK/WORLD_SIZE may be given one without the other.
+absl::Status ParseLauncherVars(absl::string_view url, const EnvLookup& env,
+                               InitMethod* method) {
+  for (const LauncherVars& l : kLaunchers) {
+    std::optional<std::string> rank = env(l.rank);
+    std::optional<std::string> ws = env(l.world_size);
+    if (!ws.has_value() && l.world_size_alt != nullptr) {
+      ws = env(l.world_size_alt);
+    }
+    if (!rank.has_value() && !ws.has_value()) continue;
+    if (rank.has_value()) {
+      ASSIGN_OR_RETURN(method->rank, ParseCount(url, l.rank, *rank, 0));
+    }
+    if (ws.has_value()) {
+      ASSIGN_OR_RETURN(method->world_size,
+                       ParseCount(url, l.world_size, *ws, 1));
+    }
+    if (std::optional<std::string> lr = env(l.local_rank); lr.has_value()) {
+      ASSIGN_OR_RETURN(method->local_rank,
+                       ParseCount(url, l.local_rank, *lr, 0));
+    }
+    method->env_source = l.source;
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// env://: the store's address and the launcher's rank variables.
+absl::Status ParseEnv(absl::string_view url, const EnvLookup& env,
+                      InitMethod* method) {
+  RETURN_IF_ERROR(ParseLauncherVars(url, env, method));
+  std::optional<std::string> addr = env("MASTER_ADDR");
+  std::string addr_source = "MASTER_ADDR";
+  if ((!addr.has_value() || addr->empty()) && method->env_source == "Slurm") {
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+      std::optional<std::string> nodes = env(list);
+      if (!nodes.has_value()) continue;
+      absl::StatusOr<std::string> first = FirstSlurmHost(*nodes);
+      if (!first.ok()) return Invalid(url, first.status().message());
+      addr = *first;
+      addr_source = absl::StrCat("first host of ", list);
+      break;
+    }
+  }
+  if (!addr.has_value() || addr->empty()) {
+    return Invalid(url, "environment variable MASTER_ADDR is not set");
+  }
+  method->host = *addr;
+  if (absl::StartsWith(method->host, "[") &&
+      absl::EndsWith(method->host, "]")) {
+    method->host = method->host.substr(1, method->host.size() - 2);
+  }
+  std::optional<std::string> port = env("MASTER_PORT");
+  if (!port.has_value() || port->empty()) {
+    return Invalid(url, "environment variable MASTER_PORT is not set");
+  }
+  ASSIGN_OR_RETURN(method->port, ParsePort(url, "MASTER_PORT", *port));
+  if (!method->env_source.empty()) {
+    FERRY_LOG(INFO) << "env://: rank "
+                    << (method->rank ? absl::StrCat(*method->rank) : "?")
+                    << ", world size "
+                    << (method->world_size ? absl::StrCat(*method->world_size)
+                                           : "?")
+                    << " from " << method->env_source << "; store "
+                    << method->host << ":" << method->port << " from "
+                    << addr_source;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Slurm node list '", nodelist, "': ", why));
+  };
+  std::string host;
+  size_t i = 0;
+  while (i < nodelist.size() && nodelist[i] != ',') {
+    if (nodelist[i] != '[') {
+      if (nodelist[i] == ']') return bad("unmatched ']'");
+      host.push_back(nodelist[i++]);
+      continue;
+    }
+    size_t close = nodelist.find(']', i);
+    if (close == absl::string_view::npos) return bad("unterminated '['");
+    absl::string_view range = nodelist.substr(i + 1, close - i - 1);
+    // The first element of "03-05,9" is "03": the range's start keeps its
+    // zero padding, as Slurm writes host names.
+    absl::string_view first = range.substr(0, range.find_first_of(",-"));
+    if (!AllDigits(first)) return bad("a bracket range must start with digits");
+    absl::StrAppend(&host, first);
+    i = close + 1;
+  }
+  if (host.empty()) return bad("no host");
+  return host;
+}
 
 std::optional<std::string> GetEnv(absl::string_view name) {
   const char* value = std::getenv(std::string(name).c_str());
@@ -179,27 +294,7 @@ absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url,
                      "env:// takes no host or path (it reads "
                      "MASTER_ADDR and MASTER_PORT)");
     }
-    std::optional<std::string> addr = env("MASTER_ADDR");
-    if (!addr.has_value() || addr->empty()) {
-      return Invalid(url, "environment variable MASTER_ADDR is not set");
-    }
-    method.host = *addr;
-    if (absl::StartsWith(method.host, "[") &&
-        absl::EndsWith(method.host, "]")) {
-      method.host = method.host.substr(1, method.host.size() - 2);
-    }
-    std::optional<std::string> port = env("MASTER_PORT");
-    if (!port.has_value() || port->empty()) {
-      return Invalid(url, "environment variable MASTER_PORT is not set");
-    }
-    ASSIGN_OR_RETURN(method.port, ParsePort(url, "MASTER_PORT", *port));
-    if (std::optional<std::string> rank = env("RANK"); rank.has_value()) {
-      ASSIGN_OR_RETURN(method.rank, ParseCount(url, "RANK", *rank, 0));
-    }
-    if (std::optional<std::string> ws = env("WORLD_SIZE"); ws.has_value()) {
-      ASSIGN_OR_RETURN(method.world_size,
-                       ParseCount(url, "WORLD_SIZE", *ws, 1));
-    }
+    RETURN_IF_ERROR(ParseEnv(url, env, &method));
     RETURN_IF_ERROR(ParseQuery(url, query, &method));
   } else {
     return Invalid(url, absl::StrCat("unknown scheme '", scheme,
@@ -273,6 +368,36 @@ absl::StatusOr<std::unique_ptr<Store>> CreateStore(
   }
   store->SetTimeout(timeout);
   return store;
+}
+
+std::string LauncherAttemptPrefix(int generation) {
+  return absl::StrCat("ferry_run/attempt_", generation);
+}
+
+absl::StatusOr<std::unique_ptr<Store>> ScopeToLauncherGeneration(
+    std::unique_ptr<Store> store, const EnvLookup& env) {
+  std::optional<std::string> text = env("FERRY_RUN_GENERATION");
+  if (!text.has_value()) return store;
+  int generation = 0;
+  if (!AllDigits(*text) || text->size() > 9 ||
+      !absl::SimpleAtoi(*text, &generation)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FERRY_RUN_GENERATION '", *text, "' is not a non-negative integer"));
+  }
+  const std::string key = "ferry_run/generation";
+  ASSIGN_OR_RETURN(bool published, store->Check({key}));
+  if (published) {
+    ASSIGN_OR_RETURN(std::string current, store->Get(key));
+    int job = 0;
+    if (absl::SimpleAtoi(current, &job) && job > generation) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker of launcher generation ", generation,
+                       " refused: the job has restarted and is at generation ",
+                       job, " (", store->Describe(), ")"));
+    }
+  }
+  return std::unique_ptr<Store>(std::make_unique<PrefixStore>(
+      LauncherAttemptPrefix(generation), std::move(store)));
 }
 
 }  // namespace ferry

@@ -7,6 +7,18 @@
 //                                           (required), RANK and WORLD_SIZE
 //                                           (optional) from the environment
 //
+// env:// also understands the variables of existing launchers, used only
+// when RANK and WORLD_SIZE are both absent (first match wins):
+//   OpenMPI (mpirun):  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//                      OMPI_COMM_WORLD_LOCAL_RANK
+//   Slurm (srun):      SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS),
+//                      SLURM_LOCALID; without MASTER_ADDR the store host is
+//                      the first host of SLURM_STEP_NODELIST (else
+//                      SLURM_JOB_NODELIST), bracket ranges expanded
+//                      ("node[03-05,9]" -> "node03").
+// MASTER_PORT is always required. The source is recorded in
+// InitMethod::env_source and logged (INFO).
+//
 // Query parameters take precedence over RANK/WORLD_SIZE. The environment is
 // read through an EnvLookup so tests (and embedders) can supply their own.
 //
@@ -54,6 +66,12 @@ struct InitMethod {
   // From the query string or RANK / WORLD_SIZE when present.
   std::optional<int> rank;
   std::optional<int> world_size;
+  // env://: the rank within this host, when the launcher gives one
+  // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID).
+  std::optional<int> local_rank;
+  // env://: where rank / world size / host came from, e.g. "RANK/WORLD_SIZE",
+  // "OpenMPI", "Slurm"; empty when the environment gave no rank.
+  std::string env_source;
 
   // The canonical URL ("tcp://host:port", "file:///path", "env://").
   std::string ToString() const;
@@ -70,6 +88,10 @@ std::optional<std::string> GetEnv(absl::string_view name);
 // missing MASTER_ADDR/MASTER_PORT, non-numeric RANK...) on malformed input.
 absl::StatusOr<InitMethod> ParseInitMethod(absl::string_view url,
                                            const EnvLookup& env = GetEnv);
+
+// The first host of a Slurm host list ("gpu[07-09,12],cpu1" -> "gpu07").
+// InvalidArgument naming the list when it is empty or malformed.
+absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist);
 
 // Makes a TCPStore client for host:port; when `is_server` it also serves the
 // store (on `port`, 0 picking a free one) and waits for `world_size`
@@ -93,6 +115,20 @@ struct StoreFactories {
 absl::StatusOr<std::unique_ptr<Store>> CreateStore(
     const InitMethod& method, int rank, int world_size, absl::Duration timeout,
     const StoreFactories& factories = {});
+
+// ferry_run's restart generations. Under ferry_run (FERRY_USE_AGENT_STORE=1
+// and FERRY_RUN_GENERATION=<g>), each attempt of the job gets its own key
+// namespace "ferry_run/attempt_<g>/..." in the launcher's store, so keys of an
+// earlier attempt never satisfy this attempt's waits. A worker whose
+// generation is older than the job's ("ferry_run/generation", set by the
+// launchers) is refused with FailedPrecondition naming both generations.
+// Without FERRY_RUN_GENERATION `store` is returned unchanged; InvalidArgument
+// when it is not a non-negative integer.
+absl::StatusOr<std::unique_ptr<Store>> ScopeToLauncherGeneration(
+    std::unique_ptr<Store> store, const EnvLookup& env = GetEnv);
+
+// The PrefixStore prefix of attempt `generation` ("ferry_run/attempt_<g>").
+std::string LauncherAttemptPrefix(int generation);
 
 }  // namespace ferry
 

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/hash_store.h"
+#include "store/prefix_store.h"
 
 namespace ferry {
 namespace {
@@ -261,6 +262,139 @@ TEST(CreateStoreTest, Errors) {
   EXPECT_EQ(
       CreateStore(*tcp, 1, 2, absl::Seconds(1), factories).status().code(),
       absl::StatusCode::kUnavailable);
+}
+
+// --- Launcher environments (env:// without RANK / WORLD_SIZE) --------------
+
+void ExpectRanks(const absl::StatusOr<InitMethod>& m, int rank, int world_size,
+                 int local_rank, const std::string& source) {
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->rank, rank);
+  EXPECT_EQ(m->world_size, world_size);
+  EXPECT_EQ(m->local_rank, local_rank);
+  EXPECT_EQ(m->env_source, source);
+}
+
+TEST(ParseInitMethodTest, EnvPrefersRankWorldSizeOverLaunchers) {
+  auto m = ParseInitMethod("env://", FakeEnv({{"MASTER_ADDR", "h"},
+                                              {"MASTER_PORT", "1"},
+                                              {"RANK", "1"},
+                                              {"WORLD_SIZE", "2"},
+                                              {"LOCAL_RANK", "1"},
+                                              {"OMPI_COMM_WORLD_RANK", "5"},
+                                              {"OMPI_COMM_WORLD_SIZE", "8"},
+                                              {"SLURM_PROCID", "6"},
+                                              {"SLURM_NTASKS", "9"}}));
+  ExpectRanks(m, 1, 2, 1, "RANK/WORLD_SIZE");
+}
+
+TEST(ParseInitMethodTest, EnvOpenMpi) {
+  auto m =
+      ParseInitMethod("env://", FakeEnv({{"MASTER_ADDR", "10.0.0.1"},
+                                         {"MASTER_PORT", "29500"},
+                                         {"OMPI_COMM_WORLD_RANK", "3"},
+                                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                         {"SLURM_PROCID", "0"},
+                                         {"SLURM_NTASKS", "1"}}));
+  ExpectRanks(m, 3, 4, 1, "OpenMPI");
+  EXPECT_EQ(m->host, "10.0.0.1");
+  // OpenMPI does not say where the store is.
+  ExpectInvalid("env://", "MASTER_ADDR is not set",
+                FakeEnv({{"MASTER_PORT", "1"},
+                         {"OMPI_COMM_WORLD_RANK", "0"},
+                         {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  ExpectInvalid("env://", "OMPI_COMM_WORLD_SIZE 'x'",
+                FakeEnv({{"MASTER_ADDR", "h"},
+                         {"MASTER_PORT", "1"},
+                         {"OMPI_COMM_WORLD_RANK", "0"},
+                         {"OMPI_COMM_WORLD_SIZE", "x"}}));
+  ExpectInvalid("env://", "rank 4 is not below world_size 4",
+                FakeEnv({{"MASTER_ADDR", "h"},
+                         {"MASTER_PORT", "1"},
+                         {"OMPI_COMM_WORLD_RANK", "4"},
+                         {"OMPI_COMM_WORLD_SIZE", "4"}}));
+}
+
+TEST(ParseInitMethodTest, EnvSlurmTakesTheFirstHostOfTheStep) {
+  auto m = ParseInitMethod(
+      "env://", FakeEnv({{"MASTER_PORT", "29500"},
+                         {"SLURM_PROCID", "5"},
+                         {"SLURM_NTASKS", "8"},
+                         {"SLURM_LOCALID", "1"},
+                         {"SLURM_STEP_NODELIST", "gpu[07-09,12],cpu1"},
+                         {"SLURM_JOB_NODELIST", "other1"}}));
+  ExpectRanks(m, 5, 8, 1, "Slurm");
+  EXPECT_EQ(m->host, "gpu07");
+  // An explicit MASTER_ADDR wins; SLURM_NPROCS stands in for SLURM_NTASKS;
+  // the job's node list serves when the step's is absent.
+  m = ParseInitMethod("env://", FakeEnv({{"MASTER_ADDR", "10.1.1.1"},
+                                         {"MASTER_PORT", "1"},
+                                         {"SLURM_PROCID", "0"},
+                                         {"SLURM_NPROCS", "2"},
+                                         {"SLURM_STEP_NODELIST", "n[1-2]"}}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->host, "10.1.1.1");
+  EXPECT_EQ(m->world_size, 2);
+  m = ParseInitMethod("env://", FakeEnv({{"MASTER_PORT", "1"},
+                                         {"SLURM_PROCID", "0"},
+                                         {"SLURM_NTASKS", "2"},
+                                         {"SLURM_JOB_NODELIST", "node3"}}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->host, "node3");
+  ExpectInvalid("env://", "unterminated '['",
+                FakeEnv({{"MASTER_PORT", "1"},
+                         {"SLURM_PROCID", "0"},
+                         {"SLURM_NTASKS", "1"},
+                         {"SLURM_STEP_NODELIST", "n[1-2"}}));
+}
+
+TEST(FirstSlurmHostTest, Forms) {
+  EXPECT_EQ(*FirstSlurmHost("node1"), "node1");
+  EXPECT_EQ(*FirstSlurmHost("node1,node2"), "node1");
+  EXPECT_EQ(*FirstSlurmHost("node[003-010]"), "node003");
+  EXPECT_EQ(*FirstSlurmHost("rack[2,4]-n[10-11],x"), "rack2-n10");
+  EXPECT_EQ(*FirstSlurmHost("a-b.c[5]"), "a-b.c5");
+  for (const char* bad : {"", ",n1", "n[x-2]", "n[]", "n]", "n[1"}) {
+    EXPECT_EQ(FirstSlurmHost(bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+// --- ferry_run generations ---------------------------------------------------
+
+TEST(ScopeToLauncherGenerationTest, PrefixesAndRefusesStaleWorkers) {
+  auto base = std::make_shared<HashStore>();
+  // Without the variable the store is untouched.
+  auto plain =
+      ScopeToLauncherGeneration(std::make_unique<HashStore>(), kEmptyEnv);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE((*plain)->Set("k", "v").ok());
+  EXPECT_TRUE(*(*plain)->Check({"k"}));
+
+  // A worker of the current generation writes under its attempt's prefix.
+  ASSERT_TRUE(base->Set("root/ferry_run/generation", "1").ok());
+  auto current =
+      ScopeToLauncherGeneration(std::make_unique<PrefixStore>("root", base),
+                                FakeEnv({{"FERRY_RUN_GENERATION", "1"}}));
+  ASSERT_TRUE(current.ok()) << current.status();
+  ASSERT_TRUE((*current)->Set("rpc", "x").ok());
+  EXPECT_TRUE(*base->Check({"root/ferry_run/attempt_1/rpc"}));
+
+  // A worker of generation 0 is refused, naming both generations.
+  auto stale =
+      ScopeToLauncherGeneration(std::make_unique<PrefixStore>("root", base),
+                                FakeEnv({{"FERRY_RUN_GENERATION", "0"}}));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(stale.status().message()),
+              HasSubstr("generation 0 refused"));
+  EXPECT_THAT(std::string(stale.status().message()),
+              HasSubstr("at generation 1"));
+
+  auto bad = ScopeToLauncherGeneration(
+      std::make_unique<HashStore>(), FakeEnv({{"FERRY_RUN_GENERATION", "-1"}}));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

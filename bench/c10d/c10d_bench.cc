@@ -1,7 +1,12 @@
 // One rank of the c10d benchmark (bench/c10d/run.sh starts N of them).
 //
 //   c10d_bench --rank=R --world_size=N --init=file:///tmp/x
-//              [--check_args=true] [--impl=ferry-gloo]
+//              [--check_args=true] [--impl=ferry-gloo] [--shm=false]
+//
+// --shm=false keeps the group on Gloo alone; --shm=true (what the default
+// registry does for ranks on one host) puts the shared-memory backend in
+// front of it, and rows are then named algorithm "shm" (busbw computed with
+// the ring factors, for comparison with the other rows).
 //
 // Rank 0 prints one JSON line per figure: allreduce (SUM, float32) for every
 // size in --allreduce_sizes, broadcast and allgather for --other_sizes. Each
@@ -27,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "c10d/gloo/gloo_backend.h"
 #include "c10d/init.h"
+#include "c10d/shm/shm_backend.h"
 
 namespace ferry {
 namespace c10d {
@@ -50,6 +56,7 @@ int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"check_args", "true"},
       {"impl", "ferry-gloo"},
+      {"shm", "false"},
       {"allreduce_sizes",
        "4096,16384,65536,262144,1048576,4194304,16777216,67108864"},
       {"other_sizes", "1048576,16777216"}};
@@ -74,6 +81,7 @@ int Main(int argc, char** argv) {
   o.world_size = world;
   o.group.timeout = absl::Minutes(5);
   o.group.backend_options["check_args"] = flags["check_args"];
+  o.group.backend_options["shm"] = flags["shm"];
   auto pg_or = InitProcessGroup(o);
   if (!pg_or.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank,
@@ -84,10 +92,12 @@ int Main(int argc, char** argv) {
   // Which algorithm the gloo backend picks for a size (see InlineBytes()).
   const bool check_args = flags["check_args"] != "false";
   size_t inline_bytes = 0;
+  bool shm = false;
   if (auto backend = pg.GetBackend(DeviceType::kCPU); backend.ok()) {
     if (auto* gloo = dynamic_cast<GlooBackend*>(*backend)) {
       inline_bytes = gloo->InlineBytes();
     }
+    shm = dynamic_cast<ShmBackend*>(*backend) != nullptr;
   }
   const int n = world;
   bool failed = false;
@@ -112,7 +122,7 @@ int Main(int argc, char** argv) {
     if (!pg.Barrier()->Wait().ok()) failed = true;
     double sec = absl::ToDoubleSeconds(took);
     double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
-    const bool direct = check_args && op != "allgather" &&
+    const bool direct = !shm && check_args && op != "allgather" &&
                         static_cast<size_t>(bytes) <= inline_bytes;
     double factor = direct              ? double(n - 1)
                     : op == "allreduce" ? 2.0 * (n - 1) / n
@@ -124,8 +134,11 @@ int Main(int argc, char** argv) {
           "\"algorithm\":\"%s\",\"ranks\":%d,"
           "\"bytes\":%lld,\"iters\":%d,\"time_us\":%.1f,\"algbw_GBps\":%.4f,"
           "\"busbw_GBps\":%.4f}\n",
-          flags["impl"].c_str(), op.c_str(), direct ? "direct" : "ring", n,
-          static_cast<long long>(bytes), iters, sec * 1e6, algbw,
+          flags["impl"].c_str(), op.c_str(),
+          shm      ? "shm"
+          : direct ? "direct"
+                   : "ring",
+          n, static_cast<long long>(bytes), iters, sec * 1e6, algbw,
           algbw * factor);
       std::fflush(stdout);
     }

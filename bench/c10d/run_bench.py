@@ -54,6 +54,11 @@ def main():
         "ferry-gloo-unchecked": lambda r, w, init: [
             a.bin, "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init,
             "--check_args=false", "--impl=ferry-gloo-unchecked"] + extra,
+        # Same-host shared memory in front of gloo (the default registry's
+        # choice when every rank is on one host).
+        "ferry-shm": lambda r, w, init: [
+            a.bin, "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init,
+            "--shm=true", "--impl=ferry-shm"] + extra,
         "pytorch-1.13-gloo": lambda r, w, init: [
             "/usr/bin/python3", os.path.join(HERE, "torch_bench.py"),
             "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init] + extra,
@@ -82,6 +87,7 @@ def main():
     ferry = {key(r): r for r in results if r["impl"] == "ferry-gloo"}
     unchecked = {key(r): r for r in results if r["impl"] == "ferry-gloo-unchecked"}
     torch = {key(r): r for r in results if r["impl"] == "pytorch-1.13-gloo"}
+    shm = {key(r): r for r in results if r["impl"] == "ferry-shm"}
     nan = {"busbw_GBps": float("nan"), "time_us": float("nan")}
     print()
     print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
@@ -93,17 +99,22 @@ def main():
           "exchange (busbw = size * (N-1) / time),")
     print("'ring' = Gloo's ring (busbw = algbw * 2(N-1)/N for allreduce, "
           "(N-1)/N for allgather, 1 for broadcast).")
-    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s" % (
+    print("shm: Ferry's shared-memory backend (busbw with the ring factors); "
+          "shm-x = PyTorch time / shm time.")
+    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s | %9s %6s" % (
         "op", "ranks", "size", "alg", "Ferry", "Ferry-nc", "PyTorch", "ratio",
-        "Ferry us", "Ferry-nc", "PyTorch"))
-    print("-" * 99)
+        "Ferry us", "Ferry-nc", "PyTorch", "shm us", "shm-x"))
+    print("-" * 119)
     for k in sorted(ferry, key=lambda k: (["allreduce", "broadcast", "allgather"].index(k[0]), k[1], k[2])):
         f, u, t = ferry[k], unchecked.get(k, nan), torch.get(k, nan)
+        sm = shm.get(k, nan)
         ratio = f["busbw_GBps"] / t["busbw_GBps"] if t is not nan else float("nan")
-        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f" % (
+        shm_x = t["time_us"] / sm["time_us"]
+        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f | %9.1f %5.2fx" % (
             k[0], k[1], fmt_bytes(k[2]), f.get("algorithm", "?"),
             f["busbw_GBps"], u["busbw_GBps"],
-            t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"]))
+            t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"],
+            sm["time_us"], shm_x))
     print("(Ferry-nc: Ferry with check_args=false, no per-call argument "
           "exchange, always Gloo's ring; PyTorch's busbw uses the ring formula)")
     print()
@@ -118,6 +129,7 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     for impl, style in (("ferry-gloo", "-o"), ("ferry-gloo-unchecked", ":^"),
+                        ("ferry-shm", "-.D"),
                         ("pytorch-1.13-gloo", "--s")):
         for world in sorted({r["ranks"] for r in results}):
             pts = sorted((r["bytes"], r["busbw_GBps"]) for r in results
@@ -128,7 +140,7 @@ def main():
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("allreduce bus bandwidth (GB/s)")
-    ax.set_title("allreduce SUM float32, processes on one host (loopback TCP)")
+    ax.set_title("allreduce SUM float32, processes on one host (gloo: loopback TCP)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     png = os.path.join(a.out, "allreduce_busbw.png")

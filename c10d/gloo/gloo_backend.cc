@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "c10d/gloo/store_adapter.h"
 #include "c10d/reduce.h"
+#include "common/host_address.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "gloo/allgather.h"
@@ -176,6 +177,14 @@ BackendFactory GlooBackend::Factory() {
                          config.options,
                          level == nullptr ? std::nullopt
                                           : std::optional<std::string>(level)));
+    if (config.options.count("hostname") == 0) {
+      // Across hosts the pairs must listen where peers can reach them: the
+      // same choice as the RPC agent's (common/host_address.h).
+      const char* master = std::getenv("MASTER_ADDR");
+      ASSIGN_OR_RETURN(HostChoice host,
+                       ChooseWorkerHost(master == nullptr ? "" : master));
+      options.hostname = host.host;
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,
                      GlooBackend::Create(config.store, config.rank, config.size,
                                          config.timeout, options));

@@ -93,7 +93,10 @@ namespace ferry {
 namespace c10d {
 
 struct GlooBackendOptions {
-  // Address Gloo's pairs listen on (loopback by default).
+  // Address Gloo's pairs listen on (loopback by default). Through
+  // Factory() without a "hostname" option: ChooseWorkerHost's choice
+  // (common/host_address.h: FERRY_ADVERTISE_ADDR, FERRY_SOCKET_IFNAME, else
+  // the local address routing toward MASTER_ADDR, else loopback).
   std::string hostname = "127.0.0.1";
   // Exchange argument headers before each collective (see above).
   bool check_args = true;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/host_address.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "rpc/grpc/admin.h"
@@ -122,27 +123,37 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
 }
 
 absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
+  const std::string listen = grpc_options_.listen_address.empty()
+                                 ? "127.0.0.1:0"
+                                 : grpc_options_.listen_address;
+  std::string host = grpc_options_.advertise_address;
+  if (host.empty()) host = HostOf(listen);
+  if (IsWildcardHost(host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", name, "' listens on every interface (", listen,
+        ") but has no advertise_address for its peers (InitRpc reads "
+        "FERRY_ADVERTISE_ADDR or FERRY_SOCKET_IFNAME)"));
+  }
   EnableServerPlugins();
   worker_service_ = std::make_unique<grpc_agent::WorkerService>(this);
   admin_service_ = std::make_unique<grpc_agent::AdminService>(this);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(grpc_options_.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
   builder.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
   builder.RegisterService(worker_service_.get());
   builder.RegisterService(admin_service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "worker '", name, "' cannot listen on ", grpc_options_.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("worker '", name, "' cannot listen on ", listen));
   }
   if (auto* health = server_->GetHealthCheckService()) {
     health->SetServingStatus("ferry.rpc.v1.Worker", true);
     health->SetServingStatus("ferry.admin.v1.Admin", true);
   }
-  return absl::StrCat(HostOf(grpc_options_.listen_address), ":", port);
+  return JoinHostPort(host, port);
 }
 
 void GrpcAgent::OpenChannels() {
@@ -285,6 +296,7 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {
       result = *std::move(reply);
+      if (result.ok()) result->id = GlobalId::FromValue(call->id);
     }
   } else {
     absl::Status s = FromGrpcStatus(status);

@@ -42,7 +42,12 @@ struct GrpcAgentOptions : Agent::Options {
   absl::Duration join_timeout = absl::Seconds(300);
   // Largest message sent or received (bytes). gRPC's own ceiling is 2 GiB - 1.
   int max_message_bytes = 0x7fffffff;
-  std::string listen_address = "127.0.0.1:0";
+  // host:port the server binds; empty: 127.0.0.1:0 (InitRpc chooses one:
+  // rpc/grpc/init.h).
+  std::string listen_address;
+  // The host peers use to reach this worker, published through the store.
+  // Empty: the listen host, which must then not be a wildcard (0.0.0.0, ::).
+  std::string advertise_address;
   WireLimits wire_limits;
   // Called once with the new agent before it serves or joins the group:
   // register the handlers and interceptors peers may use as soon as the
@@ -71,7 +76,7 @@ class GrpcAgent final : public Agent {
   absl::Status Shutdown(bool graceful = true,
                         absl::Duration timeout = absl::Seconds(60)) override;
 
-  // The gRPC address this worker serves on ("127.0.0.1:port").
+  // The gRPC address this worker publishes ("advertised-host:port").
   const std::string& address() const { return self().address; }
   const RpcStats& stats() const { return stats_; }
   absl::Time start_time() const { return start_time_; }

@@ -7,7 +7,18 @@
 // from the init method (env:// reads RANK / WORLD_SIZE). For tcp:// and
 // env://, rank 0 hosts the TCPStore server unless FERRY_USE_AGENT_STORE=1
 // (set by ferry_run, whose launcher process hosts the store), in which case
-// every rank is a client.
+// every rank is a client. Under ferry_run's restarts (FERRY_RUN_GENERATION)
+// the agent's keys live in the attempt's namespace and a worker of an older
+// attempt is refused (store/init_method.h, ScopeToLauncherGeneration).
+//
+// Address: when options.listen_address is empty, the worker binds
+// FERRY_LISTEN_ADDR (host or host:port) if set, else the host chosen by
+// ChooseWorkerHost (common/host_address.h: FERRY_ADVERTISE_ADDR, else
+// FERRY_SOCKET_IFNAME's address, else the local address that routes to the
+// store host; 127.0.0.1 on one machine), port 0. It publishes
+// options.advertise_address, else FERRY_ADVERTISE_ADDR, else the chosen host.
+// To bind every interface but publish one address (NAT, containers):
+// FERRY_LISTEN_ADDR=0.0.0.0 FERRY_ADVERTISE_ADDR=<reachable address>.
 //
 // Errors: those of ParseInitMethod / CreateStore / GrpcAgent::Start.
 #ifndef FERRY_RPC_GRPC_INIT_H_

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/util/held_port.h"
@@ -58,6 +59,50 @@ TEST(InitRpc, MalformedInitMethodIsAnError) {
   auto b = InitRpc("w", "tcp://127.0.0.1:notaport", 0, 1);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument)
       << b.status();
+}
+
+// The published address is the advertised host with the bound port; the
+// environment chooses both when the options leave them empty.
+TEST(InitRpc, PublishesTheAdvertisedAddress) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/adv_store");
+  setenv("FERRY_LISTEN_ADDR", "127.0.0.1", 1);
+  setenv("FERRY_ADVERTISE_ADDR", "localhost", 1);
+  auto registry = std::make_shared<FunctionRegistry>();
+  ASSERT_TRUE(registry->Register("one", [] { return int64_t{1}; }).ok());
+  auto agent = InitRpc("w0", "file://" + path, 0, 1, {}, registry);
+  unsetenv("FERRY_LISTEN_ADDR");
+  unsetenv("FERRY_ADVERTISE_ADDR");
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_TRUE(absl::StartsWith((*agent)->address(), "localhost:"))
+      << (*agent)->address();
+  // Peers (here: itself) reach it through the published name.
+  EXPECT_EQ(*(*agent)->rpc_sync<int64_t>("w0", "one"), 1);
+  EXPECT_TRUE((*agent)->Shutdown().ok());
+}
+
+TEST(InitRpc, WildcardListenWithoutAdvertisedAddressIsAnError) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/wild_store");
+  GrpcAgentOptions o;
+  o.listen_address = "0.0.0.0:0";  // Refused before anything binds.
+  auto agent = InitRpc("w0", "file://" + path, 0, 1, o);
+  EXPECT_EQ(agent.status().code(), absl::StatusCode::kInvalidArgument)
+      << agent.status();
+  EXPECT_TRUE(absl::StrContains(agent.status().message(), "worker 'w0'"))
+      << agent.status();
+  EXPECT_TRUE(
+      absl::StrContains(agent.status().message(), "FERRY_ADVERTISE_ADDR"))
+      << agent.status();
+}
+
+TEST(InitRpc, UnknownInterfaceIsAnErrorNamingIt) {
+  std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/if_store");
+  setenv("FERRY_SOCKET_IFNAME", "nosuch0", 1);
+  auto agent = InitRpc("w0", "file://" + path, 0, 1);
+  unsetenv("FERRY_SOCKET_IFNAME");
+  EXPECT_EQ(agent.status().code(), absl::StatusCode::kNotFound)
+      << agent.status();
+  EXPECT_TRUE(absl::StrContains(agent.status().message(), "'nosuch0'"))
+      << agent.status();
 }
 
 }  // namespace

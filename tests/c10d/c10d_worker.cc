@@ -9,6 +9,11 @@
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
 // expect_deadline: joins a group some rank never joins; exits 0 if group
 // creation fails with DeadlineExceeded in time, 1 otherwise.
+// shm_kill (--shm_prefix=/name): a group on the "shm" backend runs 16 MiB
+// all-reduces; the last rank SIGKILLs itself right after issuing its fourth
+// (while its backend's worker runs it). The others exit 0 if an all-reduce
+// fails within the timeout (plus 5 s), 1 otherwise.
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -115,6 +120,25 @@ int RunCollectives(ProcessGroup& pg) {
   return 0;
 }
 
+int RunShmKill(ProcessGroup& pg, absl::Duration timeout) {
+  const int rank = pg.rank();
+  const bool victim = rank == pg.size() - 1;
+  Tensor t = full({int64_t{4} << 20}, 1.0);
+  for (int i = 0; i < 1000; ++i) {
+    std::shared_ptr<Work> w = pg.Allreduce(t);
+    if (victim && i == 3) std::raise(SIGKILL);
+    absl::Time start = absl::Now();
+    absl::Status s = w->Wait(timeout + absl::Seconds(30));
+    absl::Duration took = absl::Now() - start;
+    if (s.ok()) continue;
+    std::fprintf(stderr, "rank %d: all-reduce %d failed after %s: %s\n", rank,
+                 i, absl::FormatDuration(took).c_str(), s.ToString().c_str());
+    return !victim && took < timeout + absl::Seconds(5) ? 0 : 1;
+  }
+  std::fprintf(stderr, "rank %d: every all-reduce succeeded\n", rank);
+  return 1;
+}
+
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags;
   for (int i = 1; i < argc; ++i) {
@@ -137,6 +161,10 @@ int Main(int argc, char** argv) {
     if (!absl::SimpleAtoi(flags["timeout_ms"], &timeout_ms)) return 2;
   }
   InitProcessGroupOptions o;
+  if (flags["mode"] == "shm_kill") {
+    o.group.backend = "shm";
+    o.group.backend_options["shm_name_prefix"] = flags["shm_prefix"];
+  }
   o.rank = rank;
   o.world_size = world;
   o.group.timeout = absl::Milliseconds(timeout_ms);
@@ -172,6 +200,9 @@ int Main(int argc, char** argv) {
   if (!pg.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, pg.status().ToString().c_str());
     return 1;
+  }
+  if (flags["mode"] == "shm_kill") {
+    return RunShmKill(**pg, absl::Milliseconds(timeout_ms));
   }
   return RunCollectives(**pg);
 }

@@ -2,6 +2,7 @@
 // (file:// init method) or a TCPStore served by this test, run every
 // collective on gloo and check the results; a rank that never starts makes
 // the others fail with DeadlineExceeded instead of hanging.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -137,6 +138,48 @@ TEST(C10dMultiProcessTest, RankThatNeverStartsGivesDeadlineExceeded) {
             "--mode=expect_deadline"};
       },
       /*skip_rank=*/2);
+  std::remove(path.c_str());
+}
+
+// /dev/shm entries whose names start with `prefix`.
+std::vector<std::string> ShmSegments(const std::string& prefix) {
+  std::vector<std::string> out;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  while (dirent* e = ::readdir(dir)) {
+    if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+  }
+  ::closedir(dir);
+  return out;
+}
+
+// A rank SIGKILLed during a shared-memory all-reduce: the others fail within
+// the timeout (not hang), and no segment is left in /dev/shm.
+TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
+  const std::string prefix = absl::StrCat("ferry-c10d-kill-", ::getpid());
+  const std::string path = FreshPath("c10d_shm_kill");
+  const int world = 3;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers;
+  for (int r = 0; r < world; ++r) {
+    auto child = testutil::Subprocess::Spawn(
+        {g_worker, absl::StrCat("--init_method=file://", path),
+         "--mode=shm_kill", absl::StrCat("--shm_prefix=/", prefix),
+         "--timeout_ms=5000", absl::StrCat("--rank=", r),
+         absl::StrCat("--world_size=", world)});
+    ASSERT_TRUE(child.ok()) << child.status();
+    workers.push_back(*std::move(child));
+  }
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  for (int r = 0; r < world; ++r) {
+    absl::StatusOr<int> code = workers[r]->Wait(deadline);
+    if (r == world - 1) {
+      EXPECT_EQ(code.status().code(), absl::StatusCode::kAborted)
+          << "the victim should die of SIGKILL: " << code.status();
+    } else {
+      EXPECT_EQ(code.value_or(-1), 0) << "rank " << r << ": " << code.status();
+    }
+  }
+  EXPECT_TRUE(ShmSegments(prefix).empty());
   std::remove(path.c_str());
 }
 

@@ -174,6 +174,22 @@ std::string Subprocess::ReadAll(absl::Time deadline) {
   return ReadUntil(deadline, [](const std::string&) { return false; });
 }
 
+absl::Status Subprocess::WriteStdin(absl::string_view text) {
+  if (stdin_ < 0) {
+    return absl::FailedPreconditionError("the child has no stdin pipe");
+  }
+  while (!text.empty()) {
+    ssize_t n = ::write(stdin_, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("writing to the child's stdin: ", std::strerror(errno)));
+    }
+    text.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
 void Subprocess::CloseStdin() { CloseFd(&stdin_); }
 
 std::pair<int, std::string> RunCommand(std::vector<std::string> argv,

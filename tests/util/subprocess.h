@@ -89,6 +89,10 @@ class Subprocess {
   // Everything until EOF or the deadline.
   std::string ReadAll(absl::Time deadline);
 
+  // Writes `text` to the child's stdin pipe (PipeStdin). FailedPrecondition
+  // without one; Unavailable when the child has closed it.
+  absl::Status WriteStdin(absl::string_view text);
+
   // Closes the child's stdin pipe (EOF for the child). Idempotent.
   void CloseStdin();
 

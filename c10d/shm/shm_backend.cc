@@ -1,0 +1,881 @@
+#include "c10d/shm/shm_backend.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "c10d/gloo/gloo_backend.h"
+#include "c10d/reduce.h"
+#include "common/executor.h"
+#include "common/status.h"
+#include "store/prefix_store.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+constexpr uint64_t kMagic = 0x4665727279534D31;  // "FerrySM1"
+constexpr size_t kHeaderBytes = 512;
+constexpr absl::Duration kLivenessPeriod = absl::Milliseconds(50);
+
+struct SegmentHeader {
+  uint64_t magic;
+  int64_t size;
+  uint64_t slot_bytes;
+  uint32_t attached;
+  // 0, or (status code << 16) | (1 + the rank that gave up first).
+  uint32_t failed;
+};
+static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
+
+struct alignas(64) RankCtl {
+  uint64_t arrived;  // Barriers this rank has reached.
+  int64_t pid;
+  ShmBackend::Signature sig[2];  // One per buffer set.
+};
+
+template <typename T>
+std::atomic_ref<T> Atomic(T& v) {
+  return std::atomic_ref<T>(v);
+}
+
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+std::string ErrnoText(absl::string_view what, const std::string& name) {
+  return absl::StrCat(what, " ", name, ": ", std::strerror(errno));
+}
+
+// Identity of this host's shared-memory namespace: ranks that print the same
+// one can open each other's segments.
+std::string HostIdentity() {
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  struct stat st {};
+  if (::stat("/dev/shm", &st) != 0) return "";
+  return absl::StrCat(boot, "/", st.st_dev, ":", st.st_ino);
+}
+
+// False once `pid` has exited, also while it is an unreaped zombie (a
+// launcher may reap its children late).
+bool ProcessAlive(int64_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat;
+  if (!std::getline(in, stat)) return false;
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string SignatureText(const ShmBackend::Signature& s) {
+  if (s.valid == 0) return "invalid arguments";
+  std::string out(OpTypeName(static_cast<OpType>(s.op)));
+  if (s.dtype >= 0) {
+    absl::StrAppend(&out, " ", DTypeName(static_cast<DType>(s.dtype)), " x ",
+                    s.count);
+  }
+  if (s.reduce_op >= 0) {
+    absl::StrAppend(&out, " ",
+                    ReduceOpName(static_cast<ReduceOp>(s.reduce_op)));
+  }
+  if (s.root >= 0) absl::StrAppend(&out, " root ", s.root);
+  return absl::StrCat(out, " (call #", s.seq, ")");
+}
+
+bool Matches(const ShmBackend::Signature& a, const ShmBackend::Signature& b) {
+  return a.op == b.op && a.dtype == b.dtype && a.count == b.count &&
+         a.root == b.root && a.reduce_op == b.reduce_op && a.seq == b.seq &&
+         a.valid == b.valid;
+}
+
+}  // namespace
+
+// The mapped segment (see the layout in shm_backend.h).
+struct ShmBackend::Segment {
+  char* base = nullptr;
+  size_t bytes = 0;
+  int size = 0;
+  size_t slot_bytes = 0;
+  size_t data_offset = 0;
+
+  ~Segment() {
+    if (base != nullptr) ::munmap(base, bytes);
+  }
+  SegmentHeader& header() { return *reinterpret_cast<SegmentHeader*>(base); }
+  RankCtl& ctl(int r) {
+    return reinterpret_cast<RankCtl*>(base + kHeaderBytes)[r];
+  }
+  char* slot(uint64_t set, int r) {
+    return base + data_offset +
+           (set * static_cast<size_t>(size) + r) * slot_bytes;
+  }
+  static size_t Layout(int size, size_t slot_bytes, size_t* data_offset) {
+    *data_offset = RoundUp(kHeaderBytes + sizeof(RankCtl) * size, 4096);
+    return *data_offset + 2 * static_cast<size_t>(size) * slot_bytes;
+  }
+};
+
+struct ShmBackend::Op {
+  OpType type;
+  Signature sig;
+  absl::Status local;
+  absl::Duration timeout;
+  std::shared_ptr<Work> work;
+  absl::AnyInvocable<absl::Status(Round&)> run;
+};
+
+// One operation's view of the rounds it runs (worker thread only).
+class ShmBackend::Round {
+ public:
+  Round(ShmBackend* b, Op* op)
+      : b_(b),
+        seg_(b->segment_.get()),
+        op_(op),
+        deadline_(absl::Now() + op->timeout) {}
+
+  // This rank's slot, and rank r's, in the current round's buffer set.
+  char* mine() { return seg_->slot(b_->rounds_ % 2, b_->rank()); }
+  char* slot(int r) { return seg_->slot(b_->rounds_ % 2, r); }
+  size_t slot_bytes() const { return seg_->slot_bytes; }
+
+  // Ends this round's writes: on the operation's first round publishes the
+  // signature, then arrives and waits for every rank; on the first round
+  // compares every rank's signature before anything is read.
+  absl::Status Arrive() {
+    RankCtl& me = seg_->ctl(b_->rank());
+    const uint64_t set = b_->rounds_ % 2;
+    if (first_) me.sig[set] = op_->sig;
+    RETURN_IF_ERROR(Barrier());
+    if (!first_) return absl::OkStatus();
+    first_ = false;
+    return CheckSignatures(set);
+  }
+  // A barrier inside the round (no signature).
+  absl::Status Barrier() {
+    const uint64_t target = ++b_->arrivals_;
+    Atomic(seg_->ctl(b_->rank()).arrived)
+        .store(target, std::memory_order_release);
+    return WaitAll(target);
+  }
+  // Moves to the next round (the other buffer set).
+  void Next() { ++b_->rounds_; }
+
+ private:
+  absl::Status CheckSignatures(uint64_t set) {
+    std::vector<std::string> invalid;
+    for (int r = 0; r < b_->size(); ++r) {
+      if (seg_->ctl(r).sig[set].valid == 0) invalid.push_back(absl::StrCat(r));
+    }
+    if (!invalid.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank(s) ", absl::StrJoin(invalid, ", "),
+                       " passed invalid arguments to this call (see their "
+                       "errors)"));
+    }
+    for (int r = 0; r < b_->size(); ++r) {
+      const Signature& other = seg_->ctl(r).sig[set];
+      if (!Matches(other, op_->sig)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("arguments differ between ranks: rank ", b_->rank(),
+                         " called ", SignatureText(op_->sig), ", rank ", r,
+                         " called ", SignatureText(other)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status WaitAll(uint64_t target) {
+    const int n = b_->size();
+    const absl::Time start = absl::Now();
+    absl::Time next_check = start + kLivenessPeriod;
+    for (int spin = 0;; ++spin) {
+      int late = -1;
+      for (int r = 0; r < n && late < 0; ++r) {
+        if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
+            target) {
+          late = r;
+        }
+      }
+      if (late < 0) return absl::OkStatus();
+      const uint32_t failed =
+          Atomic(seg_->header().failed).load(std::memory_order_acquire);
+      if (failed != 0) {
+        // Fail as the first rank did (same code), naming it.
+        return absl::Status(
+            static_cast<absl::StatusCode>(failed >> 16),
+            absl::StrCat("rank ", (failed & 0xFFFF) - 1,
+                         " saw a rank of this group exit (see its error)"));
+      }
+      if (spin < 64) continue;
+      const absl::Time now = absl::Now();
+      if (now >= deadline_) return GiveUp(target, /*dead=*/-1);
+      if (now >= next_check) {
+        next_check = now + kLivenessPeriod;
+        for (int r = 0; r < n; ++r) {
+          const int64_t pid = seg_->ctl(r).pid;
+          if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
+                  target &&
+              !ProcessAlive(pid)) {
+            return GiveUp(target, r);
+          }
+        }
+      }
+      // Yield while the wait is short; then stop burning the core.
+      if (now - start < absl::Milliseconds(2)) {
+        ::sched_yield();
+      } else {
+        absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+  }
+
+  absl::Status GiveUp(uint64_t target, int dead) {
+    if (dead >= 0) {
+      // A dead rank never arrives: tell the others at once. (A timeout is
+      // not shared: each rank's own timeout bounds its wait.)
+      uint32_t expected = 0;
+      Atomic(seg_->header().failed)
+          .compare_exchange_strong(
+              expected,
+              (static_cast<uint32_t>(absl::StatusCode::kUnavailable) << 16) |
+                  static_cast<uint32_t>(b_->rank() + 1));
+      return absl::UnavailableError(
+          absl::StrCat("rank ", dead, " (pid ", seg_->ctl(dead).pid,
+                       ") exited during the operation"));
+    }
+    std::vector<int> late;
+    for (int r = 0; r < b_->size(); ++r) {
+      if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
+          target) {
+        late.push_back(r);
+      }
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank(s) ", absl::StrJoin(late, ", "), " did not arrive within ",
+        absl::FormatDuration(op_->timeout)));
+  }
+
+  ShmBackend* b_;
+  Segment* seg_;
+  Op* op_;
+  absl::Time deadline_;
+  bool first_ = true;
+};
+
+absl::StatusOr<ShmBackendOptions> ShmBackendOptions::FromMap(
+    const std::map<std::string, std::string>& options) {
+  ShmBackendOptions out;
+  if (auto it = options.find("shm_slot_bytes"); it != options.end()) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(it->second, &v) || v < 4096 ||
+        v > (int64_t{1} << 30)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm option shm_slot_bytes: '", it->second,
+                       "' is not in [4096, 2^30]"));
+    }
+    out.slot_bytes = static_cast<size_t>(v);
+  }
+  if (auto it = options.find("shm_name_prefix"); it != options.end()) {
+    if (it->second.empty() || it->second[0] != '/' ||
+        it->second.find('/', 1) != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shm option shm_name_prefix: '", it->second,
+                       "' must start with '/' and contain no other '/'"));
+    }
+    out.name_prefix = it->second;
+  }
+  return out;
+}
+
+namespace {
+
+// Every rank's host identity; FailedPrecondition unless they are all equal.
+absl::Status CheckSameHost(Store& store, int rank, int size,
+                           absl::Duration timeout) {
+  const std::string mine = HostIdentity();
+  RETURN_IF_ERROR(store.Set(absl::StrCat("host/", rank), mine));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("host/", r));
+  RETURN_IF_ERROR(store.Wait(keys, timeout));
+  for (int r = 0; r < size; ++r) {
+    ASSIGN_OR_RETURN(std::string other, store.Get(keys[r]));
+    if (mine.empty() || other != mine) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shm: rank ", r,
+                       " is not on the host (shared-memory namespace) of "
+                       "rank ",
+                       rank));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Creates (rank 0) or opens the named segment and maps it.
+absl::Status MapSegment(const std::string& name, bool create, size_t bytes,
+                        char** base) {
+  int fd = create ? ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                  : ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return absl::UnavailableError(ErrnoText("shm_open", name));
+  struct stat st {};
+  absl::Status status;
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    status = absl::UnavailableError(ErrnoText("ftruncate", name));
+  } else if (::fstat(fd, &st) != 0 ||
+             static_cast<size_t>(st.st_size) != bytes) {
+    status = absl::InternalError(absl::StrCat(
+        "shm segment ", name, " has ", st.st_size, " bytes, expected ", bytes));
+  } else {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      status = absl::UnavailableError(ErrnoText("mmap", name));
+    } else {
+      *base = static_cast<char*>(p);
+    }
+  }
+  ::close(fd);
+  if (!status.ok() && create) ::shm_unlink(name.c_str());
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmBackend>> ShmBackend::Create(
+    std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout,
+    ShmBackendOptions options, std::unique_ptr<Backend> fallback) {
+  if (store == nullptr || size < 1 || rank < 0 || rank >= size ||
+      timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ShmBackend::Create: needs a store, rank in [0, size) and a positive "
+        "timeout (rank ",
+        rank, ", size ", size, ")"));
+  }
+  if (fallback != nullptr &&
+      (fallback->rank() != rank || fallback->size() != size)) {
+    return absl::InvalidArgumentError(
+        "ShmBackend::Create: the fallback's rank/size differ");
+  }
+  options.slot_bytes = std::max<size_t>(RoundUp(options.slot_bytes, 64), 64);
+  const std::string where =
+      absl::StrCat("shm rendezvous of rank ", rank, " of ", size, " through ",
+                   store->Describe());
+  RETURN_IF_ERROR(Annotate(CheckSameHost(*store, rank, size, timeout), where));
+  auto seg = std::make_unique<Segment>();
+  seg->size = size;
+  seg->slot_bytes = options.slot_bytes;
+  seg->bytes = Segment::Layout(size, options.slot_bytes, &seg->data_offset);
+  std::string name;
+  if (rank == 0) {
+    std::random_device rd;
+    name = absl::StrCat(options.name_prefix, "-", ::getpid(), "-",
+                        absl::Hex(uint64_t{rd()} << 32 | rd()));
+    RETURN_IF_ERROR(
+        Annotate(MapSegment(name, true, seg->bytes, &seg->base), where));
+    SegmentHeader& h = seg->header();
+    h.size = size;
+    h.slot_bytes = options.slot_bytes;
+    Atomic(h.magic).store(kMagic, std::memory_order_release);
+    absl::Status published = store->Set("segment", name);
+    if (!published.ok()) {
+      ::shm_unlink(name.c_str());
+      return Annotate(published, where);
+    }
+  } else {
+    absl::Status waited = store->Wait({std::string("segment")}, timeout);
+    if (!waited.ok()) return Annotate(waited, where);
+    absl::StatusOr<std::string> published = store->Get("segment");
+    if (!published.ok()) return Annotate(published.status(), where);
+    name = *published;
+    RETURN_IF_ERROR(
+        Annotate(MapSegment(name, false, seg->bytes, &seg->base), where));
+    SegmentHeader& h = seg->header();
+    if (Atomic(h.magic).load(std::memory_order_acquire) != kMagic ||
+        h.size != size || h.slot_bytes != options.slot_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": segment ", name, " was made for ", h.size, " ranks x ",
+          h.slot_bytes, " bytes (options must match on every rank)"));
+    }
+  }
+  seg->ctl(rank).pid = ::getpid();
+  const uint32_t attached =
+      Atomic(seg->header().attached).fetch_add(1, std::memory_order_acq_rel) +
+      1;
+  if (attached == static_cast<uint32_t>(size)) ::shm_unlink(name.c_str());
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Atomic(seg->header().attached).load(std::memory_order_acquire) <
+         static_cast<uint32_t>(size)) {
+    if (absl::Now() >= deadline) {
+      ::shm_unlink(name.c_str());  // Nobody else will.
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": not every rank attached to the segment within ",
+          absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  return std::unique_ptr<ShmBackend>(
+      new ShmBackend(rank, size, timeout, std::move(options), std::move(seg),
+                     std::move(name), std::move(fallback)));
+}
+
+ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
+                       ShmBackendOptions options,
+                       std::unique_ptr<Segment> segment,
+                       std::string segment_name,
+                       std::unique_ptr<Backend> fallback)
+    : Backend("shm", rank, size, timeout),
+      options_(std::move(options)),
+      segment_(std::move(segment)),
+      segment_name_(std::move(segment_name)),
+      fallback_(std::move(fallback)) {
+  ThreadPoolExecutor::Options o;
+  o.name = absl::StrCat("shm-rank", rank);
+  o.num_threads = 1;  // One at a time, in issue order.
+  o.max_queue = size_t{1} << 20;
+  runner_ = std::make_unique<ThreadPoolExecutor>(o);
+}
+
+ShmBackend::~ShmBackend() {
+  // Queued operations complete with Cancelled; the running one finishes
+  // (bounded by its timeout).
+  runner_->Shutdown(ThreadPoolExecutor::ShutdownMode::kCancelPending)
+      .IgnoreError();
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeGloo(const BackendConfig& c) {
+  std::map<std::string, std::string> rest;
+  for (const auto& [k, v] : c.options) {
+    if (k != "shm" && k.rfind("shm_", 0) != 0) rest[k] = v;
+  }
+  BackendConfig gloo = c;
+  gloo.options = std::move(rest);
+  return GlooBackend::Factory()(gloo);
+}
+
+absl::StatusOr<std::unique_ptr<ShmBackend>> MakeShm(
+    const BackendConfig& c, std::unique_ptr<Backend> fallback) {
+  ASSIGN_OR_RETURN(ShmBackendOptions o, ShmBackendOptions::FromMap(c.options));
+  return ShmBackend::Create(std::make_shared<PrefixStore>("shm", c.store),
+                            c.rank, c.size, c.timeout, std::move(o),
+                            std::move(fallback));
+}
+
+}  // namespace
+
+BackendFactory ShmBackend::Factory() {
+  return
+      [](const BackendConfig& c) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        ASSIGN_OR_RETURN(std::unique_ptr<Backend> gloo, MakeGloo(c));
+        ASSIGN_OR_RETURN(std::unique_ptr<ShmBackend> shm,
+                         MakeShm(c, std::move(gloo)));
+        return std::unique_ptr<Backend>(std::move(shm));
+      };
+}
+
+BackendFactory ShmBackend::AutoFactory() {
+  return
+      [](const BackendConfig& c) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        bool use_shm = true;
+        if (auto it = c.options.find("shm"); it != c.options.end()) {
+          if (!absl::SimpleAtob(it->second, &use_shm)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "option shm: '", it->second, "' is not a boolean"));
+          }
+        } else if (const char* env = std::getenv("FERRY_C10D_SHM");
+                   env != nullptr && std::string(env) == "0") {
+          use_shm = false;
+        }
+        if (!use_shm || c.size < 2) return MakeGloo(c);
+        // Decide before gloo's rendezvous (it cannot run twice on one store);
+        // every rank reads the same identities, so all decide alike.
+        auto shm_store = std::make_shared<PrefixStore>("shm", c.store);
+        absl::Status same =
+            CheckSameHost(*shm_store, c.rank, c.size, c.timeout);
+        if (absl::IsFailedPrecondition(same)) return MakeGloo(c);
+        RETURN_IF_ERROR(same);
+        ASSIGN_OR_RETURN(std::unique_ptr<Backend> gloo, MakeGloo(c));
+        ASSIGN_OR_RETURN(std::unique_ptr<ShmBackend> shm,
+                         MakeShm(c, std::move(gloo)));
+        return std::unique_ptr<Backend>(std::move(shm));
+      };
+}
+
+// --- Queue -------------------------------------------------------------------
+
+std::shared_ptr<Work> ShmBackend::Enqueue(
+    OpType type, Signature sig, absl::Status local,
+    const std::optional<absl::Duration>& timeout,
+    absl::AnyInvocable<absl::Status(Round&)> run) {
+  auto op = std::make_shared<Op>();
+  sig.op = static_cast<int64_t>(type);
+  sig.valid = local.ok() ? 1 : 0;
+  op->type = type;
+  op->local = CopyStatus(local);
+  op->timeout = TimeoutOr(timeout);
+  op->run = std::move(run);
+  // Sequence numbers and queue order must agree: both under mu_.
+  MutexLock lock(&mu_);
+  sig.seq = next_seq_++;
+  op->sig = sig;
+  op->work =
+      std::make_shared<Work>(absl::StrCat(Describe(type), " #", sig.seq));
+  std::shared_ptr<Work> work = op->work;
+  absl::Status submitted =
+      runner_->Submit([this, op] { Execute(*op); },
+                      [op](const absl::Status&) {
+                        op->work->Complete(absl::CancelledError(absl::StrCat(
+                            op->work->description(),
+                            ": the backend was destroyed before it ran")));
+                      });
+  if (!submitted.ok()) work->Complete(Annotate(submitted, work->description()));
+  return work;
+}
+
+void ShmBackend::Execute(Op& op) {
+  absl::Status broken;
+  {
+    MutexLock lock(&mu_);
+    broken = broken_;
+  }
+  absl::Status status;
+  if (!broken.ok()) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat(op.work->description(),
+                     ": the shm backend is unusable after an earlier failure (",
+                     broken.message(), "); create a new process group"));
+  } else {
+    status = Annotate(RunOp(op), op.work->description());
+    if (!status.ok() && !absl::IsInvalidArgument(status)) {
+      MutexLock lock(&mu_);
+      if (broken_.ok()) broken_ = CopyStatus(status);
+    }
+  }
+  op.work->Complete(std::move(status));
+}
+
+absl::Status ShmBackend::RunOp(Op& op) {
+  Round round(this, &op);
+  if (!op.local.ok()) {
+    // Still take part in the first round, so the others learn of it.
+    absl::Status arrived = round.Arrive();
+    round.Next();
+    if (!arrived.ok() && !absl::IsInvalidArgument(arrived)) return arrived;
+    return op.local;
+  }
+  return op.run(round);
+}
+
+ArgChecks ShmBackend::Checks() const {
+  return ArgChecks("shm", DeviceType::kCPU, rank(), size());
+}
+
+// --- Collectives -------------------------------------------------------------
+
+namespace {
+
+ShmBackend::Signature TensorSignature(const Tensor& t) {
+  ShmBackend::Signature s;
+  if (t.defined()) {
+    s.dtype = static_cast<int64_t>(t.dtype());
+    s.count = t.numel();
+  }
+  return s;
+}
+
+// Pieces of `total` units, at most `cap` each; at least one (possibly empty)
+// piece so the signature round always runs.
+template <typename Fn>
+absl::Status ForEachPiece(int64_t total, int64_t cap, Fn fn) {
+  int64_t off = 0;
+  do {
+    const int64_t len = std::min(cap, total - off);
+    RETURN_IF_ERROR(fn(off, len));
+    off += len;
+  } while (off < total);
+  return absl::OkStatus();
+}
+
+void Copy(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
+                                            const AllreduceOptions& options) {
+  constexpr OpType kOp = OpType::kAllreduce;
+  absl::Status local = Checks().One(kOp, tensor, "tensor");
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
+  if (local.ok()) {
+    fn = GetReduceFn(tensor.dtype(), options.op);
+    if (!fn.ok()) local = fn.status();
+  }
+  Signature sig = TensorSignature(tensor);
+  sig.reduce_op = static_cast<int64_t>(options.op);
+  const ReduceOp rop = options.op;
+  return Enqueue(
+      kOp, sig, local, options.timeout,
+      [this, tensor, rop,
+       fn = fn.value_or(nullptr)](Round& round) mutable -> absl::Status {
+        const int n = size();
+        const size_t isz = tensor.itemsize();
+        char* data = static_cast<char*>(tensor.data_ptr());
+        const int64_t cap = static_cast<int64_t>(round.slot_bytes() / isz);
+        RETURN_IF_ERROR(ForEachPiece(
+            tensor.numel(), cap, [&](int64_t off, int64_t len) -> absl::Status {
+              Copy(round.mine(), data + off * isz, len * isz);
+              absl::Status s = round.Arrive();
+              if (!s.ok()) {
+                round.Next();
+                return s;
+              }
+              // Range `rank` of this piece, reduced in place in rank 0's
+              // slot, over every slot in rank order.
+              const int64_t lo = len * rank() / n;
+              const int64_t hi = len * (rank() + 1) / n;
+              if (hi > lo && n > 1) {
+                char* dst = round.slot(0) + lo * isz;
+                for (int r = 1; r < n; ++r) {
+                  fn(dst, dst, round.slot(r) + lo * isz,
+                     static_cast<size_t>(hi - lo));
+                }
+              }
+              s = round.Barrier();
+              if (s.ok()) Copy(data + off * isz, round.slot(0), len * isz);
+              round.Next();
+              return s;
+            }));
+        if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> ShmBackend::Broadcast(Tensor tensor,
+                                            const BroadcastOptions& options) {
+  constexpr OpType kOp = OpType::kBroadcast;
+  absl::Status local = Checks().Rooted(kOp, tensor, "tensor", options.root);
+  Signature sig = TensorSignature(tensor);
+  sig.root = options.root;
+  const int root = options.root;
+  return Enqueue(kOp, sig, local, options.timeout,
+                 [this, tensor, root](Round& round) -> absl::Status {
+                   char* data = static_cast<char*>(tensor.data_ptr());
+                   const bool is_root = rank() == root;
+                   return ForEachPiece(
+                       static_cast<int64_t>(tensor.nbytes()),
+                       static_cast<int64_t>(round.slot_bytes()),
+                       [&](int64_t off, int64_t len) -> absl::Status {
+                         if (is_root) Copy(round.mine(), data + off, len);
+                         absl::Status s = round.Arrive();
+                         if (s.ok() && !is_root)
+                           Copy(data + off, round.slot(root), len);
+                         round.Next();
+                         return s;
+                       });
+                 });
+}
+
+std::shared_ptr<Work> ShmBackend::Allgather(std::vector<Tensor> outputs,
+                                            Tensor input,
+                                            const AllgatherOptions& options) {
+  absl::Status local =
+      Checks().WithList(OpType::kAllgather, input, "input", outputs, "outputs");
+  return EnqueueAllgather(OpType::kAllgather, std::move(outputs), Tensor(),
+                          std::move(input), local, options);
+}
+
+std::shared_ptr<Work> ShmBackend::AllgatherIntoTensor(
+    Tensor output, Tensor input, const AllgatherOptions& options) {
+  constexpr OpType kOp = OpType::kAllgatherIntoTensor;
+  absl::Status local = Checks().Flat(kOp, output, "output", input, "input");
+  return EnqueueAllgather(kOp, {}, std::move(output), std::move(input), local,
+                          options);
+}
+
+std::shared_ptr<Work> ShmBackend::EnqueueAllgather(
+    OpType op, std::vector<Tensor> outs, Tensor flat_out, Tensor input,
+    absl::Status local, const AllgatherOptions& options) {
+  return Enqueue(
+      op, TensorSignature(input), local, options.timeout,
+      [this, outs = std::move(outs), flat_out,
+       input](Round& round) -> absl::Status {
+        const size_t nbytes = input.nbytes();
+        const char* in = static_cast<const char*>(input.data_ptr());
+        auto dest = [&](int r) -> char* {
+          return outs.empty()
+                     ? static_cast<char*>(flat_out.data_ptr()) + r * nbytes
+                     : static_cast<char*>(outs[r].data_ptr());
+        };
+        return ForEachPiece(static_cast<int64_t>(nbytes),
+                            static_cast<int64_t>(round.slot_bytes()),
+                            [&](int64_t off, int64_t len) -> absl::Status {
+                              Copy(round.mine(), in + off, len);
+                              absl::Status s = round.Arrive();
+                              if (s.ok()) {
+                                for (int r = 0; r < size(); ++r) {
+                                  Copy(dest(r) + off, round.slot(r), len);
+                                }
+                              }
+                              round.Next();
+                              return s;
+                            });
+      });
+}
+
+std::shared_ptr<Work> ShmBackend::ReduceScatter(
+    Tensor output, std::vector<Tensor> inputs,
+    const ReduceScatterOptions& options) {
+  absl::Status local = Checks().WithList(OpType::kReduceScatter, output,
+                                         "output", inputs, "inputs");
+  return EnqueueReduceScatter(OpType::kReduceScatter, std::move(output),
+                              std::move(inputs), local, options);
+}
+
+std::shared_ptr<Work> ShmBackend::ReduceScatterTensor(
+    Tensor output, Tensor input, const ReduceScatterOptions& options) {
+  constexpr OpType kOp = OpType::kReduceScatterTensor;
+  absl::Status local = Checks().Flat(kOp, input, "input", output, "output");
+  return EnqueueReduceScatter(kOp, std::move(output), {std::move(input)}, local,
+                              options);
+}
+
+std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
+    OpType op, Tensor output, std::vector<Tensor> inputs, absl::Status local,
+    const ReduceScatterOptions& options) {
+  absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
+  if (local.ok()) {
+    fn = GetReduceFn(output.dtype(), options.op);
+    if (!fn.ok()) local = fn.status();
+  }
+  Signature sig = TensorSignature(output);
+  sig.reduce_op = static_cast<int64_t>(options.op);
+  const ReduceOp rop = options.op;
+  return Enqueue(
+      op, sig, local, options.timeout,
+      [this, output, inputs = std::move(inputs), rop,
+       fn = fn.value_or(nullptr)](Round& round) mutable -> absl::Status {
+        const int n = size();
+        const size_t isz = output.itemsize();
+        const int64_t numel = output.numel();
+        // One input per destination (list form) or one flat input.
+        auto src = [&](int d) -> const char* {
+          return inputs.size() == 1 && n > 1
+                     ? static_cast<const char*>(inputs[0].data_ptr()) +
+                           d * numel * isz
+                     : static_cast<const char*>(inputs[d].data_ptr());
+        };
+        char* out = static_cast<char*>(output.data_ptr());
+        const int64_t cap =
+            std::max<int64_t>(1, round.slot_bytes() / (isz * n));
+        RETURN_IF_ERROR(ForEachPiece(
+            numel, cap, [&](int64_t off, int64_t len) -> absl::Status {
+              for (int d = 0; d < n; ++d) {
+                Copy(round.mine() + d * len * isz, src(d) + off * isz,
+                     len * isz);
+              }
+              absl::Status s = round.Arrive();
+              if (s.ok() && len > 0) {
+                char* dst = out + off * isz;
+                const size_t mine = rank() * len * isz;
+                Copy(dst, round.slot(0) + mine, len * isz);
+                for (int r = 1; r < n; ++r) {
+                  fn(dst, dst, round.slot(r) + mine, static_cast<size_t>(len));
+                }
+              }
+              round.Next();
+              return s;
+            }));
+        if (rop == ReduceOp::kAvg) FinishAverage(output, n);
+        return absl::OkStatus();
+      });
+}
+
+std::shared_ptr<Work> ShmBackend::Barrier(const BarrierOptions& options) {
+  return Enqueue(OpType::kBarrier, Signature{}, absl::OkStatus(),
+                 options.timeout, [](Round& round) -> absl::Status {
+                   absl::Status s = round.Arrive();
+                   round.Next();
+                   return s;
+                 });
+}
+
+// --- Forwarded to the fallback ----------------------------------------------
+
+std::shared_ptr<Work> ShmBackend::Forward(
+    OpType op, absl::AnyInvocable<std::shared_ptr<Work>(Backend&)> call) {
+  if (fallback_ == nullptr) return Unimplemented(op);
+  return call(*fallback_);
+}
+
+std::shared_ptr<Work> ShmBackend::Reduce(Tensor t, const ReduceOptions& o) {
+  return Forward(OpType::kReduce,
+                 [&](Backend& b) { return b.Reduce(std::move(t), o); });
+}
+std::shared_ptr<Work> ShmBackend::Gather(std::vector<Tensor> outs, Tensor in,
+                                         const GatherOptions& o) {
+  return Forward(OpType::kGather, [&](Backend& b) {
+    return b.Gather(std::move(outs), std::move(in), o);
+  });
+}
+std::shared_ptr<Work> ShmBackend::Scatter(Tensor out, std::vector<Tensor> ins,
+                                          const ScatterOptions& o) {
+  return Forward(OpType::kScatter, [&](Backend& b) {
+    return b.Scatter(std::move(out), std::move(ins), o);
+  });
+}
+std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outs,
+                                           std::vector<Tensor> ins,
+                                           const AlltoallOptions& o) {
+  return Forward(OpType::kAlltoall, [&](Backend& b) {
+    return b.Alltoall(std::move(outs), std::move(ins), o);
+  });
+}
+std::shared_ptr<Work> ShmBackend::Send(Tensor t, int dst,
+                                       const SendOptions& o) {
+  return Forward(OpType::kSend,
+                 [&](Backend& b) { return b.Send(std::move(t), dst, o); });
+}
+std::shared_ptr<Work> ShmBackend::Recv(Tensor t, int src,
+                                       const RecvOptions& o) {
+  return Forward(OpType::kRecv,
+                 [&](Backend& b) { return b.Recv(std::move(t), src, o); });
+}
+std::shared_ptr<Work> ShmBackend::AlltoallSingle(
+    Tensor out, Tensor in, const AlltoallSingleOptions& o) {
+  return Forward(OpType::kAlltoallSingle, [&](Backend& b) {
+    return b.AlltoallSingle(std::move(out), std::move(in), o);
+  });
+}
+std::shared_ptr<Work> ShmBackend::RecvAnysource(Tensor t,
+                                                const RecvOptions& o) {
+  return Forward(OpType::kRecvAnysource,
+                 [&](Backend& b) { return b.RecvAnysource(std::move(t), o); });
+}
+std::vector<std::shared_ptr<Work>> ShmBackend::BatchIsendIrecv(
+    std::vector<P2POp> ops) {
+  if (fallback_ != nullptr) return fallback_->BatchIsendIrecv(std::move(ops));
+  return Backend::BatchIsendIrecv(std::move(ops));
+}
+absl::Status ShmBackend::MonitoredBarrier(const MonitoredBarrierOptions& o) {
+  if (fallback_ != nullptr) return fallback_->MonitoredBarrier(o);
+  return Backend::MonitoredBarrier(o);
+}
+
+}  // namespace c10d
+}  // namespace ferry

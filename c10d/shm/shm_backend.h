@@ -1,0 +1,201 @@
+// ShmBackend: same-host collectives through one shared-memory segment.
+//
+// Allreduce, Broadcast, Allgather, AllgatherIntoTensor, ReduceScatter,
+// ReduceScatterTensor and Barrier run here; every other operation goes to
+// the `fallback` backend given at creation (gloo in the registered
+// factories), or fails Unimplemented when there is none.
+//
+// Rendezvous (Create): every rank publishes a host identity (boot id and the
+// device/inode of /dev/shm) through the store; unless all are equal, Create
+// returns FailedPrecondition (the "auto" factory then uses gloo alone; every
+// rank reads the same identities, so all decide alike). Rank 0 creates a
+// segment with shm_open (name "<prefix>-<pid>-<random>", mode 0600), the
+// others open it; the last rank to attach unlinks the name, so once Create
+// returns nothing is left in /dev/shm, whatever later happens to a rank. A
+// rank that does not arrive within the timeout fails Create with
+// DeadlineExceeded (the name is unlinked then too).
+//
+// Algorithm: the segment holds two buffer sets of `slot_bytes` per rank.
+// Each round a rank writes its piece into its slot of set (round % 2) and
+// arrives at a barrier (a per-rank counter in the segment); then it reads
+// what it needs. Allreduce splits the piece into `size` element ranges;
+// rank r reduces range r over every slot in place (so all ranks' cores
+// reduce in parallel, in rank order: identical bits everywhere), a second
+// barrier follows and every rank copies the result out. ReduceScatter
+// reduces its own chunk straight into its output. Tensors larger than a slot
+// take several rounds. Alternating sets make one barrier per round enough.
+//
+// Argument check at no cost: each operation's first round carries a
+// signature (operation, dtype, element count, root, ReduceOp, sequence
+// number, whether local arguments were valid) beside the data; after the
+// barrier every rank compares all signatures before reading anything, so a
+// mismatch fails every rank with InvalidArgument naming the ranks and what
+// differs (no rank reads a byte), and the backend stays usable.
+//
+// Failures: a rank that does not arrive within the operation's timeout, or
+// whose process has exited (checked through its pid while waiting), makes
+// the waiting ranks fail (DeadlineExceeded / Unavailable naming the rank);
+// the first rank to see a dead peer raises a flag in the segment so the
+// others stop waiting at once (Unavailable). After such a failure every later
+// call fails with FailedPrecondition quoting it.
+//
+// Thread safety: calls may come from any thread; collectives run one at a
+// time on a worker thread in issue order (backend.h). The destructor cancels
+// queued operations and waits for the running one (bounded by its timeout).
+#ifndef FERRY_C10D_SHM_SHM_BACKEND_H_
+#define FERRY_C10D_SHM_SHM_BACKEND_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "c10d/backend.h"
+#include "c10d/registry.h"
+#include "common/executor.h"
+#include "common/sync.h"
+#include "store/store.h"
+
+namespace ferry {
+namespace c10d {
+
+struct ShmBackendOptions {
+  // Bytes per rank in each of the two buffer sets (rounded to 64).
+  size_t slot_bytes = size_t{4} << 20;
+  // Prefix of the segment's name (must start with '/').
+  std::string name_prefix = "/ferry-c10d";
+
+  // "shm_slot_bytes" and "shm_name_prefix" from BackendConfig::options;
+  // other keys are ignored (they belong to the fallback).
+  static absl::StatusOr<ShmBackendOptions> FromMap(
+      const std::map<std::string, std::string>& options);
+};
+
+class ShmBackend : public Backend {
+ public:
+  // See above. `fallback` (may be null) serves the operations this backend
+  // does not implement; it must be of the same rank and size.
+  static absl::StatusOr<std::unique_ptr<ShmBackend>> Create(
+      std::shared_ptr<Store> store, int rank, int size, absl::Duration timeout,
+      ShmBackendOptions options = {}, std::unique_ptr<Backend> fallback = {});
+
+  // Registry factory "shm": shared memory plus a gloo fallback (made from the
+  // same config); fails with FailedPrecondition when ranks span hosts.
+  static BackendFactory Factory();
+  // Registry factory for the default CPU backend: gloo, with shared memory
+  // in front of it when every rank is on this host, unless the option
+  // "shm" is "false" or FERRY_C10D_SHM=0 (read from the environment).
+  static BackendFactory AutoFactory();
+
+  ~ShmBackend() override;
+
+  std::shared_ptr<Work> Allreduce(
+      Tensor tensor, const AllreduceOptions& options = {}) override;
+  std::shared_ptr<Work> Broadcast(
+      Tensor tensor, const BroadcastOptions& options = {}) override;
+  std::shared_ptr<Work> Allgather(
+      std::vector<Tensor> outputs, Tensor input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> AllgatherIntoTensor(
+      Tensor output, Tensor input,
+      const AllgatherOptions& options = {}) override;
+  std::shared_ptr<Work> ReduceScatter(
+      Tensor output, std::vector<Tensor> inputs,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> ReduceScatterTensor(
+      Tensor output, Tensor input,
+      const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
+
+  // Forwarded to the fallback.
+  std::shared_ptr<Work> Reduce(Tensor tensor,
+                               const ReduceOptions& options = {}) override;
+  std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input,
+                               const GatherOptions& options = {}) override;
+  std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs,
+                                const ScatterOptions& options = {}) override;
+  std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
+                                 std::vector<Tensor> inputs,
+                                 const AlltoallOptions& options = {}) override;
+  std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
+                             const SendOptions& options = {}) override;
+  std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
+                             const RecvOptions& options = {}) override;
+  std::shared_ptr<Work> AlltoallSingle(
+      Tensor output, Tensor input,
+      const AlltoallSingleOptions& options = {}) override;
+  std::shared_ptr<Work> RecvAnysource(Tensor tensor,
+                                      const RecvOptions& options = {}) override;
+  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(
+      std::vector<P2POp> ops) override;
+  absl::Status MonitoredBarrier(
+      const MonitoredBarrierOptions& options = {}) override;
+
+  // The fallback backend, or null.
+  Backend* fallback() const { return fallback_.get(); }
+  // The segment's name (already unlinked once Create returned).
+  const std::string& segment_name() const { return segment_name_; }
+
+  // What ranks compare before reading each other's data (public for tests).
+  struct Signature {
+    int64_t op = -1;
+    int64_t dtype = -1;
+    int64_t count = -1;
+    int64_t root = -1;
+    int64_t reduce_op = -1;
+    int64_t seq = -1;
+    int64_t valid = 1;
+    int64_t pad = 0;
+  };
+
+ private:
+  struct Segment;
+  struct Op;
+  class Round;
+
+  ShmBackend(int rank, int size, absl::Duration timeout,
+             ShmBackendOptions options, std::unique_ptr<Segment> segment,
+             std::string segment_name, std::unique_ptr<Backend> fallback);
+
+  std::shared_ptr<Work> Enqueue(OpType type, Signature sig, absl::Status local,
+                                const std::optional<absl::Duration>& timeout,
+                                absl::AnyInvocable<absl::Status(Round&)> run);
+  // Runs `op` on the runner thread and completes its Work.
+  void Execute(Op& op);
+  absl::Status RunOp(Op& op);
+  ArgChecks Checks() const;
+  std::shared_ptr<Work> Forward(
+      OpType op, absl::AnyInvocable<std::shared_ptr<Work>(Backend&)> call);
+  std::shared_ptr<Work> EnqueueAllgather(OpType op, std::vector<Tensor> outs,
+                                         Tensor flat_out, Tensor input,
+                                         absl::Status local,
+                                         const AllgatherOptions& options);
+  std::shared_ptr<Work> EnqueueReduceScatter(OpType op, Tensor output,
+                                             std::vector<Tensor> inputs,
+                                             absl::Status local,
+                                             const ReduceScatterOptions& o);
+
+  const ShmBackendOptions options_;
+  const std::unique_ptr<Segment> segment_;
+  const std::string segment_name_;
+  const std::unique_ptr<Backend> fallback_;
+
+  Mutex mu_;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+
+  // Runner thread only: rounds and barriers done so far (equal on every
+  // rank between operations).
+  uint64_t rounds_ = 0;
+  uint64_t arrivals_ = 0;
+
+  // One thread: runs the collectives in issue order.
+  std::unique_ptr<ThreadPoolExecutor> runner_;
+};
+
+}  // namespace c10d
+}  // namespace ferry
+
+#endif  // FERRY_C10D_SHM_SHM_BACKEND_H_

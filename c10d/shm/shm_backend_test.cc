@@ -1,0 +1,178 @@
+#include "c10d/shm/shm_backend.h"
+
+#include <dirent.h>
+
+#include <latch>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "c10d/testing/backend_conformance.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/hash_store.h"
+#include "store/prefix_store.h"
+
+namespace ferry {
+namespace c10d {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr OpType kShmOps[] = {
+    OpType::kAllreduce,
+    OpType::kBroadcast,
+    OpType::kAllgather,
+    OpType::kReduceScatter,
+    OpType::kBarrier,
+    OpType::kAllgatherIntoTensor,
+    OpType::kReduceScatterTensor,
+};
+
+// Small slots, so the conformance sizes take many rounds.
+std::map<std::string, std::string> SmallSlots() {
+  return {{"shm_slot_bytes", "4096"}, {"shm_name_prefix", "/ferry-c10d-test"}};
+}
+
+BackendUnderTest ShmAlone() {
+  BackendUnderTest b;
+  b.name = "Shm";
+  b.create =
+      [](std::shared_ptr<Store> store, int rank, int size,
+         absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    absl::StatusOr<ShmBackendOptions> o =
+        ShmBackendOptions::FromMap(SmallSlots());
+    if (!o.ok()) return o.status();
+    auto backend =
+        ShmBackend::Create(std::move(store), rank, size, timeout, *o);
+    if (!backend.ok()) return backend.status();
+    return std::unique_ptr<Backend>(std::move(*backend));
+  };
+  b.ops.assign(std::begin(kShmOps), std::end(kShmOps));
+  return b;
+}
+
+// The registered "shm" backend: shared memory plus gloo for the rest.
+BackendUnderTest ShmWithGloo() {
+  BackendUnderTest b;
+  b.name = "ShmWithGloo";
+  b.create =
+      [](std::shared_ptr<Store> store, int rank, int size,
+         absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    BackendConfig c;
+    c.store = std::move(store);
+    c.rank = rank;
+    c.size = size;
+    c.timeout = timeout;
+    c.options = SmallSlots();
+    return ShmBackend::Factory()(c);
+  };
+  for (OpType op : {OpType::kAllgatherIntoTensor, OpType::kReduceScatterTensor,
+                    OpType::kAlltoallSingle, OpType::kRecvAnysource,
+                    OpType::kMonitoredBarrier}) {
+    b.ops.push_back(op);
+  }
+  return b;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shm, BackendConformanceTest,
+                         ::testing::Values(ShmAlone(), ShmWithGloo()),
+                         BackendUnderTestName);
+
+// Names of /dev/shm entries starting with `prefix`.
+std::vector<std::string> Segments(const std::string& prefix) {
+  std::vector<std::string> out;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return out;
+  while (dirent* e = ::readdir(dir)) {
+    std::string name = e->d_name;
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  ::closedir(dir);
+  return out;
+}
+
+// Runs body on n threads, each with its own backend made by `make`.
+void RunRanks(int n,
+              const std::function<absl::StatusOr<std::unique_ptr<Backend>>(
+                  std::shared_ptr<Store>, int)>& make,
+              const std::function<void(int, Backend&)>& body) {
+  auto store = std::make_shared<HashStore>();
+  std::latch done(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto b = make(std::make_shared<PrefixStore>("t", store), r);
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (b.ok()) body(r, **b);
+      done.count_down();
+      done.wait();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+TEST(ShmBackendTest, SegmentIsUnlinkedOnceEveryRankAttached) {
+  const std::string prefix = absl::StrCat("ferry-c10d-unlink-", ::getpid());
+  RunRanks(
+      3,
+      [&](std::shared_ptr<Store> store,
+          int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        ShmBackendOptions o;
+        o.name_prefix = "/" + prefix;
+        auto b = ShmBackend::Create(store, r, 3, absl::Seconds(20), o);
+        if (!b.ok()) return b.status();
+        return std::unique_ptr<Backend>(std::move(*b));
+      },
+      [&](int r, Backend& b) {
+        EXPECT_THAT(static_cast<ShmBackend&>(b).segment_name(),
+                    HasSubstr(prefix));
+        // Every rank has returned from Create: nothing is left by name.
+        EXPECT_TRUE(Segments(prefix).empty());
+        Tensor t = full({100}, r + 1.0);
+        ASSERT_TRUE(b.Allreduce(t)->Wait(absl::Seconds(20)).ok());
+        EXPECT_EQ(t.to_vector<float>()[99], 6.0f);
+      });
+  EXPECT_TRUE(Segments(prefix).empty());
+}
+
+TEST(ShmBackendTest, AutoFactoryPicksShmOnOneHostUnlessTurnedOff) {
+  for (const char* shm : {"true", "false"}) {
+    RunRanks(
+        2,
+        [&](std::shared_ptr<Store> store,
+            int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+          BackendConfig c;
+          c.store = store;
+          c.rank = r;
+          c.size = 2;
+          c.timeout = absl::Seconds(20);
+          c.options = {{"shm", shm}, {"check_args", "true"}};
+          return ShmBackend::AutoFactory()(c);
+        },
+        [&](int r, Backend& b) {
+          EXPECT_EQ(b.name(), std::string(shm) == "true" ? "shm" : "gloo");
+          Tensor t = full({10}, r + 1.0);
+          ASSERT_TRUE(b.Allreduce(t)->Wait(absl::Seconds(20)).ok());
+          EXPECT_EQ(t.to_vector<float>()[0], 3.0f);
+        });
+  }
+  BackendConfig bad;
+  bad.store = std::make_shared<HashStore>();
+  bad.options = {{"shm", "maybe"}};
+  EXPECT_EQ(ShmBackend::AutoFactory()(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {
+  EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_slot_bytes", "12"}}).ok());
+  EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_name_prefix", "x"}}).ok());
+  auto o = ShmBackendOptions::FromMap({{"shm_slot_bytes", "8192"}});
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->slot_bytes, 8192u);
+}
+
+}  // namespace
+}  // namespace c10d
+}  // namespace ferry

@@ -1,0 +1,417 @@
+// A parameter-server job: M parameter servers own the shards of a model, N
+// trainers train it asynchronously with distributed autograd and the
+// DistributedOptimizer.
+//
+//   ferry_run --nproc 4 -- parameter_server --servers=2 --trainers=2
+//
+// Ranks 0..M-1 are parameter servers "ps0".."ps<M-1>", ranks M..M+N-1 are
+// trainers "trainer0".."trainer<N-1>" (WORLD_SIZE must be M + N).
+//
+// The task (seeded, synthetic): a sample is a bag of --tokens token ids out
+// of --vocab; its class is the argmax over --classes of the sum of the
+// tokens' rows in a hidden random score table. The model:
+//   h      = mean of the tokens' embedding rows        (embedding [V, D])
+//   logits = relu(h W1 + b1) W2 + b2                   (the dense head)
+// The embedding table is split by rows: ps<m> owns rows
+// [V m / M, V (m + 1) / M) and serves "lookup" (the sum of the batch's rows
+// it owns, per sample); ps0 also owns the dense head and serves "head".
+//
+// Each trainer, independently of the others, per iteration: opens a
+// distributed autograd context, asks every server for its partial sums (in
+// parallel), calls the head on ps0, computes the cross-entropy loss locally,
+// runs the distributed backward pass and steps its own DistributedOptimizer
+// (one optimizer per trainer on each server, as in PyTorch's example). The
+// servers apply steps under a per-server lock that their forward functions
+// also take, so no step overlaps a read of the same parameters.
+//
+// Trainers print progress (iteration, mean loss, training accuracy and
+// samples/s over the last --log_every iterations) and, at their end, the
+// accuracy on a held-out set; they exit 1 when it is below
+// --target_accuracy, which fails the job under ferry_run.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "common/status.h"
+#include "common/sync.h"
+#include "examples/parameter_server/worker.h"
+
+ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
+ABSL_FLAG(int, trainers, 2, "N: trainers (ranks M..M+N-1)");
+ABSL_FLAG(int, iterations, 4000, "iterations per trainer");
+ABSL_FLAG(int, batch, 64, "samples per iteration per trainer");
+ABSL_FLAG(int, vocab, 5000, "V: token ids (embedding rows)");
+ABSL_FLAG(int, tokens, 8, "tokens per sample");
+ABSL_FLAG(int, dim, 16, "D: embedding width");
+ABSL_FLAG(int, hidden, 32, "hidden width of the dense head");
+ABSL_FLAG(int, classes, 4, "classes");
+ABSL_FLAG(std::string, optimizer, "adagrad", "sgd, adam, adamw or adagrad");
+ABSL_FLAG(double, lr, 0.1, "learning rate");
+ABSL_FLAG(int, log_every, 250, "progress line every N iterations");
+ABSL_FLAG(int, test_samples, 2000, "held-out samples");
+ABSL_FLAG(double, target_accuracy, 0.9, "held-out accuracy to reach");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the task and the model");
+ABSL_FLAG(int, timeout_s, 600, "limit of the job's collective shutdown (s)");
+
+namespace ferry::ps_example {
+namespace {
+
+using autograd::dist::ContextScope;
+using rref::RRef;
+
+struct Config {
+  int servers, trainers, iterations, batch, vocab, tokens, dim, hidden, classes,
+      log_every, test_samples;
+  uint64_t seed;
+};
+
+Config FromFlags() {
+  return {absl::GetFlag(FLAGS_servers),      absl::GetFlag(FLAGS_trainers),
+          absl::GetFlag(FLAGS_iterations),   absl::GetFlag(FLAGS_batch),
+          absl::GetFlag(FLAGS_vocab),        absl::GetFlag(FLAGS_tokens),
+          absl::GetFlag(FLAGS_dim),          absl::GetFlag(FLAGS_hidden),
+          absl::GetFlag(FLAGS_classes),      absl::GetFlag(FLAGS_log_every),
+          absl::GetFlag(FLAGS_test_samples), absl::GetFlag(FLAGS_seed)};
+}
+
+std::string ServerName(int m) { return absl::StrCat("ps", m); }
+
+Tensor Parameter(std::vector<int64_t> sizes, uint64_t seed, double scale) {
+  Tensor t = randn(sizes, seed).mul(scale);
+  autograd::SetRequiresGrad(t);
+  return t;
+}
+
+// --- Parameter server --------------------------------------------------------
+
+// What one server owns. The tensors are written before serving; their
+// contents change only under *mu (optimizer steps).
+struct Shard {
+  int64_t begin = 0, end = 0;  // Embedding rows [begin, end).
+  Tensor embedding;            // [end - begin, D]
+  std::vector<Tensor> head;    // W1 [D, H], b1 [H], W2 [H, C], b2 [C]; ps0.
+  std::shared_ptr<Mutex> mu = std::make_shared<Mutex>();
+};
+
+Shard MakeShard(const Config& c, int m) {
+  Shard s;
+  s.begin = int64_t{c.vocab} * m / c.servers;
+  s.end = int64_t{c.vocab} * (m + 1) / c.servers;
+  s.embedding = Parameter({s.end - s.begin, c.dim}, c.seed * 100 + m, 0.1);
+  if (m == 0) {
+    s.head = {
+        Parameter({c.dim, c.hidden}, c.seed * 100 + 50, 1.0 / std::sqrt(c.dim)),
+        Parameter({c.hidden}, c.seed * 100 + 51, 0.0),
+        Parameter({c.hidden, c.classes}, c.seed * 100 + 52,
+                  1.0 / std::sqrt(c.hidden)),
+        Parameter({c.classes}, c.seed * 100 + 53, 0.0)};
+  }
+  return s;
+}
+
+// "lookup": for ids [B, K] (int64, global rows), the sum over each sample's
+// tokens of the rows this server owns: [B, D] (tokens owned elsewhere count
+// zero).
+absl::StatusOr<Tensor> Lookup(const Shard& s, const std::string& me,
+                              const Tensor& ids) {
+  if (ids.dtype() != DType::kInt64 || ids.dim() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(me, " lookup: expected int64 ids [batch, tokens]"));
+  }
+  const int64_t b = ids.size(0), k = ids.size(1), n = b * k;
+  std::vector<int64_t> local = ids.to_vector<int64_t>();
+  std::vector<float> mask(local.size());
+  for (size_t i = 0; i < local.size(); ++i) {
+    const bool mine = local[i] >= s.begin && local[i] < s.end;
+    mask[i] = mine ? 1.0f : 0.0f;
+    local[i] = mine ? local[i] - s.begin : 0;
+  }
+  Tensor rows;
+  {
+    // The rows are copied out under the lock; the embedding's backward
+    // needs only their indices, never the table's contents.
+    MutexLock l(s.mu.get());
+    rows = autograd::embedding(s.embedding, from_vector(local));
+  }
+  Tensor masked = autograd::mul(rows, from_vector(mask, {n, 1}));
+  return autograd::sum(autograd::reshape(masked, {b, k, s.embedding.size(1)}),
+                       {1});
+}
+
+// "head": logits [B, C] for h [B, D].
+absl::StatusOr<Tensor> Head(const Shard& s, const std::string& me,
+                            const Tensor& h) {
+  if (s.head.empty()) {
+    return absl::FailedPreconditionError(me + " does not own the head");
+  }
+  if (h.dtype() != DType::kFloat32 || h.dim() != 2 ||
+      h.size(1) != s.head[0].size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me, " head: expected float32 [batch, ", s.head[0].size(0), "]"));
+  }
+  std::vector<Tensor> p;
+  {
+    // Differentiable copies: the backward pass reads these, not the live
+    // parameters another trainer's step may be updating.
+    MutexLock l(s.mu.get());
+    for (const Tensor& t : s.head) p.push_back(autograd::mul(t, 1.0));
+  }
+  Tensor hidden =
+      autograd::relu(autograd::add(autograd::matmul(h, p[0]), p[1]));
+  return autograd::add(autograd::matmul(hidden, p[2]), p[3]);
+}
+
+absl::Status Serve(const Config& c, int m) {
+  const std::string me = ServerName(m);
+  const Shard shard = MakeShard(c, m);
+  Worker w;
+  Worker* wp = &w;
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  const Shard* sp = &shard;
+  RETURN_IF_ERROR(registry->Register(
+      "lookup", [sp, me](Tensor ids) { return Lookup(*sp, me, ids); },
+      "per-sample sums of this server's embedding rows"));
+  RETURN_IF_ERROR(registry->Register(
+      "head", [sp, me](Tensor h) { return Head(*sp, me, h); },
+      "the dense head (ps0)"));
+  RETURN_IF_ERROR(registry->Register(
+      "param_rrefs",
+      [sp, wp] {
+        std::vector<RRef<Tensor>> out = {
+            rref::MakeLocalRRef<Tensor>(*wp->rrefs, sp->embedding)};
+        for (const Tensor& t : sp->head) {
+          out.push_back(rref::MakeLocalRRef<Tensor>(*wp->rrefs, t));
+        }
+        return out;
+      },
+      "RRefs to this server's parameters"));
+  JoinOptions options;
+  options.optimizer.param_mutex = shard.mu;
+  RETURN_IF_ERROR(JoinJob(me, registry, options, w));
+  std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
+              static_cast<long>(shard.begin), static_cast<long>(shard.end),
+              shard.head.empty() ? "" : " and the dense head");
+  // Serves until every trainer has finished and joined the shutdown.
+  return LeaveJob(w, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+}
+
+// --- Trainer -----------------------------------------------------------------
+
+struct Batch {
+  Tensor ids;     // [B, K] int64
+  Tensor labels;  // [B] int64
+};
+
+// The seeded task: a sample's class is the argmax of its tokens' summed
+// rows of a hidden score table.
+class Task {
+ public:
+  Task(const Config& c, uint64_t stream)
+      : c_(c),
+        scores_(randn({c.vocab, c.classes}, c.seed * 7919).to_vector<float>()),
+        rng_(c.seed * 1000003 + stream) {}
+
+  Batch Next(int b) {
+    std::uniform_int_distribution<int64_t> token(0, c_.vocab - 1);
+    std::vector<int64_t> ids(static_cast<size_t>(b) * c_.tokens), labels(b);
+    for (int i = 0; i < b; ++i) {
+      std::vector<float> sum(c_.classes, 0.0f);
+      for (int k = 0; k < c_.tokens; ++k) {
+        const int64_t t = token(rng_);
+        ids[i * c_.tokens + k] = t;
+        for (int j = 0; j < c_.classes; ++j)
+          sum[j] += scores_[t * c_.classes + j];
+      }
+      labels[i] = ArgMax(sum.data(), c_.classes);
+    }
+    return {from_vector(ids, {b, c_.tokens}), from_vector(labels)};
+  }
+
+  static int64_t ArgMax(const float* v, int n) {
+    int64_t best = 0;
+    for (int j = 1; j < n; ++j) best = v[j] > v[best] ? j : best;
+    return best;
+  }
+
+ private:
+  const Config c_;
+  const std::vector<float> scores_;
+  std::mt19937_64 rng_;
+};
+
+// The model's forward pass from a trainer: partial sums from every server
+// in parallel, then the head on ps0.
+absl::StatusOr<Tensor> Forward(rpc::Agent& agent, const Config& c,
+                               const Tensor& ids) {
+  std::vector<Future<Tensor>> parts;
+  for (int m = 0; m < c.servers; ++m) {
+    parts.push_back(agent.rpc_async<Tensor>(ServerName(m), "lookup", ids));
+  }
+  Tensor h;
+  for (Future<Tensor>& part : parts) {
+    ASSIGN_OR_RETURN(Tensor p, part.Get());
+    h = h.defined() ? autograd::add(h, p) : p;
+  }
+  return agent.rpc_sync<Tensor>(ServerName(0), "head",
+                                autograd::mul(h, 1.0 / c.tokens));
+}
+
+int64_t Correct(const Tensor& logits, const Tensor& labels) {
+  std::vector<float> l = autograd::Detach(logits).to_vector<float>();
+  std::vector<int64_t> y = labels.to_vector<int64_t>();
+  const int n = static_cast<int>(logits.size(1));
+  int64_t correct = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    correct += Task::ArgMax(&l[i * n], n) == y[i];
+  }
+  return correct;
+}
+
+absl::StatusOr<double> HeldOutAccuracy(rpc::Agent& agent, const Config& c) {
+  Task test(c, /*stream=*/999999);
+  int64_t correct = 0, seen = 0;
+  while (seen < c.test_samples) {
+    const int b = std::min(500, c.test_samples - static_cast<int>(seen));
+    Batch batch = test.Next(b);
+    ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
+    correct += Correct(logits, batch.labels);
+    seen += b;
+  }
+  return static_cast<double>(correct) / static_cast<double>(seen);
+}
+
+absl::StatusOr<optim::FunctionalOptions> OptimizerFromFlags() {
+  const std::string kind = absl::GetFlag(FLAGS_optimizer);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  if (kind == "sgd") return optim::SgdOptions{.lr = lr, .momentum = 0.9};
+  if (kind == "adam") return optim::AdamOptions{.lr = lr};
+  if (kind == "adamw") return optim::AdamWOptions{{.lr = lr}};
+  if (kind == "adagrad") return optim::AdagradOptions{.lr = lr};
+  return absl::InvalidArgumentError(
+      absl::StrCat("--optimizer: unknown '", kind, "'"));
+}
+
+// One trainer's whole run, from the optimizer's creation to the held-out
+// check.
+absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
+  rpc::Agent& agent = *w.agent;
+  const std::string me = absl::StrCat("trainer", t);
+  std::vector<RRef<Tensor>> params;
+  for (int m = 0; m < c.servers; ++m) {
+    ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> p,
+                     agent.rpc_sync<std::vector<RRef<Tensor>>>(ServerName(m),
+                                                               "param_rrefs"));
+    params.insert(params.end(), p.begin(), p.end());
+  }
+  ASSIGN_OR_RETURN(optim::FunctionalOptions options, OptimizerFromFlags());
+  ASSIGN_OR_RETURN(std::unique_ptr<optim::DistributedOptimizer> opt,
+                   optim::DistributedOptimizer::Create(agent, options, params));
+  Task task(c, /*stream=*/t);
+  const absl::Time start = absl::Now();
+  absl::Time window = start;
+  double loss_sum = 0;
+  int64_t correct = 0, seen = 0;
+  for (int it = 1; it <= c.iterations; ++it) {
+    Batch batch = task.Next(c.batch);
+    ContextScope ctx(*w.dist);
+    ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
+    Tensor loss = autograd::cross_entropy(logits, batch.labels);
+    RETURN_IF_ERROR(w.dist->Backward(ctx.id(), {loss}));
+    RETURN_IF_ERROR(opt->Step(ctx.id()));
+    RETURN_IF_ERROR(ctx.Release());
+    loss_sum += loss.item();
+    correct += Correct(logits, batch.labels);
+    seen += c.batch;
+    if (it % c.log_every == 0 || it == c.iterations) {
+      const absl::Time now = absl::Now();
+      const int n = static_cast<int>(seen / c.batch);
+      std::printf("%s iteration %d loss %.4f accuracy %.3f samples/s %.0f\n",
+                  me.c_str(), it, loss_sum / n,
+                  static_cast<double>(correct) / seen,
+                  seen / absl::ToDoubleSeconds(now - window));
+      window = now;
+      loss_sum = 0;
+      correct = seen = 0;
+    }
+  }
+  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  ASSIGN_OR_RETURN(double accuracy, HeldOutAccuracy(agent, c));
+  const double target = absl::GetFlag(FLAGS_target_accuracy);
+  std::printf(
+      "%s done: %d iterations in %.1f s (%.0f samples/s), held-out accuracy "
+      "%.4f, target %.2f %s\n",
+      me.c_str(), c.iterations, secs, c.iterations * c.batch / secs, accuracy,
+      target, accuracy >= target ? "reached" : "NOT reached");
+  if (accuracy < target) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        me, ": held-out accuracy ", accuracy, " below the target ", target));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Train(const Config& c, int t) {
+  Worker w;
+  RETURN_IF_ERROR(JoinJob(absl::StrCat("trainer", t),
+                          std::make_shared<rpc::FunctionRegistry>(), {}, w));
+  absl::Status trained = TrainerLoop(w, c, t);
+  // Joins the shutdown even after an error, so the others are not left
+  // waiting for this trainer.
+  absl::Status left =
+      LeaveJob(w, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  RETURN_IF_ERROR(trained);
+  return left;
+}
+
+absl::Status Validate(const Config& c) {
+  const char* world_env = std::getenv("WORLD_SIZE");
+  int world = -1;
+  if (world_env == nullptr || !absl::SimpleAtoi(world_env, &world) ||
+      world != c.servers + c.trainers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WORLD_SIZE is ", world_env ? world_env : "unset", ", --servers=",
+        c.servers, " --trainers=", c.trainers, " need ", c.servers + c.trainers,
+        " (ferry_run --nproc ", c.servers + c.trainers, ")"));
+  }
+  if (c.servers < 1 || c.trainers < 1 || c.vocab < c.servers ||
+      c.iterations < 1 || c.batch < 1 || c.tokens < 1 || c.dim < 1 ||
+      c.hidden < 1 || c.classes < 2 || c.log_every < 1 || c.test_samples < 1) {
+    return absl::InvalidArgumentError(
+        "need servers, trainers, iterations, batch, tokens, dim, hidden, "
+        "log_every, test_samples >= 1, classes >= 2 and vocab >= servers");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run() {
+  const Config c = FromFlags();
+  RETURN_IF_ERROR(Validate(c));
+  const int rank = EnvRank();
+  if (rank < 0) return absl::InvalidArgumentError("RANK is unset");
+  return rank < c.servers ? Serve(c, rank) : Train(c, rank - c.servers);
+}
+
+}  // namespace
+}  // namespace ferry::ps_example
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = ferry::ps_example::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "parameter_server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,262 @@
+// ferry_run as a multi-node launcher: two ferry_run "nodes" on loopback
+// meet through node 0's store, give their workers torchrun's variables, run
+// a Ferry job (RPC + Gloo all-reduce + store) across both, restart it after
+// a failure (--max_restarts) and stop every node when it cannot.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/util/held_port.h"
+#include "tests/util/subprocess.h"
+
+namespace ferry {
+namespace {
+
+using testutil::HeldPort;
+using testutil::RunCommand;
+using testutil::RunfilePath;
+using testutil::SpawnOptions;
+using testutil::Subprocess;
+
+struct NodeResult {
+  int code = -1;
+  std::string out;
+};
+
+// Runs one ferry_run per entry of `nodes` (its flags, then the program)
+// concurrently; returns each one's exit code and output.
+std::vector<NodeResult> RunNodes(
+    const std::vector<std::vector<std::string>>& nodes) {
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (const auto& args : nodes) {
+    std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p =
+        Subprocess::Spawn(argv, SpawnOptions().CaptureStdout().MergeStderr());
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return {};
+    procs.push_back(*std::move(p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  std::vector<NodeResult> results(procs.size());
+  // Each launcher's output is small; reading them in turn cannot deadlock a
+  // pipe, and each read ends at EOF (exit) or the shared deadline.
+  for (size_t i = 0; i < procs.size(); ++i) {
+    results[i].out = procs[i]->ReadAll(deadline);
+    absl::StatusOr<int> code = procs[i]->Wait(deadline);
+    results[i].code = code.ok() ? *code : -1;
+  }
+  return results;
+}
+
+// ferry_run `flags`, then job_main with `args`.
+std::vector<std::string> Job(std::vector<std::string> flags,
+                             std::vector<std::string> args = {}) {
+  flags.push_back("--");
+  flags.push_back(RunfilePath("tests/multihost/job_main"));
+  flags.insert(flags.end(), args.begin(), args.end());
+  return flags;
+}
+
+TEST(MultiNodeLaunch, TwoNodesGiveTorchrunsVariables) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  const std::string show =
+      "echo \"r=$RANK l=$LOCAL_RANK w=$WORLD_SIZE lw=$LOCAL_WORLD_SIZE "
+      "g=$GROUP_RANK gw=$GROUP_WORLD_SIZE m=$MASTER_ADDR:$MASTER_PORT "
+      "gen=$FERRY_RUN_GENERATION\"";
+  // Node 1 in torchrun's spelling (hyphens, no "--"); node 0 in ours.
+  std::vector<NodeResult> r =
+      RunNodes({{"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+                 "--rdzv-endpoint", "127.0.0.1:" + p, "/bin/sh", "-c", show},
+                {"--nnodes=2", "--node_rank=0", "--nproc_per_node=2",
+                 "--master_addr=127.0.0.1", "--master_port=" + p, "--",
+                 "/bin/sh", "-c", show}});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].code, 0) << r[0].out;
+  EXPECT_EQ(r[1].code, 0) << r[1].out;
+  for (int local = 0; local < 2; ++local) {
+    for (int node = 0; node < 2; ++node) {
+      const int rank = node * 2 + local;
+      const std::string want =
+          absl::StrCat("[", rank, "]: r=", rank, " l=", local,
+                       " w=4 lw=2 g=", node, " gw=2 m=127.0.0.1:", p, " gen=0");
+      EXPECT_TRUE(absl::StrContains(r[1 - node].out, want))
+          << "missing '" << want << "' in\n"
+          << r[1 - node].out;
+    }
+  }
+}
+
+TEST(MultiNodeLaunch, TwoNodesRunAFerryJob) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  std::vector<NodeResult> r =
+      RunNodes({Job({"--nnodes=2", "--node_rank=0", "--nproc_per_node=2",
+                     "--master_port=" + p, "--timeout_s=80"}),
+                Job({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2",
+                     "--master_port=" + p, "--timeout_s=80"})});
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_EQ(r[0].code, 0) << r[0].out;
+  ASSERT_EQ(r[1].code, 0) << r[1].out;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string& out = r[rank / 2].out;
+    for (const char* step :
+         {"rpc ok", "allreduce ok sum=10", "store ok", "done"}) {
+      EXPECT_TRUE(absl::StrContains(
+          out, absl::StrCat("[", rank, "]: rank ", rank, ": ", step)))
+          << "rank " << rank << " missing '" << step << "' in\n"
+          << out;
+    }
+  }
+}
+
+TEST(MultiNodeLaunch, MaxRestartsRestartsEveryNodeAsTheNextGeneration) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  auto node = [&](int rank) {
+    return Job({"--nnodes=2", absl::StrCat("--node_rank=", rank),
+                "--nproc_per_node=2", "--master_port=" + p, "--max_restarts=1",
+                "--grace_s=2", "--timeout_s=80"});
+  };
+  std::vector<std::string> n0 = node(0), n1 = node(1);
+  n0.push_back("--fail_rank=3");
+  n1.push_back("--fail_rank=3");
+  std::vector<NodeResult> r = RunNodes({n0, n1});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].code, 0) << r[0].out;
+  EXPECT_EQ(r[1].code, 0) << r[1].out;
+  EXPECT_TRUE(absl::StrContains(r[1].out, "rank 3: failing on purpose"))
+      << r[1].out;
+  for (const NodeResult& n : r) {
+    EXPECT_TRUE(absl::StrContains(
+        n.out,
+        "node 1 rank 3 failed with exit code 3; restarting the job as "
+        "generation 1"))
+        << n.out;
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_TRUE(absl::StrContains(
+        r[rank / 2].out, absl::StrCat("[", rank, "]: rank ", rank, ": done")))
+        << r[rank / 2].out;
+  }
+}
+
+TEST(MultiNodeLaunch, AFailureWithoutRestartsStopsEveryNodeNamingIt) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  const absl::Time start = absl::Now();
+  // Rank 2 fails; rank 3 (same node) and node 0's ranks would wait for it
+  // in the all-reduce: the launchers must stop them.
+  std::vector<NodeResult> r =
+      RunNodes({Job({"--nnodes=2", "--node_rank=0", "--nproc_per_node=2",
+                     "--master_port=" + p, "--grace_s=2", "--timeout_s=80"},
+                    {"--fail_rank=2"}),
+                Job({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2",
+                     "--master_port=" + p, "--grace_s=2", "--timeout_s=80"},
+                    {"--fail_rank=2"})});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[1].code, 3) << r[1].out;
+  EXPECT_EQ(r[0].code, 1) << r[0].out;
+  for (const NodeResult& n : r) {
+    EXPECT_TRUE(absl::StrContains(
+        n.out, "job failed (node 1 rank 2 failed with exit code 3)"))
+        << n.out;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(45));
+}
+
+// A worker of an earlier attempt that reaches the store after the restart is
+// refused by InitRpc, naming both generations.
+TEST(MultiNodeLaunch, AStaleWorkerIsRefusedAfterARestart) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  const std::string p = std::to_string(port.port());
+  // Generation 0 fails; generation 1 waits for our stdin to close.
+  auto launcher = Subprocess::Spawn(
+      {RunfilePath("tools/launcher/ferry_run"), "--nproc_per_node=1",
+       "--master_port=" + p, "--max_restarts=1", "--timeout_s=60", "--",
+       "/bin/sh", "-c",
+       "[ \"$FERRY_RUN_GENERATION\" = 0 ] && exit 5; echo waiting; read x; "
+       "exit 0"},
+      SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+  ASSERT_TRUE(launcher.ok()) << launcher.status();
+  std::string seen = (*launcher)->ReadUntil(
+      absl::Now() + absl::Seconds(30), [](const std::string& t) {
+        return absl::StrContains(t, "[0]: waiting");
+      });
+  ASSERT_TRUE(absl::StrContains(seen, "[0]: waiting")) << seen;
+
+  auto [code, out] = RunCommand({RunfilePath("tests/multihost/job_main")},
+                                {{"RANK", "0"},
+                                 {"WORLD_SIZE", "1"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", p},
+                                 {"FERRY_USE_AGENT_STORE", "1"},
+                                 {"FERRY_RUN_GENERATION", "0"}},
+                                absl::Seconds(30));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_TRUE(absl::StrContains(
+      out,
+      "worker of launcher generation 0 refused: the job has restarted "
+      "and is at generation 1"))
+      << out;
+
+  (*launcher)->CloseStdin();
+  std::string rest = (*launcher)->ReadAll(absl::Now() + absl::Seconds(30));
+  absl::StatusOr<int> done = (*launcher)->Wait(absl::Now() + absl::Seconds(30));
+  EXPECT_TRUE(done.ok() && *done == 0) << seen << rest;
+}
+
+TEST(MultiNodeLaunch, BadFlagsAreRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {{"--standalone", "--nnodes=2", "--", "/bin/true"}, "--standalone"},
+      {{"--nnodes=2", "--node_rank=1", "--", "/bin/true"}, "--master_port"},
+      {{"--nnodes=2", "--node_rank=2", "--master_port=1", "--", "/bin/true"},
+       "--node_rank 2 is outside [0, --nnodes 2)"},
+      {{"--rdzv_endpoint=h:1", "--master_port=2", "--", "/bin/true"},
+       "not both"},
+      {{"--nproc=2"}, "no program given"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto [code, out] = RunCommand(argv, {}, absl::Seconds(20));
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_TRUE(absl::StrContains(out, c.says)) << out;
+  }
+}
+
+TEST(MultiNodeLaunch, MasterAddrMayBeAHostName) {
+  auto [code, out] = RunCommand(
+      {RunfilePath("tools/launcher/ferry_run"), "--master_addr=localhost",
+       "--nproc=2", "--", "/bin/sh", "-c", "echo \"m=$MASTER_ADDR r=$RANK\""},
+      {}, absl::Seconds(30));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[1]: m=localhost r=1")) << out;
+}
+
+TEST(MultiNodeLaunch, StandaloneRunsOneNode) {
+  auto [code, out] =
+      RunCommand({RunfilePath("tools/launcher/ferry_run"), "--standalone",
+                  "--nproc-per-node", "2", "/bin/sh", "-c",
+                  "echo \"r=$RANK w=$WORLD_SIZE g=$GROUP_RANK\""},
+                 {}, absl::Seconds(30));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[1]: r=1 w=2 g=0")) << out;
+}
+
+}  // namespace
+}  // namespace ferry
