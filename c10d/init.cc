@@ -9,6 +9,7 @@
 #include "c10d/default_registry.h"
 #include "common/status.h"
 #include "store/prefix_store.h"
+#include "store/store_auth.h"
 #include "store/tcp_store.h"
 
 namespace ferry {
@@ -73,6 +74,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(
       o.is_server = is_server && !use_agent;
       o.world_size = world;
       o.timeout = timeout;
+      ASSIGN_OR_RETURN(o.secret, tcpstore::StoreSecretFromEnv());
       ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> s, TcpStore::Create(o));
       return std::unique_ptr<Store>(std::move(s));
     };

@@ -29,6 +29,7 @@ void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
 
 void Agent::SetSelf(WorkerInfo self) {
   self_ = std::move(self);
+  log_label_ = absl::StrCat(self_.name, ":", self_.id);
   ids_ = std::make_unique<IdGenerator>(static_cast<uint16_t>(self_.id),
                                        /*first_local=*/1);
   ThreadPoolExecutor::Options eo;
@@ -204,7 +205,11 @@ Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
   absl::Status submitted = executor_->Submit(
       [this, handler = std::move(handler), receive = std::move(receive),
        reply]() mutable {
-        RunHandler(std::move(handler), receive(), std::move(reply));
+        Serve(handler, receive())
+            .OnComplete(
+                [reply = std::move(reply)](const Result<Message>& r) mutable {
+                  reply.Set(r);
+                });
       },
       [reply](const absl::Status& s) mutable { reply.SetError(s); });
   if (!submitted.ok()) {
@@ -214,20 +219,55 @@ Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
   return out;
 }
 
-void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
-                       Promise<Message> reply) {
-  if (!received.ok()) {
-    reply.SetError(received.status());
-    return;
+Future<Message> Agent::Dispatch(MessageType type, const std::string& function,
+                                Receiver receive) {
+  if (type == MessageType::kCall) {
+    std::shared_ptr<const FunctionEntry> entry = registry_->Find(function);
+    if (entry != nullptr && entry->non_blocking) {
+      return Serve(
+          [this, &entry](Message m) {
+            return ServeFunction(*entry, std::move(m));
+          },
+          receive());
+    }
   }
+  return Dispatch(type, std::move(receive));
+}
+
+namespace {
+
+// The handler's reply, answering request `id` of `type`, through the send
+// interceptors (run with the request's `context` installed).
+Result<Message> FinishReply(
+    const Result<Message>& r, GlobalId id, MessageType type,
+    const std::shared_ptr<const std::vector<Interceptor>>& interceptors,
+    const WorkerInfo& peer, const ContextEntries& context) {
+  if (!r.ok()) return r.status();
+  Message m = *r;
+  m.id = id;
+  if (m.type == MessageType::kUnspecified) m.type = type;
+  if (interceptors != nullptr) {
+    ScopedContext installed(context);
+    for (const Interceptor& i : *interceptors) {
+      RETURN_IF_ERROR(i(InterceptPoint::kSendReply, peer, m));
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+Future<Message> Agent::Serve(
+    absl::FunctionRef<Future<Message>(Message)> handler,
+    absl::StatusOr<Message> received) {
+  if (!received.ok()) return MakeErrorFuture<Message>(received.status());
   Message request = *std::move(received);
   ScopedContext installed_context(request.context);
-  ScopedLogLabel label(absl::StrCat(self_.name, ":", self_.id));
+  ScopedLogLabel label(log_label_);
   if (absl::Now() > request.deadline) {
-    reply.SetError(absl::DeadlineExceededError(absl::StrCat(
+    return MakeErrorFuture<Message>(absl::DeadlineExceededError(absl::StrCat(
         "the caller's deadline passed before ", request.DebugString(),
         " started on worker '", self_.name, "'")));
-    return;
   }
   InterceptorList interceptors = Interceptors();
   WorkerInfo peer;
@@ -235,10 +275,7 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
     peer = PeerInfo(request.caller_id, request.caller_name);
     absl::Status s =
         Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
-    if (!s.ok()) {
-      reply.SetError(s);
-      return;
-    }
+    if (!s.ok()) return MakeErrorFuture<Message>(s);
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
@@ -246,27 +283,15 @@ void Agent::RunHandler(Handler handler, absl::StatusOr<Message> received,
   // thread completes the handler.
   ContextEntries reply_context =
       interceptors != nullptr ? request.context : ContextEntries();
-  handler(std::move(request))
-      .OnComplete([reply, interceptors = std::move(interceptors),
-                   peer = std::move(peer), context = std::move(reply_context),
-                   id, type](const Result<Message>& r) mutable {
-        if (!r.ok()) {
-          reply.SetError(r.status());
-          return;
-        }
-        Message m = *r;
-        m.id = id;
-        if (m.type == MessageType::kUnspecified) m.type = type;
-        absl::Status s;
-        if (interceptors != nullptr) {
-          ScopedContext installed(context);
-          s = Intercept(interceptors, InterceptPoint::kSendReply, peer, m);
-        }
-        if (!s.ok()) {
-          reply.SetError(s);
-          return;
-        }
-        reply.SetValue(std::move(m));
+  Future<Message> handled = handler(std::move(request));
+  if (handled.IsReady()) {
+    return MakeReadyFuture<Message>(FinishReply(
+        handled.result(), id, type, interceptors, peer, reply_context));
+  }
+  return handled.Then(
+      [interceptors = std::move(interceptors), peer = std::move(peer),
+       context = std::move(reply_context), id, type](const Result<Message>& r) {
+        return FinishReply(r, id, type, interceptors, peer, context);
       });
 }
 
@@ -280,25 +305,44 @@ Future<Message> Agent::ServeCall(Message request) {
         "worker '", self_.name, "' has no function '", request.function,
         "' (registered: ", absl::StrJoin(names, ", "), ")")));
   }
+  return ServeFunction(*entry, std::move(request));
+}
+
+namespace {
+
+// A function's result as the reply message; errors name the worker and
+// function.
+absl::StatusOr<Message> FunctionReply(const Result<Value>& r,
+                                      const std::string& self,
+                                      const std::string& function) {
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("worker '", self, "' function '", function,
+                                     "': ", r.status().message()));
+  }
+  Message reply;
+  reply.payload = *r;
+  return reply;
+}
+
+}  // namespace
+
+Future<Message> Agent::ServeFunction(const FunctionEntry& entry,
+                                     Message request) {
   CallContext ctx;
-  ctx.caller_name = request.caller_name;
+  ctx.caller_name = std::move(request.caller_name);
   ctx.caller_id = request.caller_id;
-  ctx.function = request.function;
+  ctx.function = std::move(request.function);
   ctx.request_id = request.id.value();
   ctx.deadline = request.deadline;
-  return entry->fn(ctx, request.payload)
-      .Then([self = self_.name, function = request.function](
-                const Result<Value>& r) -> absl::StatusOr<Message> {
-        if (!r.ok()) {
-          return absl::Status(
-              r.status().code(),
-              absl::StrCat("worker '", self, "' function '", function,
-                           "': ", r.status().message()));
-        }
-        Message reply;
-        reply.payload = *r;
-        return reply;
-      });
+  Future<Value> result = entry.fn(ctx, request.payload);
+  if (result.IsReady()) {
+    return MakeReadyFuture<Message>(
+        FunctionReply(result.result(), self_.name, ctx.function));
+  }
+  return result.Then(
+      [self = self_.name, function = std::move(ctx.function)](
+          const Result<Value>& r) { return FunctionReply(r, self, function); });
 }
 
 }  // namespace ferry::rpc

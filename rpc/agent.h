@@ -9,6 +9,11 @@
 // thread), may block (e.g. in a nested rpc_sync), and may reply later by
 // returning a pending Future. kCall is served by the built-in handler that
 // runs FunctionRegistry functions: rpc_sync / rpc_async are a client of Send.
+// The one exception: a function registered with RegisterNonBlocking may run
+// on the transport thread that received its request (Dispatch with the
+// function's name), skipping the executor hop. It promises never to block, so
+// nested calls stay deadlock-free: every function that may block still runs
+// on the executor, and replies still complete on transport threads (below).
 //
 // Interceptors see every message in both directions, with its tensors, and
 // may edit it or fail it; distributed autograd records send/recv nodes there.
@@ -56,6 +61,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -156,6 +162,13 @@ class Agent {
   absl::Status Register(std::string name, F f, std::string doc = "") {
     return registry_->Register(std::move(name), std::move(f), std::move(doc));
   }
+  // A function that never blocks (rpc/function_registry.h).
+  template <typename F>
+  absl::Status RegisterNonBlocking(std::string name, F f,
+                                   std::string doc = "") {
+    return registry_->RegisterNonBlocking(std::move(name), std::move(f),
+                                          std::move(doc));
+  }
 
   // Calls `function` on `to` with `args` (a list). The untyped core of
   // rpc_async; `timeout` nullopt means Options::rpc_timeout.
@@ -224,9 +237,19 @@ class Agent {
   // reply. `type` selects the handler (Unimplemented when there is none).
   using Receiver = absl::AnyInvocable<absl::StatusOr<Message>()>;
   Future<Message> Dispatch(MessageType type, Receiver receive);
+  // The same, for a transport that knows the called function's name before
+  // decoding (kCall): when that function is registered non-blocking, `receive`
+  // and the function run here, on the calling transport thread, and the
+  // future is usually complete on return. Otherwise as above.
+  Future<Message> Dispatch(MessageType type, const std::string& function,
+                           Receiver receive);
 
   // Stops the executor (draining or cancelling queued handlers). Idempotent.
   void StopExecutor(bool drain);
+  // Handlers queued on the executor, not yet running (0 before SetSelf).
+  size_t ExecutorQueueDepth() const {
+    return executor_ ? executor_->QueueSize() : 0;
+  }
 
   const Options& options() const { return options_; }
 
@@ -254,9 +277,12 @@ class Agent {
                                 InterceptPoint point, const WorkerInfo& peer,
                                 Message& message);
   Handler FindHandler(MessageType type) const;
-  void RunHandler(Handler handler, absl::StatusOr<Message> request,
-                  Promise<Message> reply);
+  // Runs `handler` on `request` with its context installed, after the deadline
+  // check and the receive interceptors; the reply passes the send ones.
+  Future<Message> Serve(absl::FunctionRef<Future<Message>(Message)> handler,
+                        absl::StatusOr<Message> request);
   Future<Message> ServeCall(Message request);
+  Future<Message> ServeFunction(const FunctionEntry& entry, Message request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
 
   const Options options_;
@@ -264,6 +290,7 @@ class Agent {
   // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
   // read workers_ only once joined_ is set.
   WorkerInfo self_;
+  std::string log_label_;  // "name:id", set with self_.
   std::vector<WorkerInfo> workers_;
   std::map<std::string, int> ids_by_name_;
   std::atomic<bool> joined_{false};

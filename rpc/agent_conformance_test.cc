@@ -30,32 +30,60 @@ constexpr MessageType kToy = static_cast<MessageType>(
 struct Implementation {
   std::string name;
   ClusterFactory start;
+  // Registers the basic functions non-blocking: a transport may serve them
+  // on its own thread (rpc/function_registry.h); the results must not change.
+  bool non_blocking = false;
 };
 void PrintTo(const Implementation& i, std::ostream* os) { *os << i.name; }
 
-std::shared_ptr<FunctionRegistry> BasicRegistry() {
+std::shared_ptr<FunctionRegistry> BasicRegistry(bool non_blocking) {
   auto reg = std::make_shared<FunctionRegistry>();
-  EXPECT_TRUE(
-      reg->Register("add", [](Tensor a, Tensor b) { return a.add(b); }).ok());
-  EXPECT_TRUE(
-      reg->Register("concat", [](std::string a,
-                                 int64_t b) { return a + std::to_string(b); })
-          .ok());
-  EXPECT_TRUE(
-      reg->Register("whoami",
-                    [](const CallContext& ctx) { return ctx.caller_name; })
-          .ok());
-  EXPECT_TRUE(reg->Register("fail",
-                            [](std::string why) -> absl::StatusOr<int64_t> {
-                              return absl::PermissionDeniedError(why);
-                            })
-                  .ok());
-  EXPECT_TRUE(reg->Register("noop", [] {}).ok());
+  auto add = [&](std::string name, auto f) {
+    EXPECT_TRUE((non_blocking ? reg->RegisterNonBlocking(name, std::move(f))
+                              : reg->Register(name, std::move(f)))
+                    .ok())
+        << name;
+  };
+  add("add", [](Tensor a, Tensor b) { return a.add(b); });
+  add("concat", [](std::string a, int64_t b) { return a + std::to_string(b); });
+  add("whoami", [](const CallContext& ctx) { return ctx.caller_name; });
+  add("fail", [](std::string why) -> absl::StatusOr<int64_t> {
+    return absl::PermissionDeniedError(why);
+  });
+  add("noop", [] {});
   return reg;
+}
+
+// "relay" (blocking) on agent 1 of `cluster`: calls "leaf" on worker "c",
+// then "leaf" back on its caller, each with rpc_sync.
+absl::Status RegisterRelay(
+    FunctionRegistry& reg,
+    std::shared_ptr<std::atomic<AgentCluster*>> cluster) {
+  return reg.Register(
+      "relay",
+      [cluster](const CallContext& ctx, int64_t x) -> absl::StatusOr<int64_t> {
+        Agent& me = cluster->load()->agent(1);
+        ASSIGN_OR_RETURN(int64_t y, me.rpc_sync<int64_t>("c", "leaf", x));
+        return me.rpc_sync<int64_t>(ctx.caller_name, "leaf", y);
+      });
 }
 
 class AgentConformance : public ::testing::TestWithParam<Implementation> {
  protected:
+  std::shared_ptr<FunctionRegistry> BasicRegistry() {
+    return rpc::BasicRegistry(GetParam().non_blocking);
+  }
+  // Workers a, b, c with `threads` executor threads each; `cluster` is set
+  // for the functions once they exist.
+  std::unique_ptr<AgentCluster> StartTrio(
+      std::shared_ptr<FunctionRegistry> reg,
+      const std::shared_ptr<std::atomic<AgentCluster*>>& cluster, int threads) {
+    Agent::Options opts;
+    opts.num_worker_threads = threads;
+    auto c = Start({"a", "b", "c"}, std::move(reg), opts);
+    cluster->store(c.get());
+    return c;
+  }
   std::unique_ptr<AgentCluster> Start(std::vector<std::string> names,
                                       std::shared_ptr<FunctionRegistry> reg,
                                       Agent::Options options = {}) {
@@ -185,22 +213,9 @@ TEST_P(AgentConformance, NestedCallsAndCallbacksToTheCaller) {
   // the hand-off may go through a library TSAN cannot see.)
   auto cluster = std::make_shared<std::atomic<AgentCluster*>>(nullptr);
   ASSERT_TRUE(reg->Register("leaf", [](int64_t x) { return x * 2; }).ok());
-  ASSERT_TRUE(
-      reg->Register("relay",
-                    [cluster](const CallContext& ctx,
-                              int64_t x) -> absl::StatusOr<int64_t> {
-                      Agent& me = cluster->load()->agent(1);
-                      // Call a third worker, then call back the caller.
-                      ASSIGN_OR_RETURN(int64_t y,
-                                       me.rpc_sync<int64_t>("c", "leaf", x));
-                      return me.rpc_sync<int64_t>(ctx.caller_name, "leaf", y);
-                    })
-          .ok());
-  Agent::Options opts;
-  opts.num_worker_threads = 2;
-  auto c = Start({"a", "b", "c"}, reg, opts);
+  ASSERT_TRUE(RegisterRelay(*reg, cluster).ok());
+  auto c = StartTrio(reg, cluster, /*threads=*/2);
   ASSERT_NE(c, nullptr);
-  cluster->store(c.get());
   EXPECT_EQ(*c->agent(0).rpc_sync<int64_t>("b", "relay", 5), 20);
   // Several at once, more than the worker threads.
   std::vector<Future<int64_t>> fs;
@@ -550,9 +565,47 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
   EXPECT_TRUE(c->ShutdownAll().ok());
 }
 
+// Non-blocking functions beside blocking ones that nest calls: with one
+// worker thread per agent, blocking relays call non-blocking leaves on a third
+// worker and back on their caller, and a non-blocking function forwards a
+// call asynchronously (its reply completes later, on a transport thread).
+TEST_P(AgentConformance, NonBlockingFunctionsMixWithNestedBlockingCalls) {
+  auto reg = std::make_shared<FunctionRegistry>();
+  auto cluster = std::make_shared<std::atomic<AgentCluster*>>(nullptr);
+  ASSERT_TRUE(
+      reg->RegisterNonBlocking("leaf", [](int64_t x) { return x * 2; }).ok());
+  ASSERT_TRUE(reg->RegisterNonBlocking(
+                     "forward",
+                     [cluster](int64_t x) {
+                       return cluster->load()->agent(1).rpc_async<int64_t>(
+                           "c", "leaf", x);
+                     })
+                  .ok());
+  ASSERT_TRUE(RegisterRelay(*reg, cluster).ok());
+  auto c = StartTrio(reg, cluster, /*threads=*/1);
+  ASSERT_NE(c, nullptr);
+  std::vector<Future<int64_t>> relayed;
+  std::vector<Future<int64_t>> forwarded;
+  for (int i = 0; i < 8; ++i) {
+    relayed.push_back(c->agent(0).rpc_async<int64_t>("b", "relay", i));
+    forwarded.push_back(c->agent(0).rpc_async<int64_t>("b", "forward", i));
+  }
+  auto r = CollectAll(relayed).Get(absl::Seconds(60));
+  auto f = CollectAll(forwarded).Get(absl::Seconds(60));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(f.ok()) << f.status();
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ((*r)[i], 4 * i);
+    EXPECT_EQ((*f)[i], 2 * i);
+  }
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
 std::vector<Implementation> Implementations() {
   return {{"InProcess", testing::StartInProcessCluster},
-          {"Grpc", grpc_agent::StartGrpcCluster}};
+          {"Grpc", grpc_agent::StartGrpcCluster},
+          {"GrpcNonBlocking", grpc_agent::StartGrpcCluster,
+           /*non_blocking=*/true}};
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AgentConformance,

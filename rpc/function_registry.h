@@ -11,6 +11,14 @@
 // A callable whose first parameter is `const CallContext&` receives the
 // caller's identity and deadline (e.g. to call its caller back).
 //
+// RegisterNonBlocking marks a function that never blocks (no rpc_sync, no
+// Future::Get, no lock held for long, no I/O): a transport may then run it on
+// the thread that received the request instead of handing it to the agent's
+// executor, saving a thread hop per call. A non-blocking function that does
+// block stalls that transport thread (and can deadlock the agent: nested
+// calls then have no thread left to complete on); register such functions
+// with Register, which always runs them on the executor.
+//
 //   registry.Register("add", [](Tensor a, Tensor b) { return a.add(b); });
 //
 // Wrong argument count or types give InvalidArgument naming the function,
@@ -60,6 +68,8 @@ struct FunctionEntry {
   std::string signature;  // "(Tensor, int64) -> Tensor"
   std::string doc;
   bool is_async = false;  // Returns a Future.
+  // Never blocks: may run on a transport thread (RegisterNonBlocking).
+  bool non_blocking = false;
   RawFunction fn;
 };
 
@@ -183,7 +193,19 @@ class FunctionRegistry {
   // Registers a typed callable. AlreadyExists if `name` is taken;
   // InvalidArgument for an empty name.
   template <typename F>
-  absl::Status Register(std::string name, F f, std::string doc = "");
+  absl::Status Register(std::string name, F f, std::string doc = "") {
+    return RegisterRaw(
+        MakeEntry(std::move(name), std::move(f), std::move(doc)));
+  }
+  // The same for a function that never blocks (see the file comment).
+  template <typename F>
+  absl::Status RegisterNonBlocking(std::string name, F f,
+                                   std::string doc = "") {
+    FunctionEntry entry =
+        MakeEntry(std::move(name), std::move(f), std::move(doc));
+    entry.non_blocking = true;
+    return RegisterRaw(std::move(entry));
+  }
 
   absl::Status RegisterRaw(FunctionEntry entry);
 
@@ -194,14 +216,17 @@ class FunctionRegistry {
   std::vector<std::shared_ptr<const FunctionEntry>> List() const;
 
  private:
+  template <typename F>
+  static FunctionEntry MakeEntry(std::string name, F f, std::string doc);
+
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const FunctionEntry>> functions_
       ABSL_GUARDED_BY(mu_);
 };
 
 template <typename F>
-absl::Status FunctionRegistry::Register(std::string name, F f,
-                                        std::string doc) {
+FunctionEntry FunctionRegistry::MakeEntry(std::string name, F f,
+                                          std::string doc) {
   using Sig = registry_internal::CallableSignature<std::decay_t<F>>;
   using R = typename Sig::Result;
   using Drop = registry_internal::DropContext<typename Sig::Args>;
@@ -238,7 +263,7 @@ absl::Status FunctionRegistry::Register(std::string name, F f,
           std::apply(call, *std::move(parsed)));
     }
   };
-  return RegisterRaw(std::move(entry));
+  return entry;
 }
 
 // TypeName specializations for the types Value converts.

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "store/store_auth.h"
 #include "store/tcp_store_server.h"
 
 ABSL_FLAG(std::string, host, "",
@@ -61,6 +62,14 @@ int main(int argc, char** argv) {
   options.limits.max_keys_per_request =
       absl::GetFlag(FLAGS_max_keys_per_request);
   options.limits.max_frame_bytes = absl::GetFlag(FLAGS_max_frame_bytes);
+  // FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET (store/store_auth.h).
+  auto secret = ferry::tcpstore::StoreSecretFromEnv();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "ferry_store: %s\n",
+                 secret.status().ToString().c_str());
+    return 1;
+  }
+  options.secret = *secret;
   auto server = ferry::TcpStoreServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "ferry_store: %s\n",

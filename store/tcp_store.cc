@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/status.h"
+#include "store/store_auth.h"
 #include "store/store_util.h"
 
 namespace ferry {
@@ -125,6 +126,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(
                   : (IsNumericAddress(options.host) ? options.host : "");
     so.port = options.port;
     so.limits = options.limits;
+    so.secret = options.secret;
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> s,
                      TcpStoreServer::Start(so));
     port = s->port();
@@ -243,6 +245,14 @@ absl::Status TcpStore::EnsureConnected() {
       if (!s.ok()) {
         last_error = std::string(s.message());
         Disconnect();
+      }
+    }
+    if (fd_ >= 0 && !options_.secret.empty()) {
+      // A refusal is an answer, not a transient failure: no retry.
+      absl::Status s = AuthenticateLocked();
+      if (!s.ok()) {
+        Disconnect();
+        return s;
       }
     }
     if (fd_ >= 0) return absl::OkStatus();
@@ -371,6 +381,44 @@ absl::StatusOr<std::string> TcpStore::RecvBytes(absl::Time deadline) {
   std::string v;
   RETURN_IF_ERROR(Recv(static_cast<size_t>(len), deadline, &v));
   return v;
+}
+
+absl::Status TcpStore::AuthenticateLocked() {
+  const absl::Time deadline = ResponseDeadline();
+  auto refused = [this](absl::string_view why) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(describe_, ": store authentication failed: ", why));
+  };
+  const std::string client_nonce = tcpstore::RandomNonce();
+  std::string frame;
+  BeginFrame(&frame, Op::kAuthChallenge);
+  tcpstore::PutBytes(&frame, client_nonce);
+  RETURN_IF_ERROR(SendFrame(frame));
+  absl::StatusOr<std::string> server_nonce = RecvBytes(deadline);
+  absl::StatusOr<std::string> server_proof =
+      server_nonce.ok() ? RecvBytes(deadline) : server_nonce.status();
+  if (!server_proof.ok()) {
+    return refused(absl::StrCat(
+        "the server closed the connection on AUTH_CHALLENGE (it has no "
+        "secret, or is not a Ferry store): ",
+        server_proof.status().message()));
+  }
+  if (server_nonce->size() != tcpstore::kAuthNonceBytes ||
+      !tcpstore::ProofsEqual(
+          *server_proof, tcpstore::AuthProof(options_.secret, "server",
+                                             client_nonce, *server_nonce))) {
+    return refused("the server does not know our secret (its proof differs)");
+  }
+  frame.clear();
+  BeginFrame(&frame, Op::kAuthProof);
+  tcpstore::PutBytes(&frame, tcpstore::AuthProof(options_.secret, "client",
+                                                 client_nonce, *server_nonce));
+  RETURN_IF_ERROR(SendFrame(frame));
+  absl::StatusOr<uint8_t> verdict = RecvU8(deadline);
+  if (!verdict.ok() || *verdict != tcpstore::kAuthAccepted) {
+    return refused("the server refused our proof (wrong secret)");
+  }
+  return absl::OkStatus();
 }
 
 void TcpStore::BeginFrame(std::string* frame, Op op) {
@@ -869,6 +917,7 @@ MakeTcpStoreFactory() {
     o.is_server = is_server;
     if (world_size > 0) o.world_size = world_size;
     o.timeout = timeout;
+    ASSIGN_OR_RETURN(o.secret, tcpstore::StoreSecretFromEnv());
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(o));
     return std::unique_ptr<Store>(std::move(store));
   };

@@ -65,6 +65,11 @@ struct TcpStoreOptions {
   // When is_server: bind address ("" = all interfaces, IPv6 with IPv4
   // fallback). Default: `host` if it is a numeric address, else "".
   std::optional<std::string> bind_host;
+  // Shared secret (store/store_auth.h): the client proves it on every
+  // connection, and when is_server the hosted server requires it. Empty: no
+  // authentication (PyTorch-compatible). A store that refuses the secret, or
+  // has none, fails Create / the operation with PermissionDenied.
+  std::string secret;
 };
 
 class TcpStore : public Store {
@@ -116,6 +121,9 @@ class TcpStore : public Store {
   // Everything below runs with mu_ held.
   absl::Status EnsureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Disconnect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The store_auth.h handshake on a fresh connection; PermissionDenied when
+  // the server refuses us or does not prove the secret.
+  absl::Status AuthenticateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status SendFrame(const std::string& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads exactly n bytes by `deadline`; DeadlineExceeded (connection kept)
@@ -179,7 +187,8 @@ class TcpStore : public Store {
 
 // The factory the init_method layer uses for tcp:// and env:// addresses
 // (the same type as init_method.h's TcpStoreFactory; StoreFactories::tcp).
-// world_size <= 0 means no join accounting.
+// world_size <= 0 means no join accounting. The secret comes from
+// FERRY_STORE_SECRET_FILE or FERRY_STORE_SECRET (store_auth.h).
 std::function<absl::StatusOr<std::unique_ptr<Store>>(
     const std::string& host, int port, bool is_server, int world_size,
     absl::Duration timeout)>

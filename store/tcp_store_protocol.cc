@@ -105,11 +105,17 @@ const char* OpName(Op op) {
       return "QUEUE_LEN";
     case Op::kWatchKey:
       return "WATCH_KEY";
+    case Op::kAuthChallenge:
+      return "AUTH_CHALLENGE";
+    case Op::kAuthProof:
+      return "AUTH_PROOF";
   }
   return "?";
 }
 
 std::optional<uint8_t> WireCode(Generation generation, Op op) {
+  if (op == Op::kAuthChallenge) return kAuthChallengeCode;
+  if (op == Op::kAuthProof) return kAuthProofCode;
   if (generation == Generation::kLegacy) {
     for (size_t i = 0; i < kNumLegacyOps; ++i) {
       if (kLegacyOps[i] == op) return static_cast<uint8_t>(i);
@@ -121,6 +127,8 @@ std::optional<uint8_t> WireCode(Generation generation, Op op) {
 }
 
 std::optional<Op> OpFromWire(Generation generation, uint8_t code) {
+  if (code == kAuthChallengeCode) return Op::kAuthChallenge;
+  if (code == kAuthProofCode) return Op::kAuthProof;
   if (generation == Generation::kLegacy) {
     if (code < kNumLegacyOps) return kLegacyOps[code];
     return std::nullopt;
@@ -293,6 +301,8 @@ FrameParser::Result FrameParser::Parse(absl::string_view data, Request* out,
     case Op::kQueuePop:
     case Op::kQueueLen:
     case Op::kWatchKey:
+    case Op::kAuthChallenge:  // the nonce / proof travels as a key
+    case Op::kAuthProof:
       ok = read_key(&r);
       break;
     case Op::kAdd: {

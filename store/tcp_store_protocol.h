@@ -14,6 +14,12 @@
 //    MULTI_GET=10, MULTI_SET=11, CANCEL_WAIT=12).
 // A server tells them apart by the first frame (FrameParser does so).
 //
+// Ferry extension, in both generations: AUTH_CHALLENGE (0xF0, one byte
+// vector: the client's nonce) and AUTH_PROOF (0xF1, one byte vector: the
+// client's proof), for stores with a shared secret (store_auth.h). Their
+// responses: AUTH_CHALLENGE: the server's nonce and proof (two byte
+// vectors); AUTH_PROOF: one byte (0 accepted, 1 refused).
+//
 // Responses: SET, APPEND, MULTI_SET, QUEUE_PUSH: none. GET, COMPARE_SET: a
 // byte vector. ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN: int64. CHECK: one byte
 // (READY=0, NOT_READY=1). WAIT: one byte STOP_WAITING=0 once every key exists.
@@ -71,8 +77,13 @@ enum class Op : uint8_t {
   kQueuePush,
   kQueuePop,
   kQueueLen,
-  kWatchKey,  // legacy only; parsed so the server can refuse it by name.
+  kWatchKey,       // legacy only; parsed so the server can refuse it by name.
+  kAuthChallenge,  // Ferry extension (both generations)
+  kAuthProof,      // Ferry extension (both generations)
 };
+
+inline constexpr uint8_t kAuthChallengeCode = 0xF0;
+inline constexpr uint8_t kAuthProofCode = 0xF1;
 
 const char* OpName(Op op);
 

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "store/store_auth.h"
 
 namespace ferry {
 
@@ -81,6 +82,7 @@ struct TcpStoreServer::Loop {
   // Connections with a pending WAIT (kWait in, Wake or ClearWait out).
   std::atomic<int64_t> waiting{0};
   std::atomic<int64_t> dropped{0};
+  std::atomic<int64_t> refused{0};
   std::atomic<int64_t> keys{0};
   std::atomic<int64_t> ops{0};
 
@@ -88,6 +90,9 @@ struct TcpStoreServer::Loop {
   void OnConnection(int status);
   void OnRead(Conn* c, ssize_t nread);
   void Handle(Conn* c, const Request& r);
+  // With a secret: runs the handshake; false when `r` must not be handled
+  // (answered here, or the connection dropped).
+  bool Authenticate(Conn* c, const Request& r);
   void Flush(Conn* c);
   void Drop(Conn* c, absl::string_view reason);
   void Close(Conn* c);
@@ -118,6 +123,9 @@ struct Conn {
   std::vector<std::string> wait_keys;
   bool closing = false;
   bool registered = false;
+  bool authenticated = false;
+  std::string client_nonce;  // set by AUTH_CHALLENGE
+  std::string server_nonce;
 };
 
 uv_stream_t* Stream(Conn* c) { return reinterpret_cast<uv_stream_t*>(&c->tcp); }
@@ -222,7 +230,7 @@ void TcpStoreServer::Loop::OnRead(Conn* c, ssize_t nread) {
     }
     offset += consumed;
     ops.fetch_add(1, std::memory_order_relaxed);
-    Handle(c, request);
+    if (Authenticate(c, request)) Handle(c, request);
   }
   if (c->closing) return;
   if (buffered) {
@@ -289,6 +297,67 @@ void TcpStoreServer::Loop::ClearWait(Conn* c) {
   c->wait_keys.clear();
   if (c->wait_remaining > 0) waiting.fetch_sub(1, std::memory_order_relaxed);
   c->wait_remaining = 0;
+}
+
+bool TcpStoreServer::Loop::Authenticate(Conn* c, const Request& r) {
+  const bool auth_op = r.op == Op::kAuthChallenge || r.op == Op::kAuthProof;
+  if (options.secret.empty()) {
+    if (!auth_op) return true;
+    Drop(c, absl::StrCat("client sent ", tcpstore::OpName(r.op),
+                         " but this store has no secret (it does not "
+                         "authenticate clients)"));
+    return false;
+  }
+  if (c->authenticated) {
+    if (!auth_op) return true;
+    Drop(c, "authentication repeated on an authenticated connection");
+    return false;
+  }
+  auto refuse = [&](absl::string_view why) {
+    refused.fetch_add(1, std::memory_order_relaxed);
+    Drop(c, absl::StrCat("authentication refused: ", why));
+  };
+  switch (r.op) {
+    case Op::kValidate:
+      return true;  // PyTorch's handshake frame touches nothing.
+    case Op::kAuthChallenge:
+      if (!c->client_nonce.empty() ||
+          r.keys[0].size() != tcpstore::kAuthNonceBytes) {
+        refuse("malformed AUTH_CHALLENGE");
+        return false;
+      }
+      c->client_nonce = r.keys[0];
+      c->server_nonce = tcpstore::RandomNonce();
+      tcpstore::PutBytes(&c->outbuf, c->server_nonce);
+      tcpstore::PutBytes(&c->outbuf,
+                         tcpstore::AuthProof(options.secret, "server",
+                                             c->client_nonce, c->server_nonce));
+      return false;
+    case Op::kAuthProof:
+      if (c->client_nonce.empty()) {
+        refuse("AUTH_PROOF before AUTH_CHALLENGE");
+        return false;
+      }
+      if (!tcpstore::ProofsEqual(
+              r.keys[0],
+              tcpstore::AuthProof(options.secret, "client", c->client_nonce,
+                                  c->server_nonce))) {
+        // Tell the client before closing, so it can say "wrong secret".
+        tcpstore::PutU8(&c->outbuf, tcpstore::kAuthRefused);
+        Flush(c);
+        refuse("wrong secret");
+        return false;
+      }
+      c->authenticated = true;
+      tcpstore::PutU8(&c->outbuf, tcpstore::kAuthAccepted);
+      return false;
+    default:
+      refuse(absl::StrCat("unauthenticated client sent ",
+                          tcpstore::OpName(r.op),
+                          " (this store requires a shared secret; PyTorch "
+                          "clients cannot authenticate)"));
+      return false;
+  }
 }
 
 void TcpStoreServer::Loop::Handle(Conn* c, const Request& r) {
@@ -439,6 +508,9 @@ void TcpStoreServer::Loop::Handle(Conn* c, const Request& r) {
     case Op::kWatchKey:
       Drop(c, "WATCH_KEY (PyTorch 1.13 watchKey) is not supported");
       return;
+    case Op::kAuthChallenge:
+    case Op::kAuthProof:
+      return;  // Answered by Authenticate.
   }
 }
 
@@ -613,6 +685,7 @@ TcpStoreServer::Stats TcpStoreServer::GetStats() const {
   s.keys = loop_->keys.load(std::memory_order_relaxed);
   s.ops = loop_->ops.load(std::memory_order_relaxed);
   s.waiting = loop_->waiting.load(std::memory_order_relaxed);
+  s.refused = loop_->refused.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -57,6 +57,10 @@ class TcpStoreServer {
     tcpstore::Limits limits;
     // A client whose unread responses exceed this is dropped.
     size_t max_pending_write_bytes = 256 * 1024 * 1024;
+    // Shared secret (store_auth.h). Non-empty: every connection must
+    // authenticate before its first query, and one that does not (every
+    // PyTorch client) is dropped before any key is read or written.
+    std::string secret;
   };
 
   struct Stats {
@@ -69,6 +73,8 @@ class TcpStoreServer {
     // blocking QueuePop all wait this way): tests read it to know a waiter
     // is parked before they wake it.
     int64_t waiting = 0;
+    // Connections dropped for failing or skipping authentication.
+    int64_t refused = 0;
   };
 
   // Binds, listens and starts the loop thread. Errors (bind failure, port in

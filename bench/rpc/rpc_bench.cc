@@ -401,6 +401,10 @@ int RunServer(int port) {
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   OrDie(registry->Register("noop", [] {}), "register noop");
   OrDie(registry->Register("echo", [](Tensor t) { return t; }), "register");
+  // The same, registered non-blocking: served on gRPC's thread, no hop.
+  OrDie(registry->RegisterNonBlocking("noop_nb", [] {}), "register noop_nb");
+  OrDie(registry->RegisterNonBlocking("echo_nb", [](Tensor t) { return t; }),
+        "register echo_nb");
   TcpEchoServer tcp;
   GrpcEchoService grpc_service;
   int grpc_port = 0;
@@ -659,21 +663,28 @@ int RunClient(int port) {
     }
   }
 
-  // --- Ferry.
-  {
-    ReportLatency("ferry", "rpc_sync_noop", Summarize(TimeLoop(iters, [&] {
-                    absl::Status s = agent->rpc_sync<void>(1, "noop");
+  // --- Ferry: functions on the executor ("noop"), then registered
+  // non-blocking ("noop_nb", rows suffixed _nb: served on gRPC's thread).
+  for (const std::string suffix : {"", "_nb"}) {
+    const std::string noop_fn = "noop" + suffix;
+    const std::string echo_fn = "echo" + suffix;
+    ReportLatency("ferry", "rpc_sync_noop" + suffix,
+                  Summarize(TimeLoop(iters, [&] {
+                    absl::Status s = agent->rpc_sync<void>(1, noop_fn);
                     if (!s.ok()) Die(s.ToString());
                   })));
     Tensor four = from_vector<float>({1, 2, 3, 4});
-    ReportLatency("ferry", "rpc_sync_tensor4", Summarize(TimeLoop(iters, [&] {
-                    auto r = agent->rpc_sync<Tensor>(1, "echo", four);
+    ReportLatency("ferry", "rpc_sync_tensor4" + suffix,
+                  Summarize(TimeLoop(iters, [&] {
+                    auto r = agent->rpc_sync<Tensor>(1, echo_fn, four);
                     if (!r.ok()) Die(r.status().ToString());
                   })));
-    auto noop = [&](int) { return agent->CallAsync(1, "noop", {}); };
+    auto noop = [&](int) { return agent->CallAsync(1, noop_fn, {}); };
     Windowed(1000, 64, noop);  // Warm-up.
     auto [calls, secs] = Windowed(async_calls, 64, noop);
-    ReportRate("ferry", "rpc_async_64", calls, secs);
+    ReportRate("ferry", "rpc_async_64" + suffix, calls, secs);
+  }
+  {
     for (int64_t n : sizes) {
       Tensor t = full({n / 4}, 7.0);
       int64_t got = 0;

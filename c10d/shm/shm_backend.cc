@@ -60,15 +60,21 @@ std::string ErrnoText(absl::string_view what, const std::string& name) {
   return absl::StrCat(what, " ", name, ": ", std::strerror(errno));
 }
 
-// Identity of this host's shared-memory namespace: ranks that print the same
-// one can open each other's segments.
+// Identity of this host as the group sees it: boot id, the /dev/shm
+// instance, and the network namespace. Ranks in different network
+// namespaces count as different hosts (that is how tests emulate hosts, and
+// it keeps such groups on the network), although they could share memory.
 std::string HostIdentity() {
   std::string boot;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot);
-  struct stat st {};
-  if (::stat("/dev/shm", &st) != 0) return "";
-  return absl::StrCat(boot, "/", st.st_dev, ":", st.st_ino);
+  struct stat shm {
+  }, net{};
+  if (::stat("/dev/shm", &shm) != 0 || ::stat("/proc/self/ns/net", &net) != 0) {
+    return "";
+  }
+  return absl::StrCat(boot, "/", shm.st_dev, ":", shm.st_ino,
+                      "/net:", net.st_ino);
 }
 
 // False once `pid` has exited, also while it is an unreaped zombie (a

@@ -5,15 +5,15 @@
 // the `fallback` backend given at creation (gloo in the registered
 // factories), or fails Unimplemented when there is none.
 //
-// Rendezvous (Create): every rank publishes a host identity (boot id and the
-// device/inode of /dev/shm) through the store; unless all are equal, Create
-// returns FailedPrecondition (the "auto" factory then uses gloo alone; every
-// rank reads the same identities, so all decide alike). Rank 0 creates a
-// segment with shm_open (name "<prefix>-<pid>-<random>", mode 0600), the
-// others open it; the last rank to attach unlinks the name, so once Create
-// returns nothing is left in /dev/shm, whatever later happens to a rank. A
-// rank that does not arrive within the timeout fails Create with
-// DeadlineExceeded (the name is unlinked then too).
+// Rendezvous (Create): every rank publishes a host identity (boot id, the
+// device/inode of /dev/shm and of its network namespace) through the store;
+// unless all are equal, Create returns FailedPrecondition (the "auto" factory
+// then uses gloo alone; every rank reads the same identities, so all decide
+// alike). Rank 0 creates a segment with shm_open (name
+// "<prefix>-<pid>-<random>", mode 0600), the others open it; the last rank to
+// attach unlinks the name, so once Create returns nothing is left in /dev/shm,
+// whatever later happens to a rank. A rank that does not arrive within the
+// timeout fails Create with DeadlineExceeded (the name is unlinked then too).
 //
 // Algorithm: the segment holds two buffer sets of `slot_bytes` per rank.
 // Each round a rank writes its piece into its slot of set (round % 2) and

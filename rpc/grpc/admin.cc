@@ -2,7 +2,13 @@
 
 #include <unistd.h>
 
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
+#include "rpc/grpc/admin_json.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {
@@ -66,7 +72,60 @@ grpc::ServerUnaryReactor* AdminService::GetStats(
     const ferry::admin::v1::GetStatsRequest*,
     ferry::admin::v1::GetStatsResponse* out) {
   *out = agent_->stats().Snapshot();
+  out->set_calls_in_flight(agent_->calls_in_flight());
+  out->set_executor_queue_depth(agent_->executor_queue_depth());
+  for (const WorkerInfo& w : agent_->GetWorkerInfos()) {
+    auto* peer = out->add_peers();
+    peer->set_name(w.name);
+    peer->set_rank(w.id);
+    peer->set_address(w.address);
+    peer->set_state(agent_->ChannelState(w.id));
+  }
   return Done(context);
+}
+
+grpc::ServerUnaryReactor* AdminService::Invoke(
+    grpc::CallbackServerContext* context,
+    const ferry::admin::v1::InvokeRequest* request,
+    ferry::admin::v1::InvokeResponse* out) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const std::string& me = agent_->self().name;
+  if (!agent_->grpc_options_.enable_admin_invoke) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat("worker '", me,
+                     "': admin Invoke is disabled (GrpcAgentOptions::"
+                     "enable_admin_invoke)")));
+    return reactor;
+  }
+  Value::List args;
+  for (int i = 0; i < request->args().values_size(); ++i) {
+    absl::StatusOr<Value> v =
+        JsonToValue(request->args().values(i), absl::StrCat("args[", i, "]"));
+    if (!v.ok()) {
+      reactor->Finish(ToGrpcStatus(
+          Annotate(v.status(), absl::StrCat("worker '", me, "' invoking '",
+                                            request->function(), "'"))));
+      return reactor;
+    }
+    args.push_back(*std::move(v));
+  }
+  std::optional<absl::Duration> timeout;
+  if (request->timeout_seconds() > 0) {
+    timeout = absl::Seconds(request->timeout_seconds());
+  }
+  const absl::Time start = absl::Now();
+  agent_->CallAsync(me, request->function(), std::move(args), timeout)
+      .OnComplete([reactor, out, start](const Result<Value>& result) {
+        if (!result.ok()) {
+          reactor->Finish(ToGrpcStatus(result.status()));
+          return;
+        }
+        *out->mutable_result() = ValueToJson(*result);
+        out->set_latency_us(absl::ToDoubleMicroseconds(absl::Now() - start));
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AdminService::Inspect(

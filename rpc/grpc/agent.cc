@@ -7,11 +7,13 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/host_address.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "proto/health.pb.h"
 #include "rpc/grpc/admin.h"
 #include "rpc/grpc/codec.h"
 #include "rpc/grpc/rendezvous.h"
@@ -29,6 +31,9 @@ void EnableServerPlugins() {
   std::call_once(once, [] {
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::EnableDefaultHealthCheckService(true);
+    // gRPC serves the health service without protobuf descriptors; touching
+    // ours links them into the pool, so reflection can describe it.
+    grpc::health::v1::HealthCheckRequest::descriptor();
   });
 }
 
@@ -135,11 +140,16 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
         "FERRY_ADVERTISE_ADDR or FERRY_SOCKET_IFNAME)"));
   }
   EnableServerPlugins();
+  absl::StatusOr<grpc_agent::Credentials> credentials =
+      grpc_agent::LoadCredentials(grpc_options_.tls, name);
+  if (!credentials.ok()) return credentials.status();
+  credentials_ = *std::move(credentials);
+  grpc_agent::WarnIfPlaintextExposed(grpc_options_.tls, listen, name);
   worker_service_ = std::make_unique<grpc_agent::WorkerService>(this);
   admin_service_ = std::make_unique<grpc_agent::AdminService>(this);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, credentials_.server, &port);
   builder.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
   builder.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
   builder.RegisterService(worker_service_.get());
@@ -147,7 +157,10 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
     return absl::UnavailableError(
-        absl::StrCat("worker '", name, "' cannot listen on ", listen));
+        absl::StrCat("worker '", name, "' cannot listen on ", listen,
+                     grpc_options_.tls.enabled()
+                         ? " with TLS (do cert_file and key_file match?)"
+                         : ""));
   }
   if (auto* health = server_->GetHealthCheckService()) {
     health->SetServingStatus("ferry.rpc.v1.Worker", true);
@@ -163,14 +176,36 @@ void GrpcAgent::OpenChannels() {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  credentials_.apply_channel_args(args);
   for (const WorkerInfo& w : GetWorkerInfos()) {
     auto peer = std::make_shared<Peer>();
     peer->info = w;
-    peer->channel = grpc::CreateCustomChannel(
-        w.address, grpc::InsecureChannelCredentials(), args);
+    peer->channel =
+        grpc::CreateCustomChannel(w.address, credentials_.channel, args);
     peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
     peers_.push_back(std::move(peer));
   }
+}
+
+std::string GrpcAgent::ChannelState(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "NONE";
+  switch (peers_[rank]->channel->GetState(/*try_to_connect=*/false)) {
+    case GRPC_CHANNEL_IDLE:
+      return "IDLE";
+    case GRPC_CHANNEL_CONNECTING:
+      return "CONNECTING";
+    case GRPC_CHANNEL_READY:
+      return "READY";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "TRANSIENT_FAILURE";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "SHUTDOWN";
+  }
+  return "UNKNOWN";
+}
+
+int64_t GrpcAgent::calls_in_flight() const {
+  return worker_service_ ? worker_service_->limiter().in_flight() : 0;
 }
 
 GrpcAgent::~GrpcAgent() { Shutdown(/*graceful=*/false).IgnoreError(); }
@@ -308,9 +343,9 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
                          GlobalId::FromValue(call->id).ToString(), ")"));
         break;
       case grpc::StatusCode::UNAVAILABLE:
-        result = absl::UnavailableError(
-            absl::StrCat(where, " at ", call->peer_address,
-                         " is unavailable: ", s.message()));
+        result = absl::UnavailableError(absl::StrCat(
+            where, " at ", call->peer_address, " is unavailable: ", s.message(),
+            grpc_agent::TlsFailureHint(grpc_options_.tls, s.message())));
         break;
       case grpc::StatusCode::CANCELLED:
         result = absl::CancelledError(
@@ -318,9 +353,13 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
                          "' shutting down)"));
         break;
       case grpc::StatusCode::RESOURCE_EXHAUSTED:
+        // The peer's in-flight refusals name their limit already.
         result = absl::ResourceExhaustedError(absl::StrCat(
-            "call to ", where, ": ", s.message(), " (message limit ",
-            grpc_options_.max_message_bytes, " bytes)"));
+            "call to ", where, ": ", s.message(),
+            absl::StrContains(s.message(), "max_inflight_calls")
+                ? ""
+                : absl::StrCat(" (message limit ",
+                               grpc_options_.max_message_bytes, " bytes)")));
         break;
       default:
         // Agent-level errors from the peer already name it.

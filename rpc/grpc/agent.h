@@ -32,6 +32,7 @@
 #include "common/sync.h"
 #include "rpc/agent.h"
 #include "rpc/grpc/stats.h"
+#include "rpc/grpc/tls.h"
 #include "store/store.h"
 #include "tensor/wire.h"
 
@@ -48,11 +49,24 @@ struct GrpcAgentOptions : Agent::Options {
   // The host peers use to reach this worker, published through the store.
   // Empty: the listen host, which must then not be a wildcard (0.0.0.0, ::).
   std::string advertise_address;
+  // TLS / mutual TLS (rpc/grpc/tls.h); plaintext when empty. Listening on a
+  // non-loopback address without TLS logs a warning.
+  TlsOptions tls;
   WireLimits wire_limits;
+  // Calls this worker serves at once (received, not answered yet): in total
+  // and from one client connection. Beyond them a call is refused with
+  // ResourceExhausted naming the limit. <= 0: unlimited.
+  int64_t max_inflight_calls = 1 << 16;
+  int64_t max_inflight_calls_per_connection = 1 << 14;
   // Called once with the new agent before it serves or joins the group:
   // register the handlers and interceptors peers may use as soon as the
   // group forms (a layer's Install(agent)). An error aborts Start.
   std::function<absl::Status(Agent&)> before_serving;
+  // Serve the admin Invoke method (run any registered function with JSON
+  // arguments, proto/admin.proto). Off: Invoke answers PERMISSION_DENIED.
+  // It runs code paths on operator input, so enable it only where the
+  // admin port is trusted (TLS with client certificates, or loopback).
+  bool enable_admin_invoke = false;
 };
 
 namespace grpc_agent {
@@ -79,10 +93,14 @@ class GrpcAgent final : public Agent {
   // The gRPC address this worker publishes ("advertised-host:port").
   const std::string& address() const { return self().address; }
   const RpcStats& stats() const { return stats_; }
+  // Calls being served now (see max_inflight_calls).
+  int64_t calls_in_flight() const;
+  size_t executor_queue_depth() const { return ExecutorQueueDepth(); }
   absl::Time start_time() const { return start_time_; }
 
  private:
   friend class grpc_agent::WorkerService;
+  friend class grpc_agent::AdminService;
   struct Peer;
   struct OutgoingCall;
 
@@ -95,6 +113,9 @@ class GrpcAgent final : public Agent {
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
   void CallDone(OutgoingCall* call, const grpc::Status& status);
+  // gRPC's connectivity state of the channel to `rank` ("READY"...), for
+  // the admin service; "NONE" before the channels open.
+  std::string ChannelState(int rank) const;
 
   const GrpcAgentOptions grpc_options_;
   const std::shared_ptr<Store> store_;
@@ -106,6 +127,8 @@ class GrpcAgent final : public Agent {
   std::unique_ptr<grpc_agent::WorkerService> worker_service_;
   std::unique_ptr<grpc_agent::AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Server and channel credentials, loaded once in StartServer.
+  grpc_agent::Credentials credentials_;
 
   Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.

@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
@@ -42,8 +43,10 @@ TEST(GrpcAgentLarge, OneGibTensorArgument) {
   p[0] = 11;
   p[kBytes / 2] = 22;
   p[kBytes - 1] = 33;
-  auto r =
-      (*agents[0])->rpc_sync<std::vector<int64_t>>("receiver", "probe", big);
+  // 1 GiB each way through loopback on a loaded 2-core machine can take
+  // longer than the default 60 s call timeout; the test is about size limits.
+  auto r = (*agents[0])->rpc_sync_for<std::vector<int64_t>>(
+      absl::Minutes(5), "receiver", "probe", big);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, (std::vector<int64_t>{kBytes, 11, 22, 33}));
 

@@ -322,5 +322,37 @@ TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
   ShutdownAll(*agents);
 }
 
+// A function registered non-blocking is served on gRPC's thread: it answers
+// while the callee's only executor thread is held by a blocking function that
+// waits for exactly that answer (on the executor it would wait for the
+// thread it holds, until the timeout).
+TEST(GrpcAgent, NonBlockingFunctionRunsWhileTheExecutorIsBusy) {
+  auto reg = std::make_shared<FunctionRegistry>();
+  auto started = std::make_shared<Notification>();
+  auto opened = std::make_shared<Notification>();
+  ASSERT_TRUE(reg->Register("wait_open",
+                            [started, opened] {
+                              started->Notify();
+                              return opened->WaitForNotificationWithTimeout(
+                                  absl::Seconds(20));
+                            })
+                  .ok());
+  ASSERT_TRUE(
+      reg->RegisterNonBlocking("open", [opened] { opened->Notify(); }).ok());
+  GrpcAgentOptions opts;
+  opts.num_worker_threads = 1;
+  auto agents = StartGroup({"a", "b"}, reg, opts);
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  Future<bool> waiting = (*agents)[0]->rpc_async<bool>("b", "wait_open");
+  ASSERT_TRUE(started->WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Status opening =
+      (*agents)[0]->rpc_sync_for<void>(absl::Seconds(10), "b", "open");
+  EXPECT_TRUE(opening.ok()) << opening;
+  Result<bool> waited = waiting.Get(absl::Seconds(30));
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_TRUE(*waited);
+  ShutdownAll(*agents);
+}
+
 }  // namespace
 }  // namespace ferry::rpc

@@ -56,6 +56,9 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
     int world_size, GrpcAgentOptions options,
     std::shared_ptr<FunctionRegistry> registry) {
   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod(init_method));
+  if (!options.tls.enabled()) {
+    ASSIGN_OR_RETURN(options.tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
+  }
   StoreFactories factories;
   factories.tcp = MakeTcpStoreFactory();
   std::optional<std::string> agent_store = GetEnv("FERRY_USE_AGENT_STORE");

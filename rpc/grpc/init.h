@@ -20,6 +20,10 @@
 // To bind every interface but publish one address (NAT, containers):
 // FERRY_LISTEN_ADDR=0.0.0.0 FERRY_ADVERTISE_ADDR=<reachable address>.
 //
+// TLS: when `options.tls` is empty, it comes from FERRY_TLS_CA,
+// FERRY_TLS_CERT, FERRY_TLS_KEY, FERRY_TLS_REQUIRE_CLIENT_CERT and
+// FERRY_TLS_SERVER_NAME (rpc/grpc/tls.h).
+//
 // Errors: those of ParseInitMethod / CreateStore / GrpcAgent::Start.
 #ifndef FERRY_RPC_GRPC_INIT_H_
 #define FERRY_RPC_GRPC_INIT_H_

@@ -1,6 +1,7 @@
 #include "rpc/grpc/init.h"
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -8,14 +9,21 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "proto/admin.grpc.pb.h"
+#include "store/tcp_store.h"
 #include "tests/util/held_port.h"
+#include "tests/util/test_pki.h"
 
 namespace ferry::rpc {
 namespace {
 
 // Starts `n` agents through InitRpc(url) from threads and checks they can call
 // each other; shuts them down together.
-void RunGroup(const std::string& url, int n) {
+// `while_up` runs once the group has formed.
+void RunGroup(
+    const std::string& url, int n,
+    const std::function<void(const GrpcAgent&)>& while_up =
+        [](const GrpcAgent&) {}) {
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(
       registry->Register("twice", [](int64_t x) { return 2 * x; }).ok());
@@ -31,8 +39,11 @@ void RunGroup(const std::string& url, int n) {
   for (auto& t : ts) t.join();
   for (auto& a : agents) ASSERT_TRUE(a.ok()) << a.status();
   for (int i = 0; i < n; ++i) {
-    EXPECT_EQ(*(*agents[i])->rpc_sync<int64_t>((i + 1) % n, "twice", i), 2 * i);
+    EXPECT_EQ(
+        (*agents[i])->rpc_sync<int64_t>((i + 1) % n, "twice", i).value_or(-1),
+        2 * i);
   }
+  while_up(**agents[0]);
   ts.clear();
   for (auto& a : agents)
     ts.emplace_back([&a] { EXPECT_TRUE((*a)->Shutdown().ok()); });
@@ -50,6 +61,47 @@ TEST(InitRpc, TcpInitMethodRankZeroHostsTheStore) {
   testutil::HeldPort held;
   ASSERT_GT(held.port(), 0);
   RunGroup(absl::StrCat("tcp://127.0.0.1:", held.port()), 3);
+}
+
+// The store secret and TLS come from the environment: a group forms and
+// calls over mutual TLS with an authenticated store, while a store client
+// without the secret and a plaintext gRPC client are refused.
+TEST(InitRpc, SecretAndTlsFromEnvironment) {
+  unsetenv("FERRY_USE_AGENT_STORE");
+  auto pki =
+      testutil::MakeTestPki(std::string(std::getenv("TEST_TMPDIR")) + "/pki");
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  setenv("FERRY_STORE_SECRET", "shared-by-the-job", 1);
+  setenv("FERRY_TLS_CA", pki->ca.c_str(), 1);
+  setenv("FERRY_TLS_CERT", pki->alice.cert.c_str(), 1);
+  setenv("FERRY_TLS_KEY", pki->alice.key.c_str(), 1);
+  setenv("FERRY_TLS_REQUIRE_CLIENT_CERT", "1", 1);
+  testutil::HeldPort held;
+  ASSERT_GT(held.port(), 0);
+  const int port = held.port();
+  RunGroup(absl::StrCat("tcp://127.0.0.1:", port), 2,
+           [port](const GrpcAgent& w0) {
+             // The workers serve TLS only.
+             auto admin = ferry::admin::v1::Admin::NewStub(grpc::CreateChannel(
+                 w0.address(), grpc::InsecureChannelCredentials()));
+             grpc::ClientContext context;
+             context.set_deadline(
+                 absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+             ferry::admin::v1::WorkerInfo info;
+             EXPECT_FALSE(admin->GetWorkerInfo(&context, {}, &info).ok());
+             // While the group is up (rank 0 hosts the store): no secret, no
+             // entry.
+             TcpStoreOptions o;
+             o.port = port;
+             o.timeout = absl::Seconds(5);
+             auto intruder = TcpStore::Create(o);
+             ASSERT_TRUE(intruder.ok()) << intruder.status();
+             EXPECT_FALSE((*intruder)->NumKeys().ok());
+           });
+  for (const char* v : {"FERRY_STORE_SECRET", "FERRY_TLS_CA", "FERRY_TLS_CERT",
+                        "FERRY_TLS_KEY", "FERRY_TLS_REQUIRE_CLIENT_CERT"}) {
+    unsetenv(v);
+  }
 }
 
 TEST(InitRpc, MalformedInitMethodIsAnError) {

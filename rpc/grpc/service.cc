@@ -32,6 +32,12 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                      ")")));
     return reactor;
   }
+  absl::StatusOr<std::shared_ptr<void>> slot =
+      limiter_.Acquire(context->peer(), me);
+  if (!slot.ok()) {
+    reactor->Finish(ToGrpcStatus(slot.status()));
+    return reactor;
+  }
   // Stats are kept per function for calls, per type for other messages.
   std::string key = type == MessageType::kCall ? split->header.function()
                                                : MessageTypeName(type);
@@ -39,8 +45,9 @@ grpc::ServerUnaryReactor* WorkerService::Call(
   const WireLimits limits = agent_->grpc_options_.wire_limits;
   auto received = std::make_shared<ReceivedRequest>(*std::move(split));
   GrpcAgent* agent = agent_;
+  // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
   agent_
-      ->Dispatch(type,
+      ->Dispatch(type, received->header.function(),
                  [received, start, limits]() mutable {
                    absl::StatusOr<Message> m =
                        DecodeRequest(*received, start, limits);
@@ -48,7 +55,8 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                    return m;
                  })
       .OnComplete([agent, reactor, response, start, bytes_in,
-                   key = std::move(key)](const Result<Message>& reply) {
+                   key = std::move(key),
+                   slot = *std::move(slot)](const Result<Message>& reply) {
         absl::StatusOr<EncodedMessage> encoded =
             EncodeReply(reply, agent->grpc_options_.wire_limits);
         if (!encoded.ok()) {

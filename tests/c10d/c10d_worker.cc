@@ -9,7 +9,7 @@
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
 // expect_deadline: joins a group some rank never joins; exits 0 if group
 // creation fails with DeadlineExceeded in time, 1 otherwise.
-// shm_kill (--shm_prefix=/name): a group on the "shm" backend runs 16 MiB
+// shm_kill (--shm_prefix=/name): a group on the "shm" backend runs 4 MiB
 // all-reduces; the last rank SIGKILLs itself right after issuing its fourth
 // (while its backend's worker runs it). The others exit 0 if an all-reduce
 // fails within the timeout (plus 5 s), 1 otherwise.
@@ -123,7 +123,7 @@ int RunCollectives(ProcessGroup& pg) {
 int RunShmKill(ProcessGroup& pg, absl::Duration timeout) {
   const int rank = pg.rank();
   const bool victim = rank == pg.size() - 1;
-  Tensor t = full({int64_t{4} << 20}, 1.0);
+  Tensor t = full({int64_t{1} << 20}, 1.0);
   for (int i = 0; i < 1000; ++i) {
     std::shared_ptr<Work> w = pg.Allreduce(t);
     if (victim && i == 3) std::raise(SIGKILL);

@@ -164,7 +164,7 @@ TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
     auto child = testutil::Subprocess::Spawn(
         {g_worker, absl::StrCat("--init_method=file://", path),
          "--mode=shm_kill", absl::StrCat("--shm_prefix=/", prefix),
-         "--timeout_ms=5000", absl::StrCat("--rank=", r),
+         "--timeout_ms=20000", absl::StrCat("--rank=", r),
          absl::StrCat("--world_size=", world)});
     ASSERT_TRUE(child.ok()) << child.status();
     workers.push_back(*std::move(child));

@@ -89,6 +89,10 @@ class NetnsTest : public ::testing::Test {
     SpawnOptions o = SpawnOptions().CaptureStdout().MergeStderr();
     o.pipe_stdin = pipe_stdin;
     o.env = std::move(env);
+    // The namespaces share this machine's /dev/shm and boot id, so c10d
+    // would take its same-host shared-memory path: keep collectives on the
+    // network, as between real hosts.
+    o.env["FERRY_C10D_SHM"] = "0";
     auto p = Subprocess::Spawn(argv, o);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;

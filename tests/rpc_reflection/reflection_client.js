@@ -9,14 +9,21 @@
 
 const grpc = require('@grpc/grpc-js');
 const {GrpcReflection} = require('grpc-js-reflection-client');
-const protobuf = require('protobufjs');
 
-const address = process.argv[2];
+const fs = require('fs');
+
+// With CA_FILE (and optionally CERT_FILE KEY_FILE): TLS (mutual TLS).
+const [address, caFile, certFile, keyFile] = process.argv.slice(2);
 if (!address) {
-  console.error('usage: node reflection_client.js HOST:PORT');
+  console.error(
+      'usage: node reflection_client.js HOST:PORT [CA_FILE [CERT KEY]]');
   process.exit(2);
 }
-const creds = grpc.credentials.createInsecure();
+const creds = caFile ?
+    grpc.credentials.createSsl(
+        fs.readFileSync(caFile), keyFile ? fs.readFileSync(keyFile) : null,
+        certFile ? fs.readFileSync(certFile) : null) :
+    grpc.credentials.createInsecure();
 const deadline = () => new Date(Date.now() + 10000);
 
 function result(what, value) {
@@ -32,41 +39,36 @@ function unary(client, method, request) {
   });
 }
 
-// grpc.health.v1.Health is served by gRPC C++'s built-in health service,
-// which reflection does not describe; its two messages are declared here
-// (the standard grpc/health/v1/health.proto shapes).
-const healthRoot = protobuf.Root.fromJSON({
-  nested: {
-    HealthCheckRequest: {fields: {service: {type: 'string', id: 1}}},
-    HealthCheckResponse: {
-      fields: {status: {type: 'ServingStatus', id: 1}},
-      nested: {
-        ServingStatus: {
-          values: {UNKNOWN: 0, SERVING: 1, NOT_SERVING: 2, SERVICE_UNKNOWN: 3},
-        },
-      },
-    },
-  },
-});
-
-async function healthCheck(service) {
-  const Req = healthRoot.lookupType('HealthCheckRequest');
-  const Resp = healthRoot.lookupType('HealthCheckResponse');
-  const Client = grpc.makeGenericClientConstructor({
-    Check: {
-      path: '/grpc.health.v1.Health/Check',
-      requestStream: false,
-      responseStream: false,
-      requestSerialize: (o) => Buffer.from(Req.encode(Req.create(o)).finish()),
-      requestDeserialize: (b) => Req.decode(b),
-      responseSerialize: (o) => Buffer.from(Resp.encode(o).finish()),
-      responseDeserialize: (b) =>
-          Resp.toObject(Resp.decode(b), {enums: String, defaults: true}),
-    },
-  });
-  const client = new Client(address, creds);
+// grpc.health.v1.Health through descriptors found by reflection (no .proto
+// file on this side): Check, and the first answer of the Watch stream.
+async function health(reflection) {
+  const descriptor =
+      await reflection.getDescriptorBySymbol('grpc.health.v1.Health');
+  const pkg = descriptor.getPackageObject(
+      {keepCase: true, enums: String, defaults: true});
+  const client = new pkg.grpc.health.v1.Health(address, creds);
   try {
-    return await unary(client, 'Check', {service});
+    result('health', await unary(client, 'Check', {service: ''}));
+    // Per-service status is optional in gRPC's health protocol (NOT_FOUND
+    // when a server does not track it); report either answer.
+    try {
+      result('health_worker',
+             await unary(client, 'Check', {service: 'ferry.rpc.v1.Worker'}));
+    } catch (err) {
+      result('health_worker_error', String(err.message));
+    }
+    result('health_watch', await new Promise((resolve, reject) => {
+      const call = client.Watch({service: ''}, {deadline: deadline()});
+      call.on('data', (response) => {
+        resolve(response);
+        call.cancel();
+      });
+      call.on('error', (err) => {
+        if (err.code !== grpc.status.CANCELLED) {
+          reject(new Error(`Watch: ${err.code} ${err.details}`));
+        }
+      });
+    }));
   } finally {
     client.close();
   }
@@ -103,19 +105,23 @@ async function main() {
     result('functions', await unary(admin, 'ListFunctions', {}));
     result('workers', await unary(admin, 'ListWorkers', {}));
     result('stats', await unary(admin, 'GetStats', {}));
+    // Invoke a registered function with JSON arguments.
+    result('invoke', await unary(admin, 'Invoke', {
+      function: 'greet',
+      args: {values: [{string_value: 'ops'}, {number_value: 2}]},
+    }));
+    try {
+      await unary(admin, 'Invoke', {function: 'nope', args: {values: []}});
+      result('invoke_unknown_error', 'none');
+    } catch (err) {
+      result('invoke_unknown_error', String(err.message));
+    }
   } finally {
     admin.close();
   }
 
-  // 4. Health.
-  result('health', await healthCheck(''));
-  // Per-service status is optional in gRPC's health protocol (NOT_FOUND
-  // when a server does not track it); report either answer.
-  try {
-    result('health_worker', await healthCheck('ferry.rpc.v1.Worker'));
-  } catch (err) {
-    result('health_worker_error', String(err.message));
-  }
+  // 4. Health, described by reflection.
+  await health(reflection);
 }
 
 main().then(

@@ -33,6 +33,7 @@
 #include "gtest/gtest.h"
 #include "proto/admin.pb.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/test_pki.h"
 
 namespace {
 
@@ -96,10 +97,18 @@ M ParseMessage(const std::string& json) {
   return m;
 }
 
-TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
+// Finds node and the prepared Node packages; on failure, *skip says why.
+struct NodeSetup {
+  std::string node;
+  std::string npm_dir;
+};
+std::optional<NodeSetup> PrepareNode(std::string* skip) {
   std::optional<std::string> node = FindInPath("node");
   if (!node) node = FindInPath("nodejs");
-  if (!node) GTEST_SKIP() << "SKIPPED: node is not installed (Debian: nodejs)";
+  if (!node) {
+    *skip = "SKIPPED: node is not installed (Debian: nodejs)";
+    return std::nullopt;
+  }
   // prepare.sh returns at once when the packages are already there. Inside
   // Bazel's sandbox the user's cache is read-only: when it is not prepared,
   // install into the test's scratch directory instead (network permitting).
@@ -116,19 +125,38 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
                                          npm_env, absl::Seconds(40));
   }
   if (prepared != 0) {
-    GTEST_SKIP() << "SKIPPED: the Node reflection client is not installed in "
-                 << npm_dir << " and could not be installed ("
-                 << absl::StripAsciiWhitespace(why)
-                 << "); run tests/rpc_reflection/prepare.sh with network "
-                    "access, or set FERRY_NPM_DIR to a prepared directory";
+    *skip = absl::StrCat(
+        "SKIPPED: the Node reflection client is not installed in ", npm_dir,
+        " and could not be installed (", absl::StripAsciiWhitespace(why),
+        "); run tests/rpc_reflection/prepare.sh with network access, or set "
+        "FERRY_NPM_DIR to a prepared directory");
+    return std::nullopt;
   }
+  return NodeSetup{*node, npm_dir};
+}
 
-  auto spawned = Subprocess::Spawn({g_worker, "--name=inspector"},
-                                   ferry::testutil::SpawnOptions()
-                                       .PipeStdin()
-                                       .CaptureStdout()
-                                       .MergeStderr());
-  ASSERT_TRUE(spawned.ok()) << spawned.status();
+struct Inspection {
+  std::string address;
+  int rc = -1;  // the client's exit status
+  std::string output;
+  std::map<std::string, std::string> results;
+};
+
+// Starts reflection_worker with `worker_args`, runs the Node client against
+// it with `client_args` after the address, and stops the worker (which must
+// exit cleanly).
+Inspection Inspect(const NodeSetup& setup,
+                   const std::vector<std::string>& worker_args,
+                   const std::vector<std::string>& client_args) {
+  Inspection out;
+  std::vector<std::string> argv = {g_worker, "--name=inspector"};
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  auto spawned = Subprocess::Spawn(argv, ferry::testutil::SpawnOptions()
+                                             .PipeStdin()
+                                             .CaptureStdout()
+                                             .MergeStderr());
+  EXPECT_TRUE(spawned.ok()) << spawned.status();
+  if (!spawned.ok()) return out;
   Subprocess& worker = **spawned;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   std::string banner = worker.ReadUntil(deadline, [](const auto& t) {
@@ -136,14 +164,17 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
            t.find('\n', t.find("ADDRESS ")) != std::string::npos;
   });
   size_t at = banner.find("ADDRESS ");
-  ASSERT_NE(at, std::string::npos) << "worker said: " << banner;
-  std::string address(absl::StripAsciiWhitespace(
+  EXPECT_NE(at, std::string::npos) << "worker said: " << banner;
+  if (at == std::string::npos) return out;
+  out.address = std::string(absl::StripAsciiWhitespace(
       banner.substr(at + 8, banner.find('\n', at) - at - 8)));
-  ASSERT_TRUE(absl::StartsWith(address, "127.0.0.1:")) << address;
+  EXPECT_TRUE(absl::StartsWith(out.address, "127.0.0.1:")) << out.address;
 
-  auto [rc, output] =
-      RunCommand({*node, g_client, address},
-                 {{"NODE_PATH", npm_dir + "/node_modules"}}, absl::Seconds(30));
+  std::vector<std::string> client = {setup.node, g_client, out.address};
+  client.insert(client.end(), client_args.begin(), client_args.end());
+  std::tie(out.rc, out.output) =
+      RunCommand(client, {{"NODE_PATH", setup.npm_dir + "/node_modules"}},
+                 absl::Seconds(30));
 
   // Closing the worker's stdin asks it to shut down gracefully.
   worker.CloseStdin();
@@ -153,9 +184,48 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
   EXPECT_EQ(worker_rc.value_or(-1), 0)
       << worker_rc.status() << "; worker log:\n"
       << banner << worker_log;
+  out.results = ParseResults(out.output);
+  return out;
+}
 
-  ASSERT_EQ(rc, 0) << "reflection client failed:\n" << output;
-  std::map<std::string, std::string> results = ParseResults(output);
+// Health through reflection-resolved descriptors: Check and Watch.
+void ExpectHealthy(std::map<std::string, std::string>& results,
+                   const std::string& output) {
+  EXPECT_EQ(results["health"], R"({"status":"SERVING"})") << output;
+  EXPECT_EQ(results["health_watch"], R"({"status":"SERVING"})") << output;
+}
+
+// Invoke of greet("ops", 2) and of an unknown function.
+void ExpectInvoke(std::map<std::string, std::string>& results,
+                  const std::string& output) {
+  ASSERT_TRUE(results.contains("invoke")) << output;
+  google::protobuf::Struct invoke;
+  auto s =
+      google::protobuf::util::JsonStringToMessage(results["invoke"], &invoke);
+  ASSERT_TRUE(s.ok()) << s.ToString() << " in " << results["invoke"];
+  EXPECT_EQ(invoke.fields()
+                .at("result")
+                .struct_value()
+                .fields()
+                .at("string_value")
+                .string_value(),
+            "hello opshello ops")
+      << results["invoke"];
+  EXPECT_TRUE(absl::StrContains(results["invoke_unknown_error"], "'nope'"))
+      << results["invoke_unknown_error"];
+  EXPECT_TRUE(absl::StartsWith(results["invoke_unknown_error"], "\"Invoke: 5 "))
+      << results["invoke_unknown_error"];  // 5 = NOT_FOUND
+}
+
+TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
+  std::string skip;
+  std::optional<NodeSetup> setup = PrepareNode(&skip);
+  if (!setup) GTEST_SKIP() << skip;
+  Inspection run = Inspect(*setup, {"--enable_invoke"}, {});
+  const std::string& address = run.address;
+  const std::string& output = run.output;
+  std::map<std::string, std::string>& results = run.results;
+  ASSERT_EQ(run.rc, 0) << "reflection client failed:\n" << output;
 
   // 1. Services, as listed through server reflection.
   ASSERT_TRUE(results.contains("services")) << output;
@@ -229,8 +299,37 @@ TEST(RpcReflection, NodeReflectionClientInspectsAWorker) {
       ParseMessage<ferry::admin::v1::GetStatsResponse>(results["stats"]);
   EXPECT_EQ(stats.total_errors(), 0u);
 
-  // 4. Health.
-  EXPECT_EQ(results["health"], R"({"status":"SERVING"})") << output;
+  EXPECT_EQ(methods["Invoke"], "InvokeRequest>InvokeResponse");
+  ExpectInvoke(results, output);
+
+  // 4. Health, described by reflection.
+  ExpectHealthy(results, output);
+}
+
+// The same client over mutual TLS, with a CA and certificates made now; a
+// client without a certificate is refused.
+TEST(RpcReflection, NodeClientOverMutualTls) {
+  std::string skip;
+  std::optional<NodeSetup> setup = PrepareNode(&skip);
+  if (!setup) GTEST_SKIP() << skip;
+  auto pki = ferry::testutil::MakeTestPki(testing::TempDir() + "/pki");
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  const std::vector<std::string> worker = {
+      "--enable_invoke", "--tls_ca=" + pki->ca, "--tls_cert=" + pki->alice.cert,
+      "--tls_key=" + pki->alice.key, "--require_client_cert"};
+  Inspection run =
+      Inspect(*setup, worker, {pki->ca, pki->bob.cert, pki->bob.key});
+  ASSERT_EQ(run.rc, 0) << "reflection client failed:\n" << run.output;
+  auto info =
+      ParseMessage<ferry::admin::v1::WorkerInfo>(run.results["worker_info"]);
+  EXPECT_EQ(info.name(), "inspector");
+  ExpectInvoke(run.results, run.output);
+  ExpectHealthy(run.results, run.output);
+
+  // Trusting the CA but showing no certificate: refused in the handshake.
+  Inspection anonymous = Inspect(*setup, worker, {pki->ca});
+  EXPECT_NE(anonymous.rc, 0) << anonymous.output;
+  EXPECT_FALSE(anonymous.results.contains("services")) << anonymous.output;
 }
 
 }  // namespace

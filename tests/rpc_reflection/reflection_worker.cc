@@ -1,6 +1,8 @@
 // A one-worker Ferry group for inspection by outside gRPC clients.
 //
-//   reflection_worker [--name=NAME]
+//   reflection_worker [--name=NAME] [--enable_invoke]
+//                     [--tls_ca=F --tls_cert=F --tls_key=F
+//                      [--require_client_cert]]
 //
 // Starts a GrpcAgent (rank 0 of 1, over an in-process HashStore) serving a
 // few functions, prints "ADDRESS <host:port>" on stdout, and serves until its
@@ -20,6 +22,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "common/future.h"
 #include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
@@ -71,11 +74,26 @@ int WaitForStop(int signal_fd) {
 
 int main(int argc, char** argv) {
   std::string name = "inspector";
+  ferry::rpc::GrpcAgentOptions options;
   for (int i = 1; i < argc; ++i) {
-    if (absl::StartsWith(argv[i], "--name=")) {
-      name = std::string(argv[i] + 7);
+    absl::string_view arg = argv[i];
+    if (absl::ConsumePrefix(&arg, "--name=")) {
+      name = std::string(arg);
+    } else if (arg == "--enable_invoke") {
+      options.enable_admin_invoke = true;
+    } else if (absl::ConsumePrefix(&arg, "--tls_ca=")) {
+      options.tls.ca_file = std::string(arg);
+    } else if (absl::ConsumePrefix(&arg, "--tls_cert=")) {
+      options.tls.cert_file = std::string(arg);
+    } else if (absl::ConsumePrefix(&arg, "--tls_key=")) {
+      options.tls.key_file = std::string(arg);
+    } else if (arg == "--require_client_cert") {
+      options.tls.require_client_cert = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--name=NAME]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--name=NAME] [--enable_invoke] [--tls_ca=F "
+                   "--tls_cert=F --tls_key=F [--require_client_cert]]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -97,9 +115,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "register: %s\n", s.ToString().c_str());
     return 1;
   }
-  auto agent = ferry::rpc::GrpcAgent::Start(name, /*rank=*/0, /*world_size=*/1,
-                                           std::make_shared<ferry::HashStore>(),
-                                           {}, registry);
+  auto agent = ferry::rpc::GrpcAgent::Start(
+      name, /*rank=*/0, /*world_size=*/1, std::make_shared<ferry::HashStore>(),
+      options, registry);
   if (!agent.ok()) {
     std::fprintf(stderr, "start: %s\n", agent.status().ToString().c_str());
     return 1;

@@ -24,6 +24,8 @@ _LIBS = {
     "protobuf": (["protobuf"], [], ["absl"]),
     "grpc": (["grpc++"], ["-lgrpc++_reflection"], ["protobuf", "absl"]),
     "uv": (["libuv"], [], []),
+    # OpenSSL's libcrypto: HMAC and random nonces for store authentication.
+    "crypto": (["libcrypto"], [], []),
     "gtest": (["gmock", "gtest"], [], []),
     "gtest_main": (["gmock_main"], [], ["gtest"]),
     "benchmark": (["benchmark"], ["-lpthread"], []),

@@ -62,6 +62,7 @@
 #include "absl/time/time.h"
 #include "common/host_address.h"
 #include "common/sync.h"
+#include "store/store_auth.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 
@@ -454,6 +455,10 @@ absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const Config& c, int port,
   o.host = c.addr;
   o.port = port;
   o.timeout = timeout;
+  // FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET (store/store_auth.h).
+  absl::StatusOr<std::string> secret = tcpstore::StoreSecretFromEnv();
+  if (!secret.ok()) return secret.status();
+  o.secret = *secret;
   return TcpStore::Create(o);
 }
 
@@ -750,6 +755,14 @@ int main(int argc, char** argv) {
     ferry::TcpStoreServer::Options so;
     so.host = *bind;
     so.port = config->port;
+    // FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET: the workers inherit it.
+    absl::StatusOr<std::string> secret = ferry::tcpstore::StoreSecretFromEnv();
+    if (!secret.ok()) {
+      std::fprintf(stderr, "ferry_run: %s\n",
+                   secret.status().ToString().c_str());
+      return 2;
+    }
+    so.secret = *secret;
     absl::StatusOr<std::unique_ptr<ferry::TcpStoreServer>> started =
         ferry::TcpStoreServer::Start(so);
     if (!started.ok()) {
