@@ -83,6 +83,7 @@
 #include "common/sync.h"
 #include "rpc/context.h"
 #include "rpc/function_registry.h"
+#include "rpc/inspect.h"
 #include "rpc/message.h"
 #include "tensor/value.h"
 
@@ -181,6 +182,11 @@ class Agent {
   // Requests received before the group was known and still waiting for it
   // (inspection and tests).
   int requests_awaiting_group() const;
+
+  // Layers' inspectors (rpc/inspect.h), exposed by the transport's admin
+  // service.
+  InspectorRegistry& inspectors() { return inspectors_; }
+  const InspectorRegistry& inspectors() const { return inspectors_; }
 
   // --- Functions (the kCall client). ---
 
@@ -336,6 +342,7 @@ class Agent {
   std::atomic<bool> joined_{false};
   std::unique_ptr<IdGenerator> ids_;
   std::unique_ptr<ThreadPoolExecutor> executor_;
+  InspectorRegistry inspectors_;
 
   mutable Mutex mu_;
   std::map<MessageType, Handler> handlers_ ABSL_GUARDED_BY(mu_);

@@ -59,6 +59,36 @@ Future<Message> ErrorReply(absl::Status s) {
 
 constexpr char kMethodPrefix = '@';
 
+// Adds what `v` would cost inline to `*bytes`; false when it must not go
+// inline (an RRef, a protobuf message, a tensor with autograd state).
+bool AddInlineCost(const Value& v, size_t* bytes) {
+  if (const Tensor* t = v.if_tensor()) {
+    if (!t->defined() || t->autograd_meta() != nullptr) return false;
+    *bytes += t->nbytes();
+  } else if (const std::string* str = v.if_string()) {
+    *bytes += str->size();
+  } else if (const Bytes* b = v.if_bytes()) {
+    *bytes += b->data.size();
+  } else if (const Value::List* l = v.if_list()) {
+    for (const Value& x : *l) {
+      if (!AddInlineCost(x, bytes)) return false;
+    }
+  } else if (const Value::Dict* d = v.if_dict()) {
+    for (const auto& [k, x] : *d) {
+      *bytes += k.size();
+      if (!AddInlineCost(x, bytes)) return false;
+    }
+  } else if (v.if_rref() != nullptr || v.if_message() != nullptr) {
+    return false;
+  }
+  return true;
+}
+
+bool Inlinable(const Value& v, size_t limit) {
+  size_t bytes = 0;
+  return limit > 0 && AddInlineCost(v, &bytes) && bytes <= limit;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -72,10 +102,9 @@ RRefState::~RRefState() {
 }
 
 std::string RRefState::DebugString() const {
-  return absl::StrCat("RRef ", rref_id_.ToString(), " owned by '",
-                      owner_.name, "'",
-                      is_owner_ ? "" : absl::StrCat(" (fork ",
-                                                    fork_id_.ToString(), ")"));
+  return absl::StrCat(
+      "RRef ", rref_id_.ToString(), " owned by '", owner_.name, "'",
+      is_owner_ ? "" : absl::StrCat(" (fork ", fork_id_.ToString(), ")"));
 }
 
 std::string RRefContext::OwnedInfo::DebugString() const {
@@ -135,11 +164,11 @@ absl::Status RRefContext::Install() {
           return ((*ctx).*method)(std::move(m));
         }));
   }
-  agent_->AddInterceptor([weak](rpc::InterceptPoint point,
-                                const WorkerInfo& peer, Message& m) {
-    std::shared_ptr<RRefContext> ctx = weak.lock();
-    return ctx ? ctx->Intercept(point, peer, m) : absl::OkStatus();
-  });
+  agent_->AddInterceptor(
+      [weak](rpc::InterceptPoint point, const WorkerInfo& peer, Message& m) {
+        std::shared_ptr<RRefContext> ctx = weak.lock();
+        return ctx ? ctx->Intercept(point, peer, m) : absl::OkStatus();
+      });
   // The agent's failure detector makes a peer known dead here too.
   agent_->AddPeerFailureListener(
       [weak](const WorkerInfo& peer, const absl::Status&) {
@@ -147,7 +176,10 @@ absl::Status RRefContext::Install() {
           ctx->NotifyWorkerFailed(peer.id);
         }
       });
-  return absl::OkStatus();
+  return agent_->inspectors().Register("rref", [weak] {
+    std::shared_ptr<RRefContext> ctx = weak.lock();
+    return ctx ? ctx->Inspect() : std::vector<rpc::InspectionRow>{};
+  });
 }
 
 absl::StatusOr<GlobalId> RRefContext::NextId() { return ids_.Next(); }
@@ -255,34 +287,32 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
   }
   ASSIGN_OR_RETURN(WorkerInfo owner, Worker(static_cast<int>(handle.owner_id)));
   if (parent == owner.id) {
-    handle.local = NewUser(owner, rref_id, fork, handle.type_name,
-                           MakeReadyFuture());
+    handle.local =
+        NewUser(owner, rref_id, fork, handle.type_name, MakeReadyFuture());
     return absl::OkStatus();
   }
   Promise<void> confirmed;
-  handle.local = NewUser(owner, rref_id, fork, handle.type_name,
-                         confirmed.GetFuture());
-  Message request = Control(MessageType::kRRefForkRequest, rref_id, fork,
-                            owner.id);
+  handle.local =
+      NewUser(owner, rref_id, fork, handle.type_name, confirmed.GetFuture());
+  Message request =
+      Control(MessageType::kRRefForkRequest, rref_id, fork, owner.id);
   request.rref->peer_id = parent;
   request.rref->type_name = handle.type_name;
   std::weak_ptr<RRefContext> weak = weak_from_this();
-  const std::string what =
-      absl::StrCat("confirming fork ", fork.ToString(), " of ",
-                   Describe(rref_id, owner.name));
-  SendInternal(owner.id, std::move(request),
-               [weak, confirmed, parent, rref_id, fork, what,
-                owner_id = owner.id](const Result<Message>& r) mutable {
-                 confirmed.Set(r.ok() ? absl::OkStatus()
-                                      : Annotate(r.status(), what));
-                 if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
-                   ctx->SendInternal(
-                       parent,
-                       Control(MessageType::kRRefChildAccept, rref_id, fork,
-                               owner_id),
-                       nullptr);
-                 }
-               });
+  const std::string what = absl::StrCat("confirming fork ", fork.ToString(),
+                                        " of ", Describe(rref_id, owner.name));
+  SendInternal(
+      owner.id, std::move(request),
+      [weak, confirmed, parent, rref_id, fork, what,
+       owner_id = owner.id](const Result<Message>& r) mutable {
+        confirmed.Set(r.ok() ? absl::OkStatus() : Annotate(r.status(), what));
+        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+          ctx->SendInternal(
+              parent,
+              Control(MessageType::kRRefChildAccept, rref_id, fork, owner_id),
+              nullptr);
+        }
+      });
   return absl::OkStatus();
 }
 
@@ -380,10 +410,22 @@ Future<Message> RRefContext::HandleRemoteCall(Message request) {
           }
         });
   }
-  return slot->value.Then([](const Result<Value>& v) -> absl::StatusOr<Message> {
-    if (!v.ok()) return v.status();
-    return Message();
-  });
+  return CreationReply(slot);
+}
+
+Future<Message> RRefContext::CreationReply(
+    const std::shared_ptr<Slot>& slot) const {
+  return slot->value.Then(
+      [slot, limit = options_.inline_value_bytes](
+          const Result<Value>& v) -> absl::StatusOr<Message> {
+        if (!v.ok()) return v.status();
+        Message reply;
+        if (slot->object == nullptr && Inlinable(*v, limit)) {
+          reply.rref = RRefFields{};  // Marks the value as carried.
+          reply.payload = *v;
+        }
+        return reply;
+      });
 }
 
 Future<Value> RRefContext::RunCreation(const std::shared_ptr<Slot>& slot,
@@ -419,18 +461,18 @@ Future<Value> RRefContext::RunCreation(const std::shared_ptr<Slot>& slot,
       return MakeErrorFuture<Value>(absl::FailedPreconditionError(
           absl::StrCat("class '", fn, "' has no registered constructor")));
     }
-    absl::StatusOr<std::shared_ptr<void>> object = cls->construct(request.payload);
+    absl::StatusOr<std::shared_ptr<void>> object =
+        cls->construct(request.payload);
     if (!object.ok()) return MakeErrorFuture<Value>(object.status());
     slot->object = *std::move(object);
     slot->cls = std::move(cls);
     return MakeReadyFuture<Value>(Value::None());
   }
-  std::shared_ptr<const rpc::FunctionEntry> entry =
-      agent_->registry().Find(fn);
+  std::shared_ptr<const rpc::FunctionEntry> entry = agent_->registry().Find(fn);
   if (entry == nullptr) {
-    return MakeErrorFuture<Value>(absl::NotFoundError(absl::StrCat(
-        "worker '", agent_->self().name, "' has no function or class '", fn,
-        "'")));
+    return MakeErrorFuture<Value>(absl::NotFoundError(
+        absl::StrCat("worker '", agent_->self().name,
+                     "' has no function or class '", fn, "'")));
   }
   rpc::CallContext cc;
   cc.caller_name = request.caller_name;
@@ -468,7 +510,8 @@ Future<Message> RRefContext::HandleFetch(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(id, request.rref->type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s =
+        SlotFor(id, request.rref->type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -492,7 +535,8 @@ Future<Message> RRefContext::HandleMethod(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(request.rref->rref_id, "");
+    absl::StatusOr<std::shared_ptr<Slot>> s =
+        SlotFor(request.rref->rref_id, "");
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -519,7 +563,8 @@ Future<Message> RRefContext::HandleForkRequest(Message request) {
   if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
   const RRefFields& f = *request.rref;
   MutexLock lock(&mu_);
-  if (deleted_forks_.count(f.fork_id)) return MakeReadyFuture<Message>(Message());
+  if (deleted_forks_.count(f.fork_id))
+    return MakeReadyFuture<Message>(Message());
   absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
   if (!s.ok()) return ErrorReply(s.status());
   owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
@@ -542,19 +587,42 @@ Future<Message> RRefContext::HandleChildAccept(Message request) {
 
 Future<Message> RRefContext::HandleUserDelete(Message request) {
   if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
-  DeleteFork(request.rref->rref_id, request.rref->fork_id);
+  // More (rref, fork) pairs of a batch follow in the payload as ints.
+  std::vector<std::pair<GlobalId, GlobalId>> forks = {
+      {request.rref->rref_id, request.rref->fork_id}};
+  if (const Value::List* more = request.payload.if_list()) {
+    for (size_t i = 0; i + 1 < more->size(); i += 2) {
+      const int64_t* r = (*more)[i].if_int();
+      const int64_t* f = (*more)[i + 1].if_int();
+      if (r == nullptr || f == nullptr) break;
+      forks.emplace_back(GlobalId::FromValue(static_cast<uint64_t>(*r)),
+                         GlobalId::FromValue(static_cast<uint64_t>(*f)));
+    }
+    if (forks.size() != 1 + more->size() / 2 || more->size() % 2 != 0) {
+      return ErrorReply(absl::InvalidArgumentError(absl::StrCat(
+          "worker '", agent_->self().name,
+          "': malformed RREF_USER_DELETE "
+          "batch from '",
+          request.caller_name, "' (expected (rref id, fork id) int pairs)")));
+    }
+  } else if (!request.payload.is_none()) {
+    return ErrorReply(absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_->self().name, "': malformed RREF_USER_DELETE from '",
+        request.caller_name, "'")));
+  }
+  for (const auto& [rref_id, fork_id] : forks) DeleteFork(rref_id, fork_id);
   return MakeReadyFuture<Message>(Message());
 }
 
 // ---------------------------------------------------------------------------
 // User side
 
-std::shared_ptr<RRefState> RRefContext::NewUser(const WorkerInfo& owner,
-                                                GlobalId rref_id,
-                                                GlobalId fork_id,
-                                                std::string type_name,
-                                                Future<void> created) {
+std::shared_ptr<RRefState> RRefContext::NewUser(
+    const WorkerInfo& owner, GlobalId rref_id, GlobalId fork_id,
+    std::string type_name, Future<void> created,
+    std::optional<Future<std::optional<Value>>> creation_value) {
   std::shared_ptr<RRefState> s(new RRefState());
+  s->creation_value_ = std::move(creation_value);
   s->ctx_ = weak_from_this();
   s->owner_ = owner;
   s->rref_id_ = rref_id;
@@ -588,17 +656,67 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
   // I1: the deletion goes out once the owner confirmed the fork (or its
   // confirmation failed: USER_DELETE is idempotent and tombstones the fork).
   std::weak_ptr<RRefContext> weak = weak_from_this();
-  created.OnComplete([weak, owner_id = owner.id, rref_id,
-                      fork_id](const absl::Status&) {
+  created.OnComplete(
+      [weak, owner_id = owner.id, rref_id, fork_id](const absl::Status&) {
+        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+          ctx->QueueUserDelete(owner_id, rref_id, fork_id);
+        }
+      });
+}
+
+void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
+                                  GlobalId fork_id) {
+  std::vector<std::pair<GlobalId, GlobalId>> batch;
+  {
+    MutexLock lock(&mu_);
+    if (dead_.count(owner)) {
+      --pending_deletes_;  // Its forks were dropped with it.
+      return;
+    }
+    DeleteQueue& q = deletes_[owner];
+    q.queued.emplace_back(rref_id, fork_id);
+    if (q.in_flight) return;  // Goes with the next batch.
+    q.in_flight = true;
+    batch.swap(q.queued);
+  }
+  SendUserDeletes(owner, std::move(batch));
+}
+
+void RRefContext::SendUserDeletes(
+    int owner, std::vector<std::pair<GlobalId, GlobalId>> batch) {
+  Message m = Control(MessageType::kRRefUserDelete, batch[0].first,
+                      batch[0].second, owner);
+  if (batch.size() > 1) {
+    Value::List more;
+    more.reserve(2 * (batch.size() - 1));
+    for (size_t i = 1; i < batch.size(); ++i) {
+      more.push_back(Value::Int(static_cast<int64_t>(batch[i].first.value())));
+      more.push_back(Value::Int(static_cast<int64_t>(batch[i].second.value())));
+    }
+    m.payload = Value::FromList(std::move(more));
+  }
+  const int n = static_cast<int>(batch.size());
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  SendInternal(owner, std::move(m), [weak, owner](const Result<Message>&) {
     std::shared_ptr<RRefContext> ctx = weak.lock();
     if (ctx == nullptr) return;
-    ctx->SendInternal(owner_id,
-                      Control(MessageType::kRRefUserDelete, rref_id, fork_id,
-                              owner_id),
-                      nullptr);
-    MutexLock lock(&ctx->mu_);
-    --ctx->pending_deletes_;
+    std::vector<std::pair<GlobalId, GlobalId>> next;
+    {
+      MutexLock lock(&ctx->mu_);
+      DeleteQueue& q = ctx->deletes_[owner];
+      if (q.queued.empty() || ctx->dead_.count(owner)) {
+        ctx->pending_deletes_ -= static_cast<int>(q.queued.size());
+        q.queued.clear();
+        q.in_flight = false;
+        return;
+      }
+      next.swap(q.queued);
+    }
+    ctx->SendUserDeletes(owner, std::move(next));
   });
+  // Counted by in_flight_ now (SendInternal), so settling sees no gap.
+  MutexLock lock(&mu_);
+  pending_deletes_ -= n;
 }
 
 std::shared_ptr<RRefState> RRefContext::Remote(const rpc::WorkerRef& to,
@@ -621,7 +739,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
   absl::StatusOr<WorkerInfo> owner = agent_->GetWorkerInfo(to);
   absl::StatusOr<GlobalId> rref_id = NextId();
   absl::StatusOr<GlobalId> fork_id = NextId();
-  absl::Status bad = !owner.ok() ? owner.status()
+  absl::Status bad = !owner.ok()     ? owner.status()
                      : !rref_id.ok() ? rref_id.status()
                                      : fork_id.status();
   if (!bad.ok()) {
@@ -648,21 +766,30 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
           keep_alive.reset();
           if (r.ok()) return;
           slot->promise.Set(r.status());  // Never ran: fail the creation.
-          if (std::shared_ptr<RRefContext> ctx = weak.lock()) ctx->OnCreated(id);
+          if (std::shared_ptr<RRefContext> ctx = weak.lock())
+            ctx->OnCreated(id);
         });
     return state;
   }
   Promise<void> created;
+  Promise<std::optional<Value>> value;
   std::shared_ptr<RRefState> state =
-      NewUser(*owner, *rref_id, *fork_id, type_name, created.GetFuture());
+      NewUser(*owner, *rref_id, *fork_id, type_name, created.GetFuture(),
+              value.GetFuture());
   m.rref = RRefFields{*rref_id, *fork_id, owner->id, -1, type_name};
   // One attempt: a retried REMOTE_CALL would fork its RRef arguments again.
-  SendInternal(owner->id, std::move(m),
-               [created, keep_alive](const Result<Message>& r) mutable {
-                 keep_alive.reset();
-                 created.Set(r.status());
-               },
-               timeout, /*retry_timeouts=*/false);
+  SendInternal(
+      owner->id, std::move(m),
+      [created, value, keep_alive](const Result<Message>& r) mutable {
+        keep_alive.reset();
+        created.Set(r.status());
+        if (r.ok() && r->rref.has_value()) {
+          value.SetValue(r->payload);
+        } else {
+          value.SetValue(std::nullopt);
+        }
+      },
+      timeout, /*retry_timeouts=*/false);
   return state;
 }
 
@@ -697,8 +824,7 @@ std::shared_ptr<RRefState> RRefContext::Local(Value value,
 
 Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
                                  absl::Duration timeout) {
-  const std::string what =
-      Describe(state->rref_id(), state->owner().name);
+  const std::string what = Describe(state->rref_id(), state->owner().name);
   if (state->is_owner()) {
     std::shared_ptr<Slot> slot;
     {
@@ -710,16 +836,16 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
       return MakeErrorFuture<Value>(
           absl::InternalError(absl::StrCat(what, ": not registered")));
     }
-    return slot->value.Then([slot, what](const Result<Value>& v)
-                                -> absl::StatusOr<Value> {
-      if (!v.ok()) return v.status();
-      if (slot->object != nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(what, " holds an object of class '", slot->cls->name,
-                         "'; use local_value() or its methods"));
-      }
-      return *v;
-    });
+    return slot->value.Then(
+        [slot, what](const Result<Value>& v) -> absl::StatusOr<Value> {
+          if (!v.ok()) return v.status();
+          if (slot->object != nullptr) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                what, " holds an object of class '", slot->cls->name,
+                "'; use local_value() or its methods"));
+          }
+          return *v;
+        });
   }
   if (IsKnownDead(state->owner().id)) {
     return MakeErrorFuture<Value>(absl::UnavailableError(
@@ -729,6 +855,29 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
     return MakeErrorFuture<Value>(
         Annotate(state->created().status(), absl::StrCat("to_here of ", what)));
   }
+  if (state->creation_value_.has_value() &&
+      !state->creation_value_->IsReady()) {
+    // Issued before the creation reply: served by the value it carries.
+    std::weak_ptr<RRefContext> weak = weak_from_this();
+    return state->creation_value_->Then(
+        [weak, state = state, timeout](
+            const Result<std::optional<Value>>& v) mutable -> Future<Value> {
+          if (v.ok() && v->has_value()) return MakeReadyFuture<Value>(**v);
+          std::shared_ptr<RRefContext> ctx = weak.lock();
+          if (ctx == nullptr) {
+            return MakeErrorFuture<Value>(absl::UnavailableError(
+                absl::StrCat("to_here of ", state->DebugString(),
+                             ": the RRef context is gone")));
+          }
+          return ctx->Fetch(state, timeout);  // Not carried, or failed.
+        });
+  }
+  return FetchFromOwner(state, timeout);
+}
+
+Future<Value> RRefContext::FetchFromOwner(
+    const std::shared_ptr<RRefState>& state, absl::Duration timeout) {
+  const std::string what = Describe(state->rref_id(), state->owner().name);
   Message m = Control(MessageType::kRRefFetch, state->rref_id(),
                       state->fork_id(), state->owner().id);
   m.rref->type_name = state->type_name();
@@ -799,8 +948,8 @@ absl::StatusOr<std::shared_ptr<void>> RRefContext::LocalObject(
   }
   if (!slot->value.status().ok()) return slot->value.status();
   if (slot->object == nullptr || slot->cls->type != type) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " does not hold an object of the requested class"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " does not hold an object of the requested class"));
   }
   return slot->object;
 }
@@ -809,8 +958,9 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
                                       const std::string& method,
                                       Value::List args,
                                       absl::Duration timeout) {
-  const std::string what = absl::StrCat(
-      "method '", method, "' of ", Describe(state->rref_id(), state->owner().name));
+  const std::string what =
+      absl::StrCat("method '", method, "' of ",
+                   Describe(state->rref_id(), state->owner().name));
   if (IsKnownDead(state->owner().id)) {
     return MakeErrorFuture<Value>(
         absl::UnavailableError(absl::StrCat(what, ": the owner is dead")));
@@ -945,9 +1095,9 @@ absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", agent_->self().name, "': RRef protocol not settled after ",
-      absl::FormatDuration(timeout), ": ", in_flight_,
-      " messages in flight, ", pending_children_.size(), " pending children, ",
-      pending_deletes_, " deletions waiting for confirmation"));
+      absl::FormatDuration(timeout), ": ", in_flight_, " messages in flight, ",
+      pending_children_.size(), " pending children, ", pending_deletes_,
+      " deletions waiting for confirmation"));
 }
 
 absl::Status RRefContext::Shutdown(absl::Duration timeout) {
@@ -996,6 +1146,78 @@ absl::Status RRefContext::Shutdown(absl::Duration timeout) {
         " OwnerRRef(s): ", absl::StrJoin(leaked, "; ")));
   }
   return absl::OkStatus();
+}
+
+std::string RRefContext::WorkerName(int id) const {
+  absl::StatusOr<WorkerInfo> w = agent_->GetWorkerInfo(id);
+  return w.ok() ? w->name : absl::StrCat("#", id);
+}
+
+std::vector<rpc::InspectionRow> RRefContext::Inspect() const {
+  struct User {
+    std::shared_ptr<RRefState> state;
+    int pending_forks = 0;
+  };
+  std::vector<OwnedInfo> owned = Owned();
+  std::map<GlobalId, User> users;  // By fork id.
+  std::vector<std::pair<GlobalId, PendingChild>> children;
+  int in_flight = 0, pending_deletes = 0;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [fork, weak] : users_) {
+      if (std::shared_ptr<RRefState> s = weak.lock()) users[fork].state = s;
+    }
+    for (const auto& [fork, child] : pending_children_) {
+      children.emplace_back(fork, child);
+    }
+    in_flight = in_flight_;
+    pending_deletes = pending_deletes_;
+  }
+  std::vector<rpc::InspectionRow> rows;
+  rows.push_back(rpc::InspectionRow{
+      "rref_context",
+      {{"owned", absl::StrCat(owned.size())},
+       {"users", absl::StrCat(users.size())},
+       {"pending_forks", absl::StrCat(children.size())},
+       {"messages_in_flight", absl::StrCat(in_flight)},
+       {"deletions_waiting", absl::StrCat(pending_deletes)}}});
+  for (const OwnedInfo& o : owned) {
+    std::vector<std::string> holders;
+    for (const auto& [fork, holder] : o.forks) {
+      holders.push_back(absl::StrCat(WorkerName(holder), "/", fork.ToString()));
+    }
+    rows.push_back(
+        rpc::InspectionRow{"owned_rref",
+                           {{"id", o.rref_id.ToString()},
+                            {"type", o.type_name},
+                            {"holders", absl::StrJoin(holders, ",")},
+                            {"local_handles", absl::StrCat(o.local_handles)},
+                            {"created", o.created ? "true" : "false"}}});
+  }
+  for (const auto& [fork, child] : children) {
+    auto it = users.find(child.parent->fork_id());
+    if (it != users.end()) ++it->second.pending_forks;
+    rows.push_back(
+        rpc::InspectionRow{"pending_fork",
+                           {{"id", child.parent->rref_id().ToString()},
+                            {"fork", fork.ToString()},
+                            {"to", WorkerName(child.to)},
+                            {"owner", child.parent->owner().name}}});
+  }
+  for (const auto& [fork, u] : users) {
+    const Future<void>& created = u.state->created();
+    rows.push_back(
+        rpc::InspectionRow{"user_rref",
+                           {{"id", u.state->rref_id().ToString()},
+                            {"fork", fork.ToString()},
+                            {"type", u.state->type_name()},
+                            {"owner", u.state->owner().name},
+                            {"confirmed", !created.IsReady()      ? "pending"
+                                          : created.status().ok() ? "true"
+                                                                  : "failed"},
+                            {"pending_forks", absl::StrCat(u.pending_forks)}}});
+  }
+  return rows;
 }
 
 std::vector<RRefContext::OwnedInfo> RRefContext::Owned() const {

@@ -10,13 +10,19 @@
 // Protocol (messages are requests with a reply; all are idempotent):
 //   REMOTE_CALL(R, F)     user -> owner: run a function / construct an object,
 //                         keep the result as R, register fork F of the caller.
-//                         Replied when the value exists (or failed).
+//                         Replied when the value exists (or failed); a small
+//                         plain value rides along (Options::inline_value_bytes)
+//                         and serves the to_here() calls issued before the
+//                         reply arrived, so remote()+to_here() costs one round
+//                         trip instead of a REMOTE_CALL and an RREF_FETCH.
 //   RREF_FETCH(R)         any -> owner: reply with a copy of the value.
 //   RREF_FORK_REQUEST(R,F) new user -> owner: register fork F (sent by a user
 //                         that received R from another user).
 //   RREF_CHILD_ACCEPT(F)  receiver -> parent: the owner knows F; the parent
 //                         may drop the reference it kept for F.
-//   RREF_USER_DELETE(R,F) user -> owner: fork F is gone.
+//   RREF_USER_DELETE(R,F) user -> owner: fork F is gone. Batched: at most one
+//                         is in flight per owner; forks dropped meanwhile go
+//                         together in the next one (pairs in the payload).
 //   RREF_METHOD(R)        any -> owner: run a method of the object R holds.
 // Sending an RRef (an RRefHandle inside any message's payload) forks it:
 //   owner -> W : the owner registers the fork at once (holder W); W is a
@@ -90,9 +96,8 @@
 namespace ferry::rref {
 
 // Proxy calls on remote objects (rref.h); a layer-defined message type.
-inline constexpr rpc::MessageType kRRefMethod =
-    static_cast<rpc::MessageType>(
-        static_cast<uint32_t>(rpc::MessageType::kFirstLayerType) + 17);
+inline constexpr rpc::MessageType kRRefMethod = static_cast<rpc::MessageType>(
+    static_cast<uint32_t>(rpc::MessageType::kFirstLayerType) + 17);
 
 class RRefContext;
 
@@ -128,6 +133,11 @@ class RRefState {
   GlobalId fork_id_;
   std::string type_name_;
   Future<void> created_;
+  // Users made by remote(): the value carried by the creation reply (nullopt
+  // when it was not carried or the creation failed). A to_here() issued
+  // before it completes uses it; later ones fetch (the owner's value may
+  // have changed since).
+  std::optional<Future<std::optional<Value>>> creation_value_;
   // Set once the deletion was handed to the protocol (Shutdown may do it
   // before the last handle goes).
   std::atomic<bool> released_{false};
@@ -139,6 +149,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // Per attempt of an internal message (fork request, accept, delete).
     absl::Duration internal_timeout = absl::Seconds(10);
     int max_attempts = 5;
+    // Owner side: a REMOTE_CALL reply carries the created value when its
+    // tensors, strings and bytes total at most this many bytes and it holds
+    // no RRef, protobuf message or autograd state (those take RREF_FETCH,
+    // where the RRef and autograd interceptors see them). 0: never.
+    size_t inline_value_bytes = 4096;
     // Shared with other contexts if given; a fresh one otherwise.
     std::shared_ptr<ClassRegistry> classes;
   };
@@ -156,8 +171,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Registers the RRef handlers and interceptor on `agent` (which must
   // outlive the context, and must be joined: self() known). AlreadyExists if
   // the agent already has RRef handlers.
-  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
-      rpc::Agent* agent, Options options);
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(rpc::Agent* agent,
+                                                             Options options);
   static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
       rpc::Agent* agent) {
     return Create(agent, Options());
@@ -230,6 +245,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   size_t num_users() const;  // Live user forks on this worker.
   size_t num_pending_children() const;
   int num_in_flight() const;
+  // Rows of the "rref" inspector (rpc/inspect.h), registered on the agent:
+  // rref_context (counts), owned_rref (id, type, holders as worker/fork,
+  // local handles, created), user_rref (id, fork, type, owner, confirmed,
+  // pending forks), pending_fork (a fork sent, not yet accepted).
+  std::vector<rpc::InspectionRow> Inspect() const;
   // Counters of internal messages sent, by type (each attempt counts).
   std::map<rpc::MessageType, int> messages_sent() const;
 
@@ -273,6 +293,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                      const rpc::Message& request);
   Future<Value> RunCreation(const std::shared_ptr<Slot>& slot,
                             const rpc::Message& request);
+  Future<rpc::Message> CreationReply(const std::shared_ptr<Slot>& slot) const;
   Future<Value> RunMethod(const std::shared_ptr<Slot>& slot,
                           const std::string& method, const Value& args);
   std::shared_ptr<RRefState> NewOwnerHandle(GlobalId rref_id,
@@ -287,21 +308,28 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   std::shared_ptr<RRefState> RemoteImpl(const rpc::WorkerRef& to,
                                         const std::string& function,
-                                        Value::List args,
-                                        std::string type_name,
+                                        Value::List args, std::string type_name,
                                         absl::Duration timeout,
                                         std::shared_ptr<RRefState> keep_alive);
 
   // --- User side. ---
-  std::shared_ptr<RRefState> NewUser(const rpc::WorkerInfo& owner,
-                                     GlobalId rref_id, GlobalId fork_id,
-                                     std::string type_name,
-                                     Future<void> created);
+  std::shared_ptr<RRefState> NewUser(
+      const rpc::WorkerInfo& owner, GlobalId rref_id, GlobalId fork_id,
+      std::string type_name, Future<void> created,
+      std::optional<Future<std::optional<Value>>> creation_value =
+          std::nullopt);
+  // RREF_FETCH to the owner (Fetch's remote path).
+  Future<Value> FetchFromOwner(const std::shared_ptr<RRefState>& state,
+                               absl::Duration timeout);
   friend class RRefState;
   void OnStateDropped(bool is_owner, const rpc::WorkerInfo& owner,
                       GlobalId rref_id, GlobalId fork_id,
                       const Future<void>& created);
-  void SendUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
+  // Queues fork F's deletion for `owner`; sends it unless a USER_DELETE to
+  // `owner` is in flight (its completion sends what queued meanwhile).
+  void QueueUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
+  void SendUserDeletes(int owner,
+                       std::vector<std::pair<GlobalId, GlobalId>> batch);
 
   // --- Internal messages. ---
   void SendInternal(int to, rpc::Message message, Done done,
@@ -314,6 +342,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::StatusOr<GlobalId> NextId();
   absl::StatusOr<rpc::WorkerInfo> Worker(int id) const;
   std::string Describe(GlobalId rref_id, const std::string& owner) const;
+  std::string WorkerName(int id) const;
 
   rpc::Agent* const agent_;
   const Options options_;
@@ -329,8 +358,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   std::map<GlobalId, std::weak_ptr<RRefState>> users_ ABSL_GUARDED_BY(mu_);
   // Forks this worker (a user) sent, waiting for CHILD_ACCEPT (I2).
   std::map<GlobalId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
-  // Dropped users whose deletion waits for the owner's confirmation (I1).
+  // Dropped users whose deletion waits for the owner's confirmation (I1)
+  // or for the USER_DELETE in flight to their owner (batching).
   int pending_deletes_ ABSL_GUARDED_BY(mu_) = 0;
+  struct DeleteQueue {
+    bool in_flight = false;
+    std::vector<std::pair<GlobalId, GlobalId>> queued;  // (rref, fork)
+  };
+  std::map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> dead_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

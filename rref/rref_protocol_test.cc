@@ -3,8 +3,8 @@
 // dropped (PyTorch rref.md's scenarios, G1 and G2, idempotency, retries).
 #include <atomic>
 #include <functional>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,26 +23,34 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 
 class ProtocolTest : public ::testing::Test {
  protected:
-  ProtocolTest() : net_({"a", "b", "c"}, Manual()) {
+  explicit ProtocolTest(size_t inline_value_bytes = 4096)
+      : net_({"a", "b", "c"}, Manual()) {
     RRefContext::Options o;
     o.internal_timeout = absl::Milliseconds(300);  // Retries come quickly.
     o.max_attempts = 5;
+    o.inline_value_bytes = inline_value_bytes;
     for (const char* n : {"a", "b", "c"}) {
       auto ctx = RRefContext::Create(&net_.agent(n), o);
       EXPECT_TRUE(ctx.ok()) << ctx.status();
       ctx_[n] = *ctx;
       rpc::Agent& agent = net_.agent(n);
       RRefContext* c = ctx_[n].get();
-      EXPECT_TRUE(agent.Register("add", [](int64_t x, int64_t y) {
-                         return x + y;
-                       }).ok());
-      EXPECT_TRUE(agent.Register("hold", [this](RRef<int64_t> r) {
-                         MutexLock lock(&mu_);
-                         held_.push_back(std::move(r));
-                       }).ok());
-      EXPECT_TRUE(agent.Register("own", [c](int64_t v) {
-                         return MakeLocalRRef<int64_t>(*c, v);
-                       }).ok());
+      EXPECT_TRUE(
+          agent.Register("add", [](int64_t x, int64_t y) { return x + y; })
+              .ok());
+      EXPECT_TRUE(agent
+                      .Register("hold",
+                                [this](RRef<int64_t> r) {
+                                  MutexLock lock(&mu_);
+                                  held_.push_back(std::move(r));
+                                })
+                      .ok());
+      EXPECT_TRUE(agent
+                      .Register("own",
+                                [c](int64_t v) {
+                                  return MakeLocalRRef<int64_t>(*c, v);
+                                })
+                      .ok());
     }
   }
 
@@ -163,9 +171,7 @@ class ProtocolTest : public ::testing::Test {
 // G1: a user dropped before the owner confirmed it sends its deletion only
 // after the confirmation, so the owner registers the fork first.
 TEST_F(ProtocolTest, DeleteOfUnconfirmedUserWaitsForConfirmation) {
-  {
-    RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
-  }
+  { RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2); }
   EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
   EXPECT_EQ(CountQueued(MessageType::kRemoteCall), 1);
   uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
@@ -178,20 +184,33 @@ TEST_F(ProtocolTest, DeleteOfUnconfirmedUserWaitsForConfirmation) {
   Settle();
 }
 
-// A fetch that overtakes the creation waits on the owner for the value.
+// A fetch that overtakes the creation waits on the owner for the value. (The
+// creator's own early to_here() waits for the creation reply instead, so the
+// fetch comes from a user the creator shared the RRef with.)
 TEST_F(ProtocolTest, FetchBeforeCreationWaitsForValue) {
   RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 20, 22);
-  Future<int64_t> f = r.to_here_async(kWait);
-  Deliver(MessageType::kRRefFetch, "a", "b");
+  Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
+  RoundTrip(MessageType::kCall, "a", "c");
+  ASSERT_TRUE(call.Get(kWait).ok());
+  RRef<int64_t> held;
+  {
+    MutexLock lock(&mu_);
+    ASSERT_EQ(held_.size(), 1u);
+    held = held_[0];
+  }
+  Future<int64_t> f = held.to_here_async(kWait);
+  Deliver(MessageType::kRRefFetch, "c", "b");
   ASSERT_TRUE(WaitUntil([&] { return ctx_["b"]->num_owned() == 1; }));
   // A placeholder; the fetch's reply waits for the value.
   EXPECT_FALSE(ctx_["b"]->Owned()[0].created);
   EXPECT_FALSE(f.IsReady());
   Deliver(MessageType::kRemoteCall, "a", "b");
-  DeliverReply(MessageType::kRRefFetch, "a");
+  DeliverReply(MessageType::kRRefFetch, "c");
   ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
   EXPECT_EQ(*f.Get(kWait), 42);
   r = RRef<int64_t>();
+  held = RRef<int64_t>();
+  DropHeld();
   Settle();
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
 }
@@ -237,7 +256,8 @@ TEST_F(ProtocolTest, ParentKeptUntilChildConfirmed) {
 // Owner -> user: the fork is registered when sent; the user is confirmed on
 // arrival and sends nothing until it deletes.
 TEST_F(ProtocolTest, OwnerForkRegisteredEarly) {
-  Future<RRef<int64_t>> f = net_.agent("a").rpc_async<RRef<int64_t>>("b", "own", 9);
+  Future<RRef<int64_t>> f =
+      net_.agent("a").rpc_async<RRef<int64_t>>("b", "own", 9);
   uint64_t reply = Serve(MessageType::kCall, "a", "b");
   // The owner's own handle is gone with the handler; the fork keeps it.
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
@@ -311,10 +331,13 @@ TEST_F(ProtocolTest, HandleOvertakesCreationOnOwner) {
 // neither resurrect the value nor run the function twice.
 TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
   std::atomic<int> calls{0};
-  ASSERT_TRUE(net_.agent("b").Register("count", [&calls](int64_t x) {
-                    calls.fetch_add(1);
-                    return x;
-                  }).ok());
+  ASSERT_TRUE(net_.agent("b")
+                  .Register("count",
+                            [&calls](int64_t x) {
+                              calls.fetch_add(1);
+                              return x;
+                            })
+                  .ok());
   RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "count", 5);
   absl::StatusOr<QueuedMessage> create = net_.AwaitQueued(
       [](const QueuedMessage& q) { return q.type == MessageType::kRemoteCall; },
@@ -434,8 +457,95 @@ TEST_F(ProtocolTest, OwnerDeathFailsPendingCreationAndFetch) {
   Result<int64_t> v = f.Get(kWait);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(v.status().message().find(r.rref_id().ToString()), std::string::npos)
+  EXPECT_NE(v.status().message().find(r.rref_id().ToString()),
+            std::string::npos)
       << v.status();
+}
+
+// A to_here() issued before the creation reply is served by the value that
+// reply carries: one round trip, no RREF_FETCH. A later to_here() fetches.
+TEST_F(ProtocolTest, CreationReplyServesEarlyToHere) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 20, 22);
+  Future<int64_t> early = r.to_here_async(kWait);
+  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  EXPECT_FALSE(early.IsReady());
+  EXPECT_EQ(CountQueued(MessageType::kRRefFetch), 0);
+  ASSERT_TRUE(net_.Deliver(reply).ok());
+  ASSERT_TRUE(early.Get(kWait).ok()) << early.Get(kWait).status();
+  EXPECT_EQ(*early.Get(kWait), 42);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefFetch], 0);
+  Future<int64_t> late = r.to_here_async(kWait);
+  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  ASSERT_TRUE(late.Get(kWait).ok()) << late.Get(kWait).status();
+  EXPECT_EQ(*late.Get(kWait), 42);
+  r = RRef<int64_t>();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// Owners that never put the value in the creation reply.
+class NoInlineProtocolTest : public ProtocolTest {
+ protected:
+  NoInlineProtocolTest() : ProtocolTest(/*inline_value_bytes=*/0) {}
+};
+
+// A creation reply without the value (the owner does not inline) makes the
+// early to_here() fall back to RREF_FETCH.
+TEST_F(NoInlineProtocolTest, EarlyToHereFetchesWhenValueNotCarried) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  Future<int64_t> f = r.to_here_async(kWait);
+  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  EXPECT_FALSE(f.IsReady());
+  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
+  EXPECT_EQ(*f.Get(kWait), 3);
+  r = RRef<int64_t>();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// Deletions to one owner go one batch at a time: forks dropped while a
+// USER_DELETE is in flight travel together in the next one.
+TEST_F(ProtocolTest, UserDeletesAreBatchedPerOwner) {
+  std::vector<RRef<int64_t>> refs;
+  for (int i = 0; i < 4; ++i) refs.push_back(Confirmed("a", "b"));
+  ASSERT_EQ(ctx_["b"]->num_owned(), 4u);
+  refs[0] = RRef<int64_t>();
+  absl::StatusOr<QueuedMessage> first = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+      },
+      kWait);
+  ASSERT_TRUE(first.ok()) << first.status();
+  refs.clear();  // Three more while the first is in flight.
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 1);
+  EXPECT_FALSE(ctx_["a"]->AwaitSettled(absl::ZeroDuration()).ok());
+  ASSERT_TRUE(net_.Deliver(Serve(first->seq)).ok());
+  EXPECT_EQ(ctx_["b"]->num_owned(), 3u);
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");  // The batch of three.
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 2);
+  Settle();
+}
+
+// A malformed USER_DELETE batch is refused, naming the sender; nothing is
+// deleted.
+TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  rpc::Message m;
+  m.type = MessageType::kRRefUserDelete;
+  m.rref = rpc::RRefFields{r.rref_id(), GlobalId(), 1, -1, ""};
+  m.payload = Value::FromList({Value::Int(1), Value::String("x")});
+  Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
+  RoundTrip(MessageType::kRRefUserDelete, "c", "b");
+  ASSERT_FALSE(f.Get(kWait).ok());
+  EXPECT_EQ(f.Get(kWait).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(f.Get(kWait).status().message().find("'c'"), std::string::npos)
+      << f.Get(kWait).status();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 1u);
+  r = RRef<int64_t>();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
 }
 
 }  // namespace

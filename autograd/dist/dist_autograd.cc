@@ -320,7 +320,46 @@ DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
         std::shared_ptr<DistAutogradContainer> self = weak.lock();
         return self ? self->Intercept(point, peer, m) : absl::OkStatus();
       });
+  // A container installed again after the first was destroyed replaces it.
+  agent.inspectors().Unregister("dist_autograd");
+  RETURN_IF_ERROR(agent.inspectors().Register("dist_autograd", [weak] {
+    std::shared_ptr<DistAutogradContainer> self = weak.lock();
+    return self ? self->Inspect() : std::vector<rpc::InspectionRow>{};
+  }));
   return c;
+}
+
+std::vector<rpc::InspectionRow> DistAutogradContainer::Inspect() const {
+  std::vector<std::shared_ptr<DistAutogradContext>> live;
+  {
+    MutexLock l(&mu_);
+    for (const auto& [id, ctx] : contexts_) live.push_back(ctx);
+  }
+  std::vector<rpc::InspectionRow> rows;
+  for (const std::shared_ptr<DistAutogradContext>& ctx : live) {
+    std::vector<std::string> peers;
+    for (int w : ctx->workers()) {
+      absl::StatusOr<WorkerInfo> info = agent_.GetWorkerInfo(w);
+      peers.push_back(info.ok() ? info->name : absl::StrCat("#", w));
+    }
+    size_t pending_replies = 0;
+    bool in_backward = false;
+    {
+      MutexLock cl(&ctx->mu_);
+      pending_replies = ctx->pending_replies_.size();
+      in_backward = ctx->pass_ != nullptr;
+    }
+    rows.push_back(rpc::InspectionRow{
+        "context",
+        {{"id", ctx->id().ToString()},
+         {"workers", absl::StrJoin(peers, ",")},
+         {"send_nodes", absl::StrCat(ctx->num_send_nodes())},
+         {"recv_nodes", absl::StrCat(ctx->num_recv_nodes())},
+         {"gradients", absl::StrCat(ctx->gradients().size())},
+         {"pending_replies", absl::StrCat(pending_replies)},
+         {"in_backward", in_backward ? "true" : "false"}}});
+  }
+  return rows;
 }
 
 std::string DistAutogradContainer::Where(GlobalId context_id) const {

@@ -200,6 +200,10 @@ class DistAutogradContainer
 
   const rpc::WorkerInfo& self() const { return agent_.self(); }
 
+  // Rows of the "dist_autograd" inspector (rpc/inspect.h): one per live
+  // context (id, peer workers, send/recv nodes, gradients, pending replies).
+  std::vector<rpc::InspectionRow> Inspect() const;
+
  private:
   class Outstanding;
   using ReplyKey = std::pair<int, uint64_t>;  // (caller id, request id)

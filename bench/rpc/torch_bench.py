@@ -17,13 +17,15 @@ import argparse
 import collections
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
 import torch
 import torch.distributed.rpc as rpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from torch_procs import run_roles, tensorpipe_options  # noqa: E402
 
 
 def noop():
@@ -34,18 +36,8 @@ def echo(t):
     return t
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def options(args):
-    kw = dict(num_worker_threads=16, rpc_timeout=300,
-              init_method=f"tcp://127.0.0.1:{args.port}")
-    if args.transport == "tcp":
-        kw.update(_transports=["uv"], _channels=["basic"])
-    return rpc.TensorPipeRpcBackendOptions(**kw)
+    return tensorpipe_options(args.transport, args.port)
 
 
 def summarize(us):
@@ -176,33 +168,7 @@ def main():
         return caller(args)
     if args.role == "callee":
         return callee(args)
-    port = free_port()
-    base = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + [
-        f"--port={port}"]
-    procs = [subprocess.Popen(base + ["--role=callee"]),
-             subprocess.Popen(base + ["--role=caller"])]
-    rc = 0
-    deadline = time.monotonic() + 900
-    try:
-        # Either rank failing fails the run (and stops the other).
-        while any(proc.poll() is None for proc in procs):
-            if any(proc.poll() not in (None, 0) for proc in procs):
-                rc = 1
-                break
-            if time.monotonic() > deadline:
-                print("torch_bench: timed out", file=sys.stderr)
-                rc = 1
-                break
-            time.sleep(0.1)
-        if any(proc.returncode != 0 for proc in procs):
-            rc = 1
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return rc
-
+    return run_roles(__file__, ["callee", "caller"])
 
 if __name__ == "__main__":
     sys.exit(main())

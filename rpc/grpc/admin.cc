@@ -138,4 +138,29 @@ grpc::ServerUnaryReactor* AdminService::Invoke(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::Inspect(
+    grpc::CallbackServerContext* context,
+    const ferry::admin::v1::InspectRequest* request,
+    ferry::admin::v1::InspectResponse* out) {
+  absl::StatusOr<std::vector<Inspection>> found =
+      agent_->inspectors().Inspect(request->inspector());
+  grpc::ServerUnaryReactor* r = context->DefaultReactor();
+  if (!found.ok()) {
+    r->Finish(ToGrpcStatus(found.status()));
+    return r;
+  }
+  out->set_worker(agent_->self().name);
+  for (const Inspection& in : *found) {
+    auto* i = out->add_inspections();
+    i->set_inspector(in.name);
+    for (const InspectionRow& row : in.rows) {
+      auto* o = i->add_rows();
+      o->set_kind(row.kind);
+      for (const auto& [k, v] : row.fields) (*o->mutable_fields())[k] = v;
+    }
+  }
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
 }  // namespace ferry::rpc::grpc_agent

@@ -1,8 +1,9 @@
 // The Admin gRPC service of a GrpcAgent (proto/admin.proto): worker info,
 // the group, registered functions and call statistics, for grpcurl and
-// tools. Read-only, except Invoke (off unless enable_admin_invoke), which
-// runs a registered function through this worker's own Worker service, as
-// a peer's call would (same limits, interceptors and errors).
+// tools, and the layers' inspectors (rpc/inspect.h). Read-only, except
+// Invoke (off unless enable_admin_invoke), which runs a registered function
+// through this worker's own Worker service, as a peer's call would (same
+// limits, interceptors and errors).
 #ifndef FERRY_RPC_GRPC_ADMIN_H_
 #define FERRY_RPC_GRPC_ADMIN_H_
 
@@ -38,6 +39,10 @@ class AdminService final : public ferry::admin::v1::Admin::CallbackService {
       grpc::CallbackServerContext* context,
       const ferry::admin::v1::InvokeRequest* request,
       ferry::admin::v1::InvokeResponse* out) override;
+  grpc::ServerUnaryReactor* Inspect(
+      grpc::CallbackServerContext* context,
+      const ferry::admin::v1::InspectRequest* request,
+      ferry::admin::v1::InspectResponse* out) override;
 
  private:
   void Fill(const WorkerInfo& w, ferry::admin::v1::WorkerInfo* out) const;

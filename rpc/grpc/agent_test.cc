@@ -249,6 +249,64 @@ TEST(GrpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
   ShutdownAll(*agents);
 }
 
+// Admin Inspect serves what layers registered on the agent (rpc/inspect.h):
+// one inspector by name or all; an unknown one is NOT_FOUND naming those
+// registered.
+TEST(GrpcAgent, AdminInspectServesRegisteredInspectors) {
+  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  ASSERT_TRUE(agents.ok()) << agents.status();
+  std::atomic<int> live{3};
+  ASSERT_TRUE((*agents)[1]
+                  ->inspectors()
+                  .Register("toy",
+                            [&live] {
+                              return std::vector<InspectionRow>{
+                                  {"counter",
+                                   {{"live", std::to_string(live.load())}}}};
+                            })
+                  .ok());
+  auto channel = grpc::CreateChannel((*agents)[1]->address(),
+                                     grpc::InsecureChannelCredentials());
+  auto admin = ferry::admin::v1::Admin::NewStub(channel);
+  for (int expect : {3, 5}) {
+    live = expect;
+    grpc::ClientContext ctx;
+    ferry::admin::v1::InspectRequest req;
+    req.set_inspector("toy");
+    ferry::admin::v1::InspectResponse resp;
+    grpc::Status s = admin->Inspect(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.worker(), "b");
+    ASSERT_EQ(resp.inspections_size(), 1);
+    EXPECT_EQ(resp.inspections(0).inspector(), "toy");
+    ASSERT_EQ(resp.inspections(0).rows_size(), 1);
+    EXPECT_EQ(resp.inspections(0).rows(0).kind(), "counter");
+    EXPECT_EQ(resp.inspections(0).rows(0).fields().at("live"),
+              std::to_string(expect));
+  }
+  {
+    grpc::ClientContext ctx;
+    ferry::admin::v1::InspectRequest req;
+    req.set_inspector("nope");
+    ferry::admin::v1::InspectResponse resp;
+    grpc::Status s = admin->Inspect(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(s.error_message().find("toy"), std::string::npos)
+        << s.error_message();
+  }
+  {
+    // Worker a has none: an empty list, not an error.
+    auto ca = grpc::CreateChannel((*agents)[0]->address(),
+                                  grpc::InsecureChannelCredentials());
+    grpc::ClientContext ctx;
+    ferry::admin::v1::InspectResponse resp;
+    ASSERT_TRUE(
+        ferry::admin::v1::Admin::NewStub(ca)->Inspect(&ctx, {}, &resp).ok());
+    EXPECT_EQ(resp.inspections_size(), 0);
+  }
+  ShutdownAll(*agents);
+}
+
 // Every message type with a handler is served; others are refused naming
 // the worker and the type, and the server lives on.
 TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {

@@ -1,0 +1,272 @@
+// Ferry side of the distributed-autograd benchmark; bench/dist_autograd/run.sh
+// runs it next to PyTorch 1.13 (torch_dist_autograd_bench.py, same figures).
+//
+//   dist_autograd_bench [--steps=200] [--ps_steps=300] [--batch=64]
+//
+// Two jobs, each in its own processes meeting through a TcpStore:
+//  step  (2 ranks): a trainer whose Linear 64->64 lives on "ps". Per step:
+//        a distributed autograd context, forward through an RPC, MSE loss
+//        here, distributed backward, DistributedOptimizer (SGD) step, the
+//        context released. Beside it: the same model's local step and the
+//        rpc_sync no-op round trip. Reported: p50 per step and the overhead
+//        (distributed - local).
+//  ps    (4 ranks): 2 trainers, 2 parameter servers (ps0: Linear 64->64,
+//        ps1: Linear 64->10); each trainer steps asynchronously through both
+//        (relu between, MSE loss); reported: samples/s of both trainers.
+// Prints a table and one JSON line per figure.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "autograd/dist/dist_autograd.h"
+#include "autograd/engine.h"
+#include "autograd/nn.h"
+#include "autograd/ops.h"
+#include "bench/util/procs.h"
+#include "optim/distributed_optimizer.h"
+#include "optim/optim.h"
+#include "rpc/grpc/init.h"
+#include "rref/rref.h"
+#include "tensor/tensor.h"
+
+ABSL_FLAG(std::string, job, "", "internal: step or ps");
+ABSL_FLAG(int, rank, 0, "internal: this process's rank");
+ABSL_FLAG(int, port, 0, "internal: TcpStore port");
+ABSL_FLAG(int, steps, 200, "timed steps of the step-overhead job");
+ABSL_FLAG(int, ps_steps, 300, "steps per trainer of the parameter-server job");
+ABSL_FLAG(int, batch, 64, "batch size");
+
+namespace ferry {
+namespace {
+
+using bench::Die;
+using bench::OrDie;
+using bench::Stats;
+using rref::RRef;
+constexpr int kDim = 64;
+constexpr double kLr = 0.01;
+constexpr absl::Duration kLong = absl::Minutes(5);
+
+// One process's state; written before serving, read by handlers.
+struct Worker {
+  rpc::Agent* agent = nullptr;
+  std::shared_ptr<autograd::dist::DistAutogradContainer> dist;
+  std::shared_ptr<rref::RRefContext> rrefs;
+  std::shared_ptr<optim::DistOptimizerService> optimizers;
+  std::shared_ptr<nn::Linear> model;  // Servers only.
+  Mutex mu;
+  std::vector<double> reports ABSL_GUARDED_BY(mu);  // trainer0: rates.
+};
+
+std::vector<std::string> Names(const std::string& job) {
+  if (job == "step") return {"trainer", "ps"};
+  return {"trainer0", "trainer1", "ps0", "ps1"};
+}
+
+absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
+  w->agent = &agent;
+  ASSIGN_OR_RETURN(w->dist,
+                   autograd::dist::DistAutogradContainer::Install(agent));
+  ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Create(&agent));
+  ASSIGN_OR_RETURN(w->optimizers,
+                   optim::DistOptimizerService::Install(agent, w->dist));
+  RETURN_IF_ERROR(agent.Register("noop", [] {}));
+  RETURN_IF_ERROR(
+      agent.Register("forward", [w](Tensor x) -> absl::StatusOr<Tensor> {
+        if (w->model == nullptr)
+          return absl::FailedPreconditionError("no model");
+        // Through copies of the parameters (x1.0, differentiable): with
+        // two trainers stepping asynchronously, another trainer's optimizer
+        // step would otherwise bump the version of a weight this pass saved,
+        // and backward refuses it. Gradients still reach the parameters
+        // (hogwild); torch_dist_autograd_bench.py does the same.
+        const Tensor weight = autograd::mul(w->model->weight(), 1.0);
+        return autograd::add(
+            autograd::matmul(x, autograd::transpose(weight, 0, 1)),
+            autograd::mul(w->model->bias(), 1.0));
+      }));
+  RETURN_IF_ERROR(agent.Register("param_rrefs", [w] {
+    std::vector<RRef<Tensor>> out;
+    if (w->model == nullptr) return out;
+    for (const Tensor& p : w->model->parameters()) {
+      out.push_back(rref::MakeLocalRRef<Tensor>(*w->rrefs, p));
+    }
+    return out;
+  }));
+  return agent.Register("report", [w](double samples_per_s) {
+    MutexLock lock(&w->mu);
+    w->reports.push_back(samples_per_s);
+  });
+}
+
+// A distributed SGD step through `servers` in order (relu between).
+std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
+                               std::vector<std::string> servers,
+                               const Tensor& x, const Tensor& target) {
+  return [&w, &opt, servers, x, target] {
+    autograd::dist::ContextScope ctx(*w.dist);
+    Tensor h = x;
+    for (size_t i = 0; i < servers.size(); ++i) {
+      if (i > 0) h = autograd::relu(h);
+      h = OrDie(w.agent->rpc_sync<Tensor>(servers[i], "forward", h), "forward");
+    }
+    Tensor loss = autograd::mse_loss(h, target);
+    OrDie(w.dist->Backward(ctx.id(), {loss}), "distributed backward");
+    OrDie(opt.Step(ctx.id()), "optimizer step");
+    OrDie(ctx.Release(kLong), "context release");
+  };
+}
+
+std::unique_ptr<optim::DistributedOptimizer> MakeOptimizer(
+    Worker& w, const std::vector<std::string>& servers) {
+  std::vector<RRef<Tensor>> params;
+  for (const std::string& s : servers) {
+    auto p =
+        OrDie(w.agent->rpc_sync<std::vector<RRef<Tensor>>>(s, "param_rrefs"),
+              "param_rrefs from " + s);
+    params.insert(params.end(), p.begin(), p.end());
+  }
+  optim::SgdOptions sgd;
+  sgd.lr = kLr;
+  return OrDie(
+      optim::DistributedOptimizer::Create(*w.agent, sgd, params, kLong),
+      "DistributedOptimizer");
+}
+
+void Report(const std::string& name, const Stats& s) {
+  std::printf("%-22s p50 %9.1f us  mean %9.1f us  p99 %9.1f us  (%zu steps)\n",
+              name.c_str(), s.p50, s.mean, s.p99, s.iters);
+  std::printf(
+      "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": \"%s\", "
+      "\"p50_us\": %.2f, \"mean_us\": %.2f, \"p99_us\": %.2f, \"iters\": "
+      "%zu}\n",
+      name.c_str(), s.p50, s.mean, s.p99, s.iters);
+}
+
+void StepJob(Worker& w) {
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const size_t steps = absl::GetFlag(FLAGS_steps);
+  const Tensor x = randn({batch, kDim}, 7);
+  const Tensor target = randn({batch, kDim}, 8);
+  Report("rpc_sync_noop",
+         bench::TimeIters(
+             [&] { OrDie(w.agent->rpc_sync<void>("ps", "noop"), "noop"); },
+             steps));
+  nn::Linear local(kDim, kDim, /*seed=*/1);
+  optim::SgdOptions o;
+  o.lr = kLr;
+  optim::SGD sgd(local.parameters(), o);
+  const Stats l = bench::TimeIters(
+      [&] {
+        sgd.ZeroGrad();
+        Tensor loss = autograd::mse_loss(local.Forward(x), target);
+        OrDie(autograd::Backward({loss}), "local backward");
+        OrDie(sgd.Step(), "local step");
+      },
+      steps);
+  Report("local_step", l);
+  std::unique_ptr<optim::DistributedOptimizer> opt = MakeOptimizer(w, {"ps"});
+  const Stats d = bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target), steps);
+  Report("dist_step", d);
+  std::printf("%-22s p50 %9.1f us\n", "dist_step_overhead", d.p50 - l.p50);
+  std::printf(
+      "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "
+      "\"dist_step_overhead\", \"p50_us\": %.2f}\n",
+      d.p50 - l.p50);
+  opt.reset();
+}
+
+void PsJob(Worker& w, int rank) {
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int steps = absl::GetFlag(FLAGS_ps_steps);
+  const Tensor x = randn({batch, kDim}, 100 + rank);
+  const Tensor target = randn({batch, 10}, 200 + rank);
+  std::unique_ptr<optim::DistributedOptimizer> opt =
+      MakeOptimizer(w, {"ps0", "ps1"});
+  std::function<void()> step = DistStep(w, *opt, {"ps0", "ps1"}, x, target);
+  for (int i = 0; i < 10; ++i) step();
+  const absl::Time t0 = absl::Now();
+  for (int i = 0; i < steps; ++i) step();
+  const double rate = steps * batch / absl::ToDoubleSeconds(absl::Now() - t0);
+  opt.reset();
+  if (rank != 0) {
+    OrDie(w.agent->rpc_sync<void>("trainer0", "report", rate), "report");
+    return;
+  }
+  std::vector<double> rates = {rate};
+  {
+    MutexLock lock(&w.mu);
+    auto both = [&w]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(w.mu) {
+      return !w.reports.empty();
+    };
+    if (!w.mu.AwaitWithTimeout(absl::Condition(&both), kLong)) {
+      Die("trainer1 did not report its rate");
+    }
+    rates.push_back(w.reports[0]);
+  }
+  std::printf(
+      "%-22s %9.0f samples/s (trainer0 %.0f + trainer1 %.0f; batch %d, "
+      "%d steps each)\n",
+      "ps_throughput", rates[0] + rates[1], rates[0], rates[1], batch, steps);
+  std::printf(
+      "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "
+      "\"ps_throughput\", \"samples_per_s\": %.1f, \"trainers\": 2, "
+      "\"servers\": 2, \"batch\": %d, \"steps\": %d}\n",
+      rates[0] + rates[1], batch, steps);
+}
+
+int RunRank(const std::string& job, int rank, int port) {
+  const std::vector<std::string> names = Names(job);
+  auto w = std::make_shared<Worker>();
+  const std::string& name = names[rank];
+  if (name == "ps" || name == "ps0") {
+    w->model = std::make_shared<nn::Linear>(kDim, kDim, /*seed=*/1);
+  } else if (name == "ps1") {
+    w->model = std::make_shared<nn::Linear>(kDim, 10, /*seed=*/2);
+  }
+  setenv("FERRY_USE_AGENT_STORE", "1", 1);
+  rpc::GrpcAgentOptions o;
+  o.rpc_timeout = kLong;
+  o.join_timeout = absl::Minutes(2);
+  o.before_serving = [w](rpc::Agent& a) { return Serve(w, a); };
+  auto agent = OrDie(rpc::InitRpc(name, absl::StrCat("tcp://127.0.0.1:", port),
+                                  rank, static_cast<int>(names.size()), o),
+                     name + " init");
+  if (name == "trainer") StepJob(*w);
+  if (name == "trainer0" || name == "trainer1") PsJob(*w, rank);
+  OrDie(w->rrefs->Shutdown(kLong), name + " shutdown");
+  return 0;
+}
+
+int LaunchJob(const std::string& job) {
+  std::vector<std::vector<std::string>> children;
+  for (size_t r = 1; r < Names(job).size(); ++r) {
+    children.push_back(
+        {absl::StrCat("--job=", job), absl::StrCat("--rank=", r),
+         absl::StrCat("--batch=", absl::GetFlag(FLAGS_batch)),
+         absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+         absl::StrCat("--ps_steps=", absl::GetFlag(FLAGS_ps_steps))});
+  }
+  return bench::LaunchRanks(children,
+                            [&](int port) { return RunRank(job, 0, port); });
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const std::string job = absl::GetFlag(FLAGS_job);
+  if (!job.empty()) {
+    return ferry::RunRank(job, absl::GetFlag(FLAGS_rank),
+                          absl::GetFlag(FLAGS_port));
+  }
+  int rc = ferry::LaunchJob("step");
+  if (rc == 0) rc = ferry::LaunchJob("ps");
+  return rc;
+}
