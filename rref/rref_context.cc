@@ -896,12 +896,12 @@ Future<Value> RRefContext::FetchFromOwner(
       });
 }
 
-absl::StatusOr<Value> RRefContext::LocalValue(const RRefState& state,
-                                              absl::Duration timeout) {
+absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::CreatedSlot(
+    const RRefState& state, absl::Duration timeout, const char* kind) {
   const std::string what = Describe(state.rref_id(), state.owner().name);
   if (!state.is_owner()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "local_value() of ", what, ": only the owner has the value"));
+        "local_value() of ", what, ": only the owner has the ", kind));
   }
   std::shared_ptr<Slot> slot;
   {
@@ -918,38 +918,29 @@ absl::StatusOr<Value> RRefContext::LocalValue(const RRefState& state,
                      absl::FormatDuration(timeout)));
   }
   if (!slot->value.status().ok()) return slot->value.status();
+  return slot;
+}
+
+absl::StatusOr<Value> RRefContext::LocalValue(const RRefState& state,
+                                              absl::Duration timeout) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
+                   CreatedSlot(state, timeout, "value"));
   if (slot->object != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " holds an object of class '", slot->cls->name, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(state.rref_id(), state.owner().name),
+                     " holds an object of class '", slot->cls->name, "'"));
   }
   return *slot->value.result();
 }
 
 absl::StatusOr<std::shared_ptr<void>> RRefContext::LocalObject(
     const RRefState& state, std::type_index type, absl::Duration timeout) {
-  const std::string what = Describe(state.rref_id(), state.owner().name);
-  if (!state.is_owner()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "local_value() of ", what, ": only the owner has the object"));
-  }
-  std::shared_ptr<Slot> slot;
-  {
-    MutexLock lock(&mu_);
-    auto it = owners_.find(state.rref_id());
-    if (it != owners_.end()) slot = it->second.slot;
-  }
-  if (slot == nullptr) {
-    return absl::InternalError(absl::StrCat(what, ": not registered"));
-  }
-  if (!slot->value.Wait(timeout).ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("local_value() of ", what, ": creation not done after ",
-                     absl::FormatDuration(timeout)));
-  }
-  if (!slot->value.status().ok()) return slot->value.status();
+  ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
+                   CreatedSlot(state, timeout, "object"));
   if (slot->object == nullptr || slot->cls->type != type) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, " does not hold an object of the requested class"));
+        absl::StrCat(Describe(state.rref_id(), state.owner().name),
+                     " does not hold an object of the requested class"));
   }
   return slot->object;
 }

@@ -260,6 +260,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
  private:
   struct Slot;
   struct OwnerEntry;
+  // Owner only: the slot of `state` once its creation succeeded (waiting up
+  // to `timeout`); errors say local_value() of what, and that only the owner
+  // has the `kind` ("value" or "object").
+  absl::StatusOr<std::shared_ptr<Slot>> CreatedSlot(const RRefState& state,
+                                                    absl::Duration timeout,
+                                                    const char* kind);
   struct PendingChild {
     std::shared_ptr<RRefState> parent;
     int to = -1;
