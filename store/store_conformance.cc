@@ -415,6 +415,9 @@ TEST_P(StoreConformanceTest, CloneSharesDataBothWays) {
   ASSERT_OK(clone->Set("from-clone", "2"));
   EXPECT_EQ(store_->Get("from-clone").value_or("<error>"), "2");
   ASSERT_OK(clone->QueuePush("cq", "x"));
+  // A push has no reply (as in PyTorch's protocol); a later answered request
+  // on the same handle proves the server has applied it.
+  EXPECT_EQ(clone->Get("from-clone").value_or("<error>"), "2");
   EXPECT_EQ(store_->QueueLen("cq").value_or(-1), 1);
   // A clone of a clone, and a clone outliving its original.
   absl::StatusOr<std::unique_ptr<Store>> grandchild = clone->Clone();
