@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "rpc/context.h"
 
 namespace ferry::rref {
 
@@ -858,9 +859,11 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
   if (state->creation_value_.has_value() &&
       !state->creation_value_->IsReady()) {
     // Issued before the creation reply: served by the value it carries.
+    // A fetch sent later, from the reply's thread, still carries the
+    // caller's context (a distributed autograd context records it).
     std::weak_ptr<RRefContext> weak = weak_from_this();
     return state->creation_value_->Then(
-        [weak, state = state, timeout](
+        [weak, state = state, timeout, context = rpc::CurrentContext()](
             const Result<std::optional<Value>>& v) mutable -> Future<Value> {
           if (v.ok() && v->has_value()) return MakeReadyFuture<Value>(**v);
           std::shared_ptr<RRefContext> ctx = weak.lock();
@@ -869,6 +872,7 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
                 absl::StrCat("to_here of ", state->DebugString(),
                              ": the RRef context is gone")));
           }
+          rpc::ScopedContext installed(context);
           return ctx->Fetch(state, timeout);  // Not carried, or failed.
         });
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "rpc/context.h"
 #include "rpc/testing/in_process.h"
 #include "rref/rref.h"
 
@@ -499,6 +500,35 @@ TEST_F(NoInlineProtocolTest, EarlyToHereFetchesWhenValueNotCarried) {
   RoundTrip(MessageType::kRRefFetch, "a", "b");
   ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
   EXPECT_EQ(*f.Get(kWait), 3);
+  r = RRef<int64_t>();
+  Settle();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// The fallback fetch leaves from the creation reply's thread, yet carries
+// the context of the caller of to_here() (distributed autograd records the
+// fetch through it).
+TEST_F(NoInlineProtocolTest, EarlyToHereFetchCarriesTheCallersContext) {
+  auto seen = std::make_shared<std::vector<std::string>>();
+  net_.agent(1).AddInterceptor([seen](rpc::InterceptPoint point,
+                                      const rpc::WorkerInfo&, rpc::Message& m) {
+    if (point == rpc::InterceptPoint::kReceiveRequest &&
+        m.type == MessageType::kRRefFetch) {
+      auto it = m.context.find("test/tag");
+      seen->push_back(it == m.context.end() ? "<none>" : it->second);
+    }
+    return absl::OkStatus();
+  });
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  Future<int64_t> f;
+  {
+    rpc::ScopedContextEntry tag("test/tag", "early");
+    f = r.to_here_async(kWait);
+  }
+  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
+  EXPECT_EQ(*seen, std::vector<std::string>{"early"});
   r = RRef<int64_t>();
   Settle();
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
