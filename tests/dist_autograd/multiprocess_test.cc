@@ -1,8 +1,6 @@
 // Distributed autograd across real processes over gRPC: the test is worker0
 // of a 3-process group (model.h) meeting through a TCPStore it serves.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -19,19 +17,13 @@
 #include "rref/rref.h"
 #include "store/tcp_store_server.h"
 #include "tests/dist_autograd/model.h"
+#include "tests/util/subprocess.h"
 
 namespace ferry::dist_autograd_test {
 namespace {
 
 using autograd::dist::ContextScope;
 using autograd::dist::DistAutogradContainer;
-
-std::string WorkerBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry",
-                      "/tests/dist_autograd/worker_main");
-}
 
 class Group {
  public:
@@ -41,18 +33,18 @@ class Group {
     ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
     const std::string port = std::to_string(server_->port());
     for (int r = 1; r < world; ++r) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        setenv("RANK", std::to_string(r).c_str(), 1);
-        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", port.c_str(), 1);
-        setenv("FERRY_USE_AGENT_STORE", "1", 1);
-        std::string bin = WorkerBinary();
-        execl(bin.c_str(), bin.c_str(), nullptr);
-        _exit(127);
-      }
-      pids_.push_back(pid);
+      testutil::SpawnOptions spawn;
+      spawn.env = {{"RANK", std::to_string(r)},
+                   {"WORLD_SIZE", std::to_string(world)},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", port},
+                   {"FERRY_USE_AGENT_STORE", "1"}};
+      ASSIGN_OR_RETURN(
+          auto child,
+          testutil::Subprocess::Spawn(
+              {testutil::RunfilePath("tests/dist_autograd/worker_main")},
+              spawn));
+      workers_.push_back(std::move(child));
     }
     rpc::GrpcAgentOptions options;
     options.join_timeout = absl::Seconds(60);
@@ -88,41 +80,29 @@ class Group {
     return absl::OkStatus();
   }
 
-  // The child's wait status, or -1 after `timeout`.
-  int Reap(size_t i, absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status;
-      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-        pids_[i] = -1;
-        return status;
-      }
-      absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
-    }
-    return -1;
+  // Worker i's (0-based) exit code; an error if it was killed or is still
+  // running after `timeout`.
+  absl::StatusOr<int> Wait(size_t i, absl::Duration timeout) {
+    return workers_[i]->Wait(absl::Now() + timeout);
   }
 
   ~Group() {
     if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
-    for (pid_t pid : pids_) {
-      if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-      }
-    }
+    // Workers still running are killed by their Subprocess destructors.
   }
 
   rpc::Agent& agent() { return *agent_; }
   DistAutogradContainer& dist() { return *dist_; }
   rref::RRefContext& rrefs() { return *rrefs_; }
-  std::vector<pid_t>& pids() { return pids_; }
+  size_t workers() const { return workers_.size(); }
+  testutil::Subprocess& worker(size_t i) { return *workers_[i]; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<DistAutogradContainer> dist_;
   std::shared_ptr<rref::RRefContext> rrefs_;
   std::unique_ptr<rpc::GrpcAgent> agent_;
-  std::vector<pid_t> pids_;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers_;
 };
 
 void ExpectClose(const Tensor& got, const Tensor& want,
@@ -175,10 +155,10 @@ TEST(MultiProcessDistAutograd, ChainGradientsEqualSingleProcessAndCleanup) {
   }
 
   ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
-  for (size_t i = 0; i < g.pids().size(); ++i) {
-    int status = g.Reap(i, absl::Seconds(60));
-    ASSERT_TRUE(WIFEXITED(status)) << status;
-    EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (size_t i = 0; i < g.workers(); ++i) {
+    absl::StatusOr<int> code = g.Wait(i, absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0);
   }
 }
 
@@ -234,10 +214,10 @@ TEST(MultiProcessDistAutograd, DistributedOptimizerStepsOwnersWeights) {
   opt->reset();
   params.clear();
   ASSERT_TRUE(g.rrefs().Shutdown(absl::Seconds(60)).ok());
-  for (size_t i = 0; i < g.pids().size(); ++i) {
-    int status = g.Reap(i, absl::Seconds(60));
-    ASSERT_TRUE(WIFEXITED(status)) << status;
-    EXPECT_EQ(WEXITSTATUS(status), 0);
+  for (size_t i = 0; i < g.workers(); ++i) {
+    absl::StatusOr<int> code = g.Wait(i, absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0);
   }
 }
 

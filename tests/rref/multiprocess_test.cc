@@ -2,8 +2,6 @@
 // group whose other ranks are worker_main processes, meeting through a
 // TCPStore served by the test.
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -17,6 +15,7 @@
 #include "rref/rref.h"
 #include "store/tcp_store_server.h"
 #include "tests/rref/counter.h"
+#include "tests/util/subprocess.h"
 
 namespace ferry::rref {
 namespace {
@@ -24,13 +23,6 @@ namespace {
 using testing::Counter;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
-
-std::string WorkerBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* ws = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir ? srcdir : ".", "/", ws ? ws : "ferry",
-                      "/tests/rref/worker_main");
-}
 
 class Group {
  public:
@@ -41,18 +33,17 @@ class Group {
     ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
     const std::string port = std::to_string(server_->port());
     for (int r = 1; r < world; ++r) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        setenv("RANK", std::to_string(r).c_str(), 1);
-        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", port.c_str(), 1);
-        setenv("FERRY_USE_AGENT_STORE", "1", 1);
-        std::string bin = WorkerBinary();
-        execl(bin.c_str(), bin.c_str(), nullptr);
-        _exit(127);
-      }
-      pids_.push_back(pid);
+      testutil::SpawnOptions spawn;
+      spawn.env = {{"RANK", std::to_string(r)},
+                   {"WORLD_SIZE", std::to_string(world)},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", port},
+                   {"FERRY_USE_AGENT_STORE", "1"}};
+      ASSIGN_OR_RETURN(
+          auto child,
+          testutil::Subprocess::Spawn(
+              {testutil::RunfilePath("tests/rref/worker_main")}, spawn));
+      workers_.push_back(std::move(child));
     }
     rpc::GrpcAgentOptions options;
     options.join_timeout = absl::Seconds(60);
@@ -60,47 +51,34 @@ class Group {
       return testing::InstallRRefTestLayer(agent, &ctx_);
     };
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
-    ASSIGN_OR_RETURN(agent_,
-                     rpc::InitRpc("worker0",
-                                  absl::StrCat("tcp://127.0.0.1:", port), 0,
-                                  world, options));
+    ASSIGN_OR_RETURN(
+        agent_, rpc::InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port),
+                             0, world, options));
     return absl::OkStatus();
   }
 
-  // Waits for a child; returns its wait status, or -1 after `timeout`.
-  int Reap(size_t i, absl::Duration timeout) {
-    absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status;
-      if (waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-        pids_[i] = -1;
-        return status;
-      }
-      absl::SleepFor(absl::Milliseconds(10));  // Polling a child's exit.
-    }
-    return -1;
+  // Worker i's (0-based) exit code; an error if it was killed or is still
+  // running after `timeout`.
+  absl::StatusOr<int> Wait(size_t i, absl::Duration timeout) {
+    return workers_[i]->Wait(absl::Now() + timeout);
   }
 
   ~Group() {
     ctx_.reset();
     if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
-    for (pid_t pid : pids_) {
-      if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-      }
-    }
+    // Workers still running are killed by their Subprocess destructors.
   }
 
   rpc::Agent& agent() { return *agent_; }
   RRefContext& ctx() { return *ctx_; }
-  std::vector<pid_t>& pids() { return pids_; }
+  size_t workers() const { return workers_.size(); }
+  testutil::Subprocess& worker(size_t i) { return *workers_[i]; }
 
  private:
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<rpc::GrpcAgent> agent_;
   std::shared_ptr<RRefContext> ctx_;
-  std::vector<pid_t> pids_;
+  std::vector<std::unique_ptr<testutil::Subprocess>> workers_;
 };
 
 TEST(MultiProcessRRef, RemoteObjectsAndForksAcrossProcesses) {
@@ -124,11 +102,13 @@ TEST(MultiProcessRRef, RemoteObjectsAndForksAcrossProcesses) {
     EXPECT_EQ(got.owner_name(), "worker1");
 
     RRef<int64_t> sum = remote<int64_t>(g.ctx(), "worker2", "add", 2, 3);
-    absl::StatusOr<int64_t> s = g.agent().rpc_sync<int64_t>("worker1", "fetch", sum);
+    absl::StatusOr<int64_t> s =
+        g.agent().rpc_sync<int64_t>("worker1", "fetch", sum);
     ASSERT_TRUE(s.ok()) << s.status();
     EXPECT_EQ(*s, 5);
     RRef<int64_t> mine = MakeLocalRRef<int64_t>(g.ctx(), 99);
-    absl::StatusOr<int64_t> m = g.agent().rpc_sync<int64_t>("worker2", "fetch", mine);
+    absl::StatusOr<int64_t> m =
+        g.agent().rpc_sync<int64_t>("worker2", "fetch", mine);
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ(*m, 99);
     // The creation error of a remote() reaches the holder, not a crash.
@@ -139,10 +119,10 @@ TEST(MultiProcessRRef, RemoteObjectsAndForksAcrossProcesses) {
   // leaked OwnerRRef (workers exit 1 otherwise).
   absl::Status down = g.ctx().Shutdown(absl::Seconds(60));
   EXPECT_TRUE(down.ok()) << down;
-  for (size_t i = 0; i < g.pids().size(); ++i) {
-    int status = g.Reap(i, absl::Seconds(60));
-    ASSERT_TRUE(WIFEXITED(status)) << status;
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "worker" << i + 1;
+  for (size_t i = 0; i < g.workers(); ++i) {
+    absl::StatusOr<int> code = g.Wait(i, absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << "worker" << i + 1;
   }
 }
 
@@ -156,7 +136,7 @@ TEST(MultiProcessRRef, OwnerKilledMidUseFailsHoldersWithoutHanging) {
   ASSERT_TRUE(v.creation().Get(kWait).ok());
   ASSERT_EQ(*c.rpc_sync(kWait).call<int64_t>("add", 1), 2);
   const absl::Time killed = absl::Now();
-  kill(g.pids()[0], SIGKILL);
+  ASSERT_TRUE(g.worker(0).Signal(SIGKILL).ok());
   absl::StatusOr<int64_t> m = c.rpc_sync(kWait).call<int64_t>("get");
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
