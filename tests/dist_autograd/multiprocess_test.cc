@@ -57,26 +57,6 @@ class Group {
     ASSIGN_OR_RETURN(
         agent_, rpc::InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port),
                              0, world, options));
-    return AwaitGroupKnown(world);
-  }
-
-  // A GrpcAgent serves before it has learnt the group (SetWorkers follows
-  // JoinGroup), so right after InitRpc a peer's handler may not yet send by
-  // id ("world size 0"). Ask each worker until it knows all `world`
-  // workers; bounded by a deadline.
-  absl::Status AwaitGroupKnown(int world) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    for (int r = 1; r < world; ++r) {
-      for (;;) {
-        auto n = agent_->rpc_sync<int64_t>(r, "world_size");
-        if (!n.ok()) return n.status();
-        if (*n == world) break;
-        if (absl::Now() > deadline) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("worker", r, " never learnt the group"));
-        }
-      }
-    }
     return absl::OkStatus();
   }
 

@@ -56,10 +56,6 @@ absl::Status RegisterFunctions(int rank, std::shared_ptr<Worker> w,
   }));
   RETURN_IF_ERROR(registry.Register(
       "weight", [w] { return autograd::Detach(w->weight).clone(); }));
-  // Whether this worker knows the whole group yet (see the test's Start).
-  RETURN_IF_ERROR(registry.Register("world_size", [w] {
-    return static_cast<int64_t>(w->agent->world_size());
-  }));
   return registry.Register("num_contexts", [w] {
     return static_cast<int64_t>(w->dist->NumContexts());
   });
