@@ -317,15 +317,22 @@ TEST_F(RRefTest, UserDeathReleasesItsForks) {
   ASSERT_TRUE(r.creation().Get(kWait).ok());
   ASSERT_TRUE(net_.agent("c").rpc_sync<int64_t>("a", "fetch", r).ok());
   // a's fork is deleted once a's handler is done with it: only c's is left.
-  const absl::Time deadline = absl::Now() + kWait;
-  auto forks = [&] {
-    auto owned = ctx_["b"]->Owned();
-    return owned.size() == 1 ? owned[0].forks.size() : size_t{0};
+  // c settled means c's pending child was accepted, so the owner registered
+  // a's fork before this point; from then on, forks == {c} means a's fork
+  // was also deleted (counting forks alone can see c's before a's arrives).
+  ASSERT_TRUE(ctx_["c"]->AwaitSettled(kWait).ok());
+  auto holders = [&] {
+    std::vector<int> out;
+    for (const auto& info : ctx_["b"]->Owned()) {
+      for (const auto& [fork, holder] : info.forks) out.push_back(holder);
+    }
+    return out;
   };
-  while (forks() != 1 && absl::Now() < deadline) {
+  const absl::Time deadline = absl::Now() + kWait;
+  while (holders() != std::vector<int>{2} && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
   }
-  ASSERT_EQ(forks(), 1u);
+  ASSERT_EQ(holders(), std::vector<int>{2});  // c is rank 2.
   // The agent reports c's death to b's context, which drops c's fork.
   ASSERT_TRUE(net_.Kill("c").ok());
   EXPECT_TRUE(ctx_["b"]->IsKnownDead(2));
