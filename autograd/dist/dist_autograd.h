@@ -271,7 +271,20 @@ class DistAutogradContainer
 // logged by the destructor; call Release() to see them.
 class ContextScope {
  public:
-  explicit ContextScope(DistAutogradContainer& container);
+  // What the scope's end (the destructor) waits for.
+  enum class OnExit {
+    // Every worker the context touched answered its release (bounded by the
+    // container's rpc_timeout per worker).
+    kWaitForRelease,
+    // Nothing: the context is gone here at once and its release messages
+    // are sent without waiting for their answers (PyTorch's context exit
+    // does the same), so a training loop's next step does not pay that
+    // round trip. The other workers free the context when the release
+    // arrives; failures are logged then. Release() still waits.
+    kReleaseInBackground,
+  };
+  explicit ContextScope(DistAutogradContainer& container,
+                        OnExit on_exit = OnExit::kWaitForRelease);
   ~ContextScope();
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
@@ -283,6 +296,7 @@ class ContextScope {
 
  private:
   DistAutogradContainer& container_;
+  const OnExit on_exit_;
   GlobalId id_;
   std::optional<rpc::ScopedContextEntry> entry_;
   bool released_ = false;
