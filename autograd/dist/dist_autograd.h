@@ -44,7 +44,9 @@
 // sends kCleanupAutogradContext to every worker it exchanged messages with
 // in the context; each does the same (skipping the sender), so the release
 // reaches every worker the context touched, transitively, and frees their
-// graph pieces. A worker that does not know the id answers OK.
+// graph pieces. A worker that does not know the id answers OK. A scope made
+// with ContextScope::OnExit::kReleaseInBackground sends the same messages
+// but its end does not wait for their answers.
 //
 // Invariants of the context map (DistAutogradContainer::contexts_):
 //  1. An id maps to at most one live context per worker; ids are minted by
