@@ -112,8 +112,59 @@ MpiProcess& Process() {
   return *p;
 }
 
-MPI_Datatype TypeOf(DType d) { return Process().types[static_cast<int>(d)]; }
-MPI_Op OpOf(ReduceOp op) { return Process().ops[static_cast<int>(op)]; }
+// MPI's own type for dtypes its built-in reductions handle as Ferry does
+// (two's-complement wrap-around, IEEE floats); MPI_DATATYPE_NULL otherwise.
+MPI_Datatype BuiltinType(DType d) {
+  switch (d) {
+    case DType::kFloat32:
+      return MPI_FLOAT;
+    case DType::kFloat64:
+      return MPI_DOUBLE;
+    case DType::kInt64:
+      return MPI_INT64_T;
+    case DType::kInt32:
+      return MPI_INT32_T;
+    case DType::kInt8:
+      return MPI_INT8_T;
+    case DType::kUInt8:
+      return MPI_UINT8_T;
+    default:
+      return MPI_DATATYPE_NULL;
+  }
+}
+
+// Reductions run as MPI's built-in type and operation where they apply
+// (Open MPI's optimized loops and algorithms), else as Ferry's kernels: a
+// user operation on a dtype-tagged type (float16, bfloat16, bool).
+MPI_Datatype TypeOf(DType d) {
+  MPI_Datatype builtin = BuiltinType(d);
+  return builtin != MPI_DATATYPE_NULL ? builtin
+                                      : Process().types[static_cast<int>(d)];
+}
+
+MPI_Op OpOf(DType d, ReduceOp op) {
+  if (BuiltinType(d) == MPI_DATATYPE_NULL) {
+    return Process().ops[static_cast<int>(op)];
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kProduct:
+      return MPI_PROD;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kBand:
+      return MPI_BAND;
+    case ReduceOp::kBor:
+      return MPI_BOR;
+    case ReduceOp::kBxor:
+      return MPI_BXOR;
+  }
+  return MPI_OP_NULL;
+}
 
 char* Bytes(const Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
@@ -401,7 +452,12 @@ std::shared_ptr<Work> MpiBackend::EnqueueP2P(
 }
 
 void MpiBackend::Run() {
-  int idle = 0;
+  // Open MPI moves data only inside MPI calls, so the thread polls while
+  // anything is in flight: without pause for the first second after an
+  // operation was posted or completed (transfers advance one fragment per
+  // poll), then every 50 us (a receive waiting long for its peer).
+  constexpr absl::Duration kBusyPoll = absl::Seconds(1);
+  absl::Time last_progress = absl::Now();
   while (true) {
     std::deque<std::shared_ptr<Op>> fresh;
     {
@@ -429,13 +485,10 @@ void MpiBackend::Run() {
     }
     bool moved = StepCollective();
     moved = StepP2P() || moved || !fresh.empty();
-    // Poll while MPI has work in flight; back off when nothing moves.
     if (moved) {
-      idle = 0;
-    } else if (++idle > 64) {
+      last_progress = absl::Now();
+    } else if (absl::Now() - last_progress > kBusyPoll) {
       absl::SleepFor(absl::Microseconds(50));
-    } else {
-      std::this_thread::yield();
     }
   }
   // Point-to-point requests still pending at shutdown are cancelled and
@@ -488,6 +541,7 @@ bool MpiBackend::StepP2P() {
 bool MpiBackend::StepCollective() {
   if (running_ == nullptr) return false;
   Op& op = *running_;
+  const Op::Stage stage_before = op.stage;
   absl::Status status;
   bool finished = false;
   switch (op.stage) {
@@ -561,7 +615,7 @@ bool MpiBackend::StepCollective() {
     new std::shared_ptr<Op>(running_);
     comm_->leak = true;
   }
-  if (!finished) return op.stage != Op::Stage::kQueued;
+  if (!finished) return op.stage != stage_before;
   status = Annotate(status, op.work->description());
   if (!status.ok() && !absl::IsInvalidArgument(status) && broken_.ok()) {
     broken_ = CopyStatus(status);
@@ -674,7 +728,8 @@ std::shared_ptr<Work> MpiBackend::Allreduce(Tensor tensor,
         RETURN_IF_ERROR(
             Check(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
                                  static_cast<int>(tensor.numel()),
-                                 TypeOf(tensor.dtype()), OpOf(op), c.comm, &r),
+                                 TypeOf(tensor.dtype()),
+                                 OpOf(tensor.dtype(), op), c.comm, &r),
                   "MPI_Iallreduce"));
         Posted p = OneRequest(r, {tensor});
         p.finish = AverageIf(op, tensor, n);
@@ -718,10 +773,11 @@ std::shared_ptr<Work> MpiBackend::Reduce(Tensor tensor,
         MPI_Request r;
         void* send = is_root ? MPI_IN_PLACE : tensor.data_ptr();
         void* recv = is_root ? tensor.data_ptr() : nullptr;
-        RETURN_IF_ERROR(Check(
-            MPI_Ireduce(send, recv, static_cast<int>(tensor.numel()),
-                        TypeOf(tensor.dtype()), OpOf(o.op), o.root, c.comm, &r),
-            "MPI_Ireduce"));
+        RETURN_IF_ERROR(
+            Check(MPI_Ireduce(send, recv, static_cast<int>(tensor.numel()),
+                              TypeOf(tensor.dtype()),
+                              OpOf(tensor.dtype(), o.op), o.root, c.comm, &r),
+                  "MPI_Ireduce"));
         Posted p = OneRequest(r, {tensor});
         if (is_root) p.finish = AverageIf(o.op, tensor, n);
         return p;
@@ -870,11 +926,12 @@ std::shared_ptr<Work> MpiBackend::EnqueueReduceScatter(
           CopyChunks(src, inputs, /*to_flat=*/true);
         }
         MPI_Request r;
-        RETURN_IF_ERROR(Check(MPI_Ireduce_scatter_block(
-                                  src.data_ptr(), output.data_ptr(),
-                                  static_cast<int>(output.numel()),
-                                  TypeOf(output.dtype()), OpOf(op), c.comm, &r),
-                              "MPI_Ireduce_scatter_block"));
+        RETURN_IF_ERROR(Check(
+            MPI_Ireduce_scatter_block(src.data_ptr(), output.data_ptr(),
+                                      static_cast<int>(output.numel()),
+                                      TypeOf(output.dtype()),
+                                      OpOf(output.dtype(), op), c.comm, &r),
+            "MPI_Ireduce_scatter_block"));
         Posted p = OneRequest(r, {output, src});
         p.finish = AverageIf(op, output, n);
         return p;

@@ -17,10 +17,11 @@
 // the operation and rank, never an abort.
 //
 // Operations: all of backend.h's except MonitoredBarrier's own (the default,
-// over Send/Recv, applies). Data moves as bytes (every dtype); reductions run
-// Ferry's reduce kernels (c10d/reduce.h) as MPI user operations, so every
-// (dtype, ReduceOp) pair behaves as in the other CPU backends (AVG divides
-// the sum afterwards).
+// over Send/Recv, applies). Data moves as bytes (every dtype). Reductions
+// use MPI's built-in types and operations for float32/64 and the integer
+// dtypes, and Ferry's reduce kernels (c10d/reduce.h) as MPI user operations
+// for float16, bfloat16 and bool, so every (dtype, ReduceOp) pair behaves as
+// in the other CPU backends (AVG divides the sum afterwards).
 //
 // Argument check (on unless option "mpi_check_args" is "false"): before
 // moving data, ranks all-gather a small signature of the call (operation,
@@ -33,7 +34,9 @@
 // Progress: one thread per backend posts operations as non-blocking MPI
 // calls in issue order (collectives one at a time, point-to-point at once,
 // so a Recv waiting for a peer never delays a Send) and tests them until
-// they complete or their timeout passes. A timed-out receive is cancelled;
+// they complete or their timeout passes. Open MPI moves data only inside
+// MPI calls, so that thread polls without pause for a second after anything
+// was posted or completed, then every 50 us. A timed-out receive is cancelled;
 // a timed-out collective cannot be cancelled in MPI, so it fails with
 // DeadlineExceeded and every later collective fails with FailedPrecondition
 // quoting it (its buffers are kept alive until the process exits).
