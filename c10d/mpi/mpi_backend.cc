@@ -35,6 +35,10 @@ struct MpiProcess {
   // user operation can tell the dtype), one user operation per ReduceOp.
   MPI_Datatype types[kNumDTypes] = {};
   MPI_Op ops[kNumReduceOps] = {};
+  // Buffers of operations MPI may still touch (abandoned after a timeout),
+  // kept until the process exits.
+  Mutex kept_mu;
+  std::vector<std::shared_ptr<void>> kept ABSL_GUARDED_BY(kept_mu);
 };
 
 MpiProcess& Process();
@@ -136,6 +140,12 @@ MPI_Datatype BuiltinType(DType d) {
 // Reductions run as MPI's built-in type and operation where they apply
 // (Open MPI's optimized loops and algorithms), else as Ferry's kernels: a
 // user operation on a dtype-tagged type (float16, bfloat16, bool).
+void KeepUntilExit(std::shared_ptr<void> what) {
+  MpiProcess& p = Process();
+  MutexLock lock(&p.kept_mu);
+  p.kept.push_back(std::move(what));
+}
+
 MPI_Datatype TypeOf(DType d) {
   MPI_Datatype builtin = BuiltinType(d);
   return builtin != MPI_DATATYPE_NULL ? builtin
@@ -501,7 +511,8 @@ void MpiBackend::Run() {
       MPI_Cancel(&r);
       MPI_Request_free(&r);
     }
-    new std::vector<Tensor>(std::move(op->posted.keep));  // Deliberate leak.
+    KeepUntilExit(
+        std::make_shared<std::vector<Tensor>>(std::move(op->posted.keep)));
     comm_->leak = true;
   }
 }
@@ -610,9 +621,9 @@ bool MpiBackend::StepCollective() {
     status = absl::DeadlineExceededError(absl::StrCat(
         "not every rank took part within ", absl::FormatDuration(op.timeout)));
     finished = true;
-    // MPI cannot cancel a collective: keep its buffers for MPI (a deliberate
-    // leak) and never free the communicator.
-    new std::shared_ptr<Op>(running_);
+    // MPI cannot cancel a collective: keep its buffers for MPI and never
+    // free the communicator.
+    KeepUntilExit(running_);
     comm_->leak = true;
   }
   if (!finished) return op.stage != stage_before;
