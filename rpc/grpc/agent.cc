@@ -373,10 +373,10 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   // A stream that failed on this side cancelled its call: its error counts.
   if (status.ok() || (call->stream && !call->stream->error().ok())) {
     absl::StatusOr<Result<Message>> reply =
-        call->stream ? call->stream->DecodeReply(&bytes_in)
-                     : grpc_agent::DecodeReply(call->response,
-                                               grpc_options_.wire_limits,
-                                               &bytes_in);
+        call->stream
+            ? call->stream->DecodeReply(&bytes_in)
+            : grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
+                                      &bytes_in);
     if (!reply.ok()) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {

@@ -119,10 +119,9 @@ absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
     const ferry::rpc::v1::RpcRequest& header, const std::string& peer) {
   const MessageType type = static_cast<MessageType>(header.type());
   if (!agent_->HasHandler(type)) {
-    return absl::UnimplementedError(
-        absl::StrCat("worker '", name(), "' does not serve message type ",
-                     MessageTypeName(type), " (", static_cast<uint32_t>(type),
-                     ")"));
+    return absl::UnimplementedError(absl::StrCat(
+        "worker '", name(), "' does not serve message type ",
+        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")"));
   }
   return limiter_.Acquire(peer, name());
 }
@@ -154,11 +153,10 @@ void WorkerService::Serve(absl::Time start,
         if (!encoded.ok()) {
           agent->stats_.Record(RpcStats::Direction::kIn, key,
                                absl::Now() - start, true, bytes_in, 0);
-          reply(ToGrpcStatus(
-                    Annotate(encoded.status(),
-                             absl::StrCat("worker '", agent->self().name,
-                                          "' encoding the result of '", key,
-                                          "'"))),
+          reply(ToGrpcStatus(Annotate(
+                    encoded.status(),
+                    absl::StrCat("worker '", agent->self().name,
+                                 "' encoding the result of '", key, "'"))),
                 nullptr);
           return;
         }

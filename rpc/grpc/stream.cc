@@ -130,9 +130,8 @@ absl::Status PieceAssembler::Add(const std::vector<WireChunk>& piece,
   uint64_t bytes = 0;
   for (const WireChunk& c : piece) bytes += c.size;
   if (bytes > total_ - received_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stream: pieces run past the declared payload of ",
-                     total_, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stream: pieces run past the declared payload of ", total_, " bytes"));
   }
   RecordPiece(stats, bytes);
   char* out = static_cast<char*>(storage_.data()) + received_;
@@ -227,7 +226,8 @@ absl::Status ClientStream::Receive() {
                                     config_.max_message_bytes, *config_.limits,
                                     "the streamed reply"));
     config_.stats->replies_received.fetch_add(1, std::memory_order_relaxed);
-    RETURN_IF_ERROR(assembler_.Start(h.payload_bytes(), config_.limits->allocator));
+    RETURN_IF_ERROR(
+        assembler_.Start(h.payload_bytes(), config_.limits->allocator));
     reply_header_ = std::move(parts.header);
   }
   RETURN_IF_ERROR(assembler_.Add(parts.payload, config_.stats));
@@ -394,8 +394,8 @@ class ServerStream final
     FERRY_TSAN_RELEASE(this);
     if (writer_->last()) {
       // No OnWriteDone for this one: counted as handed over.
-      service_->stream_stats()->bytes_sent.fetch_add(
-          out_bytes_, std::memory_order_relaxed);
+      service_->stream_stats()->bytes_sent.fetch_add(out_bytes_,
+                                                     std::memory_order_relaxed);
       StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
       StartWrite(&out_);

@@ -33,8 +33,8 @@
 #ifndef FERRY_RPC_GRPC_STREAM_H_
 #define FERRY_RPC_GRPC_STREAM_H_
 
-#include <grpcpp/grpcpp.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 
 #include <atomic>
 #include <cstddef>
@@ -74,10 +74,10 @@ struct StreamOptions {
 
 // Counters of one agent's streamed calls; monotonic.
 struct StreamStats {
-  std::atomic<uint64_t> requests_sent{0};     // Streamed requests started.
-  std::atomic<uint64_t> requests_received{0}; // Streamed requests admitted.
-  std::atomic<uint64_t> replies_sent{0};      // Replies streamed back.
-  std::atomic<uint64_t> replies_received{0};  // Streamed replies begun.
+  std::atomic<uint64_t> requests_sent{0};      // Streamed requests started.
+  std::atomic<uint64_t> requests_received{0};  // Streamed requests admitted.
+  std::atomic<uint64_t> replies_sent{0};       // Replies streamed back.
+  std::atomic<uint64_t> replies_received{0};   // Streamed replies begun.
   // Payload bytes whose write gRPC completed (requests and replies).
   std::atomic<uint64_t> bytes_sent{0};
   // Payload bytes copied from received pieces into their destination buffer

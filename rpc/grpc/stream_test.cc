@@ -48,8 +48,8 @@ std::vector<std::unique_ptr<GrpcAgent>> StartPair(
   const GrpcAgentOptions options[2] = {std::move(a), std::move(b)};
   for (int i = 0; i < 2; ++i) {
     ts.emplace_back([&, i] {
-      started[i] = GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store,
-                                    options[i], registry);
+      started[i] = GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store, options[i],
+                                    registry);
     });
   }
   for (auto& t : ts) t.join();
@@ -70,22 +70,18 @@ void ShutdownPair(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
 std::shared_ptr<FunctionRegistry> Registry() {
   auto r = std::make_shared<FunctionRegistry>();
   EXPECT_TRUE(r->Register("echo", [](Value v) { return v; }).ok());
-  EXPECT_TRUE(r->Register("thrice",
-                          [](Tensor t) {
-                            return Value::FromList({Value::FromTensor(t),
-                                                    Value::FromTensor(t),
-                                                    Value::FromTensor(t)});
-                          })
-                  .ok());
+  EXPECT_TRUE(r->Register("thrice", [](Tensor t) {
+                 return Value::FromList({Value::FromTensor(t),
+                                         Value::FromTensor(t),
+                                         Value::FromTensor(t)});
+               }).ok());
   EXPECT_TRUE(r->Register("sum", [](Tensor t) { return t.sum(); }).ok());
-  EXPECT_TRUE(
-      r->Register("ones", [](int64_t n) { return ones({n}, DType::kUInt8); })
-          .ok());
-  EXPECT_TRUE(r->Register("fail",
-                          [](Tensor) -> absl::StatusOr<int64_t> {
-                            return absl::FailedPreconditionError("no thanks");
-                          })
-                  .ok());
+  EXPECT_TRUE(r->Register("ones", [](int64_t n) {
+                 return ones({n}, DType::kUInt8);
+               }).ok());
+  EXPECT_TRUE(r->Register("fail", [](Tensor) -> absl::StatusOr<int64_t> {
+                 return absl::FailedPreconditionError("no thanks");
+               }).ok());
   return r;
 }
 
@@ -147,8 +143,8 @@ TEST(StreamedCalls, CarryTheSameValuesBothWays) {
   Value nested = Value::FromList(
       {Value::FromTensor(d), Value::String("hello"), Value::FromDict(dict),
        Value::FromTensor(i),
-       Value::FromList({Value::FromTensor(f.slice(0, 100, 40000)),
-                        Value::None()})});
+       Value::FromList(
+           {Value::FromTensor(f.slice(0, 100, 40000)), Value::None()})});
   auto echoed = a.rpc_sync<Value>("b", "echo", nested);
   ASSERT_TRUE(echoed.ok()) << echoed.status();
   EXPECT_EQ(*echoed, nested);  // Tensors compared element by element.
@@ -202,7 +198,8 @@ TEST(StreamedCalls, CarryTheSameErrors) {
   auto over = a.rpc_sync<Tensor>("b", "sum", ones({1 << 19}));  // 2 MiB
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted)
       << over.status();
-  for (const char* part : {"worker 'b'", "'sum'", "1048576", "max_message_bytes"})
+  for (const char* part :
+       {"worker 'b'", "'sum'", "1048576", "max_message_bytes"})
     EXPECT_TRUE(absl::StrContains(over.status().message(), part))
         << over.status() << " lacks " << part;
   EXPECT_EQ(agents[1]->stream_stats().bytes_received.load(), received_before);
@@ -269,8 +266,8 @@ TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   auto agents = StartPair(Registry(), fast, slow);
   ASSERT_EQ(agents.size(), 2u);
   sender->store(&agents[0]->stream_stats());
-  auto sum = agents[0]->rpc_sync_for<Tensor>(
-      absl::Minutes(2), "b", "sum", ones({int64_t{kBytes} / 4}));
+  auto sum = agents[0]->rpc_sync_for<Tensor>(absl::Minutes(2), "b", "sum",
+                                             ones({int64_t{kBytes} / 4}));
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(sum->item<float>(), static_cast<float>(kBytes / 4));
   EXPECT_GE(pieces->load(), 100);
