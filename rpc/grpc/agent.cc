@@ -75,7 +75,7 @@ struct GrpcAgent::OutgoingCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   // Set for a streamed call (request and response unused).
-  std::unique_ptr<grpc_agent::ClientStream> stream;
+  std::shared_ptr<grpc_agent::ClientStream> stream;
   uint64_t bytes_out = 0;
   Promise<Message> promise;
 };
@@ -323,7 +323,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   call->bytes_out = encoded->bytes();
   if (grpc_agent::ShouldStream(grpc_options_.stream, call->bytes_out)) {
     OutgoingCall* raw = call.get();
-    call->stream = std::make_unique<grpc_agent::ClientStream>(
+    call->stream = std::make_shared<grpc_agent::ClientStream>(
         *std::move(encoded),
         grpc_agent::ClientStream::Config{
             &grpc_options_.stream, &grpc_options_.wire_limits,
@@ -350,11 +350,14 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     }
     outgoing_.emplace(raw->id, call.release());
   }
+  // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
+  // stream's reactor stays alive until Start returns).
+  std::shared_ptr<grpc_agent::ClientStream> stream = raw->stream;
   // gRPC runs the completion callback on its own thread once the call is
   // done; its completion queue orders that after this hand-off.
   FERRY_TSAN_RELEASE(raw);
-  if (raw->stream != nullptr) {
-    raw->stream->Start(peers_[to.id]->stub.get(), &raw->context);
+  if (stream != nullptr) {
+    stream->Start(peers_[to.id]->stub.get(), &raw->context);
     return result;
   }
   peers_[to.id]->stub->UnaryCall(

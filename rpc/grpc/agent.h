@@ -7,8 +7,10 @@
 // are refused with Unimplemented naming the worker and type.
 //
 // Messages travel as proto/rpc.proto envelopes whose payload is the
-// zero-copy wire encoding of the Value (tensors are not copied). Replies
-// complete Send's future on gRPC's callback thread.
+// zero-copy wire encoding of the Value (tensors are not copied); payloads of
+// GrpcAgentOptions::stream.threshold_bytes or more are streamed in pieces
+// (rpc/grpc/stream.h). Replies complete Send's future on gRPC's callback
+// thread.
 //
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).

@@ -143,8 +143,9 @@ class PieceAssembler {
   uint64_t received_ = 0;
 };
 
-// One streamed outgoing call. Owned by the agent's OutgoingCall, which the
-// done callback (run from OnDone, the reactor's last event) may delete.
+// One streamed outgoing call. Shared by the agent's OutgoingCall, which the
+// done callback (run from OnDone, the reactor's last event) deletes, and the
+// thread that runs Start, which holds it until Start returned.
 class ClientStream final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
