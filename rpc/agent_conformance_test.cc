@@ -621,6 +621,9 @@ std::vector<Implementation> Implementations() {
   return {{"InProcess", testing::StartInProcessCluster},
           {"Grpc", grpc_agent::StartGrpcCluster},
           {"GrpcNonBlocking", grpc_agent::StartGrpcCluster,
+           /*non_blocking=*/true},
+          {"GrpcSameHost", grpc_agent::StartGrpcSameHostCluster},
+          {"GrpcSameHostNonBlocking", grpc_agent::StartGrpcSameHostCluster,
            /*non_blocking=*/true}};
 }
 

@@ -75,6 +75,8 @@ struct GrpcAgent::OutgoingCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   uint64_t bytes_out = 0;
+  // Keeps a same-host payload readable until the call ends.
+  std::shared_ptr<void> same_host_lease;
   Promise<Message> promise;
 };
 
@@ -96,6 +98,20 @@ GrpcAgent::GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
       store_(std::move(store)),
       start_time_(absl::Now()) {}
 
+absl::Status GrpcAgent::NegotiateSameHost(const std::vector<WorkerInfo>& group,
+                                          int rank) {
+  absl::Status s =
+      same_host_->Negotiate(*store_, group, rank, grpc_options_.join_timeout);
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("worker '", group[rank].name,
+                                    "' negotiating the same-host channel"));
+  }
+  FERRY_LOG(INFO) << "worker '" << group[rank].name
+                  << "': same-host channel to " << same_host_->usable_peers()
+                  << " of " << group.size() << " workers";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
     std::string name, int rank, int world_size, std::shared_ptr<Store> store,
     GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
@@ -116,6 +132,10 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
       new GrpcAgent(std::move(store), std::move(options), std::move(registry)));
   // The executor exists before the server can take a request.
   agent->SetSelf(WorkerInfo{name, rank, ""});
+  grpc_agent::SameHostOptions same_host = agent->grpc_options_.same_host;
+  same_host.enabled = same_host.enabled && !agent->grpc_options_.tls.enabled();
+  agent->same_host_ =
+      std::make_shared<grpc_agent::SameHostChannel>(same_host, name);
   if (agent->grpc_options_.before_serving) {
     absl::Status installed = agent->grpc_options_.before_serving(*agent);
     if (!installed.ok()) {
@@ -125,14 +145,21 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   }
   absl::StatusOr<std::string> address = agent->StartServer(name);
   if (!address.ok()) return address.status();
+  absl::Status published = agent->same_host_->Publish(*agent->store_, rank);
+  if (!published.ok()) {
+    agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return Annotate(published, absl::StrCat("worker '", name, "' joining"));
+  }
   // The server runs: self() is not written again (SetWorkers fills in its
   // address along with the group, which handlers wait for).
   absl::StatusOr<std::vector<WorkerInfo>> group =
       grpc_agent::JoinGroup(agent->store_, WorkerInfo{name, rank, *address},
                             world_size, agent->grpc_options_.join_timeout);
-  if (!group.ok()) {
+  absl::Status negotiated =
+      group.ok() ? agent->NegotiateSameHost(*group, rank) : group.status();
+  if (!negotiated.ok()) {
     agent->Shutdown(/*graceful=*/false).IgnoreError();
-    return group.status();
+    return negotiated;
   }
   agent->SetWorkers(*std::move(group));
   agent->OpenChannels();
@@ -300,8 +327,8 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   call->timeout = timeout;
   call->start = absl::Now();
   absl::StatusOr<grpc_agent::EncodedMessage> encoded =
-      grpc_agent::EncodeRequest(request, call->start,
-                                grpc_options_.wire_limits);
+      grpc_agent::EncodeRequest(request, call->start, grpc_options_.wire_limits,
+                                {same_host_.get(), to.id});
   if (!encoded.ok()) {
     return MakeErrorFuture<Message>(Annotate(
         encoded.status(),
@@ -313,6 +340,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   }
   call->bytes_out = encoded->bytes;
   call->request = std::move(encoded->buffer);
+  call->same_host_lease = std::move(encoded->lease);
   if (request.deadline != absl::InfiniteFuture()) {
     call->context.set_deadline(absl::ToChronoTime(request.deadline));
   }
@@ -348,8 +376,9 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   Result<Message> result = absl::UnknownError("unset");
   uint64_t bytes_in = 0;
   if (status.ok()) {
-    absl::StatusOr<Result<Message>> reply = grpc_agent::DecodeReply(
-        call->response, grpc_options_.wire_limits, &bytes_in);
+    absl::StatusOr<Result<Message>> reply =
+        grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
+                                &bytes_in, {same_host_.get(), call->peer});
     if (!reply.ok()) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {

@@ -32,14 +32,14 @@ class GrpcCluster final : public testing::AgentCluster {
   std::vector<std::unique_ptr<GrpcAgent>> agents_;
 };
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
-    const testing::ClusterSpec& spec) {
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
+    const testing::ClusterSpec& spec, bool same_host) {
   auto store = std::make_shared<HashStore>();
   const int n = static_cast<int>(spec.names.size());
   GrpcAgentOptions options;
   static_cast<Agent::Options&>(options) = spec.options;
+  options.same_host.enabled = same_host;
+  options.same_host.min_bytes = 1;
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
@@ -55,6 +55,18 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     agents.push_back(*std::move(r));
   }
   return std::make_unique<GrpcCluster>(std::move(agents));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
+    const testing::ClusterSpec& spec) {
+  return Start(spec, /*same_host=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
+    const testing::ClusterSpec& spec) {
+  return Start(spec, /*same_host=*/true);
 }
 
 }  // namespace ferry::rpc::grpc_agent

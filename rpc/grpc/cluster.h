@@ -10,7 +10,12 @@
 
 namespace ferry::rpc::grpc_agent {
 
+// Payloads travel in the gRPC envelopes (the same-host channel is off).
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
+    const testing::ClusterSpec& spec);
+// Every payload with a tensor byte takes the same-host channel
+// (rpc/grpc/shm_channel.h); envelopes still travel over gRPC.
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
     const testing::ClusterSpec& spec);
 
 }  // namespace ferry::rpc::grpc_agent

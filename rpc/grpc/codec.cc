@@ -35,16 +35,54 @@ AutogradFields FromProto(const v1::AutogradFields& p) {
                         GlobalId::FromValue(p.message_id()), p.retain_graph()};
 }
 
-absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts, Value if_absent,
-                                    const WireLimits& limits) {
+// A payload in the envelope, or (`same_host` set) in the peer's memory.
+absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts,
+                                    const v1::SameHostPayload* same_host,
+                                    Value if_absent, const WireLimits& limits,
+                                    const SameHostLink& link) {
+  if (same_host != nullptr) {
+    if (!parts.payload.empty()) {
+      return absl::InvalidArgumentError(
+          "envelope: both a payload and a same-host payload");
+    }
+    if (link.channel == nullptr) {
+      return absl::FailedPreconditionError(
+          "envelope: a same-host payload where no same-host channel is set "
+          "up");
+    }
+    ASSIGN_OR_RETURN(WireChunk whole,
+                     link.channel->Fetch(link.peer, *same_host, limits));
+    return DecodeValue(absl::MakeConstSpan(&whole, 1), limits);
+  }
   if (parts.payload.empty()) return if_absent;
   return DecodeValue(absl::MakeConstSpan(parts.payload), limits);
+}
+
+// The envelope of `header` and `payload`, the payload left in place when the
+// same-host channel takes it (a request's lease then goes with the message).
+template <typename Header>
+EncodedMessage Envelope(Header& header, EncodedValue payload,
+                        const SameHostLink& link, bool is_request) {
+  EncodedMessage out;
+  out.bytes = payload.total_bytes();
+  if (link.channel != nullptr &&
+      link.channel->Offer(link.peer, payload, header.mutable_same_host(),
+                          is_request ? &out.lease : nullptr)) {
+    out.same_host = true;
+    grpc::Slice slice(header.SerializeAsString());
+    out.buffer = grpc::ByteBuffer(&slice, 1);
+    return out;
+  }
+  header.clear_same_host();
+  out.buffer = EncodeEnvelope(header, std::move(payload));
+  return out;
 }
 
 }  // namespace
 
 absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
-                                             const WireLimits& limits) {
+                                             const WireLimits& limits,
+                                             SameHostLink link) {
   v1::RpcRequest header;
   header.set_type(static_cast<v1::MessageType>(m.type));
   header.set_function(m.function);
@@ -60,10 +98,7 @@ absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
   if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
   ASSIGN_OR_RETURN(EncodedValue payload, EncodeValue(m.payload, limits));
-  EncodedMessage out;
-  out.bytes = payload.total_bytes();
-  out.buffer = EncodeEnvelope(header, std::move(payload));
-  return out;
+  return Envelope(header, std::move(payload), link, /*is_request=*/true);
 }
 
 absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer) {
@@ -77,7 +112,8 @@ absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer) {
 
 absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
                                       absl::Time received_at,
-                                      const WireLimits& limits) {
+                                      const WireLimits& limits,
+                                      SameHostLink link) {
   const v1::RpcRequest& h = r.header;
   Message m;
   m.type = static_cast<MessageType>(h.type());
@@ -92,7 +128,8 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
   if (h.has_autograd()) m.autograd = FromProto(h.autograd());
   for (const auto& [k, v] : h.context()) m.context.emplace(k, v);
   absl::StatusOr<Value> payload =
-      DecodePayload(r.parts, Value::FromList({}), limits);
+      DecodePayload(r.parts, h.has_same_host() ? &h.same_host() : nullptr,
+                    Value::FromList({}), limits, link);
   if (!payload.ok()) {
     return Annotate(payload.status(), m.type == MessageType::kCall
                                           ? "decoding the arguments"
@@ -103,7 +140,8 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
 }
 
 absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
-                                           const WireLimits& limits) {
+                                           const WireLimits& limits,
+                                           SameHostLink link) {
   v1::RpcResponse header;
   static const Value kNone;
   const Value* payload = &kNone;
@@ -117,15 +155,13 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
     header.set_error_message(std::string(reply.status().message()));
   }
   ASSIGN_OR_RETURN(EncodedValue encoded, EncodeValue(*payload, limits));
-  EncodedMessage out;
-  out.bytes = encoded.total_bytes();
-  out.buffer = EncodeEnvelope(header, std::move(encoded));
-  return out;
+  return Envelope(header, std::move(encoded), link, /*is_request=*/false);
 }
 
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
-                                            uint64_t* bytes) {
+                                            uint64_t* bytes,
+                                            SameHostLink link) {
   ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
   v1::RpcResponse h;
   if (!h.ParseFromString(parts.header)) {
@@ -143,7 +179,10 @@ absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
   m.type = static_cast<MessageType>(h.type());
   if (h.has_rref()) m.rref = FromProto(h.rref());
   if (h.has_autograd()) m.autograd = FromProto(h.autograd());
-  ASSIGN_OR_RETURN(m.payload, DecodePayload(parts, Value::None(), limits));
+  ASSIGN_OR_RETURN(
+      m.payload,
+      DecodePayload(parts, h.has_same_host() ? &h.same_host() : nullptr,
+                    Value::None(), limits, link));
   return Result<Message>(std::move(m));
 }
 

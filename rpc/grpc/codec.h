@@ -18,6 +18,7 @@
 #include "common/future.h"
 #include "proto/rpc.pb.h"
 #include "rpc/grpc/envelope.h"
+#include "rpc/grpc/shm_channel.h"
 #include "rpc/message.h"
 #include "tensor/wire.h"
 
@@ -25,12 +26,25 @@ namespace ferry::rpc::grpc_agent {
 
 struct EncodedMessage {
   grpc::ByteBuffer buffer;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;  // The payload's wire bytes, wherever they travel.
+  // On the same-host channel (shm_channel.h): the payload is not in
+  // `buffer`; a request's `lease` keeps it readable until released.
+  bool same_host = false;
+  std::shared_ptr<void> lease;
+};
+
+// The same-host channel a message may use, and the peer's rank (the callee
+// for requests and replies received, the caller for requests received and
+// replies sent). No channel: payloads travel in the envelope.
+struct SameHostLink {
+  SameHostChannel* channel = nullptr;
+  int peer = -1;
 };
 
 absl::StatusOr<EncodedMessage> EncodeRequest(const Message& request,
                                              absl::Time now,
-                                             const WireLimits& limits);
+                                             const WireLimits& limits,
+                                             SameHostLink link = {});
 
 // Splits a received request; the header is parsed, the payload left as
 // chunks (decode it with DecodeRequest, off the transport thread).
@@ -41,18 +55,21 @@ struct ReceivedRequest {
 absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer);
 absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& received,
                                       absl::Time received_at,
-                                      const WireLimits& limits);
+                                      const WireLimits& limits,
+                                      SameHostLink link = {});
 
 // A handler's reply or error. An error the reply cannot be encoded with is
 // returned as the status (the caller then fails the RPC with it).
 absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
-                                           const WireLimits& limits);
+                                           const WireLimits& limits,
+                                           SameHostLink link = {});
 // The inner result is the reply or the handler's error (code and text as the
 // callee gave them); the outer error is InvalidArgument for a malformed
 // envelope or payload.
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
-                                            uint64_t* bytes);
+                                            uint64_t* bytes,
+                                            SameHostLink link = {});
 
 }  // namespace ferry::rpc::grpc_agent
 

@@ -112,21 +112,23 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                                                : MessageTypeName(type);
   const uint64_t bytes_in = split->parts.total_bytes;
   const WireLimits limits = agent_->grpc_options_.wire_limits;
+  const SameHostLink link{agent_->same_host_.get(),
+                          static_cast<int>(split->header.caller_id())};
   auto received = std::make_shared<ReceivedRequest>(*std::move(split));
   GrpcAgent* agent = agent_;
   // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
   agent_
       ->Dispatch(type, received->header.function(),
-                 [received, start, limits]() mutable {
+                 [received, start, limits, link]() mutable {
                    absl::StatusOr<Message> m =
-                       DecodeRequest(*received, start, limits);
+                       DecodeRequest(*received, start, limits, link);
                    received.reset();  // Release the request's slices early.
                    return m;
                  })
-      .OnComplete([agent, reactor, start, bytes_in, key = std::move(key),
+      .OnComplete([agent, reactor, start, bytes_in, link, key = std::move(key),
                    slot = *std::move(slot)](const Result<Message>& reply) {
         absl::StatusOr<EncodedMessage> encoded =
-            EncodeReply(reply, agent->grpc_options_.wire_limits);
+            EncodeReply(reply, agent->grpc_options_.wire_limits, link);
         if (!encoded.ok()) {
           agent->stats_.Record(RpcStats::Direction::kIn, key,
                                absl::Now() - start, true, bytes_in, 0);
