@@ -33,13 +33,10 @@ class GrpcCluster final : public testing::AgentCluster {
 };
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
-    const testing::ClusterSpec& spec, bool same_host) {
+    const testing::ClusterSpec& spec, GrpcAgentOptions options) {
   auto store = std::make_shared<HashStore>();
   const int n = static_cast<int>(spec.names.size());
-  GrpcAgentOptions options;
   static_cast<Agent::Options&>(options) = spec.options;
-  options.same_host.enabled = same_host;
-  options.same_host.min_bytes = 1;
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
@@ -61,12 +58,25 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     const testing::ClusterSpec& spec) {
-  return Start(spec, /*same_host=*/false);
+  GrpcAgentOptions options;
+  options.same_host.enabled = false;
+  return Start(spec, std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
     const testing::ClusterSpec& spec) {
-  return Start(spec, /*same_host=*/true);
+  GrpcAgentOptions options;
+  options.same_host.min_bytes = 1;
+  return Start(spec, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
+    const testing::ClusterSpec& spec) {
+  GrpcAgentOptions options;
+  options.same_host.enabled = false;
+  options.stream.threshold_bytes = 0;
+  options.stream.piece_bytes = 256;
+  return Start(spec, std::move(options));
 }
 
 }  // namespace ferry::rpc::grpc_agent

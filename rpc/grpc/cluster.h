@@ -17,6 +17,10 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
 // (rpc/grpc/shm_channel.h); envelopes still travel over gRPC.
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
     const testing::ClusterSpec& spec);
+// Over gRPC with every message streamed (rpc/grpc/stream.h: threshold 0,
+// small pieces), so the suite runs over CallStream.
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
+    const testing::ClusterSpec& spec);
 
 }  // namespace ferry::rpc::grpc_agent
 

@@ -58,31 +58,40 @@ absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts,
   return DecodeValue(absl::MakeConstSpan(parts.payload), limits);
 }
 
-// The envelope of `header` and `payload`, the payload left in place when the
-// same-host channel takes it (a request's lease then goes with the message).
-template <typename Header>
-EncodedMessage Envelope(Header& header, EncodedValue payload,
-                        const SameHostLink& link, bool is_request) {
-  EncodedMessage out;
-  out.bytes = payload.total_bytes();
-  if (link.channel != nullptr &&
-      link.channel->Offer(link.peer, payload, header.mutable_same_host(),
-                          is_request ? &out.lease : nullptr)) {
-    out.same_host = true;
-    grpc::Slice slice(header.SerializeAsString());
-    out.buffer = grpc::ByteBuffer(&slice, 1);
-    return out;
-  }
-  header.clear_same_host();
-  out.buffer = EncodeEnvelope(header, std::move(payload));
-  return out;
-}
-
 }  // namespace
 
 absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
-                                             const WireLimits& limits,
-                                             SameHostLink link) {
+                                             const WireLimits& limits) {
+  ASSIGN_OR_RETURN(EncodedParts parts, EncodeRequestParts(m, now, limits));
+  return ToEnvelope(std::move(parts));
+}
+
+bool OfferSameHost(EncodedParts& parts, const SameHostLink& link,
+                   std::shared_ptr<void>* lease) {
+  if (link.channel == nullptr) return false;
+  // Field 14 is `same_host` in RpcRequest and RpcResponse alike; appending
+  // its encoding to the serialized fields sets it.
+  v1::RpcRequest carrier;
+  if (!link.channel->Offer(link.peer, parts.payload,
+                           carrier.mutable_same_host(), lease)) {
+    return false;
+  }
+  carrier.AppendToString(&parts.header);
+  parts.payload = EncodedValue();
+  return true;
+}
+
+EncodedMessage ToEnvelope(EncodedParts parts) {
+  EncodedMessage out;
+  out.bytes = parts.bytes();
+  out.buffer =
+      EncodeEnvelope(std::move(parts.header), std::move(parts.payload));
+  return out;
+}
+
+absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
+                                                absl::Time now,
+                                                const WireLimits& limits) {
   v1::RpcRequest header;
   header.set_type(static_cast<v1::MessageType>(m.type));
   header.set_function(m.function);
@@ -97,8 +106,10 @@ absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
   if (m.rref) ToProto(*m.rref, header.mutable_rref());
   if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
-  ASSIGN_OR_RETURN(EncodedValue payload, EncodeValue(m.payload, limits));
-  return Envelope(header, std::move(payload), link, /*is_request=*/true);
+  EncodedParts out;
+  ASSIGN_OR_RETURN(out.payload, EncodeValue(m.payload, limits));
+  header.AppendToString(&out.header);
+  return out;
 }
 
 absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer) {
@@ -140,8 +151,13 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
 }
 
 absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
-                                           const WireLimits& limits,
-                                           SameHostLink link) {
+                                           const WireLimits& limits) {
+  ASSIGN_OR_RETURN(EncodedParts parts, EncodeReplyParts(reply, limits));
+  return ToEnvelope(std::move(parts));
+}
+
+absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
+                                              const WireLimits& limits) {
   v1::RpcResponse header;
   static const Value kNone;
   const Value* payload = &kNone;
@@ -154,8 +170,10 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
     header.set_error_code(static_cast<int>(reply.status().code()));
     header.set_error_message(std::string(reply.status().message()));
   }
-  ASSIGN_OR_RETURN(EncodedValue encoded, EncodeValue(*payload, limits));
-  return Envelope(header, std::move(encoded), link, /*is_request=*/false);
+  EncodedParts out;
+  ASSIGN_OR_RETURN(out.payload, EncodeValue(*payload, limits));
+  header.AppendToString(&out.header);
+  return out;
 }
 
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
@@ -163,6 +181,13 @@ absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             uint64_t* bytes,
                                             SameHostLink link) {
   ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
+  return DecodeReplyParts(parts, limits, bytes, link);
+}
+
+absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
+                                                 const WireLimits& limits,
+                                                 uint64_t* bytes,
+                                                 SameHostLink link) {
   v1::RpcResponse h;
   if (!h.ParseFromString(parts.header)) {
     return absl::InvalidArgumentError("envelope: malformed RpcResponse fields");
