@@ -36,6 +36,10 @@ def fmt(v, spec):
     return format(v, spec)
 
 
+def size_label(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
@@ -131,7 +135,7 @@ def main():
                    stream_over_pytorch=ratio(fs, p),
                    stream_over_pytorch_tcp=ratio(fs, pt))
         ratios.append(row)
-        label = (f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB")
+        label = size_label(n)
         print(f"{label:>10} {fmt(f, '7.3f')} {fmt(fs, '7.3f')} "
               f"{fmt(p, '7.3f')} "
               f"{fmt(pt, '7.3f')} {fmt(g, '9.3f')} {fmt(gs, '9.3f')} "
@@ -141,6 +145,29 @@ def main():
               f"{fmt(row['ferry_over_grpc'], '11.2f')} "
               f"{fmt(row['stream_over_grpc_stream'], '10.2f')} "
               f"{fmt(row['stream_over_pytorch'], '11.2f')}")
+
+    print("\n## Same host: tensor echo over the same-host channel, one-way "
+          "GB/s; higher is better")
+    print("(Ferry shm: cross-memory attach, 0 copies on send, 1 on receive; "
+          "memcpy: one memcpy each way, warm buffers)")
+    print(f"{'bytes':>10} {'Ferry shm':>9} {'PT shm':>7} {'memcpy':>7} "
+          f"{'Ferry shm/PT shm':>16} {'Ferry shm/memcpy':>16} "
+          f"{'copies send/recv':>16}")
+    for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_samehost"}):
+        f = val("ferry", "tensor_echo_samehost", n)
+        p = val("pytorch", "tensor_echo", n)
+        m = val("floor", "memcpy_echo", n)
+        c = fig.get(("ferry", "samehost_copies", n))
+        copies = (f"{c['send_copies']}/{c['receive_copies']}"
+                  if c and c["sent_in_place"] > 0 else "-")
+        row = dict(figure="tensor_echo_samehost", bytes=n,
+                   ferry_over_pytorch=ratio(f, p),
+                   ferry_over_memcpy=ratio(f, m))
+        ratios.append(row)
+        label = size_label(n)
+        print(f"{label:>10} {fmt(f, '9.3f')} {fmt(p, '7.3f')} "
+              f"{fmt(m, '7.3f')} {fmt(row['ferry_over_pytorch'], '16.2f')} "
+              f"{fmt(row['ferry_over_memcpy'], '16.2f')} {copies:>16}")
 
     print("\n## Issue goals")
     goals = []
@@ -173,6 +200,16 @@ def main():
                  ratio(val("ferry", "tensor_echo_stream", n),
                        val("grpc", "grpc_stream_echo", n)),
                  lambda r: r >= 0.85))
+    for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_samehost"}):
+        if n >= 1 << 20:
+            goals.append((f"same host {n >> 20} MiB >= 2x PyTorch shm",
+                          ratio(val("ferry", "tensor_echo_samehost", n),
+                                val("pytorch", "tensor_echo", n)),
+                          lambda r: r >= 2))
+    goals.append(("same host 64 MiB >= 0.5x memcpy",
+                  ratio(val("ferry", "tensor_echo_samehost", 64 << 20),
+                        val("floor", "memcpy_echo", 64 << 20)),
+                  lambda r: r >= 0.5))
     for text, value, ok in goals:
         verdict = "n/a" if value is None else ("MET" if ok(value) else
                                                "NOT MET")

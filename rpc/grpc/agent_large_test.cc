@@ -1,5 +1,6 @@
-// A 1 GiB tensor argument crosses the agent (issue: no 4 MiB ceiling), as
-// one unary message and streamed (rpc/grpc/stream.h).
+// A 1 GiB tensor argument crosses the agent (issue: no 4 MiB ceiling) on each
+// path: one unary gRPC message, streamed in pieces (rpc/grpc/stream.h), and
+// over the same-host channel (rpc/grpc/shm_channel.h).
 #include <memory>
 #include <thread>
 #include <vector>
@@ -13,12 +14,16 @@
 namespace ferry::rpc {
 namespace {
 
-class GrpcAgentLarge : public ::testing::TestWithParam<bool> {};
+enum class Path { kUnary, kStreamed, kSameHost };
+
+class GrpcAgentLarge : public ::testing::TestWithParam<Path> {};
 
 TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
-  const bool streamed = GetParam();
+  const Path path = GetParam();
+  const bool same_host = path == Path::kSameHost;
   GrpcAgentOptions options;
-  options.stream.enabled = streamed;
+  options.same_host.enabled = same_host;
+  options.stream.enabled = path == Path::kStreamed;
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(registry
                   ->Register("probe",
@@ -42,6 +47,9 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
   for (auto& t : ts) t.join();
   ASSERT_TRUE(agents[0].ok()) << agents[0].status();
   ASSERT_TRUE(agents[1].ok()) << agents[1].status();
+  if (same_host && (*agents[0])->same_host().usable_peers() != 2) {
+    GTEST_SKIP() << "cross-memory attach is refused on this machine";
+  }
 
   constexpr int64_t kBytes = int64_t{1} << 30;
   Tensor big = empty({kBytes}, DType::kUInt8);
@@ -56,9 +64,14 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
                                                     "receiver", "probe", big);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, (std::vector<int64_t>{kBytes, 11, 22, 33}));
-  // The path taken: streamed, every byte copied once into the receiver's
-  // buffer, never more than two pieces held besides it.
+  const auto& sent = (*agents[0])->same_host().stats();
+  const auto& received = (*agents[1])->same_host().stats();
+  EXPECT_EQ(sent.bytes_sent.load(), same_host ? uint64_t{kBytes} : 0u);
+  EXPECT_EQ(received.bytes_received.load(), same_host ? uint64_t{kBytes} : 0u);
+  // Streamed: every byte copied once into the receiver's buffer, never more
+  // than two pieces held besides it.
   const StreamStats& in = (*agents[1])->stream_stats();
+  const bool streamed = path == Path::kStreamed;
   EXPECT_EQ(in.requests_received.load(), streamed ? 1u : 0u);
   if (streamed) {
     EXPECT_GE(in.bytes_received.load(), uint64_t{kBytes});
@@ -71,9 +84,19 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
   down.join();
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GrpcAgentLarge, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Streamed" : "Unary";
+INSTANTIATE_TEST_SUITE_P(Paths, GrpcAgentLarge,
+                         ::testing::Values(Path::kUnary, Path::kStreamed,
+                                           Path::kSameHost),
+                         [](const ::testing::TestParamInfo<Path>& i) {
+                           switch (i.param) {
+                             case Path::kUnary:
+                               return "Unary";
+                             case Path::kStreamed:
+                               return "Streamed";
+                             case Path::kSameHost:
+                               return "SameHost";
+                           }
+                           return "Unknown";
                          });
 
 }  // namespace

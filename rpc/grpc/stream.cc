@@ -259,14 +259,15 @@ void ClientStream::OnDone(const grpc::Status& status) {
   done_(status);
 }
 
-absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in) {
+absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in,
+                                                          SameHostLink link) {
   if (!error_.ok()) return error_;
   if (!reply_complete_) {
     return absl::InvalidArgumentError(
         absl::StrCat("stream: the reply ended after ", assembler_.received(),
                      " of ", assembler_.total(), " payload bytes"));
   }
-  return DecodeReplyParts(reply_, *config_.limits, bytes_in);
+  return DecodeReplyParts(reply_, *config_.limits, bytes_in, link);
 }
 
 // ---------------------------------------------------------------------------
