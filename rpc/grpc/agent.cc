@@ -136,6 +136,7 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   agent->SetSelf(WorkerInfo{name, rank, ""});
   grpc_agent::SameHostOptions same_host = agent->grpc_options_.same_host;
   same_host.enabled = same_host.enabled && !agent->grpc_options_.tls.enabled();
+  same_host.max_message_bytes = agent->grpc_options_.max_message_bytes;
   agent->same_host_ =
       std::make_shared<grpc_agent::SameHostChannel>(same_host, name);
   if (agent->grpc_options_.before_serving) {

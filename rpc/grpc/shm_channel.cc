@@ -393,6 +393,13 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
                        limits.max_total_bytes, " bytes"));
     }
   }
+  if (options_.max_message_bytes >= 0 &&
+      total > static_cast<uint64_t>(options_.max_message_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        who, ": ", total, " bytes, over the limit of ",
+        options_.max_message_bytes, " bytes of worker '", self_name_,
+        "' (max_message_bytes)"));
+  }
   Sweep();  // Replies acknowledged since: their buffers may be reused.
   ASSIGN_OR_RETURN(Storage storage, ReceiveBuffer(total, limits.allocator));
   char* buffer = static_cast<char*>(storage.data());

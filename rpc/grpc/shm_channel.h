@@ -69,6 +69,10 @@ struct SameHostOptions {
   absl::Duration lease_timeout = absl::Seconds(60);
   // Payloads in flight at once; beyond, payloads go over gRPC.
   int max_leases = 1024;
+  // The receiver's GrpcAgentOptions::max_message_bytes (the agent sets it;
+  // < 0: none): a larger payload is refused with ResourceExhausted before
+  // anything is allocated, as gRPC refuses an oversize message.
+  int64_t max_message_bytes = -1;
 };
 
 // Counters (monotonic, relaxed). bytes_sent were left in place (0 copied),
