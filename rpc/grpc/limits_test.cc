@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
 #include "proto/rpc.grpc.pb.h"
@@ -104,6 +106,12 @@ void CheckInFlightCap(GrpcAgentOptions options, int limit,
   gate.Open();
   for (int i = 0; i < limit; ++i) EXPECT_EQ(held[i].Get().value_or(-1), i);
   EXPECT_EQ(a.rpc_sync<int64_t>("b", "pass", int64_t{7}).value_or(-1), 7);
+  // The callee frees a call's slot after it has sent the reply, so the
+  // caller can hold the reply a moment before the count drops.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (agents[1]->calls_in_flight() != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   EXPECT_EQ(agents[1]->calls_in_flight(), 0);
   StopAll(agents);
 }
