@@ -108,6 +108,8 @@ grpc::ServerUnaryReactor* AdminService::Invoke(
                      "enable_admin_invoke)")));
     return reactor;
   }
+  // CallAsync looks this worker up in the group.
+  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
   Value::List args;
   for (int i = 0; i < request->args().values_size(); ++i) {
     absl::StatusOr<Value> v =
