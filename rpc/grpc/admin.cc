@@ -109,7 +109,10 @@ grpc::ServerUnaryReactor* AdminService::Invoke(
     return reactor;
   }
   // CallAsync looks this worker up in the group.
-  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
+  if (!agent_->joined()) {
+    reactor->Finish(NotJoined(*agent_));
+    return reactor;
+  }
   Value::List args;
   for (int i = 0; i < request->args().values_size(); ++i) {
     absl::StatusOr<Value> v =
