@@ -14,8 +14,12 @@
 //                                      a 4-element float tensor echoed (us)
 //   rpc_async_64                       calls/s with 64 calls in flight
 //   tensor_echo                        a float tensor of N bytes sent and
-//                                      echoed back; one-way GB/s =
-//                                      N / (round trip / 2)
+//                                      echoed back, each way one unary
+//                                      message (streaming off); one-way
+//                                      GB/s = N / (round trip / 2)
+//   tensor_echo_stream                 the same with the default options:
+//                                      >= 1 MiB streamed both ways in 1 MiB
+//                                      pieces (rpc/grpc/stream.h)
 //   grpc_sync_unary                    raw gRPC floor: sync stub, tiny
 //                                      protobuf message, echoed (us)
 //   grpc_callback_unary                raw gRPC floor: callback API, caller
@@ -63,6 +67,7 @@
 #include "common/sync.h"
 #include "proto/rpc.grpc.pb.h"
 #include "rpc/grpc/agent.h"
+#include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "tensor/tensor.h"
 
@@ -389,8 +394,10 @@ std::shared_ptr<Store> ConnectStore(int port) {
   return OrDie(TcpStore::Create(o), "connecting to the store");
 }
 
-rpc::GrpcAgentOptions AgentOptions() {
+// `stream`: large payloads streamed (the default) or always unary.
+rpc::GrpcAgentOptions AgentOptions(bool stream = true) {
   rpc::GrpcAgentOptions o;
+  o.stream.enabled = stream;
   o.rpc_timeout = absl::Minutes(5);
   o.join_timeout = absl::Minutes(2);
   return o;
@@ -431,9 +438,16 @@ int RunServer(int port) {
   auto agent = OrDie(
       rpc::GrpcAgent::Start("callee", 1, 2, store, AgentOptions(), registry),
       "starting the callee agent");
+  // A second group whose agents never stream: the unary tensor_echo rows.
+  auto unary =
+      OrDie(rpc::GrpcAgent::Start(
+                "callee", 1, 2, std::make_shared<PrefixStore>("unary/", store),
+                AgentOptions(/*stream=*/false), registry),
+            "starting the unary callee agent");
   // The caller sets bench/done when it has measured everything.
   OrDie(store->Wait({std::string("bench/done")}, absl::Minutes(20)),
         "waiting for the caller");
+  OrDie(unary->Shutdown(/*graceful=*/true), "unary callee shutdown");
   OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
   grpc_server->Shutdown();
   hop_server->Shutdown();
@@ -544,6 +558,11 @@ int RunClient(int port) {
   auto agent =
       OrDie(rpc::GrpcAgent::Start("caller", 0, 2, store, AgentOptions()),
             "starting the caller agent");
+  auto unary =
+      OrDie(rpc::GrpcAgent::Start(
+                "caller", 0, 2, std::make_shared<PrefixStore>("unary/", store),
+                AgentOptions(/*stream=*/false)),
+            "starting the unary caller agent");
   const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
   const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));
   const int hop_port = std::stoi(OrDie(store->Get("bench/hop_port"), "get"));
@@ -684,15 +703,18 @@ int RunClient(int port) {
     auto [calls, secs] = Windowed(async_calls, 64, noop);
     ReportRate("ferry", "rpc_async_64" + suffix, calls, secs);
   }
-  {
+  // tensor_echo: unary both ways; tensor_echo_stream: the default options
+  // (streamed from 1 MiB; smaller sizes are unary there too).
+  for (auto [figure, via] : {std::pair{"tensor_echo", unary.get()},
+                             std::pair{"tensor_echo_stream", agent.get()}}) {
     for (int64_t n : sizes) {
       Tensor t = full({n / 4}, 7.0);
       int64_t got = 0;
-      ReportBandwidth("ferry", "tensor_echo", n,
+      ReportBandwidth("ferry", figure, n,
                       TimeLoop(
                           EchoIters(n),
-                          [&] {
-                            auto r = agent->rpc_sync<Tensor>(1, "echo", t);
+                          [&, via = via] {
+                            auto r = via->rpc_sync<Tensor>(1, "echo", t);
                             if (!r.ok()) Die(r.status().ToString());
                             got = static_cast<int64_t>(r->nbytes());
                           },
@@ -700,8 +722,16 @@ int RunClient(int port) {
       if (got != n) Die("ferry echo: wrong size");
     }
   }
+  const rpc::StreamStats& ss = agent->stream_stats();
+  std::printf(
+      "# streamed: %llu requests, %llu replies; %llu payload bytes "
+      "received, all copied once into their tensors' buffer\n",
+      static_cast<unsigned long long>(ss.requests_sent.load()),
+      static_cast<unsigned long long>(ss.replies_received.load()),
+      static_cast<unsigned long long>(ss.bytes_received.load()));
 
   OrDie(store->Set("bench/done", "1"), "set bench/done");
+  OrDie(unary->Shutdown(/*graceful=*/true), "unary caller shutdown");
   OrDie(agent->Shutdown(/*graceful=*/true), "caller shutdown");
   return 0;
 }

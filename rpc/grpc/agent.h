@@ -7,8 +7,10 @@
 // are refused with Unimplemented naming the worker and type.
 //
 // Messages travel as proto/rpc.proto envelopes whose payload is the
-// zero-copy wire encoding of the Value (tensors are not copied). Replies
-// complete Send's future on gRPC's callback thread.
+// zero-copy wire encoding of the Value (tensors are not copied); payloads of
+// GrpcAgentOptions::stream.threshold_bytes or more are streamed in pieces
+// (rpc/grpc/stream.h). Replies complete Send's future on gRPC's callback
+// thread.
 //
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).
@@ -38,6 +40,7 @@
 #include "common/sync.h"
 #include "rpc/agent.h"
 #include "rpc/grpc/stats.h"
+#include "rpc/grpc/stream.h"
 #include "rpc/grpc/tls.h"
 #include "store/store.h"
 #include "tensor/wire.h"
@@ -47,8 +50,12 @@ namespace ferry::rpc {
 struct GrpcAgentOptions : Agent::Options {
   // How long Start waits for the other workers (store rendezvous).
   absl::Duration join_timeout = absl::Seconds(300);
-  // Largest message sent or received (bytes). gRPC's own ceiling is 2 GiB - 1.
+  // Largest message sent or received (bytes), streamed or not. gRPC's own
+  // ceiling for one message is 2 GiB - 1.
   int max_message_bytes = 0x7fffffff;
+  // Large payloads go as a stream of pieces (rpc/grpc/stream.h): above
+  // stream.threshold_bytes (1 MiB), unless stream.enabled is false.
+  StreamOptions stream;
   // host:port the server binds; empty: 127.0.0.1:0 (InitRpc chooses one:
   // rpc/grpc/init.h).
   std::string listen_address;
@@ -101,6 +108,7 @@ class GrpcAgent final : public Agent {
   // The gRPC address this worker publishes ("advertised-host:port").
   const std::string& address() const { return self().address; }
   const RpcStats& stats() const { return stats_; }
+  const StreamStats& stream_stats() const { return stream_stats_; }
   // Calls being served now (see max_inflight_calls).
   int64_t calls_in_flight() const;
   size_t executor_queue_depth() const { return ExecutorQueueDepth(); }
@@ -137,6 +145,7 @@ class GrpcAgent final : public Agent {
   std::vector<std::shared_ptr<Peer>> peers_;
 
   RpcStats stats_;
+  StreamStats stream_stats_;
   std::unique_ptr<grpc_agent::WorkerService> worker_service_;
   std::unique_ptr<grpc_agent::AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
