@@ -39,10 +39,12 @@ class ABSL_LOCKABLE Mutex {
     return mu_.try_lock();
   }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
-    bool wake = awaiters_ > 0;
+    // Waiters re-evaluate their conditions after any release. Notified
+    // before the release: once released, a waiter may return from Await and
+    // destroy this Mutex (and the object holding it), so Unlock touches
+    // nothing after mu_.unlock().
+    if (awaiters_ > 0) changed_.notify_all();
     mu_.unlock();
-    // Waiters re-evaluate their conditions after any release.
-    if (wake) changed_.notify_all();
   }
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 

@@ -68,6 +68,31 @@ TEST(Mutex, AwaitAfterChangingStateWakesOtherWaiters) {
   other.join();
 }
 
+// A waiter may destroy the Mutex as soon as Await returns (here: the object
+// holding it), so the releasing thread must not touch it after the release.
+// Under --config=tsan (or asan) a notify after the release is reported as a
+// race with the destruction (or a use after free).
+TEST(Mutex, WaiterMayDestroyTheMutexRightAfterAwait) {
+  struct Shared {
+    Mutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+  };
+  for (int i = 0; i < 100; ++i) {
+    auto* shared = new Shared;
+    std::thread setter([shared] {
+      MutexLock lock(&shared->mu);
+      shared->done = true;
+    });
+    {
+      MutexLock lock(&shared->mu);
+      shared->mu.Await(absl::Condition(&shared->done));
+      EXPECT_TRUE(shared->done);
+    }
+    delete shared;
+    setter.join();
+  }
+}
+
 TEST(Mutex, AwaitWithTimeoutReturnsFalseHoldingLock) {
   Mutex mu;
   bool never = false;

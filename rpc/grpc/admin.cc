@@ -108,6 +108,11 @@ grpc::ServerUnaryReactor* AdminService::Invoke(
                      "enable_admin_invoke)")));
     return reactor;
   }
+  // CallAsync looks this worker up in the group.
+  if (!agent_->joined()) {
+    reactor->Finish(NotJoined(*agent_));
+    return reactor;
+  }
   Value::List args;
   for (int i = 0; i < request->args().values_size(); ++i) {
     absl::StatusOr<Value> v =

@@ -1,6 +1,8 @@
 #include "rpc/grpc/admin_json.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,21 +22,65 @@ absl::Status Bad(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
-absl::StatusOr<Value> JsonToTensor(const Struct& s, const std::string& path) {
-  const auto& f = s.fields();
-  if (!f.at("dtype").has_string_value())
-    return Bad(path, "dtype is not a string");
-  std::optional<DType> dtype = DTypeFromName(f.at("dtype").string_value());
-  if (!dtype.has_value()) {
-    return Bad(path, absl::StrCat("unknown dtype '",
-                                  f.at("dtype").string_value(), "'"));
+// google.protobuf.Struct is compiled into Debian's libprotobuf, and its map
+// field is read and written here only through reflection, i.e. by that
+// library's code: protobuf's map_field.h gives MapFieldBase two more members
+// when compiled with -fsanitize=thread, so inline map accessors in a
+// --config=tsan build would read the library's Struct at wrong offsets.
+using StructFields = std::map<std::string, const JsonValue*>;
+
+const google::protobuf::FieldDescriptor* FieldsField() {
+  return Struct::descriptor()->FindFieldByName("fields");
+}
+
+// The fields of `s` by key; the values are owned by `s`.
+StructFields FieldsOf(const Struct& s) {
+  StructFields out;
+  const google::protobuf::Reflection* r = s.GetReflection();
+  const google::protobuf::FieldDescriptor* fields = FieldsField();
+  for (int i = 0; i < r->FieldSize(s, fields); ++i) {
+    const google::protobuf::Message& e = r->GetRepeatedMessage(s, fields, i);
+    const google::protobuf::Reflection* er = e.GetReflection();
+    const google::protobuf::Descriptor* ed = e.GetDescriptor();
+    out[er->GetString(e, ed->map_key())] =
+        static_cast<const JsonValue*>(&er->GetMessage(e, ed->map_value()));
   }
-  if (!f.at("shape").has_list_value() || !f.at("data").has_list_value()) {
+  return out;
+}
+
+// Adds the field `key` (not yet in `s`) with `value`.
+void AddField(Struct* s, const std::string& key, JsonValue value) {
+  google::protobuf::Message* e =
+      s->GetReflection()->AddMessage(s, FieldsField());
+  const google::protobuf::Reflection* er = e->GetReflection();
+  const google::protobuf::Descriptor* ed = e->GetDescriptor();
+  er->SetString(e, ed->map_key(), key);
+  static_cast<JsonValue*>(er->MutableMessage(e, ed->map_value()))->Swap(&value);
+}
+
+JsonValue String(std::string s) {
+  JsonValue j;
+  j.set_string_value(std::move(s));
+  return j;
+}
+
+absl::StatusOr<Value> JsonToTensor(const StructFields& fields,
+                                   const std::string& path) {
+  auto f = [&fields](const char* key) -> const JsonValue& {
+    return *fields.at(key);
+  };
+  if (!f("dtype").has_string_value()) return Bad(path, "dtype is not a string");
+  std::optional<DType> dtype = DTypeFromName(f("dtype").string_value());
+  if (!dtype.has_value()) {
+    return Bad(path,
+               absl::StrCat("unknown dtype '", f("dtype").string_value(), "'"));
+  }
+  if (!f("shape").has_list_value() || !f("data").has_list_value()) {
     return Bad(path, "shape and data must be arrays");
   }
   std::vector<int64_t> shape;
   int64_t numel = 1;
-  for (const JsonValue& d : f.at("shape").list_value().values()) {
+  for (const JsonValue& d : f("shape").list_value().values()) {
     const double v = d.number_value();
     if (!d.has_number_value() || v < 0 || v != std::floor(v) ||
         v > kMaxJsonTensorElements) {
@@ -49,7 +95,7 @@ absl::StatusOr<Value> JsonToTensor(const Struct& s, const std::string& path) {
                                     " elements"));
     }
   }
-  const auto& data = f.at("data").list_value().values();
+  const auto& data = f("data").list_value().values();
   if (static_cast<int64_t>(data.size()) != numel) {
     return Bad(path, absl::StrCat(data.size(), " data values for a shape of ",
                                   numel, " elements"));
@@ -72,21 +118,29 @@ JsonValue Number(double d) {
 
 JsonValue TensorToJson(const Tensor& t, int64_t preview) {
   JsonValue j;
-  auto& f = *j.mutable_struct_value()->mutable_fields();
-  f["dtype"].set_string_value(std::string(DTypeName(t.dtype())));
-  for (int64_t d : t.sizes()) {
-    *f["shape"].mutable_list_value()->add_values() =
-        Number(static_cast<double>(d));
+  Struct* s = j.mutable_struct_value();
+  AddField(s, "dtype", String(std::string(DTypeName(t.dtype()))));
+  if (!t.sizes().empty()) {
+    JsonValue shape;
+    for (int64_t d : t.sizes()) {
+      *shape.mutable_list_value()->add_values() =
+          Number(static_cast<double>(d));
+    }
+    AddField(s, "shape", std::move(shape));
   }
-  f["numel"] = Number(static_cast<double>(t.numel()));
-  f["device"].set_string_value(t.device().ToString());
+  AddField(s, "numel", Number(static_cast<double>(t.numel())));
+  AddField(s, "device", String(t.device().ToString()));
   const int64_t n = std::min(t.numel(), std::max<int64_t>(preview, 0));
-  auto* list = f["preview"].mutable_list_value();
+  JsonValue head_values;
+  ListValue* list = head_values.mutable_list_value();
   if (t.device().is_cpu() && n > 0) {
     Tensor head = t.contiguous().reshape({t.numel()}).slice(0, 0, n);
     for (double v : head.to_vector<double>()) *list->add_values() = Number(v);
   }
-  f["truncated"].set_bool_value(list->values_size() < t.numel());
+  JsonValue truncated;
+  truncated.set_bool_value(list->values_size() < t.numel());
+  AddField(s, "preview", std::move(head_values));
+  AddField(s, "truncated", std::move(truncated));
   return j;
 }
 
@@ -120,14 +174,14 @@ absl::StatusOr<Value> JsonToValue(const JsonValue& json,
       return Value::FromList(std::move(list));
     }
     case JsonValue::kStructValue: {
-      const Struct& s = json.struct_value();
-      if (s.fields().contains("dtype") && s.fields().contains("shape") &&
-          s.fields().contains("data")) {
-        return JsonToTensor(s, path);
+      const StructFields fields = FieldsOf(json.struct_value());
+      if (fields.contains("dtype") && fields.contains("shape") &&
+          fields.contains("data")) {
+        return JsonToTensor(fields, path);
       }
       Value::Dict dict;
-      for (const auto& [key, field] : s.fields()) {
-        absl::StatusOr<Value> v = JsonToValue(field, path + "." + key);
+      for (const auto& [key, field] : fields) {
+        absl::StatusOr<Value> v = JsonToValue(*field, path + "." + key);
         if (!v.ok()) return v.status();
         dict.emplace(key, *std::move(v));
       }
@@ -163,8 +217,8 @@ JsonValue ValueToJson(const Value& value, int64_t tensor_preview) {
       j.set_string_value(*value.if_string());
       break;
     case Value::Kind::kBytes:
-      (*j.mutable_struct_value()->mutable_fields())["bytes_base64"]
-          .set_string_value(absl::Base64Escape(value.if_bytes()->data));
+      AddField(j.mutable_struct_value(), "bytes_base64",
+               String(absl::Base64Escape(value.if_bytes()->data)));
       break;
     case Value::Kind::kTensor:
       return TensorToJson(*value.if_tensor(), tensor_preview);
@@ -175,9 +229,9 @@ JsonValue ValueToJson(const Value& value, int64_t tensor_preview) {
       j.mutable_list_value();  // [] for an empty list
       break;
     case Value::Kind::kDict: {
-      auto& fields = *j.mutable_struct_value()->mutable_fields();
+      Struct* s = j.mutable_struct_value();
       for (const auto& [k, v] : *value.if_dict()) {
-        fields[k] = ValueToJson(v, tensor_preview);
+        AddField(s, k, ValueToJson(v, tensor_preview));
       }
       break;
     }

@@ -373,6 +373,7 @@ TEST(GrpcAgent, RequestsBeforeTheGroupIsKnownWaitForIt) {
         });
   };
   options.join_timeout = absl::Seconds(60);
+  options.enable_admin_invoke = true;
   absl::StatusOr<std::unique_ptr<GrpcAgent>> b;
   std::thread b_starts(
       [&] { b = GrpcAgent::Start("b", 1, 2, store, options); });
@@ -413,6 +414,18 @@ TEST(GrpcAgent, RequestsBeforeTheGroupIsKnownWaitForIt) {
   // Waits, then runs once the group forms, seeing all of it.
   RawCall long_call(stub, request(absl::Seconds(60)), absl::Seconds(60));
   ASSERT_TRUE(awaiting(1));
+  // The admin service reads the group only once it is known (an Invoke
+  // looked its own worker up in the group while SetWorkers wrote it).
+  {
+    auto admin = ferry::admin::v1::Admin::NewStub(channel);
+    grpc::ClientContext ctx;
+    ferry::admin::v1::InvokeRequest invoke;
+    invoke.set_function("group");
+    ferry::admin::v1::InvokeResponse out;
+    grpc::Status s = admin->Invoke(&ctx, invoke, &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(s.error_message(), "worker 'b' has not joined its group yet");
+  }
   absl::StatusOr<std::unique_ptr<GrpcAgent>> a =
       GrpcAgent::Start("a", 0, 2, store);
   b_starts.join();
