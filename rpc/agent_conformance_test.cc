@@ -802,6 +802,23 @@ TEST_P(AgentConformance, ConcurrentJoinersAllSeeEachOther) {
   EXPECT_TRUE(c->ShutdownAll().ok());
 }
 
+// A member of the static group may leave too: the others go on, and their
+// collective shutdown counts it as arrived.
+TEST_P(AgentConformance, StaticMemberLeavesAndTheOthersShutDown) {
+  auto c = Start({"a", "b", "c"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->agent(2).Leave().ok());
+  EXPECT_EQ(Names(c->agent(0)), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(c->agent(1).HasLeft(2));
+  EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "whoami"), "a");
+  absl::Status gone = c->agent(1).rpc_sync("c", "noop").status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+  EXPECT_NE(gone.message().find("worker 'c' (id 2) left the group"),
+            std::string::npos)
+      << gone;
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
 std::vector<Implementation> Implementations() {
   return {{"InProcess", testing::StartInProcessCluster},
           {"Grpc", grpc_agent::StartGrpcCluster},
