@@ -43,6 +43,7 @@
 #ifndef FERRY_C10D_BACKEND_H_
 #define FERRY_C10D_BACKEND_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -146,6 +147,21 @@ class Backend {
   const int rank_;
   const int size_;
   const absl::Duration timeout_;
+};
+
+// What ranks compare to catch mismatched calls before moving data (the shm
+// and mpi backends exchange it with each collective): the operation, dtype,
+// element count, root, ReduceOp, the call's sequence number and whether its
+// local arguments were valid; -1 where a field does not apply.
+struct CallSignature {
+  int64_t op = -1;
+  int64_t dtype = -1;
+  int64_t count = -1;
+  int64_t root = -1;
+  int64_t reduce_op = -1;
+  int64_t seq = -1;
+  int64_t valid = 1;
+  int64_t pad = 0;
 };
 
 // --- Argument checks shared by backends ---------------------------------

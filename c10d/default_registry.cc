@@ -6,6 +6,9 @@
 #ifdef FERRY_C10D_WITH_NCCL
 #include "c10d/nccl/nccl_backend.h"
 #endif
+#ifdef FERRY_C10D_WITH_MPI
+#include "c10d/mpi/mpi_backend.h"
+#endif
 
 namespace ferry {
 namespace c10d {
@@ -21,6 +24,12 @@ std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry() {
   s = registry->RegisterBackend("shm", ShmBackend::Factory(),
                                 {DeviceType::kCPU});
   if (!s.ok()) FERRY_LOG(ERROR) << s;
+#ifdef FERRY_C10D_WITH_MPI
+  // MPI starts only when a group on it is created (under mpirun).
+  s = registry->RegisterBackend("mpi", MpiBackend::Factory(),
+                                {DeviceType::kCPU});
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
+#endif
 #ifdef FERRY_C10D_WITH_NCCL
   s = registry->RegisterBackend("nccl", NcclBackend::Factory(),
                                 {DeviceType::kCUDA});

@@ -1,4 +1,5 @@
-// The registry Ferry's own backends come in: "gloo" (cpu) and, where CUDA
+// The registry Ferry's own backends come in: "gloo" and "shm" (cpu), "mpi"
+// (cpu) where Open MPI is installed and, where CUDA
 // is built, "nccl" (cuda). Each call returns a new, independent registry;
 // add your own backends to it with RegisterBackend.
 //

@@ -92,13 +92,13 @@ TEST(BackendSpecTest, ParsesSingleNamesAndLists) {
   EXPECT_EQ(both->at(DeviceType::kCUDA), "recorder");
   EXPECT_EQ(both->at(DeviceType::kCPU), "gloo");
 
-  auto unknown = ParseBackendSpec("cpu:mpi", *registry);
+  auto unknown = ParseBackendSpec("cpu:ucc", *registry);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(unknown.status().message()),
-              HasSubstr("unknown backend 'mpi'"));
+              HasSubstr("unknown backend 'ucc'"));
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("gloo"));
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("recorder"));
-  EXPECT_EQ(ParseBackendSpec("mpi", *registry).status().code(),
+  EXPECT_EQ(ParseBackendSpec("ucc", *registry).status().code(),
             absl::StatusCode::kNotFound);
   for (const char* bad :
        {"", "tpu:gloo", "cpu:gloo,cpu:gloo", "cpu:gloo:x", "gloo,recorder"}) {
@@ -213,7 +213,7 @@ TEST(ProcessGroupTest, CreateErrors) {
   auto registry = TestRegistry(&calls);
   auto store = std::make_shared<HashStore>();
   ProcessGroupOptions o;
-  o.backend = "mpi";
+  o.backend = "ucc";  // Not registered.
   auto unknown = ProcessGroup::Create(store, 0, 1, registry, o);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("gloo"));

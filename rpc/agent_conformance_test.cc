@@ -823,7 +823,8 @@ std::vector<Implementation> Implementations() {
   return {{"InProcess", testing::StartInProcessCluster},
           {"Grpc", grpc_agent::StartGrpcCluster},
           {"GrpcNonBlocking", grpc_agent::StartGrpcCluster,
-           /*non_blocking=*/true}};
+           /*non_blocking=*/true},
+          {"GrpcStreamed", grpc_agent::StartGrpcStreamedCluster}};
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AgentConformance,

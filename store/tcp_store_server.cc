@@ -529,9 +529,11 @@ void TcpStoreServer::Loop::Flush(Conn* c) {
   const size_t done = rc > 0 ? static_cast<size_t>(rc) : 0;
   auto* w = new WriteReq;
   w->req.data = w;
-  w->data = c->outbuf.substr(done);
+  // Moved, not copied: large values (MiBs per GET) would otherwise be copied
+  // a second time here.
+  w->data = std::move(c->outbuf);
   c->outbuf.clear();
-  buf = uv_buf_init(w->data.data(), w->data.size());
+  buf = uv_buf_init(w->data.data() + done, w->data.size() - done);
   rc = uv_write(&w->req, Stream(c), &buf, 1, WriteCb);
   if (rc != 0) {
     delete w;

@@ -1,12 +1,11 @@
 // Writes the seed corpus for wire_fuzz: valid encodings of assorted Values
 // and hostile variants. Usage: wire_corpus_gen OUTPUT_DIR
-#include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "proto/tensor.pb.h"
 #include "tensor/wire.h"
+#include "tools/fuzz/corpus_writer.h"
 
 namespace ferry {
 namespace {
@@ -39,8 +38,8 @@ proto::WireMetadata TensorMd(int dtype, std::vector<int64_t> sizes,
   return md;
 }
 
-int Main(const std::string& dir) {
-  std::vector<std::pair<std::string, std::string>> files;
+fuzz::CorpusFiles Files() {
+  fuzz::CorpusFiles files;
   for (DType d : kAllDTypes) {
     files.emplace_back(
         absl::StrCat("valid_tensor_", DTypeName(d)),
@@ -51,7 +50,8 @@ int Main(const std::string& dir) {
       {Value::Int(-3), Value::Double(0.5), Value::String("s"),
        Value::FromBytes({"\x01\x02"}), Value::None(), Value::Bool(true)});
   dict["t"] = Value::FromTensor(zeros({0, 5}));
-  dict["r"] = Value::FromRRef(RRefHandle{1, GlobalId(2, 3), GlobalId(4, 5), "T", ""});
+  dict["r"] =
+      Value::FromRRef(RRefHandle{1, GlobalId(2, 3), GlobalId(4, 5), "T", ""});
   dict["m"] = Value::FromMessage(MessageValue{"x.Y", "\x08\x01"});
   dict["u"] = Value::FromTensor(full({}, 3, DType::kInt32));
   files.emplace_back("valid_nested", Encode(Value::FromDict(dict)));
@@ -79,25 +79,12 @@ int Main(const std::string& dir) {
   bad_len[4] = '\xff';
   bad_len[7] = '\x7f';
   files.emplace_back("hostile_meta_len", bad_len);
-  for (const auto& [name, bytes] : files) {
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name.c_str());
-      return 1;
-    }
-  }
-  std::printf("wrote %zu files to %s\n", files.size(), dir.c_str());
-  return 0;
+  return files;
 }
 
 }  // namespace
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
-    return 2;
-  }
-  return ferry::Main(argv[1]);
+  return ferry::fuzz::CorpusMain(argc, argv, ferry::Files);
 }

@@ -9,7 +9,8 @@ creates
                        report fails it.
   :x_fuzz              cc_binary, tagged manual: the libFuzzer binary. Build
                        and run it with `tools/fuzz/run //pkg:x_fuzz [seconds]`
-                       (clang, -fsanitize=fuzzer,address).
+                       (clang, -fsanitize=fuzzer,address); CI runs each one
+                       briefly from its corpus (tools/test_sanitizers).
 """
 
 def ferry_fuzz_test(name, srcs, deps = [], corpus = [], **kwargs):
@@ -27,4 +28,8 @@ def ferry_fuzz_test(name, srcs, deps = [], corpus = [], **kwargs):
         deps = deps,
         linkopts = ["-fsanitize=fuzzer"],
         tags = ["manual"],
+        # The seed corpus, for tools/test_sanitizers to start from.
+        data = corpus,
+        # Targets may use test-only helpers (a raw socket client...).
+        testonly = True,
     )

@@ -2,11 +2,15 @@
 //
 //   c10d_bench --rank=R --world_size=N --init=file:///tmp/x
 //              [--check_args=true] [--impl=ferry-gloo] [--shm=false]
+//              [--backend=mpi]   (under mpirun: rank and size from
+//                                 OMPI_COMM_WORLD_*)
 //
 // --shm=false keeps the group on Gloo alone; --shm=true (what the default
 // registry does for ranks on one host) puts the shared-memory backend in
 // front of it, and rows are then named algorithm "shm" (busbw computed with
-// the ring factors, for comparison with the other rows).
+// the ring factors, for comparison with the other rows). --backend=mpi rows
+// are named "mpi" (Open MPI picks its algorithm per size; busbw uses the
+// ring factors too).
 //
 // Rank 0 prints one JSON line per figure: allreduce (SUM, float32) for every
 // size in --allreduce_sizes, broadcast and allgather for --other_sizes. Each
@@ -22,8 +26,10 @@
 // C++; PyTorch's figures come from torch_bench.py, timed in Python.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -69,6 +75,13 @@ int Main(int argc, char** argv) {
     }
     flags[a.substr(2, eq - 2)] = a.substr(eq + 1);
   }
+  // Under mpirun (--backend=mpi) the rank and size come from Open MPI.
+  for (const auto& [flag, env] :
+       {std::pair{"rank", "OMPI_COMM_WORLD_RANK"},
+        std::pair{"world_size", "OMPI_COMM_WORLD_SIZE"}}) {
+    const char* v = std::getenv(env);
+    if (!flags.count(flag) && v != nullptr) flags[flag] = v;
+  }
   int rank, world;
   if (!absl::SimpleAtoi(flags["rank"], &rank) ||
       !absl::SimpleAtoi(flags["world_size"], &world) || flags["init"].empty()) {
@@ -82,6 +95,7 @@ int Main(int argc, char** argv) {
   o.group.timeout = absl::Minutes(5);
   o.group.backend_options["check_args"] = flags["check_args"];
   o.group.backend_options["shm"] = flags["shm"];
+  if (flags.count("backend")) o.group.backend = flags["backend"];
   auto pg_or = InitProcessGroup(o);
   if (!pg_or.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank,
@@ -92,8 +106,9 @@ int Main(int argc, char** argv) {
   // Which algorithm the gloo backend picks for a size (see InlineBytes()).
   const bool check_args = flags["check_args"] != "false";
   size_t inline_bytes = 0;
-  bool shm = false;
+  bool shm = false, mpi = false;
   if (auto backend = pg.GetBackend(DeviceType::kCPU); backend.ok()) {
+    mpi = (*backend)->name() == "mpi";
     if (auto* gloo = dynamic_cast<GlooBackend*>(*backend)) {
       inline_bytes = gloo->InlineBytes();
     }
@@ -122,7 +137,7 @@ int Main(int argc, char** argv) {
     if (!pg.Barrier()->Wait().ok()) failed = true;
     double sec = absl::ToDoubleSeconds(took);
     double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
-    const bool direct = !shm && check_args && op != "allgather" &&
+    const bool direct = !shm && !mpi && check_args && op != "allgather" &&
                         static_cast<size_t>(bytes) <= inline_bytes;
     double factor = direct              ? double(n - 1)
                     : op == "allreduce" ? 2.0 * (n - 1) / n
@@ -136,6 +151,7 @@ int Main(int argc, char** argv) {
           "\"busbw_GBps\":%.4f}\n",
           flags["impl"].c_str(), op.c_str(),
           shm      ? "shm"
+          : mpi    ? "mpi"
           : direct ? "direct"
                    : "ring",
           n, static_cast<long long>(bytes), iters, sec * 1e6, algbw,

@@ -1,5 +1,5 @@
-"""Runs bench/c10d: Ferry's gloo backend and PyTorch 1.13's ProcessGroupGloo,
-2 and 4 ranks as processes on this host, and prints a side-by-side table,
+"""Runs bench/c10d: Ferry's gloo, shm and mpi backends and PyTorch 1.13's
+ProcessGroupGloo, 2 and 4 ranks as processes on this host, and prints a side-by-side table,
 one JSON line per figure, and a PNG plot of allreduce bus bandwidth."""
 import argparse
 import json
@@ -22,6 +22,23 @@ def run_job(cmd_for_rank, world):
             if p.returncode != 0:
                 sys.exit("rank %d of %s exited %d" % (r, cmd_for_rank(r, world, init), p.returncode))
     return [json.loads(l) for l in outs[0].splitlines() if l.startswith("{")]
+
+
+MPIRUN = "/usr/bin/mpirun"
+
+
+def run_mpi_job(cmd, world):
+    """One mpirun starting `world` ranks of cmd (rank 0 prints the JSON)."""
+    with tempfile.TemporaryDirectory() as d:
+        init = "file://" + os.path.join(d, "rendezvous")
+        argv = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np",
+                str(world), "--mca", "btl", "self,vader", "--mca",
+                "btl_vader_single_copy_mechanism", "none"] + cmd(init)
+        out = subprocess.run(argv, stdout=subprocess.PIPE, text=True,
+                             timeout=1800, env=dict(os.environ, TMPDIR="/tmp"))
+        if out.returncode != 0:
+            sys.exit("%s exited %d" % (" ".join(argv), out.returncode))
+    return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
 
 
 def fmt_bytes(b):
@@ -63,15 +80,25 @@ def main():
             "/usr/bin/python3", os.path.join(HERE, "torch_bench.py"),
             "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init] + extra,
     }
+    # Ferry's MPI backend (Open MPI, shared memory between ranks), started
+    # by mpirun; only where mpirun is installed.
+    mpi = {}
+    if os.access(MPIRUN, os.X_OK):
+        mpi["ferry-mpi"] = lambda init: [
+            a.bin, "--init=" + init, "--backend=mpi", "--impl=ferry-mpi"] + extra
     # The host is shared and noisy: alternate implementations and keep each
     # figure's best run.
     best = {}
     for rep in range(a.repeat):
         for world in [int(x) for x in a.ranks.split(",")]:
-            for name, cmd in impls.items():
+            jobs = [(name, lambda c=cmd, w=world: run_job(c, w))
+                    for name, cmd in impls.items()]
+            jobs += [(name, lambda c=cmd, w=world: run_mpi_job(c, w))
+                     for name, cmd in mpi.items()]
+            for name, job in jobs:
                 print("# run %d: %s with %d ranks..." % (rep + 1, name, world),
                       flush=True)
-                for r in run_job(cmd, world):
+                for r in job():
                     k = (r["impl"], r["op"], r["ranks"], r["bytes"])
                     if k not in best or r["busbw_GBps"] > best[k]["busbw_GBps"]:
                         best[k] = r
@@ -88,6 +115,7 @@ def main():
     unchecked = {key(r): r for r in results if r["impl"] == "ferry-gloo-unchecked"}
     torch = {key(r): r for r in results if r["impl"] == "pytorch-1.13-gloo"}
     shm = {key(r): r for r in results if r["impl"] == "ferry-shm"}
+    mpis = {key(r): r for r in results if r["impl"] == "ferry-mpi"}
     nan = {"busbw_GBps": float("nan"), "time_us": float("nan")}
     print()
     print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
@@ -101,20 +129,25 @@ def main():
           "(N-1)/N for allgather, 1 for broadcast).")
     print("shm: Ferry's shared-memory backend (busbw with the ring factors); "
           "shm-x = PyTorch time / shm time.")
-    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s | %9s %6s" % (
+    print("mpi: Ferry's mpi backend under mpirun (Open MPI's own algorithm, "
+          "argument check on); mpi-x = PyTorch time / mpi time.")
+    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s | %9s %6s | %9s %6s" % (
         "op", "ranks", "size", "alg", "Ferry", "Ferry-nc", "PyTorch", "ratio",
-        "Ferry us", "Ferry-nc", "PyTorch", "shm us", "shm-x"))
-    print("-" * 119)
+        "Ferry us", "Ferry-nc", "PyTorch", "shm us", "shm-x", "mpi us",
+        "mpi-x"))
+    print("-" * 137)
     for k in sorted(ferry, key=lambda k: (["allreduce", "broadcast", "allgather"].index(k[0]), k[1], k[2])):
         f, u, t = ferry[k], unchecked.get(k, nan), torch.get(k, nan)
         sm = shm.get(k, nan)
         ratio = f["busbw_GBps"] / t["busbw_GBps"] if t is not nan else float("nan")
         shm_x = t["time_us"] / sm["time_us"]
-        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f | %9.1f %5.2fx" % (
+        mp = mpis.get(k, nan)
+        mpi_x = t["time_us"] / mp["time_us"]
+        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f | %9.1f %5.2fx | %9.1f %5.2fx" % (
             k[0], k[1], fmt_bytes(k[2]), f.get("algorithm", "?"),
             f["busbw_GBps"], u["busbw_GBps"],
             t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"],
-            sm["time_us"], shm_x))
+            sm["time_us"], shm_x, mp["time_us"], mpi_x))
     print("(Ferry-nc: Ferry with check_args=false, no per-call argument "
           "exchange, always Gloo's ring; PyTorch's busbw uses the ring formula)")
     print()
@@ -129,7 +162,7 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
     for impl, style in (("ferry-gloo", "-o"), ("ferry-gloo-unchecked", ":^"),
-                        ("ferry-shm", "-.D"),
+                        ("ferry-shm", "-.D"), ("ferry-mpi", "-v"),
                         ("pytorch-1.13-gloo", "--s")):
         for world in sorted({r["ranks"] for r in results}):
             pts = sorted((r["bytes"], r["busbw_GBps"]) for r in results

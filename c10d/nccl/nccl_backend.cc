@@ -807,6 +807,90 @@ std::shared_ptr<Work> NcclBackend::Barrier(const BarrierOptions& options) {
       {});
 }
 
+// --- Point to point ---------------------------------------------------------
+
+namespace {
+
+// Posts one send or receive of `op.tensor`'s bytes (inside a group or not).
+absl::Status PostP2P(const P2POp& op, ncclComm_t comm, cudaStream_t s) {
+  if (op.tensor.nbytes() == 0) return absl::OkStatus();
+  if (op.kind == P2POp::Kind::kSend) {
+    NCCL_CALL(ncclSend(op.tensor.data_ptr(), op.tensor.nbytes(), ncclUint8,
+                       op.peer, comm, s));
+  } else {
+    NCCL_CALL(ncclRecv(op.tensor.data_ptr(), op.tensor.nbytes(), ncclUint8,
+                       op.peer, comm, s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::shared_ptr<Work> NcclBackend::Send(Tensor tensor, int dst_rank,
+                                        const SendOptions& options) {
+  P2POp op{P2POp::Kind::kSend, std::move(tensor), dst_rank, options.tag};
+  absl::Status local =
+      Checks().PointToPoint(OpType::kSend, op.tensor, dst_rank, options.tag);
+  return Submit(OpType::kSend, local, DeviceOf(op.tensor), options.timeout,
+                [op](void* comm, void* stream) {
+                  return PostP2P(op, static_cast<ncclComm_t>(comm),
+                                 static_cast<cudaStream_t>(stream));
+                },
+                {op.tensor});
+}
+
+std::shared_ptr<Work> NcclBackend::Recv(Tensor tensor, int src_rank,
+                                        const RecvOptions& options) {
+  P2POp op{P2POp::Kind::kRecv, std::move(tensor), src_rank, options.tag};
+  absl::Status local =
+      Checks().PointToPoint(OpType::kRecv, op.tensor, src_rank, options.tag);
+  return Submit(OpType::kRecv, local, DeviceOf(op.tensor), options.timeout,
+                [op](void* comm, void* stream) {
+                  return PostP2P(op, static_cast<ncclComm_t>(comm),
+                                 static_cast<cudaStream_t>(stream));
+                },
+                {op.tensor});
+}
+
+std::vector<std::shared_ptr<Work>> NcclBackend::BatchIsendIrecv(
+    std::vector<P2POp> ops) {
+  if (ops.empty()) return {};
+  absl::Status local;
+  std::vector<Tensor> keep;
+  const int device = DeviceOf(ops[0].tensor);
+  for (const P2POp& op : ops) {
+    OpType type = op.kind == P2POp::Kind::kSend ? OpType::kSend : OpType::kRecv;
+    if (local.ok())
+      local = Checks().PointToPoint(type, op.tensor, op.peer, op.tag);
+    if (local.ok() && DeviceOf(op.tensor) != device) {
+      local = absl::InvalidArgumentError(
+          absl::StrCat(OpTypeName(type),
+                       ": every tensor of a batch must be on one device "
+                       "(cuda:",
+                       device, " and cuda:", DeviceOf(op.tensor), " given)"));
+    }
+    keep.push_back(op.tensor);
+  }
+  // One group: NCCL posts every send and receive before any waits.
+  std::shared_ptr<Work> work = Submit(
+      ops[0].kind == P2POp::Kind::kSend ? OpType::kSend : OpType::kRecv, local,
+      device, std::nullopt,
+      [ops](void* vcomm, void* stream) -> absl::Status {
+        auto comm = static_cast<ncclComm_t>(vcomm);
+        auto s = static_cast<cudaStream_t>(stream);
+        NCCL_CALL(ncclGroupStart());
+        absl::Status posted;
+        for (const P2POp& op : ops) {
+          posted = PostP2P(op, comm, s);
+          if (!posted.ok()) break;
+        }
+        NCCL_CALL(ncclGroupEnd());
+        return posted;
+      },
+      std::move(keep));
+  return std::vector<std::shared_ptr<Work>>(ops.size(), work);
+}
+
 #undef NCCL_CALL
 #undef CUDA_CALL
 

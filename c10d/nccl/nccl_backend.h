@@ -24,13 +24,23 @@
 // backend unusable (later calls: FailedPrecondition quoting the failure).
 //
 // Supported: Allreduce, Broadcast, Reduce, Allgather, Gather, Scatter,
-// ReduceScatter, Alltoall, Barrier. ReduceOps: SUM, AVG (floating dtypes),
-// PRODUCT, MIN, MAX; BAND/BOR/BXOR are InvalidArgument (NCCL has no bitwise
-// reductions). Bool travels as uint8 with SUM/MAX -> max and PRODUCT/MIN ->
-// min. Send/Recv are not implemented (Unimplemented): NCCL point-to-point on
-// one stream needs both sides to order their calls compatibly, which the
-// Backend contract does not ask of callers. Mismatched calls between ranks
+// ReduceScatter, Alltoall, Barrier, Send, Recv, BatchIsendIrecv. ReduceOps:
+// SUM, AVG (floating dtypes), PRODUCT, MIN, MAX; BAND/BOR/BXOR are
+// InvalidArgument (NCCL has no bitwise reductions). Bool travels as uint8
+// with SUM/MAX -> max and PRODUCT/MIN -> min. Mismatched calls between ranks
 // are not detected (undefined, as in NCCL itself).
+//
+// Point to point (ncclSend / ncclRecv, as bytes) runs on the same stream and
+// communicator as the collectives, in issue order. NCCL has no tags: the
+// tag is validated but messages between two ranks match in issue order,
+// so both sides must issue them in the same order (a receive posted for
+// tag 1 before one for tag 0 takes whatever is sent first). A Send waits on
+// the stream until its Recv is posted, so two ranks that each Send before
+// they Recv deadlock (until the watchdog's timeout): exchange with
+// BatchIsendIrecv, which posts all of its operations as one NCCL group (one
+// Work, returned for every entry). The communicator spans the whole group
+// and is created by the first operation, so that first operation must be
+// one every rank calls (a collective). RecvAnysource is Unimplemented.
 //
 // Thread safety: as Backend. The destructor cancels queued operations,
 // aborts the communicator if anything is still in flight, and joins its
@@ -86,6 +96,12 @@ class NcclBackend : public Backend {
                                  std::vector<Tensor> inputs,
                                  const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
+  std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
+                             const SendOptions& options = {}) override;
+  std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
+                             const RecvOptions& options = {}) override;
+  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(
+      std::vector<P2POp> ops) override;
 
  private:
   struct Impl;

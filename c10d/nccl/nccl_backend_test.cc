@@ -1,6 +1,8 @@
 #include "c10d/nccl/nccl_backend.h"
 
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "c10d/nccl/cuda_util.h"
 #include "c10d/testing/backend_conformance.h"
@@ -100,6 +102,68 @@ TEST(NcclBackendTest, BitwiseOpsAreRejected) {
   auto back = CopyToCpu(*t);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->to_vector<int32_t>(), std::vector<int32_t>(4, 1));
+}
+
+// Runs everywhere: point-to-point arguments are refused before any device
+// work (CPU tensor, this rank as peer, negative tag, mixed batch).
+TEST(NcclBackendTest, PointToPointArgumentsAreChecked) {
+  auto b = NcclBackend::Create(std::make_shared<HashStore>(), 0, 2,
+                               absl::Seconds(5));
+  ASSERT_TRUE(b.ok()) << b.status();
+  absl::Status cpu = (*b)->Send(ones({2}), 1)->Wait(absl::Seconds(10));
+  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+  EXPECT_THAT(std::string(cpu.message()), HasSubstr("CUDA tensors"));
+  absl::Status self = (*b)->Recv(ones({2}), 0)->Wait(absl::Seconds(10));
+  EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument) << self;
+  std::vector<std::shared_ptr<Work>> batch =
+      (*b)->BatchIsendIrecv({{P2POp::Kind::kSend, ones({2}), 1, 0},
+                             {P2POp::Kind::kRecv, ones({2}), 1, -1}});
+  ASSERT_EQ(batch.size(), 2u);
+  for (const auto& w : batch) {
+    absl::Status s = w->Wait(absl::Seconds(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  EXPECT_TRUE((*b)->BatchIsendIrecv({}).empty());
+}
+
+// Two ranks on two GPUs: Send/Recv in matching order, then a batched
+// exchange where both ranks send before they receive (one NCCL group).
+TEST(NcclBackendTest, SendRecvAndBatchedExchange) {
+  if (CudaDeviceCount() < 2) {
+    GTEST_SKIP() << "needs two CUDA devices (" << CudaDeviceCount()
+                 << " present)";
+  }
+  auto store = std::make_shared<HashStore>();
+  const absl::Duration t = absl::Seconds(60);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto b = NcclBackend::Create(store, r, 2, t);
+      ASSERT_TRUE(b.ok()) << b.status();
+      auto dev = [&](const Tensor& x) { return *CopyToCuda(x, r); };
+      // The communicator is made by a collective every rank calls.
+      ASSERT_TRUE((*b)->Barrier()->Wait(t).ok());
+      Tensor got = dev(zeros({5}, DType::kInt64));
+      if (r == 0) {
+        ASSERT_TRUE(
+            (*b)->Send(dev(full({5}, 42, DType::kInt64)), 1)->Wait(t).ok());
+      } else {
+        ASSERT_TRUE((*b)->Recv(got, 0)->Wait(t).ok());
+        EXPECT_EQ(CopyToCpu(got)->to_vector<int64_t>(),
+                  std::vector<int64_t>(5, 42));
+      }
+      Tensor in = dev(zeros({3}));
+      std::vector<P2POp> ops = {
+          {P2POp::Kind::kSend, dev(full({3}, r + 1.0)), 1 - r, 0},
+          {P2POp::Kind::kRecv, in, 1 - r, 0}};
+      for (const auto& w : (*b)->BatchIsendIrecv(ops)) {
+        ASSERT_TRUE(w->Wait(t).ok());
+      }
+      EXPECT_EQ(CopyToCpu(in)->to_vector<float>(),
+                std::vector<float>(3, 2.0f - r));
+    });
+  }
+  for (auto& th : threads) th.join();
 }
 
 }  // namespace

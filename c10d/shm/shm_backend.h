@@ -139,16 +139,7 @@ class ShmBackend : public Backend {
   const std::string& segment_name() const { return segment_name_; }
 
   // What ranks compare before reading each other's data (public for tests).
-  struct Signature {
-    int64_t op = -1;
-    int64_t dtype = -1;
-    int64_t count = -1;
-    int64_t root = -1;
-    int64_t reduce_op = -1;
-    int64_t seq = -1;
-    int64_t valid = 1;
-    int64_t pad = 0;
-  };
+  using Signature = CallSignature;
 
  private:
   struct Segment;

@@ -47,11 +47,54 @@ std::vector<int> GroupSizes(const BackendUnderTest& p) {
   return sizes;
 }
 
+// Process mode: the store for the next group (every process counts every
+// group, member or not, so all agree on its prefix).
+std::shared_ptr<Store> NextGroupStore(const BackendUnderTest& p) {
+  static std::atomic<int> groups{0};
+  return std::make_shared<PrefixStore>(absl::StrCat("group", groups++),
+                                       p.shared_store);
+}
+
+// Process mode: all processes meet at the end of a group (bounded).
+void MeetAllProcesses(const BackendUnderTest& p, Store& group) {
+  absl::StatusOr<int64_t> arrived = group.Add("processes_done", 1);
+  ASSERT_TRUE(arrived.ok()) << arrived.status();
+  if (*arrived == p.process_count) {
+    ASSERT_TRUE(group.Set("all_done", "1").ok());
+  }
+  absl::Status all = group.Wait({"all_done"}, absl::Minutes(5));
+  ASSERT_TRUE(all.ok()) << "process " << p.process_rank << ": " << all;
+}
+
+// Whether rank `r`'s results are observable here (its thread or process).
+bool Local(const BackendUnderTest& p, int r) {
+  return p.process_rank < 0 || p.process_rank == r;
+}
+
+// Process mode of RunGroup: this process's rank only.
+void RunGroupInProcess(const BackendUnderTest& p, int n, absl::Duration timeout,
+                       const std::function<void(int, Backend&)>& body,
+                       int absent) {
+  std::shared_ptr<Store> group = NextGroupStore(p);
+  const int r = p.process_rank;
+  if (r < n && r != absent) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = p.create(
+        std::make_shared<PrefixStore>("conformance", group), r, n, timeout);
+    EXPECT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
+    if (b.ok()) body(r, **b);
+  }
+  MeetAllProcesses(p, *group);
+}
+
 // Brings up `n` ranks as threads through a fresh HashStore and runs
 // body(rank, backend) on each; the ranks meet again before their backends
 // are destroyed. `absent` ranks (if any) never create a backend.
 void RunGroup(const BackendUnderTest& p, int n, absl::Duration timeout,
               const std::function<void(int, Backend&)>& body, int absent = -1) {
+  if (p.process_rank >= 0) {
+    RunGroupInProcess(p, n, timeout, body, absent);
+    return;
+  }
   auto store = std::make_shared<HashStore>();
   store->SetTimeout(timeout);
   std::latch done(n);
@@ -420,13 +463,21 @@ TEST_P(BackendConformanceTest, BarrierWaitsForEveryRank) {
   }
   const BackendUnderTest& p = GetParam();
   for (int n : GroupSizes(p)) {
-    std::atomic<int> arrived{0};
+    // Arrivals counted in this process, or across processes in the store.
+    std::atomic<int64_t> arrived{0};
+    const std::string key = absl::StrCat("barrier_arrivals_", n);
+    auto arrive = [&](int64_t delta) -> int64_t {
+      if (p.process_rank < 0) return arrived.fetch_add(delta) + delta;
+      absl::StatusOr<int64_t> v = p.shared_store->Add(key, delta);
+      EXPECT_TRUE(v.ok()) << v.status();
+      return v.value_or(-1);
+    };
     RunGroup(p, n, kTimeout, [&](int r, Backend& b) {
       for (int round = 1; round <= 3; ++round) {
-        arrived.fetch_add(1);
+        arrive(1);
         ASSERT_TRUE(b.Barrier()->Wait(kTimeout).ok());
         // Everyone of this round arrived before anyone left the barrier.
-        EXPECT_GE(arrived.load(), round * n) << "rank " << r;
+        EXPECT_GE(arrive(0), round * n) << "rank " << r;
         ASSERT_TRUE(b.Barrier()->Wait(kTimeout).ok());
       }
     });
@@ -572,11 +623,14 @@ TEST_P(BackendConformanceTest, RankThatNeverJoinsGivesDeadlineExceeded) {
   int n = std::min(3, p.max_ranks());
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   constexpr absl::Duration kShort = absl::Milliseconds(400);
-  auto store = std::make_shared<HashStore>();
+  const bool processes = p.process_rank >= 0;
+  std::shared_ptr<Store> store =
+      processes ? NextGroupStore(p) : std::make_shared<HashStore>();
   std::vector<std::thread> threads;
   std::vector<absl::Status> results(n);
   std::vector<absl::Duration> took(n);
   for (int r = 0; r < n - 1; ++r) {
+    if (!Local(p, r)) continue;
     threads.emplace_back([&, r] {
       absl::Time start = absl::Now();
       auto b =
@@ -587,10 +641,12 @@ TEST_P(BackendConformanceTest, RankThatNeverJoinsGivesDeadlineExceeded) {
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < n - 1; ++r) {
+    if (!Local(p, r)) continue;
     EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded)
         << "rank " << r << ": " << results[r];
     EXPECT_LT(took[r], kShort + absl::Seconds(10));
   }
+  if (processes) MeetAllProcesses(p, *store);
 }
 
 TEST_P(BackendConformanceTest, UnimplementedOpsAreNamed) {
@@ -743,6 +799,7 @@ TEST_P(BackendConformanceTest, AnySourceBatchedP2PAndMonitoredBarrier) {
       results[r] = b.MonitoredBarrier({.timeout = kShort});
     });
     for (int r = 0; r < n - 1; ++r) {
+      if (!Local(p, r)) continue;
       EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded)
           << "rank " << r << ": " << results[r];
       EXPECT_THAT(std::string(results[r].message()),

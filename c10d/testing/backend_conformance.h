@@ -1,10 +1,11 @@
 // The c10d Backend conformance suite: one parameterized GoogleTest suite run
 // against every backend (gloo, nccl, the custom-backend example).
 //
-// Ranks are threads of the test process meeting through one HashStore; each
-// test brings up groups of 2, 3 and 4 ranks (capped by max_ranks) and checks
-// every collective x ReduceOp x dtype the backend claims, exactly, plus the
-// error contract: mismatched shapes / roots between ranks and invalid
+// Ranks are threads of the test process meeting through one HashStore (or,
+// for backends whose ranks must be processes, processes: see process_rank);
+// each test brings up groups of 2, 3 and 4 ranks (capped by max_ranks) and
+// checks every collective x ReduceOp x dtype the backend claims, exactly, plus
+// the error contract: mismatched shapes / roots between ranks and invalid
 // arguments fail on every rank with InvalidArgument; a rank that never
 // arrives gives the others DeadlineExceeded within the timeout.
 //
@@ -71,6 +72,17 @@ struct BackendUnderTest {
   // arrives fails creation with DeadlineExceeded) rather than connecting
   // lazily.
   bool rendezvous_at_create = true;
+
+  // Ranks as processes (MPI under mpirun): every process runs the same
+  // tests; this one is rank `process_rank` of each group and runs only that
+  // rank's part (processes beyond a group's size sit it out). The groups
+  // meet through `shared_store` (reachable from every process; each group
+  // gets its own prefix), and all `process_count` processes meet there again
+  // after each group, so none runs ahead. -1: ranks are threads of this
+  // process, meeting through a fresh HashStore.
+  int process_rank = -1;
+  int process_count = 0;
+  std::shared_ptr<Store> shared_store;
 };
 
 std::string BackendUnderTestName(

@@ -75,6 +75,8 @@ struct GrpcAgent::OutgoingCall {
   grpc::ClientContext context;
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
+  // Set for a streamed call (request and response unused).
+  std::unique_ptr<grpc_agent::ClientStream> stream;
   uint64_t bytes_out = 0;
   Promise<Message> promise;
 };
@@ -342,9 +344,16 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   call->peer_address = to.address;
   call->timeout = timeout;
   call->start = absl::Now();
-  absl::StatusOr<grpc_agent::EncodedMessage> encoded =
-      grpc_agent::EncodeRequest(request, call->start,
-                                grpc_options_.wire_limits);
+  absl::StatusOr<grpc_agent::EncodedParts> encoded =
+      grpc_agent::EncodeRequestParts(request, call->start,
+                                     grpc_options_.wire_limits);
+  if (encoded.ok() &&
+      grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes())) {
+    absl::Status size = grpc_agent::CheckStreamSize(
+        encoded->bytes(), grpc_options_.max_message_bytes,
+        grpc_options_.wire_limits, "the payload");
+    if (!size.ok()) encoded = size;
+  }
   if (!encoded.ok()) {
     return MakeErrorFuture<Message>(Annotate(
         encoded.status(),
@@ -354,8 +363,18 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
             : absl::StrCat("encoding ", request.DebugString(), " for worker '",
                            to.name, "'")));
   }
-  call->bytes_out = encoded->bytes;
-  call->request = std::move(encoded->buffer);
+  call->bytes_out = encoded->bytes();
+  if (grpc_agent::ShouldStream(grpc_options_.stream, call->bytes_out)) {
+    OutgoingCall* raw = call.get();
+    call->stream = std::make_unique<grpc_agent::ClientStream>(
+        *std::move(encoded),
+        grpc_agent::ClientStream::Config{
+            &grpc_options_.stream, &grpc_options_.wire_limits,
+            grpc_options_.max_message_bytes, &stream_stats_},
+        [this, raw](const grpc::Status& status) { CallDone(raw, status); });
+  } else {
+    call->request = grpc_agent::ToEnvelope(*std::move(encoded)).buffer;
+  }
   if (request.deadline != absl::InfiniteFuture()) {
     call->context.set_deadline(absl::ToChronoTime(request.deadline));
   }
@@ -379,6 +398,10 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   // gRPC runs the completion callback on its own thread once the call is
   // done; its completion queue orders that after this hand-off.
   FERRY_TSAN_RELEASE(raw);
+  if (raw->stream != nullptr) {
+    raw->stream->Start(peer->stub.get(), &raw->context);
+    return result;
+  }
   peer->stub->UnaryCall(
       &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
       &raw->response,
@@ -392,9 +415,13 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   const std::string& where = call->target;
   Result<Message> result = absl::UnknownError("unset");
   uint64_t bytes_in = 0;
-  if (status.ok()) {
-    absl::StatusOr<Result<Message>> reply = grpc_agent::DecodeReply(
-        call->response, grpc_options_.wire_limits, &bytes_in);
+  // A stream that failed on this side cancelled its call: its error counts.
+  if (status.ok() || (call->stream && !call->stream->error().ok())) {
+    absl::StatusOr<Result<Message>> reply =
+        call->stream
+            ? call->stream->DecodeReply(&bytes_in)
+            : grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
+                                      &bytes_in);
     if (!reply.ok()) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {
@@ -424,7 +451,8 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
         // The peer's in-flight refusals name their limit already.
         result = absl::ResourceExhaustedError(absl::StrCat(
             "call to ", where, ": ", s.message(),
-            absl::StrContains(s.message(), "max_inflight_calls")
+            absl::StrContains(s.message(), "max_inflight_calls") ||
+                    absl::StrContains(s.message(), "max_message_bytes")
                 ? ""
                 : absl::StrCat(" (message limit ",
                                grpc_options_.max_message_bytes, " bytes)")));

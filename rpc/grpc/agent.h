@@ -46,6 +46,7 @@
 #include "common/sync.h"
 #include "rpc/agent.h"
 #include "rpc/grpc/stats.h"
+#include "rpc/grpc/stream.h"
 #include "rpc/grpc/tls.h"
 #include "store/store.h"
 #include "tensor/wire.h"
@@ -55,8 +56,12 @@ namespace ferry::rpc {
 struct GrpcAgentOptions : Agent::Options {
   // How long Start waits for the other workers (store rendezvous).
   absl::Duration join_timeout = absl::Seconds(300);
-  // Largest message sent or received (bytes). gRPC's own ceiling is 2 GiB - 1.
+  // Largest message sent or received (bytes), streamed or not. gRPC's own
+  // ceiling for one message is 2 GiB - 1.
   int max_message_bytes = 0x7fffffff;
+  // Large payloads go as a stream of pieces (rpc/grpc/stream.h): above
+  // stream.threshold_bytes (1 MiB), unless stream.enabled is false.
+  StreamOptions stream;
   // host:port the server binds; empty: 127.0.0.1:0 (InitRpc chooses one:
   // rpc/grpc/init.h).
   std::string listen_address;
@@ -119,6 +124,7 @@ class GrpcAgent final : public Agent {
   // The gRPC address this worker publishes ("advertised-host:port").
   const std::string& address() const { return self().address; }
   const RpcStats& stats() const { return stats_; }
+  const StreamStats& stream_stats() const { return stream_stats_; }
   // Calls being served now (see max_inflight_calls).
   int64_t calls_in_flight() const;
   size_t executor_queue_depth() const { return ExecutorQueueDepth(); }
@@ -173,6 +179,7 @@ class GrpcAgent final : public Agent {
   int static_size_ = 0;
 
   RpcStats stats_;
+  StreamStats stream_stats_;
   std::unique_ptr<grpc_agent::WorkerService> worker_service_;
   std::unique_ptr<grpc_agent::AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -65,13 +65,10 @@ class GrpcCluster final : public testing::AgentCluster {
   std::vector<std::unique_ptr<GrpcAgent>> agents_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
-    const testing::ClusterSpec& spec) {
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
+    const testing::ClusterSpec& spec, GrpcAgentOptions options) {
   auto store = std::make_shared<HashStore>();
   const int n = static_cast<int>(spec.names.size());
-  GrpcAgentOptions options;
   static_cast<Agent::Options&>(options) = spec.options;
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
   std::vector<std::thread> threads;
@@ -89,6 +86,21 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
   }
   return std::make_unique<GrpcCluster>(std::move(agents), store, options,
                                        spec.registry);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
+    const testing::ClusterSpec& spec) {
+  return Start(spec, {});
+}
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
+    const testing::ClusterSpec& spec) {
+  GrpcAgentOptions options;
+  options.stream.threshold_bytes = 0;
+  options.stream.piece_bytes = 256;
+  return Start(spec, std::move(options));
 }
 
 }  // namespace ferry::rpc::grpc_agent

@@ -12,6 +12,10 @@ namespace ferry::rpc::grpc_agent {
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     const testing::ClusterSpec& spec);
+// The same with every message streamed (rpc/grpc/stream.h: threshold 0,
+// small pieces), so the suite runs over CallStream.
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
+    const testing::ClusterSpec& spec);
 
 }  // namespace ferry::rpc::grpc_agent
 

@@ -45,6 +45,21 @@ absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts, Value if_absent,
 
 absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
                                              const WireLimits& limits) {
+  ASSIGN_OR_RETURN(EncodedParts parts, EncodeRequestParts(m, now, limits));
+  return ToEnvelope(std::move(parts));
+}
+
+EncodedMessage ToEnvelope(EncodedParts parts) {
+  EncodedMessage out;
+  out.bytes = parts.bytes();
+  out.buffer =
+      EncodeEnvelope(std::move(parts.header), std::move(parts.payload));
+  return out;
+}
+
+absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
+                                                absl::Time now,
+                                                const WireLimits& limits) {
   v1::RpcRequest header;
   header.set_type(static_cast<v1::MessageType>(m.type));
   header.set_function(m.function);
@@ -59,10 +74,9 @@ absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
   if (m.rref) ToProto(*m.rref, header.mutable_rref());
   if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
-  ASSIGN_OR_RETURN(EncodedValue payload, EncodeValue(m.payload, limits));
-  EncodedMessage out;
-  out.bytes = payload.total_bytes();
-  out.buffer = EncodeEnvelope(header, std::move(payload));
+  EncodedParts out;
+  ASSIGN_OR_RETURN(out.payload, EncodeValue(m.payload, limits));
+  header.AppendToString(&out.header);
   return out;
 }
 
@@ -104,6 +118,12 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
 
 absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
                                            const WireLimits& limits) {
+  ASSIGN_OR_RETURN(EncodedParts parts, EncodeReplyParts(reply, limits));
+  return ToEnvelope(std::move(parts));
+}
+
+absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
+                                              const WireLimits& limits) {
   v1::RpcResponse header;
   static const Value kNone;
   const Value* payload = &kNone;
@@ -116,10 +136,9 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
     header.set_error_code(static_cast<int>(reply.status().code()));
     header.set_error_message(std::string(reply.status().message()));
   }
-  ASSIGN_OR_RETURN(EncodedValue encoded, EncodeValue(*payload, limits));
-  EncodedMessage out;
-  out.bytes = encoded.total_bytes();
-  out.buffer = EncodeEnvelope(header, std::move(encoded));
+  EncodedParts out;
+  ASSIGN_OR_RETURN(out.payload, EncodeValue(*payload, limits));
+  header.AppendToString(&out.header);
   return out;
 }
 
@@ -127,6 +146,12 @@ absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
                                             uint64_t* bytes) {
   ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
+  return DecodeReplyParts(parts, limits, bytes);
+}
+
+absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
+                                                 const WireLimits& limits,
+                                                 uint64_t* bytes) {
   v1::RpcResponse h;
   if (!h.ParseFromString(parts.header)) {
     return absl::InvalidArgumentError("envelope: malformed RpcResponse fields");

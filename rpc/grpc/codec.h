@@ -12,6 +12,7 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -31,6 +32,21 @@ struct EncodedMessage {
 absl::StatusOr<EncodedMessage> EncodeRequest(const Message& request,
                                              absl::Time now,
                                              const WireLimits& limits);
+
+// An envelope not yet put together: its serialized fields (no payload) and
+// the payload, so a sender can choose between one message (ToEnvelope) and
+// a stream of pieces (rpc/grpc/stream.h). No tensor byte is copied.
+struct EncodedParts {
+  std::string header;
+  EncodedValue payload;
+  uint64_t bytes() const { return payload.total_bytes(); }
+};
+absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& request,
+                                                absl::Time now,
+                                                const WireLimits& limits);
+absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
+                                              const WireLimits& limits);
+EncodedMessage ToEnvelope(EncodedParts parts);
 
 // Splits a received request; the header is parsed, the payload left as
 // chunks (decode it with DecodeRequest, off the transport thread).
@@ -53,6 +69,10 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
                                             uint64_t* bytes);
+// The same from a reply already split (or reassembled from a stream).
+absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
+                                                 const WireLimits& limits,
+                                                 uint64_t* bytes);
 
 }  // namespace ferry::rpc::grpc_agent
 

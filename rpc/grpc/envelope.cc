@@ -12,7 +12,6 @@
 #include "tensor/wire_grpc.h"
 
 namespace ferry::rpc {
-namespace {
 
 void AppendVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
@@ -21,6 +20,8 @@ void AppendVarint(std::string* out, uint64_t v) {
   }
   out->push_back(static_cast<char>(v));
 }
+
+namespace {
 
 // A read cursor over a list of chunks.
 class ChunkReader {
@@ -109,8 +110,13 @@ class ChunkReader {
 
 grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
                                 EncodedValue payload) {
-  auto head = std::make_unique<std::string>();
-  header.AppendToString(head.get());
+  std::string head;
+  header.AppendToString(&head);
+  return EncodeEnvelope(std::move(head), std::move(payload));
+}
+
+grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
+  auto head = std::make_unique<std::string>(std::move(header));
   const uint64_t payload_size = payload.total_bytes();
   AppendVarint(head.get(), (uint64_t{kPayloadField} << 3) | 2);
   AppendVarint(head.get(), payload_size);

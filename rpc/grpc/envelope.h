@@ -34,6 +34,11 @@ inline constexpr int kPayloadField = 15;
 // `header` must not have its payload field set.
 grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
                                 EncodedValue payload);
+// The same with the header already serialized.
+grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload);
+
+// Appends a protobuf varint (for writing envelope fields by hand).
+void AppendVarint(std::string* out, uint64_t v);
 
 struct EnvelopeParts {
   std::string header;              // Serialized non-payload fields.

@@ -11,6 +11,7 @@
 #include "common/sync.h"
 #include "common/tsan.h"
 #include "rpc/grpc/codec.h"
+#include "rpc/grpc/stream.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {
@@ -85,34 +86,55 @@ grpc::ServerUnaryReactor* WorkerService::Call(
     grpc::ByteBuffer* response) {
   auto* reactor = new CallReactor(response, this);
   const absl::Time start = absl::Now();
-  const std::string& me = agent_->self().name;
   absl::StatusOr<ReceivedRequest> split = SplitRequest(*request);
   if (!split.ok()) {
     reactor->Reply(ToGrpcStatus(
-        Annotate(split.status(), absl::StrCat("worker '", me, "'"))));
-    return reactor;
-  }
-  const MessageType type = static_cast<MessageType>(split->header.type());
-  if (!agent_->HasHandler(type)) {
-    reactor->Reply(grpc::Status(
-        grpc::StatusCode::UNIMPLEMENTED,
-        absl::StrCat("worker '", me, "' does not serve message type ",
-                     MessageTypeName(type), " (", static_cast<uint32_t>(type),
-                     ")")));
+        Annotate(split.status(), absl::StrCat("worker '", name(), "'"))));
     return reactor;
   }
   absl::StatusOr<std::shared_ptr<void>> slot =
-      limiter_.Acquire(context->peer(), me);
+      Admit(split->header, context->peer());
   if (!slot.ok()) {
     reactor->Reply(ToGrpcStatus(slot.status()));
     return reactor;
   }
+  Serve(start, std::make_shared<ReceivedRequest>(*std::move(split)),
+        *std::move(slot), [reactor](grpc::Status status, EncodedParts* parts) {
+          if (parts == nullptr) {
+            reactor->Reply(std::move(status));
+          } else {
+            reactor->Reply(std::move(status),
+                           ToEnvelope(std::move(*parts)).buffer);
+          }
+        });
+  return reactor;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
+WorkerService::CallStream(grpc::CallbackServerContext* context) {
+  return NewServerStream(this, context);
+}
+
+absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
+    const ferry::rpc::v1::RpcRequest& header, const std::string& peer) {
+  const MessageType type = static_cast<MessageType>(header.type());
+  if (!agent_->HasHandler(type)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "worker '", name(), "' does not serve message type ",
+        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")"));
+  }
+  return limiter_.Acquire(peer, name());
+}
+
+void WorkerService::Serve(absl::Time start,
+                          std::shared_ptr<ReceivedRequest> received,
+                          std::shared_ptr<void> slot, Replier reply) {
+  const MessageType type = static_cast<MessageType>(received->header.type());
   // Stats are kept per function for calls, per type for other messages.
-  std::string key = type == MessageType::kCall ? split->header.function()
+  std::string key = type == MessageType::kCall ? received->header.function()
                                                : MessageTypeName(type);
-  const uint64_t bytes_in = split->parts.total_bytes;
+  const uint64_t bytes_in = received->parts.total_bytes;
   const WireLimits limits = agent_->grpc_options_.wire_limits;
-  auto received = std::make_shared<ReceivedRequest>(*std::move(split));
   GrpcAgent* agent = agent_;
   // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
   agent_
@@ -123,24 +145,25 @@ grpc::ServerUnaryReactor* WorkerService::Call(
                    received.reset();  // Release the request's slices early.
                    return m;
                  })
-      .OnComplete([agent, reactor, start, bytes_in, key = std::move(key),
-                   slot = *std::move(slot)](const Result<Message>& reply) {
-        absl::StatusOr<EncodedMessage> encoded =
-            EncodeReply(reply, agent->grpc_options_.wire_limits);
+      .OnComplete([agent, reply = std::move(reply), start, bytes_in,
+                   key = std::move(key),
+                   slot = std::move(slot)](const Result<Message>& result) {
+        absl::StatusOr<EncodedParts> encoded =
+            EncodeReplyParts(result, agent->grpc_options_.wire_limits);
         if (!encoded.ok()) {
           agent->stats_.Record(RpcStats::Direction::kIn, key,
                                absl::Now() - start, true, bytes_in, 0);
-          reactor->Reply(ToGrpcStatus(
-              Annotate(encoded.status(),
-                       absl::StrCat("worker '", agent->self().name,
-                                    "' encoding the result of '", key, "'"))));
+          reply(ToGrpcStatus(Annotate(
+                    encoded.status(),
+                    absl::StrCat("worker '", agent->self().name,
+                                 "' encoding the result of '", key, "'"))),
+                nullptr);
           return;
         }
         agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
-                             !reply.ok(), bytes_in, encoded->bytes);
-        reactor->Reply(grpc::Status::OK, std::move(encoded->buffer));
+                             !result.ok(), bytes_in, encoded->bytes());
+        reply(grpc::Status::OK, &*encoded);
       });
-  return reactor;
 }
 
 }  // namespace ferry::rpc::grpc_agent

@@ -14,15 +14,21 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
+#include <memory>
+#include <string>
+
 #include "proto/rpc.grpc.pb.h"
 #include "rpc/grpc/agent.h"
 #include "rpc/grpc/call_limiter.h"
+#include "rpc/grpc/codec.h"
 
 namespace ferry::rpc::grpc_agent {
 
 class WorkerService final
     : public ferry::rpc::v1::Worker::WithRawCallbackMethod_Call<
-          ferry::rpc::v1::Worker::Service> {
+          ferry::rpc::v1::Worker::WithRawCallbackMethod_CallStream<
+              ferry::rpc::v1::Worker::Service>> {
  public:
   // `agent` outlives the service.
   explicit WorkerService(GrpcAgent* agent)
@@ -34,7 +40,25 @@ class WorkerService final
                                  const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* response) override;
 
+  // Streamed calls (rpc/grpc/stream.h).
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CallStream(
+      grpc::CallbackServerContext* context) override;
+
   const CallLimiter& limiter() const { return limiter_; }
+
+  // The steps both methods share. Admit checks a request's fields (a handler
+  // serves its type; a slot under the in-flight caps, held until the handle
+  // is dropped). Serve runs the admitted request and calls `reply` once, on
+  // any thread, with the encoded reply (status OK) or the error to send.
+  using Replier = std::function<void(grpc::Status, EncodedParts*)>;
+  absl::StatusOr<std::shared_ptr<void>> Admit(
+      const ferry::rpc::v1::RpcRequest& header, const std::string& peer);
+  void Serve(absl::Time start, std::shared_ptr<ReceivedRequest> received,
+             std::shared_ptr<void> slot, Replier reply);
+
+  const std::string& name() const { return agent_->self().name; }
+  const GrpcAgentOptions& options() const { return agent_->grpc_options_; }
+  StreamStats* stream_stats() { return &agent_->stream_stats_; }
 
  private:
   GrpcAgent* const agent_;

@@ -26,8 +26,21 @@ void RpcStats::Record(Direction dir, const std::string& function,
                       absl::Duration latency, bool error, uint64_t bytes_in,
                       uint64_t bytes_out) {
   const int d = dir == Direction::kIn ? 0 : 1;
+  std::string key = function;
+  if (key.size() > kMaxNameBytes) {
+    // Cut at a UTF-8 character boundary: the name goes into a proto string.
+    size_t n = kMaxNameBytes;
+    while (n > 0 && (static_cast<unsigned char>(key[n]) & 0xC0) == 0x80) --n;
+    key.resize(n);
+    key += "...";
+  }
   MutexLock lock(&mu_);
-  PerFunction& f = functions_[function];
+  auto it = functions_.find(key);
+  if (it == functions_.end()) {
+    if (functions_.size() >= kMaxFunctions) key = kOtherName;
+    it = functions_.try_emplace(std::move(key)).first;
+  }
+  PerFunction& f = it->second;
   ++f.calls[d];
   if (error) ++f.errors[d];
   f.bytes_in += bytes_in;

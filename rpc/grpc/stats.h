@@ -3,6 +3,11 @@
 // Counts calls, errors and bytes in each direction, and keeps the most recent
 // latencies (a bounded ring per function and direction) for percentiles.
 //
+// Entries are keyed by names a client chooses (a call to an unregistered
+// function is recorded too, with its NotFound), so memory is bounded: a name
+// is cut to kMaxNameBytes, and once kMaxFunctions names are tracked, calls
+// under any new name count under kOtherName.
+//
 // Thread safety: all methods are safe from any thread.
 #ifndef FERRY_RPC_GRPC_STATS_H_
 #define FERRY_RPC_GRPC_STATS_H_
@@ -21,6 +26,10 @@ namespace ferry::rpc {
 class RpcStats {
  public:
   enum class Direction { kIn, kOut };
+
+  static constexpr size_t kMaxFunctions = 256;
+  static constexpr size_t kMaxNameBytes = 128;
+  static constexpr const char kOtherName[] = "(other)";
 
   void Record(Direction dir, const std::string& function,
               absl::Duration latency, bool error, uint64_t bytes_in,

@@ -4,6 +4,7 @@
 //               [--timeout_ms=T] [--mode=collectives|expect_deadline]
 //   c10d_worker --init_method=env://     (rank and size from RANK /
 //                                         WORLD_SIZE, as under ferry_run)
+//   [--backend=NAME]                      (default: the group's default)
 //
 // collectives: runs every collective on the gloo backend, checks results
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
@@ -161,6 +162,7 @@ int Main(int argc, char** argv) {
     if (!absl::SimpleAtoi(flags["timeout_ms"], &timeout_ms)) return 2;
   }
   InitProcessGroupOptions o;
+  if (flags.count("backend")) o.group.backend = flags["backend"];
   if (flags["mode"] == "shm_kill") {
     o.group.backend = "shm";
     o.group.backend_options["shm_name_prefix"] = flags["shm_prefix"];

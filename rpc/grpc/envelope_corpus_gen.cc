@@ -1,0 +1,119 @@
+// Writes the seed corpus for envelope_fuzz: requests and replies as the agent
+// encodes them, and hostile variants of their framing.
+// Usage: bazel run //rpc/grpc:envelope_corpus_gen --
+// $PWD/rpc/grpc/testdata/envelope_corpus
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rpc/grpc/codec.h"
+#include "tensor/tensor.h"
+#include "tools/fuzz/corpus_writer.h"
+
+namespace ferry::rpc::grpc_agent {
+namespace {
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  (void)buffer.Dump(&slices);
+  std::string out;
+  for (const grpc::Slice& s : slices) {
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+std::string Request(const Message& m) {
+  const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
+  return Flatten(EncodeRequest(m, now, WireLimits{})->buffer);
+}
+
+std::string Reply(const Result<Message>& r) {
+  return Flatten(EncodeReply(r, WireLimits{})->buffer);
+}
+
+Message FullRequest() {
+  Message m;
+  m.type = MessageType::kCall;
+  m.id = GlobalId(3, 77);
+  m.function = "add";
+  m.caller_name = "trainer0";
+  m.caller_id = 3;
+  m.deadline = absl::FromUnixSeconds(1'700'000'002);
+  m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 0, "T"};
+  m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
+  m.context = {{"trace", "abc"}, {"k", std::string("v\0w", 3)}};
+  m.payload = Value::FromList({Value::FromTensor(full({2, 3}, 2.0)),
+                               Value::Int(7), Value::String("s")});
+  return m;
+}
+
+// A varint-encoded protobuf tag or length.
+std::string Varint(uint64_t v) {
+  std::string out;
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+
+std::string Tag(int field, int wire_type) {
+  return Varint((uint64_t(field) << 3) | wire_type);
+}
+
+fuzz::CorpusFiles Files() {
+  fuzz::CorpusFiles files;
+  const std::string full_request = Request(FullRequest());
+  files.emplace_back("request_full", full_request);
+  Message minimal;
+  minimal.type = MessageType::kPing;
+  files.emplace_back("request_ping", Request(minimal));
+  Message rref = FullRequest();
+  rref.type = MessageType::kRRefForkRequest;
+  rref.payload = Value::None();
+  rref.autograd.reset();
+  files.emplace_back("request_rref", Request(rref));
+  Message layer = FullRequest();
+  layer.type = static_cast<MessageType>(1003);
+  files.emplace_back("request_layer_type", Request(layer));
+
+  Message reply;
+  reply.type = MessageType::kCall;
+  reply.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), false};
+  reply.payload = Value::FromTensor(arange(8, DType::kFloat32));
+  files.emplace_back("reply_tensor", Reply(Result<Message>(reply)));
+  files.emplace_back("reply_error",
+                     Reply(Result<Message>(absl::NotFoundError(
+                         "worker 'w1' has no function 'nope'"))));
+
+  // Hostile framing around an otherwise valid request.
+  files.emplace_back("hostile_truncated",
+                     full_request.substr(0, full_request.size() - 9));
+  files.emplace_back("hostile_payload_twice",
+                     full_request + Tag(15, 2) + Varint(0));
+  files.emplace_back("hostile_group", Tag(2, 3) + Tag(2, 4));
+  files.emplace_back("hostile_field_zero", Tag(0, 0) + Varint(1));
+  files.emplace_back("hostile_long_varint", std::string(11, '\xff'));
+  files.emplace_back("hostile_huge_header_field",
+                     Tag(2, 2) + Varint(uint64_t{1} << 40) + "x");
+  files.emplace_back("hostile_huge_payload",
+                     Tag(15, 2) + Varint(~uint64_t{0} >> 1) + "FRY1");
+  files.emplace_back(
+      "hostile_payload_garbage",
+      Tag(1, 0) + Varint(1) + Tag(15, 2) + Varint(8) + "FRY1\xff\xff\xff\x7f");
+  files.emplace_back("hostile_bad_utf8_function",
+                     Tag(2, 2) + Varint(2) + "\xc3\x28");
+  files.emplace_back(
+      "hostile_negative_type",
+      Tag(1, 0) + Varint(~uint64_t{0}) + Tag(6, 0) + Varint(~uint64_t{0} >> 1));
+  return files;
+}
+
+}  // namespace
+}  // namespace ferry::rpc::grpc_agent
+
+int main(int argc, char** argv) {
+  return ferry::fuzz::CorpusMain(argc, argv, ferry::rpc::grpc_agent::Files);
+}

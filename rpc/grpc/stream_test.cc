@@ -1,0 +1,299 @@
+// Streamed calls (rpc/grpc/stream.h): values and errors over CallStream, the
+// receive copy and its place, flow control with a slow receiver, the switch.
+// (The whole agent conformance suite also runs streamed: GrpcStreamed in
+// //rpc:agent_conformance_test.)
+#include "rpc/grpc/stream.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "rpc/grpc/agent.h"
+#include "store/hash_store.h"
+#include "tensor/tensor.h"
+#include "tensor/wire_grpc.h"
+
+namespace ferry::rpc {
+namespace {
+
+using grpc_agent::EncodedParts;
+using grpc_agent::PieceAssembler;
+using grpc_agent::PieceWriter;
+
+constexpr uint64_t kThreshold = 64 << 10;
+constexpr size_t kPiece = 16 << 10;
+
+GrpcAgentOptions Streamed() {
+  GrpcAgentOptions o;
+  o.stream.threshold_bytes = kThreshold;
+  o.stream.piece_bytes = kPiece;
+  return o;
+}
+
+// Agents "a" and "b" sharing `registry`, with per-worker options.
+std::vector<std::unique_ptr<GrpcAgent>> StartPair(
+    std::shared_ptr<FunctionRegistry> registry, GrpcAgentOptions a,
+    GrpcAgentOptions b) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> started(2);
+  std::vector<std::thread> ts;
+  const GrpcAgentOptions options[2] = {std::move(a), std::move(b)};
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      started[i] = GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store, options[i],
+                                    registry);
+    });
+  }
+  for (auto& t : ts) t.join();
+  std::vector<std::unique_ptr<GrpcAgent>> agents;
+  for (auto& s : started) {
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) agents.push_back(*std::move(s));
+  }
+  return agents;
+}
+
+void ShutdownPair(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
+  std::thread down([&] { EXPECT_TRUE(agents[1]->Shutdown().ok()); });
+  EXPECT_TRUE(agents[0]->Shutdown().ok());
+  down.join();
+}
+
+std::shared_ptr<FunctionRegistry> Registry() {
+  auto r = std::make_shared<FunctionRegistry>();
+  EXPECT_TRUE(r->Register("echo", [](Value v) { return v; }).ok());
+  EXPECT_TRUE(r->Register("thrice", [](Tensor t) {
+                 return Value::FromList({Value::FromTensor(t),
+                                         Value::FromTensor(t),
+                                         Value::FromTensor(t)});
+               }).ok());
+  EXPECT_TRUE(r->Register("sum", [](Tensor t) { return t.sum(); }).ok());
+  EXPECT_TRUE(r->Register("ones", [](int64_t n) {
+                 return ones({n}, DType::kUInt8);
+               }).ok());
+  EXPECT_TRUE(r->Register("fail", [](Tensor) -> absl::StatusOr<int64_t> {
+                 return absl::FailedPreconditionError("no thanks");
+               }).ok());
+  return r;
+}
+
+TEST(PieceWriter, PiecesAreEvenAndReassembleToTheSameBytes) {
+  Tensor t = arange(0.0, 100000.0, 1.0, DType::kFloat32);  // 400 kB
+  auto encoded = EncodeValue(Value::FromTensor(t));
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  const std::string flat = encoded->Flatten();
+  PieceWriter writer(EncodedParts{"", *std::move(encoded)}, 64 << 10);
+  PieceAssembler assembler;
+  ASSERT_TRUE(assembler.Start(flat.size(), nullptr).ok());
+  StreamStats stats;
+  grpc::ByteBuffer message;
+  uint64_t bytes = 0;
+  int messages = 0;
+  while (writer.Next(&message, &bytes)) {
+    ++messages;
+    EXPECT_GE(bytes, uint64_t{64} << 10);
+    EXPECT_LT(bytes, uint64_t{128} << 10);
+    auto parts = SplitEnvelope(message);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    EXPECT_EQ(parts->payload_bytes, bytes);
+    ASSERT_TRUE(assembler.Add(parts->payload, &stats).ok());
+  }
+  EXPECT_EQ(messages, static_cast<int>(flat.size() / (64 << 10)));
+  ASSERT_TRUE(assembler.complete());
+  EXPECT_EQ(stats.bytes_received.load(), flat.size());
+  EnvelopeParts whole = assembler.Take("");
+  ASSERT_EQ(whole.payload.size(), 1u);
+  EXPECT_EQ(std::string(whole.payload[0].data, whole.payload[0].size), flat);
+  // Decoding copies nothing more: the tensor lives in the assembled buffer.
+  WireStats wire;
+  auto decoded = DecodeValue(absl::MakeConstSpan(whole.payload), {}, &wire);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(wire.payload_bytes_copied, 0u);
+  EXPECT_EQ(wire.payload_bytes_adopted, 400000u);
+  EXPECT_TRUE(decoded->if_tensor()->equal(t));
+}
+
+TEST(PieceAssembler, RefusesPiecesPastTheDeclaredLength) {
+  PieceAssembler assembler;
+  ASSERT_TRUE(assembler.Start(8, nullptr).ok());
+  StreamStats stats;
+  const char bytes[12] = {};
+  auto s = assembler.Add({WireChunk{bytes, sizeof bytes, nullptr}}, &stats);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+TEST(StreamedCalls, CarryTheSameValuesBothWays) {
+  auto agents = StartPair(Registry(), Streamed(), Streamed());
+  ASSERT_EQ(agents.size(), 2u);
+  GrpcAgent& a = *agents[0];
+  const StreamStats& sa = a.stream_stats();
+  const StreamStats& sb = agents[1]->stream_stats();
+  Tensor f = arange(0.0, 50000.0, 1.0, DType::kFloat32);
+  Tensor d = full({3, 7000}, 2.5, DType::kFloat64);
+  Tensor i = arange(0.0, 30000.0, 1.0, DType::kInt64);
+  Value::Dict dict{{"f", Value::FromTensor(f)}, {"x", Value::Int(7)}};
+  Value nested = Value::FromList(
+      {Value::FromTensor(d), Value::String("hello"), Value::FromDict(dict),
+       Value::FromTensor(i),
+       Value::FromList(
+           {Value::FromTensor(f.slice(0, 100, 40000)), Value::None()})});
+  auto echoed = a.rpc_sync<Value>("b", "echo", nested);
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_EQ(*echoed, nested);  // Tensors compared element by element.
+  EXPECT_EQ(echoed->DebugString(), nested.DebugString());
+  // Both ways streamed, and every payload byte received was copied once.
+  EXPECT_EQ(sa.requests_sent.load(), 1u);
+  EXPECT_EQ(sb.requests_received.load(), 1u);
+  EXPECT_EQ(sb.replies_sent.load(), 1u);
+  EXPECT_EQ(sa.replies_received.load(), 1u);
+  EXPECT_EQ(sa.bytes_sent.load(), sb.bytes_received.load());
+  EXPECT_EQ(sb.bytes_sent.load(), sa.bytes_received.load());
+  EXPECT_GT(sa.bytes_received.load(), 4 * kThreshold);
+  EXPECT_LE(sb.max_piece_bytes.load(), 2 * kPiece);
+
+  // A large request with a small result: the reply comes in one message.
+  auto sum = a.rpc_sync<Tensor>("b", "sum", ones({100000}));
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(sum->item<float>(), 100000.0f);
+  EXPECT_EQ(sa.requests_sent.load(), 2u);
+  EXPECT_EQ(sb.replies_sent.load(), 1u);
+  // Small calls stay unary, even with a large result.
+  auto big = a.rpc_sync<Tensor>("b", "ones", int64_t{200000});
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->numel(), 200000);
+  EXPECT_EQ(sa.requests_sent.load(), 2u);
+  ShutdownPair(agents);
+}
+
+TEST(StreamedCalls, CarryTheSameErrors) {
+  GrpcAgentOptions small = Streamed();
+  small.max_message_bytes = 1 << 20;  // b refuses more; a sends anything
+  auto agents = StartPair(Registry(), Streamed(), small);
+  ASSERT_EQ(agents.size(), 2u);
+  GrpcAgent& a = *agents[0];
+  Tensor t = ones({100000});  // 400 kB: streamed, under b's limit
+  // A handler's error, as the unary path gives it.
+  auto failed = a.rpc_sync<int64_t>("b", "fail", t);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition)
+      << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "no thanks"))
+      << failed.status();
+  // An unregistered function is refused, naming the worker.
+  auto missing = a.rpc_sync<int64_t>("b", "nope", t);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound)
+      << missing.status();
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "'b'"))
+      << missing.status();
+  // Over b's limit: refused from the declared length, naming the worker,
+  // function and limit; b allocates nothing for it.
+  const uint64_t received_before = agents[1]->stream_stats().bytes_received;
+  auto over = a.rpc_sync<Tensor>("b", "sum", ones({1 << 19}));  // 2 MiB
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted)
+      << over.status();
+  for (const char* part :
+       {"worker 'b'", "'sum'", "1048576", "max_message_bytes"})
+    EXPECT_TRUE(absl::StrContains(over.status().message(), part))
+        << over.status() << " lacks " << part;
+  EXPECT_EQ(agents[1]->stream_stats().bytes_received.load(), received_before);
+  // b sends nothing over its own limit either.
+  auto reply_over = agents[1]->rpc_sync<Tensor>("a", "echo", ones({1 << 19}));
+  EXPECT_EQ(reply_over.status().code(), absl::StatusCode::kResourceExhausted)
+      << reply_over.status();
+  for (const char* part : {"'echo'", "worker 'a'", "max_message_bytes"})
+    EXPECT_TRUE(absl::StrContains(reply_over.status().message(), part))
+        << reply_over.status() << " lacks " << part;
+  // A result over b's limit (b refuses to send it), naming the function.
+  auto result_over = a.rpc_sync<Value>("b", "thrice", ones({100000}));
+  EXPECT_EQ(result_over.status().code(), absl::StatusCode::kResourceExhausted)
+      << result_over.status();
+  for (const char* part : {"worker 'b'", "max_message_bytes"})
+    EXPECT_TRUE(absl::StrContains(result_over.status().message(), part))
+        << result_over.status() << " lacks " << part;
+  // Still serving.
+  auto ok = a.rpc_sync<Tensor>("b", "sum", t);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ShutdownPair(agents);
+}
+
+TEST(StreamedCalls, ResultOverTheCallersLimitIsRefusedNamingIt) {
+  GrpcAgentOptions small = Streamed();
+  small.max_message_bytes = 1 << 20;
+  auto agents = StartPair(Registry(), small, Streamed());
+  ASSERT_EQ(agents.size(), 2u);
+  // A streamed request (under the limit) whose streamed result is over it.
+  Tensor t = ones({200000});  // 800 kB
+  auto over = agents[0]->rpc_sync<Value>("b", "thrice", t);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted)
+      << over.status();
+  for (const char* part : {"reply from worker 'b'", "max_message_bytes"})
+    EXPECT_TRUE(absl::StrContains(over.status().message(), part))
+        << over.status() << " lacks " << part;
+  ShutdownPair(agents);
+}
+
+// A receiver slower than its sender: the sender gets ahead of it by a
+// bounded amount (gRPC's HTTP/2 flow control, one write outstanding), not
+// by the whole payload; Ferry holds one piece at a time on receive.
+TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
+  constexpr uint64_t kBytes = uint64_t{256} << 20;
+  constexpr size_t kBigPiece = 1 << 20;
+  // Filled before any call: the receiver's hook reads the sender's stats.
+  auto sender = std::make_shared<std::atomic<const StreamStats*>>(nullptr);
+  auto max_ahead = std::make_shared<std::atomic<uint64_t>>(0);
+  auto pieces = std::make_shared<std::atomic<int>>(0);
+  GrpcAgentOptions slow;
+  slow.stream.piece_bytes = kBigPiece;
+  slow.stream.after_piece_received = [=](uint64_t received, uint64_t total) {
+    if (total < kBytes) return;
+    pieces->fetch_add(1);
+    const uint64_t sent = (*sender).load()->bytes_sent.load();
+    const uint64_t ahead = sent > received ? sent - received : 0;
+    if (ahead > max_ahead->load()) max_ahead->store(ahead);
+    absl::SleepFor(absl::Milliseconds(3));  // the slow part
+  };
+  slow.stream.threshold_bytes = kThreshold;
+  GrpcAgentOptions fast;
+  fast.stream.threshold_bytes = kThreshold;
+  fast.stream.piece_bytes = kBigPiece;
+  auto agents = StartPair(Registry(), fast, slow);
+  ASSERT_EQ(agents.size(), 2u);
+  sender->store(&agents[0]->stream_stats());
+  auto sum = agents[0]->rpc_sync_for<Tensor>(absl::Minutes(2), "b", "sum",
+                                             ones({int64_t{kBytes} / 4}));
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(sum->item<float>(), static_cast<float>(kBytes / 4));
+  EXPECT_GE(pieces->load(), 100);
+  // Measured on loopback: 31 MiB ahead of 128 MiB, 40 of 512 (gRPC's HTTP/2
+  // windows, grown by its BDP probe, and socket buffers): it does not grow
+  // with the payload, which an unbounded sender would be ahead by.
+  EXPECT_LT(max_ahead->load(), kBytes / 4) << "sender ran ahead";
+  EXPECT_LE(agents[1]->stream_stats().max_piece_bytes.load(), 2 * kBigPiece);
+  std::printf("slow receiver: sender at most %llu bytes ahead of %llu\n",
+              static_cast<unsigned long long>(max_ahead->load()),
+              static_cast<unsigned long long>(kBytes));
+  ShutdownPair(agents);
+}
+
+TEST(StreamedCalls, OffMeansUnary) {
+  GrpcAgentOptions off = Streamed();
+  off.stream.enabled = false;
+  auto agents = StartPair(Registry(), off, off);
+  ASSERT_EQ(agents.size(), 2u);
+  auto echoed = agents[0]->rpc_sync<Tensor>("b", "echo", ones({1 << 18}));
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_TRUE(echoed->equal(ones({1 << 18})));
+  EXPECT_EQ(agents[0]->stream_stats().requests_sent.load(), 0u);
+  EXPECT_EQ(agents[1]->stream_stats().requests_received.load(), 0u);
+  ShutdownPair(agents);
+}
+
+}  // namespace
+}  // namespace ferry::rpc
