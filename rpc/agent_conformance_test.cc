@@ -824,7 +824,10 @@ std::vector<Implementation> Implementations() {
           {"Grpc", grpc_agent::StartGrpcCluster},
           {"GrpcNonBlocking", grpc_agent::StartGrpcCluster,
            /*non_blocking=*/true},
-          {"GrpcStreamed", grpc_agent::StartGrpcStreamedCluster}};
+          {"GrpcStreamed", grpc_agent::StartGrpcStreamedCluster},
+          {"GrpcSameHost", grpc_agent::StartGrpcSameHostCluster},
+          {"GrpcSameHostNonBlocking", grpc_agent::StartGrpcSameHostCluster,
+           /*non_blocking=*/true}};
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AgentConformance,

@@ -1,10 +1,14 @@
 #include "rref/rref_context.h"
 
+#include <algorithm>
 #include <functional>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "rpc/context.h"
@@ -128,7 +132,20 @@ RRefContext::RRefContext(rpc::Agent* agent, Options options)
                                 : std::make_shared<ClassRegistry>()),
       ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1) {}
 
-RRefContext::~RRefContext() = default;
+RRefContext::~RRefContext() {
+  {
+    MutexLock lock(&mu_);
+    stop_flusher_ = true;
+    ++flush_changes_;
+  }
+  if (!flusher_.joinable()) return;
+  // The flusher may hold the last reference briefly (a send's completion).
+  if (flusher_.get_id() == std::this_thread::get_id()) {
+    flusher_.detach();
+  } else {
+    flusher_.join();
+  }
+}
 
 absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Create(
     rpc::Agent* agent, Options options) {
@@ -139,6 +156,12 @@ absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Create(
   }
   std::shared_ptr<RRefContext> ctx(new RRefContext(agent, std::move(options)));
   RETURN_IF_ERROR(ctx->Install());
+  if (ctx->options_.delete_flush_delay > absl::ZeroDuration()) {
+    ctx->flusher_ =
+        std::thread([raw = ctx.get(), weak = std::weak_ptr<RRefContext>(ctx)] {
+          raw->FlushLoop(weak);
+        });
+  }
   return ctx;
 }
 
@@ -222,6 +245,18 @@ absl::Status RRefContext::Intercept(rpc::InterceptPoint point,
                                     const WorkerInfo& peer, Message& message) {
   const bool sending = point == rpc::InterceptPoint::kSendRequest ||
                        point == rpc::InterceptPoint::kSendReply;
+  if (point == rpc::InterceptPoint::kReceiveRequest) {
+    RETURN_IF_ERROR(ApplyPiggybackedDeletes(peer, message));
+  } else if (point == rpc::InterceptPoint::kSendRequest) {
+    // An entry this worker received (installed in its handler's context)
+    // goes no further; only one made for this message travels.
+    auto it = message.context.find(kPiggybackedDeletesKey);
+    if (it != message.context.end() &&
+        !absl::StartsWith(it->second,
+                          absl::StrCat(agent_->self().id, ",", peer.id, ","))) {
+      message.context.erase(it);
+    }
+  }
   absl::Status status;
   ForEachHandle(message.payload, [&](RRefHandle& h) {
     if (!status.ok()) return;
@@ -676,7 +711,7 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
 
 void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
                                   GlobalId fork_id) {
-  std::vector<std::pair<GlobalId, GlobalId>> batch;
+  DeleteBatch batch;
   {
     MutexLock lock(&mu_);
     if (dead_.count(owner)) {
@@ -686,14 +721,37 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
     DeleteQueue& q = deletes_[owner];
     q.queued.emplace_back(rref_id, fork_id);
     if (q.in_flight) return;  // Goes with the next batch.
+    if (options_.delete_flush_delay > absl::ZeroDuration() && !shutting_down_) {
+      if (q.flush_at == absl::InfiniteFuture()) {
+        q.flush_at = absl::Now() + options_.delete_flush_delay;
+        ++flush_changes_;
+      }
+      return;  // Rides on the next request to `owner`, or the flusher sends.
+    }
     q.in_flight = true;
     batch.swap(q.queued);
   }
   SendUserDeletes(owner, std::move(batch));
 }
 
-void RRefContext::SendUserDeletes(
-    int owner, std::vector<std::pair<GlobalId, GlobalId>> batch) {
+RRefContext::DeleteBatch RRefContext::EndBatch(int owner) {
+  DeleteQueue& q = deletes_[owner];
+  q.in_flight = false;
+  DeleteBatch next;
+  if (dead_.count(owner)) {
+    pending_deletes_ -= static_cast<int>(q.queued.size());
+    q.queued.clear();
+    return next;
+  }
+  if (q.queued.empty()) return next;
+  // What queued meanwhile waited already: it goes at once, alone.
+  q.in_flight = true;
+  q.flush_at = absl::InfiniteFuture();
+  next.swap(q.queued);
+  return next;
+}
+
+void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
   Message m = Control(MessageType::kRRefUserDelete, batch[0].first,
                       batch[0].second, owner);
   if (batch.size() > 1) {
@@ -710,23 +768,147 @@ void RRefContext::SendUserDeletes(
   SendInternal(owner, std::move(m), [weak, owner](const Result<Message>&) {
     std::shared_ptr<RRefContext> ctx = weak.lock();
     if (ctx == nullptr) return;
-    std::vector<std::pair<GlobalId, GlobalId>> next;
+    DeleteBatch next;
     {
       MutexLock lock(&ctx->mu_);
-      DeleteQueue& q = ctx->deletes_[owner];
-      if (q.queued.empty() || ctx->dead_.count(owner)) {
-        ctx->pending_deletes_ -= static_cast<int>(q.queued.size());
-        q.queued.clear();
-        q.in_flight = false;
-        return;
-      }
-      next.swap(q.queued);
+      next = ctx->EndBatch(owner);
     }
-    ctx->SendUserDeletes(owner, std::move(next));
+    if (!next.empty()) ctx->SendUserDeletes(owner, std::move(next));
   });
   // Counted by in_flight_ now (SendInternal), so settling sees no gap.
   MutexLock lock(&mu_);
   pending_deletes_ -= n;
+}
+
+RRefContext::DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
+  DeleteBatch batch;
+  {
+    MutexLock lock(&mu_);
+    auto it = deletes_.find(owner);
+    if (it == deletes_.end() || it->second.in_flight ||
+        it->second.queued.empty() || dead_.count(owner)) {
+      return batch;
+    }
+    it->second.in_flight = true;
+    it->second.flush_at = absl::InfiniteFuture();
+    batch.swap(it->second.queued);
+  }
+  std::string entry = absl::StrCat(agent_->self().id, ",", owner);
+  for (const auto& [rref_id, fork_id] : batch) {
+    absl::StrAppend(&entry, ",", rref_id.value(), ",", fork_id.value());
+  }
+  m.context[kPiggybackedDeletesKey] = std::move(entry);
+  return batch;
+}
+
+void RRefContext::CarrierDone(int owner, DeleteBatch batch,
+                              const absl::Status& s) {
+  if (batch.empty()) return;
+  if (!s.ok() && !IsKnownDead(owner)) {
+    // Delivered or not, the batch goes again alone (deletions are
+    // idempotent, I4); it stays the batch in flight.
+    SendUserDeletes(owner, std::move(batch));
+    return;
+  }
+  DeleteBatch next;
+  {
+    MutexLock lock(&mu_);
+    pending_deletes_ -= static_cast<int>(batch.size());
+    next = EndBatch(owner);
+  }
+  if (!next.empty()) SendUserDeletes(owner, std::move(next));
+}
+
+Future<Message> RRefContext::SendCarrying(int owner, Message m,
+                                          absl::Duration timeout) {
+  DeleteBatch batch = AttachDeletes(owner, m);
+  Future<Message> reply = agent_->Send(owner, std::move(m), timeout);
+  if (batch.empty()) return reply;
+  std::weak_ptr<RRefContext> weak = weak_from_this();
+  reply.OnComplete([weak, owner, batch = std::move(batch)](
+                       const Result<Message>& r) mutable {
+    if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+      ctx->CarrierDone(owner, std::move(batch), r.status());
+    }
+  });
+  return reply;
+}
+
+absl::Status RRefContext::ApplyPiggybackedDeletes(const WorkerInfo& peer,
+                                                  Message& m) {
+  auto it = m.context.find(kPiggybackedDeletesKey);
+  if (it == m.context.end()) return absl::OkStatus();
+  std::vector<uint64_t> ids;
+  bool ok = true;
+  for (absl::string_view part : absl::StrSplit(it->second, ',')) {
+    uint64_t v = 0;
+    ok = ok && absl::SimpleAtoi(part, &v);
+    ids.push_back(v);
+  }
+  m.context.erase(it);
+  if (!ok || ids.size() < 2 || ids.size() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_->self().name, "': malformed ",
+        kPiggybackedDeletesKey, " entry on ", m.DebugString(), " from '",
+        peer.name, "' (expected sender, receiver, then (rref, fork) pairs)"));
+  }
+  // An entry another worker addressed (installed in the sender's handler
+  // context) is not this worker's business.
+  if (ids[0] != static_cast<uint64_t>(peer.id) ||
+      ids[1] != static_cast<uint64_t>(agent_->self().id)) {
+    return absl::OkStatus();
+  }
+  for (size_t i = 2; i < ids.size(); i += 2) {
+    DeleteFork(GlobalId::FromValue(ids[i]), GlobalId::FromValue(ids[i + 1]));
+  }
+  return absl::OkStatus();
+}
+
+void RRefContext::FlushLoop(const std::weak_ptr<RRefContext>& weak) {
+  // `this` stays valid while the destructor has not begun (it joins this
+  // thread), unless a send's completion ran the destructor on this thread:
+  // `weak` tells, without touching `this`.
+  for (;;) {
+    std::vector<std::pair<int, DeleteBatch>> due;
+    {
+      MutexLock lock(&mu_);
+      if (!AwaitDueDeletes(due)) return;
+    }
+    for (auto& [owner, batch] : due) SendUserDeletes(owner, std::move(batch));
+    if (weak.expired()) return;
+  }
+}
+
+bool RRefContext::AwaitDueDeletes(
+    std::vector<std::pair<int, DeleteBatch>>& due) {
+  while (!stop_flusher_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& [owner, q] : deletes_) {
+      if (!q.in_flight && !q.queued.empty()) next = std::min(next, q.flush_at);
+    }
+    if (shutting_down_ && next != absl::InfiniteFuture()) next = absl::Now();
+    const uint64_t seen = flush_changes_;
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_flusher_ || flush_changes_ != seen;
+    };
+    if (mu_.AwaitWithDeadline(absl::Condition(&changed), next)) continue;
+    const absl::Time now = absl::Now();
+    for (auto& [owner, q] : deletes_) {
+      if (q.in_flight || q.queued.empty()) continue;
+      if (q.flush_at > now && !shutting_down_) continue;
+      q.flush_at = absl::InfiniteFuture();
+      if (dead_.count(owner)) {
+        pending_deletes_ -= static_cast<int>(q.queued.size());
+        q.queued.clear();
+        continue;
+      }
+      q.in_flight = true;
+      due.emplace_back(owner, std::move(q.queued));
+      q.queued.clear();
+    }
+    if (!due.empty()) return true;
+  }
+  return false;
 }
 
 std::shared_ptr<RRefState> RRefContext::Remote(const rpc::WorkerRef& to,
@@ -787,10 +969,16 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
       NewUser(*owner, *rref_id, *fork_id, type_name, created.GetFuture(),
               value.GetFuture());
   m.rref = RRefFields{*rref_id, *fork_id, owner->id, -1, type_name};
+  DeleteBatch carried = AttachDeletes(owner->id, m);
+  std::weak_ptr<RRefContext> weak = weak_from_this();
   // One attempt: a retried REMOTE_CALL would fork its RRef arguments again.
   SendInternal(
       owner->id, std::move(m),
-      [created, value, keep_alive](const Result<Message>& r) mutable {
+      [created, value, keep_alive, weak, owner_id = owner->id,
+       carried = std::move(carried)](const Result<Message>& r) mutable {
+        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+          ctx->CarrierDone(owner_id, std::move(carried), r.status());
+        }
         keep_alive.reset();
         created.Set(r.status());
         if (r.ok() && r->rref.has_value()) {
@@ -894,7 +1082,7 @@ Future<Value> RRefContext::FetchFromOwner(
   Message m = Control(MessageType::kRRefFetch, state->rref_id(),
                       state->fork_id(), state->owner().id);
   m.rref->type_name = state->type_name();
-  return agent_->Send(state->owner().id, std::move(m), timeout)
+  return SendCarrying(state->owner().id, std::move(m), timeout)
       .Then([what, timeout, state = state](
                 const Result<Message>& r) mutable -> absl::StatusOr<Value> {
         // `state` is held until the reply, so a deletion cannot overtake the
@@ -976,7 +1164,7 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
                       state->owner().id);
   m.function = method;
   m.payload = Value::FromList(std::move(args));
-  return agent_->Send(state->owner().id, std::move(m), timeout)
+  return SendCarrying(state->owner().id, std::move(m), timeout)
       .Then([what, state = state](
                 const Result<Message>& r) mutable -> absl::StatusOr<Value> {
         state.reset();  // As in Fetch.
@@ -1116,6 +1304,7 @@ absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
+    ++flush_changes_;  // Queued deletions go now.
   }
   // Children first (I2): parents are released only once their children are.
   absl::Status settled = AwaitSettled(timeout);

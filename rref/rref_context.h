@@ -23,6 +23,16 @@
 //   RREF_USER_DELETE(R,F) user -> owner: fork F is gone. Batched: at most one
 //                         is in flight per owner; forks dropped meanwhile go
 //                         together in the next one (pairs in the payload).
+//                         Piggybacked: a deletion first waits (at most
+//                         Options::delete_flush_delay) for a REMOTE_CALL,
+//                         RREF_FETCH or RREF_METHOD this worker sends to the
+//                         owner, and rides in its context entry
+//                         kPiggybackedDeletesKey (sender and receiver ids,
+//                         then the pairs); the owner applies it on receipt,
+//                         before the handler. A carrier counts as the batch
+//                         in flight; when it fails (for whatever reason) the
+//                         batch goes again as a USER_DELETE. Only when the
+//                         delay passes with no carrier does USER_DELETE go.
 //   RREF_METHOD(R)        any -> owner: run a method of the object R holds.
 // Sending an RRef (an RRefHandle inside any message's payload) forks it:
 //   owner -> W : the owner registers the fork at once (holder W); W is a
@@ -49,6 +59,10 @@
 //     FORK_REQUEST or USER_DELETE can neither resurrect nor double-count.
 //  I5 Internal messages are retried (Options::max_attempts, each bounded by
 //     Options::internal_timeout) on Unavailable and DeadlineExceeded.
+//  I6 A queued deletion is never lost: it is handed to a carrier or to a
+//     USER_DELETE within delete_flush_delay of its queueing (or of the end of
+//     the batch in flight before it), and counts in AwaitSettled until the
+//     owner answered the message that carried it (or is known dead).
 //
 // Failures (beyond PyTorch):
 //  - Owner death: to_here, proxies and pending creations on holders fail with
@@ -84,6 +98,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,6 +113,12 @@
 #include "tensor/value.h"
 
 namespace ferry::rref {
+
+// Request context entry carrying piggybacked user deletions (see above):
+// "sender,receiver,rref,fork,rref,fork,..." as decimal ids. Honoured only by
+// the receiver named, from the sender named (an entry installed in a
+// handler's thread context never reaches a third worker's table).
+inline constexpr char kPiggybackedDeletesKey[] = "rref/deletes";
 
 // Proxy calls on remote objects (rref.h); a layer-defined message type.
 inline constexpr rpc::MessageType kRRefMethod = static_cast<rpc::MessageType>(
@@ -158,6 +179,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     // no RRef, protobuf message or autograd state (those take RREF_FETCH,
     // where the RRef and autograd interceptors see them). 0: never.
     size_t inline_value_bytes = 4096;
+    // How long a dropped fork's deletion waits for a request to its owner
+    // to ride on before it goes alone as USER_DELETE. Zero: at once.
+    absl::Duration delete_flush_delay = absl::Milliseconds(2);
     // Shared with other contexts if given; a fresh one otherwise.
     std::shared_ptr<ClassRegistry> classes;
   };
@@ -344,11 +368,31 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void OnStateDropped(bool is_owner, const rpc::WorkerInfo& owner,
                       GlobalId rref_id, GlobalId fork_id,
                       const Future<void>& created);
-  // Queues fork F's deletion for `owner`; sends it unless a USER_DELETE to
-  // `owner` is in flight (its completion sends what queued meanwhile).
+  using DeleteBatch = std::vector<std::pair<GlobalId, GlobalId>>;
+  // Queues fork F's deletion for `owner`; unless a batch to `owner` is in
+  // flight (its completion takes what queued meanwhile), arms the flush.
   void QueueUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
-  void SendUserDeletes(int owner,
-                       std::vector<std::pair<GlobalId, GlobalId>> batch);
+  void SendUserDeletes(int owner, DeleteBatch batch);
+  // Moves what is queued for `owner` (unless a batch is in flight) into
+  // `m`'s kPiggybackedDeletesKey entry; returns it (empty: none).
+  DeleteBatch AttachDeletes(int owner, rpc::Message& m);
+  // The carrier of `batch` completed with `s`: done, or sent again alone.
+  void CarrierDone(int owner, DeleteBatch batch, const absl::Status& s);
+  // Ends the batch in flight to `owner`; returns what queued meanwhile (now
+  // the batch in flight, for the caller to send outside the lock).
+  DeleteBatch EndBatch(int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a received kPiggybackedDeletesKey entry (and erases it).
+  absl::Status ApplyPiggybackedDeletes(const rpc::WorkerInfo& peer,
+                                       rpc::Message& m);
+  // The flusher thread: sends queued batches whose delay passed.
+  void FlushLoop(const std::weak_ptr<RRefContext>& weak);
+  // Waits until batches are due (moved into `due`, marked in flight): true;
+  // false once the flusher must stop.
+  bool AwaitDueDeletes(std::vector<std::pair<int, DeleteBatch>>& due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Agent::Send with the owner's queued deletions riding along.
+  Future<rpc::Message> SendCarrying(int owner, rpc::Message m,
+                                    absl::Duration timeout);
 
   // --- Internal messages. ---
   void SendInternal(int to, rpc::Message message, Done done,
@@ -381,10 +425,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // or for the USER_DELETE in flight to their owner (batching).
   int pending_deletes_ ABSL_GUARDED_BY(mu_) = 0;
   struct DeleteQueue {
-    bool in_flight = false;
+    bool in_flight = false;                             // USER_DELETE/carrier
     std::vector<std::pair<GlobalId, GlobalId>> queued;  // (rref, fork)
+    absl::Time flush_at = absl::InfiniteFuture();       // Queued, not in flight
   };
   std::map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);
+  // Bumped whenever a flush is armed or the flusher must stop.
+  uint64_t flush_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_flusher_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread flusher_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> dead_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

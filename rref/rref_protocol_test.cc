@@ -24,9 +24,11 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 
 class ProtocolTest : public ::testing::Test {
  protected:
-  explicit ProtocolTest(size_t inline_value_bytes = 4096)
+  explicit ProtocolTest(size_t inline_value_bytes = 4096,
+                        absl::Duration flush_delay = absl::Milliseconds(2))
       : net_({"a", "b", "c"}, Manual()) {
     RRefContext::Options o;
+    o.delete_flush_delay = flush_delay;
     o.internal_timeout = absl::Milliseconds(300);  // Retries come quickly.
     o.max_attempts = 5;
     o.inline_value_bytes = inline_value_bytes;
@@ -576,6 +578,113 @@ TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
   r = RRef<int64_t>();
   Settle();
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// Deletions wait (here: for the whole test) for a request to their owner to
+// ride on (kPiggybackedDeletesKey) instead of going alone.
+class PiggybackTest : public ProtocolTest {
+ protected:
+  PiggybackTest() : ProtocolTest(4096, absl::Hours(1)) {}
+  // Forks of RRefs b owns, as b's tables list them.
+  size_t ForksOnB() {
+    size_t n = 0;
+    for (const auto& o : ctx_["b"]->Owned()) n += o.forks.size();
+    return n;
+  }
+};
+
+TEST_F(PiggybackTest, DeletionRidesOnTheNextRequestToItsOwner) {
+  RRef<int64_t> kept = Confirmed("a", "b");
+  RRef<int64_t> dropped = Confirmed("a", "b");
+  dropped = RRef<int64_t>();
+  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  EXPECT_FALSE(ctx_["a"]->AwaitSettled(absl::ZeroDuration()).ok())
+      << "the queued deletion counts until the owner has it";
+  RRef<int64_t> next = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
+  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  // Applied on receipt: b holds kept and next only.
+  EXPECT_EQ(ctx_["b"]->num_owned(), 2u);
+  EXPECT_EQ(ForksOnB(), 2u);
+  ASSERT_TRUE(net_.Deliver(reply).ok());
+  ASSERT_TRUE(next.creation().Get(kWait).ok());
+  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 0);
+  EXPECT_TRUE(ctx_["a"]->AwaitSettled(kWait).ok());
+  // A fetch carries them too.
+  kept = RRef<int64_t>();
+  Future<int64_t> fetched = next.to_here_async(kWait);
+  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  ASSERT_TRUE(fetched.Get(kWait).ok());
+  EXPECT_EQ(*fetched.Get(kWait), 7);
+  EXPECT_EQ(ctx_["b"]->num_owned(), 1u);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 0);
+}
+
+// A carrier that fails (here dropped, so its caller times out) hands its
+// deletions to a USER_DELETE: they are never lost.
+TEST_F(PiggybackTest, FailedCarrierResendsItsDeletions) {
+  RRef<int64_t> dropped = Confirmed("a", "b");
+  dropped = RRef<int64_t>();
+  RRef<int64_t> lost = remote_for<int64_t>(*ctx_["a"], absl::Milliseconds(300),
+                                           "b", "add", 1, 1);
+  absl::StatusOr<QueuedMessage> carrier = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return !q.is_reply && q.type == MessageType::kRemoteCall;
+      },
+      kWait);
+  ASSERT_TRUE(carrier.ok()) << carrier.status();
+  ASSERT_TRUE(net_.Drop(carrier->seq).ok());
+  EXPECT_FALSE(lost.creation().Get(kWait).ok());
+  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 1);
+}
+
+// A duplicated carrier deletes nothing twice (I4) and resurrects nothing.
+TEST_F(PiggybackTest, DuplicatedCarrierIsHarmless) {
+  RRef<int64_t> kept = Confirmed("a", "b");
+  RRef<int64_t> dropped = Confirmed("a", "b");
+  dropped = RRef<int64_t>();
+  RRef<int64_t> next = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
+  absl::StatusOr<QueuedMessage> carrier = net_.AwaitQueued(
+      [](const QueuedMessage& q) {
+        return !q.is_reply && q.type == MessageType::kRemoteCall;
+      },
+      kWait);
+  ASSERT_TRUE(carrier.ok()) << carrier.status();
+  absl::StatusOr<uint64_t> copy = net_.Duplicate(carrier->seq);
+  ASSERT_TRUE(copy.ok());
+  ASSERT_TRUE(net_.Deliver(Serve(carrier->seq)).ok());
+  ASSERT_TRUE(next.creation().Get(kWait).ok());
+  Serve(*copy);
+  net_.DeliverAll();
+  EXPECT_EQ(ctx_["b"]->num_owned(), 2u);
+  EXPECT_EQ(ForksOnB(), 2u);
+}
+
+// The owner applies only an entry its sender addressed to it, and refuses a
+// malformed one naming the sender.
+TEST_F(PiggybackTest, ForeignOrMalformedEntriesAreNotApplied) {
+  RRef<int64_t> r = Confirmed("a", "b");
+  const std::string pair =
+      absl::StrCat(r.rref_id().value(), ",", r.fork_id().value());
+  auto send = [&](const std::string& entry) {
+    rpc::Message m;
+    m.type = MessageType::kCall;
+    m.function = "add";
+    m.payload = Value::FromList({Value::Int(1), Value::Int(2)});
+    m.context[kPiggybackedDeletesKey] = entry;
+    Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
+    net_.Deliver(Serve(MessageType::kCall, "c", "b")).IgnoreError();
+    return f.Get(kWait).status();
+  };
+  // c claims to be a (0), then addresses another worker: both ignored.
+  EXPECT_TRUE(send(absl::StrCat("0,1,", pair)).ok());
+  EXPECT_TRUE(send(absl::StrCat("2,0,", pair)).ok());
+  EXPECT_EQ(ForksOnB(), 1u);
+  absl::Status bad = send("2,1,x,y");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(bad.message().find("'c'"), std::string::npos) << bad;
+  EXPECT_EQ(ForksOnB(), 1u);
 }
 
 }  // namespace

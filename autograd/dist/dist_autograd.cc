@@ -913,8 +913,8 @@ Future<Message> DistAutogradContainer::OnCleanup(const Message& m) {
 // ---------------------------------------------------------------------------
 // ContextScope.
 
-ContextScope::ContextScope(DistAutogradContainer& container)
-    : container_(container) {
+ContextScope::ContextScope(DistAutogradContainer& container, OnExit on_exit)
+    : container_(container), on_exit_(on_exit) {
   absl::StatusOr<GlobalId> id = container.NewContext();
   if (!id.ok()) {
     FERRY_LOG(ERROR) << "ContextScope: " << id.status();
@@ -925,6 +925,15 @@ ContextScope::ContextScope(DistAutogradContainer& container)
 }
 
 ContextScope::~ContextScope() {
+  if (on_exit_ == OnExit::kReleaseInBackground && !released_) {
+    released_ = true;
+    entry_.reset();
+    container_.Release(id_).OnComplete(
+        [id = id_.ToString()](const absl::Status& s) {
+          if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id << ": " << s;
+        });
+    return;
+  }
   absl::Status s = Release();
   if (!s.ok())
     FERRY_LOG(WARNING) << "releasing " << id_.ToString() << ": " << s;

@@ -44,7 +44,9 @@
 // sends kCleanupAutogradContext to every worker it exchanged messages with
 // in the context; each does the same (skipping the sender), so the release
 // reaches every worker the context touched, transitively, and frees their
-// graph pieces. A worker that does not know the id answers OK.
+// graph pieces. A worker that does not know the id answers OK. A scope made
+// with ContextScope::OnExit::kReleaseInBackground sends the same messages
+// but its end does not wait for their answers.
 //
 // Invariants of the context map (DistAutogradContainer::contexts_):
 //  1. An id maps to at most one live context per worker; ids are minted by
@@ -271,7 +273,20 @@ class DistAutogradContainer
 // logged by the destructor; call Release() to see them.
 class ContextScope {
  public:
-  explicit ContextScope(DistAutogradContainer& container);
+  // What the scope's end (the destructor) waits for.
+  enum class OnExit {
+    // Every worker the context touched answered its release (bounded by the
+    // container's rpc_timeout per worker).
+    kWaitForRelease,
+    // Nothing: the context is gone here at once and its release messages
+    // are sent without waiting for their answers (PyTorch's context exit
+    // does the same), so a training loop's next step does not pay that
+    // round trip. The other workers free the context when the release
+    // arrives; failures are logged then. Release() still waits.
+    kReleaseInBackground,
+  };
+  explicit ContextScope(DistAutogradContainer& container,
+                        OnExit on_exit = OnExit::kWaitForRelease);
   ~ContextScope();
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
@@ -283,6 +298,7 @@ class ContextScope {
 
  private:
   DistAutogradContainer& container_;
+  const OnExit on_exit_;
   GlobalId id_;
   std::optional<rpc::ScopedContextEntry> entry_;
   bool released_ = false;

@@ -473,6 +473,52 @@ TEST_F(DistAutogradTest, WorkerKilledDuringBackwardFailsThePass) {
   ExpectNoContexts();
 }
 
+// A scope that releases in the background ends before any other worker has
+// its release: with delivery stopped, a has dropped the context at once while
+// b and c still hold it; delivering the release to b frees it there and b
+// forwards it to c (the transitive reach is unchanged).
+TEST_F(ChainTest, BackgroundReleaseEndsTheScopeWithoutWaiting) {
+  auto cleanup = [](std::string from, std::string to) {
+    return [from, to](const QueuedMessage& q) {
+      return !q.is_reply && q.from == from && q.to == to &&
+             q.type == MessageType::kCleanupAutogradContext;
+    };
+  };
+  auto reply = [](std::string from, std::string to) {
+    return [from, to](const QueuedMessage& q) {
+      return q.is_reply && q.from == from && q.to == to &&
+             q.type == MessageType::kCleanupAutogradContext;
+    };
+  };
+  const absl::Time start = absl::Now();
+  {
+    ContextScope ctx(dist(0), ContextScope::OnExit::kReleaseInBackground);
+    absl::StatusOr<Tensor> loss = DistLoss();
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    ASSERT_TRUE(dist(0).Backward(ctx.id(), {*loss}).ok());
+    net_->SetAutoDeliver(false);
+  }
+  // Waiting for b would take the 30 s rpc_timeout and then fail.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(dist(0).NumContexts(), 0u);
+  EXPECT_EQ(dist(1).NumContexts(), 1u);
+  EXPECT_EQ(dist(2).NumContexts(), 1u);
+  absl::StatusOr<QueuedMessage> to_b =
+      net_->AwaitQueued(cleanup("a", "b"), absl::Seconds(20));
+  ASSERT_TRUE(to_b.ok()) << to_b.status();
+  ASSERT_TRUE(net_->Deliver(to_b->seq).ok());
+  absl::StatusOr<QueuedMessage> to_c =
+      net_->AwaitQueued(cleanup("b", "c"), absl::Seconds(20));
+  ASSERT_TRUE(to_c.ok()) << to_c.status();
+  EXPECT_EQ(dist(1).NumContexts(), 0u);
+  ASSERT_TRUE(net_->Deliver(to_c->seq).ok());
+  // c answers once its release ran.
+  ASSERT_TRUE(net_->AwaitQueued(reply("c", "b"), absl::Seconds(20)).ok());
+  net_->SetAutoDeliver(true);
+  net_->DeliverAll();
+  ExpectNoContexts();
+}
+
 // After release, calls made on the scope's thread carry no context, and a
 // released id cannot come back to life on a callee.
 TEST_F(ChainTest, ReleasedContextIsNotRevivedByLaterCalls) {

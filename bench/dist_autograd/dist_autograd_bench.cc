@@ -7,14 +7,18 @@
 //  step  (2 ranks): a trainer whose Linear 64->64 lives on "ps". Per step:
 //        a distributed autograd context, forward through an RPC, MSE loss
 //        here, distributed backward, DistributedOptimizer (SGD) step, the
-//        context released. Beside it: the same model's local step and the
-//        rpc_sync no-op round trip. Reported: p50 per step and the overhead
-//        (distributed - local).
+//        context released in the background (the scope's end does not wait
+//        for the server's answer, as PyTorch's context exit does not).
+//        Also: requests sent per step by type, and each phase's median. Beside
+//        it: the same model's local step and the rpc_sync no-op round trip.
+//        Reported: p50 per step and the overhead (distributed - local).
 //  ps    (4 ranks): 2 trainers, 2 parameter servers (ps0: Linear 64->64,
 //        ps1: Linear 64->10); each trainer steps asynchronously through both
 //        (relu between, MSE loss); reported: samples/s of both trainers.
 // Prints a table and one JSON line per figure.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +32,7 @@
 #include "autograd/nn.h"
 #include "autograd/ops.h"
 #include "bench/util/procs.h"
+#include "bench/util/requests.h"
 #include "optim/distributed_optimizer.h"
 #include "optim/optim.h"
 #include "rpc/grpc/init.h"
@@ -61,6 +66,9 @@ struct Worker {
   std::shared_ptr<nn::Linear> model;  // Servers only.
   Mutex mu;
   std::vector<double> reports ABSL_GUARDED_BY(mu);  // trainer0: rates.
+  std::shared_ptr<bench::RequestCounter> requests;
+  // Per-phase times of the step job's distributed steps (us).
+  std::map<std::string, std::vector<double>> phases ABSL_GUARDED_BY(mu);
 };
 
 std::vector<std::string> Names(const std::string& job) {
@@ -70,6 +78,7 @@ std::vector<std::string> Names(const std::string& job) {
 
 absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
   w->agent = &agent;
+  w->requests = bench::RequestCounter::Install(agent);
   ASSIGN_OR_RETURN(w->dist,
                    autograd::dist::DistAutogradContainer::Install(agent));
   ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Create(&agent));
@@ -105,21 +114,49 @@ absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
 }
 
 // A distributed SGD step through `servers` in order (relu between).
+// With `phases`, records each phase's time in w.phases.
 std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
                                std::vector<std::string> servers,
-                               const Tensor& x, const Tensor& target) {
-  return [&w, &opt, servers, x, target] {
-    autograd::dist::ContextScope ctx(*w.dist);
-    Tensor h = x;
-    for (size_t i = 0; i < servers.size(); ++i) {
-      if (i > 0) h = autograd::relu(h);
-      h = OrDie(w.agent->rpc_sync<Tensor>(servers[i], "forward", h), "forward");
+                               const Tensor& x, const Tensor& target,
+                               bool phases = false) {
+  return [&w, &opt, servers, x, target, phases] {
+    absl::Time t = absl::Now();
+    std::vector<std::pair<const char*, double>> times;
+    auto lap = [&](const char* name) {
+      if (!phases) return;
+      const absl::Time now = absl::Now();
+      times.emplace_back(name, absl::ToDoubleMicroseconds(now - t));
+      t = now;
+    };
+    {
+      // Like PyTorch's `with dist_autograd.context()`, whose exit sends the
+      // release without waiting for it.
+      autograd::dist::ContextScope ctx(
+          *w.dist, autograd::dist::ContextScope::OnExit::kReleaseInBackground);
+      Tensor h = x;
+      for (size_t i = 0; i < servers.size(); ++i) {
+        if (i > 0) h = autograd::relu(h);
+        h = OrDie(w.agent->rpc_sync<Tensor>(servers[i], "forward", h),
+                  "forward");
+      }
+      Tensor loss = autograd::mse_loss(h, target);
+      lap("forward");
+      OrDie(w.dist->Backward(ctx.id(), {loss}), "distributed backward");
+      lap("backward");
+      OrDie(opt.Step(ctx.id()), "optimizer step");
+      lap("optimizer_step");
     }
-    Tensor loss = autograd::mse_loss(h, target);
-    OrDie(w.dist->Backward(ctx.id(), {loss}), "distributed backward");
-    OrDie(opt.Step(ctx.id()), "optimizer step");
-    OrDie(ctx.Release(kLong), "context release");
+    lap("release");
+    if (!phases) return;
+    MutexLock lock(&w.mu);
+    for (const auto& [name, us] : times) w.phases[name].push_back(us);
   };
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 std::unique_ptr<optim::DistributedOptimizer> MakeOptimizer(
@@ -171,8 +208,25 @@ void StepJob(Worker& w) {
       steps);
   Report("local_step", l);
   std::unique_ptr<optim::DistributedOptimizer> opt = MakeOptimizer(w, {"ps"});
+  const auto before = w.requests->Snapshot();
   const Stats d = bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target), steps);
   Report("dist_step", d);
+  bench::PrintRequests("dist_autograd", "dist_step_messages", "step", before,
+                       w.requests->Snapshot(), steps + 10);  // + warm-up.
+  bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target, /*phases=*/true), steps,
+                   0);
+  {
+    MutexLock lock(&w.mu);
+    for (const char* phase :
+         {"forward", "backward", "optimizer_step", "release"}) {
+      const double p50 = Median(w.phases[phase]);
+      std::printf("  phase %-16s p50 %9.1f us\n", phase, p50);
+      std::printf(
+          "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", "
+          "\"name\": \"phase_%s\", \"p50_us\": %.2f}\n",
+          phase, p50);
+    }
+  }
   std::printf("%-22s p50 %9.1f us\n", "dist_step_overhead", d.p50 - l.p50);
   std::printf(
       "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "

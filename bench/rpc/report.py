@@ -36,6 +36,10 @@ def fmt(v, spec):
     return format(v, spec)
 
 
+def size_label(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
@@ -106,13 +110,17 @@ def main():
 
     print("\n## Tensor echo, one-way GB/s = bytes / (median round trip / 2); "
           "higher is better")
-    print("(gRPC 1msg: raw gRPC, the bytes in one unary message; gRPC strm: "
-          "raw gRPC bidi stream of 1 MiB chunks)")
+    print("(Ferry: one unary message each way; Ferry strm: default options, "
+          "streamed in 1 MiB pieces from 1 MiB; gRPC 1msg: raw gRPC, the "
+          "bytes in one unary message; gRPC strm: raw gRPC bidi stream of "
+          "1 MiB chunks, each echoed as it arrives)")
     sizes = sorted({k[2] for k in fig if k[1] == "tensor_echo"})
-    print(f"{'bytes':>10} {'Ferry':>7} {'PT shm':>7} {'PT tcp':>7} "
-          f"{'gRPC 1msg':>9} {'gRPC strm':>9} {'TCP':>7} {'Ferry/PT shm':>12} "
-          f"{'Ferry/PT tcp':>12} {'Ferry/gRPC1':>11}")
+    print(f"{'bytes':>10} {'Ferry':>7} {'F strm':>7} {'PT shm':>7} "
+          f"{'PT tcp':>7} {'gRPC 1msg':>9} {'gRPC strm':>9} {'TCP':>7} "
+          f"{'Ferry/PT shm':>12} {'Ferry/PT tcp':>12} {'Ferry/gRPC1':>11} "
+          f"{'strm/gRPCs':>10} {'strm/PT shm':>11}")
     for n in sizes:
+        fs = val("ferry", "tensor_echo_stream", n)
         f, p, pt = (val(i, "tensor_echo", n)
                     for i in ("ferry", "pytorch", "pytorch_tcp"))
         g = val("grpc", "grpc_unary_echo", n)
@@ -122,15 +130,44 @@ def main():
                    ferry_over_pytorch=ratio(f, p),
                    ferry_over_pytorch_tcp=ratio(f, pt),
                    ferry_over_grpc=ratio(f, g),
-                   ferry_over_grpc_stream=ratio(f, gs))
+                   ferry_over_grpc_stream=ratio(f, gs),
+                   stream_over_grpc_stream=ratio(fs, gs),
+                   stream_over_pytorch=ratio(fs, p),
+                   stream_over_pytorch_tcp=ratio(fs, pt))
         ratios.append(row)
-        label = (f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB")
-        print(f"{label:>10} {fmt(f, '7.3f')} {fmt(p, '7.3f')} "
+        label = size_label(n)
+        print(f"{label:>10} {fmt(f, '7.3f')} {fmt(fs, '7.3f')} "
+              f"{fmt(p, '7.3f')} "
               f"{fmt(pt, '7.3f')} {fmt(g, '9.3f')} {fmt(gs, '9.3f')} "
               f"{fmt(t, '7.3f')} "
               f"{fmt(row['ferry_over_pytorch'], '12.2f')} "
               f"{fmt(row['ferry_over_pytorch_tcp'], '12.2f')} "
-              f"{fmt(row['ferry_over_grpc'], '11.2f')}")
+              f"{fmt(row['ferry_over_grpc'], '11.2f')} "
+              f"{fmt(row['stream_over_grpc_stream'], '10.2f')} "
+              f"{fmt(row['stream_over_pytorch'], '11.2f')}")
+
+    print("\n## Same host: tensor echo over the same-host channel, one-way "
+          "GB/s; higher is better")
+    print("(Ferry shm: cross-memory attach, 0 copies on send, 1 on receive; "
+          "memcpy: one memcpy each way, warm buffers)")
+    print(f"{'bytes':>10} {'Ferry shm':>9} {'PT shm':>7} {'memcpy':>7} "
+          f"{'Ferry shm/PT shm':>16} {'Ferry shm/memcpy':>16} "
+          f"{'copies send/recv':>16}")
+    for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_samehost"}):
+        f = val("ferry", "tensor_echo_samehost", n)
+        p = val("pytorch", "tensor_echo", n)
+        m = val("floor", "memcpy_echo", n)
+        c = fig.get(("ferry", "samehost_copies", n))
+        copies = (f"{c['send_copies']}/{c['receive_copies']}"
+                  if c and c["sent_in_place"] > 0 else "-")
+        row = dict(figure="tensor_echo_samehost", bytes=n,
+                   ferry_over_pytorch=ratio(f, p),
+                   ferry_over_memcpy=ratio(f, m))
+        ratios.append(row)
+        label = size_label(n)
+        print(f"{label:>10} {fmt(f, '9.3f')} {fmt(p, '7.3f')} "
+              f"{fmt(m, '7.3f')} {fmt(row['ferry_over_pytorch'], '16.2f')} "
+              f"{fmt(row['ferry_over_memcpy'], '16.2f')} {copies:>16}")
 
     print("\n## Issue goals")
     goals = []
@@ -156,6 +193,23 @@ def main():
          ratio(val("ferry", "tensor_echo", 64 << 20),
                val("pytorch", "tensor_echo", 64 << 20)), lambda r: r >= 2),
     ]
+    for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_stream"}):
+        if n >= 1 << 20:
+            goals.append(
+                (f"{n >> 20} MiB streamed >= 0.85x raw gRPC stream",
+                 ratio(val("ferry", "tensor_echo_stream", n),
+                       val("grpc", "grpc_stream_echo", n)),
+                 lambda r: r >= 0.85))
+    for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_samehost"}):
+        if n >= 1 << 20:
+            goals.append((f"same host {n >> 20} MiB >= 2x PyTorch shm",
+                          ratio(val("ferry", "tensor_echo_samehost", n),
+                                val("pytorch", "tensor_echo", n)),
+                          lambda r: r >= 2))
+    goals.append(("same host 64 MiB >= 0.5x memcpy",
+                  ratio(val("ferry", "tensor_echo_samehost", 64 << 20),
+                        val("floor", "memcpy_echo", 64 << 20)),
+                  lambda r: r >= 0.5))
     for text, value, ok in goals:
         verdict = "n/a" if value is None else ("MET" if ok(value) else
                                                "NOT MET")

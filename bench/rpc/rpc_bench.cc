@@ -14,8 +14,24 @@
 //                                      a 4-element float tensor echoed (us)
 //   rpc_async_64                       calls/s with 64 calls in flight
 //   tensor_echo                        a float tensor of N bytes sent and
-//                                      echoed back; one-way GB/s =
+//                                      echoed back over gRPC (TCP), each way
+//                                      one unary message (a second group
+//                                      with streaming and the same-host
+//                                      channel off); one-way GB/s =
 //                                      N / (round trip / 2)
+//   tensor_echo_stream                 the same over TCP with the default
+//                                      stream options: >= 1 MiB streamed
+//                                      both ways in 1 MiB pieces
+//                                      (rpc/grpc/stream.h; a third worker,
+//                                      "caller_tcp", with the same-host
+//                                      channel off)
+//   tensor_echo_samehost               the same over the same-host channel
+//                                      (rpc/grpc/shm_channel.h), followed by
+//                                      its copy counters: bytes the caller
+//                                      left in place (0 copied on send) and
+//                                      bytes it received (copied once)
+//   memcpy_echo                        floor: N bytes memcpy'd to a warm
+//                                      buffer and back (one memcpy each way)
 //   grpc_sync_unary                    raw gRPC floor: sync stub, tiny
 //                                      protobuf message, echoed (us)
 //   grpc_callback_unary                raw gRPC floor: callback API, caller
@@ -32,6 +48,9 @@
 //                                      arrives (GB/s one way; N >= 1 MiB)
 //   tcp_pingpong                       raw TCP floor: 16 bytes each way (us)
 //   tcp_echo                           raw TCP floor: N bytes, echoed (GB/s)
+//
+// The callee is rank 1 of 3: "caller" (rank 0, same-host channel on) and
+// "caller_tcp" (rank 2, off) run in the client process.
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -63,6 +82,7 @@
 #include "common/sync.h"
 #include "proto/rpc.grpc.pb.h"
 #include "rpc/grpc/agent.h"
+#include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "tensor/tensor.h"
 
@@ -389,8 +409,12 @@ std::shared_ptr<Store> ConnectStore(int port) {
   return OrDie(TcpStore::Create(o), "connecting to the store");
 }
 
-rpc::GrpcAgentOptions AgentOptions() {
+// `unary`: streaming and the same-host channel off (every payload one gRPC
+// message over TCP).
+rpc::GrpcAgentOptions AgentOptions(bool unary = false) {
   rpc::GrpcAgentOptions o;
+  o.stream.enabled = !unary;
+  if (unary) o.same_host.enabled = false;
   o.rpc_timeout = absl::Minutes(5);
   o.join_timeout = absl::Minutes(2);
   return o;
@@ -429,11 +453,18 @@ int RunServer(int port) {
   OrDie(store->Set("bench/tcp_port", absl::StrCat(tcp.port())), "set");
   OrDie(store->Set("bench/grpc_port", absl::StrCat(grpc_port)), "set");
   auto agent = OrDie(
-      rpc::GrpcAgent::Start("callee", 1, 2, store, AgentOptions(), registry),
+      rpc::GrpcAgent::Start("callee", 1, 3, store, AgentOptions(), registry),
       "starting the callee agent");
+  // A second group whose agents only send unary TCP messages: tensor_echo.
+  auto unary =
+      OrDie(rpc::GrpcAgent::Start(
+                "callee", 1, 2, std::make_shared<PrefixStore>("unary/", store),
+                AgentOptions(/*unary=*/true), registry),
+            "starting the unary callee agent");
   // The caller sets bench/done when it has measured everything.
   OrDie(store->Wait({std::string("bench/done")}, absl::Minutes(20)),
         "waiting for the caller");
+  OrDie(unary->Shutdown(/*graceful=*/true), "unary callee shutdown");
   OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
   grpc_server->Shutdown();
   hop_server->Shutdown();
@@ -539,11 +570,56 @@ struct CallbackBench {
   }
 };
 
+// The same-host channel's counters, printed after its echo rows: what the
+// caller left in place (copied 0 times on send) and received (copied once,
+// by the kernel; the decoder adopts those bytes: shm_channel_test).
+void ReportSameHostCopies(const rpc::GrpcAgent& agent, int64_t n,
+                          uint64_t sent0, uint64_t received0) {
+  const auto& s = agent.same_host().stats();
+  const uint64_t sent = s.bytes_sent.load() - sent0;
+  const uint64_t received = s.bytes_received.load() - received0;
+  std::printf(
+      "%-8s %-20s %12lld sent in place %llu B (copied 0x), received "
+      "%llu B (copied 1x)\n",
+      "ferry", "samehost_copies", static_cast<long long>(n),
+      static_cast<unsigned long long>(sent),
+      static_cast<unsigned long long>(received));
+  std::printf(
+      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": "
+      "\"samehost_copies\", \"unit\": \"bytes\", \"bytes\": %lld, "
+      "\"sent_in_place\": %llu, \"send_copies\": 0, \"received\": %llu, "
+      "\"receive_copies\": 1}\n",
+      static_cast<long long>(n), static_cast<unsigned long long>(sent),
+      static_cast<unsigned long long>(received));
+  std::fflush(stdout);
+}
+
 int RunClient(int port) {
   std::shared_ptr<Store> store = ConnectStore(port);
+  // Both callers join at once (Start returns when the group of 3 is there).
+  std::unique_ptr<rpc::GrpcAgent> tcp_agent;
+  std::thread tcp_start([&] {
+    rpc::GrpcAgentOptions o = AgentOptions();
+    o.same_host.enabled = false;
+    // Its own connection: a store client serves one blocking wait at once.
+    tcp_agent =
+        OrDie(rpc::GrpcAgent::Start("caller_tcp", 2, 3, ConnectStore(port), o),
+              "starting the caller_tcp agent");
+  });
   auto agent =
-      OrDie(rpc::GrpcAgent::Start("caller", 0, 2, store, AgentOptions()),
+      OrDie(rpc::GrpcAgent::Start("caller", 0, 3, store, AgentOptions()),
             "starting the caller agent");
+  tcp_start.join();
+  auto unary =
+      OrDie(rpc::GrpcAgent::Start(
+                "caller", 0, 2, std::make_shared<PrefixStore>("unary/", store),
+                AgentOptions(/*unary=*/true)),
+            "starting the unary caller agent");
+  if (agent->same_host().usable_peers() < 2) {
+    std::fprintf(stderr,
+                 "rpc_bench: the same-host channel is refused here; "
+                 "its rows measure the gRPC fallback\n");
+  }
   const int tcp_port = std::stoi(OrDie(store->Get("bench/tcp_port"), "get"));
   const int grpc_port = std::stoi(OrDie(store->Get("bench/grpc_port"), "get"));
   const int hop_port = std::stoi(OrDie(store->Get("bench/hop_port"), "get"));
@@ -684,25 +760,55 @@ int RunClient(int port) {
     auto [calls, secs] = Windowed(async_calls, 64, noop);
     ReportRate("ferry", "rpc_async_64" + suffix, calls, secs);
   }
-  {
-    for (int64_t n : sizes) {
-      Tensor t = full({n / 4}, 7.0);
+  for (int64_t n : sizes) {
+    Tensor t = full({n / 4}, 7.0);
+    // TCP unary, TCP streamed (caller_tcp), then the same-host channel.
+    for (auto [figure, a] : {std::pair{"tensor_echo", unary.get()},
+                             std::pair{"tensor_echo_stream", tcp_agent.get()},
+                             std::pair{"tensor_echo_samehost", agent.get()}}) {
+      const bool same_host = a == agent.get();
+      const auto& s = a->same_host().stats();
+      const uint64_t sent0 = s.bytes_sent.load();
+      const uint64_t received0 = s.bytes_received.load();
       int64_t got = 0;
-      ReportBandwidth("ferry", "tensor_echo", n,
+      ReportBandwidth("ferry", figure, n,
                       TimeLoop(
                           EchoIters(n),
-                          [&] {
-                            auto r = agent->rpc_sync<Tensor>(1, "echo", t);
+                          [&, a = a] {
+                            auto r = a->rpc_sync<Tensor>(1, "echo", t);
                             if (!r.ok()) Die(r.status().ToString());
                             got = static_cast<int64_t>(r->nbytes());
                           },
                           /*warmup=*/1));
       if (got != n) Die("ferry echo: wrong size");
+      if (same_host) ReportSameHostCopies(*a, n, sent0, received0);
     }
+    std::vector<char> src(n, 7), dst(n, 0);
+    ReportBandwidth("floor", "memcpy_echo", n,
+                    TimeLoop(
+                        EchoIters(n),
+                        [&] {
+                          std::memcpy(dst.data(), src.data(), n);
+                          std::memcpy(src.data(), dst.data(), n);
+                        },
+                        /*warmup=*/1));
+    if (src[n - 1] != 7) Die("memcpy floor: wrong bytes");
   }
 
+  const rpc::StreamStats& ss = tcp_agent->stream_stats();
+  std::printf(
+      "# streamed: %llu requests, %llu replies; %llu payload bytes "
+      "received, all copied once into their tensors' buffer\n",
+      static_cast<unsigned long long>(ss.requests_sent.load()),
+      static_cast<unsigned long long>(ss.replies_received.load()),
+      static_cast<unsigned long long>(ss.bytes_received.load()));
   OrDie(store->Set("bench/done", "1"), "set bench/done");
+  OrDie(unary->Shutdown(/*graceful=*/true), "unary caller shutdown");
+  std::thread tcp_down([&] {
+    OrDie(tcp_agent->Shutdown(/*graceful=*/true), "caller_tcp shutdown");
+  });
   OrDie(agent->Shutdown(/*graceful=*/true), "caller shutdown");
+  tcp_down.join();
   return 0;
 }
 

@@ -28,6 +28,7 @@ BIN="$(bazel info -c opt bazel-bin)/bench/rpc/rpc_bench"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 start=$SECONDS
+echo "== load before: $(uptime)"
 echo "== Ferry + raw gRPC + raw TCP (rpc_bench)"
 "$BIN" --sizes="$sizes" --seconds="$seconds" | tee "$out/ferry.txt"
 echo
@@ -41,5 +42,6 @@ echo "== PyTorch TensorPipe, TCP transport only (uv + basic channel)"
   --sizes="$sizes" --seconds="$seconds" 2> >(grep -v "shutting down\|InitGoogleLogging" >&2) \
   | tee "$out/torch_tcp.txt"
 echo
+echo "== load after: $(uptime)"
 echo "== Side by side ($(nproc) CPUs, loopback; whole run $((SECONDS - start)) s)"
 /usr/bin/python3 bench/rpc/report.py "$out"/*.txt

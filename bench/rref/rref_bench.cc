@@ -10,6 +10,8 @@
 //   remote_to_here_tensor4 remote() of a function returning a 4-float tensor,
 //                          then to_here(), then the RRef dropped (us)
 //   proxy_rpc_sync_noop    rref.rpc_sync().call("noop") on a remote object (us)
+//   remote_to_here_messages requests (by type) per remote()+to_here()+drop,
+//                          over 1000 of them, until settled (repeatable)
 //   create_drop            N remote() RRefs created and dropped at once, until
 //                          the owner has deleted every one (us per RRef), with
 //                          the RRef protocol messages counted per RRef
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "bench/util/procs.h"
+#include "bench/util/requests.h"
 #include "rpc/grpc/init.h"
 #include "rref/rref.h"
 #include "tensor/tensor.h"
@@ -35,6 +39,9 @@ ABSL_FLAG(std::string, role, "", "internal: callee");
 ABSL_FLAG(int, port, 0, "internal: TcpStore port");
 ABSL_FLAG(double, seconds, 5.0, "time per latency figure, over all rounds");
 ABSL_FLAG(int, rrefs, 10000, "RRefs created and dropped");
+ABSL_FLAG(int, delete_flush_delay_us, 2000,
+          "RRefContext::Options::delete_flush_delay (0: each deletion is "
+          "sent at once, as before piggybacking)");
 ABSL_FLAG(int, rounds, 5,
           "interleaved rounds of the latency figures (best round reported)");
 
@@ -53,7 +60,10 @@ class Acc {
 
 absl::Status Install(rpc::Agent& agent,
                      std::shared_ptr<rref::RRefContext>* out) {
-  auto ctx = rref::RRefContext::Create(&agent);
+  rref::RRefContext::Options o;
+  o.delete_flush_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_delete_flush_delay_us));
+  auto ctx = rref::RRefContext::Create(&agent, o);
   if (!ctx.ok()) return ctx.status();
   (*ctx)->classes().RegisterClass<Acc>("Acc").Constructor<int64_t>().Method(
       "noop", &Acc::Noop);
@@ -98,6 +108,19 @@ int RunCallee(int port) {
   return 0;
 }
 
+void CountRemoteToHereMessages(rpc::Agent& agent, rref::RRefContext& ctx) {
+  std::shared_ptr<bench::RequestCounter> counter =
+      bench::RequestCounter::Install(agent);
+  constexpr int kOps = 1000;
+  for (int i = 0; i < kOps; ++i) {
+    auto r = rref::remote<Tensor>(ctx, "callee", "tensor4");
+    OrDie(r.to_here(absl::Seconds(60)).status(), "to_here");
+  }
+  OrDie(ctx.AwaitSettled(absl::Seconds(60)), "settle");
+  bench::PrintRequests("rref", "remote_to_here_messages", "op", {},
+                       counter->Snapshot(), kOps);
+}
+
 int RunCaller(int port) {
   std::shared_ptr<rref::RRefContext> ctx;
   setenv("FERRY_USE_AGENT_STORE", "1", 1);
@@ -122,6 +145,7 @@ int RunCaller(int port) {
   for (size_t i = 0; i < names.size(); ++i) Report(names[i], stats[i]);
   acc = rref::RRef<Acc>();
   OrDie(ctx->AwaitSettled(absl::Seconds(60)), "settle");
+  CountRemoteToHereMessages(*agent, *ctx);
 
   const int n = absl::GetFlag(FLAGS_rrefs);
   const auto before = ctx->messages_sent();

@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <utility>
 
@@ -22,6 +21,7 @@
 #include "c10d/gloo/gloo_backend.h"
 #include "c10d/reduce.h"
 #include "common/executor.h"
+#include "common/same_host.h"
 #include "common/status.h"
 #include "store/prefix_store.h"
 
@@ -58,35 +58,6 @@ size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 std::string ErrnoText(absl::string_view what, const std::string& name) {
   return absl::StrCat(what, " ", name, ": ", std::strerror(errno));
-}
-
-// Identity of this host as the group sees it: boot id, the /dev/shm
-// instance, and the network namespace. Ranks in different network
-// namespaces count as different hosts (that is how tests emulate hosts, and
-// it keeps such groups on the network), although they could share memory.
-std::string HostIdentity() {
-  std::string boot;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, boot);
-  struct stat shm {
-  }, net{};
-  if (::stat("/dev/shm", &shm) != 0 || ::stat("/proc/self/ns/net", &net) != 0) {
-    return "";
-  }
-  return absl::StrCat(boot, "/", shm.st_dev, ":", shm.st_ino,
-                      "/net:", net.st_ino);
-}
-
-// False once `pid` has exited, also while it is an unreaped zombie (a
-// launcher may reap its children late).
-bool ProcessAlive(int64_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat;
-  if (!std::getline(in, stat)) return false;
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return true;
-  const char state = stat[paren + 2];
-  return state != 'Z' && state != 'X';
 }
 
 std::string SignatureText(const ShmBackend::Signature& s) {

@@ -76,8 +76,10 @@ struct GrpcAgent::OutgoingCall {
   grpc::ByteBuffer request;
   grpc::ByteBuffer response;
   // Set for a streamed call (request and response unused).
-  std::unique_ptr<grpc_agent::ClientStream> stream;
+  std::shared_ptr<grpc_agent::ClientStream> stream;
   uint64_t bytes_out = 0;
+  // Keeps a same-host payload readable until the call ends.
+  std::shared_ptr<void> same_host_lease;
   Promise<Message> promise;
 };
 
@@ -100,6 +102,20 @@ GrpcAgent::GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
       store_(std::move(store)),
       start_time_(absl::Now()) {}
 
+absl::Status GrpcAgent::NegotiateSameHost(const std::vector<WorkerInfo>& group,
+                                          int rank) {
+  absl::Status s =
+      same_host_->Negotiate(*store_, group, rank, grpc_options_.join_timeout);
+  if (!s.ok()) {
+    return Annotate(s, absl::StrCat("worker '", group[rank].name,
+                                    "' negotiating the same-host channel"));
+  }
+  FERRY_LOG(INFO) << "worker '" << group[rank].name
+                  << "': same-host channel to " << same_host_->usable_peers()
+                  << " of " << group.size() << " workers";
+  return absl::OkStatus();
+}
+
 absl::Status GrpcAgent::CheckArguments(const std::string& name,
                                        const Store* store) {
   if (name.empty() || name.find('\n') != std::string::npos) {
@@ -116,6 +132,10 @@ absl::Status GrpcAgent::CheckArguments(const std::string& name,
 absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
   // The executor exists before the server can take a request.
   SetSelf(self);
+  grpc_agent::SameHostOptions same_host = grpc_options_.same_host;
+  same_host.enabled = same_host.enabled && !grpc_options_.tls.enabled();
+  same_host_ =
+      std::make_shared<grpc_agent::SameHostChannel>(same_host, self.name);
   if (grpc_options_.before_serving) {
     absl::Status installed = grpc_options_.before_serving(*this);
     if (!installed.ok()) {
@@ -141,14 +161,21 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   absl::StatusOr<std::string> address =
       agent->Serve(WorkerInfo{name, rank, ""});
   if (!address.ok()) return address.status();
+  absl::Status published = agent->same_host_->Publish(*agent->store_, rank);
+  if (!published.ok()) {
+    agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return Annotate(published, absl::StrCat("worker '", name, "' joining"));
+  }
   // The server runs: self() is not written again (SetWorkers fills in its
   // address along with the group, which handlers wait for).
   absl::StatusOr<std::vector<WorkerInfo>> group =
       grpc_agent::JoinGroup(agent->store_, WorkerInfo{name, rank, *address},
                             world_size, agent->grpc_options_.join_timeout);
-  if (!group.ok()) {
+  absl::Status negotiated =
+      group.ok() ? agent->NegotiateSameHost(*group, rank) : group.status();
+  if (!negotiated.ok()) {
     agent->Shutdown(/*graceful=*/false).IgnoreError();
-    return group.status();
+    return negotiated;
   }
   agent->SetWorkers(*std::move(group));
   agent->OpenChannels();
@@ -347,6 +374,14 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   absl::StatusOr<grpc_agent::EncodedParts> encoded =
       grpc_agent::EncodeRequestParts(request, call->start,
                                      grpc_options_.wire_limits);
+  uint64_t payload_bytes = 0;
+  if (encoded.ok()) {
+    payload_bytes = encoded->bytes();
+    // The same-host channel takes precedence over streaming: what it takes
+    // leaves a small envelope.
+    grpc_agent::OfferSameHost(*encoded, {same_host_.get(), to.id},
+                              &call->same_host_lease);
+  }
   if (encoded.ok() &&
       grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes())) {
     absl::Status size = grpc_agent::CheckStreamSize(
@@ -363,10 +398,10 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
             : absl::StrCat("encoding ", request.DebugString(), " for worker '",
                            to.name, "'")));
   }
-  call->bytes_out = encoded->bytes();
-  if (grpc_agent::ShouldStream(grpc_options_.stream, call->bytes_out)) {
+  call->bytes_out = payload_bytes;
+  if (grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes())) {
     OutgoingCall* raw = call.get();
-    call->stream = std::make_unique<grpc_agent::ClientStream>(
+    call->stream = std::make_shared<grpc_agent::ClientStream>(
         *std::move(encoded),
         grpc_agent::ClientStream::Config{
             &grpc_options_.stream, &grpc_options_.wire_limits,
@@ -395,11 +430,14 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     outgoing_.emplace(raw->id, call.release());
     peer = PeerFor(to);
   }
+  // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
+  // stream's reactor stays alive until Start returns).
+  std::shared_ptr<grpc_agent::ClientStream> stream = raw->stream;
   // gRPC runs the completion callback on its own thread once the call is
   // done; its completion queue orders that after this hand-off.
   FERRY_TSAN_RELEASE(raw);
-  if (raw->stream != nullptr) {
-    raw->stream->Start(peer->stub.get(), &raw->context);
+  if (stream != nullptr) {
+    stream->Start(peer->stub.get(), &raw->context);
     return result;
   }
   peer->stub->UnaryCall(
@@ -418,10 +456,11 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   // A stream that failed on this side cancelled its call: its error counts.
   if (status.ok() || (call->stream && !call->stream->error().ok())) {
     absl::StatusOr<Result<Message>> reply =
-        call->stream
-            ? call->stream->DecodeReply(&bytes_in)
-            : grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
-                                      &bytes_in);
+        call->stream ? call->stream->DecodeReply(&bytes_in,
+                                                 {same_host_.get(), call->peer})
+                     : grpc_agent::DecodeReply(
+                           call->response, grpc_options_.wire_limits, &bytes_in,
+                           {same_host_.get(), call->peer});
     if (!reply.ok()) {
       result = Annotate(reply.status(), absl::StrCat("reply from ", where));
     } else {

@@ -7,8 +7,10 @@
 // are refused with Unimplemented naming the worker and type.
 //
 // Messages travel as proto/rpc.proto envelopes whose payload is the
-// zero-copy wire encoding of the Value (tensors are not copied). Replies
-// complete Send's future on gRPC's callback thread.
+// zero-copy wire encoding of the Value (tensors are not copied); payloads of
+// GrpcAgentOptions::stream.threshold_bytes or more are streamed in pieces
+// (rpc/grpc/stream.h). Replies complete Send's future on gRPC's callback
+// thread.
 //
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).
@@ -45,6 +47,7 @@
 #include "absl/time/time.h"
 #include "common/sync.h"
 #include "rpc/agent.h"
+#include "rpc/grpc/shm_channel.h"
 #include "rpc/grpc/stats.h"
 #include "rpc/grpc/stream.h"
 #include "rpc/grpc/tls.h"
@@ -88,6 +91,11 @@ struct GrpcAgentOptions : Agent::Options {
   // It runs code paths on operator input, so enable it only where the
   // admin port is trusted (TLS with client certificates, or loopback).
   bool enable_admin_invoke = false;
+  // Same-host channel (rpc/grpc/shm_channel.h): tensor payloads to workers
+  // on this host go through cross-memory attach instead of TCP where both
+  // sides allow it. Off with `same_host.enabled = false`,
+  // FERRY_RPC_SAME_HOST=0, or TLS (whose peers are not trusted with memory).
+  grpc_agent::SameHostOptions same_host;
 };
 
 namespace grpc_agent {
@@ -129,6 +137,8 @@ class GrpcAgent final : public Agent {
   int64_t calls_in_flight() const;
   size_t executor_queue_depth() const { return ExecutorQueueDepth(); }
   absl::Time start_time() const { return start_time_; }
+  // The same-host channel (counters, usable peers); never null.
+  grpc_agent::SameHostChannel& same_host() const { return *same_host_; }
 
  private:
   friend class grpc_agent::WorkerService;
@@ -160,6 +170,9 @@ class GrpcAgent final : public Agent {
   // Leave's announcement: the log event, the barrier (static members), the
   // notices.
   absl::Status AnnounceLeave(absl::Time deadline);
+  // Settles the same-host channel with the joined group (shm_channel.h).
+  absl::Status NegotiateSameHost(const std::vector<WorkerInfo>& group,
+                                 int rank);
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
   void CallDone(OutgoingCall* call, const grpc::Status& status);
@@ -179,6 +192,8 @@ class GrpcAgent final : public Agent {
   int static_size_ = 0;
 
   RpcStats stats_;
+  // Created before the server; negotiated before the group is known.
+  std::shared_ptr<grpc_agent::SameHostChannel> same_host_;
   StreamStats stream_stats_;
   std::unique_ptr<grpc_agent::WorkerService> worker_service_;
   std::unique_ptr<grpc_agent::AdminService> admin_service_;

@@ -92,12 +92,22 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     const testing::ClusterSpec& spec) {
-  return Start(spec, {});
+  GrpcAgentOptions options;
+  options.same_host.enabled = false;
+  return Start(spec, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
+    const testing::ClusterSpec& spec) {
+  GrpcAgentOptions options;
+  options.same_host.min_bytes = 1;
+  return Start(spec, std::move(options));
 }
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
     const testing::ClusterSpec& spec) {
   GrpcAgentOptions options;
+  options.same_host.enabled = false;
   options.stream.threshold_bytes = 0;
   options.stream.piece_bytes = 256;
   return Start(spec, std::move(options));

@@ -10,9 +10,14 @@
 
 namespace ferry::rpc::grpc_agent {
 
+// Payloads travel in the gRPC envelopes (the same-host channel is off).
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     const testing::ClusterSpec& spec);
-// The same with every message streamed (rpc/grpc/stream.h: threshold 0,
+// Every payload with a tensor byte takes the same-host channel
+// (rpc/grpc/shm_channel.h); envelopes still travel over gRPC.
+absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
+    const testing::ClusterSpec& spec);
+// Over gRPC with every message streamed (rpc/grpc/stream.h: threshold 0,
 // small pieces), so the suite runs over CallStream.
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
     const testing::ClusterSpec& spec);

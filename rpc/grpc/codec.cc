@@ -35,8 +35,25 @@ AutogradFields FromProto(const v1::AutogradFields& p) {
                         GlobalId::FromValue(p.message_id()), p.retain_graph()};
 }
 
-absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts, Value if_absent,
-                                    const WireLimits& limits) {
+// A payload in the envelope, or (`same_host` set) in the peer's memory.
+absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts,
+                                    const v1::SameHostPayload* same_host,
+                                    Value if_absent, const WireLimits& limits,
+                                    const SameHostLink& link) {
+  if (same_host != nullptr) {
+    if (!parts.payload.empty()) {
+      return absl::InvalidArgumentError(
+          "envelope: both a payload and a same-host payload");
+    }
+    if (link.channel == nullptr) {
+      return absl::FailedPreconditionError(
+          "envelope: a same-host payload where no same-host channel is set "
+          "up");
+    }
+    ASSIGN_OR_RETURN(WireChunk whole,
+                     link.channel->Fetch(link.peer, *same_host, limits));
+    return DecodeValue(absl::MakeConstSpan(&whole, 1), limits);
+  }
   if (parts.payload.empty()) return if_absent;
   return DecodeValue(absl::MakeConstSpan(parts.payload), limits);
 }
@@ -47,6 +64,21 @@ absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
                                              const WireLimits& limits) {
   ASSIGN_OR_RETURN(EncodedParts parts, EncodeRequestParts(m, now, limits));
   return ToEnvelope(std::move(parts));
+}
+
+bool OfferSameHost(EncodedParts& parts, const SameHostLink& link,
+                   std::shared_ptr<void>* lease) {
+  if (link.channel == nullptr) return false;
+  // Field 14 is `same_host` in RpcRequest and RpcResponse alike; appending
+  // its encoding to the serialized fields sets it.
+  v1::RpcRequest carrier;
+  if (!link.channel->Offer(link.peer, parts.payload,
+                           carrier.mutable_same_host(), lease)) {
+    return false;
+  }
+  carrier.AppendToString(&parts.header);
+  parts.payload = EncodedValue();
+  return true;
 }
 
 EncodedMessage ToEnvelope(EncodedParts parts) {
@@ -91,7 +123,8 @@ absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer) {
 
 absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
                                       absl::Time received_at,
-                                      const WireLimits& limits) {
+                                      const WireLimits& limits,
+                                      SameHostLink link) {
   const v1::RpcRequest& h = r.header;
   Message m;
   m.type = static_cast<MessageType>(h.type());
@@ -106,7 +139,8 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
   if (h.has_autograd()) m.autograd = FromProto(h.autograd());
   for (const auto& [k, v] : h.context()) m.context.emplace(k, v);
   absl::StatusOr<Value> payload =
-      DecodePayload(r.parts, Value::FromList({}), limits);
+      DecodePayload(r.parts, h.has_same_host() ? &h.same_host() : nullptr,
+                    Value::FromList({}), limits, link);
   if (!payload.ok()) {
     return Annotate(payload.status(), m.type == MessageType::kCall
                                           ? "decoding the arguments"
@@ -144,14 +178,16 @@ absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
 
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
-                                            uint64_t* bytes) {
+                                            uint64_t* bytes,
+                                            SameHostLink link) {
   ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(buffer));
-  return DecodeReplyParts(parts, limits, bytes);
+  return DecodeReplyParts(parts, limits, bytes, link);
 }
 
 absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
                                                  const WireLimits& limits,
-                                                 uint64_t* bytes) {
+                                                 uint64_t* bytes,
+                                                 SameHostLink link) {
   v1::RpcResponse h;
   if (!h.ParseFromString(parts.header)) {
     return absl::InvalidArgumentError("envelope: malformed RpcResponse fields");
@@ -168,7 +204,10 @@ absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
   m.type = static_cast<MessageType>(h.type());
   if (h.has_rref()) m.rref = FromProto(h.rref());
   if (h.has_autograd()) m.autograd = FromProto(h.autograd());
-  ASSIGN_OR_RETURN(m.payload, DecodePayload(parts, Value::None(), limits));
+  ASSIGN_OR_RETURN(
+      m.payload,
+      DecodePayload(parts, h.has_same_host() ? &h.same_host() : nullptr,
+                    Value::None(), limits, link));
   return Result<Message>(std::move(m));
 }
 

@@ -19,6 +19,7 @@
 #include "common/future.h"
 #include "proto/rpc.pb.h"
 #include "rpc/grpc/envelope.h"
+#include "rpc/grpc/shm_channel.h"
 #include "rpc/message.h"
 #include "tensor/wire.h"
 
@@ -48,6 +49,22 @@ absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
                                               const WireLimits& limits);
 EncodedMessage ToEnvelope(EncodedParts parts);
 
+// The same-host channel a message may use, and the peer's rank (the callee
+// for requests sent and replies received, the caller for requests received
+// and replies sent). No channel: payloads travel in the envelope.
+struct SameHostLink {
+  SameHostChannel* channel = nullptr;
+  int peer = -1;
+};
+// Leaves the payload of `parts` in place when the same-host channel takes
+// it (shm_channel.h): its descriptor joins the header and the payload is
+// emptied, so the envelope is small (and never streamed: the channel takes
+// precedence). With `lease` (a request), the payload stays readable until
+// *lease is destroyed; a reply's lives until the peer acknowledges it.
+// Returns whether the channel took it.
+bool OfferSameHost(EncodedParts& parts, const SameHostLink& link,
+                   std::shared_ptr<void>* lease);
+
 // Splits a received request; the header is parsed, the payload left as
 // chunks (decode it with DecodeRequest, off the transport thread).
 struct ReceivedRequest {
@@ -55,9 +72,11 @@ struct ReceivedRequest {
   EnvelopeParts parts;
 };
 absl::StatusOr<ReceivedRequest> SplitRequest(const grpc::ByteBuffer& buffer);
+// A same-host payload is fetched through `link` (an error without one).
 absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& received,
                                       absl::Time received_at,
-                                      const WireLimits& limits);
+                                      const WireLimits& limits,
+                                      SameHostLink link = {});
 
 // A handler's reply or error. An error the reply cannot be encoded with is
 // returned as the status (the caller then fails the RPC with it).
@@ -68,11 +87,13 @@ absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
 // envelope or payload.
 absl::StatusOr<Result<Message>> DecodeReply(const grpc::ByteBuffer& buffer,
                                             const WireLimits& limits,
-                                            uint64_t* bytes);
+                                            uint64_t* bytes,
+                                            SameHostLink link = {});
 // The same from a reply already split (or reassembled from a stream).
 absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
                                                  const WireLimits& limits,
-                                                 uint64_t* bytes);
+                                                 uint64_t* bytes,
+                                                 SameHostLink link = {});
 
 }  // namespace ferry::rpc::grpc_agent
 

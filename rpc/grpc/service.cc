@@ -135,17 +135,19 @@ void WorkerService::Serve(absl::Time start,
                                                : MessageTypeName(type);
   const uint64_t bytes_in = received->parts.total_bytes;
   const WireLimits limits = agent_->grpc_options_.wire_limits;
+  const SameHostLink link{agent_->same_host_.get(),
+                          static_cast<int>(received->header.caller_id())};
   GrpcAgent* agent = agent_;
   // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
   agent_
       ->Dispatch(type, received->header.function(),
-                 [received, start, limits]() mutable {
+                 [received, start, limits, link]() mutable {
                    absl::StatusOr<Message> m =
-                       DecodeRequest(*received, start, limits);
+                       DecodeRequest(*received, start, limits, link);
                    received.reset();  // Release the request's slices early.
                    return m;
                  })
-      .OnComplete([agent, reply = std::move(reply), start, bytes_in,
+      .OnComplete([agent, reply = std::move(reply), start, bytes_in, link,
                    key = std::move(key),
                    slot = std::move(slot)](const Result<Message>& result) {
         absl::StatusOr<EncodedParts> encoded =
@@ -160,8 +162,11 @@ void WorkerService::Serve(absl::Time start,
                 nullptr);
           return;
         }
+        const uint64_t bytes_out = encoded->bytes();
+        // Taken by the same-host channel, the reply is small: never streamed.
+        OfferSameHost(*encoded, link, /*lease=*/nullptr);
         agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
-                             !result.ok(), bytes_in, encoded->bytes());
+                             !result.ok(), bytes_in, bytes_out);
         reply(grpc::Status::OK, &*encoded);
       });
 }

@@ -1,6 +1,8 @@
 // The Worker gRPC service of a GrpcAgent: receives envelopes, hands them to
 // the agent's handlers (on its executor; a function registered non-blocking
-// runs on gRPC's thread), and sends the encoded reply.
+// runs on gRPC's thread), and sends the encoded reply. Call takes one unary
+// message; CallStream a large payload in pieces (rpc/grpc/stream.h), then
+// runs it through the same Admit and Serve steps.
 // Malformed envelopes are refused with InvalidArgument naming the worker;
 // message types without a handler with Unimplemented; calls over the
 // in-flight caps (GrpcAgentOptions) with ResourceExhausted naming the limit.

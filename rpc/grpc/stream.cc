@@ -170,14 +170,18 @@ void ClientStream::Start(grpc::GenericStub* stub,
   config_.stats->requests_sent.fetch_add(1, std::memory_order_relaxed);
   stub->PrepareBidiStreamingCall(context, kCallStreamMethod,
                                  grpc::StubOptions(), this);
-  FERRY_TSAN_RELEASE(this);  // gRPC orders our callbacks after these calls.
+  // Each release right before a Start*: gRPC orders the matching callback
+  // after it.
+  FERRY_TSAN_RELEASE(this);
   StartRead(&in_);
   WriteNext();
+  FERRY_TSAN_RELEASE(this);
   StartCall();
 }
 
 void ClientStream::WriteNext() {
   writer_.Next(&out_, &out_bytes_);
+  FERRY_TSAN_RELEASE(this);
   if (writer_.last()) {
     StartWriteLast(&out_, grpc::WriteOptions());
   } else {
@@ -190,9 +194,10 @@ void ClientStream::OnWriteDone(bool ok) {
   if (!ok) return;  // The call failed; OnDone has its status.
   config_.stats->bytes_sent.fetch_add(out_bytes_, std::memory_order_relaxed);
   out_.Clear();
-  if (writer_.last()) return;
+  if (!writer_.last()) WriteNext();
+  // Our reads of gRPC's stream pointer (inline in Start*) come before OnDone,
+  // which gRPC runs only after this callback returned.
   FERRY_TSAN_RELEASE(this);
-  WriteNext();
 }
 
 void ClientStream::OnReadDone(bool ok) {
@@ -202,10 +207,11 @@ void ClientStream::OnReadDone(bool ok) {
   in_.Clear();
   if (!received.ok()) {
     Fail(std::move(received));
-    return;
+  } else {
+    FERRY_TSAN_RELEASE(this);
+    StartRead(&in_);  // The next piece, or the end of the stream.
   }
-  FERRY_TSAN_RELEASE(this);
-  StartRead(&in_);  // The next piece, or the end of the stream.
+  FERRY_TSAN_RELEASE(this);  // As in OnWriteDone.
 }
 
 absl::Status ClientStream::Receive() {
@@ -253,14 +259,15 @@ void ClientStream::OnDone(const grpc::Status& status) {
   done_(status);
 }
 
-absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in) {
+absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in,
+                                                          SameHostLink link) {
   if (!error_.ok()) return error_;
   if (!reply_complete_) {
     return absl::InvalidArgumentError(
         absl::StrCat("stream: the reply ended after ", assembler_.received(),
                      " of ", assembler_.total(), " payload bytes"));
   }
-  return DecodeReplyParts(reply_, *config_.limits, bytes_in);
+  return DecodeReplyParts(reply_, *config_.limits, bytes_in, link);
 }
 
 // ---------------------------------------------------------------------------
@@ -272,10 +279,7 @@ class ServerStream final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ServerStream(WorkerService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context), start_(absl::Now()) {
-    FERRY_TSAN_RELEASE(this);  // gRPC orders OnReadDone after StartRead.
-    StartRead(&in_);
-  }
+      : service_(service), context_(context), start_(absl::Now()) {}
 
   void OnReadDone(bool ok) override {
     FERRY_TSAN_ACQUIRE(this);
@@ -294,8 +298,7 @@ class ServerStream final
     } else if (*complete) {
       Dispatch();
     } else {
-      FERRY_TSAN_RELEASE(this);
-      StartRead(&in_);
+      Read();
     }
   }
 
@@ -319,6 +322,26 @@ class ServerStream final
   }
 
  private:
+  // The reactor drives gRPC's stream object itself, as CallReactor does for
+  // unary calls (rpc/grpc/service.cc): the base class's Start* methods read
+  // its members after the call is handed over, which TSAN cannot order
+  // before OnDone's delete. Each operation below reads `stream_` into a
+  // local first, releases, and touches nothing of this object afterwards.
+  // gRPC binds the stream (once, before any operation) right after
+  // CallStream returned the reactor; the first read starts there.
+  void InternalBindStream(
+      grpc::ServerCallbackReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*
+          stream) override {
+    stream_ = stream;
+    Read();
+  }
+
+  void Read() {
+    auto* stream = stream_;
+    FERRY_TSAN_RELEASE(this);  // gRPC orders OnReadDone after Read.
+    stream->Read(&in_);
+  }
+
   // Takes one message; true once the request is complete.
   absl::StatusOr<bool> Receive() {
     const bool first = request_ == nullptr;
@@ -372,8 +395,7 @@ class ServerStream final
     const GrpcAgentOptions& options = service_->options();
     if (!ShouldStream(options.stream, parts->bytes())) {
       out_ = ToEnvelope(std::move(*parts)).buffer;
-      FERRY_TSAN_RELEASE(this);
-      StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
+      WriteLast();
       return;
     }
     absl::Status size = CheckStreamSize(
@@ -391,25 +413,37 @@ class ServerStream final
 
   void WriteNext() {
     writer_->Next(&out_, &out_bytes_);
-    FERRY_TSAN_RELEASE(this);
     if (writer_->last()) {
       // No OnWriteDone for this one: counted as handed over.
       service_->stream_stats()->bytes_sent.fetch_add(out_bytes_,
                                                      std::memory_order_relaxed);
-      StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
-    } else {
-      StartWrite(&out_);
+      WriteLast();
+      return;
     }
+    auto* stream = stream_;
+    FERRY_TSAN_RELEASE(this);  // gRPC orders OnWriteDone after Write.
+    stream->Write(&out_, grpc::WriteOptions());
+  }
+
+  // Writes `out_` and the OK status.
+  void WriteLast() {
+    auto* stream = stream_;
+    FERRY_TSAN_RELEASE(this);  // gRPC orders OnDone after this.
+    stream->WriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
   void FinishWith(const absl::Status& error) {
-    FERRY_TSAN_RELEASE(this);
-    Finish(ToGrpcStatus(error));
+    grpc::Status status = ToGrpcStatus(error);
+    auto* stream = stream_;
+    FERRY_TSAN_RELEASE(this);  // gRPC orders OnDone after Finish.
+    stream->Finish(std::move(status));
   }
 
   WorkerService* const service_;
   grpc::CallbackServerContext* const context_;
   const absl::Time start_;
+  grpc::ServerCallbackReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>*
+      stream_ = nullptr;
   grpc::ByteBuffer in_;
   grpc::ByteBuffer out_;
   uint64_t out_bytes_ = 0;

@@ -143,8 +143,9 @@ class PieceAssembler {
   uint64_t received_ = 0;
 };
 
-// One streamed outgoing call. Owned by the agent's OutgoingCall, which the
-// done callback (run from OnDone, the reactor's last event) may delete.
+// One streamed outgoing call. Shared by the agent's OutgoingCall, which the
+// done callback (run from OnDone, the reactor's last event) deletes, and the
+// thread that runs Start, which holds it until Start returned.
 class ClientStream final
     : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -160,7 +161,9 @@ class ClientStream final
   void Start(grpc::GenericStub* stub, grpc::ClientContext* context);
   // After done: the decoded reply, or the stream's own error (a reply over
   // the limits, a malformed or truncated reply) when there was one.
-  absl::StatusOr<Result<Message>> DecodeReply(uint64_t* bytes_in);
+  // `link`: a reply the peer left on the same-host channel is fetched there.
+  absl::StatusOr<Result<Message>> DecodeReply(uint64_t* bytes_in,
+                                              SameHostLink link = {});
   // Set when the stream failed on this side (the call was cancelled for it).
   const absl::Status& error() const { return error_; }
 

@@ -33,6 +33,8 @@ constexpr size_t kPiece = 16 << 10;
 
 GrpcAgentOptions Streamed() {
   GrpcAgentOptions o;
+  // In one process the same-host channel would take these payloads first.
+  o.same_host.enabled = false;
   o.stream.threshold_bytes = kThreshold;
   o.stream.piece_bytes = kPiece;
   return o;
@@ -250,6 +252,7 @@ TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   auto max_ahead = std::make_shared<std::atomic<uint64_t>>(0);
   auto pieces = std::make_shared<std::atomic<int>>(0);
   GrpcAgentOptions slow;
+  slow.same_host.enabled = false;  // As in Streamed().
   slow.stream.piece_bytes = kBigPiece;
   slow.stream.after_piece_received = [=](uint64_t received, uint64_t total) {
     if (total < kBytes) return;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,8 @@ namespace {
 class Group {
  public:
   // Starts ranks 1..world-1 as processes; the test joins as rank 0.
-  absl::Status Start(int world) {
+  absl::Status Start(int world,
+                     const std::map<std::string, std::string>& env = {}) {
     TcpStoreServer::Options so;
     so.host = "127.0.0.1";
     ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
@@ -34,6 +36,7 @@ class Group {
                      {"MASTER_ADDR", "127.0.0.1"},
                      {"MASTER_PORT", port},
                      {"FERRY_USE_AGENT_STORE", "1"}};
+      for (const auto& [k, v] : env) options.env[k] = v;
       ASSIGN_OR_RETURN(
           auto child,
           testutil::Subprocess::Spawn(
@@ -56,6 +59,7 @@ class Group {
   }
 
   Agent& agent() { return *agent_; }
+  GrpcAgent& grpc_agent() { return *agent_; }
   // Rank r's process (r >= 1).
   testutil::Subprocess& worker(int r) { return *workers_[r - 1]; }
   int workers() const { return static_cast<int>(workers_.size()); }
@@ -147,6 +151,37 @@ TEST(MultiProcessRpc, KilledPeerFailsTheCallWithinTheTimeout) {
   auto again = g.agent().rpc_sync<int64_t>("worker1", "pid");
   EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable)
       << again.status();
+}
+
+// The peer dies while a large argument streams to it (it reads slowly, so the
+// stream is still running): the call fails within the timeout naming it.
+TEST(MultiProcessRpc, PeerKilledMidStreamFailsTheCallNamingIt) {
+  Group g;
+  absl::Status started = g.Start(2, {{"FERRY_TEST_SLOW_STREAM", "1"}});
+  ASSERT_TRUE(started.ok()) << started;
+  constexpr int64_t kBytes = int64_t{128} << 20;  // Each of 2 arguments.
+  Tensor big = ones({kBytes / 4});
+  const StreamStats& out = g.grpc_agent().stream_stats();
+  Future<Value> call = g.agent().CallAsync(
+      "worker1", "add", {Value::FromTensor(big), Value::FromTensor(big)},
+      absl::Seconds(60));
+  // Mid-stream: some pieces written, far from all (the peer takes >= 0.5 s).
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (out.bytes_sent.load() < (uint64_t{8} << 20) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const uint64_t sent = out.bytes_sent.load();
+  ASSERT_GE(sent, uint64_t{8} << 20) << "the stream never started";
+  absl::Time killed = absl::Now();
+  ASSERT_TRUE(g.worker(1).Signal(SIGKILL).ok());
+  EXPECT_LT(sent, uint64_t{2 * kBytes}) << "the stream ended before the kill";
+  Result<Value> r = call.Get(absl::Seconds(90));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("worker 'worker1'"), std::string::npos)
+      << r.status();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(30));
+  EXPECT_EQ(out.requests_sent.load(), 1u);
 }
 
 }  // namespace

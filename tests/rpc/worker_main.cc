@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/sync.h"
 #include "rpc/grpc/init.h"
 #include "tensor/tensor.h"
@@ -42,6 +43,13 @@ int main() {
   ferry::rpc::GrpcAgentOptions options;
   options.join_timeout = absl::Seconds(60);
   options.before_serving = ferry::rpc::toy::Install;
+  // A slow receiver of streamed payloads (2 ms per piece), for the test that
+  // kills this process mid-stream.
+  if (std::getenv("FERRY_TEST_SLOW_STREAM") != nullptr) {
+    options.stream.after_piece_received = [](uint64_t, uint64_t) {
+      absl::SleepFor(absl::Milliseconds(2));
+    };
+  }
   auto agent = ferry::rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1,
                                    -1, options, registry);
   if (!agent.ok()) {

@@ -1,0 +1,462 @@
+#include "rpc/grpc/shm_channel.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/same_host.h"
+#include "common/status.h"
+#include "store/prefix_store.h"
+#include "tensor/storage.h"
+
+namespace ferry::rpc::grpc_agent {
+namespace {
+
+// Bytes and pieces one process_vm_readv moves at most: the kernel caps a
+// call at 2 GiB - 1 page, and IOV_MAX is 1024.
+constexpr size_t kMaxCallBytes = size_t{1} << 30;
+constexpr size_t kMaxIovecs = 512;
+// Regions (tensors) one payload may describe; a Value with more tensors
+// goes over gRPC, and a descriptor with more is refused as malformed.
+constexpr int kMaxRegions = 1 << 16;
+
+// Store keys: "<prefix>/<rank>" (records), "<prefix>/readable/<rank>".
+constexpr char kPrefix[] = "rpc/same_host";
+
+bool EnvDisabled() {
+  const char* v = std::getenv("FERRY_RPC_SAME_HOST");
+  return v != nullptr && std::string(v) == "0";
+}
+
+uint64_t RandomNonZero() {
+  std::random_device rd;
+  uint64_t v = (uint64_t{rd()} << 32) ^ rd();
+  return v == 0 ? 1 : v;
+}
+
+// Reads `size` bytes at `remote` in `pid` into `local`.
+absl::Status ReadWord(pid_t pid, uint64_t remote, uint64_t* local) {
+  iovec l{local, sizeof(*local)};
+  iovec r{reinterpret_cast<void*>(remote), sizeof(*local)};
+  ssize_t n = ::process_vm_readv(pid, &l, 1, &r, 1, 0);
+  if (n == static_cast<ssize_t>(sizeof(*local))) return absl::OkStatus();
+  return absl::ErrnoToStatus(n < 0 ? errno : EFAULT, "process_vm_readv");
+}
+
+absl::Status PeerError(const absl::Status& cause, const std::string& who,
+                       pid_t pid) {
+  const int e = cause.code() == absl::StatusCode::kNotFound ? ESRCH : 0;
+  if (e == ESRCH || !ProcessAlive(pid)) {
+    return absl::UnavailableError(
+        absl::StrCat("same-host channel: worker '", who, "' (pid ", pid,
+                     ") exited before its payload was read"));
+  }
+  if (cause.code() == absl::StatusCode::kPermissionDenied) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("same-host channel: reading worker '", who, "' (pid ", pid,
+                     ") is not permitted (ptrace access): ", cause.message()));
+  }
+  return absl::AbortedError(absl::StrCat(
+      "same-host channel: the payload of worker '", who, "' (pid ", pid,
+      ") is gone (released before it was read): ", cause.message()));
+}
+
+}  // namespace
+
+struct alignas(64) SameHostChannel::Slot {
+  std::atomic<uint64_t> token{0};  // The live lease's nonce, 0 when free.
+  std::atomic<uint64_t> ack{0};    // Written by the reader (another process).
+};
+
+// Receive buffers whose tensors are all gone, kept for the next payload of
+// about their size: fresh memory costs a page fault and the kernel zeroing
+// every page before the copy, which halves the channel's bandwidth. Bounded
+// by count and bytes; shared with the storages so it may outlive the
+// channel.
+struct SameHostChannel::BufferPool {
+  static constexpr size_t kMaxBuffers = 4;
+  static constexpr size_t kMaxBytes = size_t{1} << 30;
+  Mutex mu;
+  std::vector<Storage> free ABSL_GUARDED_BY(mu);
+
+  // A buffer of at least `n` bytes (and at most 2n), or none.
+  Storage Take(size_t n) {
+    MutexLock lock(&mu);
+    for (size_t i = 0; i < free.size(); ++i) {
+      if (free[i].nbytes() >= n && free[i].nbytes() <= 2 * n) {
+        Storage s = std::move(free[i]);
+        free.erase(free.begin() + i);
+        return s;
+      }
+    }
+    return Storage();
+  }
+  void Give(Storage s) {
+    MutexLock lock(&mu);
+    size_t bytes = s.nbytes();
+    for (const Storage& f : free) bytes += f.nbytes();
+    if (free.size() < kMaxBuffers && bytes <= kMaxBytes) {
+      free.push_back(std::move(s));
+    }
+  }
+};
+
+// `n` bytes from the pool or `allocator`, returned to the pool when the last
+// tensor over them goes. Pooled only for the CPU allocator.
+absl::StatusOr<Storage> SameHostChannel::ReceiveBuffer(size_t n,
+                                                       Allocator* allocator) {
+  if (allocator != nullptr && allocator != GetCpuAllocator()) {
+    return allocator->Allocate(n);
+  }
+  Storage block = pool_->Take(n);
+  if (!block.defined()) {
+    ASSIGN_OR_RETURN(block, GetCpuAllocator()->Allocate(n));
+  }
+  void* data = block.data();
+  std::weak_ptr<BufferPool> pool = pool_;
+  auto owner = std::shared_ptr<const void>(
+      data, [pool, block = std::move(block)](const void*) mutable {
+        if (auto p = pool.lock()) p->Give(std::move(block));
+      });
+  return Storage::Wrap(data, n, Device::CPU(), std::move(owner));
+}
+
+struct SameHostChannel::Lease {
+  uint64_t nonce = 0;
+  std::vector<Tensor> tensors;
+  bool held_by_call = false;
+  absl::Time expiry;
+};
+
+SameHostChannel::SameHostChannel(SameHostOptions options, std::string self_name)
+    : options_(std::move(options)),
+      self_name_(std::move(self_name)),
+      enabled_(options_.enabled && !EnvDisabled() && options_.max_leases > 0),
+      probe_value_(RandomNonZero()),
+      probe_word_(std::make_unique<uint64_t>(probe_value_)),
+      slots_(std::make_unique<Slot[]>(std::max(options_.max_leases, 1))),
+      pool_(std::make_shared<BufferPool>()),
+      next_nonce_(RandomNonZero()) {
+  MutexLock lock(&mu_);
+  leases_.resize(std::max(options_.max_leases, 1));
+  for (int i = options_.max_leases - 1; i >= 0; --i) free_slots_.push_back(i);
+}
+
+SameHostChannel::~SameHostChannel() {
+  std::vector<std::unique_ptr<Lease>> ending;
+  {
+    MutexLock lock(&mu_);
+    for (size_t i = 0; i < leases_.size(); ++i) {
+      slots_[i].token.store(0, std::memory_order_seq_cst);
+      if (leases_[i]) ending.push_back(std::move(leases_[i]));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Negotiation.
+
+absl::Status SameHostChannel::Publish(Store& base, int rank) {
+  // Fields: on, identity, pid, probe address, probe value.
+  const std::string record = absl::StrJoin(
+      {std::string(enabled_ ? "1" : "0"), enabled_ ? HostIdentity() : "",
+       absl::StrCat(::getpid()),
+       absl::StrCat(reinterpret_cast<uintptr_t>(probe_word_.get())),
+       absl::StrCat(probe_value_)},
+      "\n");
+  return base.Set(absl::StrCat(kPrefix, "/", rank), record);
+}
+
+absl::Status SameHostChannel::Negotiate(Store& base,
+                                        const std::vector<WorkerInfo>& group,
+                                        int rank, absl::Duration timeout) {
+  // PrefixStore adds the '/' after the prefix.
+  PrefixStore store(kPrefix, std::shared_ptr<Store>(&base, [](Store*) {}));
+  const int n = static_cast<int>(group.size());
+  std::vector<std::string> keys, read_keys;
+  for (int i = 0; i < n; ++i) {
+    keys.push_back(absl::StrCat(i));
+    read_keys.push_back(absl::StrCat("readable/", i));
+  }
+  RETURN_IF_ERROR(store.Wait(keys, timeout));
+  ASSIGN_OR_RETURN(std::vector<std::string> records, store.MultiGet(keys));
+  const std::string mine = enabled_ ? HostIdentity() : "";
+  std::vector<PeerRecord> peers(n);
+  std::vector<std::string> readable;
+  for (int i = 0; i < n; ++i) {
+    PeerRecord& p = peers[i];
+    p.name = group[i].name;
+    std::vector<std::string> f = absl::StrSplit(records[i], '\n');
+    int64_t pid = 0;
+    uint64_t address = 0, value = 0;
+    if (f.size() != 5 || !absl::SimpleAtoi(f[2], &pid) ||
+        !absl::SimpleAtoi(f[3], &address) || !absl::SimpleAtoi(f[4], &value)) {
+      FERRY_LOG(WARNING) << "worker '" << self_name_
+                         << "': malformed same-host record of rank " << i;
+      continue;
+    }
+    p.pid = static_cast<pid_t>(pid);
+    p.candidate = enabled_ && f[0] == "1" && !mine.empty() && f[1] == mine;
+    if (!p.candidate) continue;
+    uint64_t seen = 0;
+    absl::Status probe = ReadWord(p.pid, address, &seen);
+    p.can_read = probe.ok() && seen == value;
+    if (p.can_read) {
+      readable.push_back(absl::StrCat(i));
+    } else {
+      FERRY_LOG(INFO) << "worker '" << self_name_ << "': same-host channel to '"
+                      << p.name << "' refused (cannot read pid " << pid << ": "
+                      << (probe.ok() ? "probe mismatch" : probe.ToString())
+                      << "); using gRPC";
+    }
+  }
+  RETURN_IF_ERROR(store.Set(read_keys[rank], absl::StrJoin(readable, ",")));
+  RETURN_IF_ERROR(store.Wait(read_keys, timeout));
+  ASSIGN_OR_RETURN(std::vector<std::string> answers, store.MultiGet(read_keys));
+  const std::string me = absl::StrCat(rank);
+  for (int i = 0; i < n; ++i) {
+    for (absl::string_view r : absl::StrSplit(answers[i], ',')) {
+      // Both ways or neither: a pair that can read only one way uses gRPC.
+      if (r == me && peers[i].can_read) peers[i].usable = true;
+    }
+  }
+  MutexLock lock(&mu_);
+  peers_ = std::move(peers);
+  return absl::OkStatus();
+}
+
+bool SameHostChannel::UsableTo(int peer) const {
+  MutexLock lock(&mu_);
+  return peer >= 0 && peer < static_cast<int>(peers_.size()) &&
+         peers_[peer].usable;
+}
+
+int SameHostChannel::usable_peers() const {
+  MutexLock lock(&mu_);
+  int n = 0;
+  for (const PeerRecord& p : peers_) n += p.usable ? 1 : 0;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Sending.
+
+bool SameHostChannel::Offer(int peer, EncodedValue& payload,
+                            v1::SameHostPayload* out,
+                            std::shared_ptr<void>* end_with) {
+  if (!enabled_ || payload.payloads.empty()) return false;
+  size_t bytes = 0;
+  for (const WirePayload& p : payload.payloads) bytes += p.size;
+  if (bytes < options_.min_bytes || bytes == 0 ||
+      payload.payloads.size() > static_cast<size_t>(kMaxRegions) ||
+      !UsableTo(peer)) {
+    return false;
+  }
+  Sweep();
+  auto lease = std::make_unique<Lease>();
+  lease->held_by_call = end_with != nullptr;
+  lease->expiry = absl::Now() + options_.lease_timeout;
+  int slot;
+  {
+    MutexLock lock(&mu_);
+    if (free_slots_.empty()) {
+      stats_.fallbacks.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    lease->nonce = next_nonce_++;
+    if (lease->nonce == 0) lease->nonce = next_nonce_++;
+  }
+  out->set_head(std::move(payload.head));
+  for (WirePayload& p : payload.payloads) {
+    v1::SameHostPayload::Region* r = out->add_regions();
+    r->set_address(reinterpret_cast<uintptr_t>(p.data));
+    r->set_size(p.size);
+    r->set_padding(p.padding);
+    lease->tensors.push_back(std::move(p.tensor));
+  }
+  payload.payloads.clear();
+  payload.head.clear();
+  Slot& s = slots_[slot];
+  out->set_token_address(reinterpret_cast<uintptr_t>(&s.token));
+  out->set_ack_address(reinterpret_cast<uintptr_t>(&s.ack));
+  out->set_nonce(lease->nonce);
+  const uint64_t nonce = lease->nonce;
+  s.ack.store(0, std::memory_order_relaxed);
+  s.token.store(nonce, std::memory_order_seq_cst);
+  {
+    MutexLock lock(&mu_);
+    leases_[slot] = std::move(lease);
+  }
+  if (end_with != nullptr) {
+    *end_with = std::shared_ptr<void>(
+        nullptr, [self = shared_from_this(), slot, nonce](void*) {
+          self->EndLease(slot, nonce);
+        });
+  }
+  stats_.payloads_sent.fetch_add(1, std::memory_order_relaxed);
+  stats_.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void SameHostChannel::EndLease(int slot, uint64_t nonce) {
+  std::unique_ptr<Lease> ending;
+  {
+    MutexLock lock(&mu_);
+    if (!leases_[slot] || leases_[slot]->nonce != nonce) return;
+    // A reader that checks the token after this sees the lease is over
+    // before the tensors' memory can be reused.
+    slots_[slot].token.store(0, std::memory_order_seq_cst);
+    ending = std::move(leases_[slot]);
+    free_slots_.push_back(slot);
+  }
+  // Tensors released outside the lock.
+}
+
+void SameHostChannel::Sweep() {
+  std::vector<std::unique_ptr<Lease>> ending;  // Released after the lock.
+  const absl::Time now = absl::Now();
+  MutexLock lock(&mu_);
+  for (size_t i = 0; i < leases_.size(); ++i) {
+    Lease* l = leases_[i].get();
+    if (l == nullptr || l->held_by_call) continue;
+    const bool acked =
+        slots_[i].ack.load(std::memory_order_acquire) == l->nonce;
+    if (!acked && now < l->expiry) continue;
+    slots_[i].token.store(0, std::memory_order_seq_cst);
+    ending.push_back(std::move(leases_[i]));
+    free_slots_.push_back(static_cast<int>(i));
+  }
+}
+
+int SameHostChannel::live_leases() {
+  Sweep();
+  MutexLock lock(&mu_);
+  return options_.max_leases - static_cast<int>(free_slots_.size());
+}
+
+// ---------------------------------------------------------------------------
+// Receiving.
+
+absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::Reader(
+    int peer) const {
+  MutexLock lock(&mu_);
+  if (peer < 0 || peer >= static_cast<int>(peers_.size()) ||
+      !peers_[peer].can_read) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", self_name_, "': a same-host payload from rank ", peer,
+        ", which has no same-host channel to this worker"));
+  }
+  return peers_[peer];
+}
+
+absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
+                                                 const v1::SameHostPayload& d,
+                                                 const WireLimits& limits) {
+  ASSIGN_OR_RETURN(PeerRecord from, Reader(peer));
+  const std::string who =
+      absl::StrCat("same-host payload from worker '", from.name, "'");
+  if (d.regions_size() > kMaxRegions || d.nonce() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": malformed descriptor (", d.regions_size(),
+                     " regions, nonce ", d.nonce(), ")"));
+  }
+  uint64_t total = d.head().size();
+  uint64_t payload_bytes = 0;
+  for (const auto& r : d.regions()) {
+    if (r.size() > limits.max_total_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": a region of ", r.size(), " bytes exceeds the limit of ",
+          limits.max_total_bytes, " bytes"));
+    }
+    if (r.padding() >= kWireAlignment || r.address() > UINT64_MAX - r.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": malformed region (", r.size(), " bytes, ",
+                       r.padding(), " padding)"));
+    }
+    payload_bytes += r.size();
+    total += r.size() + r.padding();
+    if (total > limits.max_total_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": ", total, " bytes exceed the limit of ",
+                       limits.max_total_bytes, " bytes"));
+    }
+  }
+  Sweep();  // Replies acknowledged since: their buffers may be reused.
+  ASSIGN_OR_RETURN(Storage storage, ReceiveBuffer(total, limits.allocator));
+  char* buffer = static_cast<char*>(storage.data());
+  std::memcpy(buffer, d.head().data(), d.head().size());
+
+  auto check_token = [&]() -> absl::Status {
+    uint64_t token = 0;
+    absl::Status s = ReadWord(from.pid, d.token_address(), &token);
+    if (!s.ok()) return PeerError(s, from.name, from.pid);
+    if (token != d.nonce()) {
+      return PeerError(absl::AbortedError("lease ended"), from.name, from.pid);
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check_token());
+  // Pieces of at most kMaxCallBytes, batched kMaxIovecs per call.
+  std::vector<iovec> local, remote;
+  size_t batch_bytes = 0;
+  auto flush = [&]() -> absl::Status {
+    if (local.empty()) return absl::OkStatus();
+    ssize_t n = ::process_vm_readv(from.pid, local.data(), local.size(),
+                                   remote.data(), remote.size(), 0);
+    if (n != static_cast<ssize_t>(batch_bytes)) {
+      absl::Status s =
+          absl::ErrnoToStatus(n < 0 ? errno : EFAULT, "process_vm_readv");
+      return PeerError(s, from.name, from.pid);
+    }
+    local.clear();
+    remote.clear();
+    batch_bytes = 0;
+    return absl::OkStatus();
+  };
+  char* at = buffer + d.head().size();
+  for (const auto& r : d.regions()) {
+    for (uint64_t done = 0; done < r.size();) {
+      const size_t take = std::min<uint64_t>(r.size() - done, kMaxCallBytes);
+      if (local.size() == kMaxIovecs || batch_bytes + take > kMaxCallBytes) {
+        RETURN_IF_ERROR(flush());
+      }
+      local.push_back(iovec{at + done, take});
+      remote.push_back(
+          iovec{reinterpret_cast<void*>(r.address() + done), take});
+      batch_bytes += take;
+      done += take;
+    }
+    at += r.size();
+    std::memset(at, 0, r.padding());
+    at += r.padding();
+  }
+  RETURN_IF_ERROR(flush());
+  RETURN_IF_ERROR(check_token());
+  // Let the sender drop the payload now; if this fails, its lease times out.
+  uint64_t nonce = d.nonce();
+  iovec l{&nonce, sizeof(nonce)};
+  iovec r{reinterpret_cast<void*>(d.ack_address()), sizeof(nonce)};
+  if (::process_vm_writev(from.pid, &l, 1, &r, 1, 0) != sizeof(nonce)) {
+    FERRY_LOG(DEBUG) << who
+                     << ": acknowledging failed: " << std::strerror(errno);
+  }
+  stats_.payloads_received.fetch_add(1, std::memory_order_relaxed);
+  stats_.bytes_received.fetch_add(payload_bytes, std::memory_order_relaxed);
+  Sweep();
+  auto keep = std::make_shared<Storage>(std::move(storage));
+  return WireChunk{buffer, total, std::shared_ptr<const void>(keep, buffer)};
+}
+
+}  // namespace ferry::rpc::grpc_agent
