@@ -17,20 +17,12 @@ Agent::Agent(Options options, std::shared_ptr<FunctionRegistry> registry)
   handlers_[MessageType::kCall] = [this](Message request) {
     return ServeCall(std::move(request));
   };
+  handlers_[MessageType::kMembership] = [this](Message request) {
+    return ServeMembership(std::move(request));
+  };
 }
 
 Agent::~Agent() { StopExecutor(/*drain=*/false); }
-
-void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
-  workers_ = std::move(workers);
-  for (const WorkerInfo& w : workers_) ids_by_name_[w.name] = w.id;
-  if (self_.id >= 0 && self_.id < world_size()) {
-    self_.address = workers_[self_.id].address;
-  }
-  MutexLock lock(&mu_);  // Wakes the requests waiting in AwaitGroup.
-  group_known_ = true;
-  joined_.store(true, std::memory_order_release);
-}
 
 void Agent::SetSelf(WorkerInfo self) {
   self_ = std::move(self);
@@ -57,34 +49,6 @@ void Agent::StopExecutor(bool drain) {
       ->Shutdown(drain ? ThreadPoolExecutor::ShutdownMode::kDrain
                        : ThreadPoolExecutor::ShutdownMode::kCancelPending)
       .IgnoreError();
-}
-
-absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
-  if (const int* id = std::get_if<int>(&ref.ref())) {
-    if (*id < 0 || *id >= world_size()) {
-      return absl::NotFoundError(absl::StrCat(
-          "no worker with id ", *id, " (world size ", world_size(), ")"));
-    }
-    return workers_[*id];
-  }
-  const std::string& name = std::get<std::string>(ref.ref());
-  auto it = ids_by_name_.find(name);
-  if (it == ids_by_name_.end()) {
-    std::vector<std::string> known;
-    for (const WorkerInfo& w : workers_) known.push_back(w.name);
-    return absl::NotFoundError(
-        absl::StrCat("no worker named '", name,
-                     "' (known: ", absl::StrJoin(known, ", "), ")"));
-  }
-  return workers_[it->second];
-}
-
-WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
-  if (joined_.load(std::memory_order_acquire) && id >= 0 && id < world_size() &&
-      workers_[id].name == name) {
-    return workers_[id];
-  }
-  return WorkerInfo{name, id, ""};
 }
 
 absl::Status Agent::RegisterHandler(MessageType type, Handler handler) {
@@ -147,7 +111,7 @@ void Agent::AddPeerFailureListener(PeerFailureListener listener) {
     failure_listeners_.push_back(listener);
     known = failed_peers_;
   }
-  for (const auto& [id, why] : known) listener(workers_[id], why);
+  for (const auto& [id, why] : known) listener(KnownWorker(id), why);
 }
 
 bool Agent::IsPeerFailed(int id) const {
@@ -157,18 +121,20 @@ bool Agent::IsPeerFailed(int id) const {
 
 void Agent::ReportPeerFailure(int id, const absl::Status& why) {
   std::vector<PeerFailureListener> listeners;
+  // Only present members fail: a departed worker left gracefully.
+  absl::StatusOr<WorkerInfo> peer = GetWorkerInfo(id);
+  if (!peer.ok()) return;
   {
     MutexLock lock(&mu_);
-    if (stopping_ || !group_known_ || id == self_.id || id < 0 ||
-        id >= world_size() || !failed_peers_.emplace(id, why).second) {
+    if (stopping_ || !group_known_ || id == self_.id ||
+        !failed_peers_.emplace(id, why).second) {
       return;
     }
     listeners = failure_listeners_;
   }
-  FERRY_LOG(WARNING) << "worker '" << self_.name << "': peer '"
-                     << workers_[id].name << "' (rank " << id
-                     << ") failed: " << why;
-  for (const PeerFailureListener& l : listeners) l(workers_[id], why);
+  FERRY_LOG(WARNING) << "worker '" << self_.name << "': peer '" << peer->name
+                     << "' (rank " << id << ") failed: " << why;
+  for (const PeerFailureListener& l : listeners) l(*peer, why);
 }
 
 // ---------------------------------------------------------------------------

@@ -50,6 +50,18 @@
 // executor until the group is known, its deadline passes (DeadlineExceeded),
 // or the agent stops (Unavailable), so handlers always see the group.
 //
+// Membership (elastic groups, like PyTorch's init_rpc(world_size=None)): a
+// worker may join a running group (GrpcAgent::Join, InProcessNetwork::Join)
+// and leave it with Leave(). Ids are never reused. Every member learns of a
+// join before the joiner's Join returns, and of a leave before the leaver's
+// Leave returns (members it cannot reach excepted: they are logged). A
+// departed worker stays known by id and name, so a message to it fails at
+// once with Unavailable naming it ("worker 'x' (id 5) left the group"); its
+// name may be taken by a later joiner, with a new id. world_size() and
+// GetWorkerInfos() describe the present members. Membership listeners
+// (AddMembershipListener) hear each join and leave once. Leaving is not a
+// failure: peer-failure listeners are not told.
+//
 // Shutdown(graceful=true) is collective: every worker of the group calls it
 // (each from its own thread or process). It waits for this worker's outgoing
 // calls, meets every worker, then stops serving. Shutdown(graceful=false)
@@ -132,6 +144,13 @@ using Interceptor = std::function<absl::Status(
 using PeerFailureListener =
     std::function<void(const WorkerInfo& peer, const absl::Status& why)>;
 
+enum class MembershipChange { kJoined = 1, kLeft = 2 };
+// Told that `worker` joined or left the group. Runs on the thread that
+// applied the change (the agent's executor or the caller of Join / Leave),
+// with no agent lock held: must not block.
+using MembershipListener =
+    std::function<void(const WorkerInfo& worker, MembershipChange change)>;
+
 class Agent {
  public:
   struct Options {
@@ -150,9 +169,28 @@ class Agent {
   // Whether the group is known (SetWorkers ran); readers of the group on
   // transport threads check it first.
   bool joined() const { return joined_.load(std::memory_order_acquire); }
-  int world_size() const { return static_cast<int>(workers_.size()); }
+  // The present members (self included), by id.
+  int world_size() const;
+  // A present member; NotFound for an unknown name or id, Unavailable naming
+  // the worker for one that left.
   absl::StatusOr<WorkerInfo> GetWorkerInfo(const WorkerRef& ref) const;
-  const std::vector<WorkerInfo>& GetWorkerInfos() const { return workers_; }
+  std::vector<WorkerInfo> GetWorkerInfos() const;
+
+  // --- Membership (see the header comment). ---
+
+  // Whether worker `id` left the group gracefully.
+  bool HasLeft(int id) const;
+  // Counts the changes applied to this worker's table (0: as formed).
+  uint64_t membership_version() const;
+  // Subscribes `listener` for this agent's life (capture weak references);
+  // each later change once, to every listener, in the order added.
+  void AddMembershipListener(MembershipListener listener);
+  // Leaves the group gracefully: waits for this worker's outgoing calls,
+  // tells every member, then stops serving (after the calls it received were
+  // answered). Other workers' calls to it then fail at once naming it. Not
+  // collective; idempotent; afterwards the agent is shut down. The default
+  // is Unimplemented, naming the worker.
+  virtual absl::Status Leave(absl::Duration timeout = absl::Seconds(60));
 
   // --- The message seam. ---
 
@@ -245,9 +283,9 @@ class Agent {
 
   // Names this worker and starts the executor; once, before any Dispatch.
   void SetSelf(WorkerInfo self);
-  // Sets the group, indexed by id (self among them, whose address self()
-  // takes); once, before any Send. Requests that arrived before (a fast peer)
-  // wait for it to run.
+  // Sets the group (self among them, whose address self() takes; entries
+  // keyed by their id); once, before any Send. Requests that arrived before
+  // (a fast peer) wait for it to run.
   void SetWorkers(std::vector<WorkerInfo> workers);
   // Both at once.
   void Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
@@ -297,7 +335,33 @@ class Agent {
 
   const Options& options() const { return options_; }
 
+  // --- Membership, for transports (rpc/agent_membership.cc). ---
+
+  // Adds `worker`, who joined after the group formed; returns whether the
+  // table changed. A present member of the same name (with an older id)
+  // must have left: it is marked departed first. Departed and known ids are
+  // ignored. Tells the membership listeners.
+  bool AddMember(const WorkerInfo& worker);
+  // Marks `worker.id` departed (recorded even when the id is not known yet,
+  // so a late join notice is ignored); returns whether the table changed.
+  bool RemoveMember(const WorkerInfo& worker);
+  // Sends a MEMBERSHIP notice of `change` of `subject` to each of `targets`
+  // (never to self) and waits for every reply until `deadline`. Returns the
+  // targets whose notice failed, with the error.
+  std::vector<std::pair<WorkerInfo, absl::Status>> Announce(
+      MembershipChange change, const WorkerInfo& subject,
+      const std::vector<WorkerInfo>& targets, absl::Time deadline);
+
  private:
+  struct Group;
+  std::shared_ptr<const Group> group() const;
+  // Applies `edit` to a copy of the group and publishes it; returns whether
+  // `edit` changed it (it returns that too).
+  bool EditGroup(absl::FunctionRef<bool(Group&)> edit);
+  void TellMembershipListeners(const WorkerInfo& worker,
+                               MembershipChange change);
+  Future<Message> ServeMembership(Message request);
+
   template <typename R>
   static Future<R> Typed(Future<Value> f) {
     if constexpr (std::is_same_v<R, Value>) {
@@ -330,16 +394,20 @@ class Agent {
   Future<Message> ServeCall(Message request);
   Future<Message> ServeFunction(const FunctionEntry& entry, Message request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
+  // Worker `id`, present or departed; {"", id, ""} when unknown.
+  WorkerInfo KnownWorker(int id) const;
 
   const Options options_;
   const std::shared_ptr<FunctionRegistry> registry_;
   // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
-  // run (and read workers_) only once joined_ is set (AwaitGroup).
+  // run only once joined_ is set (AwaitGroup).
   WorkerInfo self_;
   std::string log_label_;  // "name:id", set with self_.
-  std::vector<WorkerInfo> workers_;
-  std::map<std::string, int> ids_by_name_;
   std::atomic<bool> joined_{false};
+  // The member table: an immutable snapshot replaced on each change, so a
+  // reader holds group_mu_ only to copy the pointer.
+  mutable Mutex group_mu_;
+  std::shared_ptr<const Group> group_ ABSL_GUARDED_BY(group_mu_);
   std::unique_ptr<IdGenerator> ids_;
   std::unique_ptr<ThreadPoolExecutor> executor_;
   InspectorRegistry inspectors_;
@@ -353,6 +421,7 @@ class Agent {
   std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   // Failed peers with the error that showed it.
   std::map<int, absl::Status> failed_peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<MembershipListener> membership_listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

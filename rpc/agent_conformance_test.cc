@@ -1,6 +1,7 @@
 // The Agent conformance suite: the same semantic tests against every
 // implementation of the Agent interface (gRPC, in-process). gRPC-only tests
 // (malformed envelopes, admin, rendezvous, large tensors) live in rpc/grpc/.
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -64,6 +65,18 @@ absl::Status RegisterRelay(
         ASSIGN_OR_RETURN(int64_t y, me.rpc_sync<int64_t>("c", "leaf", x));
         return me.rpc_sync<int64_t>(ctx.caller_name, "leaf", y);
       });
+}
+
+// "slow"(x): notifies `started` (if any), waits for `gate` (bounded), returns
+// x + 1.
+absl::Status RegisterSlow(FunctionRegistry& reg,
+                          std::shared_ptr<Notification> gate,
+                          std::shared_ptr<Notification> started = nullptr) {
+  return reg.Register("slow", [gate, started](int64_t x) {
+    if (started) started->Notify();
+    gate->WaitForNotificationWithTimeout(absl::Seconds(30));
+    return x + 1;
+  });
 }
 
 class AgentConformance : public ::testing::TestWithParam<Implementation> {
@@ -281,13 +294,7 @@ TEST_P(AgentConformance, NonGracefulShutdownCancelsCallsInFlight) {
 TEST_P(AgentConformance, GracefulShutdownDrainsCallsInFlight) {
   auto reg = BasicRegistry();
   auto gate = std::make_shared<Notification>();
-  ASSERT_TRUE(reg->Register("slow",
-                            [gate](int64_t x) {
-                              gate->WaitForNotificationWithTimeout(
-                                  absl::Seconds(30));
-                              return x + 1;
-                            })
-                  .ok());
+  ASSERT_TRUE(RegisterSlow(*reg, gate).ok());
   auto c = Start({"a", "b"}, reg);
   ASSERT_NE(c, nullptr);
   std::vector<Future<int64_t>> fs;
@@ -614,6 +621,201 @@ TEST_P(AgentConformance, NonBlockingFunctionsMixWithNestedBlockingCalls) {
     EXPECT_EQ((*r)[i], 4 * i);
     EXPECT_EQ((*f)[i], 2 * i);
   }
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// Membership: what one worker's listener heard, in order.
+struct Changes {
+  Mutex mu;
+  std::vector<std::pair<std::string, MembershipChange>> seen
+      ABSL_GUARDED_BY(mu);
+  void Listen(Agent& agent) {
+    agent.AddMembershipListener(
+        [this](const WorkerInfo& w, MembershipChange change) {
+          MutexLock lock(&mu);
+          seen.emplace_back(w.name, change);
+        });
+  }
+  std::vector<std::pair<std::string, MembershipChange>> Get() {
+    MutexLock lock(&mu);
+    return seen;
+  }
+};
+
+std::vector<std::string> Names(const Agent& agent) {
+  std::vector<std::string> out;
+  for (const WorkerInfo& w : agent.GetWorkerInfos()) out.push_back(w.name);
+  return out;
+}
+
+// A worker joins a running group: every member knows it when Join returns
+// (table, listeners), it knows every member, and calls go both ways.
+TEST_P(AgentConformance, JoinedWorkerAppearsInEveryTableAndServes) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Changes heard;
+  heard.Listen(c->agent(0));
+  EXPECT_EQ(c->agent(0).membership_version(), 0u);
+  absl::StatusOr<Agent*> t = c->Join("t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  Agent& a = c->agent(0);
+  EXPECT_EQ((*t)->self().id, 2);  // The next id after the static group.
+  EXPECT_EQ(Names(**t), (std::vector<std::string>{"a", "b", "t"}));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Names(c->agent(i)), (std::vector<std::string>{"a", "b", "t"}));
+    EXPECT_EQ(c->agent(i).world_size(), 3);
+    absl::StatusOr<WorkerInfo> by_name = c->agent(i).GetWorkerInfo("t");
+    ASSERT_TRUE(by_name.ok()) << by_name.status();
+    EXPECT_EQ(by_name->id, 2);
+    EXPECT_EQ(c->agent(i).GetWorkerInfo(2)->name, "t");
+  }
+  EXPECT_EQ(a.membership_version(), 1u);
+  EXPECT_EQ(heard.Get(), (std::vector<std::pair<std::string, MembershipChange>>{
+                             {"t", MembershipChange::kJoined}}));
+  EXPECT_EQ(*a.rpc_sync<std::string>("t", "whoami"), "a");
+  EXPECT_EQ(*(*t)->rpc_sync<std::string>("b", "whoami"), "t");
+  EXPECT_EQ(*(*t)->rpc_sync<std::string>(1, "concat", std::string("j"), 1),
+            "j1");
+  EXPECT_TRUE((*t)->Leave().ok());
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// A worker leaves: every member drops it from its table and hears it once;
+// calls to it fail at once naming it (by name and by id); it is not a
+// failure; its name may join again, with a new id.
+TEST_P(AgentConformance, LeftWorkerDisappearsAndCallsToItFailNamingIt) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+  std::atomic<int> failures{0};
+  a.AddPeerFailureListener(
+      [&failures](const WorkerInfo&, const absl::Status&) { ++failures; });
+  Changes heard;
+  heard.Listen(a);
+  absl::StatusOr<Agent*> t = c->Join("t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const int old_id = (*t)->self().id;
+  ASSERT_TRUE(a.rpc_sync("t", "noop").ok());
+  ASSERT_TRUE((*t)->Leave().ok());
+  EXPECT_TRUE((*t)->Leave().ok());  // Idempotent.
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Names(c->agent(i)), (std::vector<std::string>{"a", "b"}));
+    EXPECT_TRUE(c->agent(i).HasLeft(old_id));
+  }
+  EXPECT_EQ(heard.Get(), (std::vector<std::pair<std::string, MembershipChange>>{
+                             {"t", MembershipChange::kJoined},
+                             {"t", MembershipChange::kLeft}}));
+  for (const WorkerRef& to : {WorkerRef("t"), WorkerRef(old_id)}) {
+    absl::Status gone = a.rpc_sync_for(absl::Seconds(20), to, "noop").status();
+    EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+    EXPECT_NE(gone.message().find("worker 't'"), std::string::npos) << gone;
+    EXPECT_NE(gone.message().find("left the group"), std::string::npos) << gone;
+  }
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_FALSE(a.IsPeerFailed(old_id));
+  // The departed worker cannot call either.
+  EXPECT_EQ((*t)->rpc_sync("a", "noop").status().code(),
+            absl::StatusCode::kUnavailable);
+
+  absl::StatusOr<Agent*> again = c->Join("t");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT((*again)->self().id, old_id);  // Ids are never reused.
+  EXPECT_EQ(*a.rpc_sync<std::string>("t", "whoami"), "a");
+  EXPECT_EQ(*(*again)->rpc_sync<std::string>("b", "whoami"), "t");
+  EXPECT_TRUE((*again)->Leave().ok());
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+TEST_P(AgentConformance, JoinRefusesANameAPresentWorkerHolds) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<Agent*> dup = c->Join("b");
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists)
+      << dup.status();
+  EXPECT_NE(dup.status().message().find("'b'"), std::string::npos)
+      << dup.status();
+  EXPECT_EQ(Names(c->agent(0)), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// Calls members sent before they knew of the departure are answered: the
+// leaver serves what it received before it stops.
+TEST_P(AgentConformance, LeaveAnswersCallsAlreadyReceived) {
+  auto reg = BasicRegistry();
+  auto gate = std::make_shared<Notification>();
+  auto started = std::make_shared<Notification>();
+  ASSERT_TRUE(RegisterSlow(*reg, gate, started).ok());
+  auto c = Start({"a", "b"}, reg);
+  ASSERT_NE(c, nullptr);
+  absl::StatusOr<Agent*> t = c->Join("t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  Agent& a = c->agent(0);
+  const int tid = (*t)->self().id;
+  auto told = std::make_shared<Notification>();
+  a.AddMembershipListener([told, tid](const WorkerInfo& w, MembershipChange m) {
+    if (w.id == tid && m == MembershipChange::kLeft) told->Notify();
+  });
+  Future<int64_t> in_flight = a.rpc_async<int64_t>("t", "slow", 41);
+  ASSERT_TRUE(started->WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::Status left;
+  std::thread leaving([&] { left = (*t)->Leave(); });
+  // "a" learns of the departure while its call still runs on "t".
+  EXPECT_TRUE(told->WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(a.HasLeft(tid));
+  gate->Notify();
+  leaving.join();
+  EXPECT_TRUE(left.ok()) << left;
+  Result<int64_t> r = in_flight.Get(absl::Seconds(30));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, 42);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// Several workers join at once: each ends up in every table.
+TEST_P(AgentConformance, ConcurrentJoinersAllSeeEachOther) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  constexpr int kJoiners = 3;
+  std::vector<absl::StatusOr<Agent*>> joined(kJoiners,
+                                             absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kJoiners; ++i) {
+    threads.emplace_back([&, i] { joined[i] = c->Join(absl::StrCat("t", i)); });
+  }
+  for (auto& th : threads) th.join();
+  const std::vector<std::string> all = {"a", "b", "t0", "t1", "t2"};
+  std::vector<Agent*> everyone = {&c->agent(0), &c->agent(1)};
+  for (auto& j : joined) {
+    ASSERT_TRUE(j.ok()) << j.status();
+    everyone.push_back(*j);
+  }
+  for (Agent* w : everyone) {
+    std::vector<std::string> names = Names(*w);
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, all) << w->self().name;
+  }
+  for (auto& j : joined) {
+    EXPECT_EQ(*(*j)->rpc_sync<std::string>("t2", "whoami"), (*j)->self().name);
+  }
+  for (auto& j : joined) EXPECT_TRUE((*j)->Leave().ok());
+  EXPECT_EQ(Names(c->agent(1)), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// A member of the static group may leave too: the others go on, and their
+// collective shutdown counts it as arrived.
+TEST_P(AgentConformance, StaticMemberLeavesAndTheOthersShutDown) {
+  auto c = Start({"a", "b", "c"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->agent(2).Leave().ok());
+  EXPECT_EQ(Names(c->agent(0)), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(c->agent(1).HasLeft(2));
+  EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "whoami"), "a");
+  absl::Status gone = c->agent(1).rpc_sync("c", "noop").status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+  EXPECT_NE(gone.message().find("worker 'c' (id 2) left the group"),
+            std::string::npos)
+      << gone;
   EXPECT_TRUE(c->ShutdownAll().ok());
 }
 

@@ -26,6 +26,8 @@ std::string MessageTypeName(MessageType type) {
       return "CLEANUP_AUTOGRAD_CONTEXT";
     case MessageType::kPing:
       return "PING";
+    case MessageType::kMembership:
+      return "MEMBERSHIP";
     case MessageType::kFirstLayerType:
       break;
   }

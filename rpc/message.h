@@ -42,6 +42,8 @@ enum class MessageType : uint32_t {
   kBackward = 20,
   kCleanupAutogradContext = 21,
   kPing = 30,
+  // Group membership notices (a worker joined or left; rpc/agent.h).
+  kMembership = 31,
   // Types defined by layers above rpc/ (and tests): kFirstLayerType + n.
   kFirstLayerType = 1000,
 };

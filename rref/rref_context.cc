@@ -200,6 +200,15 @@ absl::Status RRefContext::Install() {
           ctx->NotifyWorkerFailed(peer.id);
         }
       });
+  // A worker that left is gone as surely (its own Leave released what it
+  // could first): the forks it still held go.
+  agent_->AddMembershipListener(
+      [weak](const WorkerInfo& worker, rpc::MembershipChange change) {
+        if (change != rpc::MembershipChange::kLeft) return;
+        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+          ctx->NotifyWorkerFailed(worker.id);
+        }
+      });
   return agent_->inspectors().Register("rref", [weak] {
     std::shared_ptr<RRefContext> ctx = weak.lock();
     return ctx ? ctx->Inspect() : std::vector<rpc::InspectionRow>{};
@@ -1284,6 +1293,14 @@ absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
 }
 
 absl::Status RRefContext::Shutdown(absl::Duration timeout) {
+  return Stop(timeout, /*leave=*/false);
+}
+
+absl::Status RRefContext::Leave(absl::Duration timeout) {
+  return Stop(timeout, /*leave=*/true);
+}
+
+absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
@@ -1306,7 +1323,8 @@ absl::Status RRefContext::Shutdown(absl::Duration timeout) {
   }
   users.clear();
   if (settled.ok()) settled = AwaitSettled(timeout);
-  absl::Status stopped = agent_->Shutdown(/*graceful=*/true, timeout);
+  absl::Status stopped = leave ? agent_->Leave(timeout)
+                               : agent_->Shutdown(/*graceful=*/true, timeout);
   std::vector<std::shared_ptr<Slot>> dropped;
   std::vector<std::string> leaked;
   {
@@ -1326,8 +1344,9 @@ absl::Status RRefContext::Shutdown(absl::Duration timeout) {
   RETURN_IF_ERROR(stopped);
   if (!leaked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "worker '", agent_->self().name, "' leaked ", leaked.size(),
-        " OwnerRRef(s): ", absl::StrJoin(leaked, "; ")));
+        "worker '", agent_->self().name, "' ",
+        leave ? "left the group while other workers held " : "leaked ",
+        leaked.size(), " OwnerRRef(s): ", absl::StrJoin(leaked, "; ")));
   }
   return absl::OkStatus();
 }

@@ -69,6 +69,10 @@
 //    the transport's error (Unavailable naming the owner) or their timeout,
 //    annotated with the RRef id and owner; after the owner is known dead
 //    (below) they fail at once.
+//  - A worker that leaves the group (rpc/agent.h, Membership) releases its
+//    user references first (Leave below); its peers then treat it as known
+//    dead (next item) when their agent reports the departure, which drops
+//    any fork it still held.
 //  - A worker becomes KNOWN DEAD when the agent reports it failed
 //    (Agent::AddPeerFailureListener: the gRPC agent's probe after a failed
 //    call, the in-process agent's Kill), when NotifyWorkerFailed(id) is
@@ -262,6 +266,13 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // registered (leaked: a fork whose deletion never came), or the first
   // error of the steps above. `timeout` bounds each step.
   absl::Status Shutdown(absl::Duration timeout = absl::Seconds(60));
+  // The same for a worker leaving a running group (rpc/agent.h, Membership),
+  // not collective: releases this worker's user references, waits until its
+  // protocol settled (the owners have served its deletions), leaves the
+  // group (Agent::Leave), then drops its own values. FailedPrecondition
+  // lists the OwnerRRefs other workers still held: they lose them (their
+  // uses fail naming this worker as departed).
+  absl::Status Leave(absl::Duration timeout = absl::Seconds(60));
 
   // --- Inspection (tests, admin). ---
   std::vector<OwnedInfo> Owned() const;
@@ -297,6 +308,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   using Done = absl::AnyInvocable<void(const Result<rpc::Message>&)>;
 
   RRefContext(rpc::Agent* agent, Options options);
+  // Shutdown (collective) or Leave.
+  absl::Status Stop(absl::Duration timeout, bool leave);
   absl::Status Install();
 
   // --- Sending and receiving handles (the interceptor). ---

@@ -361,6 +361,81 @@ TEST_F(RRefTest, GracefulShutdownReleasesUsersAndReportsNoLeak) {
   EXPECT_EQ(ctx_["a"]->num_owned(), 0u);
 }
 
+// Elastic workers (rpc/agent.h, Membership): worker "t" joins the running
+// group, holds RRefs owned by "b" and leaves.
+class ElasticRRefTest : public RRefTest {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<rpc::testing::InProcessAgent*> t = net_.Join("t");
+    ASSERT_TRUE(t.ok()) << t.status();
+    t_ = *t;
+    absl::StatusOr<std::shared_ptr<RRefContext>> ctx = RRefContext::Create(t_);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    tctx_ = *ctx;
+  }
+  // Workers holding forks of b's RRefs, by id.
+  std::vector<int> HoldersAtB() {
+    std::vector<int> out;
+    for (const auto& info : ctx_["b"]->Owned()) {
+      for (const auto& [fork, holder] : info.forks) out.push_back(holder);
+    }
+    return out;
+  }
+  rpc::testing::InProcessAgent* t_ = nullptr;
+  std::shared_ptr<RRefContext> tctx_;
+};
+
+// The leaver's own protocol releases what it holds before it goes: the
+// owner deletes the value through USER_DELETE, then learns of the departure.
+TEST_F(ElasticRRefTest, LeaveReleasesHeldRRefsThroughTheProtocol) {
+  RRef<int64_t> r = remote<int64_t>(*tctx_, "b", "add", 1, 2);
+  absl::StatusOr<int64_t> v = r.to_here(kWait);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 3);
+  ASSERT_EQ(HoldersAtB(), std::vector<int>{t_->self().id});
+  ASSERT_TRUE(tctx_->Leave(kWait).ok());  // The program still holds r.
+  EXPECT_EQ(tctx_->messages_sent()[rpc::MessageType::kRRefUserDelete], 1);
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_TRUE(net_.agent("b").HasLeft(t_->self().id));
+  // The group goes on.
+  RRef<int64_t> after = remote<int64_t>(*ctx_["a"], "b", "add", 2, 2);
+  EXPECT_EQ(*after.to_here(kWait), 4);
+  r = after = RRef<int64_t>();
+  ctx_["t"] = tctx_;
+  ExpectAllReleased();
+}
+
+// A worker that leaves without its RRef context's help (its agent alone):
+// the owner drops its forks when it hears of the departure.
+TEST_F(ElasticRRefTest, OwnerDropsForksOfAWorkerThatLeft) {
+  RRef<int64_t> r = remote<int64_t>(*tctx_, "b", "add", 1, 2);
+  ASSERT_TRUE(r.creation().Get(kWait).ok());
+  ASSERT_EQ(HoldersAtB(), std::vector<int>{t_->self().id});
+  ASSERT_TRUE(t_->Leave(kWait).ok());
+  EXPECT_TRUE(ctx_["b"]->IsKnownDead(t_->self().id));
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  // Dropping the stale handle sends nothing the owner counts, and ends.
+  r = RRef<int64_t>();
+  EXPECT_TRUE(tctx_->AwaitSettled(kWait).ok());
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// An owner that leaves says which of its RRefs others still held; their uses
+// then fail at once naming it.
+TEST_F(ElasticRRefTest, OwnerLeavingReportsHeldRRefsAndUsesFailNamingIt) {
+  ASSERT_TRUE(t_->Register("seven", [] { return int64_t{7}; }).ok());
+  RRef<int64_t> held = remote<int64_t>(*ctx_["a"], "t", "seven");
+  ASSERT_TRUE(held.creation().Get(kWait).ok());
+  absl::Status left = tctx_->Leave(kWait);
+  EXPECT_EQ(left.code(), absl::StatusCode::kFailedPrecondition) << left;
+  EXPECT_NE(left.message().find("left the group while other workers held 1"),
+            std::string::npos)
+      << left;
+  absl::StatusOr<int64_t> v = held.to_here(kWait);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
+  EXPECT_NE(v.status().message().find("'t'"), std::string::npos) << v.status();
+}
+
 TEST_F(RRefTest, ShutdownReportsLeakedOwner) {
   // A fork registered for a user that never deletes it: c's reference is
   // created by hand through the owner's early registration, then c is cut off

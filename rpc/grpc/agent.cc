@@ -18,6 +18,7 @@
 #include "proto/health.pb.h"
 #include "rpc/grpc/admin.h"
 #include "rpc/grpc/codec.h"
+#include "rpc/grpc/membership.h"
 #include "rpc/grpc/rendezvous.h"
 #include "rpc/grpc/service.h"
 
@@ -84,6 +85,7 @@ struct GrpcAgent::OutgoingCall {
 
 struct GrpcAgent::Probe {
   int peer = -1;
+  std::shared_ptr<Peer> channel;
   absl::Status why;  // The failed call that started the probe.
   grpc::ClientContext context;
   grpc::ByteBuffer request;  // An empty HealthCheckRequest: the whole server.
@@ -114,39 +116,51 @@ absl::Status GrpcAgent::NegotiateSameHost(const std::vector<WorkerInfo>& group,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
-    std::string name, int rank, int world_size, std::shared_ptr<Store> store,
-    GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
+absl::Status GrpcAgent::CheckArguments(const std::string& name,
+                                       const Store* store) {
   if (name.empty() || name.find('\n') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker name '", name, "' is empty or contains a newline"));
-  }
-  if (world_size <= 0 || rank < 0 || rank >= world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("worker '", name, "': rank ",
-                                                   rank, " is outside [0, ",
-                                                   world_size, ")"));
   }
   if (store == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker '", name, "': no store"));
   }
-  std::unique_ptr<GrpcAgent> agent(
-      new GrpcAgent(std::move(store), std::move(options), std::move(registry)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
   // The executor exists before the server can take a request.
-  agent->SetSelf(WorkerInfo{name, rank, ""});
-  grpc_agent::SameHostOptions same_host = agent->grpc_options_.same_host;
-  same_host.enabled = same_host.enabled && !agent->grpc_options_.tls.enabled();
-  same_host.max_message_bytes = agent->grpc_options_.max_message_bytes;
-  agent->same_host_ =
-      std::make_shared<grpc_agent::SameHostChannel>(same_host, name);
-  if (agent->grpc_options_.before_serving) {
-    absl::Status installed = agent->grpc_options_.before_serving(*agent);
+  SetSelf(self);
+  grpc_agent::SameHostOptions same_host = grpc_options_.same_host;
+  same_host.enabled = same_host.enabled && !grpc_options_.tls.enabled();
+  same_host.max_message_bytes = grpc_options_.max_message_bytes;
+  same_host_ =
+      std::make_shared<grpc_agent::SameHostChannel>(same_host, self.name);
+  if (grpc_options_.before_serving) {
+    absl::Status installed = grpc_options_.before_serving(*this);
     if (!installed.ok()) {
-      return Annotate(installed,
-                      absl::StrCat("worker '", name, "' installing handlers"));
+      return Annotate(installed, absl::StrCat("worker '", self.name,
+                                              "' installing handlers"));
     }
   }
-  absl::StatusOr<std::string> address = agent->StartServer(name);
+  return StartServer(self.name);
+}
+
+absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
+    std::string name, int rank, int world_size, std::shared_ptr<Store> store,
+    GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
+  RETURN_IF_ERROR(CheckArguments(name, store.get()));
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("worker '", name, "': rank ",
+                                                   rank, " is outside [0, ",
+                                                   world_size, ")"));
+  }
+  std::unique_ptr<GrpcAgent> agent(
+      new GrpcAgent(std::move(store), std::move(options), std::move(registry)));
+  agent->static_size_ = world_size;
+  absl::StatusOr<std::string> address =
+      agent->Serve(WorkerInfo{name, rank, ""});
   if (!address.ok()) return address.status();
   absl::Status published = agent->same_host_->Publish(*agent->store_, rank);
   if (!published.ok()) {
@@ -166,6 +180,16 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   }
   agent->SetWorkers(*std::move(group));
   agent->OpenChannels();
+  if (rank == 0) {
+    // Tells joiners (GrpcAgent::Join) the group runs; the static group
+    // itself does not need it.
+    absl::Status published =
+        grpc_agent::PublishStaticSize(agent->store_, world_size);
+    if (!published.ok()) {
+      FERRY_LOG(WARNING) << "worker '" << name
+                         << "': workers cannot join this group: " << published;
+    }
+  }
   FERRY_LOG(INFO) << "worker '" << name << "' (rank " << rank << "/"
                   << world_size << ") serving on " << *address;
   return agent;
@@ -214,6 +238,14 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
 }
 
 void GrpcAgent::OpenChannels() {
+  MutexLock lock(&mu_);
+  for (const WorkerInfo& w : GetWorkerInfos()) PeerFor(w);
+}
+
+std::shared_ptr<GrpcAgent::Peer> GrpcAgent::PeerFor(const WorkerInfo& to) {
+  if (to.id >= static_cast<int>(peers_.size())) peers_.resize(to.id + 1);
+  std::shared_ptr<Peer>& peer = peers_[to.id];
+  if (peer != nullptr) return peer;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
   args.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
@@ -221,19 +253,24 @@ void GrpcAgent::OpenChannels() {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   credentials_.apply_channel_args(args);
-  for (const WorkerInfo& w : GetWorkerInfos()) {
-    auto peer = std::make_shared<Peer>();
-    peer->info = w;
-    peer->channel =
-        grpc::CreateCustomChannel(w.address, credentials_.channel, args);
-    peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
-    peers_.push_back(std::move(peer));
-  }
+  peer = std::make_shared<Peer>();
+  peer->info = to;
+  peer->channel =
+      grpc::CreateCustomChannel(to.address, credentials_.channel, args);
+  peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+  return peer;
 }
 
 std::string GrpcAgent::ChannelState(int rank) const {
-  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "NONE";
-  switch (peers_[rank]->channel->GetState(/*try_to_connect=*/false)) {
+  std::shared_ptr<Peer> peer;
+  {
+    MutexLock lock(&mu_);
+    if (rank >= 0 && rank < static_cast<int>(peers_.size())) {
+      peer = peers_[rank];
+    }
+  }
+  if (peer == nullptr) return "NONE";
+  switch (peer->channel->GetState(/*try_to_connect=*/false)) {
     case GRPC_CHANNEL_IDLE:
       return "IDLE";
     case GRPC_CHANNEL_CONNECTING:
@@ -255,6 +292,8 @@ int64_t GrpcAgent::calls_in_flight() const {
 GrpcAgent::~GrpcAgent() { Shutdown(/*graceful=*/false).IgnoreError(); }
 
 absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
+  // A worker that joined late is not in the static barrier: it leaves.
+  if (graceful && joined() && self().id >= static_size_) return Leave(timeout);
   MutexLock serial(&shutdown_mu_);
   {
     MutexLock lock(&mu_);
@@ -264,25 +303,33 @@ absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
   absl::Status result;
   if (graceful) {
     // 1. Our own calls finish while every peer still serves.
-    {
-      MutexLock lock(&mu_);
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return outgoing_.empty();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-        result = absl::DeadlineExceededError(absl::StrCat(
-            "worker '", self().name, "' shutdown: ", outgoing_.size(),
-            " outgoing calls still running after ",
-            absl::FormatDuration(timeout)));
-      }
-    }
+    result = AwaitOutgoingCalls(deadline, timeout);
     // 2. Meet everyone: after this no worker issues new calls.
     if (result.ok()) {
-      result = grpc_agent::ShutdownBarrier(store_, self().name, world_size(),
+      result = grpc_agent::ShutdownBarrier(store_, self().name, static_size_,
                                            deadline);
     }
   }
   // 3. Stop: fail what is still outgoing, drain (or cut) what we serve.
+  StopServing(graceful, graceful && result.ok() ? deadline : absl::Now());
+  return result;
+}
+
+absl::Status GrpcAgent::AwaitOutgoingCalls(absl::Time deadline,
+                                           absl::Duration timeout) {
+  MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return outgoing_.empty();
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", self().name, "' shutdown: ", outgoing_.size(),
+      " outgoing calls still running after ", absl::FormatDuration(timeout)));
+}
+
+void GrpcAgent::StopServing(bool drain, absl::Time server_deadline) {
   if (server_ != nullptr) {
     if (auto* health = server_->GetHealthCheckService())
       health->SetServingStatus(false);
@@ -295,22 +342,18 @@ absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
     for (Probe* probe : probes_) probe->context.TryCancel();
   }
   if (server_ != nullptr) {
-    server_->Shutdown(
-        absl::ToChronoTime(graceful && result.ok() ? deadline : absl::Now()));
+    server_->Shutdown(absl::ToChronoTime(server_deadline));
     server_->Wait();
     // Wait returned after every call's OnDone (rpc/grpc/service.h).
     FERRY_TSAN_ACQUIRE(worker_service_.get());
   }
-  StopExecutor(/*drain=*/graceful);
-  {
-    MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return outgoing_.empty() && probes_.empty();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
-    shut_down_ = true;
-  }
-  return result;
+  StopExecutor(drain);
+  MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return outgoing_.empty() && probes_.empty();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
+  shut_down_ = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -373,6 +416,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   }
   Future<Message> result = call->promise.GetFuture();
   OutgoingCall* raw = call.get();
+  std::shared_ptr<Peer> peer;
   {
     MutexLock lock(&mu_);
     if (shutting_down_) {
@@ -385,6 +429,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
           " worker '", to.name, "'")));
     }
     outgoing_.emplace(raw->id, call.release());
+    peer = PeerFor(to);
   }
   // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
   // stream's reactor stays alive until Start returns).
@@ -393,10 +438,10 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   // done; its completion queue orders that after this hand-off.
   FERRY_TSAN_RELEASE(raw);
   if (stream != nullptr) {
-    stream->Start(peers_[to.id]->stub.get(), &raw->context);
+    stream->Start(peer->stub.get(), &raw->context);
     return result;
   }
-  peers_[to.id]->stub->UnaryCall(
+  peer->stub->UnaryCall(
       &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
       &raw->response,
       [this, raw](grpc::Status status) { CallDone(raw, status); });
@@ -477,10 +522,18 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
 // Peer failures.
 
 void GrpcAgent::ProbePeer(int id, const absl::Status& why) {
-  Peer& peer = *peers_[id];
+  std::shared_ptr<Peer> channel;
+  {
+    MutexLock lock(&mu_);
+    if (id >= 0 && id < static_cast<int>(peers_.size())) channel = peers_[id];
+  }
+  // A departed worker's calls fail as it leaves; it has not failed.
+  if (channel == nullptr || HasLeft(id)) return;
+  Peer& peer = *channel;
   if (IsPeerFailed(id) || peer.probing.exchange(true)) return;
   auto probe = std::make_unique<Probe>();
   probe->peer = id;
+  probe->channel = channel;
   probe->why = why;
   grpc::Slice empty;
   probe->request = grpc::ByteBuffer(&empty, 1);
@@ -517,7 +570,7 @@ void GrpcAgent::ProbeDone(Probe* raw, const grpc::Status& status) {
                                        "; its health probe failed too: ",
                                        FromGrpcStatus(status).ToString())));
   }
-  peers_[probe->peer]->probing = false;
+  probe->channel->probing = false;
   MutexLock lock(&mu_);
   probes_.erase(raw);
 }

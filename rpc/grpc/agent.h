@@ -15,6 +15,14 @@
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).
 //
+// Membership (rpc/agent.h; the store log is rpc/grpc/membership.h): Join
+// adds a worker to a running group (one started with Start), with a fresh id
+// (the static world size or more); Leave announces its departure and stops.
+// A joined worker's graceful Shutdown is its Leave; a static member that
+// leaves counts as arrived at the static group's shutdown barrier. Workers
+// still joined when the static group shuts down are not waited for: leave
+// first.
+//
 // Peer failures (rpc/agent.h): when a call fails with Unavailable, the agent
 // probes the peer's gRPC health service (peer_probe_timeout); if the probe
 // fails at the transport too, the peer is reported failed. A peer that
@@ -106,10 +114,20 @@ class GrpcAgent final : public Agent {
       GrpcAgentOptions options = {},
       std::shared_ptr<FunctionRegistry> registry = nullptr);
 
+  // Joins the running group whose store is `store` (waiting up to
+  // options.join_timeout for it to form) as a new worker named `name`.
+  // Returns once every present member knows it. AlreadyExists when a present
+  // member has the name; DeadlineExceeded when no group runs.
+  static absl::StatusOr<std::unique_ptr<GrpcAgent>> Join(
+      std::string name, std::shared_ptr<Store> store,
+      GrpcAgentOptions options = {},
+      std::shared_ptr<FunctionRegistry> registry = nullptr);
+
   ~GrpcAgent() override;
 
   absl::Status Shutdown(bool graceful = true,
                         absl::Duration timeout = absl::Seconds(60)) override;
+  absl::Status Leave(absl::Duration timeout = absl::Seconds(60)) override;
 
   // The gRPC address this worker publishes ("advertised-host:port").
   const std::string& address() const { return self().address; }
@@ -132,9 +150,26 @@ class GrpcAgent final : public Agent {
   GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
             std::shared_ptr<FunctionRegistry> registry);
 
+  // Validates Start's / Join's arguments.
+  static absl::Status CheckArguments(const std::string& name,
+                                     const Store* store);
+  // SetSelf and before_serving, then the server; returns the bound address.
+  absl::StatusOr<std::string> Serve(const WorkerInfo& self);
   // Returns the bound address.
   absl::StatusOr<std::string> StartServer(const std::string& name);
   void OpenChannels();
+  // The channel to `to`, opened on first use (members that joined later).
+  std::shared_ptr<Peer> PeerFor(const WorkerInfo& to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no outgoing call runs; the error names the count.
+  absl::Status AwaitOutgoingCalls(absl::Time deadline, absl::Duration timeout);
+  // Stops serving: fails outgoing calls and probes, serves the calls
+  // received until `server_deadline` (then cuts them), stops the executor
+  // (draining its queue or cancelling it).
+  void StopServing(bool drain, absl::Time server_deadline);
+  // Leave's announcement: the log event, the barrier (static members), the
+  // notices.
+  absl::Status AnnounceLeave(absl::Time deadline);
   // Settles the same-host channel with the joined group (shm_channel.h).
   absl::Status NegotiateSameHost(const std::vector<WorkerInfo>& group,
                                  int rank);
@@ -152,8 +187,9 @@ class GrpcAgent final : public Agent {
   const GrpcAgentOptions grpc_options_;
   const std::shared_ptr<Store> store_;
   const absl::Time start_time_;
-  // Written once in Start, before any message; read-only afterwards.
-  std::vector<std::shared_ptr<Peer>> peers_;
+  // The static group's size (Start's world_size; read from the store by
+  // Join). Written before serving.
+  int static_size_ = 0;
 
   RpcStats stats_;
   // Created before the server; negotiated before the group is known.
@@ -165,11 +201,13 @@ class GrpcAgent final : public Agent {
   // Server and channel credentials, loaded once in StartServer.
   grpc_agent::Credentials credentials_;
 
-  Mutex mu_;
+  mutable Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.
   std::map<uint64_t, OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
   // Health probes in flight; Shutdown cancels them and waits.
   std::set<Probe*> probes_ ABSL_GUARDED_BY(mu_);
+  // By worker id; a departed worker's stays (ids are never reused).
+  std::vector<std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);

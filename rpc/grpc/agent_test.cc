@@ -178,6 +178,21 @@ TEST(GrpcAgent, MissingWorkerTimesOutJoining) {
       << a.status();
 }
 
+// Join needs a running group: without one it fails at its join_timeout,
+// naming the worker.
+TEST(GrpcAgent, JoinWithoutARunningGroupTimesOut) {
+  auto store = std::make_shared<HashStore>();
+  GrpcAgentOptions opts;
+  opts.join_timeout = absl::Milliseconds(300);
+  auto a = GrpcAgent::Join("late", store, opts);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << a.status();
+  EXPECT_NE(a.status().message().find(
+                "worker 'late' joining: no running group formed"),
+            std::string::npos)
+      << a.status();
+}
+
 TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
   auto agents = StartGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/sync.h"
 #include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
 
@@ -12,24 +13,56 @@ namespace {
 
 class GrpcCluster final : public testing::AgentCluster {
  public:
-  explicit GrpcCluster(std::vector<std::unique_ptr<GrpcAgent>> agents)
-      : agents_(std::move(agents)) {}
+  GrpcCluster(std::vector<std::unique_ptr<GrpcAgent>> agents,
+              std::shared_ptr<Store> store, GrpcAgentOptions options,
+              std::shared_ptr<FunctionRegistry> registry)
+      : store_(std::move(store)),
+        options_(std::move(options)),
+        registry_(std::move(registry)),
+        agents_(std::move(agents)) {}
   ~GrpcCluster() override {
     for (auto& a : agents_) {
       if (a) a->Shutdown(/*graceful=*/false).IgnoreError();
     }
   }
-  Agent& agent(int i) override { return *agents_[i]; }
+  Agent& agent(int i) override {
+    MutexLock lock(&mu_);
+    return *agents_[i];
+  }
   // A dead process: its server is gone.
   void Kill(int i) override {
-    agents_[i]->Shutdown(/*graceful=*/false).IgnoreError();
+    GrpcAgent* a;
+    {
+      MutexLock lock(&mu_);
+      a = agents_[i].get();
+    }
+    a->Shutdown(/*graceful=*/false).IgnoreError();
+    MutexLock lock(&mu_);
     agents_[i].reset();
+  }
+  absl::StatusOr<Agent*> Join(const std::string& name) override {
+    absl::StatusOr<std::unique_ptr<GrpcAgent>> a =
+        GrpcAgent::Join(name, store_, options_, registry_);
+    if (!a.ok()) return a.status();
+    MutexLock lock(&mu_);
+    agents_.push_back(*std::move(a));
+    return agents_.back().get();
   }
 
  private:
-  int size() const override { return static_cast<int>(agents_.size()); }
-  bool alive(int i) const override { return agents_[i] != nullptr; }
-  std::vector<std::unique_ptr<GrpcAgent>> agents_;
+  int size() const override {
+    MutexLock lock(&mu_);
+    return static_cast<int>(agents_.size());
+  }
+  bool alive(int i) const override {
+    MutexLock lock(&mu_);
+    return agents_[i] != nullptr;
+  }
+  const std::shared_ptr<Store> store_;
+  const GrpcAgentOptions options_;
+  const std::shared_ptr<FunctionRegistry> registry_;
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<GrpcAgent>> agents_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
@@ -51,7 +84,8 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
     if (!r.ok()) return r.status();
     agents.push_back(*std::move(r));
   }
-  return std::make_unique<GrpcCluster>(std::move(agents));
+  return std::make_unique<GrpcCluster>(std::move(agents), store, options,
+                                       spec.registry);
 }
 
 }  // namespace

@@ -49,6 +49,40 @@ absl::Status ChooseAddresses(const std::string& name, const InitMethod& method,
   return absl::OkStatus();
 }
 
+// The group's store for this worker; a joiner (`join`) is always a client
+// of a running group's store, which it never serves.
+absl::StatusOr<std::shared_ptr<Store>> AgentStore(const InitMethod& method,
+                                                  int rank, int world_size,
+                                                  absl::Duration timeout,
+                                                  bool join) {
+  StoreFactories factories;
+  factories.tcp = MakeTcpStoreFactory();
+  std::optional<std::string> agent_store = GetEnv("FERRY_USE_AGENT_STORE");
+  const bool launcher_store = agent_store.has_value() && *agent_store == "1";
+  if (launcher_store || join) {
+    // The launcher (or the running group) serves the store: connect.
+    // A joiner is not counted among the static group's store handles.
+    factories.tcp = [base = factories.tcp, join](const std::string& host,
+                                                 int port, bool, int ws,
+                                                 absl::Duration timeout) {
+      return base(host, port, /*is_server=*/false, join ? -1 : ws, timeout);
+    };
+  }
+  InitMethod m = method;
+  if (join) {
+    // Any client rank of the store; the agent's id comes from the group.
+    m.rank = 1;
+    m.world_size = 2;
+    rank = world_size = -1;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                   CreateStore(m, rank, world_size, timeout, factories));
+  if (launcher_store) {
+    ASSIGN_OR_RETURN(store, ScopeToLauncherGeneration(std::move(store)));
+  }
+  return std::shared_ptr<Store>(std::move(store));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
@@ -59,29 +93,29 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
   if (!options.tls.enabled()) {
     ASSIGN_OR_RETURN(options.tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
   }
-  StoreFactories factories;
-  factories.tcp = MakeTcpStoreFactory();
-  std::optional<std::string> agent_store = GetEnv("FERRY_USE_AGENT_STORE");
-  if (agent_store.has_value() && *agent_store == "1") {
-    // The launcher serves the store: every rank connects as a client.
-    factories.tcp = [base = factories.tcp](const std::string& host, int port,
-                                           bool, int ws,
-                                           absl::Duration timeout) {
-      return base(host, port, /*is_server=*/false, ws, timeout);
-    };
-  }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Store> store,
-      CreateStore(method, rank, world_size, options.join_timeout, factories));
-  if (agent_store.has_value() && *agent_store == "1") {
-    ASSIGN_OR_RETURN(store, ScopeToLauncherGeneration(std::move(store)));
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                   AgentStore(method, rank, world_size, options.join_timeout,
+                              /*join=*/false));
   RETURN_IF_ERROR(ChooseAddresses(name, method, &options));
   if (rank < 0) rank = method.rank.value_or(-1);
   if (world_size < 0) world_size = method.world_size.value_or(-1);
-  return GrpcAgent::Start(name, rank, world_size,
-                          std::shared_ptr<Store>(std::move(store)),
+  return GrpcAgent::Start(name, rank, world_size, std::move(store),
                           std::move(options), std::move(registry));
+}
+
+absl::StatusOr<std::unique_ptr<GrpcAgent>> JoinRpc(
+    const std::string& name, const std::string& init_method,
+    GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
+  ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod(init_method));
+  if (!options.tls.enabled()) {
+    ASSIGN_OR_RETURN(options.tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                   AgentStore(method, -1, -1, options.join_timeout,
+                              /*join=*/true));
+  RETURN_IF_ERROR(ChooseAddresses(name, method, &options));
+  return GrpcAgent::Join(name, std::move(store), std::move(options),
+                         std::move(registry));
 }
 
 }  // namespace ferry::rpc

@@ -41,6 +41,17 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
     int world_size = -1, GrpcAgentOptions options = {},
     std::shared_ptr<FunctionRegistry> registry = nullptr);
 
+// JoinRpc: joins a running group as a new worker (PyTorch's init_rpc with
+// world_size=None; rpc/agent.h, Membership): `init_method` names the group's
+// store (tcp://, env:// with MASTER_ADDR/MASTER_PORT, file://), which a
+// joiner only connects to (RANK / WORLD_SIZE are not read). Its id is the
+// group's next (GrpcAgent::Join); Leave() (or Shutdown) departs. Addresses
+// and TLS as InitRpc. Errors: those of ParseInitMethod / GrpcAgent::Join.
+absl::StatusOr<std::unique_ptr<GrpcAgent>> JoinRpc(
+    const std::string& name, const std::string& init_method,
+    GrpcAgentOptions options = {},
+    std::shared_ptr<FunctionRegistry> registry = nullptr);
+
 }  // namespace ferry::rpc
 
 #endif  // FERRY_RPC_GRPC_INIT_H_

@@ -95,13 +95,19 @@ absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> base,
   return CheckGroup(records, world_size, who);
 }
 
+absl::Status ArriveAtShutdownBarrier(std::shared_ptr<Store> base,
+                                     int world_size) {
+  PrefixStore store("rpc/", std::move(base));
+  absl::StatusOr<int64_t> n = store.Add("shutdown_count", 1);
+  if (n.ok() && *n == world_size) return store.Set("shutdown_done", "1");
+  return n.status();
+}
+
 absl::Status ShutdownBarrier(std::shared_ptr<Store> base,
                              const std::string& self_name, int world_size,
                              absl::Time deadline) {
+  absl::Status s = ArriveAtShutdownBarrier(base, world_size);
   PrefixStore store("rpc/", std::move(base));
-  absl::StatusOr<int64_t> n = store.Add("shutdown_count", 1);
-  absl::Status s = n.status();
-  if (s.ok() && *n == world_size) s = store.Set("shutdown_done", "1");
   if (s.ok())
     s = store.Wait({std::string("shutdown_done")}, deadline - absl::Now());
   if (!s.ok()) {

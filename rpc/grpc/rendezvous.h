@@ -25,7 +25,13 @@ absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> store,
                                                   int world_size,
                                                   absl::Duration timeout);
 
-// Returns once all `world_size` workers called it, or an error at `deadline`.
+// Counts this worker in at the shutdown barrier without waiting (a static
+// member that leaves the group early).
+absl::Status ArriveAtShutdownBarrier(std::shared_ptr<Store> store,
+                                     int world_size);
+
+// Returns once all `world_size` workers called it (or arrived), or an error
+// at `deadline`.
 absl::Status ShutdownBarrier(std::shared_ptr<Store> store,
                              const std::string& self_name, int world_size,
                              absl::Time deadline);

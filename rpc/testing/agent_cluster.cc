@@ -25,20 +25,25 @@ namespace {
 class InProcessCluster final : public AgentCluster {
  public:
   explicit InProcessCluster(const ClusterSpec& spec)
-      : names_(spec.names),
-        network_(spec.names, InProcessOptions{.auto_deliver = true,
+      : network_(spec.names, InProcessOptions{.auto_deliver = true,
                                               .agent = spec.options,
                                               .registry = spec.registry}) {}
   Agent& agent(int i) override { return network_.agent(i); }
   void Kill(int i) override {
     network_.Kill(network_.agent(i).self().name).IgnoreError();
   }
+  absl::StatusOr<Agent*> Join(const std::string& name) override {
+    absl::StatusOr<InProcessAgent*> a = network_.Join(name);
+    if (!a.ok()) return a.status();
+    return *a;
+  }
 
  private:
   int size() const override { return network_.size(); }
-  bool alive(int i) const override { return !network_.IsDead(names_[i]); }
-  const std::vector<std::string> names_;
-  InProcessNetwork network_;
+  bool alive(int i) const override {
+    return !network_.IsDead(network_.agent(i).self().name);
+  }
+  mutable InProcessNetwork network_;  // alive() looks up names.
 };
 
 }  // namespace

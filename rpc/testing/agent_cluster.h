@@ -20,6 +20,10 @@ class AgentCluster {
   virtual Agent& agent(int i) = 0;
   // Makes worker `i` die abruptly (its peers' calls must fail, not hang).
   virtual void Kill(int i) = 0;
+  // A new worker named `name` joins the running group (rpc/agent.h,
+  // Membership); the cluster owns it, and agent(i) reaches it at the next
+  // index. Safe from several threads at once.
+  virtual absl::StatusOr<Agent*> Join(const std::string& name) = 0;
   // Graceful, collective shutdown of every live agent, each on its own
   // thread; returns the first error.
   absl::Status ShutdownAll();

@@ -50,6 +50,25 @@ absl::Status InProcessAgent::Shutdown(bool graceful, absl::Duration timeout) {
   return result;
 }
 
+absl::Status InProcessAgent::Leave(absl::Duration timeout) {
+  MutexLock serial(&shutdown_mu_);
+  if (shut_down_) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status result = network_->AwaitNoCallsFrom(self().id, deadline);
+  if (result.ok()) {
+    for (const auto& [peer, why] : Announce(MembershipChange::kLeft, self(),
+                                            GetWorkerInfos(), deadline)) {
+      FERRY_LOG(WARNING) << "worker '" << self().name << "' leaving: worker '"
+                         << peer.name << "' was not told: " << why;
+    }
+  }
+  network_->MarkStopped(self().id, /*left=*/true);
+  network_->CancelCallsFrom(self().id);
+  StopExecutor(/*drain=*/true);
+  shut_down_ = true;
+  return result;
+}
+
 // ---------------------------------------------------------------------------
 // Queue summaries.
 
@@ -79,7 +98,12 @@ MessagePredicate RepliesTo(const std::string& to) {
 InProcessNetwork::InProcessNetwork(const std::vector<std::string>& names,
                                    Options options)
     : options_(std::move(options)), auto_deliver_(options_.auto_deliver) {
+  if (names.size() > static_cast<size_t>(kMaxWorkers)) {
+    Die(absl::StrCat(names.size(), " workers; at most ", kMaxWorkers));
+  }
+  agents_.resize(kMaxWorkers);
   std::vector<WorkerInfo> workers;
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i].empty() || ids_.count(names[i]) != 0) {
       Die(absl::StrCat("worker names must be unique and non-empty: '", names[i],
@@ -90,15 +114,18 @@ InProcessNetwork::InProcessNetwork(const std::vector<std::string>& names,
         WorkerInfo{names[i], static_cast<int>(i), "inproc:" + names[i]});
   }
   for (const WorkerInfo& w : workers) {
-    agents_.emplace_back(
+    agents_[w.id].reset(
         new InProcessAgent(this, options_.agent, options_.registry));
-    agents_.back()->Join(w, workers);
+    agents_[w.id]->Join(w, workers);
   }
+  size_.store(static_cast<int>(workers.size()), std::memory_order_release);
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
 InProcessNetwork::~InProcessNetwork() {
-  for (auto& a : agents_) a->Shutdown(/*graceful=*/false).IgnoreError();
+  for (int i = 0; i < size(); ++i) {
+    agents_[i]->Shutdown(/*graceful=*/false).IgnoreError();
+  }
   {
     MutexLock lock(&mu_);
     stop_timer_ = true;
@@ -108,10 +135,65 @@ InProcessNetwork::~InProcessNetwork() {
   agents_.clear();
 }
 
-InProcessAgent& InProcessNetwork::agent(const std::string& name) {
+int InProcessNetwork::IdOf(const std::string& name) const {
+  MutexLock lock(&mu_);
   auto it = ids_.find(name);
-  if (it == ids_.end()) Die(absl::StrCat("no worker named '", name, "'"));
-  return *agents_[it->second];
+  return it == ids_.end() ? -1 : it->second;
+}
+
+InProcessAgent& InProcessNetwork::agent(const std::string& name) {
+  const int id = IdOf(name);
+  if (id < 0) Die(absl::StrCat("no worker named '", name, "'"));
+  return *agents_[id];
+}
+
+absl::StatusOr<InProcessAgent*> InProcessNetwork::Join(const std::string& name,
+                                                       absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  InProcessAgent* joiner = nullptr;
+  std::vector<WorkerInfo> members;
+  {
+    MutexLock lock(&mu_);
+    if (name.empty()) {
+      return absl::InvalidArgumentError("cannot join: empty worker name");
+    }
+    auto it = ids_.find(name);
+    if (it != ids_.end() && left_.count(it->second) == 0) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("cannot join as '", name, "': worker id ", it->second,
+                       " has that name and has not left"));
+    }
+    const int id = size();
+    if (id >= kMaxWorkers) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot join as '", name, "': all ", kMaxWorkers, " ids are used"));
+    }
+    for (int i = 0; i < id; ++i) {
+      if (left_.count(i) == 0) members.push_back(agents_[i]->self());
+    }
+    const WorkerInfo self{name, id, "inproc:" + name};
+    members.push_back(self);
+    agents_[id].reset(
+        new InProcessAgent(this, options_.agent, options_.registry));
+    agents_[id]->Join(self, members);
+    ids_[name] = id;
+    joiner = agents_[id].get();
+    size_.store(id + 1, std::memory_order_release);
+    // Dead and shut-down workers are not told (they stay in its table).
+    members.erase(std::remove_if(members.begin(), members.end(),
+                                 [this](const WorkerInfo& w) {
+                                   mu_.AssertHeld();
+                                   return dead_.count(w.id) > 0 ||
+                                          stopped_.count(w.id) > 0;
+                                 }),
+                  members.end());
+  }
+  for (const auto& [peer, why] : joiner->Announce(
+           MembershipChange::kJoined, joiner->self(), members, deadline)) {
+    FERRY_LOG(WARNING) << "worker '" << name << "' joining: worker '"
+                       << peer.name << "' was not told: " << why;
+  }
+  return joiner;
 }
 
 InProcessAgent& InProcessNetwork::agent(int id) {
@@ -237,11 +319,10 @@ int InProcessNetwork::DeliverAll(int max_messages) {
 }
 
 absl::Status InProcessNetwork::Kill(const std::string& worker) {
-  auto it = ids_.find(worker);
-  if (it == ids_.end()) {
+  const int id = IdOf(worker);
+  if (id < 0) {
     return absl::NotFoundError(absl::StrCat("no worker named '", worker, "'"));
   }
-  const int id = it->second;
   std::vector<std::pair<Promise<Message>, absl::Status>> failed;
   std::vector<int> survivors;
   {
@@ -272,9 +353,9 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
 }
 
 bool InProcessNetwork::IsDead(const std::string& worker) const {
-  auto it = ids_.find(worker);
+  const int id = IdOf(worker);
   MutexLock lock(&mu_);
-  return it != ids_.end() && dead_.count(it->second) > 0;
+  return id >= 0 && dead_.count(id) > 0;
 }
 
 std::vector<std::pair<Promise<Message>, absl::Status>>
@@ -316,14 +397,13 @@ Future<Message> InProcessNetwork::Transmit(int from, const WorkerInfo& to,
     MutexLock lock(&mu_);
     if (dead_.count(from) || stopped_.count(from)) {
       return MakeErrorFuture<Message>(absl::UnavailableError(
-          absl::StrCat("worker '", e.summary.from, "' is ",
-                       dead_.count(from) ? "dead" : "shut down",
+          absl::StrCat("worker '", e.summary.from, "' is ", StateOf(from),
                        "; cannot reach ", target)));
     }
     if (dead_.count(to.id) || stopped_.count(to.id)) {
-      return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
-          target, " at ", to.address, " is unavailable: worker '", to.name,
-          "' is ", dead_.count(to.id) ? "dead" : "shut down")));
+      return MakeErrorFuture<Message>(absl::UnavailableError(
+          absl::StrCat(target, " at ", to.address, " is unavailable: worker '",
+                       to.name, "' is ", StateOf(to.id))));
     }
     calls_.emplace(
         key, PendingCall{promise, to.id, target, timeout, request.deadline});
@@ -359,7 +439,7 @@ void InProcessNetwork::DeliverEnvelope(Envelope e) {
     if (stopped_.count(e.to_id)) {
       // Answered like a refused connection.
       e.body = absl::UnavailableError(
-          absl::StrCat("worker '", e.summary.to, "' is shut down"));
+          absl::StrCat("worker '", e.summary.to, "' is ", StateOf(e.to_id)));
     }
   }
   if (!e.body.ok()) {
@@ -444,7 +524,9 @@ absl::Status InProcessNetwork::Barrier(int id, absl::Time deadline) {
   at_barrier_.insert(id);
   auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int i = 0; i < size(); ++i) {
-      if (!at_barrier_.count(i) && !dead_.count(i)) return false;
+      if (!at_barrier_.count(i) && !dead_.count(i) && !left_.count(i)) {
+        return false;
+      }
     }
     return true;
   };
@@ -456,9 +538,15 @@ absl::Status InProcessNetwork::Barrier(int id, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void InProcessNetwork::MarkStopped(int id) {
+void InProcessNetwork::MarkStopped(int id, bool left) {
   MutexLock lock(&mu_);
   stopped_.insert(id);
+  if (left) left_.insert(id);
+}
+
+std::string InProcessNetwork::StateOf(int id) const {
+  if (dead_.count(id)) return "dead";
+  return left_.count(id) ? "gone (it left the group)" : "shut down";
 }
 
 void InProcessNetwork::CancelCallsFrom(int from) {

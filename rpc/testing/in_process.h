@@ -34,6 +34,7 @@
 #ifndef FERRY_RPC_TESTING_IN_PROCESS_H_
 #define FERRY_RPC_TESTING_IN_PROCESS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -65,6 +66,10 @@ class InProcessAgent final : public Agent {
   // executor. Non-graceful: fails outgoing calls with Cancelled and stops.
   absl::Status Shutdown(bool graceful = true,
                         absl::Duration timeout = absl::Seconds(60)) override;
+  // Waits for this worker's outgoing calls, sends a MEMBERSHIP notice to
+  // every present member (through the queue), then stops: later messages to
+  // it fail naming it as departed. Not collective.
+  absl::Status Leave(absl::Duration timeout = absl::Seconds(60)) override;
 
  private:
   friend class InProcessNetwork;
@@ -124,7 +129,8 @@ class InProcessNetwork {
   // The worker named `name` / with id `id`; aborts when absent (a test bug).
   InProcessAgent& agent(const std::string& name);
   InProcessAgent& agent(int id);
-  int size() const { return static_cast<int>(agents_.size()); }
+  // Ids handed out (departed workers included).
+  int size() const { return size_.load(std::memory_order_acquire); }
 
   // --- Queue control. Errors: NotFound for a seq no longer queued. ---
 
@@ -158,6 +164,18 @@ class InProcessNetwork {
   absl::Status Kill(const std::string& worker);
   bool IsDead(const std::string& worker) const;
 
+  // --- Membership (rpc/agent.h). ---
+
+  // A new worker joins the running group with the next id (ids are never
+  // reused): it knows every worker that has not left, and every live one
+  // learns of it through a MEMBERSHIP notice (queued messages: in manual
+  // mode, deliver them from another thread) before Join returns.
+  // InvalidArgument for an empty name, AlreadyExists for the name of a
+  // present worker, ResourceExhausted beyond kMaxWorkers ids.
+  absl::StatusOr<InProcessAgent*> Join(
+      const std::string& name, absl::Duration timeout = absl::Seconds(60));
+  static constexpr int kMaxWorkers = 1024;
+
  private:
   friend class InProcessAgent;
   struct Envelope {
@@ -190,14 +208,22 @@ class InProcessNetwork {
   void CancelCallsFrom(int from);
   absl::Status AwaitNoCallsFrom(int from, absl::Time deadline);
   absl::Status Barrier(int id, absl::Time deadline);
-  void MarkStopped(int id);
+  void MarkStopped(int id, bool left = false);
   void TimerLoop();
 
+  // "dead", "shut down" or "gone (it left the group)", for errors.
+  std::string StateOf(int id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker named `name`'s id; -1 when unknown.
+  int IdOf(const std::string& name) const;
+
   Options options_;
+  // kMaxWorkers slots, each filled once (under mu_) before its id is used.
   std::vector<std::unique_ptr<InProcessAgent>> agents_;
-  std::map<std::string, int> ids_;
+  std::atomic<int> size_{0};
 
   mutable Mutex mu_;
+  std::map<std::string, int> ids_ ABSL_GUARDED_BY(mu_);  // Latest id per name.
+  std::set<int> left_ ABSL_GUARDED_BY(mu_);
   bool auto_deliver_ ABSL_GUARDED_BY(mu_);
   MessagePredicate hold_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

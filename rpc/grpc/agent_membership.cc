@@ -1,0 +1,107 @@
+// GrpcAgent::Join and Leave: the gRPC side of dynamic membership
+// (rpc/agent.h; the store log is rpc/grpc/membership.h).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "rpc/grpc/agent.h"
+#include "rpc/grpc/membership.h"
+#include "rpc/grpc/rendezvous.h"
+
+namespace ferry::rpc {
+namespace {
+
+void WarnUntold(
+    const std::string& who,
+    const std::vector<std::pair<WorkerInfo, absl::Status>>& failed) {
+  for (const auto& [peer, why] : failed) {
+    FERRY_LOG(WARNING) << who << ": worker '" << peer.name << "' (id "
+                       << peer.id << ") was not told: " << why;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
+    std::string name, std::shared_ptr<Store> store, GrpcAgentOptions options,
+    std::shared_ptr<FunctionRegistry> registry) {
+  RETURN_IF_ERROR(CheckArguments(name, store.get()));
+  const absl::Duration timeout = options.join_timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  ASSIGN_OR_RETURN(grpc_agent::JoinerId id,
+                   grpc_agent::ReserveJoinerId(store, name, timeout));
+  std::unique_ptr<GrpcAgent> agent(
+      new GrpcAgent(store, std::move(options), std::move(registry)));
+  agent->static_size_ = id.static_size;
+  ASSIGN_OR_RETURN(std::string address,
+                   agent->Serve(WorkerInfo{name, id.id, ""}));
+  const WorkerInfo self{name, id.id, address};
+  const std::string who =
+      absl::StrCat("worker '", name, "' (id ", id.id, ") joining");
+  absl::StatusOr<int64_t> slot =
+      grpc_agent::AppendMembershipEvent(store, MembershipChange::kJoined, self);
+  // After its join event, a failed joiner records its departure too.
+  auto fail = [&](absl::Status why) {
+    if (slot.ok()) {
+      grpc_agent::AppendMembershipEvent(store, MembershipChange::kLeft, self)
+          .IgnoreError();
+    }
+    agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return why;
+  };
+  if (!slot.ok()) return fail(Annotate(slot.status(), who));
+  absl::StatusOr<std::vector<WorkerInfo>> members = grpc_agent::ReadMembers(
+      store, id.static_size, *slot, who, deadline - absl::Now());
+  if (!members.ok()) return fail(members.status());
+  for (const WorkerInfo& w : *members) {
+    if (w.name == name) {
+      return fail(absl::AlreadyExistsError(
+          absl::StrCat(who, ": worker id ", w.id, " at ", w.address,
+                       " has that name and has not left")));
+    }
+  }
+  members->push_back(self);
+  agent->SetWorkers(*members);
+  agent->OpenChannels();
+  WarnUntold(who, agent->Announce(MembershipChange::kJoined, self, *members,
+                                  deadline));
+  FERRY_LOG(INFO) << who << ": serving on " << address << " beside "
+                  << members->size() - 1 << " workers";
+  return agent;
+}
+
+absl::Status GrpcAgent::Leave(absl::Duration timeout) {
+  MutexLock serial(&shutdown_mu_);
+  {
+    MutexLock lock(&mu_);
+    if (shut_down_) return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status result = AwaitOutgoingCalls(deadline, timeout);
+  if (result.ok()) result = AnnounceLeave(deadline);
+  // The calls it received before the members knew are answered.
+  StopServing(/*drain=*/true, result.ok() ? deadline : absl::Now());
+  return result;
+}
+
+absl::Status GrpcAgent::AnnounceLeave(absl::Time deadline) {
+  const std::string who =
+      absl::StrCat("worker '", self().name, "' (id ", self().id, ") leaving");
+  absl::StatusOr<int64_t> slot = grpc_agent::AppendMembershipEvent(
+      store_, MembershipChange::kLeft, self());
+  if (!slot.ok()) return Annotate(slot.status(), who);
+  if (self().id < static_size_) {
+    RETURN_IF_ERROR(grpc_agent::ArriveAtShutdownBarrier(store_, static_size_));
+  }
+  // Members whose join notice has not reached this worker yet are told too.
+  absl::StatusOr<std::vector<WorkerInfo>> members = grpc_agent::ReadMembers(
+      store_, static_size_, *slot, who, deadline - absl::Now());
+  if (!members.ok()) return members.status();
+  for (const WorkerInfo& w : *members) AddMember(w);
+  WarnUntold(who, Announce(MembershipChange::kLeft, self(), GetWorkerInfos(),
+                           deadline));
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::rpc
