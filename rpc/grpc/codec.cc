@@ -46,7 +46,8 @@ absl::StatusOr<Value> DecodePayload(const EnvelopeParts& parts,
           "envelope: both a payload and a same-host payload");
     }
     if (link.channel == nullptr) {
-      return absl::FailedPreconditionError(
+      // The peer sent what was never negotiated: a malformed message.
+      return absl::InvalidArgumentError(
           "envelope: a same-host payload where no same-host channel is set "
           "up");
     }

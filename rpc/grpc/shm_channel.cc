@@ -354,7 +354,7 @@ absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::Reader(
   MutexLock lock(&mu_);
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) ||
       !peers_[peer].can_read) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         "worker '", self_name_, "': a same-host payload from rank ", peer,
         ", which has no same-host channel to this worker"));
   }

@@ -178,7 +178,7 @@ TEST(SameHostChannel, RefusedProbeFallsBackForThatPair) {
   v1::SameHostPayload d;
   d.set_nonce(1);
   EXPECT_EQ(c0->Fetch(1, d, WireLimits{}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SameHostChannel, MalformedDescriptorsAreRefused) {
@@ -202,7 +202,7 @@ TEST(SameHostChannel, MalformedDescriptorsAreRefused) {
   EXPECT_EQ(p.c[1]->Fetch(0, d, WireLimits{}).status().code(),
             absl::StatusCode::kAborted);
   EXPECT_EQ(p.c[1]->Fetch(7, d, WireLimits{}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Through two agents: calls carry tensors over the channel both ways, and an
