@@ -35,14 +35,11 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return names;
 }
 
-// What the channel must never leave: a /dev/shm entry named after either
-// process, or a descriptor of this process on /dev/shm or a memfd.
-void ExpectNothingShared(pid_t peer) {
-  for (const std::string& name : ListDir("/dev/shm")) {
-    EXPECT_FALSE(absl::StrContains(name, absl::StrCat(peer)) ||
-                 absl::StrContains(name, absl::StrCat(getpid())))
-        << "/dev/shm/" << name;
-  }
+// What the channel must never leave: a descriptor of this process on
+// /dev/shm or a memfd. (It creates no named object at all; /dev/shm names
+// are not checked by pid because other tests' segments share /dev/shm and,
+// inside PID namespaces, their names can contain the same small numbers.)
+void ExpectNothingShared(pid_t /*peer*/) {
   for (const std::string& fd : ListDir("/proc/self/fd")) {
     char target[4096];
     const std::string link = "/proc/self/fd/" + fd;
