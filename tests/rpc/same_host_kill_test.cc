@@ -39,7 +39,7 @@ std::vector<std::string> ListDir(const std::string& dir) {
 // /dev/shm or a memfd. (It creates no named object at all; /dev/shm names
 // are not checked by pid because other tests' segments share /dev/shm and,
 // inside PID namespaces, their names can contain the same small numbers.)
-void ExpectNothingShared(pid_t /*peer*/) {
+void ExpectNothingShared() {
   for (const std::string& fd : ListDir("/proc/self/fd")) {
     char target[4096];
     const std::string link = "/proc/self/fd/" + fd;
@@ -155,7 +155,7 @@ TEST(SameHostKill, CalleeKilledMidTransferFailsTheCallsNamingIt) {
   EXPECT_GE(failed, 1);
   EXPECT_LT(absl::Now() - killed, absl::Seconds(20));  // The rpc timeout.
   EXPECT_EQ(p.agent().same_host().live_leases(), 0);
-  ExpectNothingShared(p.peer().pid());
+  ExpectNothingShared();
 }
 
 TEST(SameHostKill, CallerKilledMidTransferLeavesNoLease) {
@@ -182,7 +182,7 @@ TEST(SameHostKill, CallerKilledMidTransferLeavesNoLease) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_EQ(p.agent().same_host().live_leases(), 0);
-  ExpectNothingShared(p.peer().pid());
+  ExpectNothingShared();
   // The survivor still serves and calls (itself, over the channel).
   Tensor x = full({1 << 20}, 4.0);
   auto r = p.agent().rpc_sync<Tensor>("worker0", "echo", x);
