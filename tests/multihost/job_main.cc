@@ -40,6 +40,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "c10d/backend.h"
 #include "c10d/init.h"
 #include "common/status.h"
 #include "rpc/grpc/init.h"
@@ -150,7 +151,10 @@ absl::Status Batch(Agent& agent, int rank) {
     return absl::InternalError(
         absl::StrCat("allreduce: got ", got, ", want ", want));
   }
-  std::printf("rank %d: allreduce ok sum=%g\n", rank, got);
+  // Which backend carried it: "shm" on one host, "gloo" across hosts.
+  ASSIGN_OR_RETURN(c10d::Backend * backend, pg->GetBackend(DeviceType::kCPU));
+  std::printf("rank %d: allreduce ok sum=%g backend=%s\n", rank, got,
+              backend->name().c_str());
   // Store round trip, on a client of its own, across hosts.
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, ConnectStore());
   if (rank == 0) RETURN_IF_ERROR(store->Set("job/key", "from rank 0"));
