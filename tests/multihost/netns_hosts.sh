@@ -11,7 +11,8 @@
 # where the kernel has sch_netem, else link_emulator (a userspace forwarder
 # between two TAP devices: eth0 in the host, vh<i> on the bridge; --emulator
 # names the binary, default: beside this script; seed S+i on host i).
-# --shape=emulator forces it. Either way the line "shape ..." says which.
+# --shape=netem|emulator forces one, even with no delay or loss. Either way
+# the line "shape ..." says which.
 #
 # Host i is network namespace fmh<pid>h<i> with interface eth0 at
 # 10.213.0.<i+1>/24 (and lo). Each eth0 is one end of a veth pair whose other
@@ -49,8 +50,12 @@ if [[ -z "$n" || ! "$delay_us" =~ ^[0-9]+$ || ! "$loss_pct" =~ ^[0-9.]+$ ||
     "[--seed=S] [--shape=auto|netem|emulator] [--emulator=PATH] N"
   exit 1
 fi
+# Shaped when a delay or loss is asked for, or a shape named (then even a
+# zero delay goes through it, so its own cost can be measured).
 shaped=0
-if [[ "$delay_us" != 0 || ! "$loss_pct" =~ ^0*\.?0*$ ]]; then shaped=1; fi
+if [[ "$delay_us" != 0 || ! "$loss_pct" =~ ^0*\.?0*$ || "$shape" != auto ]]; then
+  shaped=1
+fi
 prefix="fmh$$"
 made=()
 emulators=()
