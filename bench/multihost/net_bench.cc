@@ -1,7 +1,8 @@
 // Ferry side of the network-shape benchmark (bench/multihost/run.sh): one
 // rank per "host" (network namespace), rank 0 at --master_addr. In order:
 //
-//   raw-tcp   ping-pong of 16 bytes on one TCP connection (TCP_NODELAY): the
+//   raw-tcp   (measured before and after Ferry; the faster pass reported)
+//             ping-pong of 16 bytes on one TCP connection (TCP_NODELAY): the
 //             floor of an rpc_sync round trip through the same link;
 //             lock-step exchange of N bytes both ways per iteration (each
 //             iteration waits for the other side's bytes, as an all-reduce
@@ -31,6 +32,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,7 +51,7 @@
 
 ABSL_FLAG(int, rank, -1, "0 (measures, prints) or 1 (peer)");
 ABSL_FLAG(std::string, master_addr, "", "rank 0's address");
-ABSL_FLAG(int, port, 29600, "first of the 3 ports used on rank 0");
+ABSL_FLAG(int, port, 29600, "first of the 4 ports used on rank 0");
 ABSL_FLAG(std::string, sizes, "4096,262144,4194304", "all-reduce bytes");
 ABSL_FLAG(int, rpc_iters, 200, "timed rpc_sync / ping-pong round trips");
 ABSL_FLAG(int64_t, rtt_us, 0, "added round trip (label)");
@@ -191,9 +193,24 @@ absl::Status Exchange(int fd, const std::string& out, std::string& in) {
   return absl::OkStatus();
 }
 
-absl::Status RawTcp(int rank, const std::vector<size_t>& sizes) {
+// The floor's samples per figure: (name, bytes) -> microseconds.
+using Samples = std::map<std::pair<std::string, size_t>, std::vector<double>>;
+
+double Median(std::vector<double> us) {
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// One pass of the raw TCP floor on a new connection (port + `pass`).
+absl::Status RawTcp(int rank, const std::vector<size_t>& sizes, int pass,
+                    Samples& best) {
+  auto keep = [&](const std::string& name, size_t bytes,
+                  std::vector<double> us) {
+    std::vector<double>& b = best[{name, bytes}];
+    if (b.empty() || Median(us) < Median(b)) b = std::move(us);
+  };
   ASSIGN_OR_RETURN(int fd, Connect(rank, absl::GetFlag(FLAGS_master_addr),
-                                   absl::GetFlag(FLAGS_port)));
+                                   absl::GetFlag(FLAGS_port) + 3 * pass));
   char msg[16] = {};
   ASSIGN_OR_RETURN(std::vector<double> us,
                    Time(absl::GetFlag(FLAGS_rpc_iters), [&]() -> absl::Status {
@@ -204,12 +221,12 @@ absl::Status RawTcp(int rank, const std::vector<size_t>& sizes) {
                      RETURN_IF_ERROR(ReadFull(fd, msg, sizeof(msg)));
                      return WriteFull(fd, msg, sizeof(msg));
                    }));
-  if (rank == 0) Report("raw-tcp", "rpc_sync", sizeof(msg), us);
+  keep("rpc_sync", sizeof(msg), us);
   for (size_t bytes : sizes) {
     std::string out(bytes, 'x'), in(bytes, '\0');
     ASSIGN_OR_RETURN(
         us, Time(IterationsFor(bytes), [&] { return Exchange(fd, out, in); }));
-    if (rank == 0) Report("raw-tcp", "allreduce", bytes, us);
+    keep("allreduce", bytes, us);
   }
   close(fd);
   return absl::OkStatus();
@@ -272,9 +289,19 @@ absl::Status Run() {
     }
     sizes.push_back(b);
   }
-  RETURN_IF_ERROR(RawTcp(rank, sizes));
+  // The floor is measured before and after Ferry, on fresh connections, and
+  // the faster pass (by median) reported: load and TCP's state drift.
+  Samples floor;
+  RETURN_IF_ERROR(RawTcp(rank, sizes, 0, floor));
   RETURN_IF_ERROR(FerryRpc(rank));
-  return FerryAllreduce(rank, sizes);
+  RETURN_IF_ERROR(FerryAllreduce(rank, sizes));
+  RETURN_IF_ERROR(RawTcp(rank, sizes, 1, floor));
+  if (rank == 0) {
+    for (auto& [key, us] : floor) {
+      Report("raw-tcp", key.first, key.second, std::move(us));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
