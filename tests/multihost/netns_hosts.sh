@@ -19,7 +19,8 @@
 # end, vh<i>, is a port of bridge br0 in the switch namespace fmh<pid>sw.
 # Nothing is added to the machine's own namespace: traffic stays between the
 # test's namespaces. Prints, one a line:
-#   host <i> <namespace> <address>
+#   host <i> <namespace> <address>   (after "emulator <i> <pid>" when the
+#                                     link emulator carries host i's link)
 #   switch <namespace>
 #   shape none | shape netem ... | shape emulator ... (why)
 #   ready
@@ -147,6 +148,7 @@ link_host() {
       --delay_us="$delay_us" --loss_pct="$loss_pct" --seed=$((seed + i)) \
       --limit=10000 --parent_pid=$$ >"$fifo" &
     emulators+=($!)
+    echo "emulator $i $!"
     local fd
     exec {fd}<"$fifo"
     read -r -t 10 -u "$fd" line

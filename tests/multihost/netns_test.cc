@@ -23,7 +23,10 @@
 //     within its timeout, and the job completes within its deadline.
 // Skips with the harness's reason where namespaces cannot be created (not
 // root).
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -66,7 +69,7 @@ class NetnsTest : public ::testing::Test {
     ASSERT_TRUE(h.ok()) << h.status();
     harness_ = *std::move(h);
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    for (int lines = 0; lines < kHosts + 4; ++lines) {
+    for (int lines = 0; lines < 2 * kHosts + 4; ++lines) {
       std::string line = harness_->ReadLine(deadline);
       if (absl::StartsWith(line, "skip: ")) GTEST_SKIP() << line.substr(6);
       ASSERT_FALSE(line.empty() || absl::StartsWith(line, "error"))
@@ -341,6 +344,62 @@ TEST_F(NetnsTest, LinkCutFailsCallsInTimeAndTheyRecoverAfterward) {
   }
   std::printf("link up again: %s\n", after.line.c_str());
   EXPECT_EQ(after.code, "OK") << after.line;
+}
+
+// The harness SIGKILLed: its link emulators exit with it (their parent-death
+// signal), and the next harness removes the namespaces it left.
+TEST(NetnsHarnessTest, AKilledHarnessLeavesNoEmulatorAndNoNamespace) {
+  auto h = Subprocess::Spawn(
+      {RunfilePath("tests/multihost/netns_hosts.sh"), "--shape=emulator",
+       "--emulator=" + RunfilePath("tests/multihost/link_emulator"), "2"},
+      SpawnOptions().PipeStdin().CaptureStdout());
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<int> pidfds;
+  std::vector<std::string> namespaces;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int lines = 0; lines < 10; ++lines) {
+    std::string line = (*h)->ReadLine(deadline);
+    if (absl::StartsWith(line, "skip: ")) GTEST_SKIP() << line.substr(6);
+    ASSERT_FALSE(line.empty() || absl::StartsWith(line, "error")) << line;
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    int pid = 0;
+    if (f[0] == "emulator" && f.size() == 3 && absl::SimpleAtoi(f[2], &pid)) {
+      const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      ASSERT_GE(fd, 0) << "emulator " << pid << " is not running";
+      pidfds.push_back(fd);
+    } else if (f[0] == "host" && f.size() == 4) {
+      namespaces.push_back(f[2]);
+    } else if (f[0] == "ready") {
+      break;
+    }
+  }
+  ASSERT_EQ(pidfds.size(), 2u);
+  ASSERT_TRUE((*h)->Signal(SIGKILL).ok());
+  EXPECT_FALSE((*h)->Wait(absl::Now() + absl::Seconds(10)).ok());
+  for (int fd : pidfds) {
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 10000), 1) << "an emulator outlived its harness";
+    close(fd);
+  }
+  // A new harness clears what the killed one left.
+  auto next =
+      Subprocess::Spawn({RunfilePath("tests/multihost/netns_hosts.sh"), "1"},
+                        SpawnOptions().PipeStdin().CaptureStdout());
+  ASSERT_TRUE(next.ok()) << next.status();
+  std::string got = (*next)->ReadUntil(
+      absl::Now() + absl::Seconds(60), [](const std::string& t) {
+        return absl::StrContains(t, "ready\n") || absl::StrContains(t, "error");
+      });
+  ASSERT_TRUE(absl::StrContains(got, "ready")) << got;
+  auto [code, list] = RunCommand({kIp, "netns", "list"}, {}, absl::Seconds(10));
+  ASSERT_EQ(code, 0) << list;
+  for (const std::string& ns : namespaces) {
+    EXPECT_FALSE(absl::StrContains(list, ns)) << ns << " left behind:\n"
+                                              << list;
+  }
+  (*next)->CloseStdin();
+  absl::StatusOr<int> done = (*next)->Wait(absl::Now() + absl::Seconds(20));
+  EXPECT_TRUE(done.ok() && *done == 0) << "netns_hosts.sh cleanup";
 }
 
 // Every host's egress delayed 20 ms and 1% of its frames lost.
