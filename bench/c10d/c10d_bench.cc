@@ -9,9 +9,8 @@
 //
 // --shm=false keeps the group on Gloo alone; --shm=true (what the default
 // registry does for ranks on one host) puts the shared-memory backend in
-// front of it: its operations are named algorithm "shm" (all-to-all, which
-// it forwards, keeps Gloo's name). --backend=mpi rows are named "mpi" (Open
-// MPI picks its algorithm per size).
+// front of it: its rows are named algorithm "shm". --backend=mpi rows are named
+// "mpi" (Open MPI picks its algorithm per size).
 //
 // Rank 0 prints one JSON line per (op, size), float32 (allreduce and
 // reducescatter with SUM). Calls: allreduce = Allreduce(t); broadcast =
@@ -143,7 +142,7 @@ int Main(int argc, char** argv) {
                           : op == "broadcast" ? 1.0
                                               : ring;
     if (mpi) return {"mpi", factor};
-    if (shm && op != "alltoall") return {"shm", factor};
+    if (shm) return {"shm", factor};
     const bool direct = check_args &&
                         (op == "allreduce" || op == "broadcast") &&
                         static_cast<size_t>(bytes) <= inline_bytes;

@@ -153,7 +153,7 @@ def print_table(results, wanted, repeat):
           "(torch_bench.py), as its users run it.")
     print("Each figure is the best of %d alternating runs per implementation." % repeat)
     print("default = Ferry's default CPU backend on one host (shared memory in "
-          "front of Gloo; all-to-all goes to Gloo);")
+          "front of Gloo);")
     print("gloo = Ferry's Gloo backend alone (shm off, argument check on); "
           "gloo-nc = check_args=false; mpi = Ferry's mpi backend under mpirun.")
     print("Per implementation: alg = algorithm that ran, us = time per call, "

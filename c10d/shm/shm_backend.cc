@@ -881,6 +881,132 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
       });
 }
 
+std::shared_ptr<Work> ShmBackend::AlltoallSingle(
+    Tensor output, Tensor input, const AlltoallSingleOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoallSingle;
+  std::vector<int64_t> out_rows, in_rows;
+  absl::Status local =
+      Checks().AlltoallSingle(output, input, options, &out_rows, &in_rows);
+  Signature sig;
+  int64_t row_bytes = 0;
+  if (local.ok()) {
+    // Ranks must agree on the dtype and the row's element count; the split
+    // sizes travel in the first round's slots.
+    int64_t per_row = 1;
+    for (size_t d = 1; d < input.sizes().size(); ++d) {
+      per_row *= input.sizes()[d];
+    }
+    sig.dtype = static_cast<int64_t>(input.dtype());
+    sig.count = per_row;
+    row_bytes = per_row * static_cast<int64_t>(input.itemsize());
+  }
+  return Enqueue(
+      kOp, sig, local, options.timeout,
+      [this, output, input, out_rows = std::move(out_rows),
+       in_rows = std::move(in_rows), row_bytes](Round& round) -> absl::Status {
+        return RunAlltoall(round, output, input, out_rows, in_rows, row_bytes);
+      });
+}
+
+// Each round, rank s puts up to `cap` bytes of what it sends rank d at
+// slot(s) + header + d * cap; rank d copies them out after the barrier. The
+// first round's header carries every rank's split sizes (rows sent to and
+// expected from each rank), checked on every rank alike before anything is
+// read; it also gives the round count (the longest transfer over `cap`). A
+// rank's part for itself is copied directly.
+absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
+                                     const Tensor& input,
+                                     const std::vector<int64_t>& out_rows,
+                                     const std::vector<int64_t>& in_rows,
+                                     int64_t row_bytes) {
+  const int n = size();
+  const int me = rank();
+  const size_t header = RoundUp(2 * n * sizeof(int64_t), 64);
+  const int64_t cap = static_cast<int64_t>(
+      round.slot_bytes() > header ? (round.slot_bytes() - header) / n / 64 * 64
+                                  : 0);
+  const char* in = static_cast<const char*>(input.data_ptr());
+  char* out = static_cast<char*>(output.data_ptr());
+  // An output overlapping the input would be overwritten while later rounds
+  // still read the input: send from a copy then.
+  Tensor staged;
+  if (out < in + input.nbytes() && out + output.nbytes() > in) {
+    staged = input.clone();
+    in = static_cast<const char*>(staged.data_ptr());
+  }
+  std::vector<int64_t> in_off(n + 1, 0), out_off(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    in_off[r + 1] = in_off[r] + in_rows[r] * row_bytes;
+    out_off[r + 1] = out_off[r] + out_rows[r] * row_bytes;
+  }
+  auto piece = [cap](int64_t total, int64_t k) {
+    return std::clamp<int64_t>(total - k * cap, 0, cap);
+  };
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; ++k) {
+    if (cap == 0 && n > 1) {
+      // Same on every rank (same size and slot): no piece fits a slot.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm slots of ", round.slot_bytes(), " bytes are too small for ", n,
+          " ranks' all-to-all (raise shm_slot_bytes)"));
+    }
+    char* mine = round.mine();
+    if (k == 0) {
+      std::memcpy(mine, in_rows.data(), n * sizeof(int64_t));
+      std::memcpy(mine + n * sizeof(int64_t), out_rows.data(),
+                  n * sizeof(int64_t));
+    }
+    for (int d = 0; d < n; ++d) {
+      if (d == me) continue;
+      Copy(mine + header + d * cap, in + in_off[d] + k * cap,
+           piece(in_off[d + 1] - in_off[d], k));
+    }
+    absl::Status s = round.Arrive();
+    if (s.ok() && k == 0) {
+      s = CheckAlltoallSplits(round, n, &rounds, cap, row_bytes);
+    }
+    if (s.ok()) {
+      for (int src = 0; src < n; ++src) {
+        if (src == me) continue;
+        Copy(out + out_off[src] + k * cap, round.slot(src) + header + me * cap,
+             piece(out_off[src + 1] - out_off[src], k));
+      }
+    }
+    round.Next();
+    RETURN_IF_ERROR(s);
+  }
+  Copy(out + out_off[me], in + in_off[me], out_off[me + 1] - out_off[me]);
+  return absl::OkStatus();
+}
+
+// Every rank's split sizes from the first round's headers: what s sends d
+// must be what d expects from s. Sets *rounds from the longest transfer.
+absl::Status ShmBackend::CheckAlltoallSplits(Round& round, int n,
+                                             int64_t* rounds, int64_t cap,
+                                             int64_t row_bytes) {
+  auto rows = [&](int r, int which, int peer) {
+    int64_t v;
+    std::memcpy(&v, round.slot(r) + (which * n + peer) * sizeof(int64_t),
+                sizeof(v));
+    return v;
+  };
+  int64_t longest = 0;
+  for (int src = 0; src < n; ++src) {
+    for (int dst = 0; dst < n; ++dst) {
+      const int64_t sent = rows(src, 0, dst);
+      const int64_t expected = rows(dst, 1, src);
+      if (sent != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", src, " sends ", sent, " rows to rank ", dst,
+            ", which expects ", expected, " from it (split sizes differ)"));
+      }
+      if (src != dst) longest = std::max(longest, sent * row_bytes);
+    }
+  }
+  *rounds = cap > 0 ? std::max<int64_t>(1, (longest + cap - 1) / cap) : 1;
+  return absl::OkStatus();
+}
+
 std::shared_ptr<Work> ShmBackend::Barrier(const BarrierOptions& options) {
   return Enqueue(OpType::kBarrier, Signature{}, absl::OkStatus(),
                  options.timeout, [](Round& round) -> absl::Status {
@@ -930,12 +1056,6 @@ std::shared_ptr<Work> ShmBackend::Recv(Tensor t, int src,
                                        const RecvOptions& o) {
   return Forward(OpType::kRecv,
                  [&](Backend& b) { return b.Recv(std::move(t), src, o); });
-}
-std::shared_ptr<Work> ShmBackend::AlltoallSingle(
-    Tensor out, Tensor in, const AlltoallSingleOptions& o) {
-  return Forward(OpType::kAlltoallSingle, [&](Backend& b) {
-    return b.AlltoallSingle(std::move(out), std::move(in), o);
-  });
 }
 std::shared_ptr<Work> ShmBackend::RecvAnysource(Tensor t,
                                                 const RecvOptions& o) {

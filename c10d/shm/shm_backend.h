@@ -1,9 +1,9 @@
 // ShmBackend: same-host collectives through one shared-memory segment.
 //
 // Allreduce, Broadcast, Allgather, AllgatherIntoTensor, ReduceScatter,
-// ReduceScatterTensor and Barrier run here; every other operation goes to
-// the `fallback` backend given at creation (gloo in the registered
-// factories), or fails Unimplemented when there is none.
+// ReduceScatterTensor, AlltoallSingle (uneven splits) and Barrier run here;
+// every other operation goes to the `fallback` backend given at creation (gloo
+// in the registered factories), or fails Unimplemented when there is none.
 //
 // Rendezvous (Create): every rank publishes a host identity (boot id, the
 // device/inode of /dev/shm and of its network namespace) through the store;
@@ -121,6 +121,9 @@ class ShmBackend : public Backend {
   std::shared_ptr<Work> ReduceScatterTensor(
       Tensor output, Tensor input,
       const ReduceScatterOptions& options = {}) override;
+  std::shared_ptr<Work> AlltoallSingle(
+      Tensor output, Tensor input,
+      const AlltoallSingleOptions& options = {}) override;
   std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
 
   // Forwarded to the fallback.
@@ -137,9 +140,6 @@ class ShmBackend : public Backend {
                              const SendOptions& options = {}) override;
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                              const RecvOptions& options = {}) override;
-  std::shared_ptr<Work> AlltoallSingle(
-      Tensor output, Tensor input,
-      const AlltoallSingleOptions& options = {}) override;
   std::shared_ptr<Work> RecvAnysource(Tensor tensor,
                                       const RecvOptions& options = {}) override;
   std::vector<std::shared_ptr<Work>> BatchIsendIrecv(
@@ -181,6 +181,13 @@ class ShmBackend : public Backend {
                                              std::vector<Tensor> inputs,
                                              absl::Status local,
                                              const ReduceScatterOptions& o);
+  absl::Status RunAlltoall(Round& round, const Tensor& output,
+                           const Tensor& input,
+                           const std::vector<int64_t>& out_rows,
+                           const std::vector<int64_t>& in_rows,
+                           int64_t row_bytes);
+  absl::Status CheckAlltoallSplits(Round& round, int n, int64_t* rounds,
+                                   int64_t cap, int64_t row_bytes);
 
   const ShmBackendOptions options_;
   const std::unique_ptr<Segment> segment_;
