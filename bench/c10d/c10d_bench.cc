@@ -18,7 +18,8 @@
 // reducescatter = ReduceScatterTensor(t / N, t); alltoall =
 // AlltoallSingle(out, t) with equal splits. Each figure: warm-up calls, then
 // `iters` calls each waited on (like torch.distributed's synchronous calls),
-// timed on rank 0 between barriers; fewer iterations for big sizes (Iters).
+// timed on rank 0 between barriers; fewer iterations for big sizes (Iters)
+// and for slow calls (about --budget_s=1 seconds of timed calls per figure).
 //
 // Conventions (nccl-tests'): size = bytes of the tensor each rank passes in
 // (allgather: its input; reducescatter and alltoall: the whole input, N
@@ -55,7 +56,8 @@ namespace ferry {
 namespace c10d {
 namespace {
 
-// Calls timed per figure: about 256 MiB moved per rank in all, 3 to 200.
+// Calls timed per figure: about 256 MiB moved per rank in all, 3 to 200
+// (fewer when they would take longer than --budget_s, see AgreedIters).
 int Iters(int64_t volume) {
   int64_t it = (int64_t{256} << 20) / std::max<int64_t>(volume, 1);
   return static_cast<int>(std::clamp<int64_t>(it, 3, 200));
@@ -70,6 +72,19 @@ std::vector<int64_t> ParseSizes(const std::string& s) {
   return out;
 }
 
+// Timed calls: at most `max_iters`, fewer when the slowest rank's last
+// warm-up call says they would take more than `budget_sec` (at least 1).
+// Every rank must make the same count: they agree on the slowest warm-up
+// through an allreduce (MAX).
+int AgreedIters(ProcessGroup& pg, double warm_sec, double budget_sec,
+                int max_iters) {
+  Tensor slowest = full({1}, warm_sec, DType::kFloat64);
+  if (!pg.Allreduce(slowest, {.op = ReduceOp::kMax})->Wait().ok()) return 1;
+  const double per_call = std::max(slowest.to_vector<double>()[0], 1e-9);
+  return static_cast<int>(
+      std::clamp<double>(budget_sec / per_call, 1, max_iters));
+}
+
 // Which algorithm ran, and nccl-tests' busbw factor for it.
 struct Algorithm {
   std::string name;
@@ -80,6 +95,7 @@ int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"check_args", "true"},
       {"impl", "ferry-gloo"},
+      {"budget_s", "1"},
       {"shm", "false"},
       {"ops", "allreduce,broadcast,allgather,reducescatter,alltoall"},
       {"sizes", "4096,16384,65536,262144,1048576,4194304,16777216,67108864"}};
@@ -151,13 +167,19 @@ int Main(int argc, char** argv) {
     if (op == "alltoall") return {"pairwise", factor};
     return {"ring", factor};
   };
+  double budget_sec = 1.0;
+  if (!absl::SimpleAtod(flags["budget_s"], &budget_sec) || budget_sec <= 0) {
+    budget_sec = 1.0;
+  }
   bool failed = false;
   auto run = [&](const std::string& op, int64_t bytes,
                  const std::function<std::shared_ptr<Work>()>& call) {
     const int64_t volume = op == "allgather" ? n * bytes : bytes;
-    const int iters = Iters(volume);
+    double warm_sec = 0;
     for (int i = 0; i < (volume >= (int64_t{16} << 20) ? 1 : 2); ++i) {
+      const absl::Time t0 = absl::Now();
       absl::Status s = call()->Wait();
+      warm_sec = absl::ToDoubleSeconds(absl::Now() - t0);
       if (!s.ok()) {
         std::fprintf(stderr, "rank %d %s: %s\n", rank, op.c_str(),
                      s.ToString().c_str());
@@ -165,6 +187,7 @@ int Main(int argc, char** argv) {
         return;
       }
     }
+    const int iters = AgreedIters(pg, warm_sec, budget_sec, Iters(volume));
     if (!pg.Barrier()->Wait().ok()) failed = true;
     absl::Time start = absl::Now();
     for (int i = 0; i < iters; ++i) {

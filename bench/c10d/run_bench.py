@@ -74,8 +74,10 @@ def main():
                     "ferry-mpi (where mpirun exists), pytorch-1.13-gloo")
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs per implementation, alternating; best kept")
+    ap.add_argument("--budget_s", type=float, default=1.0,
+                    help="about this many seconds of timed calls per figure")
     a = ap.parse_args()
-    extra = ["--ops=" + a.ops, "--sizes=" + a.sizes]
+    extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s]
 
     def ferry(name, *flags):
         return lambda r, w, init: [a.bin, "--rank=%d" % r, "--world_size=%d" % w,

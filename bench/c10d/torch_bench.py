@@ -27,6 +27,7 @@ def main():
                     default="allreduce,broadcast,allgather,reducescatter,alltoall")
     ap.add_argument("--sizes",
                     default="4096,16384,65536,262144,1048576,4194304,16777216,67108864")
+    ap.add_argument("--budget_s", type=float, default=1.0)
     a = ap.parse_args()
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank,
                             world_size=a.world_size)
@@ -40,8 +41,14 @@ def main():
     def run(op, nbytes, call):
         volume = n * nbytes if op == "allgather" else nbytes
         for _ in range(1 if volume >= (16 << 20) else 2):
+            t0 = time.perf_counter()
             call()
-        iters = iters_for(volume)
+            warm = time.perf_counter() - t0
+        # Same count on every rank: agree on the slowest warm-up call.
+        slowest = torch.tensor([warm], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        iters = int(max(1, min(iters_for(volume),
+                               a.budget_s / max(slowest.item(), 1e-9))))
         dist.barrier()
         start = time.perf_counter()
         for _ in range(iters):
