@@ -73,7 +73,8 @@ std::vector<int64_t> ParseSizes(const std::string& s) {
 }
 
 // Timed calls: at most `max_iters`, fewer when the slowest rank's last
-// warm-up call says they would take more than `budget_sec` (at least 1).
+// warm-up call says they would take more than `budget_sec` (at least 2: a
+// first call can be slow for reasons of its own).
 // Every rank must make the same count: they agree on the slowest warm-up
 // through an allreduce (MAX).
 int AgreedIters(ProcessGroup& pg, double warm_sec, double budget_sec,
@@ -82,7 +83,7 @@ int AgreedIters(ProcessGroup& pg, double warm_sec, double budget_sec,
   if (!pg.Allreduce(slowest, {.op = ReduceOp::kMax})->Wait().ok()) return 1;
   const double per_call = std::max(slowest.to_vector<double>()[0], 1e-9);
   return static_cast<int>(
-      std::clamp<double>(budget_sec / per_call, 1, max_iters));
+      std::clamp<double>(budget_sec / per_call, 2, max_iters));
 }
 
 // Which algorithm ran, and nccl-tests' busbw factor for it.

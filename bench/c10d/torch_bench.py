@@ -47,7 +47,7 @@ def main():
         # Same count on every rank: agree on the slowest warm-up call.
         slowest = torch.tensor([warm], dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        iters = int(max(1, min(iters_for(volume),
+        iters = int(max(2, min(iters_for(volume),
                                a.budget_s / max(slowest.item(), 1e-9))))
         dist.barrier()
         start = time.perf_counter()
