@@ -76,18 +76,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "c10d/backend.h"
+#include "c10d/gloo/ring.h"
 #include "c10d/reduce.h"
 #include "c10d/registry.h"
 #include "common/executor.h"
 #include "common/sync.h"
 #include "store/store.h"
-
-namespace gloo {
-class Context;
-namespace transport {
-class UnboundBuffer;
-}  // namespace transport
-}  // namespace gloo
 
 namespace ferry {
 namespace c10d {
@@ -119,13 +113,19 @@ struct GlooBackendOptions {
 };
 
 namespace gloo_internal {
-// A small payload's fast path (see "Before each collective" above).
+// A small payload's fast path (see "Before each collective" above), or a
+// large one's Ferry-owned algorithm.
 struct InlinePath {
   size_t bytes = 0;
   absl::AnyInvocable<void(char*)> fill;
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
   // Without `finish`: checks every rank's payload, then the data phase runs.
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> check;
+  // Larger payloads with check_args (groups of 2 or more): the algorithm to
+  // run on Gloo slot `slot` instead of `run` (see ring.h), and what follows
+  // it on success.
+  absl::AnyInvocable<std::unique_ptr<EarlyAlgorithm>(uint64_t slot)> algorithm;
+  absl::AnyInvocable<void()> after;
 };
 }  // namespace gloo_internal
 
@@ -192,6 +192,7 @@ class GlooBackend : public Backend {
     int64_t count = -1;    // Elements per rank (op-specific meaning).
     int64_t valid = 1;     // 0: this rank's arguments failed local checks.
     int64_t reserved = 0;  // Inline payload bytes following the header.
+    int64_t early = 0;     // Receives posted before the check (ring.h).
   };
 
  private:
@@ -212,6 +213,16 @@ class GlooBackend : public Backend {
         finish_inline;
     absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
         check_inline;
+    absl::AnyInvocable<std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        uint64_t slot)>
+        algorithm;
+    absl::AnyInvocable<void()> after_algorithm;
+  };
+  // One of two alternating receive areas of the header exchange.
+  struct ExchangeArea {
+    std::vector<char> blocks;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    int64_t posted_seq = -1;
   };
   using InlinePath = gloo_internal::InlinePath;
   struct P2P;
@@ -229,9 +240,14 @@ class GlooBackend : public Backend {
       InlinePath path = {});
   void WorkerLoop();
   absl::Status RunOp(Op& op);
-  // Exchanges every rank's header block into *blocks and checks them.
-  absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
-                               std::vector<char>* blocks);
+  // Exchanges every rank's header block and checks them. OK: every rank's
+  // arguments agree. Otherwise, when the exchange itself completed, *all
+  // holds every rank's header (the refusal is then the same on every rank).
+  absl::Status ExchangeHeaders(Op& op, absl::Time deadline,
+                               std::vector<Header>* all);
+  // Posts the header receives of call `seq` (worker thread only).
+  void PostExchange(uint32_t seq);
+  ExchangeArea& Area(uint32_t seq) { return exchange_[seq % 2]; }
   // The shared argument checks, for this backend's rank and size.
   ArgChecks Checks() const;
   // Calls fn, turning Gloo exceptions into a Status for `op`.
@@ -271,8 +287,9 @@ class GlooBackend : public Backend {
   Mutex p2p_mu_;
   std::vector<std::shared_ptr<P2P>> graveyard_ ABSL_GUARDED_BY(p2p_mu_);
 
-  // The header exchange's receive buffer (worker thread only).
-  std::vector<char> exchange_buf_;
+  // The header exchange's receive areas (worker thread only): call seq's
+  // receives are posted while call seq-1 runs, so a header travels one way.
+  ExchangeArea exchange_[2];
 
   std::unique_ptr<ThreadPoolExecutor> p2p_waiters_;
   std::thread worker_;

@@ -1,0 +1,150 @@
+#include "c10d/gloo/ring.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "gloo/context.h"
+#include "gloo/transport/unbound_buffer.h"
+
+namespace ferry {
+namespace c10d {
+namespace gloo_internal {
+
+std::chrono::milliseconds MillisUntil(absl::Time deadline) {
+  int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  return std::chrono::milliseconds(std::max<int64_t>(ms, 1));
+}
+
+void SendEmpty(::gloo::Context& context, int peer, uint64_t slot, int count,
+               absl::Time deadline) {
+  if (count <= 0) return;
+  char byte = 0;
+  auto buf = context.createUnboundBuffer(&byte, sizeof(byte));
+  for (int i = 0; i < count; ++i) buf->send(peer, slot, 0, 0);
+  for (int i = 0; i < count; ++i) buf->waitSend(MillisUntil(deadline));
+}
+
+RingAllreduce::RingAllreduce(std::shared_ptr<::gloo::Context> context,
+                             void* data, size_t numel, size_t itemsize,
+                             ReduceFn fn, uint64_t slot)
+    : context_(std::move(context)),
+      data_(static_cast<char*>(data)),
+      numel_(numel),
+      itemsize_(itemsize),
+      fn_(fn),
+      slot_(slot),
+      rank_(context_->rank),
+      size_(context_->size) {
+  Plan();
+  scratch_.resize(2 * segment_bytes_ + 1);  // Never empty.
+  data_buf_ = context_->createUnboundBuffer(data_, numel_ * itemsize_);
+  scratch_buf_ =
+      context_->createUnboundBuffer(scratch_.data(), scratch_.size());
+}
+
+RingAllreduce::~RingAllreduce() = default;
+
+void RingAllreduce::Plan() {
+  const size_t n = static_cast<size_t>(size_);
+  auto chunk_begin = [&](size_t c) { return numel_ * c / n; };
+  size_t max_chunk = 0;
+  for (size_t c = 0; c < n; ++c) {
+    max_chunk = std::max(max_chunk, chunk_begin(c + 1) - chunk_begin(c));
+  }
+  // Segments per chunk: the same on every rank (depends on the arguments
+  // only), at least two so transfer and reduction overlap.
+  const size_t per_segment = std::max<size_t>(1, kMaxSegmentBytes / itemsize_);
+  const size_t segs =
+      std::max<size_t>(2, (max_chunk + per_segment - 1) / per_segment);
+  // Element range [begin, end) of segment j of chunk c.
+  auto segment = [&](size_t c, size_t j, size_t* off, size_t* bytes) {
+    const size_t b = chunk_begin(c), len = chunk_begin(c + 1) - b;
+    const size_t s = b + len * j / segs, e = b + len * (j + 1) / segs;
+    *off = s * itemsize_;
+    *bytes = (e - s) * itemsize_;
+    segment_bytes_ = std::max(segment_bytes_, *bytes);
+  };
+  const size_t r = static_cast<size_t>(rank_);
+  auto mod = [n](size_t x) { return x % n; };
+  for (int phase = 0; phase < 2; ++phase) {
+    for (size_t s = 0; s + 1 < n; ++s) {
+      for (size_t j = 0; j < segs; ++j) {
+        Transfer t;
+        t.reduce = phase == 0;
+        // Reduce-scatter step s: send chunk r-s, reduce chunk r-s-1 into
+        // place. All-gather step s: send chunk r+1-s, receive chunk r-s.
+        const size_t send_chunk =
+            phase == 0 ? mod(r + n - s) : mod(r + 1 + n - s);
+        const size_t recv_chunk =
+            phase == 0 ? mod(r + 2 * n - s - 1) : mod(r + n - s);
+        segment(send_chunk, j, &t.send_offset, &t.send_bytes);
+        segment(recv_chunk, j, &t.recv_offset, &t.recv_bytes);
+        // The all-gather receive overwrites chunk r-s, which reduce-scatter
+        // step s sent: that send must be complete first.
+        t.first_reader = s * segs + j;
+        transfers_.push_back(t);
+      }
+    }
+  }
+}
+
+void RingAllreduce::PostReceive(size_t i) {
+  const Transfer& t = transfers_[i];
+  const int left = (rank_ + size_ - 1) % size_;
+  if (t.reduce) {
+    scratch_buf_->recv(left, slot_, (i % 2) * segment_bytes_, t.recv_bytes);
+  } else {
+    data_buf_->recv(left, slot_, t.recv_offset, t.recv_bytes);
+  }
+  ++posted_recvs_;
+}
+
+int RingAllreduce::PostEarlyReceives() {
+  // Both are reduce-scatter receives: at least two segments per chunk.
+  for (int i = 0; i < kEarlyReceives; ++i) PostReceive(posted_recvs_);
+  early_ = posted_recvs_;
+  return kEarlyReceives;
+}
+
+void RingAllreduce::Run(absl::Time deadline) {
+  const int right = (rank_ + 1) % size_;
+  const size_t total = transfers_.size();
+  size_t sends_done = 0;
+  auto wait_sends = [&](size_t upto) {
+    for (; sends_done < upto; ++sends_done) {
+      data_buf_->waitSend(MillisUntil(deadline));
+    }
+  };
+  for (size_t i = 0; i < total; ++i) {
+    const Transfer& t = transfers_[i];
+    // Its data is final: reduced (or received) P transfers ago.
+    data_buf_->send(right, slot_, t.send_offset, t.send_bytes);
+    if (t.reduce) {
+      scratch_buf_->waitRecv(MillisUntil(deadline));
+      if (t.recv_bytes > 0) {
+        char* dst = data_ + t.recv_offset;
+        fn_(dst, dst, scratch_.data() + (i % 2) * segment_bytes_,
+            t.recv_bytes / itemsize_);
+      }
+    } else {
+      data_buf_->waitRecv(MillisUntil(deadline));
+    }
+    // Keep two receives in flight: the one after next reuses this slot.
+    if (posted_recvs_ < total) {
+      const Transfer& next = transfers_[posted_recvs_];
+      if (!next.reduce) wait_sends(next.first_reader + 1);
+      PostReceive(posted_recvs_);
+    }
+  }
+  wait_sends(total);
+}
+
+void RingAllreduce::Abandon(absl::Time deadline) {
+  for (size_t i = 0; i < early_; ++i) {
+    scratch_buf_->waitRecv(MillisUntil(deadline));
+  }
+}
+
+}  // namespace gloo_internal
+}  // namespace c10d
+}  // namespace ferry
