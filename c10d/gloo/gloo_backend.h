@@ -9,20 +9,24 @@
 // Execution: collectives run one at a time on a background worker thread,
 // in issue order (one FIFO queue per backend), so ranks that issue the same
 // sequence match up. Before each collective every rank sends every other
-// rank (directly, all at once: one network round) a 64-byte header
-// (operation, dtype, element count, root, ReduceOp and whether its local
-// arguments were valid); if they differ, or any rank's arguments are
-// invalid, every rank fails that call with InvalidArgument naming the ranks
-// and what differs, and the group stays usable. (Without this check Gloo
-// aborts the process on a size mismatch.) A small payload rides behind the
-// header (up to InlineBytes(): 4 MiB per rank for 2 ranks, 8 MiB / (n (n-1))
-// for n ranks, at least 4 KiB; the backend keeps a receive buffer of n times
-// that): a small Allreduce or Broadcast completes within the exchange
-// itself (Allreduce then reduces in rank order, so every rank gets identical
-// bits), and Barrier is the
-// exchange alone; larger calls pay one extra round of 64-byte messages.
-// Set check_args = false to skip the exchange: Gloo's ring algorithms for
-// every size and undefined behaviour on mismatched calls.
+// rank (directly, all at once) a 72-byte header (operation, dtype, element
+// count, root, ReduceOp and whether its local arguments were valid); the
+// receives for call k+1 are posted while call k runs, so the headers travel
+// one way only. If they differ, or any rank's arguments are invalid, every
+// rank fails that call with InvalidArgument naming the call, its sequence
+// number, the ranks and what differs, and the group stays usable. (Without
+// this check Gloo aborts the process on a size mismatch.) A small payload
+// rides behind the header (up to InlineBytes(): 1 MiB per rank for 2 or 3
+// ranks, 8 MiB / (n (n-1)) for n ranks, at least 4 KiB; the backend keeps
+// two receive areas of n times that): a small Allreduce or Broadcast
+// completes within the exchange itself (Allreduce then reduces in rank
+// order, so every rank gets identical bits), and Barrier is the exchange
+// alone. A larger Allreduce runs Ferry's own ring over Gloo's transport
+// (ring.h), whose first receives are posted before the exchange, so the
+// check adds no network hop to it; other larger calls run Gloo's algorithms
+// after the exchange (one one-way hop of 72-byte messages before them).
+// Set check_args = false to skip the exchange: Gloo's algorithms for every
+// size and undefined behaviour on mismatched calls.
 //
 // Send/Recv are posted at once on the calling thread (they do not queue
 // behind collectives) and matched by (peer, tag) in issue order. A payload

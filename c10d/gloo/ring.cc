@@ -36,10 +36,10 @@ RingAllreduce::RingAllreduce(std::shared_ptr<::gloo::Context> context,
       rank_(context_->rank),
       size_(context_->size) {
   Plan();
-  scratch_.resize(2 * segment_bytes_ + 1);  // Never empty.
+  scratch_bytes_ = 2 * segment_bytes_ + 1;  // Never empty.
+  scratch_.reset(new char[scratch_bytes_]);
   data_buf_ = context_->createUnboundBuffer(data_, numel_ * itemsize_);
-  scratch_buf_ =
-      context_->createUnboundBuffer(scratch_.data(), scratch_.size());
+  scratch_buf_ = context_->createUnboundBuffer(scratch_.get(), scratch_bytes_);
 }
 
 RingAllreduce::~RingAllreduce() = default;
@@ -115,15 +115,22 @@ void RingAllreduce::Run(absl::Time deadline) {
       data_buf_->waitSend(MillisUntil(deadline));
     }
   };
+  auto post_send = [&](size_t i) {
+    const Transfer& t = transfers_[i];
+    data_buf_->send(right, slot_, t.send_offset, t.send_bytes);
+  };
+  post_send(0);
   for (size_t i = 0; i < total; ++i) {
     const Transfer& t = transfers_[i];
-    // Its data is final: reduced (or received) P transfers ago.
-    data_buf_->send(right, slot_, t.send_offset, t.send_bytes);
+    // Keep a send queued behind the one in flight, so the link never idles
+    // while this rank reduces: send i+1's data was final (reduced or
+    // received) at transfer i+1-P <= i-1, since P >= 2.
+    if (i + 1 < total) post_send(i + 1);
     if (t.reduce) {
       scratch_buf_->waitRecv(MillisUntil(deadline));
       if (t.recv_bytes > 0) {
         char* dst = data_ + t.recv_offset;
-        fn_(dst, dst, scratch_.data() + (i % 2) * segment_bytes_,
+        fn_(dst, dst, scratch_.get() + (i % 2) * segment_bytes_,
             t.recv_bytes / itemsize_);
       }
     } else {

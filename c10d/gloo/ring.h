@@ -110,7 +110,9 @@ class RingAllreduce : public EarlyAlgorithm {
   int rank_, size_;
   size_t segment_bytes_ = 0;
   std::vector<Transfer> transfers_;
-  std::vector<char> scratch_;  // Two segments: reduce-scatter receives.
+  // Two segments for reduce-scatter receives (left uninitialized).
+  std::unique_ptr<char[]> scratch_;
+  size_t scratch_bytes_ = 0;
   std::unique_ptr<::gloo::transport::UnboundBuffer> data_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buf_;
   size_t posted_recvs_ = 0;
