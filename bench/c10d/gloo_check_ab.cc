@@ -15,10 +15,12 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "c10d/gloo/gloo_backend.h"
 #include "store/file_store.h"
@@ -43,13 +45,14 @@ int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"sizes", "1048576,4194304,16777216,67108864"}, {"calls", "20"}};
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) {
-      std::fprintf(stderr, "bad argument %s\n", a.c_str());
+    std::pair<std::string, std::string> kv =
+        absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
+    absl::string_view name = kv.first;
+    if (!absl::ConsumePrefix(&name, "--") || kv.second.empty()) {
+      std::fprintf(stderr, "bad argument %s (want --name=value)\n", argv[i]);
       return 2;
     }
-    flags[a.substr(2, eq - 2)] = a.substr(eq + 1);
+    flags[std::string(name)] = kv.second;
   }
   int rank, world, calls;
   if (!absl::SimpleAtoi(flags["rank"], &rank) ||
