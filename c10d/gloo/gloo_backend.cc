@@ -616,6 +616,13 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
       CopyBytes(tensor.data_ptr(), data[root], tensor.nbytes());
       return absl::OkStatus();
     };
+  } else if (local.ok() && options_.check_args && tensor.numel() > 0) {
+    // Larger: Ferry's chain, whose first receives ride with the check.
+    path.algorithm = [this, tensor, root](uint64_t slot) {
+      return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+          std::make_unique<gloo_internal::ChainBroadcast>(
+              context_, tensor.data_ptr(), tensor.nbytes(), root, slot));
+    };
   }
   return Enqueue(
       kOp, h, local, options.timeout,

@@ -21,10 +21,11 @@
 // two receive areas of n times that): a small Allreduce or Broadcast
 // completes within the exchange itself (Allreduce then reduces in rank
 // order, so every rank gets identical bits), and Barrier is the exchange
-// alone. A larger Allreduce runs Ferry's own ring over Gloo's transport
-// (ring.h), whose first receives are posted before the exchange, so the
-// check adds no network hop to it; other larger calls run Gloo's algorithms
-// after the exchange (one one-way hop of 72-byte messages before them).
+// alone. A larger Allreduce runs Ferry's own ring, and a larger Broadcast
+// Ferry's own pipelined chain, over Gloo's transport (ring.h): their first
+// receives are posted before the exchange, so the check adds no network hop
+// to them; other larger calls run Gloo's algorithms after the exchange (one
+// one-way hop of 72-byte messages before them).
 // Set check_args = false to skip the exchange: Gloo's algorithms for every
 // size and undefined behaviour on mismatched calls.
 //
@@ -183,7 +184,8 @@ class GlooBackend : public Backend {
   // Payload bytes that ride in each rank's header block (same on every
   // rank): with check_args on, an Allreduce or Broadcast of at most this many
   // bytes completes in that one direct exchange (every rank sends its buffer
-  // to every other); larger ones run Gloo's ring algorithms.
+  // to every other); larger ones run Ferry's ring (Allreduce) or chain
+  // (Broadcast), see ring.h.
   size_t InlineBytes() const;
 
   // Argument header exchanged before each collective (public for tests).

@@ -152,6 +152,67 @@ void RingAllreduce::Abandon(absl::Time deadline) {
   }
 }
 
+ChainBroadcast::ChainBroadcast(std::shared_ptr<::gloo::Context> context,
+                               void* data, size_t nbytes, int root,
+                               uint64_t slot)
+    : context_(std::move(context)),
+      data_(static_cast<char*>(data)),
+      nbytes_(nbytes),
+      rank_(context_->rank),
+      size_(context_->size),
+      position_((rank_ - root + size_) % size_),
+      slot_(slot) {
+  // Small enough segments that the chain fills quickly, at least two (the
+  // early receives), at most kMaxSegmentBytes.
+  segment_bytes_ =
+      std::clamp<size_t>(nbytes_ / 8, 1, RingAllreduce::kMaxSegmentBytes);
+  segments_ =
+      std::max<size_t>(2, (nbytes_ + segment_bytes_ - 1) / segment_bytes_);
+  buf_ = context_->createUnboundBuffer(data_, nbytes_);
+}
+
+ChainBroadcast::~ChainBroadcast() = default;
+
+void ChainBroadcast::PostReceive() {
+  const size_t k = posted_recvs_++;
+  const size_t begin = std::min(nbytes_, k * segment_bytes_);
+  const size_t end = std::min(nbytes_, begin + segment_bytes_);
+  buf_->recv((rank_ + size_ - 1) % size_, slot_, begin, end - begin);
+}
+
+int ChainBroadcast::PostEarlyReceives() {
+  if (position_ == 0) return 0;  // The root receives nothing.
+  for (int i = 0; i < RingAllreduce::kEarlyReceives; ++i) PostReceive();
+  early_ = posted_recvs_;
+  return static_cast<int>(early_);
+}
+
+void ChainBroadcast::Run(absl::Time deadline) {
+  const int right = (rank_ + 1) % size_;
+  const bool forwards = position_ < size_ - 1;
+  // Segment receives land in distinct parts of the tensor: post them all.
+  if (position_ > 0) {
+    while (posted_recvs_ < segments_) PostReceive();
+  }
+  for (size_t k = 0; k < segments_; ++k) {
+    if (position_ > 0) buf_->waitRecv(MillisUntil(deadline));
+    if (forwards) {
+      const size_t begin = std::min(nbytes_, k * segment_bytes_);
+      const size_t end = std::min(nbytes_, begin + segment_bytes_);
+      buf_->send(right, slot_, begin, end - begin);
+    }
+  }
+  if (forwards) {
+    for (size_t k = 0; k < segments_; ++k) {
+      buf_->waitSend(MillisUntil(deadline));
+    }
+  }
+}
+
+void ChainBroadcast::Abandon(absl::Time deadline) {
+  for (size_t i = 0; i < early_; ++i) buf_->waitRecv(MillisUntil(deadline));
+}
+
 }  // namespace gloo_internal
 }  // namespace c10d
 }  // namespace ferry

@@ -1,5 +1,5 @@
-// Ferry's own ring all-reduce over Gloo's transport (unbound buffers), used
-// by GlooBackend when the argument check is on.
+// Ferry's own ring all-reduce and chain broadcast over Gloo's transport
+// (unbound buffers), used by GlooBackend when the argument check is on.
 //
 // Why not Gloo's: with the check on, every rank learns every rank's argument
 // header before any payload moves (see gloo_backend.h). Gloo's algorithms
@@ -115,6 +115,36 @@ class RingAllreduce : public EarlyAlgorithm {
   size_t scratch_bytes_ = 0;
   std::unique_ptr<::gloo::transport::UnboundBuffer> data_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buf_;
+  size_t posted_recvs_ = 0;
+  size_t early_ = 0;
+};
+
+// Pipelined chain broadcast: ranks in order from the root (root, root+1,
+// ...), each receiving segments from its predecessor straight into the
+// tensor and forwarding each one as soon as it arrived. Every link carries
+// the tensor once (Gloo's broadcast sends it n-1 times from the root), and
+// the segments overlap along the chain. Early receives as above.
+class ChainBroadcast : public EarlyAlgorithm {
+ public:
+  ChainBroadcast(std::shared_ptr<::gloo::Context> context, void* data,
+                 size_t nbytes, int root, uint64_t slot);
+  ~ChainBroadcast() override;
+
+  int PostEarlyReceives() override;
+  void Run(absl::Time deadline) override;
+  void Abandon(absl::Time deadline) override;
+
+ private:
+  void PostReceive();
+
+  std::shared_ptr<::gloo::Context> context_;
+  char* data_;
+  size_t nbytes_;
+  int rank_, size_;
+  int position_;  // Distance from the root along the chain.
+  uint64_t slot_;
+  size_t segment_bytes_ = 0, segments_ = 0;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buf_;
   size_t posted_recvs_ = 0;
   size_t early_ = 0;
 };

@@ -1,6 +1,6 @@
-// Ferry's ring all-reduce inside GlooBackend (payloads above InlineBytes()
-// with check_args on): results, and argument mismatches refused on every
-// rank with the group usable afterwards.
+// Ferry's ring all-reduce and chain broadcast inside GlooBackend (payloads
+// above InlineBytes() with check_args on): results, and argument mismatches
+// refused on every rank with the group usable afterwards.
 #include <functional>
 #include <memory>
 #include <string>
@@ -78,6 +78,26 @@ TEST(GlooRingTest, LargeAllreduceIsExactOnEveryRank) {
                 << "n " << n << " rank " << r << " " << DTypeName(c.dtype)
                 << " " << ReduceOpName(c.op) << " numel " << numel << " i "
                 << i;
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(GlooRingTest, LargeBroadcastIsExactOnEveryRank) {
+  for (int n : {2, 3, 4}) {
+    RunGroup(n, [&](int r, GlooBackend& b) {
+      for (int root : {0, n - 1}) {
+        for (int64_t numel : LargeSizes(b, 8)) {
+          Tensor t = Iota(numel, DType::kInt64, r);
+          absl::Status s = b.Broadcast(t, {.root = root})->Wait(kTimeout);
+          ASSERT_TRUE(s.ok()) << s;
+          std::vector<int64_t> got = t.to_vector<int64_t>();
+          for (int64_t i = 0; i < numel; ++i) {
+            ASSERT_EQ(got[i], (i % 29) + root * 3)
+                << "n " << n << " rank " << r << " root " << root << " numel "
+                << numel << " i " << i;
           }
         }
       }
