@@ -7,6 +7,7 @@
 //
 //   gloo_check_ab --rank=R --world_size=N --store=/tmp/file
 //                 [--sizes=1048576,...] [--calls=20]
+//                 [--op=allreduce|broadcast]
 //
 // Rank 0 prints a table and one JSON line per size: median and mean time
 // per call of each configuration and checked/unchecked (median) ratio.
@@ -43,7 +44,9 @@ double Mean(const std::vector<double>& v) {
 
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
-      {"sizes", "1048576,4194304,16777216,67108864"}, {"calls", "20"}};
+      {"sizes", "1048576,4194304,16777216,67108864"},
+      {"calls", "20"},
+      {"op", "allreduce"}};
   for (int i = 1; i < argc; ++i) {
     std::pair<std::string, std::string> kv =
         absl::StrSplit(argv[i], absl::MaxSplits('=', 1));
@@ -90,13 +93,16 @@ int Main(int argc, char** argv) {
     int64_t bytes;
     if (!absl::SimpleAtoi(part, &bytes) || bytes < 4) continue;
     Tensor t = full({bytes / 4}, 1.0);
+    const bool broadcast = flags["op"] == "broadcast";
     std::vector<double> us[2];
     for (int i = 0; i < calls + 1; ++i) {
       for (int checked = 0; checked < 2; ++checked) {
         // Alternate which goes first, so neither always follows the other.
         const int which = (i % 2) ^ checked;
         absl::Time start = absl::Now();
-        absl::Status s = groups[which]->Allreduce(t)->Wait();
+        absl::Status s = (broadcast ? groups[which]->Broadcast(t)
+                                    : groups[which]->Allreduce(t))
+                             ->Wait();
         double took = absl::ToDoubleMicroseconds(absl::Now() - start);
         if (!s.ok()) {
           std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
@@ -111,12 +117,12 @@ int Main(int argc, char** argv) {
                   static_cast<long long>(bytes), mc, mu, Mean(us[1]),
                   Mean(us[0]), mu / mc);
       std::printf(
-          "{\"bench\":\"gloo_check_ab\",\"op\":\"allreduce\",\"ranks\":%d,"
+          "{\"bench\":\"gloo_check_ab\",\"op\":\"%s\",\"ranks\":%d,"
           "\"bytes\":%lld,\"calls\":%d,\"checked_median_us\":%.1f,"
           "\"unchecked_median_us\":%.1f,\"checked_mean_us\":%.1f,"
           "\"unchecked_mean_us\":%.1f,\"unchecked_over_checked\":%.3f}\n",
-          world, static_cast<long long>(bytes), calls, mc, mu, Mean(us[1]),
-          Mean(us[0]), mu / mc);
+          flags["op"].c_str(), world, static_cast<long long>(bytes), calls, mc,
+          mu, Mean(us[1]), Mean(us[0]), mu / mc);
       std::fflush(stdout);
     }
   }

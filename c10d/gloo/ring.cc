@@ -163,9 +163,12 @@ ChainBroadcast::ChainBroadcast(std::shared_ptr<::gloo::Context> context,
       position_((rank_ - root + size_) % size_),
       slot_(slot) {
   // Small enough segments that the chain fills quickly, at least two (the
-  // early receives), at most kMaxSegmentBytes.
+  // early receives), at most kMaxSegmentBytes. Two ranks have no chain to
+  // fill: two segments, as few messages as the early receives allow.
   segment_bytes_ =
-      std::clamp<size_t>(nbytes_ / 8, 1, RingAllreduce::kMaxSegmentBytes);
+      size_ == 2
+          ? std::max<size_t>(1, (nbytes_ + 1) / 2)
+          : std::clamp<size_t>(nbytes_ / 8, 1, RingAllreduce::kMaxSegmentBytes);
   segments_ =
       std::max<size_t>(2, (nbytes_ + segment_bytes_ - 1) / segment_bytes_);
   buf_ = context_->createUnboundBuffer(data_, nbytes_);
