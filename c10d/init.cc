@@ -86,6 +86,10 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> InitProcessGroup(
       ASSIGN_OR_RETURN(made, ScopeToLauncherGeneration(std::move(made), env));
     }
     store = std::move(made);
+    // Backends listen on the local address that routes toward the store.
+    if (tcp_scheme && options.group.rendezvous_host.empty()) {
+      options.group.rendezvous_host = method.host;
+    }
     if (tcp_scheme && !agent.prefix.empty()) {
       store = std::make_shared<PrefixStore>(agent.prefix, std::move(store));
     }

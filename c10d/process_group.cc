@@ -116,6 +116,7 @@ absl::Status ProcessGroup::Init() {
     config.size = size_;
     config.timeout = options_.timeout;
     config.options = options_.backend_options;
+    config.rendezvous_host = options_.rendezvous_host;
     absl::StatusOr<std::unique_ptr<Backend>> backend =
         registry_->Create(name, config);
     if (!backend.ok()) {

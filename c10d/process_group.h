@@ -54,6 +54,10 @@ struct ProcessGroupOptions {
   std::map<std::string, std::string> backend_options;
   // Store namespace of this group.
   std::string name = "default_pg";
+  // The host the group's store was reached at (InitProcessGroup sets it from
+  // tcp:// or env://); passed as BackendConfig::rendezvous_host. Empty:
+  // unknown.
+  std::string rendezvous_host;
 };
 
 // Parses a backend spec against `registry`: device type -> backend name.

@@ -301,6 +301,34 @@ TEST(InitProcessGroupTest, TcpInitMethodSingleRank) {
   EXPECT_EQ(x.to_vector<float>(), std::vector<float>(3, 2));
 }
 
+// Backends learn the store's host from tcp:// (Gloo listens on the local
+// address routing toward it, so a group across hosts works without
+// MASTER_ADDR), and subgroups inherit it.
+TEST(InitProcessGroupTest, TcpInitMethodGivesBackendsTheStoreHost) {
+  auto registry = std::make_shared<BackendRegistry>();
+  std::vector<std::string> seen;
+  ASSERT_TRUE(
+      registry
+          ->RegisterBackend("hostcheck",
+                            [&seen](const BackendConfig& c)
+                                -> absl::StatusOr<std::unique_ptr<Backend>> {
+                              seen.push_back(c.rendezvous_host);
+                              return std::make_unique<RecorderBackend>(
+                                  c.rank, c.size, nullptr);
+                            })
+          .ok());
+  InitProcessGroupOptions t;
+  t.init_method = "tcp://127.0.0.1:0?rank=0&world_size=1";
+  t.registry = registry;
+  t.group.backend = "hostcheck";
+  t.group.timeout = kTimeout;
+  auto pg = InitProcessGroup(t);
+  ASSERT_TRUE(pg.ok()) << pg.status();
+  auto sub = (*pg)->NewGroup({0});
+  ASSERT_TRUE(sub.ok()) << sub.status();
+  EXPECT_EQ(seen, std::vector<std::string>({"127.0.0.1", "127.0.0.1"}));
+}
+
 TEST(InitProcessGroupTest, AgentStoreFromEnv) {
   auto lookup = [](std::map<std::string, std::string> vars) {
     return [vars](absl::string_view k) -> std::optional<std::string> {

@@ -49,6 +49,10 @@ struct BackendConfig {
   absl::Duration timeout = absl::Minutes(30);
   // Free-form, backend-specific settings (e.g. gloo's "hostname").
   std::map<std::string, std::string> options;
+  // The host the group's store was reached at, when known: a backend that
+  // listens for peers picks the local address routing toward it (peers
+  // reach the store, so they can reach that address). Empty: unknown.
+  std::string rendezvous_host;
 };
 
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(

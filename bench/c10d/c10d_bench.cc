@@ -28,13 +28,14 @@
 // broadcast 1, allgather / reducescatter / alltoall (N-1)/N. That is the
 // data each rank must send for ring (allreduce, allgather, reducescatter)
 // and pairwise (alltoall) algorithms; for the others it is a normalization,
-// so each line names the algorithm: "ring", "tree" (Gloo's binomial-tree
-// broadcast), "pairwise" (Gloo's alltoall: every rank sends each peer its
-// chunk directly), "direct" (Ferry's small Allreduce/Broadcast that
-// completes in the argument exchange, every rank sending its whole buffer to
-// every other: busbw = size * (N-1) / time instead), "shm", "mpi".
-// Timed here in C++; PyTorch's figures come from torch_bench.py, timed in
-// Python.
+// so each line names the algorithm: "ring" (Gloo's), "ferry-ring" (Ferry's
+// checked all-reduce, c10d/gloo/ring.h), "chain" (Ferry's checked pipelined
+// broadcast), "tree" (Gloo's binomial-tree broadcast), "pairwise" (Gloo's
+// alltoall: every rank sends each peer its chunk directly), "direct" (Ferry's
+// small Allreduce/Broadcast that completes in the argument exchange, every rank
+// sending its whole buffer to every other: busbw = size * (N-1) / time
+// instead), "shm", "mpi". Timed here in C++; PyTorch's figures come from
+// torch_bench.py, timed in Python.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -164,6 +165,10 @@ int Main(int argc, char** argv) {
                         (op == "allreduce" || op == "broadcast") &&
                         static_cast<size_t>(bytes) <= inline_bytes;
     if (direct) return {"direct", double(n - 1)};
+    // With the check on, larger all-reduce and broadcast run Ferry's own
+    // ring and pipelined chain (c10d/gloo/ring.h), not Gloo's.
+    if (check_args && op == "allreduce") return {"ferry-ring", factor};
+    if (check_args && op == "broadcast") return {"chain", factor};
     if (op == "broadcast") return {"tree", factor};
     if (op == "alltoall") return {"pairwise", factor};
     return {"ring", factor};

@@ -182,10 +182,14 @@ BackendFactory GlooBackend::Factory() {
                                           : std::optional<std::string>(level)));
     if (config.options.count("hostname") == 0) {
       // Across hosts the pairs must listen where peers can reach them: the
-      // same choice as the RPC agent's (common/host_address.h).
-      const char* master = std::getenv("MASTER_ADDR");
-      ASSIGN_OR_RETURN(HostChoice host,
-                       ChooseWorkerHost(master == nullptr ? "" : master));
+      // same choice as the RPC agent's (common/host_address.h), routing
+      // toward the store's host (tcp:// or env://), else MASTER_ADDR.
+      std::string toward = config.rendezvous_host;
+      if (toward.empty()) {
+        const char* master = std::getenv("MASTER_ADDR");
+        if (master != nullptr) toward = master;
+      }
+      ASSIGN_OR_RETURN(HostChoice host, ChooseWorkerHost(toward));
       options.hostname = host.host;
     }
     ASSIGN_OR_RETURN(std::unique_ptr<GlooBackend> backend,
