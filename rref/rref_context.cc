@@ -865,16 +865,22 @@ absl::Status RRefContext::ApplyPiggybackedDeletes(const WorkerInfo& peer,
 }
 
 void RRefContext::FlushLoop(const std::weak_ptr<RRefContext>& weak) {
-  // `this` stays valid while the destructor has not begun (it joins this
-  // thread), unless a send's completion ran the destructor on this thread:
-  // `weak` tells, without touching `this`.
+  // `this` stays valid while the destructor has not begun elsewhere (it joins
+  // this thread). The sends hold a strong reference: a send's completion may
+  // run inline and drop what was the last other one, and SendUserDeletes
+  // still uses `this` after SendInternal returns. Releasing `self` may run
+  // the destructor here; `weak` then tells, without touching `this`.
   for (;;) {
     std::vector<std::pair<int, DeleteBatch>> due;
     {
       MutexLock lock(&mu_);
       if (!AwaitDueDeletes(due)) return;
     }
+    // Null when the destructor has begun on another thread: it waits for
+    // this thread, so the sends below are still safe.
+    std::shared_ptr<RRefContext> self = weak.lock();
     for (auto& [owner, batch] : due) SendUserDeletes(owner, std::move(batch));
+    self.reset();
     if (weak.expired()) return;
   }
 }
