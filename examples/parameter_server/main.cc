@@ -28,10 +28,24 @@
 // samples/s over the last --log_every iterations) and, at their end, the
 // accuracy on a held-out set; they exit 1 when it is below
 // --target_accuracy, which fails the job under ferry_run.
+//
+// Elastic trainers (--elastic_trainers=K; WORLD_SIZE must then be M + N + K,
+// ranks M+N.. are "elastic0".."elastic<K-1>"): not part of the static group,
+// each waits until ps0 has served --join_after forward passes (a key ps0
+// sets in the job's store), joins the running job (JoinRpc), trains
+// --elastic_iterations iterations through the same loop as the trainers
+// (its own DistributedOptimizer on every server), reports its held-out
+// accuracy (not checked against the target) and leaves (RRefContext::Leave)
+// while the job goes on. The servers log each worker that joins or leaves
+// with their worker table and, for a leaver, the optimizer steps it made
+// there and what of it they still hold (RRef forks, autograd contexts,
+// optimizers: none once it left); they end the job only after every elastic
+// trainer has left.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -41,6 +55,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -64,6 +80,13 @@ ABSL_FLAG(int, test_samples, 2000, "held-out samples");
 ABSL_FLAG(double, target_accuracy, 0.9, "held-out accuracy to reach");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the task and the model");
 ABSL_FLAG(int, timeout_s, 600, "limit of the job's collective shutdown (s)");
+ABSL_FLAG(int, elastic_trainers, 0,
+          "K: trainers that join the running job and leave before its end "
+          "(ranks M+N..M+N+K-1)");
+ABSL_FLAG(int, join_after, 100,
+          "elastic trainers join once ps0 served this many forward passes");
+ABSL_FLAG(int, elastic_iterations, 200,
+          "iterations of each elastic trainer before it leaves");
 
 namespace ferry::ps_example {
 namespace {
@@ -75,18 +98,30 @@ struct Config {
   int servers, trainers, iterations, batch, vocab, tokens, dim, hidden, classes,
       log_every, test_samples;
   uint64_t seed;
+  int elastic = 0, join_after = 0, elastic_iterations = 0;
 };
 
 Config FromFlags() {
-  return {absl::GetFlag(FLAGS_servers),      absl::GetFlag(FLAGS_trainers),
-          absl::GetFlag(FLAGS_iterations),   absl::GetFlag(FLAGS_batch),
-          absl::GetFlag(FLAGS_vocab),        absl::GetFlag(FLAGS_tokens),
-          absl::GetFlag(FLAGS_dim),          absl::GetFlag(FLAGS_hidden),
-          absl::GetFlag(FLAGS_classes),      absl::GetFlag(FLAGS_log_every),
-          absl::GetFlag(FLAGS_test_samples), absl::GetFlag(FLAGS_seed)};
+  Config c = {absl::GetFlag(FLAGS_servers),      absl::GetFlag(FLAGS_trainers),
+              absl::GetFlag(FLAGS_iterations),   absl::GetFlag(FLAGS_batch),
+              absl::GetFlag(FLAGS_vocab),        absl::GetFlag(FLAGS_tokens),
+              absl::GetFlag(FLAGS_dim),          absl::GetFlag(FLAGS_hidden),
+              absl::GetFlag(FLAGS_classes),      absl::GetFlag(FLAGS_log_every),
+              absl::GetFlag(FLAGS_test_samples), absl::GetFlag(FLAGS_seed)};
+  c.elastic = absl::GetFlag(FLAGS_elastic_trainers);
+  c.join_after = absl::GetFlag(FLAGS_join_after);
+  c.elastic_iterations = absl::GetFlag(FLAGS_elastic_iterations);
+  return c;
 }
 
 std::string ServerName(int m) { return absl::StrCat("ps", m); }
+
+absl::Duration Timeout() {
+  return absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+}
+
+// Set by ps0 in the job's store once elastic trainers may join.
+constexpr char kJoinsOpenKey[] = "ps_example/joins_open";
 
 Tensor Parameter(std::vector<int64_t> sizes, uint64_t seed, double scale) {
   Tensor t = randn(sizes, seed).mul(scale);
@@ -173,9 +208,186 @@ absl::StatusOr<Tensor> Head(const Shard& s, const std::string& me,
   return autograd::add(autograd::matmul(hidden, p[2]), p[3]);
 }
 
+// A server's view of the job's membership: logs each worker that joins or
+// leaves with the worker table, counts what each worker did here (optimizer
+// steps, optimizers created and destroyed, through the
+// DistOptimizerService's "ferry.optim.*" calls it receives) and the forward
+// passes served, and lets the server wait on those counts.
+// Thread safety: every method is safe from any thread.
+class ServerView {
+ public:
+  explicit ServerView(std::string me, int static_size)
+      : me_(std::move(me)), static_size_(static_size) {}
+
+  // Subscribes to `agent` (before it serves); `w`'s layers are installed.
+  void Install(rpc::Agent& agent, const Worker& w) {
+    std::weak_ptr<rref::RRefContext> rrefs = w.rrefs;
+    std::weak_ptr<autograd::dist::DistAutogradContainer> dist = w.dist;
+    agent.AddInterceptor([this, dist](rpc::InterceptPoint point,
+                                      const rpc::WorkerInfo& peer,
+                                      rpc::Message& message) {
+      if (point == rpc::InterceptPoint::kReceiveRequest &&
+          message.type == rpc::MessageType::kCall) {
+        Count(peer.id, message, dist.lock());
+      }
+      return absl::OkStatus();
+    });
+    rpc::Agent* ap = &agent;
+    agent.AddMembershipListener(
+        [this, ap, rrefs, dist](const rpc::WorkerInfo& who,
+                                rpc::MembershipChange change) {
+          if (change == rpc::MembershipChange::kJoined) {
+            std::printf("%s: %s joined (id %d); workers: %s\n", me_.c_str(),
+                        who.name.c_str(), who.id, Table(*ap).c_str());
+            return;
+          }
+          // The RRef context heard of the leave first (its listener was
+          // added before this one) and dropped the forks the leaver held.
+          std::printf("%s: %s (id %d) left after %s; workers: %s\n",
+                      me_.c_str(), who.name.c_str(), who.id,
+                      Left(who.id, rrefs.lock(), dist.lock()).c_str(),
+                      Table(*ap).c_str());
+        });
+  }
+
+  void CountForward() {
+    MutexLock l(&mu_);
+    ++forwards_;
+  }
+  // Whether `n` forward passes were served by `deadline`.
+  bool AwaitForwards(int64_t n, absl::Time deadline) {
+    MutexLock l(&mu_);
+    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return forwards_ >= n;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  }
+  // Whether `n` workers that joined the running group left it by `deadline`.
+  bool AwaitLeft(int n, absl::Time deadline) {
+    MutexLock l(&mu_);
+    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return joiners_left_ >= n;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  }
+  int joiners_left() {
+    MutexLock l(&mu_);
+    return joiners_left_;
+  }
+
+ private:
+  struct Did {
+    // Steps asked for; those whose context holds a non-zero gradient of
+    // this server's parameters (so the step changes them); optimizers
+    // created minus destroyed.
+    int64_t steps = 0, changing_steps = 0, optimizers = 0;
+  };
+
+  // For a call of the optimizer service (its arguments: optimizer id,
+  // context id), what the worker `id` asked of it. Only a joiner's steps
+  // are checked for gradients (they are reported when it leaves), so the
+  // static trainers' steps cost no more than the counting.
+  void Count(int id, const rpc::Message& call,
+             std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
+    const std::string& f = call.function;
+    const bool changes = f == "ferry.optim.step" && id >= static_size_ &&
+                         dist != nullptr && HasGradient(*dist, call.payload);
+    MutexLock l(&mu_);
+    if (f == "ferry.optim.step") ++did_[id].steps;
+    did_[id].changing_steps += changes;
+    if (f == "ferry.optim.create") ++did_[id].optimizers;
+    if (f == "ferry.optim.destroy") --did_[id].optimizers;
+  }
+
+  // Whether the context that step arguments `args` name holds a non-zero
+  // gradient here.
+  static bool HasGradient(const autograd::dist::DistAutogradContainer& dist,
+                          const Value& args) {
+    const Value::List* list = args.if_list();
+    if (list == nullptr || list->size() != 2 || !(*list)[1].if_int()) {
+      return false;
+    }
+    absl::StatusOr<autograd::dist::GradientMap> grads = dist.GetGradients(
+        GlobalId::FromValue(static_cast<uint64_t>(*(*list)[1].if_int())));
+    if (!grads.ok()) return false;
+    for (const auto& [leaf, grad] : grads->entries()) {
+      for (float g : grad.to_vector<float>()) {
+        if (g != 0) return true;
+      }
+    }
+    return false;
+  }
+
+  // The present workers' names, by id.
+  static std::string Table(const rpc::Agent& agent) {
+    std::vector<std::string> names;
+    for (const rpc::WorkerInfo& w : agent.GetWorkerInfos()) {
+      names.push_back(w.name);
+    }
+    return absl::StrJoin(names, " ");
+  }
+
+  // "N optimizer steps here (G with gradients); it still holds here: F RRef
+  // forks, ..." for worker `id`, which just left.
+  std::string Left(
+      int id, std::shared_ptr<rref::RRefContext> rrefs,
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
+    int64_t forks = 0, contexts = 0;
+    for (const rref::RRefContext::OwnedInfo& o :
+         rrefs ? rrefs->Owned() : std::vector<rref::RRefContext::OwnedInfo>{}) {
+      for (const auto& [fork, holder] : o.forks) forks += holder == id;
+    }
+    for (GlobalId ctx : dist ? dist->ContextIds() : std::vector<GlobalId>{}) {
+      contexts += ctx.worker_id() == id;
+    }
+    MutexLock l(&mu_);
+    if (id >= static_size_) ++joiners_left_;
+    const Did did = did_[id];
+    return absl::StrCat(
+        did.steps, " optimizer steps here (", did.changing_steps,
+        " with gradients); it still holds here: ", forks, " RRef forks, ",
+        contexts, " autograd contexts, ", did.optimizers, " optimizers");
+  }
+
+  const std::string me_;
+  const int static_size_;
+  Mutex mu_;
+  int64_t forwards_ ABSL_GUARDED_BY(mu_) = 0;
+  int joiners_left_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, Did> did_ ABSL_GUARDED_BY(mu_);
+};
+
+// With elastic trainers: ps0 opens the job to them once it served
+// --join_after forward passes; every server waits until they all left, so
+// the static group's shutdown never meets a joined worker.
+absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
+  if (c.elastic == 0) return absl::OkStatus();
+  const std::string me = ServerName(m);
+  const absl::Time deadline = absl::Now() + Timeout();
+  if (m == 0) {
+    if (!view.AwaitForwards(c.join_after, deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(me, ": fewer than ", c.join_after,
+                       " forward passes served within --timeout_s"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenJobStore(Timeout()));
+    RETURN_IF_ERROR(store->Set(kJoinsOpenKey, "1"));
+    std::printf("%s: elastic trainers may join (%d forward passes served)\n",
+                me.c_str(), c.join_after);
+  }
+  if (!view.AwaitLeft(c.elastic, deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(me, ": ", view.joiners_left(), " of ", c.elastic,
+                     " elastic trainers left within --timeout_s"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Serve(const Config& c, int m) {
   const std::string me = ServerName(m);
   const Shard shard = MakeShard(c, m);
+  ServerView view(me, c.servers + c.trainers);  // Outlives the agent.
+  ServerView* vp = &view;
   Worker w;
   Worker* wp = &w;
   auto registry = std::make_shared<rpc::FunctionRegistry>();
@@ -184,7 +396,11 @@ absl::Status Serve(const Config& c, int m) {
       "lookup", [sp, me](Tensor ids) { return Lookup(*sp, me, ids); },
       "per-sample sums of this server's embedding rows"));
   RETURN_IF_ERROR(registry->Register(
-      "head", [sp, me](Tensor h) { return Head(*sp, me, h); },
+      "head",
+      [sp, vp, me](Tensor h) {
+        vp->CountForward();
+        return Head(*sp, me, h);
+      },
       "the dense head (ps0)"));
   RETURN_IF_ERROR(registry->Register(
       "param_rrefs",
@@ -199,12 +415,20 @@ absl::Status Serve(const Config& c, int m) {
       "RRefs to this server's parameters"));
   JoinOptions options;
   options.optimizer.param_mutex = shard.mu;
+  options.world_size = c.servers + c.trainers;
+  options.setup = [vp](rpc::Agent& agent, Worker& w) {
+    vp->Install(agent, w);
+    return absl::OkStatus();
+  };
   RETURN_IF_ERROR(JoinJob(me, registry, options, w));
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
+  absl::Status hosted = HostElasticTrainers(c, m, view);
   // Serves until every trainer has finished and joined the shutdown.
-  return LeaveJob(w, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  absl::Status left = LeaveJob(w, Timeout());
+  RETURN_IF_ERROR(hosted);
+  return left;
 }
 
 // --- Trainer -----------------------------------------------------------------
@@ -303,11 +527,19 @@ absl::StatusOr<optim::FunctionalOptions> OptimizerFromFlags() {
       absl::StrCat("--optimizer: unknown '", kind, "'"));
 }
 
+// What one trainer runs.
+struct TrainerRun {
+  std::string me;
+  int iterations;
+  uint64_t stream;      // Of the task's samples.
+  bool check_accuracy;  // Against --target_accuracy.
+};
+
 // One trainer's whole run, from the optimizer's creation to the held-out
-// check.
-absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
+// check; its optimizer and RRefs are gone when it returns.
+absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   rpc::Agent& agent = *w.agent;
-  const std::string me = absl::StrCat("trainer", t);
+  const std::string& me = run.me;
   std::vector<RRef<Tensor>> params;
   for (int m = 0; m < c.servers; ++m) {
     ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> p,
@@ -318,12 +550,12 @@ absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
   ASSIGN_OR_RETURN(optim::FunctionalOptions options, OptimizerFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<optim::DistributedOptimizer> opt,
                    optim::DistributedOptimizer::Create(agent, options, params));
-  Task task(c, /*stream=*/t);
+  Task task(c, run.stream);
   const absl::Time start = absl::Now();
   absl::Time window = start;
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
-  for (int it = 1; it <= c.iterations; ++it) {
+  for (int it = 1; it <= run.iterations; ++it) {
     Batch batch = task.Next(c.batch);
     ContextScope ctx(*w.dist);
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
@@ -334,7 +566,7 @@ absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
     loss_sum += loss.item();
     correct += Correct(logits, batch.labels);
     seen += c.batch;
-    if (it % c.log_every == 0 || it == c.iterations) {
+    if (it % c.log_every == 0 || it == run.iterations) {
       const absl::Time now = absl::Now();
       const int n = static_cast<int>(seen / c.batch);
       std::printf("%s iteration %d loss %.4f accuracy %.3f samples/s %.0f\n",
@@ -349,12 +581,17 @@ absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   ASSIGN_OR_RETURN(double accuracy, HeldOutAccuracy(agent, c));
   const double target = absl::GetFlag(FLAGS_target_accuracy);
+  const std::string verdict =
+      run.check_accuracy
+          ? absl::StrFormat(", target %.2f %s", target,
+                            accuracy >= target ? "reached" : "NOT reached")
+          : "";
   std::printf(
       "%s done: %d iterations in %.1f s (%.0f samples/s), held-out accuracy "
-      "%.4f, target %.2f %s\n",
-      me.c_str(), c.iterations, secs, c.iterations * c.batch / secs, accuracy,
-      target, accuracy >= target ? "reached" : "NOT reached");
-  if (accuracy < target) {
+      "%.4f%s\n",
+      me.c_str(), run.iterations, secs, run.iterations * c.batch / secs,
+      accuracy, verdict.c_str());
+  if (run.check_accuracy && accuracy < target) {
     return absl::FailedPreconditionError(absl::StrCat(
         me, ": held-out accuracy ", accuracy, " below the target ", target));
   }
@@ -363,13 +600,41 @@ absl::Status TrainerLoop(Worker& w, const Config& c, int t) {
 
 absl::Status Train(const Config& c, int t) {
   Worker w;
-  RETURN_IF_ERROR(JoinJob(absl::StrCat("trainer", t),
-                          std::make_shared<rpc::FunctionRegistry>(), {}, w));
-  absl::Status trained = TrainerLoop(w, c, t);
+  JoinOptions options;
+  options.world_size = c.servers + c.trainers;
+  const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
+                       static_cast<uint64_t>(t), /*check_accuracy=*/true};
+  RETURN_IF_ERROR(
+      JoinJob(run.me, std::make_shared<rpc::FunctionRegistry>(), options, w));
+  absl::Status trained = TrainerLoop(w, c, run);
   // Joins the shutdown even after an error, so the others are not left
   // waiting for this trainer.
-  absl::Status left =
-      LeaveJob(w, absl::Seconds(absl::GetFlag(FLAGS_timeout_s)));
+  absl::Status left = LeaveJob(w, Timeout());
+  RETURN_IF_ERROR(trained);
+  return left;
+}
+
+// Elastic trainer `k`: joins once ps0 opened the job, trains, leaves.
+absl::Status TrainElastic(const Config& c, int k) {
+  const TrainerRun run{absl::StrCat("elastic", k), c.elastic_iterations,
+                       static_cast<uint64_t>(c.trainers + k),
+                       /*check_accuracy=*/false};
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenJobStore(Timeout()));
+  absl::Status open = store->Wait({kJoinsOpenKey}, Timeout());
+  if (!open.ok()) {
+    return Annotate(open, absl::StrCat(run.me,
+                                       ": waiting for ps0 to open "
+                                       "the job to elastic trainers"));
+  }
+  Worker w;
+  RETURN_IF_ERROR(
+      JoinRunningJob(run.me, std::make_shared<rpc::FunctionRegistry>(), {}, w));
+  std::printf("%s: joined the running job as worker %d (world size %d)\n",
+              run.me.c_str(), w.agent->self().id, w.agent->world_size());
+  absl::Status trained = TrainerLoop(w, c, run);
+  // Leaves even after an error, so the servers are not left waiting.
+  absl::Status left = LeaveRunningJob(w, Timeout());
+  if (left.ok()) std::printf("%s: left the job\n", run.me.c_str());
   RETURN_IF_ERROR(trained);
   return left;
 }
@@ -377,12 +642,22 @@ absl::Status Train(const Config& c, int t) {
 absl::Status Validate(const Config& c) {
   const char* world_env = std::getenv("WORLD_SIZE");
   int world = -1;
+  const int need = c.servers + c.trainers + c.elastic;
   if (world_env == nullptr || !absl::SimpleAtoi(world_env, &world) ||
-      world != c.servers + c.trainers) {
+      world != need) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "WORLD_SIZE is ", world_env ? world_env : "unset", ", --servers=",
-        c.servers, " --trainers=", c.trainers, " need ", c.servers + c.trainers,
-        " (ferry_run --nproc ", c.servers + c.trainers, ")"));
+        "WORLD_SIZE is ", world_env ? world_env : "unset",
+        ", --servers=", c.servers, " --trainers=", c.trainers,
+        c.elastic > 0 ? absl::StrCat(" --elastic_trainers=", c.elastic) : "",
+        " need ", need, " (ferry_run --nproc ", need, ")"));
+  }
+  if (c.elastic < 0 ||
+      (c.elastic > 0 && (c.elastic_iterations < 1 || c.join_after < 1 ||
+                         c.join_after > int64_t{c.trainers} * c.iterations))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "need --elastic_trainers >= 0, --elastic_iterations >= 1 and "
+        "--join_after in [1, trainers * iterations = ",
+        int64_t{c.trainers} * c.iterations, "]"));
   }
   if (c.servers < 1 || c.trainers < 1 || c.vocab < c.servers ||
       c.iterations < 1 || c.batch < 1 || c.tokens < 1 || c.dim < 1 ||
@@ -399,7 +674,9 @@ absl::Status Run() {
   RETURN_IF_ERROR(Validate(c));
   const int rank = EnvRank();
   if (rank < 0) return absl::InvalidArgumentError("RANK is unset");
-  return rank < c.servers ? Serve(c, rank) : Train(c, rank - c.servers);
+  if (rank < c.servers) return Serve(c, rank);
+  if (rank < c.servers + c.trainers) return Train(c, rank - c.servers);
+  return TrainElastic(c, rank - c.servers - c.trainers);
 }
 
 }  // namespace

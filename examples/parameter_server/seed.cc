@@ -60,7 +60,7 @@ class Net {
   nn::Linear fc1_, fc2_;
 };
 
-absl::Status RegisterNet(Worker& w) {
+absl::Status RegisterNet(rpc::Agent&, Worker& w) {
   w.rrefs->classes()
       .RegisterClass<Net>("Net")
       .Constructor<int64_t>()

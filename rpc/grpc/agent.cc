@@ -137,6 +137,21 @@ absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
   same_host.max_message_bytes = grpc_options_.max_message_bytes;
   same_host_ =
       std::make_shared<grpc_agent::SameHostChannel>(same_host, self.name);
+  // Pairs with workers that join later are settled as they come
+  // (shm_channel.h); the listener runs before the joiner is answered.
+  AddMembershipListener(
+      [channel = std::weak_ptr<grpc_agent::SameHostChannel>(same_host_),
+       store = store_, self](const WorkerInfo& w, MembershipChange change) {
+        std::shared_ptr<grpc_agent::SameHostChannel> c = channel.lock();
+        if (c == nullptr) return;
+        if (change == MembershipChange::kLeft) return c->RemovePeer(w.id);
+        absl::Status added = c->AddJoiner(*store, w, self.id);
+        if (!added.ok()) {
+          FERRY_LOG(WARNING)
+              << "worker '" << self.name << "': same-host channel to '"
+              << w.name << "' off: " << added;
+        }
+      });
   if (grpc_options_.before_serving) {
     absl::Status installed = grpc_options_.before_serving(*this);
     if (!installed.ok()) {

@@ -39,6 +39,12 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
   const WorkerInfo self{name, id.id, address};
   const std::string who =
       absl::StrCat("worker '", name, "' (id ", id.id, ") joining");
+  // Before the join event: a member that hears of it finds the record.
+  absl::Status published = agent->same_host_->Publish(*store, id.id);
+  if (!published.ok()) {
+    agent->Shutdown(/*graceful=*/false).IgnoreError();
+    return Annotate(published, who);
+  }
   absl::StatusOr<int64_t> slot =
       grpc_agent::AppendMembershipEvent(store, MembershipChange::kJoined, self);
   // After its join event, a failed joiner records its departure too.
@@ -61,11 +67,19 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
                        " has that name and has not left")));
     }
   }
+  absl::Status probed =
+      agent->same_host_->ProbeMembers(*store, *members, id.id);
+  if (!probed.ok()) return fail(Annotate(probed, who));
   members->push_back(self);
   agent->SetWorkers(*members);
   agent->OpenChannels();
   WarnUntold(who, agent->Announce(MembershipChange::kJoined, self, *members,
                                   deadline));
+  // The members told have answered: pairs missing an answer use gRPC.
+  absl::Status settled = agent->same_host_->SettleJoin(*store, *members, id.id);
+  if (!settled.ok()) {
+    FERRY_LOG(WARNING) << who << ": same-host channel off: " << settled;
+  }
   FERRY_LOG(INFO) << who << ": serving on " << address << " beside "
                   << members->size() - 1 << " workers";
   return agent;

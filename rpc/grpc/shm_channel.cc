@@ -30,8 +30,22 @@ constexpr size_t kMaxIovecs = 512;
 // goes over gRPC, and a descriptor with more is refused as malformed.
 constexpr int kMaxRegions = 1 << 16;
 
-// Store keys: "<prefix>/<rank>" (records), "<prefix>/readable/<rank>".
+// Store keys: "<prefix>/<rank>" (records), "<prefix>/readable/<rank>"
+// (static group), "<prefix>/pair/<reader>/<target>" (joiners).
 constexpr char kPrefix[] = "rpc/same_host";
+
+std::string PairKey(int reader, int target) {
+  return absl::StrCat(kPrefix, "/pair/", reader, "/", target);
+}
+
+// Whether worker `reader` published that it can read `target`.
+absl::StatusOr<bool> Answered(Store& store, int reader, int target) {
+  const std::string key = PairKey(reader, target);
+  ASSIGN_OR_RETURN(bool there, store.Check({key}));
+  if (!there) return false;
+  ASSIGN_OR_RETURN(std::string answer, store.Get(key));
+  return answer == "1";
+}
 
 bool EnvDisabled() {
   const char* v = std::getenv("FERRY_RPC_SAME_HOST");
@@ -190,35 +204,11 @@ absl::Status SameHostChannel::Negotiate(Store& base,
   }
   RETURN_IF_ERROR(store.Wait(keys, timeout));
   ASSIGN_OR_RETURN(std::vector<std::string> records, store.MultiGet(keys));
-  const std::string mine = enabled_ ? HostIdentity() : "";
   std::vector<PeerRecord> peers(n);
   std::vector<std::string> readable;
   for (int i = 0; i < n; ++i) {
-    PeerRecord& p = peers[i];
-    p.name = group[i].name;
-    std::vector<std::string> f = absl::StrSplit(records[i], '\n');
-    int64_t pid = 0;
-    uint64_t address = 0, value = 0;
-    if (f.size() != 5 || !absl::SimpleAtoi(f[2], &pid) ||
-        !absl::SimpleAtoi(f[3], &address) || !absl::SimpleAtoi(f[4], &value)) {
-      FERRY_LOG(WARNING) << "worker '" << self_name_
-                         << "': malformed same-host record of rank " << i;
-      continue;
-    }
-    p.pid = static_cast<pid_t>(pid);
-    p.candidate = enabled_ && f[0] == "1" && !mine.empty() && f[1] == mine;
-    if (!p.candidate) continue;
-    uint64_t seen = 0;
-    absl::Status probe = ReadWord(p.pid, address, &seen);
-    p.can_read = probe.ok() && seen == value;
-    if (p.can_read) {
-      readable.push_back(absl::StrCat(i));
-    } else {
-      FERRY_LOG(INFO) << "worker '" << self_name_ << "': same-host channel to '"
-                      << p.name << "' refused (cannot read pid " << pid << ": "
-                      << (probe.ok() ? "probe mismatch" : probe.ToString())
-                      << "); using gRPC";
-    }
+    peers[i] = Probe(records[i], group[i].name, i);
+    if (peers[i].can_read) readable.push_back(absl::StrCat(i));
   }
   RETURN_IF_ERROR(store.Set(read_keys[rank], absl::StrJoin(readable, ",")));
   RETURN_IF_ERROR(store.Wait(read_keys, timeout));
@@ -231,8 +221,107 @@ absl::Status SameHostChannel::Negotiate(Store& base,
     }
   }
   MutexLock lock(&mu_);
-  peers_ = std::move(peers);
+  // Joiners heard of meanwhile keep their records (ids above the group's).
+  if (peers_.size() < peers.size()) peers_.resize(peers.size());
+  std::move(peers.begin(), peers.end(), peers_.begin());
   return absl::OkStatus();
+}
+
+SameHostChannel::PeerRecord SameHostChannel::Probe(const std::string& record,
+                                                   const std::string& name,
+                                                   int id) const {
+  PeerRecord p;
+  p.name = name;
+  std::vector<std::string> f = absl::StrSplit(record, '\n');
+  int64_t pid = 0;
+  uint64_t address = 0, value = 0;
+  if (f.size() != 5 || !absl::SimpleAtoi(f[2], &pid) ||
+      !absl::SimpleAtoi(f[3], &address) || !absl::SimpleAtoi(f[4], &value)) {
+    FERRY_LOG(WARNING) << "worker '" << self_name_
+                       << "': malformed same-host record of worker " << id;
+    return p;
+  }
+  const std::string mine = enabled_ ? HostIdentity() : "";
+  p.pid = static_cast<pid_t>(pid);
+  p.candidate = enabled_ && f[0] == "1" && !mine.empty() && f[1] == mine;
+  if (!p.candidate) return p;
+  uint64_t seen = 0;
+  absl::Status probe = ReadWord(p.pid, address, &seen);
+  p.can_read = probe.ok() && seen == value;
+  if (!p.can_read) {
+    FERRY_LOG(INFO) << "worker '" << self_name_ << "': same-host channel to '"
+                    << name << "' refused (cannot read pid " << pid << ": "
+                    << (probe.ok() ? "probe mismatch" : probe.ToString())
+                    << "); using gRPC";
+  }
+  return p;
+}
+
+absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::ProbeWorker(
+    Store& store, const WorkerInfo& w) const {
+  const std::string key = absl::StrCat(kPrefix, "/", w.id);
+  ASSIGN_OR_RETURN(bool there, store.Check({key}));
+  if (!there) return PeerRecord{.name = w.name};  // It published none.
+  ASSIGN_OR_RETURN(std::string record, store.Get(key));
+  return Probe(record, w.name, w.id);
+}
+
+void SameHostChannel::SetPeer(int id, PeerRecord record) {
+  MutexLock lock(&mu_);
+  if (peers_.size() <= static_cast<size_t>(id)) peers_.resize(id + 1);
+  peers_[id] = std::move(record);
+}
+
+absl::Status SameHostChannel::ProbeMembers(
+    Store& store, const std::vector<WorkerInfo>& members, int self) {
+  if (!enabled_) return absl::OkStatus();
+  for (const WorkerInfo& w : members) {
+    if (w.id == self) continue;
+    ASSIGN_OR_RETURN(PeerRecord p, ProbeWorker(store, w));
+    const bool can_read = p.can_read;
+    // Known before the member may read the answer and send.
+    SetPeer(w.id, std::move(p));
+    if (can_read) RETURN_IF_ERROR(store.Set(PairKey(self, w.id), "1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SameHostChannel::AddJoiner(Store& base, const WorkerInfo& joiner,
+                                        int self) {
+  if (!enabled_) return absl::OkStatus();
+  MutexLock serial(&member_store_mu_);
+  if (member_store_ == nullptr) {
+    ASSIGN_OR_RETURN(member_store_, base.Clone());
+  }
+  Store& store = *member_store_;
+  ASSIGN_OR_RETURN(PeerRecord p, ProbeWorker(store, joiner));
+  if (p.can_read) {
+    // The joiner answered before it announced itself.
+    ASSIGN_OR_RETURN(p.usable, Answered(store, joiner.id, self));
+  }
+  const bool can_read = p.can_read;
+  SetPeer(joiner.id, std::move(p));
+  return can_read ? store.Set(PairKey(self, joiner.id), "1") : absl::OkStatus();
+}
+
+absl::Status SameHostChannel::SettleJoin(Store& store,
+                                         const std::vector<WorkerInfo>& members,
+                                         int self) {
+  if (!enabled_) return absl::OkStatus();
+  for (const WorkerInfo& w : members) {
+    if (w.id == self || !Reader(w.id).ok()) continue;
+    ASSIGN_OR_RETURN(bool answered, Answered(store, w.id, self));
+    MutexLock lock(&mu_);
+    peers_[w.id].usable = answered && peers_[w.id].can_read;
+  }
+  return absl::OkStatus();
+}
+
+void SameHostChannel::RemovePeer(int id) {
+  MutexLock lock(&mu_);
+  if (id >= 0 && static_cast<size_t>(id) < peers_.size()) {
+    peers_[id] = PeerRecord{.name = peers_[id].name};
+  }
 }
 
 bool SameHostChannel::UsableTo(int peer) const {

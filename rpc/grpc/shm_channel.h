@@ -14,7 +14,9 @@
 // the address of a probe word. After the join each worker tries to read the
 // probe word of every worker with its identity (this is what the kernel's
 // ptrace access rules, e.g. Yama's ptrace_scope, allow or refuse) and
-// publishes which workers it can read. A pair uses the channel only if both
+// publishes which workers it can read. A worker that joins the running group
+// (rpc/agent.h, Membership) does the same pair by pair with the members
+// (ProbeMembers below). A pair uses the channel only if both
 // are on and each can read the other; everything else (other
 // hosts or namespaces, a refused probe, the channel turned off on either
 // side, payloads under `min_bytes`, no free lease slot) goes over gRPC as
@@ -109,6 +111,25 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   absl::Status Negotiate(Store& store, const std::vector<WorkerInfo>& group,
                          int rank, absl::Duration timeout);
 
+  // Joining a running group, by id (ids are never reused): the joiner
+  // publishes its record (Publish with its id) before its join event, then
+  // probes the present `members` and answers which it can read
+  // (ProbeMembers), then announces itself. A member told of a joiner
+  // probes it, answers, and decides (AddJoiner: the joiner answered
+  // first). Once its announcement was answered the joiner decides
+  // (SettleJoin). A pair missing either answer (a member not told, the
+  // channel off on one side) uses gRPC. Errors are the store's; the pair
+  // then uses gRPC. A worker that left has no channel (RemovePeer).
+  absl::Status ProbeMembers(Store& store,
+                            const std::vector<WorkerInfo>& members, int self);
+  // AddJoiner uses its own connection (a clone of `store`, made once): the
+  // agent's may be held by a long wait (the shutdown barrier) while workers
+  // join.
+  absl::Status AddJoiner(Store& store, const WorkerInfo& joiner, int self);
+  absl::Status SettleJoin(Store& store, const std::vector<WorkerInfo>& members,
+                          int self);
+  void RemovePeer(int id);
+
   // Whether payloads to `peer` go over the channel.
   bool UsableTo(int peer) const;
   // Peers the channel is usable to (for logs and tests).
@@ -142,6 +163,13 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
     std::string name;
   };
 
+  // `record` (Publish's) of worker `id`, probed.
+  PeerRecord Probe(const std::string& record, const std::string& name,
+                   int id) const;
+  // The record `w` published, probed (not a candidate when there is none).
+  absl::StatusOr<PeerRecord> ProbeWorker(Store& store,
+                                         const WorkerInfo& w) const;
+  void SetPeer(int id, PeerRecord record);
   void EndLease(int slot, uint64_t nonce);
   // Ends acknowledged and timed-out reply leases.
   void Sweep();
@@ -159,6 +187,10 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   std::unique_ptr<Slot[]> slots_;
   const std::shared_ptr<BufferPool> pool_;
   SameHostStats stats_;
+
+  // Serializes AddJoiner; taken before mu_.
+  Mutex member_store_mu_;
+  std::unique_ptr<Store> member_store_ ABSL_GUARDED_BY(member_store_mu_);
 
   mutable Mutex mu_;
   std::vector<PeerRecord> peers_ ABSL_GUARDED_BY(mu_);

@@ -205,25 +205,40 @@ TEST(SameHostChannel, MalformedDescriptorsAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A registry serving "twice" (t + t).
+std::shared_ptr<FunctionRegistry> Twice() {
+  auto registry = std::make_shared<FunctionRegistry>();
+  EXPECT_TRUE(
+      registry->Register("twice", [](Tensor t) { return t.add(t); }).ok());
+  return registry;
+}
+
+// Workers w0 and w1 of a static group over `store`, w1's channel on only
+// when `second_on`.
+std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartTwo(
+    std::shared_ptr<Store> store, std::shared_ptr<FunctionRegistry> registry,
+    bool second_on) {
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(2);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      GrpcAgentOptions o;
+      o.same_host.enabled = i == 0 || second_on;
+      agents[i] =
+          GrpcAgent::Start(absl::StrCat("w", i), i, 2, store, o, registry);
+    });
+  }
+  for (auto& t : ts) t.join();
+  return agents;
+}
+
 // Through two agents: calls carry tensors over the channel both ways, and an
 // agent with the channel off talks to the same peer over gRPC.
 TEST(SameHostAgents, CallsUseTheChannelUnlessAWorkerTurnsItOff) {
   for (bool second_on : {true, false}) {
-    auto registry = std::make_shared<FunctionRegistry>();
-    ASSERT_TRUE(
-        registry->Register("twice", [](Tensor t) { return t.add(t); }).ok());
     auto store = std::make_shared<HashStore>();
-    std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(2);
-    std::vector<std::thread> ts;
-    for (int i = 0; i < 2; ++i) {
-      ts.emplace_back([&, i] {
-        GrpcAgentOptions o;
-        o.same_host.enabled = i == 0 || second_on;
-        agents[i] =
-            GrpcAgent::Start(absl::StrCat("w", i), i, 2, store, o, registry);
-      });
-    }
-    for (auto& t : ts) t.join();
+    std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents =
+        StartTwo(store, Twice(), second_on);
     ASSERT_TRUE(agents[0].ok()) << agents[0].status();
     ASSERT_TRUE(agents[1].ok()) << agents[1].status();
     Tensor x = full({kMiB / 4}, 1.5);
@@ -241,6 +256,53 @@ TEST(SameHostAgents, CallsUseTheChannelUnlessAWorkerTurnsItOff) {
     EXPECT_EQ((*agents[1])->same_host().live_leases(), 0);
     std::thread down([&] { EXPECT_TRUE((*agents[1])->Shutdown().ok()); });
     EXPECT_TRUE((*agents[0])->Shutdown().ok());
+    down.join();
+  }
+}
+
+// A worker that joins the running group settles the channel with each
+// member as the static workers did (both ways, or gRPC when it has the
+// channel off), and a member drops its channel to it when it leaves.
+TEST(SameHostAgents, AJoinerUsesTheChannelUnlessItTurnsItOff) {
+  for (bool joiner_on : {true, false}) {
+    auto store = std::make_shared<HashStore>();
+    std::shared_ptr<FunctionRegistry> registry = Twice();
+    std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents =
+        StartTwo(store, registry, /*second_on=*/true);
+    ASSERT_TRUE(agents[0].ok()) << agents[0].status();
+    ASSERT_TRUE(agents[1].ok()) << agents[1].status();
+    GrpcAgent& w0 = **agents[0];
+    // w1 (and w0 itself: a static worker probes its own record too).
+    const int before = w0.same_host().usable_peers();
+    EXPECT_EQ(before, 2);
+    GrpcAgentOptions o;
+    o.same_host.enabled = joiner_on;
+    absl::StatusOr<std::unique_ptr<GrpcAgent>> joined =
+        GrpcAgent::Join("j", store, o, registry);
+    ASSERT_TRUE(joined.ok()) << joined.status();
+    GrpcAgent& j = **joined;
+    EXPECT_EQ(w0.same_host().usable_peers(), before + (joiner_on ? 1 : 0));
+    EXPECT_EQ(j.same_host().usable_peers(), joiner_on ? 2 : 0);
+    Tensor x = full({kMiB / 4}, 1.5);
+    auto from_joiner = j.rpc_sync<Tensor>("w0", "twice", x);
+    ASSERT_TRUE(from_joiner.ok()) << from_joiner.status();
+    EXPECT_TRUE(from_joiner->equal(full({kMiB / 4}, 3.0)));
+    auto to_joiner = w0.rpc_sync<Tensor>("j", "twice", x);
+    ASSERT_TRUE(to_joiner.ok()) << to_joiner.status();
+    EXPECT_TRUE(to_joiner->equal(full({kMiB / 4}, 3.0)));
+    const SameHostStats& sj = j.same_host().stats();
+    const SameHostStats& s0 = w0.same_host().stats();
+    const uint64_t each = joiner_on ? 2u : 0u;  // A request and a reply.
+    EXPECT_EQ(sj.payloads_sent.load(), each);
+    EXPECT_EQ(sj.payloads_received.load(), each);
+    EXPECT_EQ(s0.payloads_sent.load(), each);
+    EXPECT_EQ(s0.payloads_received.load(), each);
+    EXPECT_EQ(j.same_host().live_leases(), 0);
+    EXPECT_EQ(w0.same_host().live_leases(), 0);
+    ASSERT_TRUE(j.Leave().ok());
+    EXPECT_EQ(w0.same_host().usable_peers(), before);
+    std::thread down([&] { EXPECT_TRUE((*agents[1])->Shutdown().ok()); });
+    EXPECT_TRUE(w0.Shutdown().ok());
     down.join();
   }
 }

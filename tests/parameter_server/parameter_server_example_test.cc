@@ -1,7 +1,8 @@
 // examples/parameter_server under ferry_run: the two-node seed example's loss
 // falls, and the parameter-server job (servers + asynchronous trainers,
 // distributed autograd, DistributedOptimizer) reaches its held-out accuracy
-// at a small size, as tools/run_job runs it at full size.
+// at a small size, as tools/run_job runs it at full size, also with an
+// elastic trainer that joins the running job and leaves before its end.
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,6 +82,58 @@ TEST(ParameterServerExample, TwoServersTwoTrainersReachTheirAccuracy) {
   EXPECT_EQ(reached.size(), 3u) << out;  // One per trainer.
 }
 
+// An elastic trainer joins the running job once ps0 served 40 forward
+// passes, makes 30 steps through its own DistributedOptimizer and leaves;
+// both servers' worker tables show it appear and disappear, the steps
+// it asked for carried gradients (so they changed the parameters), nothing
+// of it stays on the servers, and the fixed trainers still reach the
+// target. Every wait is on state (the store key, the membership, the
+// servers' counts), bounded by ferry_run's --timeout_s.
+TEST(ParameterServerExample, ElasticTrainerJoinsStepsAndLeaves) {
+  auto [code, out] = Launch(
+      5, "examples/parameter_server/parameter_server",
+      {"--servers=2", "--trainers=2", "--iterations=150", "--log_every=50",
+       "--vocab=200", "--target_accuracy=0.85", "--elastic_trainers=1",
+       "--join_after=40", "--elastic_iterations=30", "--timeout_s=200"});
+  ASSERT_EQ(code, 0) << out;
+  const size_t open = out.find(
+      "[0]: ps0: elastic trainers may join (40 forward passes "
+      "served)\n");
+  ASSERT_NE(open, std::string::npos) << out;
+  for (int m = 0; m < 2; ++m) {
+    const std::string me = absl::StrCat("[", m, "]: ps", m, ": ");
+    const size_t joined =
+        out.find(absl::StrCat(me,
+                              "elastic0 joined (id 4); workers: ps0 ps1 "
+                              "trainer0 trainer1 elastic0\n"));
+    const size_t left = out.find(
+        absl::StrCat(me,
+                     "elastic0 (id 4) left after 30 optimizer steps here "
+                     "(30 with gradients); it still holds here: 0 RRef "
+                     "forks, 0 autograd contexts, 0 optimizers; workers: "
+                     "ps0 ps1 trainer0 trainer1\n"));
+    ASSERT_NE(joined, std::string::npos) << me << out;
+    ASSERT_NE(left, std::string::npos) << me << out;
+    EXPECT_LT(open, joined) << out;
+    EXPECT_LT(joined, left) << out;
+  }
+  EXPECT_TRUE(absl::StrContains(
+      out, "[4]: elastic0: joined the running job as worker 4 (world size 5)"))
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "[4]: elastic0 iteration 30 loss")) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[4]: elastic0 done: 30 iterations"))
+      << out;
+  EXPECT_TRUE(absl::StrContains(out, "[4]: elastic0: left the job\n")) << out;
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_TRUE(absl::StrContains(out, absl::StrCat("[", t + 2, "]: trainer", t,
+                                                    " done: 150 iterations")))
+        << out;
+  }
+  const std::vector<std::string> reached =
+      absl::StrSplit(out, "target 0.85 reached");
+  EXPECT_EQ(reached.size(), 3u) << out;  // The fixed trainers only.
+}
+
 // A size the flags cannot make: the job refuses it before joining, naming
 // the arithmetic, instead of waiting for workers that never come.
 TEST(ParameterServerExample, WorldSizeMismatchIsAClearError) {
@@ -88,6 +141,13 @@ TEST(ParameterServerExample, WorldSizeMismatchIsAClearError) {
                             {"--servers=2", "--trainers=2"});
   EXPECT_NE(code, 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "--servers=2 --trainers=2 need 4")) << out;
+  auto [elastic_code, elastic_out] =
+      Launch(4, "examples/parameter_server/parameter_server",
+             {"--servers=2", "--trainers=2", "--elastic_trainers=1"});
+  EXPECT_NE(elastic_code, 0) << elastic_out;
+  EXPECT_TRUE(absl::StrContains(
+      elastic_out, "--servers=2 --trainers=2 --elastic_trainers=1 need 5"))
+      << elastic_out;
 }
 
 }  // namespace
