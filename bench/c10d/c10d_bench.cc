@@ -1,32 +1,44 @@
 // One rank of the c10d benchmark (bench/c10d/run.sh starts N of them).
 //
 //   c10d_bench --rank=R --world_size=N --init=file:///tmp/x
-//              [--check_args=true] [--impl=ferry-gloo] [--shm=false]
+//              [--ops=allreduce,broadcast,allgather,reducescatter,alltoall]
+//              [--sizes=4096,...,67108864] [--check_args=true]
+//              [--impl=ferry-gloo] [--shm=false] [--shm_slot_bytes=B]
 //              [--backend=mpi]   (under mpirun: rank and size from
 //                                 OMPI_COMM_WORLD_*)
 //
 // --shm=false keeps the group on Gloo alone; --shm=true (what the default
 // registry does for ranks on one host) puts the shared-memory backend in
-// front of it, and rows are then named algorithm "shm" (busbw computed with
-// the ring factors, for comparison with the other rows). --backend=mpi rows
-// are named "mpi" (Open MPI picks its algorithm per size; busbw uses the
-// ring factors too).
+// front of it: its rows are named algorithm "shm". --backend=mpi rows are named
+// "mpi" (Open MPI picks its algorithm per size).
 //
-// Rank 0 prints one JSON line per figure: allreduce (SUM, float32) for every
-// size in --allreduce_sizes, broadcast and allgather for --other_sizes. Each
-// figure: 2 warm-up calls, then `iters` calls each waited on (like
-// torch.distributed's synchronous calls), timed on rank 0 between barriers.
-// Conventions (nccl-tests'): size = bytes of the tensor each rank passes in;
-// algbw = size / time (allgather: N * size / time). busbw = the bytes each
-// rank moves for the algorithm that ran, over time: "ring" (Gloo's ring
-// allreduce: algbw * 2(N-1)/N; allgather: algbw * (N-1)/N; broadcast:
-// algbw) or "direct" (Ferry's small Allreduce/Broadcast that completes in
-// the argument exchange, where every rank sends its whole buffer to every
-// other: size * (N-1) / time). Each line names the algorithm. Timed here in
-// C++; PyTorch's figures come from torch_bench.py, timed in Python.
+// Rank 0 prints one JSON line per (op, size), float32 (allreduce and
+// reducescatter with SUM). Calls: allreduce = Allreduce(t); broadcast =
+// Broadcast(t, root 0); allgather = Allgather(list of N outputs, t);
+// reducescatter = ReduceScatterTensor(t / N, t); alltoall =
+// AlltoallSingle(out, t) with equal splits. Each figure: warm-up calls, then
+// `iters` calls each waited on (like torch.distributed's synchronous calls),
+// timed on rank 0 between barriers; fewer iterations for big sizes (Iters)
+// and for slow calls (about --budget_s=1 seconds of timed calls per figure).
+//
+// Conventions (nccl-tests'): size = bytes of the tensor each rank passes in
+// (allgather: its input; reducescatter and alltoall: the whole input, N
+// chunks). algbw = size / time (allgather: N * size / time). busbw =
+// algbw * factor, with nccl-tests' factor for the op: allreduce 2(N-1)/N,
+// broadcast 1, allgather / reducescatter / alltoall (N-1)/N. That is the
+// data each rank must send for ring (allreduce, allgather, reducescatter)
+// and pairwise (alltoall) algorithms; for the others it is a normalization,
+// so each line names the algorithm: "ring", "tree" (Gloo's binomial-tree
+// broadcast), "pairwise" (Gloo's alltoall: every rank sends each peer its
+// chunk directly), "direct" (Ferry's small Allreduce/Broadcast that
+// completes in the argument exchange, every rank sending its whole buffer to
+// every other: busbw = size * (N-1) / time instead), "shm", "mpi".
+// Timed here in C++; PyTorch's figures come from torch_bench.py, timed in
+// Python.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -44,9 +56,11 @@ namespace ferry {
 namespace c10d {
 namespace {
 
-int Iters(int64_t bytes) {
-  int64_t it = (int64_t{256} << 20) / std::max<int64_t>(bytes, 1);
-  return static_cast<int>(std::clamp<int64_t>(it, 5, 200));
+// Calls timed per figure: about 256 MiB moved per rank in all, 3 to 200
+// (fewer when they would take longer than --budget_s, see AgreedIters).
+int Iters(int64_t volume) {
+  int64_t it = (int64_t{256} << 20) / std::max<int64_t>(volume, 1);
+  return static_cast<int>(std::clamp<int64_t>(it, 3, 200));
 }
 
 std::vector<int64_t> ParseSizes(const std::string& s) {
@@ -58,14 +72,34 @@ std::vector<int64_t> ParseSizes(const std::string& s) {
   return out;
 }
 
+// Timed calls: at most `max_iters`, fewer when the slowest rank's last
+// warm-up call says they would take more than `budget_sec` (at least 2: a
+// first call can be slow for reasons of its own).
+// Every rank must make the same count: they agree on the slowest warm-up
+// through an allreduce (MAX).
+int AgreedIters(ProcessGroup& pg, double warm_sec, double budget_sec,
+                int max_iters) {
+  Tensor slowest = full({1}, warm_sec, DType::kFloat64);
+  if (!pg.Allreduce(slowest, {.op = ReduceOp::kMax})->Wait().ok()) return 1;
+  const double per_call = std::max(slowest.to_vector<double>()[0], 1e-9);
+  return static_cast<int>(
+      std::clamp<double>(budget_sec / per_call, 2, max_iters));
+}
+
+// Which algorithm ran, and nccl-tests' busbw factor for it.
+struct Algorithm {
+  std::string name;
+  double factor;
+};
+
 int Main(int argc, char** argv) {
   std::map<std::string, std::string> flags = {
       {"check_args", "true"},
       {"impl", "ferry-gloo"},
+      {"budget_s", "1"},
       {"shm", "false"},
-      {"allreduce_sizes",
-       "4096,16384,65536,262144,1048576,4194304,16777216,67108864"},
-      {"other_sizes", "1048576,16777216"}};
+      {"ops", "allreduce,broadcast,allgather,reducescatter,alltoall"},
+      {"sizes", "4096,16384,65536,262144,1048576,4194304,16777216,67108864"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     size_t eq = a.find('=');
@@ -95,6 +129,9 @@ int Main(int argc, char** argv) {
   o.group.timeout = absl::Minutes(5);
   o.group.backend_options["check_args"] = flags["check_args"];
   o.group.backend_options["shm"] = flags["shm"];
+  if (flags.count("shm_slot_bytes")) {
+    o.group.backend_options["shm_slot_bytes"] = flags["shm_slot_bytes"];
+  }
   if (flags.count("backend")) o.group.backend = flags["backend"];
   auto pg_or = InitProcessGroup(o);
   if (!pg_or.ok()) {
@@ -103,7 +140,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
   ProcessGroup& pg = **pg_or;
-  // Which algorithm the gloo backend picks for a size (see InlineBytes()).
+  // Which algorithm the backend picks for an op and size (for gloo see
+  // InlineBytes()).
   const bool check_args = flags["check_args"] != "false";
   size_t inline_bytes = 0;
   bool shm = false, mpi = false;
@@ -115,11 +153,34 @@ int Main(int argc, char** argv) {
     shm = dynamic_cast<ShmBackend*>(*backend) != nullptr;
   }
   const int n = world;
+  auto algorithm = [&](const std::string& op, int64_t bytes) -> Algorithm {
+    const double ring = double(n - 1) / n;
+    const double factor = op == "allreduce"   ? 2 * ring
+                          : op == "broadcast" ? 1.0
+                                              : ring;
+    if (mpi) return {"mpi", factor};
+    if (shm) return {"shm", factor};
+    const bool direct = check_args &&
+                        (op == "allreduce" || op == "broadcast") &&
+                        static_cast<size_t>(bytes) <= inline_bytes;
+    if (direct) return {"direct", double(n - 1)};
+    if (op == "broadcast") return {"tree", factor};
+    if (op == "alltoall") return {"pairwise", factor};
+    return {"ring", factor};
+  };
+  double budget_sec = 1.0;
+  if (!absl::SimpleAtod(flags["budget_s"], &budget_sec) || budget_sec <= 0) {
+    budget_sec = 1.0;
+  }
   bool failed = false;
   auto run = [&](const std::string& op, int64_t bytes,
                  const std::function<std::shared_ptr<Work>()>& call) {
-    for (int i = 0; i < 2; ++i) {
+    const int64_t volume = op == "allgather" ? n * bytes : bytes;
+    double warm_sec = 0;
+    for (int i = 0; i < (volume >= (int64_t{16} << 20) ? 1 : 2); ++i) {
+      const absl::Time t0 = absl::Now();
       absl::Status s = call()->Wait();
+      warm_sec = absl::ToDoubleSeconds(absl::Now() - t0);
       if (!s.ok()) {
         std::fprintf(stderr, "rank %d %s: %s\n", rank, op.c_str(),
                      s.ToString().c_str());
@@ -127,7 +188,7 @@ int Main(int argc, char** argv) {
         return;
       }
     }
-    int iters = Iters(bytes);
+    const int iters = AgreedIters(pg, warm_sec, budget_sec, Iters(volume));
     if (!pg.Barrier()->Wait().ok()) failed = true;
     absl::Time start = absl::Now();
     for (int i = 0; i < iters; ++i) {
@@ -136,39 +197,47 @@ int Main(int argc, char** argv) {
     absl::Duration took = (absl::Now() - start) / iters;
     if (!pg.Barrier()->Wait().ok()) failed = true;
     double sec = absl::ToDoubleSeconds(took);
-    double algbw = (op == "allgather" ? n * bytes : bytes) / sec / 1e9;
-    const bool direct = !shm && !mpi && check_args && op != "allgather" &&
-                        static_cast<size_t>(bytes) <= inline_bytes;
-    double factor = direct              ? double(n - 1)
-                    : op == "allreduce" ? 2.0 * (n - 1) / n
-                    : op == "allgather" ? double(n - 1) / n
-                                        : 1.0;
+    double algbw = volume / sec / 1e9;
+    const Algorithm alg = algorithm(op, bytes);
     if (rank == 0) {
       std::printf(
           "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\","
           "\"algorithm\":\"%s\",\"ranks\":%d,"
           "\"bytes\":%lld,\"iters\":%d,\"time_us\":%.1f,\"algbw_GBps\":%.4f,"
           "\"busbw_GBps\":%.4f}\n",
-          flags["impl"].c_str(), op.c_str(),
-          shm      ? "shm"
-          : mpi    ? "mpi"
-          : direct ? "direct"
-                   : "ring",
-          n, static_cast<long long>(bytes), iters, sec * 1e6, algbw,
-          algbw * factor);
+          flags["impl"].c_str(), op.c_str(), alg.name.c_str(), n,
+          static_cast<long long>(bytes), iters, sec * 1e6, algbw,
+          algbw * alg.factor);
       std::fflush(stdout);
     }
   };
-  for (int64_t bytes : ParseSizes(flags["allreduce_sizes"])) {
-    Tensor t = full({bytes / 4}, 1.0);
-    run("allreduce", bytes, [&] { return pg.Allreduce(t); });
-  }
-  for (int64_t bytes : ParseSizes(flags["other_sizes"])) {
-    Tensor t = full({bytes / 4}, 1.0);
-    run("broadcast", bytes, [&] { return pg.Broadcast(t, {.root = 0}); });
-    std::vector<Tensor> outs;
-    for (int r = 0; r < n; ++r) outs.push_back(zeros({bytes / 4}));
-    run("allgather", bytes, [&] { return pg.Allgather(outs, t); });
+  const std::vector<int64_t> sizes = ParseSizes(flags["sizes"]);
+  for (absl::string_view op :
+       absl::StrSplit(flags["ops"], ',', absl::SkipEmpty())) {
+    for (int64_t bytes : sizes) {
+      // Whole elements, divisible into N chunks.
+      const int64_t numel = std::max<int64_t>(bytes / 4 / n, 1) * n;
+      Tensor t = full({numel}, 1.0);
+      if (op == "allreduce") {
+        run("allreduce", bytes, [&] { return pg.Allreduce(t); });
+      } else if (op == "broadcast") {
+        run("broadcast", bytes, [&] { return pg.Broadcast(t, {.root = 0}); });
+      } else if (op == "allgather") {
+        std::vector<Tensor> outs;
+        for (int r = 0; r < n; ++r) outs.push_back(zeros({numel}));
+        run("allgather", bytes, [&] { return pg.Allgather(outs, t); });
+      } else if (op == "reducescatter") {
+        Tensor out = zeros({numel / n});
+        run("reducescatter", bytes,
+            [&] { return pg.ReduceScatterTensor(out, t); });
+      } else if (op == "alltoall") {
+        Tensor out = zeros({numel});
+        run("alltoall", bytes, [&] { return pg.AlltoallSingle(out, t); });
+      } else {
+        std::fprintf(stderr, "unknown op %s\n", std::string(op).c_str());
+        return 2;
+      }
+    }
   }
   return failed ? 1 : 0;
 }

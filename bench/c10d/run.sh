@@ -1,6 +1,10 @@
 #!/bin/bash
-# c10d benchmark, Ferry's gloo backend vs PyTorch 1.13 ProcessGroupGloo, one
-# command:  bench/c10d/run.sh [run_bench.py flags, e.g. --ranks=2]
+# c10d benchmark: Ferry's default CPU backend (shm + gloo), Ferry's gloo alone
+# and PyTorch 1.13 ProcessGroupGloo side by side, all five collectives, 2 and
+# 4 ranks, 4 KiB .. 64 MiB, one command:
+#   bench/c10d/run.sh [run_bench.py flags, e.g. --ranks=4 --ops=allreduce
+#                      --sizes=1048576,67108864 --impls=ferry-shm,pytorch-1.13-gloo
+#                      --repeat=1]
 # Installs Debian's python3-torch and python3-matplotlib if missing (root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,12 +1,21 @@
-"""Runs bench/c10d: Ferry's gloo, shm and mpi backends and PyTorch 1.13's
-ProcessGroupGloo, 2 and 4 ranks as processes on this host, and prints a side-by-side table,
-one JSON line per figure, and a PNG plot of allreduce bus bandwidth."""
+"""Runs bench/c10d: Ferry's default CPU backend (shared memory in front of
+Gloo, as the default registry picks for ranks on one host), Ferry's Gloo
+alone (shm off), optionally Ferry's Gloo without the argument check and its
+mpi backend, and PyTorch 1.13's ProcessGroupGloo, as processes on this host,
+for all-reduce, broadcast, all-gather, reduce-scatter and all-to-all at 2 and
+4 ranks; prints a side-by-side table, one JSON line per figure, and a
+log-scale PNG plot of bus bandwidth per op.
+
+  bench/c10d/run.sh                                  # the whole matrix
+  bench/c10d/run.sh --ops=allreduce --sizes=1048576,67108864 --ranks=4
+  bench/c10d/run.sh --impls=ferry-shm,pytorch-1.13-gloo --repeat=1"""
 import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,136 +57,178 @@ def fmt_bytes(b):
     return "%d B" % b
 
 
+OPS = ["allreduce", "broadcast", "allgather", "reducescatter", "alltoall"]
+SIZES = "4096,16384,65536,262144,1048576,4194304,16777216,67108864"
+DEFAULT_IMPLS = "ferry-shm,ferry-gloo,pytorch-1.13-gloo"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--allreduce_sizes", default=None)
-    ap.add_argument("--other_sizes", default=None)
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument("--impls", default=DEFAULT_IMPLS,
+                    help="of ferry-shm, ferry-gloo, ferry-gloo-unchecked, "
+                    "ferry-mpi (where mpirun exists), pytorch-1.13-gloo")
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs per implementation, alternating; best kept")
+    ap.add_argument("--budget_s", type=float, default=1.0,
+                    help="about this many seconds of timed calls per figure")
     a = ap.parse_args()
-    extra = []
-    if a.allreduce_sizes:
-        extra.append("--allreduce_sizes=" + a.allreduce_sizes)
-    if a.other_sizes:
-        extra.append("--other_sizes=" + a.other_sizes)
+    extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s]
+
+    def ferry(name, *flags):
+        return lambda r, w, init: [a.bin, "--rank=%d" % r, "--world_size=%d" % w,
+                                   "--init=" + init, "--impl=" + name] + list(flags) + extra
+
     impls = {
-        "ferry-gloo": lambda r, w, init: [a.bin, "--rank=%d" % r,
-                                          "--world_size=%d" % w,
-                                          "--init=" + init] + extra,
-        # Without the per-call argument check (one network round fewer).
-        "ferry-gloo-unchecked": lambda r, w, init: [
-            a.bin, "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init,
-            "--check_args=false", "--impl=ferry-gloo-unchecked"] + extra,
-        # Same-host shared memory in front of gloo (the default registry's
-        # choice when every rank is on one host).
-        "ferry-shm": lambda r, w, init: [
-            a.bin, "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init,
-            "--shm=true", "--impl=ferry-shm"] + extra,
+        # The default registry's choice for ranks on one host: shared memory
+        # in front of gloo.
+        "ferry-shm": ferry("ferry-shm", "--shm=true"),
+        "ferry-gloo": ferry("ferry-gloo", "--shm=false"),
+        # Without the per-call argument check.
+        "ferry-gloo-unchecked": ferry("ferry-gloo-unchecked", "--shm=false",
+                                      "--check_args=false"),
         "pytorch-1.13-gloo": lambda r, w, init: [
             "/usr/bin/python3", os.path.join(HERE, "torch_bench.py"),
             "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init] + extra,
     }
     # Ferry's MPI backend (Open MPI, shared memory between ranks), started
-    # by mpirun; only where mpirun is installed.
-    mpi = {}
-    if os.access(MPIRUN, os.X_OK):
-        mpi["ferry-mpi"] = lambda init: [
-            a.bin, "--init=" + init, "--backend=mpi", "--impl=ferry-mpi"] + extra
+    # by mpirun.
+    mpi = {"ferry-mpi": lambda init: [
+        a.bin, "--init=" + init, "--backend=mpi", "--impl=ferry-mpi"] + extra}
+    wanted = [x for x in a.impls.split(",") if x]
+    for name in wanted:
+        if name not in impls and name not in mpi:
+            sys.exit("unknown implementation " + name)
+    if "ferry-mpi" in wanted and not os.access(MPIRUN, os.X_OK):
+        print("# %s missing: no ferry-mpi figures" % MPIRUN)
+        wanted.remove("ferry-mpi")
     # The host is shared and noisy: alternate implementations and keep each
     # figure's best run.
     best = {}
+    started = time.time()
     for rep in range(a.repeat):
         for world in [int(x) for x in a.ranks.split(",")]:
-            jobs = [(name, lambda c=cmd, w=world: run_job(c, w))
-                    for name, cmd in impls.items()]
-            jobs += [(name, lambda c=cmd, w=world: run_mpi_job(c, w))
-                     for name, cmd in mpi.items()]
-            for name, job in jobs:
-                print("# run %d: %s with %d ranks..." % (rep + 1, name, world),
-                      flush=True)
-                for r in job():
+            for name in wanted:
+                print("# run %d: %s with %d ranks (%.0f s so far)..." % (
+                    rep + 1, name, world, time.time() - started), flush=True)
+                rows = (run_mpi_job(mpi[name], world) if name in mpi
+                        else run_job(impls[name], world))
+                for r in rows:
                     k = (r["impl"], r["op"], r["ranks"], r["bytes"])
                     if k not in best or r["busbw_GBps"] > best[k]["busbw_GBps"]:
                         best[k] = r
     results = list(best.values())
+    print("# took %.0f s" % (time.time() - started))
+    load = ""
     try:
-        load = open("/proc/loadavg").read().split()[:3]
-        print("# load average after the runs: %s (%d CPUs)" % (" ".join(load), os.cpu_count()))
+        load = "load average after the runs: %s (%d CPUs)" % (
+            " ".join(open("/proc/loadavg").read().split()[:3]), os.cpu_count())
+        print("# " + load)
     except OSError:
         pass
-
     os.makedirs(a.out, exist_ok=True)
-    key = lambda r: (r["op"], r["ranks"], r["bytes"])
-    ferry = {key(r): r for r in results if r["impl"] == "ferry-gloo"}
-    unchecked = {key(r): r for r in results if r["impl"] == "ferry-gloo-unchecked"}
-    torch = {key(r): r for r in results if r["impl"] == "pytorch-1.13-gloo"}
-    shm = {key(r): r for r in results if r["impl"] == "ferry-shm"}
-    mpis = {key(r): r for r in results if r["impl"] == "ferry-mpi"}
-    nan = {"busbw_GBps": float("nan"), "time_us": float("nan")}
-    print()
-    print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
-          "(torch_bench.py), as its users run it.")
-    print("Each figure is the best of %d alternating runs per implementation."
-          % a.repeat)
-    print("busbw in GB/s, time per call in us; ratio = Ferry / PyTorch busbw.")
-    print("alg: Ferry's algorithm for that row: 'direct' = the small-message "
-          "exchange (busbw = size * (N-1) / time),")
-    print("'ring' = Gloo's ring (busbw = algbw * 2(N-1)/N for allreduce, "
-          "(N-1)/N for allgather, 1 for broadcast).")
-    print("shm: Ferry's shared-memory backend (busbw with the ring factors); "
-          "shm-x = PyTorch time / shm time.")
-    print("mpi: Ferry's mpi backend under mpirun (Open MPI's own algorithm, "
-          "argument check on); mpi-x = PyTorch time / mpi time.")
-    print("%-9s %5s %7s %6s | %7s %9s %7s %6s | %9s %9s %9s | %9s %6s | %9s %6s" % (
-        "op", "ranks", "size", "alg", "Ferry", "Ferry-nc", "PyTorch", "ratio",
-        "Ferry us", "Ferry-nc", "PyTorch", "shm us", "shm-x", "mpi us",
-        "mpi-x"))
-    print("-" * 137)
-    for k in sorted(ferry, key=lambda k: (["allreduce", "broadcast", "allgather"].index(k[0]), k[1], k[2])):
-        f, u, t = ferry[k], unchecked.get(k, nan), torch.get(k, nan)
-        sm = shm.get(k, nan)
-        ratio = f["busbw_GBps"] / t["busbw_GBps"] if t is not nan else float("nan")
-        shm_x = t["time_us"] / sm["time_us"]
-        mp = mpis.get(k, nan)
-        mpi_x = t["time_us"] / mp["time_us"]
-        print("%-9s %5d %7s %6s | %7.3f %9.3f %7.3f %5.2fx | %9.1f %9.1f %9.1f | %9.1f %5.2fx | %9.1f %5.2fx" % (
-            k[0], k[1], fmt_bytes(k[2]), f.get("algorithm", "?"),
-            f["busbw_GBps"], u["busbw_GBps"],
-            t["busbw_GBps"], ratio, f["time_us"], u["time_us"], t["time_us"],
-            sm["time_us"], shm_x, mp["time_us"], mpi_x))
-    print("(Ferry-nc: Ferry with check_args=false, no per-call argument "
-          "exchange, always Gloo's ring; PyTorch's busbw uses the ring formula)")
-    print()
+    print_table(results, wanted, a.repeat)
     with open(os.path.join(a.out, "results.jsonl"), "w") as fh:
         for r in sorted(results, key=lambda r: (r["impl"], r["op"], r["ranks"], r["bytes"])):
             line = json.dumps(r)
             print(line)
             fh.write(line + "\n")
+    plot(results, ["allreduce"], os.path.join(a.out, "allreduce_busbw.png"), load)
+    plot(results, OPS, os.path.join(a.out, "busbw.png"), load)
 
+
+def print_table(results, wanted, repeat):
+    by = {}
+    for r in results:
+        by.setdefault(r["impl"], {})[(r["op"], r["ranks"], r["bytes"])] = r
+    nan = {"busbw_GBps": float("nan"), "time_us": float("nan"), "algorithm": "-"}
+    torch = by.get("pytorch-1.13-gloo", {})
+    cols = [i for i in wanted if i != "pytorch-1.13-gloo"]
+    short = {"ferry-shm": "default", "ferry-gloo": "gloo",
+             "ferry-gloo-unchecked": "gloo-nc", "ferry-mpi": "mpi"}
+    print()
+    print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
+          "(torch_bench.py), as its users run it.")
+    print("Each figure is the best of %d alternating runs per implementation." % repeat)
+    print("default = Ferry's default CPU backend on one host (shared memory in "
+          "front of Gloo);")
+    print("gloo = Ferry's Gloo backend alone (shm off, argument check on); "
+          "gloo-nc = check_args=false; mpi = Ferry's mpi backend under mpirun.")
+    print("Per implementation: alg = algorithm that ran, us = time per call, "
+          "busbw in GB/s (nccl-tests' factor for the op,")
+    print("see c10d_bench.cc; 'direct' rows use size*(N-1)/time), x = PyTorch "
+          "time / that time (>1: faster than PyTorch).")
+    print("PyTorch's reducescatter is all_reduce + copy of the own chunk "
+          "(ProcessGroupGloo has no reduce_scatter).")
+    hdr = "%-13s %2s %7s" % ("op", "N", "size")
+    for c in cols:
+        hdr += " | %-16s" % short.get(c, c)
+    hdr += " | %-26s" % "pytorch-1.13-gloo"
+    print(hdr)
+    sub = "%-13s %2s %7s" % ("", "", "")
+    for c in cols:
+        sub += " | %-8s %9s %6s" % ("alg", "us", "x")
+    sub += " | %-10s %9s %6s" % ("alg", "us", "busbw")
+    print(sub)
+    print("-" * len(hdr.expandtabs()))
+    keys = sorted({k for impl in by.values() for k in impl},
+                  key=lambda k: (OPS.index(k[0]) if k[0] in OPS else 99, k[1], k[2]))
+    for k in keys:
+        t = torch.get(k, nan)
+        line = "%-13s %2d %7s" % (k[0], k[1], fmt_bytes(k[2]))
+        for c in cols:
+            f = by.get(c, {}).get(k, nan)
+            line += " | %-8s %9.1f %5.2fx" % (f.get("algorithm", "?"), f["time_us"],
+                                             t["time_us"] / f["time_us"])
+        line += " | %-10s %9.1f %6.3f" % (t.get("algorithm", "-"), t["time_us"],
+                                          t["busbw_GBps"])
+        print(line)
+    print()
+    print("busbw (GB/s):")
+    hdr = "%-13s %2s %7s" % ("op", "N", "size") + "".join(
+        " %10s" % short.get(c, c) for c in cols) + " %10s" % "pytorch"
+    print(hdr)
+    for k in keys:
+        line = "%-13s %2d %7s" % (k[0], k[1], fmt_bytes(k[2]))
+        for c in cols + ["pytorch-1.13-gloo"]:
+            line += " %10.3f" % by.get(c, {}).get(k, nan)["busbw_GBps"]
+        print(line)
+    print()
+
+
+def plot(results, ops, png, load):
+    """Bus bandwidth against size, log-log, one panel per op in `ops`."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for impl, style in (("ferry-gloo", "-o"), ("ferry-gloo-unchecked", ":^"),
-                        ("ferry-shm", "-.D"), ("ferry-mpi", "-v"),
-                        ("pytorch-1.13-gloo", "--s")):
-        for world in sorted({r["ranks"] for r in results}):
-            pts = sorted((r["bytes"], r["busbw_GBps"]) for r in results
-                         if r["impl"] == impl and r["ranks"] == world and r["op"] == "allreduce")
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
-                        label="%s, %d ranks" % (impl, world))
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("allreduce bus bandwidth (GB/s)")
-    ax.set_title("allreduce SUM float32, processes on one host (gloo: loopback TCP)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    png = os.path.join(a.out, "allreduce_busbw.png")
-    fig.savefig(png, dpi=120, bbox_inches="tight")
+    ops = [o for o in ops if any(r["op"] == o for r in results)]
+    if not ops:
+        return
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4.5), squeeze=False)
+    styles = {"ferry-shm": "-D", "ferry-gloo": "-o", "ferry-gloo-unchecked": ":^",
+              "ferry-mpi": "-v", "pytorch-1.13-gloo": "--s"}
+    for ax, op in zip(axes[0], ops):
+        for impl, style in styles.items():
+            for world in sorted({r["ranks"] for r in results}):
+                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in results
+                             if r["impl"] == impl and r["ranks"] == world and r["op"] == op)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
+                            label="%s, %d ranks" % (impl, world),
+                            alpha=1.0 if world == 4 else 0.5)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("size per rank (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title("%s, float32" % op)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("c10d collectives, processes on one host (%s)" % load)
+    fig.savefig(png, dpi=110, bbox_inches="tight")
     print("# plot: %s" % png)
 
 

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "c10d/gloo/ring.h"
 #include "c10d/gloo/store_adapter.h"
 #include "c10d/reduce.h"
 #include "common/host_address.h"
@@ -44,6 +45,8 @@ constexpr uint64_t kP2PPayloadPrefix = 0x42;
 constexpr uint64_t kExchangePrefix = 0x43;
 // Slot prefix of the ring reduce-scatter's steps.
 constexpr uint64_t kRingPrefix = 0x44;
+// Slot prefix of Ferry-owned algorithms with early receives (ring.h).
+constexpr uint64_t kEarlyPrefix = 0x45;
 // Largest mismatched payload a Recv drains (see WaitP2P).
 constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
 
@@ -250,6 +253,14 @@ GlooBackend::GlooBackend(int rank, int size, absl::Duration timeout,
   pool.name = absl::StrCat("gloo-p2p-rank", rank);
   pool.num_threads = options_.p2p_threads;
   p2p_waiters_ = std::make_unique<ThreadPoolExecutor>(pool);
+  if (options_.check_args) {
+    const size_t block = sizeof(Header) + InlineBytes();
+    for (ExchangeArea& area : exchange_) {
+      area.blocks.assign(block * static_cast<size_t>(size), 0);
+      area.buf =
+          context_->createUnboundBuffer(area.blocks.data(), area.blocks.size());
+    }
+  }
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
@@ -291,6 +302,8 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   op->inline_bytes = path.bytes;
   op->finish_inline = std::move(path.finish);
   op->check_inline = std::move(path.check);
+  op->algorithm = std::move(path.algorithm);
+  op->after_algorithm = std::move(path.after);
   std::shared_ptr<Work> work;
   {
     MutexLock lock(&mu_);
@@ -366,20 +379,33 @@ size_t GlooBackend::InlineBytes() const {
   // Inlining a payload of S bytes makes each rank receive (size - 1) * S in
   // one round, where a ring allreduce receives 2 (size - 1) / size * S over
   // 2 (size - 1) rounds: equal volume for two ranks, and on loopback the
-  // rounds cost more than the bytes up to a few MiB in all.
+  // rounds cost more than the bytes up to about 1 MiB per rank (above it
+  // the ring, which overlaps transfer and reduction and copies nothing
+  // extra, wins; it adds no round for the check either: ring.h).
   size_t n = static_cast<size_t>(size());
   size_t per_rank =
-      n < 2 ? (size_t{4} << 20) : (size_t{8} << 20) / (n * (n - 1));
-  per_rank = std::clamp<size_t>(per_rank, size_t{4} << 10, size_t{4} << 20);
+      n < 2 ? (size_t{1} << 20) : (size_t{8} << 20) / (n * (n - 1));
+  per_rank = std::clamp<size_t>(per_rank, size_t{4} << 10, size_t{1} << 20);
   return per_rank & ~size_t{7};
 }
 
-absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
-                                          std::vector<char>* blocks) {
+void GlooBackend::PostExchange(uint32_t seq) {
+  ExchangeArea& area = Area(seq);
+  const size_t block = sizeof(Header) + InlineBytes();
+  const uint64_t slot = (kExchangePrefix << 56) | (uint64_t{seq} << 8);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank()) area.buf->recv(peer, slot, peer * block, block);
+  }
+  area.posted_seq = seq;
+}
+
+absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Time deadline,
+                                          std::vector<Header>* all) {
   // Each rank sends every other rank its header, followed by its inline
-  // payload when it has one, directly and all at once (one network round).
-  // Receive buffers are sized for the largest block, and Gloo accepts a
-  // shorter message into a longer buffer, so ranks that disagree on the
+  // payload when it has one, directly and all at once. The receives were
+  // posted during the previous call, so the headers travel one way only.
+  // Receive areas are sized for the largest block, and Gloo accepts a
+  // shorter message into a longer receive, so ranks that disagree on the
   // payload cannot overrun anything: the headers then reveal the mismatch.
   const size_t block = sizeof(Header) + InlineBytes();
   op.header.reserved = 0;
@@ -389,38 +415,35 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
   std::vector<char> mine(sizeof(Header) + op.header.reserved);
   std::memcpy(mine.data(), &op.header, sizeof(Header));
   if (op.header.reserved > 0) op.fill_inline(mine.data() + sizeof(Header));
-  // Reused across calls (worker thread only); every byte read later was
-  // written by this call's receives.
-  if (blocks->size() != block * size()) blocks->assign(block * size(), 0);
-  std::memcpy(blocks->data() + rank() * block, mine.data(), mine.size());
+  ExchangeArea& area = Area(op.seq);
+  std::memcpy(area.blocks.data() + rank() * block, mine.data(), mine.size());
   const uint64_t slot = (kExchangePrefix << 56) | (uint64_t{op.seq} << 8);
-  RETURN_IF_ERROR(CallGloo(op, timeout, [&]() -> absl::Status {
-    auto out = context_->createUnboundBuffer(blocks->data(), blocks->size());
+  RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
+    if (area.posted_seq != op.seq) PostExchange(op.seq);
+    // The other area's last call (seq - 1) is finished: post the next one.
+    PostExchange(op.seq + 1);
     auto in = context_->createUnboundBuffer(mine.data(), mine.size());
     for (int peer = 0; peer < size(); ++peer) {
-      if (peer == rank()) continue;
-      out->recv(peer, slot, peer * block, block);
-      in->send(peer, slot);
-    }
-    absl::Time deadline = absl::Now() + timeout;
-    for (int i = 1; i < size(); ++i) {
-      out->waitRecv(ToMillis(deadline - absl::Now()));
+      if (peer != rank()) in->send(peer, slot);
     }
     for (int i = 1; i < size(); ++i) {
-      in->waitSend(ToMillis(deadline - absl::Now()));
+      area.buf->waitRecv(gloo_internal::MillisUntil(deadline));
+    }
+    for (int i = 1; i < size(); ++i) {
+      in->waitSend(gloo_internal::MillisUntil(deadline));
     }
     return absl::OkStatus();
   }));
+  all->resize(size());
+  for (int r = 0; r < size(); ++r) {
+    std::memcpy(&(*all)[r], area.blocks.data() + r * block, sizeof(Header));
+  }
   if (!op.local_error.ok())
     return Annotate(op.local_error, op.work->description());
-  std::vector<Header> all(size());
-  for (int r = 0; r < size(); ++r) {
-    std::memcpy(&all[r], blocks->data() + r * block, sizeof(Header));
-  }
   const Header& me = op.header;
   std::vector<std::string> invalid;
   for (int r = 0; r < size(); ++r) {
-    if (all[r].valid == 0) invalid.push_back(absl::StrCat(r));
+    if ((*all)[r].valid == 0) invalid.push_back(absl::StrCat(r));
   }
   if (!invalid.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -428,12 +451,12 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Duration timeout,
         " passed invalid arguments to this call (see their errors)"));
   }
   for (int r = 0; r < size(); ++r) {
-    if (!SameCall(all[r], me)) {
+    if (!SameCall((*all)[r], me)) {
       return absl::InvalidArgumentError(absl::StrCat(
           op.work->description(), ": arguments differ between ranks: rank ",
           rank(), " called ", HeaderString(me), ", rank ", r, " called ",
-          all[r].magic == kHeaderMagic ? HeaderString(all[r])
-                                       : std::string("something else")));
+          (*all)[r].magic == kHeaderMagic ? HeaderString((*all)[r])
+                                          : std::string("something else")));
     }
   }
   return absl::OkStatus();
@@ -444,21 +467,58 @@ absl::Status GlooBackend::RunOp(Op& op) {
     FERRY_LOG(INFO) << op.work->description() << ": "
                     << HeaderString(op.header);
   }
-  if (options_.check_args) {
-    std::vector<char>& blocks = exchange_buf_;
-    RETURN_IF_ERROR(ExchangeHeaders(op, op.timeout, &blocks));
-    const size_t block = sizeof(Header) + InlineBytes();
-    std::vector<const char*> data(size());
-    for (int r = 0; r < size(); ++r) {
-      data[r] = blocks.data() + r * block + sizeof(Header);
-    }
-    // Every rank's payload came with the headers: no second round.
-    if (op.finish_inline) return op.finish_inline(data);
-    if (op.check_inline) {
-      RETURN_IF_ERROR(Annotate(op.check_inline(data), op.work->description()));
-    }
+  const uint32_t tag = op.seq * 2 + 1;
+  if (!options_.check_args) {
+    return CallGloo(op, op.timeout, [&]() { return op.run(tag, op.timeout); });
   }
-  uint32_t tag = op.seq * 2 + 1;
+  const absl::Time deadline = absl::Now() + op.timeout;
+  // A Ferry-owned algorithm posts its first receives now, so they cross the
+  // network together with the headers (ring.h).
+  const uint64_t early_slot = (kEarlyPrefix << 56) | (uint64_t{op.seq} << 8);
+  std::unique_ptr<gloo_internal::EarlyAlgorithm> algorithm;
+  op.header.early = 0;
+  if (op.algorithm && op.local_error.ok() && size() > 1) {
+    algorithm = op.algorithm(early_slot);
+    RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
+      op.header.early = algorithm->PostEarlyReceives();
+      return absl::OkStatus();
+    }));
+  }
+  std::vector<Header> all;
+  absl::Status verdict = ExchangeHeaders(op, deadline, &all);
+  if (!verdict.ok()) {
+    if (all.empty()) return verdict;  // The exchange itself failed.
+    // Refused on every rank: complete the right neighbour's early receives
+    // with empty messages (they fit any receive), then our own.
+    const int right = (rank() + 1) % size();
+    RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
+      if (right != rank()) {
+        gloo_internal::SendEmpty(*context_, right, early_slot,
+                                 static_cast<int>(all[right].early), deadline);
+      }
+      if (algorithm) algorithm->Abandon(deadline);
+      return absl::OkStatus();
+    }));
+    return verdict;
+  }
+  ExchangeArea& area = Area(op.seq);
+  const size_t block = sizeof(Header) + InlineBytes();
+  std::vector<const char*> data(size());
+  for (int r = 0; r < size(); ++r) {
+    data[r] = area.blocks.data() + r * block + sizeof(Header);
+  }
+  // Every rank's payload came with the headers: no second round.
+  if (op.finish_inline) return op.finish_inline(data);
+  if (op.check_inline) {
+    RETURN_IF_ERROR(Annotate(op.check_inline(data), op.work->description()));
+  }
+  if (algorithm) {
+    return CallGloo(op, op.timeout, [&]() -> absl::Status {
+      algorithm->Run(deadline);
+      if (op.after_algorithm) op.after_algorithm();
+      return absl::OkStatus();
+    });
+  }
   return CallGloo(op, op.timeout, [&]() { return op.run(tag, op.timeout); });
 }
 
@@ -503,6 +563,17 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
       if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
       return absl::OkStatus();
     };
+  } else if (local.ok() && options_.check_args && tensor.numel() > 0) {
+    // Larger: Ferry's ring, whose first receives ride with the check.
+    path.algorithm = [this, tensor, fn = fn.value_or(nullptr)](uint64_t slot) {
+      return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+          std::make_unique<gloo_internal::RingAllreduce>(
+              context_, tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
+              tensor.itemsize(), fn, slot));
+    };
+    path.after = [tensor, rop, n]() mutable {
+      if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
+    };
   }
   return Enqueue(
       kOp, h, local, options.timeout,
@@ -544,6 +615,13 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
     path.finish = [tensor, root](const std::vector<const char*>& data) {
       CopyBytes(tensor.data_ptr(), data[root], tensor.nbytes());
       return absl::OkStatus();
+    };
+  } else if (local.ok() && options_.check_args && tensor.numel() > 0) {
+    // Larger: Ferry's chain, whose first receives ride with the check.
+    path.algorithm = [this, tensor, root](uint64_t slot) {
+      return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+          std::make_unique<gloo_internal::ChainBroadcast>(
+              context_, tensor.data_ptr(), tensor.nbytes(), root, slot));
     };
   }
   return Enqueue(

@@ -9,20 +9,25 @@
 // Execution: collectives run one at a time on a background worker thread,
 // in issue order (one FIFO queue per backend), so ranks that issue the same
 // sequence match up. Before each collective every rank sends every other
-// rank (directly, all at once: one network round) a 64-byte header
-// (operation, dtype, element count, root, ReduceOp and whether its local
-// arguments were valid); if they differ, or any rank's arguments are
-// invalid, every rank fails that call with InvalidArgument naming the ranks
-// and what differs, and the group stays usable. (Without this check Gloo
-// aborts the process on a size mismatch.) A small payload rides behind the
-// header (up to InlineBytes(): 4 MiB per rank for 2 ranks, 8 MiB / (n (n-1))
-// for n ranks, at least 4 KiB; the backend keeps a receive buffer of n times
-// that): a small Allreduce or Broadcast completes within the exchange
-// itself (Allreduce then reduces in rank order, so every rank gets identical
-// bits), and Barrier is the
-// exchange alone; larger calls pay one extra round of 64-byte messages.
-// Set check_args = false to skip the exchange: Gloo's ring algorithms for
-// every size and undefined behaviour on mismatched calls.
+// rank (directly, all at once) a 72-byte header (operation, dtype, element
+// count, root, ReduceOp and whether its local arguments were valid); the
+// receives for call k+1 are posted while call k runs, so the headers travel
+// one way only. If they differ, or any rank's arguments are invalid, every
+// rank fails that call with InvalidArgument naming the call, its sequence
+// number, the ranks and what differs, and the group stays usable. (Without
+// this check Gloo aborts the process on a size mismatch.) A small payload
+// rides behind the header (up to InlineBytes(): 1 MiB per rank for 2 or 3
+// ranks, 8 MiB / (n (n-1)) for n ranks, at least 4 KiB; the backend keeps
+// two receive areas of n times that): a small Allreduce or Broadcast
+// completes within the exchange itself (Allreduce then reduces in rank
+// order, so every rank gets identical bits), and Barrier is the exchange
+// alone. A larger Allreduce runs Ferry's own ring, and a larger Broadcast
+// Ferry's own pipelined chain, over Gloo's transport (ring.h): their first
+// receives are posted before the exchange, so the check adds no network hop
+// to them; other larger calls run Gloo's algorithms after the exchange (one
+// one-way hop of 72-byte messages before them).
+// Set check_args = false to skip the exchange: Gloo's algorithms for every
+// size and undefined behaviour on mismatched calls.
 //
 // Send/Recv are posted at once on the calling thread (they do not queue
 // behind collectives) and matched by (peer, tag) in issue order. A payload
@@ -76,18 +81,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "c10d/backend.h"
+#include "c10d/gloo/ring.h"
 #include "c10d/reduce.h"
 #include "c10d/registry.h"
 #include "common/executor.h"
 #include "common/sync.h"
 #include "store/store.h"
-
-namespace gloo {
-class Context;
-namespace transport {
-class UnboundBuffer;
-}  // namespace transport
-}  // namespace gloo
 
 namespace ferry {
 namespace c10d {
@@ -119,13 +118,19 @@ struct GlooBackendOptions {
 };
 
 namespace gloo_internal {
-// A small payload's fast path (see "Before each collective" above).
+// A small payload's fast path (see "Before each collective" above), or a
+// large one's Ferry-owned algorithm.
 struct InlinePath {
   size_t bytes = 0;
   absl::AnyInvocable<void(char*)> fill;
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
   // Without `finish`: checks every rank's payload, then the data phase runs.
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> check;
+  // Larger payloads with check_args (groups of 2 or more): the algorithm to
+  // run on Gloo slot `slot` instead of `run` (see ring.h), and what follows
+  // it on success.
+  absl::AnyInvocable<std::unique_ptr<EarlyAlgorithm>(uint64_t slot)> algorithm;
+  absl::AnyInvocable<void()> after;
 };
 }  // namespace gloo_internal
 
@@ -179,7 +184,8 @@ class GlooBackend : public Backend {
   // Payload bytes that ride in each rank's header block (same on every
   // rank): with check_args on, an Allreduce or Broadcast of at most this many
   // bytes completes in that one direct exchange (every rank sends its buffer
-  // to every other); larger ones run Gloo's ring algorithms.
+  // to every other); larger ones run Ferry's ring (Allreduce) or chain
+  // (Broadcast), see ring.h.
   size_t InlineBytes() const;
 
   // Argument header exchanged before each collective (public for tests).
@@ -192,6 +198,7 @@ class GlooBackend : public Backend {
     int64_t count = -1;    // Elements per rank (op-specific meaning).
     int64_t valid = 1;     // 0: this rank's arguments failed local checks.
     int64_t reserved = 0;  // Inline payload bytes following the header.
+    int64_t early = 0;     // Receives posted before the check (ring.h).
   };
 
  private:
@@ -212,6 +219,16 @@ class GlooBackend : public Backend {
         finish_inline;
     absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
         check_inline;
+    absl::AnyInvocable<std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        uint64_t slot)>
+        algorithm;
+    absl::AnyInvocable<void()> after_algorithm;
+  };
+  // One of two alternating receive areas of the header exchange.
+  struct ExchangeArea {
+    std::vector<char> blocks;
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    int64_t posted_seq = -1;
   };
   using InlinePath = gloo_internal::InlinePath;
   struct P2P;
@@ -229,9 +246,14 @@ class GlooBackend : public Backend {
       InlinePath path = {});
   void WorkerLoop();
   absl::Status RunOp(Op& op);
-  // Exchanges every rank's header block into *blocks and checks them.
-  absl::Status ExchangeHeaders(Op& op, absl::Duration timeout,
-                               std::vector<char>* blocks);
+  // Exchanges every rank's header block and checks them. OK: every rank's
+  // arguments agree. Otherwise, when the exchange itself completed, *all
+  // holds every rank's header (the refusal is then the same on every rank).
+  absl::Status ExchangeHeaders(Op& op, absl::Time deadline,
+                               std::vector<Header>* all);
+  // Posts the header receives of call `seq` (worker thread only).
+  void PostExchange(uint32_t seq);
+  ExchangeArea& Area(uint32_t seq) { return exchange_[seq % 2]; }
   // The shared argument checks, for this backend's rank and size.
   ArgChecks Checks() const;
   // Calls fn, turning Gloo exceptions into a Status for `op`.
@@ -271,8 +293,9 @@ class GlooBackend : public Backend {
   Mutex p2p_mu_;
   std::vector<std::shared_ptr<P2P>> graveyard_ ABSL_GUARDED_BY(p2p_mu_);
 
-  // The header exchange's receive buffer (worker thread only).
-  std::vector<char> exchange_buf_;
+  // The header exchange's receive areas (worker thread only): call seq's
+  // receives are posted while call seq-1 runs, so a header travels one way.
+  ExchangeArea exchange_[2];
 
   std::unique_ptr<ThreadPoolExecutor> p2p_waiters_;
   std::thread worker_;

@@ -1,9 +1,11 @@
 #include "c10d/shm/shm_backend.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +42,11 @@ struct SegmentHeader {
   uint32_t attached;
   // 0, or (status code << 16) | (1 + the rank that gave up first).
   uint32_t failed;
+  // Barrier arrivals of all ranks so far (wraps), the futex word waiters
+  // sleep on; on its own cache line, away from the read-mostly fields.
+  alignas(64) uint32_t arrivals;
+  // Ranks asleep (or about to sleep) on `arrivals`.
+  uint32_t sleepers;
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
@@ -52,6 +59,34 @@ struct alignas(64) RankCtl {
 template <typename T>
 std::atomic_ref<T> Atomic(T& v) {
   return std::atomic_ref<T>(v);
+}
+
+// Process-shared futex (the segment is mapped by several processes).
+void FutexWait(uint32_t* word, uint32_t expected, absl::Duration timeout) {
+  struct timespec ts = absl::ToTimespec(timeout);
+  ::syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void FutexWakeAll(uint32_t* word) {
+  ::syscall(SYS_futex, word, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Pause-loop iterations before a waiter sleeps: long when every rank has a
+// core of its own (a wake-up costs more than the wait), short when ranks
+// outnumber the cores (a spinning rank would take the core of the rank it
+// waits for).
+int SpinLimit(int size) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0
+                       ? CPU_COUNT(&set)
+                       : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  return cpus >= size ? 4000 : 20;
 }
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -148,6 +183,15 @@ class ShmBackend::Round {
     const uint64_t target = ++b_->arrivals_;
     Atomic(seg_->ctl(b_->rank()).arrived)
         .store(target, std::memory_order_release);
+    SegmentHeader& h = seg_->header();
+    // Every rank's arrivals at this barrier make the total a multiple of n
+    // (ranks cannot pass the next barrier before this one completes), so
+    // exactly one rank sees `goal`: it wakes the sleepers.
+    const uint32_t goal = Goal(target);
+    if (Atomic(h.arrivals).fetch_add(1) + 1 == goal &&
+        Atomic(h.sleepers).load() > 0) {
+      FutexWakeAll(&h.arrivals);
+    }
     return WaitAll(target);
   }
   // Moves to the next round (the other buffer set).
@@ -177,21 +221,42 @@ class ShmBackend::Round {
     return absl::OkStatus();
   }
 
+  uint32_t Goal(uint64_t target) const {
+    return static_cast<uint32_t>(b_->size()) * static_cast<uint32_t>(target);
+  }
+
+  // Spins briefly (see SpinLimit), then sleeps on the `arrivals` futex,
+  // waking at least every kLivenessPeriod to check the deadline and whether
+  // the late ranks' processes still exist.
   absl::Status WaitAll(uint64_t target) {
-    const int n = b_->size();
-    const absl::Time start = absl::Now();
-    absl::Time next_check = start + kLivenessPeriod;
-    for (int spin = 0;; ++spin) {
-      int late = -1;
-      for (int r = 0; r < n && late < 0; ++r) {
-        if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
-            target) {
-          late = r;
-        }
+    SegmentHeader& h = seg_->header();
+    const uint32_t goal = Goal(target);
+    auto done = [goal](uint32_t seen) {
+      return static_cast<int32_t>(seen - goal) >= 0;
+    };
+    for (int spin = 0; spin < b_->spin_limit_; ++spin) {
+      if (done(Atomic(h.arrivals).load(std::memory_order_acquire))) {
+        return absl::OkStatus();
       }
-      if (late < 0) return absl::OkStatus();
-      const uint32_t failed =
-          Atomic(seg_->header().failed).load(std::memory_order_acquire);
+      CpuRelax();
+    }
+    absl::Time next_check = absl::Now() + kLivenessPeriod;
+    for (;;) {
+      // Announce the sleep before the last look, so the last rank to arrive
+      // (which adds to `arrivals`, then reads `sleepers`) cannot miss us.
+      Atomic(h.sleepers).fetch_add(1);
+      const uint32_t seen = Atomic(h.arrivals).load();
+      if (!done(seen) && Atomic(h.failed).load() == 0) {
+        const absl::Time now = absl::Now();
+        FutexWait(&h.arrivals, seen,
+                  std::max(absl::ZeroDuration(),
+                           std::min(next_check, deadline_) - now));
+      }
+      Atomic(h.sleepers).fetch_sub(1);
+      if (done(Atomic(h.arrivals).load(std::memory_order_acquire))) {
+        return absl::OkStatus();
+      }
+      const uint32_t failed = Atomic(h.failed).load(std::memory_order_acquire);
       if (failed != 0) {
         // Fail as the first rank did (same code), naming it.
         return absl::Status(
@@ -199,25 +264,17 @@ class ShmBackend::Round {
             absl::StrCat("rank ", (failed & 0xFFFF) - 1,
                          " saw a rank of this group exit (see its error)"));
       }
-      if (spin < 64) continue;
       const absl::Time now = absl::Now();
       if (now >= deadline_) return GiveUp(target, /*dead=*/-1);
       if (now >= next_check) {
         next_check = now + kLivenessPeriod;
-        for (int r = 0; r < n; ++r) {
-          const int64_t pid = seg_->ctl(r).pid;
+        for (int r = 0; r < b_->size(); ++r) {
           if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
                   target &&
-              !ProcessAlive(pid)) {
+              !ProcessAlive(seg_->ctl(r).pid)) {
             return GiveUp(target, r);
           }
         }
-      }
-      // Yield while the wait is short; then stop burning the core.
-      if (now - start < absl::Milliseconds(2)) {
-        ::sched_yield();
-      } else {
-        absl::SleepFor(absl::Microseconds(50));
       }
     }
   }
@@ -232,6 +289,7 @@ class ShmBackend::Round {
               expected,
               (static_cast<uint32_t>(absl::StatusCode::kUnavailable) << 16) |
                   static_cast<uint32_t>(b_->rank() + 1));
+      FutexWakeAll(&seg_->header().arrivals);
       return absl::UnavailableError(
           absl::StrCat("rank ", dead, " (pid ", seg_->ctl(dead).pid,
                        ") exited during the operation"));
@@ -418,7 +476,8 @@ ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
       options_(std::move(options)),
       segment_(std::move(segment)),
       segment_name_(std::move(segment_name)),
-      fallback_(std::move(fallback)) {
+      fallback_(std::move(fallback)),
+      spin_limit_(SpinLimit(size)) {
   ThreadPoolExecutor::Options o;
   o.name = absl::StrCat("shm-rank", rank);
   o.num_threads = 1;  // One at a time, in issue order.
@@ -592,6 +651,26 @@ void Copy(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
+// dst = ((src[0] op src[1]) op src[2]) ... over `count` elements of `isz`
+// bytes, a cache-sized block at a time so the partial result stays in L1
+// (one pass over each source, one write of dst).
+void ReduceBlocked(ReduceFn fn, char* dst, const std::vector<const char*>& src,
+                   int64_t count, size_t isz) {
+  const int64_t block = std::max<int64_t>(1, 8192 / isz);
+  for (int64_t at = 0; at < count; at += block) {
+    const size_t len = static_cast<size_t>(std::min(block, count - at));
+    const size_t skip = at * isz;
+    if (src.size() == 1) {
+      Copy(dst + skip, src[0] + skip, len * isz);
+      continue;
+    }
+    fn(dst + skip, src[0] + skip, src[1] + skip, len);
+    for (size_t q = 2; q < src.size(); ++q) {
+      fn(dst + skip, dst + skip, src[q] + skip, len);
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
@@ -614,27 +693,36 @@ std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
         const size_t isz = tensor.itemsize();
         char* data = static_cast<char*>(tensor.data_ptr());
         const int64_t cap = static_cast<int64_t>(round.slot_bytes() / isz);
+        std::vector<const char*> src(n);
         RETURN_IF_ERROR(ForEachPiece(
             tensor.numel(), cap, [&](int64_t off, int64_t len) -> absl::Status {
-              Copy(round.mine(), data + off * isz, len * isz);
+              // Rank q reduces element range q of the piece; its own part of
+              // that range it reads from its tensor, so it publishes only
+              // the other ranges, and writes the result into range q of its
+              // own slot, where every rank copies it from.
+              auto lo = [&](int q) { return len * q / n; };
+              char* in = data + off * isz;
+              const int me = rank();
+              Copy(round.mine(), in, lo(me) * isz);
+              Copy(round.mine() + lo(me + 1) * isz, in + lo(me + 1) * isz,
+                   (len - lo(me + 1)) * isz);
               absl::Status s = round.Arrive();
               if (!s.ok()) {
                 round.Next();
                 return s;
               }
-              // Range `rank` of this piece, reduced in place in rank 0's
-              // slot, over every slot in rank order.
-              const int64_t lo = len * rank() / n;
-              const int64_t hi = len * (rank() + 1) / n;
-              if (hi > lo && n > 1) {
-                char* dst = round.slot(0) + lo * isz;
-                for (int r = 1; r < n; ++r) {
-                  fn(dst, dst, round.slot(r) + lo * isz,
-                     static_cast<size_t>(hi - lo));
+              for (int q = 0; q < n; ++q) {
+                src[q] = (q == me ? in : round.slot(q)) + lo(me) * isz;
+              }
+              ReduceBlocked(fn, round.mine() + lo(me) * isz, src,
+                            lo(me + 1) - lo(me), isz);
+              s = round.Barrier();
+              if (s.ok()) {
+                for (int q = 0; q < n; ++q) {
+                  Copy(in + lo(q) * isz, round.slot(q) + lo(q) * isz,
+                       (lo(q + 1) - lo(q)) * isz);
                 }
               }
-              s = round.Barrier();
-              if (s.ok()) Copy(data + off * isz, round.slot(0), len * isz);
               round.Next();
               return s;
             }));
@@ -760,20 +848,30 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
         char* out = static_cast<char*>(output.data_ptr());
         const int64_t cap =
             std::max<int64_t>(1, round.slot_bytes() / (isz * n));
+        std::vector<const char*> from(n);
+        // An output overlapping this rank's own input chunk (in-place use)
+        // would be overwritten while read: then that chunk goes through the
+        // slot too.
+        const char* own = src(rank());
+        const bool aliased = out < own + numel * isz && out + numel * isz > own;
         RETURN_IF_ERROR(ForEachPiece(
             numel, cap, [&](int64_t off, int64_t len) -> absl::Status {
+              // Every chunk but this rank's own goes to the slot; the own
+              // one is read from the input while reducing.
+              const int me = rank();
               for (int d = 0; d < n; ++d) {
+                if (d == me && !aliased) continue;
                 Copy(round.mine() + d * len * isz, src(d) + off * isz,
                      len * isz);
               }
               absl::Status s = round.Arrive();
               if (s.ok() && len > 0) {
-                char* dst = out + off * isz;
-                const size_t mine = rank() * len * isz;
-                Copy(dst, round.slot(0) + mine, len * isz);
-                for (int r = 1; r < n; ++r) {
-                  fn(dst, dst, round.slot(r) + mine, static_cast<size_t>(len));
+                for (int q = 0; q < n; ++q) {
+                  from[q] = q == me && !aliased
+                                ? src(me) + off * isz
+                                : round.slot(q) + me * len * isz;
                 }
+                ReduceBlocked(fn, out + off * isz, from, len, isz);
               }
               round.Next();
               return s;
@@ -781,6 +879,132 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
         if (rop == ReduceOp::kAvg) FinishAverage(output, n);
         return absl::OkStatus();
       });
+}
+
+std::shared_ptr<Work> ShmBackend::AlltoallSingle(
+    Tensor output, Tensor input, const AlltoallSingleOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoallSingle;
+  std::vector<int64_t> out_rows, in_rows;
+  absl::Status local =
+      Checks().AlltoallSingle(output, input, options, &out_rows, &in_rows);
+  Signature sig;
+  int64_t row_bytes = 0;
+  if (local.ok()) {
+    // Ranks must agree on the dtype and the row's element count; the split
+    // sizes travel in the first round's slots.
+    int64_t per_row = 1;
+    for (size_t d = 1; d < input.sizes().size(); ++d) {
+      per_row *= input.sizes()[d];
+    }
+    sig.dtype = static_cast<int64_t>(input.dtype());
+    sig.count = per_row;
+    row_bytes = per_row * static_cast<int64_t>(input.itemsize());
+  }
+  return Enqueue(
+      kOp, sig, local, options.timeout,
+      [this, output, input, out_rows = std::move(out_rows),
+       in_rows = std::move(in_rows), row_bytes](Round& round) -> absl::Status {
+        return RunAlltoall(round, output, input, out_rows, in_rows, row_bytes);
+      });
+}
+
+// Each round, rank s puts up to `cap` bytes of what it sends rank d at
+// slot(s) + header + d * cap; rank d copies them out after the barrier. The
+// first round's header carries every rank's split sizes (rows sent to and
+// expected from each rank), checked on every rank alike before anything is
+// read; it also gives the round count (the longest transfer over `cap`). A
+// rank's part for itself is copied directly.
+absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
+                                     const Tensor& input,
+                                     const std::vector<int64_t>& out_rows,
+                                     const std::vector<int64_t>& in_rows,
+                                     int64_t row_bytes) {
+  const int n = size();
+  const int me = rank();
+  const size_t header = RoundUp(2 * n * sizeof(int64_t), 64);
+  const int64_t cap = static_cast<int64_t>(
+      round.slot_bytes() > header ? (round.slot_bytes() - header) / n / 64 * 64
+                                  : 0);
+  const char* in = static_cast<const char*>(input.data_ptr());
+  char* out = static_cast<char*>(output.data_ptr());
+  // An output overlapping the input would be overwritten while later rounds
+  // still read the input: send from a copy then.
+  Tensor staged;
+  if (out < in + input.nbytes() && out + output.nbytes() > in) {
+    staged = input.clone();
+    in = static_cast<const char*>(staged.data_ptr());
+  }
+  std::vector<int64_t> in_off(n + 1, 0), out_off(n + 1, 0);
+  for (int r = 0; r < n; ++r) {
+    in_off[r + 1] = in_off[r] + in_rows[r] * row_bytes;
+    out_off[r + 1] = out_off[r] + out_rows[r] * row_bytes;
+  }
+  auto piece = [cap](int64_t total, int64_t k) {
+    return std::clamp<int64_t>(total - k * cap, 0, cap);
+  };
+  int64_t rounds = 1;
+  for (int64_t k = 0; k < rounds; ++k) {
+    if (cap == 0 && n > 1) {
+      // Same on every rank (same size and slot): no piece fits a slot.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm slots of ", round.slot_bytes(), " bytes are too small for ", n,
+          " ranks' all-to-all (raise shm_slot_bytes)"));
+    }
+    char* mine = round.mine();
+    if (k == 0) {
+      std::memcpy(mine, in_rows.data(), n * sizeof(int64_t));
+      std::memcpy(mine + n * sizeof(int64_t), out_rows.data(),
+                  n * sizeof(int64_t));
+    }
+    for (int d = 0; d < n; ++d) {
+      if (d == me) continue;
+      Copy(mine + header + d * cap, in + in_off[d] + k * cap,
+           piece(in_off[d + 1] - in_off[d], k));
+    }
+    absl::Status s = round.Arrive();
+    if (s.ok() && k == 0) {
+      s = CheckAlltoallSplits(round, n, &rounds, cap, row_bytes);
+    }
+    if (s.ok()) {
+      for (int src = 0; src < n; ++src) {
+        if (src == me) continue;
+        Copy(out + out_off[src] + k * cap, round.slot(src) + header + me * cap,
+             piece(out_off[src + 1] - out_off[src], k));
+      }
+    }
+    round.Next();
+    RETURN_IF_ERROR(s);
+  }
+  Copy(out + out_off[me], in + in_off[me], out_off[me + 1] - out_off[me]);
+  return absl::OkStatus();
+}
+
+// Every rank's split sizes from the first round's headers: what s sends d
+// must be what d expects from s. Sets *rounds from the longest transfer.
+absl::Status ShmBackend::CheckAlltoallSplits(Round& round, int n,
+                                             int64_t* rounds, int64_t cap,
+                                             int64_t row_bytes) {
+  auto rows = [&](int r, int which, int peer) {
+    int64_t v;
+    std::memcpy(&v, round.slot(r) + (which * n + peer) * sizeof(int64_t),
+                sizeof(v));
+    return v;
+  };
+  int64_t longest = 0;
+  for (int src = 0; src < n; ++src) {
+    for (int dst = 0; dst < n; ++dst) {
+      const int64_t sent = rows(src, 0, dst);
+      const int64_t expected = rows(dst, 1, src);
+      if (sent != expected) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", src, " sends ", sent, " rows to rank ", dst,
+            ", which expects ", expected, " from it (split sizes differ)"));
+      }
+      if (src != dst) longest = std::max(longest, sent * row_bytes);
+    }
+  }
+  *rounds = cap > 0 ? std::max<int64_t>(1, (longest + cap - 1) / cap) : 1;
+  return absl::OkStatus();
 }
 
 std::shared_ptr<Work> ShmBackend::Barrier(const BarrierOptions& options) {
@@ -832,12 +1056,6 @@ std::shared_ptr<Work> ShmBackend::Recv(Tensor t, int src,
                                        const RecvOptions& o) {
   return Forward(OpType::kRecv,
                  [&](Backend& b) { return b.Recv(std::move(t), src, o); });
-}
-std::shared_ptr<Work> ShmBackend::AlltoallSingle(
-    Tensor out, Tensor in, const AlltoallSingleOptions& o) {
-  return Forward(OpType::kAlltoallSingle, [&](Backend& b) {
-    return b.AlltoallSingle(std::move(out), std::move(in), o);
-  });
 }
 std::shared_ptr<Work> ShmBackend::RecvAnysource(Tensor t,
                                                 const RecvOptions& o) {

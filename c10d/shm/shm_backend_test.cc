@@ -28,6 +28,7 @@ constexpr OpType kShmOps[] = {
     OpType::kBarrier,
     OpType::kAllgatherIntoTensor,
     OpType::kReduceScatterTensor,
+    OpType::kAlltoallSingle,
 };
 
 // Small slots, so the conformance sizes take many rounds.
@@ -163,6 +164,64 @@ TEST(ShmBackendTest, AutoFactoryPicksShmOnOneHostUnlessTurnedOff) {
   bad.options = {{"shm", "maybe"}};
   EXPECT_EQ(ShmBackend::AutoFactory()(bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Transfers far larger than a slot's share (many rounds, uneven), and an
+// all-to-all whose output is its input.
+TEST(ShmBackendTest, AlltoallSingleOverManyRoundsAndInPlace) {
+  constexpr int kRanks = 3;
+  RunRanks(
+      kRanks,
+      [&](std::shared_ptr<Store> store,
+          int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        absl::StatusOr<ShmBackendOptions> o =
+            ShmBackendOptions::FromMap(SmallSlots());
+        if (!o.ok()) return o.status();
+        auto b = ShmBackend::Create(store, r, kRanks, absl::Seconds(20), *o);
+        if (!b.ok()) return b.status();
+        return std::unique_ptr<Backend>(std::move(*b));
+      },
+      [&](int r, Backend& b) {
+        // Rank s sends (s + 1) * (d + 1) * 300 int32 values to rank d.
+        auto rows = [](int s, int d) {
+          return int64_t{(s + 1) * (d + 1) * 300};
+        };
+        AlltoallSingleOptions o;
+        std::vector<int32_t> src;
+        int64_t out_total = 0;
+        for (int d = 0; d < kRanks; ++d) {
+          o.input_split_sizes.push_back(rows(r, d));
+          o.output_split_sizes.push_back(rows(d, r));
+          out_total += rows(d, r);
+          for (int64_t k = 0; k < rows(r, d); ++k) {
+            src.push_back(static_cast<int32_t>(r * 1000000 + d * 100000 + k));
+          }
+        }
+        Tensor in =
+            from_vector<int32_t>(src, {static_cast<int64_t>(src.size())});
+        Tensor out = zeros({out_total}, DType::kInt32);
+        absl::Status s = b.AlltoallSingle(out, in, o)->Wait(absl::Seconds(20));
+        ASSERT_TRUE(s.ok()) << s;
+        std::vector<int32_t> got = out.to_vector<int32_t>();
+        size_t at = 0;
+        for (int sr = 0; sr < kRanks; ++sr) {
+          for (int64_t k = 0; k < rows(sr, r); ++k) {
+            ASSERT_EQ(got[at++], sr * 1000000 + r * 100000 + k)
+                << "rank " << r << " from " << sr << " at " << k;
+          }
+        }
+        // In place, equal splits: chunk d of rank s is s * 10 + d.
+        constexpr int64_t kChunk = 2000;
+        Tensor t = zeros({kRanks * kChunk}, DType::kInt64);
+        int64_t* p = static_cast<int64_t*>(t.data_ptr());
+        for (int64_t i = 0; i < kRanks * kChunk; ++i)
+          p[i] = r * 10 + i / kChunk;
+        s = b.AlltoallSingle(t, t)->Wait(absl::Seconds(20));
+        ASSERT_TRUE(s.ok()) << s;
+        for (int64_t i = 0; i < kRanks * kChunk; ++i) {
+          ASSERT_EQ(p[i], (i / kChunk) * 10 + r) << "rank " << r << " at " << i;
+        }
+      });
 }
 
 TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {

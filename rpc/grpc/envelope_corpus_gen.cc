@@ -7,29 +7,20 @@
 #include <vector>
 
 #include "rpc/grpc/codec.h"
+#include "rpc/grpc/fuzz_support.h"
 #include "tensor/tensor.h"
 #include "tools/fuzz/corpus_writer.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {
 
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  (void)buffer.Dump(&slices);
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
 std::string Request(const Message& m) {
   const absl::Time now = absl::FromUnixSeconds(1'700'000'000);
-  return Flatten(EncodeRequest(m, now, WireLimits{})->buffer);
+  return FlattenBuffer(EncodeRequest(m, now, WireLimits{})->buffer);
 }
 
 std::string Reply(const Result<Message>& r) {
-  return Flatten(EncodeReply(r, WireLimits{})->buffer);
+  return FlattenBuffer(EncodeReply(r, WireLimits{})->buffer);
 }
 
 Message FullRequest() {

@@ -22,8 +22,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "google/protobuf/stubs/logging.h"
 #include "rpc/grpc/codec.h"
+#include "rpc/grpc/fuzz_support.h"
 #include "rpc/message.h"
 #include "tensor/wire.h"
 
@@ -53,27 +53,14 @@ ferry::WireLimits Limits() {
 // A fixed receive time, so deadlines compare exactly.
 const absl::Time kReceivedAt = absl::FromUnixSeconds(1'700'000'000);
 
-// The bytes as gRPC would hand them over, in slices split at `cuts`.
 grpc::ByteBuffer Buffer(absl::string_view bytes,
                         const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + from, cut - from);
-    from = cut;
-  }
-  slices.emplace_back(bytes.data() + from, bytes.size() - from);
-  return grpc::ByteBuffer(slices.data(), slices.size());
+  return ferry::rpc::grpc_agent::SlicedBuffer(bytes, cuts);
 }
 
 std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) Fail("cannot dump an encoded buffer");
-  std::string out;
-  for (const grpc::Slice& s : slices) {
-    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
+  // An unreadable buffer flattens to "", which then fails to decode.
+  return ferry::rpc::grpc_agent::FlattenBuffer(buffer);
 }
 
 std::string PayloadBytes(const ferry::Value& v) {
@@ -174,13 +161,7 @@ const Side<Reply> kClient{"reply", ClientDecode, ClientEncode, ExpectSameReply};
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  // Protobuf logs every string field with invalid UTF-8 it refuses; the
-  // refusal itself is checked by Check, the log line only slows fuzzing.
-  static const bool quiet = [] {
-    google::protobuf::SetLogHandler(nullptr);
-    return true;
-  }();
-  (void)quiet;
+  ferry::rpc::grpc_agent::QuietProtobufLogs();
   const absl::string_view bytes(reinterpret_cast<const char*>(data), size);
   const size_t a = size == 0 ? 0 : (data[0] * 7919u) % (size + 1);
   const size_t b = a + (size - a) / 2;

@@ -367,13 +367,21 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
   ASSIGN_OR_RETURN(PeerRecord from, Reader(peer));
   const std::string who =
       absl::StrCat("same-host payload from worker '", from.name, "'");
-  if (d.regions_size() > kMaxRegions || d.nonce() == 0) {
+  // A sender offers only payloads with tensors (Offer), so no region is as
+  // malformed as too many.
+  if (d.regions_size() == 0 || d.regions_size() > kMaxRegions ||
+      d.nonce() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": malformed descriptor (", d.regions_size(),
                      " regions, nonce ", d.nonce(), ")"));
   }
   uint64_t total = d.head().size();
   uint64_t payload_bytes = 0;
+  if (total > limits.max_total_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": a head of ", total, " bytes exceeds the limit of ",
+                     limits.max_total_bytes, " bytes"));
+  }
   for (const auto& r : d.regions()) {
     if (r.size() > limits.max_total_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -395,10 +403,10 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
   }
   if (options_.max_message_bytes >= 0 &&
       total > static_cast<uint64_t>(options_.max_message_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        who, ": ", total, " bytes, over the limit of ",
-        options_.max_message_bytes, " bytes of worker '", self_name_,
-        "' (max_message_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(who, ": ", total, " bytes, over the limit of ",
+                     options_.max_message_bytes, " bytes of worker '",
+                     self_name_, "' (max_message_bytes)"));
   }
   Sweep();  // Replies acknowledged since: their buffers may be reused.
   ASSIGN_OR_RETURN(Storage storage, ReceiveBuffer(total, limits.allocator));

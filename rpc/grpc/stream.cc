@@ -14,146 +14,8 @@
 #include "tensor/wire_grpc.h"
 
 namespace ferry::rpc::grpc_agent {
-namespace {
 
 namespace v1 = ::ferry::rpc::v1;
-
-// Field 14 (payload_bytes) of RpcRequest and RpcResponse, as a varint.
-constexpr uint64_t kPayloadBytesTag = (uint64_t{14} << 3) | 0;
-
-void RecordPiece(StreamStats* stats, uint64_t bytes) {
-  uint64_t seen = stats->max_piece_bytes.load(std::memory_order_relaxed);
-  while (bytes > seen && !stats->max_piece_bytes.compare_exchange_weak(
-                             seen, bytes, std::memory_order_relaxed)) {
-  }
-}
-
-// Splits a received message; `first` allows envelope fields, later messages
-// carry only a piece of the payload.
-absl::StatusOr<EnvelopeParts> SplitMessage(const grpc::ByteBuffer& message,
-                                           bool first) {
-  ASSIGN_OR_RETURN(EnvelopeParts parts, SplitEnvelope(message));
-  if (!first && !parts.header.empty()) {
-    return absl::InvalidArgumentError(
-        "stream: a payload piece carries envelope fields");
-  }
-  return parts;
-}
-
-// Reads the declared payload length of a first message. Any other
-// payload_bytes than 0 must be at least the piece in the first message.
-template <typename Header>
-absl::StatusOr<Header> ParseHeader(const EnvelopeParts& parts,
-                                   const char* type) {
-  Header h;
-  if (!h.ParseFromString(parts.header)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stream: malformed ", type, " fields"));
-  }
-  if (h.payload_bytes() != 0 && h.payload_bytes() < parts.payload_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stream: declared payload of ", h.payload_bytes(),
-        " bytes is smaller than its first piece (", parts.payload_bytes, ")"));
-  }
-  return h;
-}
-
-}  // namespace
-
-absl::Status CheckStreamSize(uint64_t bytes, int max_message_bytes,
-                             const WireLimits& limits,
-                             const std::string& what) {
-  if (max_message_bytes >= 0 &&
-      bytes > static_cast<uint64_t>(max_message_bytes)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " is ", bytes, " bytes, over the limit of ",
-                     max_message_bytes, " bytes (max_message_bytes)"));
-  }
-  if (bytes > limits.max_total_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, " is ", bytes, " bytes, over the limit of ",
-        limits.max_total_bytes, " bytes (WireLimits::max_total_bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------
-// PieceWriter / PieceAssembler.
-
-PieceWriter::PieceWriter(EncodedParts parts, size_t piece_bytes)
-    : header_(std::move(parts.header)), total_(parts.payload.total_bytes()) {
-  grpc::ByteBuffer payload = ToByteBuffer(std::move(parts.payload));
-  (void)payload.Dump(&slices_);
-  // Even pieces, each at least piece_bytes (but the only one).
-  const uint64_t step = std::max<uint64_t>(1, piece_bytes);
-  const uint64_t count = std::max<uint64_t>(1, total_ / step);
-  target_ = (total_ + count - 1) / count;
-  AppendVarint(&header_, kPayloadBytesTag);
-  AppendVarint(&header_, total_);
-}
-
-bool PieceWriter::Next(grpc::ByteBuffer* message, uint64_t* payload_bytes) {
-  if (started_ && last()) return false;
-  std::vector<grpc::Slice> slices(1);  // [0]: fields, piece tag and length.
-  uint64_t taken = 0;
-  while (taken < target_ && index_ < slices_.size()) {
-    const grpc::Slice& s = slices_[index_];
-    const size_t take = std::min<uint64_t>(target_ - taken, s.size() - offset_);
-    if (take > 0) slices.push_back(s.sub(offset_, offset_ + take));
-    taken += take;
-    offset_ += take;
-    if (offset_ == s.size()) {
-      ++index_;
-      offset_ = 0;
-    }
-  }
-  std::string head = started_ ? std::string() : std::move(header_);
-  started_ = true;
-  AppendVarint(&head, (uint64_t{kPayloadField} << 3) | 2);
-  AppendVarint(&head, taken);
-  slices[0] = grpc::Slice(head);  // A few bytes, copied.
-  *message = grpc::ByteBuffer(slices.data(), slices.size());
-  *payload_bytes = taken;
-  return true;
-}
-
-absl::Status PieceAssembler::Start(uint64_t total, Allocator* allocator) {
-  if (allocator == nullptr) allocator = GetCpuAllocator();
-  ASSIGN_OR_RETURN(storage_, allocator->Allocate(total));
-  total_ = total;
-  received_ = 0;
-  return absl::OkStatus();
-}
-
-absl::Status PieceAssembler::Add(const std::vector<WireChunk>& piece,
-                                 StreamStats* stats) {
-  uint64_t bytes = 0;
-  for (const WireChunk& c : piece) bytes += c.size;
-  if (bytes > total_ - received_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "stream: pieces run past the declared payload of ", total_, " bytes"));
-  }
-  RecordPiece(stats, bytes);
-  char* out = static_cast<char*>(storage_.data()) + received_;
-  for (const WireChunk& c : piece) {
-    std::memcpy(out, c.data, c.size);
-    out += c.size;
-  }
-  received_ += bytes;
-  stats->bytes_received.fetch_add(bytes, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-EnvelopeParts PieceAssembler::Take(std::string header) {
-  EnvelopeParts parts;
-  parts.header = std::move(header);
-  parts.payload_bytes = total_;
-  parts.total_bytes = parts.header.size() + total_;
-  auto held = std::make_shared<Storage>(std::move(storage_));
-  const char* data = static_cast<const char*>(held->data());
-  parts.payload.push_back(WireChunk{data, total_, std::move(held)});
-  return parts;
-}
 
 // ---------------------------------------------------------------------------
 // Client.
@@ -162,7 +24,12 @@ ClientStream::ClientStream(EncodedParts request, Config config,
                            std::function<void(const grpc::Status&)> done)
     : config_(config),
       done_(std::move(done)),
-      writer_(std::move(request), config.options->piece_bytes) {}
+      writer_(std::move(request), config.options->piece_bytes),
+      receiver_({config.options, config.limits, config.max_message_bytes,
+                 config.stats, &config.stats->replies_received},
+                [](const v1::RpcResponse&) {
+                  return std::string("the streamed reply");
+                }) {}
 
 void ClientStream::Start(grpc::GenericStub* stub,
                          grpc::ClientContext* context) {
@@ -203,49 +70,16 @@ void ClientStream::OnWriteDone(bool ok) {
 void ClientStream::OnReadDone(bool ok) {
   FERRY_TSAN_ACQUIRE(this);
   if (!ok) return;  // End of the stream; OnDone follows.
-  absl::Status received = Receive();
+  absl::StatusOr<bool> complete = receiver_.Receive(in_);
   in_.Clear();
-  if (!received.ok()) {
-    Fail(std::move(received));
+  if (!complete.ok()) {
+    Fail(complete.status());
   } else {
+    if (*complete) reply_ = receiver_.Take();
     FERRY_TSAN_RELEASE(this);
     StartRead(&in_);  // The next piece, or the end of the stream.
   }
   FERRY_TSAN_RELEASE(this);  // As in OnWriteDone.
-}
-
-absl::Status ClientStream::Receive() {
-  if (reply_complete_) {
-    return absl::InvalidArgumentError("stream: a message after the reply");
-  }
-  ASSIGN_OR_RETURN(EnvelopeParts parts, SplitMessage(in_, !have_header_));
-  if (!have_header_) {
-    have_header_ = true;
-    ASSIGN_OR_RETURN(v1::RpcResponse h,
-                     ParseHeader<v1::RpcResponse>(parts, "RpcResponse"));
-    if (h.payload_bytes() == 0) {  // The whole reply in one message.
-      reply_ = std::move(parts);
-      reply_complete_ = true;
-      return absl::OkStatus();
-    }
-    RETURN_IF_ERROR(CheckStreamSize(h.payload_bytes(),
-                                    config_.max_message_bytes, *config_.limits,
-                                    "the streamed reply"));
-    config_.stats->replies_received.fetch_add(1, std::memory_order_relaxed);
-    RETURN_IF_ERROR(
-        assembler_.Start(h.payload_bytes(), config_.limits->allocator));
-    reply_header_ = std::move(parts.header);
-  }
-  RETURN_IF_ERROR(assembler_.Add(parts.payload, config_.stats));
-  if (config_.options->after_piece_received) {
-    config_.options->after_piece_received(assembler_.received(),
-                                          assembler_.total());
-  }
-  if (assembler_.complete()) {
-    reply_ = assembler_.Take(std::move(reply_header_));
-    reply_complete_ = true;
-  }
-  return absl::OkStatus();
 }
 
 void ClientStream::Fail(absl::Status error) {
@@ -262,10 +96,10 @@ void ClientStream::OnDone(const grpc::Status& status) {
 absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in,
                                                           SameHostLink link) {
   if (!error_.ok()) return error_;
-  if (!reply_complete_) {
+  if (!receiver_.complete()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("stream: the reply ended after ", assembler_.received(),
-                     " of ", assembler_.total(), " payload bytes"));
+        absl::StrCat("stream: the reply ended after ", receiver_.received(),
+                     " of ", receiver_.total(), " payload bytes"));
   }
   return DecodeReplyParts(reply_, *config_.limits, bytes_in, link);
 }
@@ -279,7 +113,24 @@ class ServerStream final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ServerStream(WorkerService* service, grpc::CallbackServerContext* context)
-      : service_(service), context_(context), start_(absl::Now()) {}
+      : service_(service),
+        context_(context),
+        start_(absl::Now()),
+        receiver_(
+            {&service->options().stream, &service->options().wire_limits,
+             service->options().max_message_bytes, service->stream_stats(),
+             &service->stream_stats()->requests_received},
+            [service](const v1::RpcRequest& h) {
+              return absl::StrCat(
+                  "worker '", service->name(), "': the streamed ",
+                  h.type() == v1::CALL
+                      ? absl::StrCat("arguments of '", h.function(), "'")
+                      : std::string("payload"));
+            },
+            [this](const v1::RpcRequest& h) {
+              ASSIGN_OR_RETURN(slot_, service_->Admit(h, context_->peer()));
+              return absl::OkStatus();
+            }) {}
 
   void OnReadDone(bool ok) override {
     FERRY_TSAN_ACQUIRE(this);
@@ -287,16 +138,18 @@ class ServerStream final
       // The client went away or closed early; nothing was dispatched.
       FinishWith(absl::CancelledError(absl::StrCat(
           "worker '", service_->name(), "': the request stream ended after ",
-          assembler_.received(), " of ", assembler_.total(),
-          " payload bytes")));
+          receiver_.received(), " of ", receiver_.total(), " payload bytes")));
       return;
     }
-    absl::StatusOr<bool> complete = Receive();
+    absl::StatusOr<bool> complete = receiver_.Receive(in_);
     in_.Clear();
     if (!complete.ok()) {
       FinishWith(complete.status());
     } else if (*complete) {
-      Dispatch();
+      auto request = std::make_shared<ReceivedRequest>();
+      request->header = receiver_.header();
+      request->parts = receiver_.Take();
+      Dispatch(std::move(request));
     } else {
       Read();
     }
@@ -342,45 +195,8 @@ class ServerStream final
     stream->Read(&in_);
   }
 
-  // Takes one message; true once the request is complete.
-  absl::StatusOr<bool> Receive() {
-    const bool first = request_ == nullptr;
-    ASSIGN_OR_RETURN(EnvelopeParts parts, SplitMessage(in_, first));
-    if (first) {
-      request_ = std::make_shared<ReceivedRequest>();
-      ASSIGN_OR_RETURN(request_->header,
-                       ParseHeader<v1::RpcRequest>(parts, "RpcRequest"));
-      const v1::RpcRequest& h = request_->header;
-      RETURN_IF_ERROR(CheckStreamSize(
-          h.payload_bytes(), service_->options().max_message_bytes,
-          service_->options().wire_limits,
-          absl::StrCat("worker '", service_->name(), "': the streamed ",
-                       h.type() == v1::CALL
-                           ? absl::StrCat("arguments of '", h.function(), "'")
-                           : std::string("payload"))));
-      ASSIGN_OR_RETURN(slot_, service_->Admit(h, context_->peer()));
-      if (h.payload_bytes() == 0) {
-        request_->parts = std::move(parts);
-        return true;
-      }
-      service_->stream_stats()->requests_received.fetch_add(
-          1, std::memory_order_relaxed);
-      RETURN_IF_ERROR(assembler_.Start(
-          h.payload_bytes(), service_->options().wire_limits.allocator));
-      header_ = std::move(parts.header);
-    }
-    RETURN_IF_ERROR(assembler_.Add(parts.payload, service_->stream_stats()));
-    const StreamOptions& options = service_->options().stream;
-    if (options.after_piece_received) {
-      options.after_piece_received(assembler_.received(), assembler_.total());
-    }
-    if (!assembler_.complete()) return false;
-    request_->parts = assembler_.Take(std::move(header_));
-    return true;
-  }
-
-  void Dispatch() {
-    service_->Serve(start_, std::move(request_), std::move(slot_),
+  void Dispatch(std::shared_ptr<ReceivedRequest> request) {
+    service_->Serve(start_, std::move(request), std::move(slot_),
                     [this](grpc::Status status, EncodedParts* parts) {
                       Reply(std::move(status), parts);
                     });
@@ -448,10 +264,8 @@ class ServerStream final
   grpc::ByteBuffer in_;
   grpc::ByteBuffer out_;
   uint64_t out_bytes_ = 0;
-  std::shared_ptr<ReceivedRequest> request_;
-  std::shared_ptr<void> slot_;
-  std::string header_;
-  PieceAssembler assembler_;
+  std::shared_ptr<void> slot_;  // Set by Admit, before receiver_ allocates.
+  StreamReceiver<v1::RpcRequest> receiver_;
   std::optional<PieceWriter> writer_;
 };
 

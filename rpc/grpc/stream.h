@@ -49,45 +49,11 @@
 #include "absl/time/time.h"
 #include "proto/rpc.pb.h"
 #include "rpc/grpc/codec.h"
+#include "rpc/grpc/stream_pieces.h"
 #include "tensor/storage.h"
 #include "tensor/wire.h"
 
-namespace ferry::rpc {
-
-struct StreamOptions {
-  // false: every message is one unary gRPC message (the path before
-  // streaming; limited to max_message_bytes <= 2 GiB - 1 by gRPC).
-  bool enabled = true;
-  // Requests whose encoded payload has at least this many bytes are
-  // streamed; a streamed request's reply is streamed when it has at least
-  // this many bytes (the callee's setting). Smaller calls stay unary (their
-  // latency is unchanged). Replies to unary requests are never streamed.
-  uint64_t threshold_bytes = uint64_t{1} << 20;
-  // Target size of one piece (pieces are the payload split evenly, each
-  // between this and twice this, the last message possibly smaller).
-  size_t piece_bytes = size_t{1} << 20;
-  // For tests: called on gRPC's thread after each received piece was copied
-  // into place, with the payload bytes received so far and the total. A slow
-  // hook is a slow receiver. Must not block on this agent's calls.
-  std::function<void(uint64_t received, uint64_t total)> after_piece_received;
-};
-
-// Counters of one agent's streamed calls; monotonic.
-struct StreamStats {
-  std::atomic<uint64_t> requests_sent{0};      // Streamed requests started.
-  std::atomic<uint64_t> requests_received{0};  // Streamed requests admitted.
-  std::atomic<uint64_t> replies_sent{0};       // Replies streamed back.
-  std::atomic<uint64_t> replies_received{0};   // Streamed replies begun.
-  // Payload bytes whose write gRPC completed (requests and replies).
-  std::atomic<uint64_t> bytes_sent{0};
-  // Payload bytes copied from received pieces into their destination buffer
-  // (the only copy on receive).
-  std::atomic<uint64_t> bytes_received{0};
-  // Largest received piece Ferry held at once before copying it.
-  std::atomic<uint64_t> max_piece_bytes{0};
-};
-
-namespace grpc_agent {
+namespace ferry::rpc::grpc_agent {
 
 inline constexpr char kCallStreamMethod[] = "/ferry.rpc.v1.Worker/CallStream";
 
@@ -97,51 +63,6 @@ class WorkerService;
 inline bool ShouldStream(const StreamOptions& options, uint64_t bytes) {
   return options.enabled && bytes >= options.threshold_bytes;
 }
-
-// ResourceExhausted when `bytes` is over `max_message_bytes` or the wire
-// limit; `what` names the payload ("worker 'a' sending the arguments of
-// 'f'").
-absl::Status CheckStreamSize(uint64_t bytes, int max_message_bytes,
-                             const WireLimits& limits, const std::string& what);
-
-// Cuts an envelope into CallStream messages. No tensor byte is copied.
-class PieceWriter {
- public:
-  PieceWriter(EncodedParts parts, size_t piece_bytes);
-  // The next message, and the payload bytes in it; false after the last.
-  bool Next(grpc::ByteBuffer* message, uint64_t* payload_bytes);
-  bool last() const { return index_ >= slices_.size(); }
-  uint64_t total_bytes() const { return total_; }
-
- private:
-  std::string header_;  // Sent in the first message only.
-  std::vector<grpc::Slice> slices_;
-  size_t index_ = 0;   // Current slice.
-  size_t offset_ = 0;  // Bytes of it already sent.
-  uint64_t total_ = 0;
-  uint64_t target_ = 0;  // Payload bytes per message.
-  bool started_ = false;
-};
-
-// Puts a streamed payload back together in one aligned buffer.
-class PieceAssembler {
- public:
-  // Allocates `total` bytes (from `allocator`, null: CPU).
-  absl::Status Start(uint64_t total, Allocator* allocator);
-  // Copies the next piece into place; InvalidArgument past the end.
-  absl::Status Add(const std::vector<WireChunk>& piece, StreamStats* stats);
-  bool complete() const { return received_ == total_; }
-  uint64_t received() const { return received_; }
-  uint64_t total() const { return total_; }
-  // The whole envelope: `header` and the payload as one chunk that keeps the
-  // buffer alive (tensors decoded from it adopt it).
-  EnvelopeParts Take(std::string header);
-
- private:
-  Storage storage_;
-  uint64_t total_ = 0;
-  uint64_t received_ = 0;
-};
 
 // One streamed outgoing call. Shared by the agent's OutgoingCall, which the
 // done callback (run from OnDone, the reactor's last event) deletes, and the
@@ -173,7 +94,6 @@ class ClientStream final
 
  private:
   void WriteNext();
-  absl::Status Receive();
   void Fail(absl::Status error);
 
   const Config config_;
@@ -183,11 +103,8 @@ class ClientStream final
   grpc::ByteBuffer out_;
   uint64_t out_bytes_ = 0;
   grpc::ByteBuffer in_;
-  bool have_header_ = false;
-  bool reply_complete_ = false;
-  std::string reply_header_;
-  EnvelopeParts reply_;  // When the reply came in one message.
-  PieceAssembler assembler_;
+  StreamReceiver<v1::RpcResponse> receiver_;
+  EnvelopeParts reply_;  // Once the receiver completed.
   absl::Status error_;
 };
 
@@ -195,7 +112,6 @@ class ClientStream final
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* NewServerStream(
     WorkerService* service, grpc::CallbackServerContext* context);
 
-}  // namespace grpc_agent
-}  // namespace ferry::rpc
+}  // namespace ferry::rpc::grpc_agent
 
 #endif  // FERRY_RPC_GRPC_STREAM_H_

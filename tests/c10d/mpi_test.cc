@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
+#include "tests/util/loopback_store.h"
 #include "tests/util/subprocess.h"
 
 namespace ferry {
@@ -42,12 +43,7 @@ class MpiTest : public ::testing::Test {
     if (mpirun_.empty()) {
       GTEST_SKIP() << "mpirun not found (install openmpi-bin: tools/setup)";
     }
-    TcpStoreOptions o;
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.is_server = true;
-    o.timeout = absl::Seconds(60);
-    auto server = TcpStore::Create(o);
+    auto server = testutil::StartLoopbackStore();
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }

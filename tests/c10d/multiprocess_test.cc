@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "store/tcp_store.h"
+#include "tests/util/loopback_store.h"
 #include "tests/util/subprocess.h"
 
 namespace ferry {
@@ -62,12 +63,7 @@ TEST(C10dMultiProcessTest, FileInitMethodTwoAndFourRanks) {
 }
 
 TEST(C10dMultiProcessTest, TcpStoreThreeRanks) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  o.is_server = true;
-  o.timeout = absl::Seconds(60);
-  auto server = TcpStore::Create(o);
+  auto server = testutil::StartLoopbackStore();
   ASSERT_TRUE(server.ok()) << server.status();
   int port = (*server)->port();
   RunJob(3, [&](int) {
@@ -90,12 +86,7 @@ TEST(C10dMultiProcessTest, EnvInitUnderFerryRun) {
 // TORCHELASTIC_USE_AGENT_STORE=True, and keys live under
 // /worker/attempt_<restart count>. This test plays the agent.
 TEST(C10dMultiProcessTest, EnvInitWithTorchelasticAgentStore) {
-  TcpStoreOptions o;
-  o.host = "127.0.0.1";
-  o.port = 0;
-  o.is_server = true;
-  o.timeout = absl::Seconds(60);
-  auto server = TcpStore::Create(o);
+  auto server = testutil::StartLoopbackStore();
   ASSERT_TRUE(server.ok()) << server.status();
   const int world = 2;
   std::vector<std::unique_ptr<testutil::Subprocess>> workers;

@@ -2,7 +2,6 @@
 // of a 3-process group (model.h) meeting through a TCPStore it serves.
 #include <signal.h>
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,10 +12,10 @@
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "optim/distributed_optimizer.h"
-#include "rpc/grpc/init.h"
+#include "rpc/grpc/agent.h"
 #include "rref/rref.h"
-#include "store/tcp_store_server.h"
 #include "tests/dist_autograd/model.h"
+#include "tests/util/process_group.h"
 #include "tests/util/subprocess.h"
 
 namespace ferry::dist_autograd_test {
@@ -25,64 +24,34 @@ namespace {
 using autograd::dist::ContextScope;
 using autograd::dist::DistAutogradContainer;
 
+// Worker processes of tests/dist_autograd/worker_main beside this one
+// (worker0).
 class Group {
  public:
   absl::Status Start(int world) {
-    TcpStoreServer::Options so;
-    so.host = "127.0.0.1";  // Port 0: the server picks one.
-    ASSIGN_OR_RETURN(server_, TcpStoreServer::Start(so));
-    const std::string port = std::to_string(server_->port());
-    for (int r = 1; r < world; ++r) {
-      testutil::SpawnOptions spawn;
-      spawn.env = {{"RANK", std::to_string(r)},
-                   {"WORLD_SIZE", std::to_string(world)},
-                   {"MASTER_ADDR", "127.0.0.1"},
-                   {"MASTER_PORT", port},
-                   {"FERRY_USE_AGENT_STORE", "1"}};
-      ASSIGN_OR_RETURN(
-          auto child,
-          testutil::Subprocess::Spawn(
-              {testutil::RunfilePath("tests/dist_autograd/worker_main")},
-              spawn));
-      workers_.push_back(std::move(child));
-    }
     rpc::GrpcAgentOptions options;
-    options.join_timeout = absl::Seconds(60);
     options.before_serving = [this](rpc::Agent& agent) -> absl::Status {
       ASSIGN_OR_RETURN(dist_, DistAutogradContainer::Install(agent));
       ASSIGN_OR_RETURN(rrefs_, rref::RRefContext::Create(&agent));
       return absl::OkStatus();
     };
-    setenv("FERRY_USE_AGENT_STORE", "1", 1);
-    ASSIGN_OR_RETURN(
-        agent_, rpc::InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port),
-                             0, world, options));
-    return absl::OkStatus();
+    return procs_.Start(world, "tests/dist_autograd/worker_main",
+                        std::move(options));
   }
-
-  // Worker i's (0-based) exit code; an error if it was killed or is still
-  // running after `timeout`.
   absl::StatusOr<int> Wait(size_t i, absl::Duration timeout) {
-    return workers_[i]->Wait(absl::Now() + timeout);
+    return procs_.Wait(i, timeout);
   }
 
-  ~Group() {
-    if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
-    // Workers still running are killed by their Subprocess destructors.
-  }
-
-  rpc::Agent& agent() { return *agent_; }
+  rpc::Agent& agent() { return procs_.agent(); }
   DistAutogradContainer& dist() { return *dist_; }
   rref::RRefContext& rrefs() { return *rrefs_; }
-  size_t workers() const { return workers_.size(); }
-  testutil::Subprocess& worker(size_t i) { return *workers_[i]; }
+  size_t workers() const { return procs_.workers(); }
+  testutil::Subprocess& worker(size_t i) { return procs_.worker(i); }
 
  private:
-  std::unique_ptr<TcpStoreServer> server_;
   std::shared_ptr<DistAutogradContainer> dist_;
   std::shared_ptr<rref::RRefContext> rrefs_;
-  std::unique_ptr<rpc::GrpcAgent> agent_;
-  std::vector<std::unique_ptr<testutil::Subprocess>> workers_;
+  testutil::ProcessGroup procs_;  // Shuts the agent down first.
 };
 
 void ExpectClose(const Tensor& got, const Tensor& want,

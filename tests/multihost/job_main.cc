@@ -18,8 +18,9 @@
 //                            and answers each with one line
 //                              result <worker|key> OK|<code> <elapsed_ms> <msg>
 //
-// --die_rank: that rank SIGKILLs itself after the RPC ring, while the others
-// enter the all-reduce (a worker killed mid-job).
+// --die_rank: that rank SIGKILLs itself after the RPC ring (once the rank
+// calling it has its answer, through the store), while the others enter the
+// all-reduce (a worker killed mid-job).
 // Flags: --fail_rank / --fail_generation make that rank exit 3
 // in that FERRY_RUN_GENERATION, before joining (ferry_run tests);
 // --c10d_master_port: where c10d's store is when no launcher serves the
@@ -40,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "c10d/backend.h"
 #include "c10d/init.h"
 #include "common/status.h"
 #include "rpc/grpc/init.h"
@@ -135,7 +137,17 @@ absl::Status Batch(Agent& agent, int rank) {
       std::string reply,
       agent.rpc_sync<std::string>(next, "echo", absl::StrCat("hi from ", me)));
   std::printf("rank %d: rpc ok: %s\n", rank, reply.c_str());
-  if (rank == absl::GetFlag(FLAGS_die_rank)) {
+  const int die_rank = absl::GetFlag(FLAGS_die_rank);
+  if (next == die_rank) {
+    // Tells the dying rank its call was answered (else this rank could fail
+    // first, on that call, and be the failure the launcher names).
+    ASSIGN_OR_RETURN(std::unique_ptr<Store> store, ConnectStore());
+    RETURN_IF_ERROR(store->Set("job/answered_by_die_rank", "1"));
+  }
+  if (rank == die_rank) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Store> store, ConnectStore());
+    RETURN_IF_ERROR(
+        store->Wait({"job/answered_by_die_rank"}, absl::Seconds(20)));
     std::printf("rank %d: killing itself\n", rank);
     std::fflush(stdout);
     raise(SIGKILL);
@@ -150,7 +162,10 @@ absl::Status Batch(Agent& agent, int rank) {
     return absl::InternalError(
         absl::StrCat("allreduce: got ", got, ", want ", want));
   }
-  std::printf("rank %d: allreduce ok sum=%g\n", rank, got);
+  // Which backend carried it: "shm" on one host, "gloo" across hosts.
+  ASSIGN_OR_RETURN(c10d::Backend * backend, pg->GetBackend(DeviceType::kCPU));
+  std::printf("rank %d: allreduce ok sum=%g backend=%s\n", rank, got,
+              backend->name().c_str());
   // Store round trip, on a client of its own, across hosts.
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, ConnectStore());
   if (rank == 0) RETURN_IF_ERROR(store->Set("job/key", "from rank 0"));

@@ -2,7 +2,8 @@
 // bridge (tests/multihost/netns_hosts.sh), each with its own 10.213.0.x
 // address. Stated expectations, each asserted:
 //   - a job (RPC, Gloo all-reduce, store) under one ferry_run per host
-//     completes, every worker publishing its host's address;
+//     completes, every worker publishing its host's address, and c10d takes
+//     Gloo (not same-host shared memory) across the namespaces;
 //   - a worker SIGKILLed while two peers' calls to it are in flight: both
 //     callers get an error naming it well within their timeout, and can
 //     still call each other;
@@ -15,10 +16,17 @@
 //     all-reduce): every node's ferry_run exits non-zero naming it, soon;
 //   - the store host killed: a worker waiting on the store gets an error
 //     naming the store within its timeout;
-//   - 20 ms delay and 1% loss (tc netem) on every host: the job completes.
+//   - 20 ms one-way delay and 1% loss on every host's egress (tc netem where
+//     the kernel has sch_netem, else tests/multihost/link_emulator; the log
+//     says which): every rpc_sync pays at least the added round trip (40 ms)
+//     and an all-reduce at least one added one-way delay (20 ms), each
+//     within its timeout, and the job completes within its deadline.
 // Skips with the harness's reason where namespaces cannot be created (not
-// root) and the netem case where the kernel has no netem qdisc.
+// root).
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <map>
 #include <memory>
@@ -46,15 +54,22 @@ constexpr char kIp[] = "/usr/sbin/ip";
 
 class NetnsTest : public ::testing::Test {
  protected:
+  // Extra netns_hosts.sh flags (link shape).
+  virtual std::vector<std::string> HarnessFlags() const { return {}; }
+
   void SetUp() override {
     signal(SIGPIPE, SIG_IGN);  // A killed worker's stdin must not kill us.
-    auto h = Subprocess::Spawn(
-        {RunfilePath("tests/multihost/netns_hosts.sh"), std::to_string(kHosts)},
-        SpawnOptions().PipeStdin().CaptureStdout());
+    std::vector<std::string> argv = {
+        RunfilePath("tests/multihost/netns_hosts.sh"),
+        "--emulator=" + RunfilePath("tests/multihost/link_emulator")};
+    for (std::string& f : HarnessFlags()) argv.push_back(std::move(f));
+    argv.push_back(std::to_string(kHosts));
+    auto h =
+        Subprocess::Spawn(argv, SpawnOptions().PipeStdin().CaptureStdout());
     ASSERT_TRUE(h.ok()) << h.status();
     harness_ = *std::move(h);
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    for (int lines = 0; lines < kHosts + 3; ++lines) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (int lines = 0; lines < 2 * kHosts + 4; ++lines) {
       std::string line = harness_->ReadLine(deadline);
       if (absl::StartsWith(line, "skip: ")) GTEST_SKIP() << line.substr(6);
       ASSERT_FALSE(line.empty() || absl::StartsWith(line, "error"))
@@ -65,12 +80,16 @@ class NetnsTest : public ::testing::Test {
         addr_.push_back(f[3]);
       } else if (f[0] == "switch" && f.size() == 2) {
         switch_ = f[1];
+      } else if (f[0] == "shape") {
+        shape_ = line;
+        std::printf("netns_hosts.sh: %s\n", line.c_str());
       } else if (f[0] == "ready") {
         break;
       }
     }
     ASSERT_EQ(ns_.size(), static_cast<size_t>(kHosts));
     ASSERT_FALSE(switch_.empty());
+    ASSERT_FALSE(shape_.empty());
   }
 
   void TearDown() override {
@@ -88,11 +107,10 @@ class NetnsTest : public ::testing::Test {
     argv.insert(argv.begin(), {kIp, "netns", "exec", ns_[h]});
     SpawnOptions o = SpawnOptions().CaptureStdout().MergeStderr();
     o.pipe_stdin = pipe_stdin;
+    // c10d's default is left alone: the namespaces share /dev/shm and the
+    // boot id, and the job checks that the network namespace alone keeps
+    // it on Gloo, as between real hosts.
     o.env = std::move(env);
-    // The namespaces share this machine's /dev/shm and boot id, so c10d
-    // would take its same-host shared-memory path: keep collectives on the
-    // network, as between real hosts.
-    o.env["FERRY_C10D_SHM"] = "0";
     auto p = Subprocess::Spawn(argv, o);
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *std::move(p) : nullptr;
@@ -147,7 +165,7 @@ class NetnsTest : public ::testing::Test {
                               " at ", addr_[h], ":")))
           << out_h;
       for (const char* step :
-           {"rpc ok", "allreduce ok sum=6", "store ok", "done"}) {
+           {"rpc ok", "allreduce ok sum=6 backend=gloo", "store ok", "done"}) {
         EXPECT_TRUE(
             absl::StrContains(out_h, absl::StrCat("rank ", h, ": ", step)))
             << "host " << h << " missing '" << step << "':\n"
@@ -214,6 +232,7 @@ class NetnsTest : public ::testing::Test {
   std::unique_ptr<Subprocess> harness_;
   std::vector<std::string> ns_, addr_;
   std::string switch_;
+  std::string shape_;  // netns_hosts.sh's "shape ..." line.
   std::vector<std::unique_ptr<Subprocess>> workers_;
 };
 
@@ -327,20 +346,97 @@ TEST_F(NetnsTest, LinkCutFailsCallsInTimeAndTheyRecoverAfterward) {
   EXPECT_EQ(after.code, "OK") << after.line;
 }
 
-TEST_F(NetnsTest, JobCompletesUnderNetemDelayAndLoss) {
-  for (int h = 0; h < kHosts; ++h) {
-    auto [code, out] = RunCommand(
-        {kIp, "netns", "exec", ns_[h], "/usr/sbin/tc", "qdisc", "add", "dev",
-         "eth0", "root", "netem", "delay", "20ms", "loss", "1%"},
-        {}, absl::Seconds(10));
-    if (code != 0 && absl::StrContains(out, "qdisc kind is unknown")) {
-      GTEST_SKIP() << "this kernel has no netem qdisc (sch_netem): " << out;
+// The harness SIGKILLed: its link emulators exit with it (their parent-death
+// signal), and the next harness removes the namespaces it left.
+TEST(NetnsHarnessTest, AKilledHarnessLeavesNoEmulatorAndNoNamespace) {
+  auto h = Subprocess::Spawn(
+      {RunfilePath("tests/multihost/netns_hosts.sh"), "--shape=emulator",
+       "--emulator=" + RunfilePath("tests/multihost/link_emulator"), "2"},
+      SpawnOptions().PipeStdin().CaptureStdout());
+  ASSERT_TRUE(h.ok()) << h.status();
+  std::vector<int> pidfds;
+  std::vector<std::string> namespaces;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (int lines = 0; lines < 10; ++lines) {
+    std::string line = (*h)->ReadLine(deadline);
+    if (absl::StartsWith(line, "skip: ")) GTEST_SKIP() << line.substr(6);
+    ASSERT_FALSE(line.empty() || absl::StartsWith(line, "error")) << line;
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    int pid = 0;
+    if (f[0] == "emulator" && f.size() == 3 && absl::SimpleAtoi(f[2], &pid)) {
+      const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+      ASSERT_GE(fd, 0) << "emulator " << pid << " is not running";
+      pidfds.push_back(fd);
+    } else if (f[0] == "host" && f.size() == 4) {
+      namespaces.push_back(f[2]);
+    } else if (f[0] == "ready") {
+      break;
     }
-    ASSERT_EQ(code, 0) << out;
   }
+  ASSERT_EQ(pidfds.size(), 2u);
+  ASSERT_TRUE((*h)->Signal(SIGKILL).ok());
+  EXPECT_FALSE((*h)->Wait(absl::Now() + absl::Seconds(10)).ok());
+  for (int fd : pidfds) {
+    pollfd p{fd, POLLIN, 0};
+    EXPECT_EQ(poll(&p, 1, 10000), 1) << "an emulator outlived its harness";
+    close(fd);
+  }
+  // A new harness clears what the killed one left.
+  auto next =
+      Subprocess::Spawn({RunfilePath("tests/multihost/netns_hosts.sh"), "1"},
+                        SpawnOptions().PipeStdin().CaptureStdout());
+  ASSERT_TRUE(next.ok()) << next.status();
+  std::string got = (*next)->ReadUntil(
+      absl::Now() + absl::Seconds(60), [](const std::string& t) {
+        return absl::StrContains(t, "ready\n") || absl::StrContains(t, "error");
+      });
+  ASSERT_TRUE(absl::StrContains(got, "ready")) << got;
+  auto [code, list] = RunCommand({kIp, "netns", "list"}, {}, absl::Seconds(10));
+  ASSERT_EQ(code, 0) << list;
+  for (const std::string& ns : namespaces) {
+    EXPECT_FALSE(absl::StrContains(list, ns)) << ns << " left behind:\n"
+                                              << list;
+  }
+  (*next)->CloseStdin();
+  absl::StatusOr<int> done = (*next)->Wait(absl::Now() + absl::Seconds(20));
+  EXPECT_TRUE(done.ok() && *done == 0) << "netns_hosts.sh cleanup";
+}
+
+// Every host's egress delayed 20 ms and 1% of its frames lost.
+class NetnsShapedTest : public NetnsTest {
+ protected:
+  static constexpr int kDelayMs = 20;
+  std::vector<std::string> HarnessFlags() const override {
+    return {absl::StrCat("--delay_us=", kDelayMs * 1000), "--loss_pct=1",
+            "--seed=13"};
+  }
+};
+
+TEST_F(NetnsShapedTest, CallsAndAllReducesPayTheAddedDelayInTime) {
+  ASSERT_NO_FATAL_FAILURE(StartInteractive(29505, /*with_c10d=*/true));
+  // A round trip crosses two shaped egresses (caller's, callee's).
+  for (int i = 0; i < 5; ++i) {
+    CallResult r = Send(0, "call worker1 5000", absl::Seconds(10));
+    std::printf("rpc_sync worker0 -> worker1: %s\n", r.line.c_str());
+    EXPECT_EQ(r.code, "OK") << r.line;
+    EXPECT_GE(r.ms, 2 * kDelayMs) << r.line;
+  }
+  // An all-reduce needs data from another host: at least one egress.
+  for (auto& w : workers_) {
+    ASSERT_TRUE(w->WriteStdin("allreduce - 15000\n").ok());
+  }
+  for (int h = 0; h < kHosts; ++h) {
+    CallResult r = ReadResult(h, absl::Seconds(20));
+    std::printf("all-reduce on host %d: %s\n", h, r.line.c_str());
+    EXPECT_EQ(r.code, "OK") << r.line;
+    EXPECT_GE(r.ms, kDelayMs) << r.line;
+  }
+}
+
+TEST_F(NetnsShapedTest, JobCompletesUnderDelayAndLoss) {
   const absl::Time start = absl::Now();
-  ExpectJobDone(RunJobOnEveryHost());
-  std::printf("job under netem 20ms/1%%: %s\n",
+  ExpectJobDone(RunJobOnEveryHost());  // Each node within 60 s.
+  std::printf("job under the shaped links: %s\n",
               absl::FormatDuration(absl::Now() - start).c_str());
 }
 

@@ -18,10 +18,10 @@
 #include "common/status.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/init.h"
+#include "rpc/grpc/agent.h"
 #include "rref/rref.h"
-#include "store/tcp_store_server.h"
 #include "tests/rref/counter.h"
+#include "tests/util/process_group.h"
 #include "tests/util/subprocess.h"
 
 namespace ferry::rref {
@@ -85,26 +85,7 @@ struct Heard {
 class ElasticGroup : public ::testing::Test {
  protected:
   void SetUp() override {
-    TcpStoreServer::Options so;
-    so.host = "127.0.0.1";
-    absl::StatusOr<std::unique_ptr<TcpStoreServer>> server =
-        TcpStoreServer::Start(so);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    port_ = std::to_string(server_->port());
-    testutil::SpawnOptions spawn;
-    spawn.env = {{"RANK", "1"},
-                 {"WORLD_SIZE", "2"},
-                 {"MASTER_ADDR", "127.0.0.1"},
-                 {"MASTER_PORT", port_},
-                 {"FERRY_USE_AGENT_STORE", "1"}};
-    absl::StatusOr<std::unique_ptr<testutil::Subprocess>> w1 =
-        testutil::Subprocess::Spawn(
-            {testutil::RunfilePath("tests/rref/worker_main")}, spawn);
-    ASSERT_TRUE(w1.ok()) << w1.status();
-    worker1_ = *std::move(w1);
     rpc::GrpcAgentOptions options;
-    options.join_timeout = kWait;
     options.before_serving = [this](rpc::Agent& agent) {
       RETURN_IF_ERROR(testing::InstallRRefTestLayer(agent, &ctx_));
       // Hands each trainer a fork of the counter this worker owns.
@@ -119,11 +100,9 @@ class ElasticGroup : public ::testing::Test {
           });
       return absl::OkStatus();
     };
-    setenv("FERRY_USE_AGENT_STORE", "1", 1);
-    absl::StatusOr<std::unique_ptr<rpc::GrpcAgent>> agent = rpc::InitRpc(
-        "worker0", absl::StrCat("tcp://127.0.0.1:", port_), 0, 2, options);
-    ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = *std::move(agent);
+    absl::Status started =
+        procs_.Start(2, "tests/rref/worker_main", std::move(options));
+    ASSERT_TRUE(started.ok()) << started;
     MutexLock lock(&mu_);
     counter_ = remote<Counter>(*ctx_, "worker0", "Counter", 0);
   }
@@ -133,8 +112,7 @@ class ElasticGroup : public ::testing::Test {
       MutexLock lock(&mu_);
       counter_ = RRef<Counter>();
     }
-    ctx_.reset();
-    if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
+    ctx_.reset();  // procs_ shuts the agent down after.
   }
 
   // Forks of the counter registered at worker0, by holder id.
@@ -156,14 +134,13 @@ class ElasticGroup : public ::testing::Test {
     return heard_.changes[name];
   }
 
-  std::unique_ptr<TcpStoreServer> server_;
-  std::string port_;
-  std::unique_ptr<testutil::Subprocess> worker1_;
-  std::unique_ptr<rpc::GrpcAgent> agent_;
   std::shared_ptr<RRefContext> ctx_;
   Mutex mu_;
   RRef<Counter> counter_ ABSL_GUARDED_BY(mu_);
   Heard heard_;
+  // Worker1 beside this worker0; declared last, so its agent stops before
+  // the members its listeners use go.
+  testutil::ProcessGroup procs_;
 };
 
 TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
@@ -171,7 +148,8 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
   std::vector<std::unique_ptr<Trainer>> trainers;
   std::vector<int> ids;
   for (const char* name : {"trainer1", "trainer2"}) {
-    absl::StatusOr<std::unique_ptr<Trainer>> t = Trainer::Spawn(name, port_);
+    absl::StatusOr<std::unique_ptr<Trainer>> t =
+        Trainer::Spawn(name, procs_.port());
     ASSERT_TRUE(t.ok()) << t.status();
     trainers.push_back(*std::move(t));
   }
@@ -181,13 +159,13 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
     ids.push_back(*id);
     // worker0 knew the trainer before its Join returned.
     const std::string name = absl::StrCat("trainer", i + 1);
-    absl::StatusOr<rpc::WorkerInfo> info = agent_->GetWorkerInfo(name);
+    absl::StatusOr<rpc::WorkerInfo> info = procs_.agent().GetWorkerInfo(name);
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->id, *id);
     EXPECT_GE(*id, 2);  // After the static ranks.
   }
   EXPECT_NE(ids[0], ids[1]);
-  EXPECT_EQ(agent_->world_size(), 4);
+  EXPECT_EQ(procs_.agent().world_size(), 4);
   EXPECT_EQ(trainers[0]->Do("work 5"), "did 5 10");
   EXPECT_EQ(trainers[1]->Do("work 7"), "did 12 14");
   std::vector<int> holders = CounterHolders();
@@ -196,8 +174,8 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
   std::sort(sorted_ids.begin(), sorted_ids.end());
   EXPECT_EQ(holders, sorted_ids);
   // worker0 calls a trainer too.
-  absl::StatusOr<int64_t> sum =
-      agent_->rpc_sync<int64_t>("trainer2", "add", int64_t{1}, int64_t{2});
+  absl::StatusOr<int64_t> sum = procs_.agent().rpc_sync<int64_t>(
+      "trainer2", "add", int64_t{1}, int64_t{2});
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(*sum, 3);
 
@@ -209,12 +187,12 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
     EXPECT_EQ(*code, 0);
   }
   EXPECT_TRUE(CounterHolders().empty());
-  EXPECT_EQ(agent_->world_size(), 2);
-  for (int id : ids) EXPECT_TRUE(agent_->HasLeft(id));
+  EXPECT_EQ(procs_.agent().world_size(), 2);
+  for (int id : ids) EXPECT_TRUE(procs_.agent().HasLeft(id));
   EXPECT_EQ(HeardOf("trainer1"),
             (std::vector<MembershipChange>{MembershipChange::kJoined,
                                            MembershipChange::kLeft}));
-  absl::Status gone = agent_->rpc_sync("trainer1", "pid").status();
+  absl::Status gone = procs_.agent().rpc_sync("trainer1", "pid").status();
   EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
   EXPECT_TRUE(absl::StrContains(gone.message(), "'trainer1'")) << gone;
   EXPECT_TRUE(absl::StrContains(gone.message(), "left the group")) << gone;
@@ -227,11 +205,11 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
     counter = counter_;
   }
   absl::StatusOr<int64_t> from_worker1 =
-      agent_->rpc_sync<int64_t>("worker1", "counter_add", counter, 1);
+      procs_.agent().rpc_sync<int64_t>("worker1", "counter_add", counter, 1);
   ASSERT_TRUE(from_worker1.ok()) << from_worker1.status();
   EXPECT_EQ(*from_worker1, 13);
   absl::StatusOr<std::unique_ptr<Trainer>> again =
-      Trainer::Spawn("trainer1", port_);
+      Trainer::Spawn("trainer1", procs_.port());
   ASSERT_TRUE(again.ok()) << again.status();
   absl::StatusOr<int> id = (*again)->Joined();
   ASSERT_TRUE(id.ok()) << id.status();
@@ -251,7 +229,7 @@ TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {
   }
   absl::Status down = ctx_->Shutdown(kWait);
   EXPECT_TRUE(down.ok()) << down;
-  absl::StatusOr<int> w1 = worker1_->Wait(absl::Now() + kWait);
+  absl::StatusOr<int> w1 = procs_.Wait(0, kWait);
   ASSERT_TRUE(w1.ok()) << w1.status();
   EXPECT_EQ(*w1, 0);
 }
