@@ -39,6 +39,8 @@ absl::Status ThreadPoolExecutor::Submit(Task task, CancelCallback on_cancel) {
                      options_.max_queue, " pending tasks)"));
   }
   queue_.push_back(Entry{std::move(task), std::move(on_cancel)});
+  // One task wakes one thread (an Await on mu_ would wake every idle one).
+  work_.Signal();
   return absl::OkStatus();
 }
 
@@ -61,6 +63,7 @@ absl::Status ThreadPoolExecutor::Shutdown(ShutdownMode mode) {
     MutexLock lock(&mu_);
     stopping_ = true;
     if (mode == ShutdownMode::kCancelPending) cancelled.swap(queue_);
+    work_.SignalAll();
   }
   for (Entry& e : cancelled) {
     if (e.on_cancel) {
@@ -83,14 +86,11 @@ absl::Status ThreadPoolExecutor::Shutdown(ShutdownMode mode) {
 void ThreadPoolExecutor::WorkerLoop() {
   ScopedLogLabel label(options_.log_label.empty() ? ScopedLogLabel::Current()
                                                   : options_.log_label);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !queue_.empty();
-  };
   while (true) {
     Entry e;
     {
       MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(&ready));
+      while (!stopping_ && queue_.empty()) work_.Wait(&mu_);
       if (queue_.empty()) return;  // Stopping and drained.
       e = std::move(queue_.front());
       queue_.pop_front();

@@ -87,6 +87,8 @@ class ThreadPoolExecutor final : public Executor {
   mutable Mutex mu_;
   std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Signalled once per queued task, and to all threads on shutdown.
+  CondVar work_;
   // Serializes joiners; threads_ is written only in the constructor.
   Mutex join_mu_ ABSL_ACQUIRED_AFTER(mu_);
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;

@@ -157,6 +157,8 @@ template <typename T>
 struct ProducerToken {
   explicit ProducerToken(std::shared_ptr<State<T>> s) : state(std::move(s)) {}
   ~ProducerToken() {
+    // Most states are complete by now: skip building the error.
+    if (state->IsReady()) return;
     state->Complete(
         absl::CancelledError("promise abandoned: its producer "
                              "was destroyed without completing it"));

@@ -200,30 +200,95 @@ Future<Message> Agent::Dispatch(Message request) {
   });
 }
 
-Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
-  Handler handler = FindHandler(type);
-  if (handler == nullptr) {
-    return MakeErrorFuture<Message>(absl::UnimplementedError(absl::StrCat(
-        "worker '", self_.name, "' does not serve message type ",
-        MessageTypeName(type), " (", static_cast<uint32_t>(type), ")")));
-  }
+namespace {
+
+// A future, and the ReplyCallback that completes it.
+std::pair<Future<Message>, absl::AnyInvocable<void(Result<Message>)>>
+FutureReply() {
   Promise<Message> reply;
   Future<Message> out = reply.GetFuture();
-  absl::Status submitted = executor_->Submit(
-      [this, handler = std::move(handler), receive = std::move(receive),
-       reply]() mutable {
-        Serve(handler, receive())
-            .OnComplete(
-                [reply = std::move(reply)](const Result<Message>& r) mutable {
-                  reply.Set(r);
-                });
-      },
-      [reply](const absl::Status& s) mutable { reply.SetError(s); });
-  if (!submitted.ok()) {
-    reply.SetError(Annotate(submitted, absl::StrCat("worker '", self_.name,
-                                                    "' queueing a request")));
-  }
+  return {std::move(out),
+          [reply = std::move(reply)](Result<Message> r) mutable {
+            reply.Set(std::move(r));
+          }};
+}
+
+}  // namespace
+
+Future<Message> Agent::Dispatch(MessageType type, Receiver receive) {
+  auto [out, done] = FutureReply();
+  DispatchTo(type, nullptr, nullptr, std::move(receive), std::move(done));
   return out;
+}
+
+Future<Message> Agent::Dispatch(MessageType type, const std::string& function,
+                                Receiver receive) {
+  auto [out, done] = FutureReply();
+  Dispatch(type, function, std::move(receive), std::move(done));
+  return out;
+}
+
+void Agent::Dispatch(MessageType type, const std::string& function,
+                     Receiver receive, ReplyCallback done) {
+  // kCall's handler is built in: a registered function is served directly
+  // (one registry lookup); an unknown one by ServeCall, which names it.
+  std::shared_ptr<const FunctionEntry> entry =
+      type == MessageType::kCall ? registry_->Find(function) : nullptr;
+  DispatchTo(type, std::move(entry), nullptr, std::move(receive),
+             std::move(done));
+}
+
+void Agent::DispatchTo(MessageType type,
+                       std::shared_ptr<const FunctionEntry> entry,
+                       Handler handler, Receiver receive, ReplyCallback done) {
+  // Before the group is known the request waits for it (AwaitGroup): on the
+  // executor, never on the transport's thread.
+  if (entry != nullptr && entry->non_blocking &&
+      joined_.load(std::memory_order_acquire)) {
+    Serve([this,
+           &entry](Message m) { return ServeFunction(*entry, std::move(m)); },
+          receive(), std::move(done));
+    return;
+  }
+  if (entry == nullptr && handler == nullptr) {
+    handler = FindHandler(type);
+    if (handler == nullptr) {
+      done(absl::UnimplementedError(absl::StrCat(
+          "worker '", self_.name, "' does not serve message type ",
+          MessageTypeName(type), " (", static_cast<uint32_t>(type), ")")));
+      return;
+    }
+  }
+  // One allocation shared by the task and its cancellation: `done` is
+  // called by whichever of them runs (or below, when the executor refuses).
+  struct Pending {
+    std::shared_ptr<const FunctionEntry> entry;
+    Handler handler;
+    Receiver receive;
+    ReplyCallback done;
+  };
+  auto pending =
+      std::make_shared<Pending>(Pending{std::move(entry), std::move(handler),
+                                        std::move(receive), std::move(done)});
+  absl::Status submitted = executor_->Submit(
+      [this, pending] {
+        Pending& p = *pending;
+        if (p.entry != nullptr) {
+          Serve(
+              [this, &p](Message m) {
+                return ServeFunction(*p.entry, std::move(m));
+              },
+              p.receive(), std::move(p.done));
+        } else {
+          Serve([&p](Message m) -> Answer { return p.handler(std::move(m)); },
+                p.receive(), std::move(p.done));
+        }
+      },
+      [pending](const absl::Status& s) { pending->done(s); });
+  if (!submitted.ok()) {
+    pending->done(Annotate(submitted, absl::StrCat("worker '", self_.name,
+                                                   "' queueing a request")));
+  }
 }
 
 absl::Status Agent::AwaitGroup(const Message& request) {
@@ -252,34 +317,16 @@ int Agent::requests_awaiting_group() const {
   return awaiting_group_;
 }
 
-Future<Message> Agent::Dispatch(MessageType type, const std::string& function,
-                                Receiver receive) {
-  if (type == MessageType::kCall) {
-    std::shared_ptr<const FunctionEntry> entry = registry_->Find(function);
-    // Before the group is known the request waits for it (AwaitGroup): on
-    // the executor, never on the transport's thread.
-    if (entry != nullptr && entry->non_blocking &&
-        joined_.load(std::memory_order_acquire)) {
-      return Serve(
-          [this, &entry](Message m) {
-            return ServeFunction(*entry, std::move(m));
-          },
-          receive());
-    }
-  }
-  return Dispatch(type, std::move(receive));
-}
-
 namespace {
 
 // The handler's reply, answering request `id` of `type`, through the send
 // interceptors (run with the request's `context` installed).
 Result<Message> FinishReply(
-    const Result<Message>& r, GlobalId id, MessageType type,
+    Result<Message> r, GlobalId id, MessageType type,
     const std::shared_ptr<const std::vector<Interceptor>>& interceptors,
     const WorkerInfo& peer, const ContextEntries& context) {
-  if (!r.ok()) return r.status();
-  Message m = *r;
+  if (!r.ok()) return r;
+  Message& m = *r;
   m.id = id;
   if (m.type == MessageType::kUnspecified) m.type = type;
   if (interceptors != nullptr) {
@@ -288,23 +335,31 @@ Result<Message> FinishReply(
       RETURN_IF_ERROR(i(InterceptPoint::kSendReply, peer, m));
     }
   }
-  return m;
+  return r;
 }
 
 }  // namespace
 
-Future<Message> Agent::Serve(
-    absl::FunctionRef<Future<Message>(Message)> handler,
-    absl::StatusOr<Message> received) {
-  if (!received.ok()) return MakeErrorFuture<Message>(received.status());
+void Agent::Serve(absl::FunctionRef<Answer(Message)> handler,
+                  absl::StatusOr<Message> received, ReplyCallback done) {
+  // The scopes ServeNow installs end before `done` runs.
+  std::optional<Result<Message>> now =
+      ServeNow(handler, std::move(received), done);
+  if (now.has_value()) done(*std::move(now));
+}
+
+std::optional<Result<Message>> Agent::ServeNow(
+    absl::FunctionRef<Answer(Message)> handler,
+    absl::StatusOr<Message> received, ReplyCallback& done) {
+  if (!received.ok()) return Result<Message>(received.status());
   Message request = *std::move(received);
   if (absl::Status known = AwaitGroup(request); !known.ok()) {
-    return MakeErrorFuture<Message>(known);
+    return Result<Message>(known);
   }
   ScopedContext installed_context(request.context);
   ScopedLogLabel label(log_label_);
   if (absl::Now() > request.deadline) {
-    return MakeErrorFuture<Message>(absl::DeadlineExceededError(absl::StrCat(
+    return Result<Message>(absl::DeadlineExceededError(absl::StrCat(
         "the caller's deadline passed before ", request.DebugString(),
         " started on worker '", self_.name, "'")));
   }
@@ -314,7 +369,7 @@ Future<Message> Agent::Serve(
     peer = PeerInfo(request.caller_id, request.caller_name);
     absl::Status s =
         Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
-    if (!s.ok()) return MakeErrorFuture<Message>(s);
+    if (!s.ok()) return Result<Message>(s);
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;
@@ -322,16 +377,23 @@ Future<Message> Agent::Serve(
   // thread completes the handler.
   ContextEntries reply_context =
       interceptors != nullptr ? request.context : ContextEntries();
-  Future<Message> handled = handler(std::move(request));
-  if (handled.IsReady()) {
-    return MakeReadyFuture<Message>(FinishReply(
-        handled.result(), id, type, interceptors, peer, reply_context));
+  Answer answer = handler(std::move(request));
+  if (auto* ready = std::get_if<Result<Message>>(&answer)) {
+    return FinishReply(std::move(*ready), id, type, interceptors, peer,
+                       reply_context);
   }
-  return handled.Then(
+  Future<Message>& handled = std::get<Future<Message>>(answer);
+  if (handled.IsReady()) {
+    return FinishReply(handled.result(), id, type, interceptors, peer,
+                       reply_context);
+  }
+  handled.OnComplete(
       [interceptors = std::move(interceptors), peer = std::move(peer),
-       context = std::move(reply_context), id, type](const Result<Message>& r) {
-        return FinishReply(r, id, type, interceptors, peer, context);
+       context = std::move(reply_context), id, type,
+       done = std::move(done)](const Result<Message>& r) mutable {
+        done(FinishReply(r, id, type, interceptors, peer, context));
       });
+  return std::nullopt;
 }
 
 Future<Message> Agent::ServeCall(Message request) {
@@ -344,7 +406,11 @@ Future<Message> Agent::ServeCall(Message request) {
         "worker '", self_.name, "' has no function '", request.function,
         "' (registered: ", absl::StrJoin(names, ", "), ")")));
   }
-  return ServeFunction(*entry, std::move(request));
+  Answer answer = ServeFunction(*entry, std::move(request));
+  if (auto* ready = std::get_if<Result<Message>>(&answer)) {
+    return MakeReadyFuture<Message>(std::move(*ready));
+  }
+  return std::get<Future<Message>>(std::move(answer));
 }
 
 namespace {
@@ -366,8 +432,8 @@ absl::StatusOr<Message> FunctionReply(const Result<Value>& r,
 
 }  // namespace
 
-Future<Message> Agent::ServeFunction(const FunctionEntry& entry,
-                                     Message request) {
+Agent::Answer Agent::ServeFunction(const FunctionEntry& entry,
+                                   Message request) {
   CallContext ctx;
   ctx.caller_name = std::move(request.caller_name);
   ctx.caller_id = request.caller_id;
@@ -376,8 +442,7 @@ Future<Message> Agent::ServeFunction(const FunctionEntry& entry,
   ctx.deadline = request.deadline;
   Future<Value> result = entry.fn(ctx, request.payload);
   if (result.IsReady()) {
-    return MakeReadyFuture<Message>(
-        FunctionReply(result.result(), self_.name, ctx.function));
+    return FunctionReply(result.result(), self_.name, ctx.function);
   }
   return result.Then(
       [self = self_.name, function = std::move(ctx.function)](

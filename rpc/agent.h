@@ -257,7 +257,10 @@ class Agent {
   template <typename R = Value, typename... A>
   Result<R> rpc_sync(const WorkerRef& to, const std::string& function,
                      A&&... args) {
-    return rpc_async<R>(to, function, std::forward<A>(args)...).Get();
+    // Converted after the wait: no continuation future per call.
+    return TypedResult<R>(
+        CallAsync(to, function, Value::List{ToValue(std::forward<A>(args))...})
+            .Get());
   }
   // The same with a per-call timeout instead of Options::rpc_timeout.
   template <typename R = Value, typename... A>
@@ -269,8 +272,10 @@ class Agent {
   template <typename R = Value, typename... A>
   Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
                          const std::string& function, A&&... args) {
-    return rpc_async_for<R>(timeout, to, function, std::forward<A>(args)...)
-        .Get();
+    return TypedResult<R>(
+        CallAsync(to, function, Value::List{ToValue(std::forward<A>(args))...},
+                  timeout)
+            .Get());
   }
 
   // See the header comment. `timeout` bounds the whole shutdown.
@@ -315,6 +320,14 @@ class Agent {
   // future is usually complete on return. Otherwise as above.
   Future<Message> Dispatch(MessageType type, const std::string& function,
                            Receiver receive);
+  // The same, handing the reply (interceptors run) or the error to `done`
+  // instead of a future: called exactly once, on the thread that finished
+  // the request (often before Dispatch returns). No future is made for a
+  // function whose result is ready, so a transport's per-call path pays for
+  // none.
+  using ReplyCallback = absl::AnyInvocable<void(Result<Message>)>;
+  void Dispatch(MessageType type, const std::string& function, Receiver receive,
+                ReplyCallback done);
 
   // Stops the executor (draining or cancelling queued handlers). Idempotent.
   // Also ends the wait of requests that arrived before the group was known.
@@ -363,16 +376,23 @@ class Agent {
   Future<Message> ServeMembership(Message request);
 
   template <typename R>
+  static Result<R> TypedResult(Result<Value> v) {
+    if constexpr (std::is_same_v<R, Value>) {
+      return v;
+    } else if constexpr (std::is_void_v<R>) {
+      return v.status();
+    } else {
+      if (!v.ok()) return v.status();
+      return FromValue<R>(*v);
+    }
+  }
+  template <typename R>
   static Future<R> Typed(Future<Value> f) {
     if constexpr (std::is_same_v<R, Value>) {
       return f;
-    } else if constexpr (std::is_void_v<R>) {
-      return f.Then(
-          [](const Result<Value>& v) -> absl::Status { return v.status(); });
     } else {
-      return f.Then([](const Result<Value>& v) -> absl::StatusOr<R> {
-        if (!v.ok()) return v.status();
-        return FromValue<R>(*v);
+      return f.Then([](const Result<Value>& v) -> Result<R> {
+        return TypedResult<R>(v);
       });
     }
   }
@@ -387,12 +407,25 @@ class Agent {
   Handler FindHandler(MessageType type) const;
   // Waits until the group is known; the error says why it is not.
   absl::Status AwaitGroup(const Message& request);
+  // What serving a request gives: the reply now, or a future of it.
+  using Answer = std::variant<Result<Message>, Future<Message>>;
+  // Serves the request `receive` gives with `entry` (a kCall function) or,
+  // when null, `handler`; on this thread or, unless `entry` is non-blocking
+  // and the group known, on the executor. Calls `done` once.
+  void DispatchTo(MessageType type, std::shared_ptr<const FunctionEntry> entry,
+                  Handler handler, Receiver receive, ReplyCallback done);
   // Runs `handler` on `request` with its context installed, after the deadline
-  // check and the receive interceptors; the reply passes the send ones.
-  Future<Message> Serve(absl::FunctionRef<Future<Message>(Message)> handler,
-                        absl::StatusOr<Message> request);
+  // check and the receive interceptors; the reply passes the send ones and
+  // goes to `done` (once, here or where the handler's future completes).
+  void Serve(absl::FunctionRef<Answer(Message)> handler,
+             absl::StatusOr<Message> request, ReplyCallback done);
+  // Serve up to the handler's answer; a ready reply is returned, a pending
+  // one handed to `done` (then nullopt).
+  std::optional<Result<Message>> ServeNow(
+      absl::FunctionRef<Answer(Message)> handler,
+      absl::StatusOr<Message> request, ReplyCallback& done);
   Future<Message> ServeCall(Message request);
-  Future<Message> ServeFunction(const FunctionEntry& entry, Message request);
+  Answer ServeFunction(const FunctionEntry& entry, Message request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
   // Worker `id`, present or departed; {"", id, ""} when unknown.
   WorkerInfo KnownWorker(int id) const;

@@ -72,13 +72,15 @@ void ForEachTensor(Value& value, const std::function<void(Tensor&)>& fn) {
 }
 
 std::string DescribeTarget(const std::string& worker, const Message& message) {
-  if (message.type == MessageType::kCall ||
-      message.type == MessageType::kRemoteCall) {
-    return absl::StrCat("worker '", worker, "' function '", message.function,
-                        "'");
+  return DescribeTarget(worker, message.type, message.function);
+}
+
+std::string DescribeTarget(const std::string& worker, MessageType type,
+                           const std::string& function) {
+  if (type == MessageType::kCall || type == MessageType::kRemoteCall) {
+    return absl::StrCat("worker '", worker, "' function '", function, "'");
   }
-  return absl::StrCat("worker '", worker, "' message ",
-                      MessageTypeName(message.type));
+  return absl::StrCat("worker '", worker, "' message ", MessageTypeName(type));
 }
 
 }  // namespace ferry::rpc

@@ -106,6 +106,9 @@ void ForEachTensor(Value& value, const std::function<void(Tensor&)>& fn);
 // "worker 'b' function 'add'" for calls, "worker 'b' message RREF_FETCH"
 // for other types: how errors name a message's target.
 std::string DescribeTarget(const std::string& worker, const Message& message);
+// The same from a message's type and function name.
+std::string DescribeTarget(const std::string& worker, MessageType type,
+                           const std::string& function);
 
 }  // namespace ferry::rpc
 

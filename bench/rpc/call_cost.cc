@@ -14,6 +14,8 @@
 //   ferry          rpc_sync to a no-op function run on the agent's executor
 //   ferry_inline   rpc_sync to a no-op registered non-blocking (served on
 //                  gRPC's thread)
+//   ferry_tensor4  rpc_sync echoing a 4-float tensor, on the executor
+//   ferry_tensor4_inline  the same registered non-blocking
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
@@ -29,9 +31,11 @@
 #include "proto/rpc.grpc.pb.h"
 #include "rpc/grpc/agent.h"
 #include "store/hash_store.h"
+#include "tensor/tensor.h"
 
 ABSL_FLAG(std::string, mode, "ferry",
-          "grpc_sync, grpc_callback, ferry or ferry_inline");
+          "grpc_sync, grpc_callback, ferry, ferry_inline, ferry_tensor4 or "
+          "ferry_tensor4_inline");
 ABSL_FLAG(int, calls, 1000, "Round trips to make.");
 
 namespace ferry {
@@ -88,10 +92,14 @@ int RunGrpc(bool callback, int calls) {
   return 0;
 }
 
-int RunFerry(const std::string& function, int calls) {
+// Calls `function` (a no-op, or with `tensor4` an echo of a 4-float tensor).
+int RunFerry(const std::string& function, bool tensor4, int calls) {
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   if (!registry->Register("noop", [] {}).ok() ||
-      !registry->RegisterNonBlocking("noop_inline", [] {}).ok()) {
+      !registry->RegisterNonBlocking("noop_inline", [] {}).ok() ||
+      !registry->Register("echo", [](Tensor t) { return t; }).ok() ||
+      !registry->RegisterNonBlocking("echo_inline", [](Tensor t) { return t; })
+           .ok()) {
     return Fail("register");
   }
   auto store = std::make_shared<HashStore>();
@@ -107,8 +115,11 @@ int RunFerry(const std::string& function, int calls) {
   for (auto& a : agents) {
     if (!a.ok()) return Fail(a.status().ToString());
   }
+  const Tensor four = from_vector<float>({1, 2, 3, 4});
   for (int i = 0; i < calls; ++i) {
-    absl::Status s = (*agents[0])->rpc_sync<void>(1, function);
+    absl::Status s =
+        tensor4 ? (*agents[0])->rpc_sync<Tensor>(1, function, four).status()
+                : (*agents[0])->rpc_sync<void>(1, function);
     if (!s.ok()) return Fail(s.ToString());
   }
   std::thread down([&] { (*agents[1])->Shutdown().IgnoreError(); });
@@ -126,8 +137,13 @@ int main(int argc, char** argv) {
   const int calls = absl::GetFlag(FLAGS_calls);
   if (mode == "grpc_sync") return ferry::RunGrpc(false, calls);
   if (mode == "grpc_callback") return ferry::RunGrpc(true, calls);
-  if (mode == "ferry") return ferry::RunFerry("noop", calls);
-  if (mode == "ferry_inline") return ferry::RunFerry("noop_inline", calls);
+  if (mode == "ferry") return ferry::RunFerry("noop", false, calls);
+  if (mode == "ferry_inline")
+    return ferry::RunFerry("noop_inline", false, calls);
+  if (mode == "ferry_tensor4") return ferry::RunFerry("echo", true, calls);
+  if (mode == "ferry_tensor4_inline") {
+    return ferry::RunFerry("echo_inline", true, calls);
+  }
   std::fprintf(stderr, "call_cost: unknown --mode=%s\n", mode.c_str());
   return 2;
 }

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <utility>
 
@@ -48,10 +49,10 @@ std::string HostOf(const std::string& address) {
 
 // "calling 'f'" / "sending RREF_FETCH": the prefix of errors a peer already
 // worded.
-std::string Sending(const Message& m) {
-  return m.type == MessageType::kCall
-             ? absl::StrCat("calling '", m.function, "'")
-             : absl::StrCat("sending ", MessageTypeName(m.type));
+std::string Sending(MessageType type, const std::string& function) {
+  return type == MessageType::kCall
+             ? absl::StrCat("calling '", function, "'")
+             : absl::StrCat("sending ", MessageTypeName(type));
 }
 
 }  // namespace
@@ -65,11 +66,11 @@ struct GrpcAgent::Peer {
 
 struct GrpcAgent::OutgoingCall {
   uint64_t id = 0;
-  std::string target;   // DescribeTarget(peer, request)
-  std::string sending;  // Sending(request)
-  std::string stats_key;
-  int peer = -1;
-  std::string peer_address;
+  MessageType type = MessageType::kUnspecified;
+  std::string function;  // The request's (the stats key of a call).
+  // The channel the call went on; its info names the peer in errors (texts
+  // are made only when needed).
+  std::shared_ptr<Peer> peer;
   absl::Duration timeout;
   absl::Time start;
   grpc::ClientContext context;
@@ -81,6 +82,11 @@ struct GrpcAgent::OutgoingCall {
   // Keeps a same-host payload readable until the call ends.
   std::shared_ptr<void> same_host_lease;
   Promise<Message> promise;
+
+  // DescribeTarget of the request.
+  std::string Target() const {
+    return DescribeTarget(peer->info.name, type, function);
+  }
 };
 
 struct GrpcAgent::Probe {
@@ -353,7 +359,7 @@ void GrpcAgent::StopServing(bool drain, absl::Time server_deadline) {
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (auto& [id, call] : outgoing_) call->context.TryCancel();
+    for (OutgoingCall* call : outgoing_) call->context.TryCancel();
     for (Probe* probe : probes_) probe->context.TryCancel();
   }
   if (server_ != nullptr) {
@@ -378,13 +384,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
                                     absl::Duration timeout) {
   auto call = std::make_unique<OutgoingCall>();
   call->id = request.id.value();
-  call->target = DescribeTarget(to.name, request);
-  call->sending = Sending(request);
-  call->stats_key = request.type == MessageType::kCall
-                        ? request.function
-                        : MessageTypeName(request.type);
-  call->peer = to.id;
-  call->peer_address = to.address;
+  call->type = request.type;
   call->timeout = timeout;
   call->start = absl::Now();
   absl::StatusOr<grpc_agent::EncodedParts> encoded =
@@ -398,8 +398,11 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     grpc_agent::OfferSameHost(*encoded, {same_host_.get(), to.id},
                               &call->same_host_lease);
   }
-  if (encoded.ok() &&
-      grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes())) {
+  // An empty payload (no arguments) is never streamed: nothing to stream.
+  const bool streamed =
+      encoded.ok() && encoded->bytes() > 0 &&
+      grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes());
+  if (streamed) {
     absl::Status size = grpc_agent::CheckStreamSize(
         encoded->bytes(), grpc_options_.max_message_bytes,
         grpc_options_.wire_limits, "the payload");
@@ -415,7 +418,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
                            to.name, "'")));
   }
   call->bytes_out = payload_bytes;
-  if (grpc_agent::ShouldStream(grpc_options_.stream, encoded->bytes())) {
+  if (streamed) {
     OutgoingCall* raw = call.get();
     call->stream = std::make_shared<grpc_agent::ClientStream>(
         *std::move(encoded),
@@ -430,8 +433,8 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     call->context.set_deadline(absl::ToChronoTime(request.deadline));
   }
   Future<Message> result = call->promise.GetFuture();
+  call->function = std::move(request.function);
   OutgoingCall* raw = call.get();
-  std::shared_ptr<Peer> peer;
   {
     MutexLock lock(&mu_);
     if (shutting_down_) {
@@ -439,98 +442,106 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
       return MakeErrorFuture<Message>(absl::UnavailableError(absl::StrCat(
           "worker '", self().name, "' is shut down; cannot ",
           request.type == MessageType::kCall
-              ? absl::StrCat("call '", request.function, "' on")
+              ? absl::StrCat("call '", raw->function, "' on")
               : absl::StrCat("send ", MessageTypeName(request.type), " to"),
           " worker '", to.name, "'")));
     }
-    outgoing_.emplace(raw->id, call.release());
-    peer = PeerFor(to);
+    call->peer = PeerFor(to);
+    outgoing_.insert(call.release());
   }
   // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
   // stream's reactor stays alive until Start returns).
   std::shared_ptr<grpc_agent::ClientStream> stream = raw->stream;
+  grpc::GenericStub* stub = raw->peer->stub.get();
   // gRPC runs the completion callback on its own thread once the call is
   // done; its completion queue orders that after this hand-off.
   FERRY_TSAN_RELEASE(raw);
   if (stream != nullptr) {
-    stream->Start(peer->stub.get(), &raw->context);
+    stream->Start(stub, &raw->context);
     return result;
   }
-  peer->stub->UnaryCall(
-      &raw->context, kCallMethod, grpc::StubOptions(), &raw->request,
-      &raw->response,
-      [this, raw](grpc::Status status) { CallDone(raw, status); });
+  stub->UnaryCall(&raw->context, kCallMethod, grpc::StubOptions(),
+                  &raw->request, &raw->response,
+                  [this, raw](grpc::Status status) { CallDone(raw, status); });
   return result;
 }
 
 void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   FERRY_TSAN_ACQUIRE(raw);  // Pairs with the release in Transmit.
   std::unique_ptr<OutgoingCall> call(raw);
-  const std::string& where = call->target;
+  const int peer = call->peer->info.id;
   Result<Message> result = absl::UnknownError("unset");
   uint64_t bytes_in = 0;
   // A stream that failed on this side cancelled its call: its error counts.
   if (status.ok() || (call->stream && !call->stream->error().ok())) {
     absl::StatusOr<Result<Message>> reply =
-        call->stream ? call->stream->DecodeReply(&bytes_in,
-                                                 {same_host_.get(), call->peer})
-                     : grpc_agent::DecodeReply(
-                           call->response, grpc_options_.wire_limits, &bytes_in,
-                           {same_host_.get(), call->peer});
+        call->stream
+            ? call->stream->DecodeReply(&bytes_in, {same_host_.get(), peer})
+            : grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
+                                      &bytes_in, {same_host_.get(), peer});
     if (!reply.ok()) {
-      result = Annotate(reply.status(), absl::StrCat("reply from ", where));
+      result =
+          Annotate(reply.status(), absl::StrCat("reply from ", call->Target()));
     } else {
       result = *std::move(reply);
     }
   } else {
-    absl::Status s = FromGrpcStatus(status);
-    switch (status.error_code()) {
-      case grpc::StatusCode::DEADLINE_EXCEEDED:
-        result = absl::DeadlineExceededError(
-            absl::StrCat("call to ", where, " timed out after ",
-                         absl::FormatDuration(call->timeout), " (request ",
-                         GlobalId::FromValue(call->id).ToString(), ")"));
-        break;
-      case grpc::StatusCode::UNAVAILABLE:
-        result = absl::UnavailableError(absl::StrCat(
-            where, " at ", call->peer_address, " is unavailable: ", s.message(),
-            grpc_agent::TlsFailureHint(grpc_options_.tls, s.message())));
-        ProbePeer(call->peer, result.status());
-        break;
-      case grpc::StatusCode::CANCELLED:
-        result = absl::CancelledError(
-            absl::StrCat("call to ", where, " cancelled (worker '", self().name,
-                         "' shutting down)"));
-        break;
-      case grpc::StatusCode::RESOURCE_EXHAUSTED:
-        // The peer's in-flight refusals name their limit already.
-        result = absl::ResourceExhaustedError(absl::StrCat(
-            "call to ", where, ": ", s.message(),
-            absl::StrContains(s.message(), "max_inflight_calls") ||
-                    absl::StrContains(s.message(), "max_message_bytes")
-                ? ""
-                : absl::StrCat(" (message limit ",
-                               grpc_options_.max_message_bytes, " bytes)")));
-        break;
-      default:
-        // Agent-level errors from the peer already name it.
-        result = absl::Status(s.code(),
-                              absl::StrCat(call->sending, ": ", s.message()));
-    }
+    result = CallError(*call, status);
   }
-  stats_.Record(RpcStats::Direction::kOut, call->stats_key,
+  stats_.Record(RpcStats::Direction::kOut,
+                call->type == MessageType::kCall ? call->function
+                                                 : MessageTypeName(call->type),
                 absl::Now() - call->start, !result.ok(), bytes_in,
                 call->bytes_out);
-  Promise<Message> promise = call->promise;
+  Promise<Message> promise = std::move(call->promise);
   {
     MutexLock lock(&mu_);
-    outgoing_.erase(call->id);
+    outgoing_.erase(raw);
   }
   call.reset();
   // Completed here, on gRPC's callback thread: completing on the executor
   // could deadlock when every executor thread is a handler blocked in
   // rpc_sync waiting for exactly this completion.
   promise.Set(std::move(result));
+}
+
+absl::Status GrpcAgent::CallError(const OutgoingCall& call,
+                                  const grpc::Status& status) {
+  const std::string where = call.Target();
+  absl::Status s = FromGrpcStatus(status);
+  switch (status.error_code()) {
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(
+          absl::StrCat("call to ", where, " timed out after ",
+                       absl::FormatDuration(call.timeout), " (request ",
+                       GlobalId::FromValue(call.id).ToString(), ")"));
+    case grpc::StatusCode::UNAVAILABLE: {
+      absl::Status e = absl::UnavailableError(absl::StrCat(
+          where, " at ", call.peer->info.address,
+          " is unavailable: ", s.message(),
+          grpc_agent::TlsFailureHint(grpc_options_.tls, s.message())));
+      ProbePeer(call.peer->info.id, e);
+      return e;
+    }
+    case grpc::StatusCode::CANCELLED:
+      return absl::CancelledError(
+          absl::StrCat("call to ", where, " cancelled (worker '", self().name,
+                       "' shutting down)"));
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // The peer's in-flight refusals name their limit already.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "call to ", where, ": ", s.message(),
+          absl::StrContains(s.message(), "max_inflight_calls") ||
+                  absl::StrContains(s.message(), "max_message_bytes")
+              ? ""
+              : absl::StrCat(" (message limit ",
+                             grpc_options_.max_message_bytes, " bytes)")));
+    default:
+      // Agent-level errors from the peer already name it.
+      return absl::Status(
+          s.code(),
+          absl::StrCat(Sending(call.type, call.function), ": ", s.message()));
+  }
 }
 
 // ---------------------------------------------------------------------------

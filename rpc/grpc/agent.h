@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -176,6 +177,9 @@ class GrpcAgent final : public Agent {
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
   void CallDone(OutgoingCall* call, const grpc::Status& status);
+  // The error of a call gRPC failed with `status`, naming the peer (and
+  // probing it when unavailable).
+  absl::Status CallError(const OutgoingCall& call, const grpc::Status& status);
   // After a call to peer `id` failed with Unavailable (`why`): probes the
   // peer's health service and reports it failed if that fails too.
   void ProbePeer(int id, const absl::Status& why);
@@ -203,7 +207,7 @@ class GrpcAgent final : public Agent {
 
   mutable Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.
-  std::map<uint64_t, OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
   // Health probes in flight; Shutdown cancels them and waits.
   std::set<Probe*> probes_ ABSL_GUARDED_BY(mu_);
   // By worker id; a departed worker's stays (ids are never reused).

@@ -13,7 +13,12 @@ absl::StatusOr<std::shared_ptr<void>> CallLimiter::Acquire(
                      " calls, its limit (max_inflight_calls = ", max_total_,
                      "); refused a call from ", connection));
   }
-  int64_t& mine = per_connection_[connection];
+  auto it = per_connection_.find(connection);
+  if (it == per_connection_.end()) {
+    if (per_connection_.size() >= kMaxIdleConnections) PruneIdle();
+    it = per_connection_.emplace(connection, 0).first;
+  }
+  int64_t& mine = it->second;
   if (max_per_connection_ > 0 && mine >= max_per_connection_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "worker '", worker, "' is serving ", mine, " calls from connection ",
@@ -22,16 +27,22 @@ absl::StatusOr<std::shared_ptr<void>> CallLimiter::Acquire(
   }
   ++mine;
   ++total_;
-  return std::shared_ptr<void>(
-      nullptr, [this, connection](void*) { Release(connection); });
+  // The entry stays put while its count is above 0 (PruneIdle skips it), so
+  // the slot keeps its address: no lookup or name copy per call.
+  int64_t* count = &mine;
+  return std::shared_ptr<void>(nullptr,
+                               [this, count](void*) { Release(count); });
 }
 
-void CallLimiter::Release(const std::string& connection) {
+void CallLimiter::Release(int64_t* count) {
   MutexLock lock(&mu_);
   --total_;
-  auto it = per_connection_.find(connection);
-  if (it != per_connection_.end() && --it->second == 0) {
-    per_connection_.erase(it);
+  --*count;
+}
+
+void CallLimiter::PruneIdle() {
+  for (auto it = per_connection_.begin(); it != per_connection_.end();) {
+    it = it->second == 0 ? per_connection_.erase(it) : std::next(it);
   }
 }
 

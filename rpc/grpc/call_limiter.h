@@ -34,13 +34,20 @@ class CallLimiter {
   int64_t in_flight() const;
 
  private:
-  void Release(const std::string& connection);
+  // Connections whose calls all ended keep their entry (reused by their
+  // next call) until this many are known; then idle entries are dropped.
+  static constexpr size_t kMaxIdleConnections = 1024;
+
+  void Release(int64_t* count);
+  void PruneIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t max_total_;
   const int64_t max_per_connection_;
   mutable Mutex mu_;
   int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, int64_t> per_connection_ ABSL_GUARDED_BY(mu_);
+  // Calls in flight per connection (gRPC's peer string).
+  std::map<std::string, int64_t, std::less<>> per_connection_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc::grpc_agent

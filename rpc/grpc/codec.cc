@@ -69,15 +69,20 @@ absl::StatusOr<EncodedMessage> EncodeRequest(const Message& m, absl::Time now,
 
 bool OfferSameHost(EncodedParts& parts, const SameHostLink& link,
                    std::shared_ptr<void>* lease) {
-  if (link.channel == nullptr) return false;
-  // Field 14 is `same_host` in RpcRequest and RpcResponse alike; appending
-  // its encoding to the serialized fields sets it.
-  v1::RpcRequest carrier;
-  if (!link.channel->Offer(link.peer, parts.payload,
-                           carrier.mutable_same_host(), lease)) {
+  // The channel takes tensor payloads only.
+  if (link.channel == nullptr || parts.payload.payloads.empty()) return false;
+  v1::SameHostPayload taken;
+  if (!link.channel->Offer(link.peer, parts.payload, &taken, lease)) {
     return false;
   }
-  carrier.AppendToString(&parts.header);
+  // `same_host` has one number in RpcRequest and RpcResponse; appending the
+  // field to the serialized ones sets it.
+  static_assert(static_cast<int>(v1::RpcRequest::kSameHostFieldNumber) ==
+                static_cast<int>(v1::RpcResponse::kSameHostFieldNumber));
+  AppendVarint(&parts.header,
+               (uint64_t{v1::RpcRequest::kSameHostFieldNumber} << 3) | 2);
+  AppendVarint(&parts.header, taken.ByteSizeLong());
+  taken.AppendToString(&parts.header);
   parts.payload = EncodedValue();
   return true;
 }
@@ -108,7 +113,12 @@ absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
   if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
   EncodedParts out;
-  ASSIGN_OR_RETURN(out.payload, EncodeValue(m.payload, limits));
+  // No arguments, no payload: the callee reads an absent one as an empty
+  // list (DecodeRequest).
+  const Value::List* args = m.payload.if_list();
+  if (args == nullptr || !args->empty()) {
+    ASSIGN_OR_RETURN(out.payload, EncodeValue(m.payload, limits));
+  }
   header.AppendToString(&out.header);
   return out;
 }
@@ -172,7 +182,11 @@ absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
     header.set_error_message(std::string(reply.status().message()));
   }
   EncodedParts out;
-  ASSIGN_OR_RETURN(out.payload, EncodeValue(*payload, limits));
+  // None is left out: the caller reads an absent payload as None
+  // (DecodeReplyParts).
+  if (!payload->is_none()) {
+    ASSIGN_OR_RETURN(out.payload, EncodeValue(*payload, limits));
+  }
   header.AppendToString(&out.header);
   return out;
 }

@@ -116,23 +116,19 @@ grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
 }
 
 grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
-  auto head = std::make_unique<std::string>(std::move(header));
   const uint64_t payload_size = payload.total_bytes();
-  AppendVarint(head.get(), (uint64_t{kPayloadField} << 3) | 2);
-  AppendVarint(head.get(), payload_size);
-
-  // The payload's own slices (head, then tensor memory) are referenced as is.
-  std::vector<grpc::Slice> payload_slices;
-  grpc::ByteBuffer payload_buffer = ToByteBuffer(std::move(payload));
-  (void)payload_buffer.Dump(&payload_slices);
-
-  std::vector<grpc::Slice> slices;
-  slices.reserve(payload_slices.size() + 1);
-  const char* head_data = head->data();
-  const size_t head_size = head->size();
-  slices.push_back(SliceOwning(std::move(head), head_data, head_size));
-  for (grpc::Slice& s : payload_slices) slices.push_back(std::move(s));
-  return grpc::ByteBuffer(slices.data(), slices.size());
+  // The fields, the payload's tag and length and its head (wire header and
+  // metadata, small) go in one slice; the tensor memory after it is
+  // referenced as is. An empty payload is left out (decoders read an absent
+  // one as empty).
+  if (payload_size > 0) {
+    header.reserve(header.size() + 20 + payload.head.size());
+    AppendVarint(&header, (uint64_t{kPayloadField} << 3) | 2);
+    AppendVarint(&header, payload_size);
+    header += payload.head;
+  }
+  payload.head = std::move(header);
+  return ToByteBuffer(std::move(payload));
 }
 
 absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,

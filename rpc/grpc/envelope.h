@@ -2,8 +2,10 @@
 // wire stream, tensor/wire.h) travels as separate gRPC slices.
 //
 // EncodeEnvelope writes the message's other fields, then the payload's tag
-// and length, then the payload slices, which point at tensor storage (no
-// tensor byte is copied). The result is valid protobuf for the message type.
+// and length and its head (wire header and metadata) in one slice, then the
+// payload's tensor slices, which point at tensor storage (no tensor byte is
+// copied). An empty payload is left out. The result is valid protobuf for
+// the message type.
 //
 // SplitEnvelope walks the top-level fields of a received buffer without
 // flattening it: every field but the payload is copied into `header` (small;

@@ -118,7 +118,8 @@ WorkerService::CallStream(grpc::CallbackServerContext* context) {
 absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
     const ferry::rpc::v1::RpcRequest& header, const std::string& peer) {
   const MessageType type = static_cast<MessageType>(header.type());
-  if (!agent_->HasHandler(type)) {
+  // kCall's handler is built in (rpc/agent.h): no lookup for it.
+  if (type != MessageType::kCall && !agent_->HasHandler(type)) {
     return absl::UnimplementedError(absl::StrCat(
         "worker '", name(), "' does not serve message type ",
         MessageTypeName(type), " (", static_cast<uint32_t>(type), ")"));
@@ -138,37 +139,37 @@ void WorkerService::Serve(absl::Time start,
   const SameHostLink link{agent_->same_host_.get(),
                           static_cast<int>(received->header.caller_id())};
   GrpcAgent* agent = agent_;
-  // A non-blocking function runs here, on gRPC's thread (see rpc/agent.h).
-  agent_
-      ->Dispatch(type, received->header.function(),
-                 [received, start, limits, link]() mutable {
-                   absl::StatusOr<Message> m =
-                       DecodeRequest(*received, start, limits, link);
-                   received.reset();  // Release the request's slices early.
-                   return m;
-                 })
-      .OnComplete([agent, reply = std::move(reply), start, bytes_in, link,
-                   key = std::move(key),
-                   slot = std::move(slot)](const Result<Message>& result) {
-        absl::StatusOr<EncodedParts> encoded =
-            EncodeReplyParts(result, agent->grpc_options_.wire_limits);
-        if (!encoded.ok()) {
-          agent->stats_.Record(RpcStats::Direction::kIn, key,
-                               absl::Now() - start, true, bytes_in, 0);
-          reply(ToGrpcStatus(Annotate(
-                    encoded.status(),
-                    absl::StrCat("worker '", agent->self().name,
-                                 "' encoding the result of '", key, "'"))),
-                nullptr);
-          return;
-        }
-        const uint64_t bytes_out = encoded->bytes();
-        // Taken by the same-host channel, the reply is small: never streamed.
-        OfferSameHost(*encoded, link, /*lease=*/nullptr);
-        agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
-                             !result.ok(), bytes_in, bytes_out);
-        reply(grpc::Status::OK, &*encoded);
-      });
+  const std::string& function = received->header.function();
+  auto receive = [received, start, limits, link]() mutable {
+    absl::StatusOr<Message> m = DecodeRequest(*received, start, limits, link);
+    received.reset();  // Release the request's slices early.
+    return m;
+  };
+  // Called once, on the thread that finished the call: gRPC's for a function
+  // registered non-blocking (see rpc/agent.h), else an executor thread.
+  auto done = [agent, reply = std::move(reply), start, bytes_in, link,
+               key = std::move(key),
+               slot = std::move(slot)](Result<Message> result) mutable {
+    absl::StatusOr<EncodedParts> encoded =
+        EncodeReplyParts(result, agent->grpc_options_.wire_limits);
+    if (!encoded.ok()) {
+      agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
+                           true, bytes_in, 0);
+      reply(ToGrpcStatus(
+                Annotate(encoded.status(),
+                         absl::StrCat("worker '", agent->self().name,
+                                      "' encoding the result of '", key, "'"))),
+            nullptr);
+      return;
+    }
+    const uint64_t bytes_out = encoded->bytes();
+    // Taken by the same-host channel, the reply is small: never streamed.
+    OfferSameHost(*encoded, link, /*lease=*/nullptr);
+    agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
+                         !result.ok(), bytes_in, bytes_out);
+    reply(grpc::Status::OK, &*encoded);
+  };
+  agent_->Dispatch(type, function, std::move(receive), std::move(done));
 }
 
 }  // namespace ferry::rpc::grpc_agent

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
 namespace ferry::rpc {
 
 void RpcStats::Ring::Add(double v) {
@@ -26,19 +29,21 @@ void RpcStats::Record(Direction dir, const std::string& function,
                       absl::Duration latency, bool error, uint64_t bytes_in,
                       uint64_t bytes_out) {
   const int d = dir == Direction::kIn ? 0 : 1;
-  std::string key = function;
+  absl::string_view key = function;
+  std::string cut;
   if (key.size() > kMaxNameBytes) {
     // Cut at a UTF-8 character boundary: the name goes into a proto string.
     size_t n = kMaxNameBytes;
     while (n > 0 && (static_cast<unsigned char>(key[n]) & 0xC0) == 0x80) --n;
-    key.resize(n);
-    key += "...";
+    cut = absl::StrCat(key.substr(0, n), "...");
+    key = cut;
   }
   MutexLock lock(&mu_);
+  // Looked up by view: a known name costs no copy.
   auto it = functions_.find(key);
   if (it == functions_.end()) {
     if (functions_.size() >= kMaxFunctions) key = kOtherName;
-    it = functions_.try_emplace(std::move(key)).first;
+    it = functions_.try_emplace(std::string(key)).first;
   }
   PerFunction& f = it->second;
   ++f.calls[d];

@@ -55,7 +55,8 @@ class RpcStats {
   };
 
   mutable Mutex mu_;
-  std::map<std::string, PerFunction> functions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PerFunction, std::less<>> functions_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

@@ -209,7 +209,8 @@ class ServerStream final
       return;
     }
     const GrpcAgentOptions& options = service_->options();
-    if (!ShouldStream(options.stream, parts->bytes())) {
+    // An empty payload (a None result, an error) goes in one message.
+    if (parts->bytes() == 0 || !ShouldStream(options.stream, parts->bytes())) {
       out_ = ToEnvelope(std::move(*parts)).buffer;
       WriteLast();
       return;

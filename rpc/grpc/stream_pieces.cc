@@ -79,6 +79,12 @@ PieceWriter::PieceWriter(EncodedParts parts, size_t piece_bytes)
     : header_(std::move(parts.header)), total_(parts.payload.total_bytes()) {
   grpc::ByteBuffer payload = ToByteBuffer(std::move(parts.payload));
   (void)payload.Dump(&slices_);
+  // Empty slices carry nothing; without them an empty payload (no arguments,
+  // a None result) ends after its first message instead of never.
+  slices_.erase(
+      std::remove_if(slices_.begin(), slices_.end(),
+                     [](const grpc::Slice& s) { return s.size() == 0; }),
+      slices_.end());
   // Even pieces, each at least piece_bytes (but the only one).
   const uint64_t step = std::max<uint64_t>(1, piece_bytes);
   const uint64_t count = std::max<uint64_t>(1, total_ / step);
