@@ -43,8 +43,11 @@ absl::StatusOr<bool> Answered(Store& store, int reader, int target) {
   const std::string key = PairKey(reader, target);
   ASSIGN_OR_RETURN(bool there, store.Check({key}));
   if (!there) return false;
-  ASSIGN_OR_RETURN(std::string answer, store.Get(key));
-  return answer == "1";
+  // Not ASSIGN_OR_RETURN into a string: g++ 12 -O2 then warns
+  // (maybe-uninitialized, a false positive) on the comparison.
+  absl::StatusOr<std::string> answer = store.Get(key);
+  if (!answer.ok()) return answer.status();
+  return answer->size() == 1 && answer->front() == '1';
 }
 
 bool EnvDisabled() {
