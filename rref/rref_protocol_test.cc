@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/poll.h"
 #include "gtest/gtest.h"
 #include "rpc/context.h"
 #include "rpc/testing/in_process.h"
@@ -104,12 +105,7 @@ class ProtocolTest : public ::testing::Test {
   }
   // Waits (bounded) until `pred` holds; returns whether it did.
   static bool WaitUntil(const std::function<bool()>& pred) {
-    const absl::Time deadline = absl::Now() + kWait;
-    while (!pred()) {
-      if (absl::Now() > deadline) return false;
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return true;
+    return PollUntil(pred, kWait);
   }
   // Waits for the reply to a request of `type` travelling to `to`; delivers.
   void DeliverReply(MessageType type, const std::string& to) {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/poll.h"
 #include "gtest/gtest.h"
 #include "rpc/testing/in_process.h"
 #include "rref/rref.h"
@@ -64,40 +65,48 @@ TEST(RRefStressTest, RandomOpsLeaveNothingBehind) {
     rpc::Agent& agent = net.agent(i);
     Pool* pool = &pools[i];
     RRefContext* self = ctx[i].get();
-    ASSERT_TRUE(agent.Register("add", [](int64_t x, int64_t y) {
-                       return x + y;
-                     }).ok());
+    ASSERT_TRUE(
+        agent.Register("add", [](int64_t x, int64_t y) { return x + y; }).ok());
     // Keeps the RRef, checking its value when asked to.
-    ASSERT_TRUE(agent.Register("hold", [pool](RRef<int64_t> r, int64_t want,
-                                              bool check) -> absl::Status {
-                       if (check) {
-                         absl::StatusOr<int64_t> v = r.to_here(kWait);
-                         if (!v.ok()) return v.status();
-                         if (*v != want) {
-                           return absl::InternalError(absl::StrCat(
-                               "got ", *v, " want ", want));
-                         }
-                       }
-                       pool->Add(std::move(r), want);
-                       return absl::OkStatus();
-                     }).ok());
-    ASSERT_TRUE(agent.Register("hold_all",
-                               [pool](std::vector<RRef<int64_t>> rs,
-                                      std::vector<int64_t> want) {
-                                 for (size_t k = 0; k < rs.size(); ++k) {
-                                   pool->Add(rs[k], want[k]);
-                                 }
-                               }).ok());
+    ASSERT_TRUE(agent
+                    .Register("hold",
+                              [pool](RRef<int64_t> r, int64_t want,
+                                     bool check) -> absl::Status {
+                                if (check) {
+                                  absl::StatusOr<int64_t> v = r.to_here(kWait);
+                                  if (!v.ok()) return v.status();
+                                  if (*v != want) {
+                                    return absl::InternalError(absl::StrCat(
+                                        "got ", *v, " want ", want));
+                                  }
+                                }
+                                pool->Add(std::move(r), want);
+                                return absl::OkStatus();
+                              })
+                    .ok());
+    ASSERT_TRUE(agent
+                    .Register("hold_all",
+                              [pool](std::vector<RRef<int64_t>> rs,
+                                     std::vector<int64_t> want) {
+                                for (size_t k = 0; k < rs.size(); ++k) {
+                                  pool->Add(rs[k], want[k]);
+                                }
+                              })
+                    .ok());
     // Returns one of its RRefs (or a fresh local one) and the value.
-    ASSERT_TRUE(agent.Register("give", [pool, self](int64_t seed) {
-                       std::mt19937 rng(static_cast<uint32_t>(seed));
-                       auto picked = pool->Pick(rng);
-                       if (picked && seed % 3 != 0) {
-                         return std::make_tuple(picked->first, picked->second);
-                       }
-                       return std::make_tuple(
-                           MakeLocalRRef<int64_t>(*self, seed), seed);
-                     }).ok());
+    ASSERT_TRUE(agent
+                    .Register("give",
+                              [pool, self](int64_t seed) {
+                                std::mt19937 rng(static_cast<uint32_t>(seed));
+                                auto picked = pool->Pick(rng);
+                                if (picked && seed % 3 != 0) {
+                                  return std::make_tuple(picked->first,
+                                                         picked->second);
+                                }
+                                return std::make_tuple(
+                                    MakeLocalRRef<int64_t>(*self, seed), seed);
+                              })
+                    .ok());
   }
 
   std::vector<std::thread> threads;
@@ -173,7 +182,6 @@ TEST(RRefStressTest, RandomOpsLeaveNothingBehind) {
   EXPECT_GT(held, 0u);  // The run did build up references to release.
   // Within kWait everything is released (a completed future's continuation
   // may hold a reference a little after its caller moved on).
-  const absl::Time deadline = absl::Now() + kWait;
   auto released = [&] {
     for (const auto& c : ctx) {
       if (c->num_owned() || c->num_users() || c->num_pending_children() ||
@@ -183,9 +191,7 @@ TEST(RRefStressTest, RandomOpsLeaveNothingBehind) {
     }
     return true;
   };
-  while (!released() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
-  }
+  PollUntil(released, kWait);
   for (int i = 0; i < kWorkers; ++i) {
     ASSERT_TRUE(ctx[i]->AwaitSettled(absl::ZeroDuration()).ok()) << "w" << i;
   }

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/poll.h"
 #include "gtest/gtest.h"
 #include "rpc/testing/in_process.h"
 #include "tensor/tensor.h"
@@ -51,34 +52,47 @@ class RRefTest : public ::testing::Test {
     for (const char* n : {"a", "b", "c"}) {
       rpc::Agent& agent = net_.agent(n);
       RRefContext* ctx = ctx_[n].get();
-      EXPECT_TRUE(agent.Register("add", [](int64_t x, int64_t y) {
-                         return x + y;
-                       }).ok());
-      EXPECT_TRUE(agent.Register("fail", []() -> absl::StatusOr<int64_t> {
-                         return absl::InternalError("boom");
-                       }).ok());
       EXPECT_TRUE(
-          agent.Register("fetch", [](RRef<int64_t> r) -> absl::StatusOr<int64_t> {
-                 return r.to_here(kWait);
-               }).ok());
-      EXPECT_TRUE(agent.Register("sum_all", [](std::vector<RRef<int64_t>> rs)
-                                                -> absl::StatusOr<int64_t> {
-                         int64_t s = 0;
-                         for (const auto& r : rs) {
-                           absl::StatusOr<int64_t> v = r.to_here(kWait);
-                           if (!v.ok()) return v.status();
-                           s += *v;
-                         }
-                         return s;
-                       }).ok());
-      EXPECT_TRUE(agent.Register("is_owner", [](RRef<int64_t> r) {
-                         return r.is_owner();
-                       }).ok());
-      EXPECT_TRUE(agent.Register("own", [ctx](int64_t v) {
-                         return MakeLocalRRef<int64_t>(*ctx, v);
-                       }).ok());
-      EXPECT_TRUE(agent.Register("echo", [](RRef<int64_t> r) { return r; })
+          agent.Register("add", [](int64_t x, int64_t y) { return x + y; })
+              .ok());
+      EXPECT_TRUE(agent
+                      .Register("fail",
+                                []() -> absl::StatusOr<int64_t> {
+                                  return absl::InternalError("boom");
+                                })
                       .ok());
+      EXPECT_TRUE(agent
+                      .Register("fetch",
+                                [](RRef<int64_t> r) -> absl::StatusOr<int64_t> {
+                                  return r.to_here(kWait);
+                                })
+                      .ok());
+      EXPECT_TRUE(
+          agent
+              .Register(
+                  "sum_all",
+                  [](std::vector<RRef<int64_t>> rs) -> absl::StatusOr<int64_t> {
+                    int64_t s = 0;
+                    for (const auto& r : rs) {
+                      absl::StatusOr<int64_t> v = r.to_here(kWait);
+                      if (!v.ok()) return v.status();
+                      s += *v;
+                    }
+                    return s;
+                  })
+              .ok());
+      EXPECT_TRUE(agent
+                      .Register("is_owner",
+                                [](RRef<int64_t> r) { return r.is_owner(); })
+                      .ok());
+      EXPECT_TRUE(agent
+                      .Register("own",
+                                [ctx](int64_t v) {
+                                  return MakeLocalRRef<int64_t>(*ctx, v);
+                                })
+                      .ok());
+      EXPECT_TRUE(
+          agent.Register("echo", [](RRef<int64_t> r) { return r; }).ok());
       ctx->classes()
           .RegisterClass<Counter>("Counter")
           .Constructor<int64_t>()
@@ -92,7 +106,6 @@ class RRefTest : public ::testing::Test {
   // empties. (A completed future's continuation may hold a reference a little
   // after the caller got its result, hence the bounded wait, not a check.)
   void ExpectAllReleased() {
-    const absl::Time deadline = absl::Now() + kWait;
     auto released = [&] {
       for (auto& [n, c] : ctx_) {
         if (c->num_owned() != 0 || c->num_pending_children() != 0 ||
@@ -102,13 +115,12 @@ class RRefTest : public ::testing::Test {
       }
       return true;
     };
-    while (!released() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
-    }
+    PollUntil(released, kWait);
     for (auto& [n, c] : ctx_) {
       EXPECT_TRUE(c->AwaitSettled(absl::ZeroDuration()).ok()) << n;
       EXPECT_EQ(c->num_owned(), 0u) << n;
-      for (const auto& o : c->Owned()) ADD_FAILURE() << n << ": " << o.DebugString();
+      for (const auto& o : c->Owned())
+        ADD_FAILURE() << n << ": " << o.DebugString();
       EXPECT_EQ(c->num_pending_children(), 0u) << n;
       EXPECT_EQ(c->num_users(), 0u) << n;
     }
@@ -154,8 +166,7 @@ TEST_F(RRefTest, LocalValueOnUserFails) {
   absl::StatusOr<int64_t> v = r.local_value(kWait);
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(v.status().message().find("'b'"), std::string::npos)
-      << v.status();
+  EXPECT_NE(v.status().message().find("'b'"), std::string::npos) << v.status();
   EXPECT_NE(v.status().message().find(r.rref_id().ToString()),
             std::string::npos);
 }
@@ -207,10 +218,12 @@ TEST_F(RRefTest, UserToUserAsArgument) {
 TEST_F(RRefTest, UserToOwnerBecomesOwnerHandle) {
   {
     RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
-    absl::StatusOr<bool> owner = net_.agent("a").rpc_sync<bool>("b", "is_owner", r);
+    absl::StatusOr<bool> owner =
+        net_.agent("a").rpc_sync<bool>("b", "is_owner", r);
     ASSERT_TRUE(owner.ok()) << owner.status();
     EXPECT_TRUE(*owner);
-    absl::StatusOr<bool> user = net_.agent("a").rpc_sync<bool>("c", "is_owner", r);
+    absl::StatusOr<bool> user =
+        net_.agent("a").rpc_sync<bool>("c", "is_owner", r);
     ASSERT_TRUE(user.ok()) << user.status();
     EXPECT_FALSE(*user);
   }
@@ -241,7 +254,8 @@ TEST_F(RRefTest, NestedInLists) {
   {
     std::vector<RRef<int64_t>> rs;
     for (int i = 0; i < 4; ++i) {
-      rs.push_back(remote<int64_t>(*ctx_["a"], i % 2 ? "b" : "c", "add", i, 10));
+      rs.push_back(
+          remote<int64_t>(*ctx_["a"], i % 2 ? "b" : "c", "add", i, 10));
     }
     rs.push_back(MakeLocalRRef<int64_t>(*ctx_["a"], 100));
     absl::StatusOr<int64_t> s =
@@ -265,7 +279,8 @@ TEST_F(RRefTest, RemoteObjectProxies) {
     EXPECT_EQ(*got.to_here(kWait), 16);
     absl::StatusOr<int64_t> bad = c.rpc_sync(kWait).call<int64_t>("fail");
     ASSERT_FALSE(bad.ok());
-    EXPECT_NE(bad.status().message().find("counter refuses"), std::string::npos);
+    EXPECT_NE(bad.status().message().find("counter refuses"),
+              std::string::npos);
     absl::StatusOr<int64_t> none = c.rpc_sync(kWait).call<int64_t>("nope");
     ASSERT_FALSE(none.ok());
     EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
@@ -283,7 +298,8 @@ TEST_F(RRefTest, RemoteObjectProxies) {
 TEST_F(RRefTest, ConcurrentMethodCallsOnOneObject) {
   RRef<Counter> c = remote<Counter>(*ctx_["a"], "b", "Counter", 0);
   std::vector<Future<int64_t>> fs;
-  for (int i = 0; i < 50; ++i) fs.push_back(c.rpc_async(kWait).call<int64_t>("add", 1));
+  for (int i = 0; i < 50; ++i)
+    fs.push_back(c.rpc_async(kWait).call<int64_t>("add", 1));
   for (auto& f : fs) ASSERT_TRUE(f.Get(kWait).ok());
   EXPECT_EQ(*c.rpc_sync(kWait).call<int64_t>("get"), 50);
 }
@@ -299,7 +315,8 @@ TEST_F(RRefTest, OwnerDeathFailsHoldersNamingOwner) {
   EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(v.status().message().find("'b'"), std::string::npos) << v.status();
   EXPECT_NE(v.status().message().find(r.rref_id().ToString()),
-            std::string::npos) << v.status();
+            std::string::npos)
+      << v.status();
   absl::StatusOr<int64_t> m = c.rpc_sync(absl::Seconds(5)).call<int64_t>("get");
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable);
@@ -328,10 +345,7 @@ TEST_F(RRefTest, UserDeathReleasesItsForks) {
     }
     return out;
   };
-  const absl::Time deadline = absl::Now() + kWait;
-  while (holders() != std::vector<int>{2} && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));  // Polling observable state.
-  }
+  PollUntil([&] { return holders() == std::vector<int>{2}; }, kWait);
   ASSERT_EQ(holders(), std::vector<int>{2});  // c is rank 2.
   // The agent reports c's death to b's context, which drops c's fork.
   ASSERT_TRUE(net_.Kill("c").ok());

@@ -13,6 +13,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/poll.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
 #include "proto/admin.grpc.pb.h"
@@ -84,12 +85,7 @@ std::shared_ptr<FunctionRegistry> BasicRegistry() {
 // Waits (bounded) until `cond` holds; polls observable state.
 bool Eventually(const std::function<bool()>& cond,
                 absl::Duration limit = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
+  return PollUntil(cond, limit);
 }
 
 // One Worker/Call with raw bytes, as a foreign client would send it.
@@ -271,15 +267,15 @@ TEST(GrpcAgent, AdminInspectServesRegisteredInspectors) {
   auto agents = StartGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   std::atomic<int> live{3};
-  ASSERT_TRUE((*agents)[1]
-                  ->inspectors()
-                  .Register("toy",
-                            [&live] {
-                              return std::vector<InspectionRow>{
-                                  {"counter",
-                                   {{"live", std::to_string(live.load())}}}};
-                            })
-                  .ok());
+  ASSERT_TRUE(
+      (*agents)[1]
+          ->inspectors()
+          .Register("toy",
+                    [&live] {
+                      return std::vector<InspectionRow>{
+                          {"counter", {{"live", std::to_string(live.load())}}}};
+                    })
+          .ok());
   auto channel = grpc::CreateChannel((*agents)[1]->address(),
                                      grpc::InsecureChannelCredentials());
   auto admin = ferry::admin::v1::Admin::NewStub(channel);

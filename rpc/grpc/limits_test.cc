@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/poll.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
 #include "proto/rpc.grpc.pb.h"
@@ -108,10 +109,8 @@ void CheckInFlightCap(GrpcAgentOptions options, int limit,
   EXPECT_EQ(a.rpc_sync<int64_t>("b", "pass", int64_t{7}).value_or(-1), 7);
   // The callee frees a call's slot after it has sent the reply, so the
   // caller can hold the reply a moment before the count drops.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (agents[1]->calls_in_flight() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  PollUntil([&] { return agents[1]->calls_in_flight() == 0; },
+            absl::Seconds(10));
   EXPECT_EQ(agents[1]->calls_in_flight(), 0);
   StopAll(agents);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/poll.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "rpc/context.h"
@@ -168,11 +169,8 @@ TEST(MultiProcessRpc, PeerKilledMidStreamFailsTheCallNamingIt) {
       "worker1", "add", {Value::FromTensor(big), Value::FromTensor(big)},
       absl::Seconds(60));
   // Mid-stream: some pieces written, far from all (the peer takes >= 0.5 s).
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (out.bytes_sent.load() < (uint64_t{8} << 20) &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  PollUntil([&] { return out.bytes_sent.load() >= (uint64_t{8} << 20); },
+            absl::Seconds(30));
   const uint64_t sent = out.bytes_sent.load();
   ASSERT_GE(sent, uint64_t{8} << 20) << "the stream never started";
   absl::Time killed = absl::Now();
