@@ -605,7 +605,8 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
       return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
           std::make_unique<gloo_internal::RingAllreduce>(
               context_, tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-              tensor.itemsize(), fn, slot));
+              tensor.itemsize(), fn, slot,
+              Scratch(gloo_internal::RingAllreduce::kScratchBytes)));
     };
     path.after = [tensor, rop, n]() mutable {
       if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);

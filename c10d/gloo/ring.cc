@@ -27,7 +27,7 @@ void SendEmpty(::gloo::Context& context, int peer, uint64_t slot, int count,
 
 RingAllreduce::RingAllreduce(std::shared_ptr<::gloo::Context> context,
                              void* data, size_t numel, size_t itemsize,
-                             ReduceFn fn, uint64_t slot)
+                             ReduceFn fn, uint64_t slot, char* scratch)
     : context_(std::move(context)),
       data_(static_cast<char*>(data)),
       numel_(numel),
@@ -37,10 +37,15 @@ RingAllreduce::RingAllreduce(std::shared_ptr<::gloo::Context> context,
       rank_(context_->rank),
       size_(context_->size) {
   Plan();
-  scratch_bytes_ = 2 * segment_bytes_ + 1;  // Never empty.
-  scratch_.reset(new char[scratch_bytes_]);
+  // Plan() keeps segments within kMaxSegmentBytes (whole elements).
+  const size_t scratch_bytes = 2 * segment_bytes_ + 1;  // Never empty.
+  scratch_ = scratch;
+  if (scratch_ == nullptr || scratch_bytes > kScratchBytes) {
+    own_scratch_.reset(new char[scratch_bytes]);
+    scratch_ = own_scratch_.get();
+  }
   data_buf_ = context_->createUnboundBuffer(data_, numel_ * itemsize_);
-  scratch_buf_ = context_->createUnboundBuffer(scratch_.get(), scratch_bytes_);
+  scratch_buf_ = context_->createUnboundBuffer(scratch_, scratch_bytes);
 }
 
 RingAllreduce::~RingAllreduce() = default;
@@ -131,7 +136,7 @@ void RingAllreduce::Run(absl::Time deadline) {
       scratch_buf_->waitRecv(MillisUntil(deadline));
       if (t.recv_bytes > 0) {
         char* dst = data_ + t.recv_offset;
-        fn_(dst, dst, scratch_.get() + (i % 2) * segment_bytes_,
+        fn_(dst, dst, scratch_ + (i % 2) * segment_bytes_,
             t.recv_bytes / itemsize_);
       }
     } else {

@@ -85,10 +85,16 @@ class RingAllreduce : public EarlyAlgorithm {
   // Receives posted before the argument check (and in flight at any time).
   static constexpr int kEarlyReceives = 2;
 
+  // Receive space for two segments.
+  static constexpr size_t kScratchBytes = 2 * kMaxSegmentBytes + 1;
+
   // Reduces `numel` elements of `itemsize` bytes at `data` in place with
-  // `fn`, over `context` (size >= 2), on Gloo slot `slot`.
+  // `fn`, over `context` (size >= 2), on Gloo slot `slot`. `scratch`:
+  // kScratchBytes the caller keeps (so calls fault in no fresh pages), or
+  // null to allocate them.
   RingAllreduce(std::shared_ptr<::gloo::Context> context, void* data,
-                size_t numel, size_t itemsize, ReduceFn fn, uint64_t slot);
+                size_t numel, size_t itemsize, ReduceFn fn, uint64_t slot,
+                char* scratch = nullptr);
   ~RingAllreduce() override;
 
   // Posts kEarlyReceives receives from the left neighbour.
@@ -115,8 +121,8 @@ class RingAllreduce : public EarlyAlgorithm {
   size_t segment_bytes_ = 0;
   std::vector<Transfer> transfers_;
   // Two segments for reduce-scatter receives (left uninitialized).
-  std::unique_ptr<char[]> scratch_;
-  size_t scratch_bytes_ = 0;
+  std::unique_ptr<char[]> own_scratch_;
+  char* scratch_ = nullptr;
   std::unique_ptr<::gloo::transport::UnboundBuffer> data_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buf_;
   size_t posted_recvs_ = 0;
