@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -222,6 +223,48 @@ TEST(ShmBackendTest, AlltoallSingleOverManyRoundsAndInPlace) {
           ASSERT_EQ(p[i], (i / kChunk) * 10 + r) << "rank " << r << " at " << i;
         }
       });
+}
+
+// Broadcasts larger than a slot stream through the root's two slots in
+// chunks (wrapping around them many times; 9 MiB also takes the
+// non-temporal copy-out), from every root in turn, with other collectives
+// between them; every rank ends with the root's exact values.
+TEST(ShmBackendTest, LargeBroadcastStreamsFromEveryRoot) {
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
+    RunRanks(
+        ranks,
+        [&](std::shared_ptr<Store> store,
+            int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+          ShmBackendOptions o;
+          o.name_prefix = "/ferry-c10d-test";
+          auto b = ShmBackend::Create(store, r, ranks, absl::Seconds(60), o);
+          if (!b.ok()) return b.status();
+          return std::unique_ptr<Backend>(std::move(*b));
+        },
+        [&](int r, Backend& b) {
+          constexpr int64_t kNumel = (int64_t{9} << 20) / 4 + 3;
+          for (int call = 0; call < 2 * ranks; ++call) {
+            const int root = call % ranks;
+            Tensor t = zeros({kNumel}, DType::kInt32);
+            int32_t* p = static_cast<int32_t*>(t.data_ptr());
+            for (int64_t i = 0; i < kNumel; ++i) {
+              p[i] = r == root ? static_cast<int32_t>(i * 7 + call) : -1;
+            }
+            absl::Status s =
+                b.Broadcast(t, {.root = root})->Wait(absl::Seconds(60));
+            ASSERT_TRUE(s.ok()) << s;
+            for (int64_t i = 0; i < kNumel; ++i) {
+              ASSERT_EQ(p[i], static_cast<int32_t>(i * 7 + call))
+                  << "rank " << r << " call " << call << " at " << i;
+            }
+            Tensor one = full({5}, 1.0);
+            s = b.Allreduce(one)->Wait(absl::Seconds(60));
+            ASSERT_TRUE(s.ok()) << s;
+            EXPECT_EQ(one.to_vector<float>()[4], static_cast<float>(ranks));
+          }
+        });
+  }
 }
 
 TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {
