@@ -716,6 +716,12 @@ void Copy(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
+bool Overlap(const void* a, size_t a_len, const void* b, size_t b_len) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return x < y + b_len && y < x + a_len;
+}
+
 // Copies into memory this rank does not read again soon; with `streaming`,
 // through non-temporal stores (no read-for-ownership of `dst`, no eviction of
 // the shared slots from the caches), fenced before returning.
@@ -1055,7 +1061,57 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
       kOp, sig, local, options.timeout,
       [this, output, input, out_rows = std::move(out_rows),
        in_rows = std::move(in_rows), row_bytes](Round& round) -> absl::Status {
-        return RunAlltoall(round, output, input, out_rows, in_rows, row_bytes);
+        // An output overlapping the input would be overwritten while later
+        // rounds still read the input: send from a copy then.
+        const Tensor from = Overlap(output.data_ptr(), output.nbytes(),
+                                    input.data_ptr(), input.nbytes())
+                                ? input.clone()
+                                : input;
+        const int n = size();
+        std::vector<const char*> src(n);
+        std::vector<char*> dst(n);
+        const char* in = static_cast<const char*>(from.data_ptr());
+        char* out = static_cast<char*>(output.data_ptr());
+        for (int r = 0; r < n; ++r) {
+          src[r] = in;
+          dst[r] = out;
+          in += in_rows[r] * row_bytes;
+          out += out_rows[r] * row_bytes;
+        }
+        return RunAlltoall(round, src, dst, out_rows, in_rows, row_bytes);
+      });
+}
+
+// The list form: one "row" of a tensor's bytes to and from each rank (the
+// tensors are all alike, so the signature's dtype and count cover them).
+std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outputs,
+                                           std::vector<Tensor> inputs,
+                                           const AlltoallOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoall;
+  absl::Status local = Checks().Alltoall(outputs, inputs);
+  Signature sig = local.ok() ? TensorSignature(inputs[0]) : Signature{};
+  return Enqueue(
+      kOp, sig, local, options.timeout,
+      [this, outputs = std::move(outputs),
+       inputs = std::move(inputs)](Round& round) mutable -> absl::Status {
+        const int n = size();
+        const int64_t bytes = static_cast<int64_t>(inputs[0].nbytes());
+        bool overlap = false;
+        for (const Tensor& o : outputs) {
+          for (const Tensor& i : inputs) {
+            overlap = overlap || Overlap(o.data_ptr(), bytes, i.data_ptr(),
+                                         static_cast<size_t>(bytes));
+          }
+        }
+        std::vector<const char*> src(n);
+        std::vector<char*> dst(n);
+        for (int r = 0; r < n; ++r) {
+          if (overlap) inputs[r] = inputs[r].clone();
+          src[r] = static_cast<const char*>(inputs[r].data_ptr());
+          dst[r] = static_cast<char*>(outputs[r].data_ptr());
+        }
+        const std::vector<int64_t> ones(n, 1);
+        return RunAlltoall(round, src, dst, ones, ones, bytes);
       });
 }
 
@@ -1064,9 +1120,12 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
 // first round's header carries every rank's split sizes (rows sent to and
 // expected from each rank), checked on every rank alike before anything is
 // read; it also gives the round count (the longest transfer over `cap`). A
-// rank's part for itself is copied directly.
-absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
-                                     const Tensor& input,
+// rank's part for itself is copied directly. src[d] / dst[s]: the bytes for
+// rank d / from rank s (in_rows[d] / out_rows[s] rows of `row_bytes`), none
+// overlapping another.
+absl::Status ShmBackend::RunAlltoall(Round& round,
+                                     const std::vector<const char*>& src,
+                                     const std::vector<char*>& dst,
                                      const std::vector<int64_t>& out_rows,
                                      const std::vector<int64_t>& in_rows,
                                      int64_t row_bytes) {
@@ -1076,20 +1135,9 @@ absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
   const int64_t cap = static_cast<int64_t>(
       round.slot_bytes() > header ? (round.slot_bytes() - header) / n / 64 * 64
                                   : 0);
-  const char* in = static_cast<const char*>(input.data_ptr());
-  char* out = static_cast<char*>(output.data_ptr());
-  // An output overlapping the input would be overwritten while later rounds
-  // still read the input: send from a copy then.
-  Tensor staged;
-  if (out < in + input.nbytes() && out + output.nbytes() > in) {
-    staged = input.clone();
-    in = static_cast<const char*>(staged.data_ptr());
-  }
-  std::vector<int64_t> in_off(n + 1, 0), out_off(n + 1, 0);
-  for (int r = 0; r < n; ++r) {
-    in_off[r + 1] = in_off[r] + in_rows[r] * row_bytes;
-    out_off[r + 1] = out_off[r] + out_rows[r] * row_bytes;
-  }
+  int64_t out_total = 0;
+  for (int r = 0; r < n; ++r) out_total += out_rows[r] * row_bytes;
+  const bool large = out_total >= kStreamingStoreBytes;
   auto piece = [cap](int64_t total, int64_t k) {
     return std::clamp<int64_t>(total - k * cap, 0, cap);
   };
@@ -1109,24 +1157,24 @@ absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
     }
     for (int d = 0; d < n; ++d) {
       if (d == me) continue;
-      Copy(mine + header + d * cap, in + in_off[d] + k * cap,
-           piece(in_off[d + 1] - in_off[d], k));
+      Copy(mine + header + d * cap, src[d] + k * cap,
+           piece(in_rows[d] * row_bytes, k));
     }
     absl::Status s = round.Arrive();
     if (s.ok() && k == 0) {
       s = CheckAlltoallSplits(round, n, &rounds, cap, row_bytes);
     }
     if (s.ok()) {
-      for (int src = 0; src < n; ++src) {
-        if (src == me) continue;
-        Copy(out + out_off[src] + k * cap, round.slot(src) + header + me * cap,
-             piece(out_off[src + 1] - out_off[src], k));
+      for (int from = 0; from < n; ++from) {
+        if (from == me) continue;
+        CopyOut(dst[from] + k * cap, round.slot(from) + header + me * cap,
+                piece(out_rows[from] * row_bytes, k), large);
       }
     }
     round.Next();
     RETURN_IF_ERROR(s);
   }
-  Copy(out + out_off[me], in + in_off[me], out_off[me + 1] - out_off[me]);
+  Copy(dst[me], src[me], out_rows[me] * row_bytes);
   return absl::OkStatus();
 }
 
@@ -1189,13 +1237,6 @@ std::shared_ptr<Work> ShmBackend::Scatter(Tensor out, std::vector<Tensor> ins,
                                           const ScatterOptions& o) {
   return Forward(OpType::kScatter, [&](Backend& b) {
     return b.Scatter(std::move(out), std::move(ins), o);
-  });
-}
-std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outs,
-                                           std::vector<Tensor> ins,
-                                           const AlltoallOptions& o) {
-  return Forward(OpType::kAlltoall, [&](Backend& b) {
-    return b.Alltoall(std::move(outs), std::move(ins), o);
   });
 }
 std::shared_ptr<Work> ShmBackend::Send(Tensor t, int dst,

@@ -1,7 +1,8 @@
 // ShmBackend: same-host collectives through one shared-memory segment.
 //
 // Allreduce, Broadcast, Allgather, AllgatherIntoTensor, ReduceScatter,
-// ReduceScatterTensor, AlltoallSingle (uneven splits) and Barrier run here;
+// ReduceScatterTensor, AlltoallSingle (uneven splits), Alltoall (list form)
+// and Barrier run here;
 // every other operation goes to the `fallback` backend given at creation (gloo
 // in the registered factories), or fails Unimplemented when there is none.
 //
@@ -37,7 +38,7 @@
 // once every reader is past it and returns once all have copied everything.
 // Tensors of 8 MiB or more are copied out with non-temporal stores.
 // (Cross-memory attach, process_vm_readv from the root's tensor, would save
-// the copy-in but measured 3-4x slower than memcpy on the 2-CPU VM this was
+// the copy-in but measured 2-4x slower than memcpy on the 2-CPU VM this was
 // tuned on, so it is not used.)
 //
 // Barrier: each rank bumps its own counter (for diagnostics) and a shared
@@ -135,6 +136,9 @@ class ShmBackend : public Backend {
   std::shared_ptr<Work> AlltoallSingle(
       Tensor output, Tensor input,
       const AlltoallSingleOptions& options = {}) override;
+  std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
+                                 std::vector<Tensor> inputs,
+                                 const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> Barrier(const BarrierOptions& options = {}) override;
 
   // Forwarded to the fallback.
@@ -144,9 +148,6 @@ class ShmBackend : public Backend {
                                const GatherOptions& options = {}) override;
   std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs,
                                 const ScatterOptions& options = {}) override;
-  std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
-                                 std::vector<Tensor> inputs,
-                                 const AlltoallOptions& options = {}) override;
   std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
                              const SendOptions& options = {}) override;
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
@@ -193,8 +194,8 @@ class ShmBackend : public Backend {
                                              absl::Status local,
                                              const ReduceScatterOptions& o);
   absl::Status RunBroadcast(Round& round, char* data, int64_t total, int root);
-  absl::Status RunAlltoall(Round& round, const Tensor& output,
-                           const Tensor& input,
+  absl::Status RunAlltoall(Round& round, const std::vector<const char*>& src,
+                           const std::vector<char*>& dst,
                            const std::vector<int64_t>& out_rows,
                            const std::vector<int64_t>& in_rows,
                            int64_t row_bytes);
