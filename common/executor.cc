@@ -39,8 +39,7 @@ absl::Status ThreadPoolExecutor::Submit(Task task, CancelCallback on_cancel) {
                      options_.max_queue, " pending tasks)"));
   }
   queue_.push_back(Entry{std::move(task), std::move(on_cancel)});
-  // One task wakes one thread (an Await on mu_ would wake every idle one).
-  work_.Signal();
+  WakeOneIfNeeded();
   return absl::OkStatus();
 }
 
@@ -83,20 +82,40 @@ absl::Status ThreadPoolExecutor::Shutdown(ShutdownMode mode) {
   return absl::OkStatus();
 }
 
+void ThreadPoolExecutor::WakeOneIfNeeded() {
+  // At most one wake-up in flight: the woken thread wakes the next if work
+  // remains when it takes its task (below), so a burst of tasks does not
+  // wake every idle thread at once, and every queued task still has a
+  // thread on its way while any is idle (a task blocked in a nested call
+  // never holds up the others).
+  if (!queue_.empty() && idle_ > 0 && wakeups_ == 0) {
+    ++wakeups_;
+    work_.Signal();
+  }
+}
+
 void ThreadPoolExecutor::WorkerLoop() {
   ScopedLogLabel label(options_.log_label.empty() ? ScopedLogLabel::Current()
                                                   : options_.log_label);
+  mu_.Lock();
   while (true) {
-    Entry e;
-    {
-      MutexLock lock(&mu_);
-      while (!stopping_ && queue_.empty()) work_.Wait(&mu_);
-      if (queue_.empty()) return;  // Stopping and drained.
-      e = std::move(queue_.front());
+    if (!queue_.empty()) {
+      Entry e = std::move(queue_.front());
       queue_.pop_front();
+      WakeOneIfNeeded();
+      mu_.Unlock();
+      e.task();
+      e = Entry();  // The task's captures go before the lock is retaken.
+      mu_.Lock();
+      continue;
     }
-    e.task();
+    if (stopping_) break;  // Stopping and drained.
+    ++idle_;
+    while (wakeups_ == 0 && !stopping_) work_.Wait(&mu_);
+    --idle_;
+    if (wakeups_ > 0) --wakeups_;
   }
+  mu_.Unlock();
 }
 
 }  // namespace ferry

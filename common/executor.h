@@ -82,12 +82,18 @@ class ThreadPoolExecutor final : public Executor {
   };
 
   void WorkerLoop();
+  // Signals an idle thread when a task waits and no wake-up is in flight.
+  void WakeOneIfNeeded() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable Mutex mu_;
   std::deque<Entry> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Signalled once per queued task, and to all threads on shutdown.
+  // Threads waiting for work, and wake-ups signalled that no thread has
+  // taken yet (at most one; see WakeOneIfNeeded).
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  int wakeups_ ABSL_GUARDED_BY(mu_) = 0;
+  // Signalled per wake-up, and to all threads on shutdown.
   CondVar work_;
   // Serializes joiners; threads_ is written only in the constructor.
   Mutex join_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -1,6 +1,7 @@
 #include "common/executor.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -55,6 +56,34 @@ TEST(ThreadPoolExecutor, UsesAllThreadsConcurrently) {
                             : absl::DeadlineExceededError("peers never ran"));
                   }).ok());
   }
+  EXPECT_TRUE(CollectAll(done).Get(absl::Seconds(60)).ok());
+}
+
+// Wake-ups are chained (one in flight at a time): tasks that block still
+// each get a thread, whether they come in a burst or are submitted by tasks
+// already blocked (as a nested call's request is).
+TEST(ThreadPoolExecutor, BlockedTasksEachGetAThreadInBurstsAndNested) {
+  constexpr int kThreads = 16;
+  ThreadPoolExecutor ex(Opts(kThreads, 100));
+  std::atomic<int> arrived{0};
+  Notification all_in;
+  std::vector<Promise<void>> promises(kThreads);
+  std::vector<Future<void>> done;
+  for (Promise<void>& p : promises) done.push_back(p.GetFuture());
+  std::function<Task(int)> make = [&](int i) -> Task {
+    return [&, i] {
+      // The second half: each task submits the next before it blocks.
+      if (i >= kThreads / 2 && i + 1 < kThreads) {
+        EXPECT_TRUE(ex.Submit(make(i + 1)).ok());
+      }
+      if (++arrived == kThreads) all_in.Notify();
+      promises[i].Set(
+          all_in.WaitForNotificationWithTimeout(absl::Seconds(30))
+              ? absl::OkStatus()
+              : absl::DeadlineExceededError("a blocked task got no thread"));
+    };
+  };
+  for (int i = 0; i <= kThreads / 2; ++i) ASSERT_TRUE(ex.Submit(make(i)).ok());
   EXPECT_TRUE(CollectAll(done).Get(absl::Seconds(60)).ok());
 }
 

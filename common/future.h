@@ -98,6 +98,11 @@ class State {
  public:
   using Callback = absl::AnyInvocable<void(const Result<T>&)>;
 
+  State() = default;
+  // Complete from the start (MakeReadyFuture): no promise, no lock taken.
+  explicit State(Result<T> result)
+      : result_(Unshared<T>(std::move(result))), ready_(true) {}
+
   // Returns false if already complete.
   bool Complete(Result<T> result) ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<Callback> callbacks;
@@ -114,14 +119,14 @@ class State {
   }
 
   void AddCallback(Callback cb) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
+    if (!IsReady()) {
       MutexLock lock(&mu_);
       if (!result_.has_value()) {
         callbacks_.push_back(std::move(cb));
         return;
       }
     }
-    cb(*result_);
+    cb(result());
   }
 
   bool IsReady() const { return ready_.load(std::memory_order_acquire); }
@@ -144,26 +149,33 @@ class State {
     return *result_;
   }
 
+  // Promises sharing this state (Promise keeps the count). When the last
+  // goes without completing it, the state completes with Cancelled, so no
+  // waiter hangs on a producer that is gone.
+  void AddPromise() { promises_.fetch_add(1, std::memory_order_relaxed); }
+  void DropPromise() {
+    if (promises_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // Most states are complete by now: skip building the error.
+    if (IsReady()) return;
+    Complete(absl::CancelledError(
+        "promise abandoned: its producer was destroyed without completing "
+        "it"));
+  }
+
  private:
   mutable Mutex mu_;
   std::optional<Result<T>> result_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> ready_{false};
+  std::atomic<int> promises_{0};
 };
 
-// Held only by Promises: its destruction (the last Promise gone) completes an
-// unfinished state with Cancelled.
-template <typename T>
-struct ProducerToken {
-  explicit ProducerToken(std::shared_ptr<State<T>> s) : state(std::move(s)) {}
-  ~ProducerToken() {
-    // Most states are complete by now: skip building the error.
-    if (state->IsReady()) return;
-    state->Complete(
-        absl::CancelledError("promise abandoned: its producer "
-                             "was destroyed without completing it"));
+// Builds futures from states (MakeReadyFuture).
+struct Access {
+  template <typename T>
+  static Future<T> Make(std::shared_ptr<State<T>> state) {
+    return Future<T>(std::move(state));
   }
-  std::shared_ptr<State<T>> state;
 };
 
 template <typename F, typename Arg>
@@ -270,6 +282,7 @@ class Future {
 
  private:
   friend class Promise<T>;
+  friend struct future_internal::Access;
   explicit Future(std::shared_ptr<future_internal::State<T>> s)
       : state_(std::move(s)) {}
 
@@ -279,17 +292,26 @@ class Future {
 template <typename T>
 class Promise {
  public:
-  Promise()
-      : token_(std::make_shared<future_internal::ProducerToken<T>>(
-            std::make_shared<future_internal::State<T>>())) {}
+  Promise() : state_(std::make_shared<future_internal::State<T>>()) {
+    state_->AddPromise();
+  }
+  Promise(const Promise& other) : state_(other.state_) {
+    if (state_ != nullptr) state_->AddPromise();
+  }
+  Promise(Promise&& other) noexcept = default;
+  Promise& operator=(Promise other) noexcept {
+    std::swap(state_, other.state_);
+    return *this;
+  }
+  ~Promise() {
+    if (state_ != nullptr) state_->DropPromise();
+  }
 
-  Future<T> GetFuture() const { return Future<T>(token_->state); }
+  Future<T> GetFuture() const { return Future<T>(state_); }
 
   // Each returns true if this call completed the state, false if it was
   // already complete (the result is then unchanged).
-  bool Set(Result<T> result) {
-    return token_->state->Complete(std::move(result));
-  }
+  bool Set(Result<T> result) { return state_->Complete(std::move(result)); }
 
   template <typename U = T, typename = std::enable_if_t<!std::is_void_v<U>>>
   bool SetValue(U value) {
@@ -307,17 +329,17 @@ class Promise {
     return Set(Result<T>(std::move(error)));
   }
 
-  bool IsReady() const { return token_->state->IsReady(); }
+  bool IsReady() const { return state_->IsReady(); }
 
  private:
-  std::shared_ptr<future_internal::ProducerToken<T>> token_;
+  // A moved-from Promise holds none (and may only be destroyed or assigned).
+  std::shared_ptr<future_internal::State<T>> state_;
 };
 
 template <typename T>
 Future<T> MakeReadyFuture(Result<T> result) {
-  Promise<T> p;
-  p.Set(std::move(result));
-  return p.GetFuture();
+  return future_internal::Access::Make(
+      std::make_shared<future_internal::State<T>>(std::move(result)));
 }
 
 inline Future<void> MakeReadyFuture() {

@@ -183,18 +183,39 @@ Future<Message> Agent::Send(const WorkerRef& to, Message message,
       });
 }
 
-Future<Value> Agent::CallAsync(const WorkerRef& to, const std::string& function,
-                               Value::List args,
-                               std::optional<absl::Duration> timeout) {
+namespace {
+
+Message CallMessage(const std::string& function, Value::List args) {
   Message m;
   m.type = MessageType::kCall;
   m.function = function;
   m.payload = Value::FromList(std::move(args));
-  return Send(to, std::move(m), timeout)
+  return m;
+}
+
+}  // namespace
+
+Future<Value> Agent::CallAsync(const WorkerRef& to, const std::string& function,
+                               Value::List args,
+                               std::optional<absl::Duration> timeout) {
+  return Send(to, CallMessage(function, std::move(args)), timeout)
       .Then([](const Result<Message>& reply) -> absl::StatusOr<Value> {
         if (!reply.ok()) return reply.status();
         return reply->payload;
       });
+}
+
+Result<Value> Agent::CallSync(const WorkerRef& to, const std::string& function,
+                              Value::List args,
+                              std::optional<absl::Duration> timeout) {
+  Future<Message> reply =
+      Send(to, CallMessage(function, std::move(args)), timeout);
+  // Unbounded: the call's own timeout ends it.
+  reply.Wait().IgnoreError();
+  const Result<Message>& r = reply.result();
+  // Errors are handed out unshared, as Future::Get does.
+  if (!r.ok()) return future_internal::Unshared(r.status());
+  return r->payload;
 }
 
 // ---------------------------------------------------------------------------

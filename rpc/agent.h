@@ -262,13 +262,17 @@ class Agent {
     return Typed<R>(CallAsync(to, function,
                               Value::List{ToValue(std::forward<A>(args))...}));
   }
+  // The same, waiting for the result: the core of rpc_sync (no continuation
+  // future per call).
+  Result<Value> CallSync(const WorkerRef& to, const std::string& function,
+                         Value::List args,
+                         std::optional<absl::Duration> timeout = std::nullopt);
+
   template <typename R = Value, typename... A>
   Result<R> rpc_sync(const WorkerRef& to, const std::string& function,
                      A&&... args) {
-    // Converted after the wait: no continuation future per call.
-    return TypedResult<R>(
-        CallAsync(to, function, Value::List{ToValue(std::forward<A>(args))...})
-            .Get());
+    return TypedResult<R>(CallSync(
+        to, function, Value::List{ToValue(std::forward<A>(args))...}));
   }
   // The same with a per-call timeout instead of Options::rpc_timeout.
   template <typename R = Value, typename... A>
@@ -280,10 +284,8 @@ class Agent {
   template <typename R = Value, typename... A>
   Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
                          const std::string& function, A&&... args) {
-    return TypedResult<R>(
-        CallAsync(to, function, Value::List{ToValue(std::forward<A>(args))...},
-                  timeout)
-            .Get());
+    return TypedResult<R>(CallSync(
+        to, function, Value::List{ToValue(std::forward<A>(args))...}, timeout));
   }
 
   // See the header comment. `timeout` bounds the whole shutdown.

@@ -81,6 +81,14 @@ absl::Status RegisterSlow(FunctionRegistry& reg,
   });
 }
 
+// "block"(): waits for `release` (bounded).
+absl::Status RegisterBlock(FunctionRegistry& reg,
+                           std::shared_ptr<Notification> release) {
+  return reg.Register("block", [release] {
+    release->WaitForNotificationWithTimeout(absl::Seconds(30));
+  });
+}
+
 class AgentConformance : public ::testing::TestWithParam<Implementation> {
  protected:
   std::shared_ptr<FunctionRegistry> BasicRegistry() {
@@ -173,12 +181,7 @@ TEST_P(AgentConformance, ErrorsNameWorkerAndFunction) {
 TEST_P(AgentConformance, TimeoutIsDeadlineExceededNamingTheCall) {
   auto reg = BasicRegistry();
   auto release = std::make_shared<Notification>();
-  ASSERT_TRUE(reg->Register("block",
-                            [release] {
-                              release->WaitForNotificationWithTimeout(
-                                  absl::Seconds(30));
-                            })
-                  .ok());
+  ASSERT_TRUE(RegisterBlock(*reg, release).ok());
   auto c = Start({"a", "b"}, reg);
   ASSERT_NE(c, nullptr);
   Future<Value> f =
@@ -196,6 +199,37 @@ TEST_P(AgentConformance, TimeoutIsDeadlineExceededNamingTheCall) {
   EXPECT_EQ(typed.code(), absl::StatusCode::kDeadlineExceeded) << typed;
   EXPECT_NE(typed.message().find("100ms"), std::string::npos) << typed;
   release->Notify();
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// The default timeout (Options::rpc_timeout) bounds calls made without one,
+// as a per-call timeout does (the gRPC agent sweeps these itself).
+TEST_P(AgentConformance, DefaultTimeoutIsDeadlineExceededNamingTheCall) {
+  auto reg = BasicRegistry();
+  auto release = std::make_shared<Notification>();
+  ASSERT_TRUE(RegisterBlock(*reg, release).ok());
+  Agent::Options options;
+  options.rpc_timeout = absl::Milliseconds(300);
+  auto c = Start({"a", "b"}, reg, options);
+  ASSERT_NE(c, nullptr);
+  const absl::Time start = absl::Now();
+  Future<Value> slow = c->agent(0).rpc_async("b", "block");
+  absl::Status typed = c->agent(0).rpc_sync<void>("b", "block");
+  Result<Value> r = slow.Get(absl::Seconds(30));
+  const absl::Duration took = absl::Now() - start;
+  for (const absl::Status& s : {r.status(), typed}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("worker 'b' function 'block'"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find("300ms"), std::string::npos) << s;
+  }
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(20));
+  // A call that finishes in time is unaffected, before and after.
+  EXPECT_TRUE(c->agent(0).rpc_sync<void>("b", "noop").ok());
+  release->Notify();
+  EXPECT_TRUE(c->agent(0).rpc_sync<void>("b", "noop").ok());
   EXPECT_TRUE(c->ShutdownAll().ok());
 }
 
@@ -272,12 +306,7 @@ TEST_P(AgentConformance, DeadPeerGivesUnavailableNotAHang) {
 TEST_P(AgentConformance, NonGracefulShutdownCancelsCallsInFlight) {
   auto reg = BasicRegistry();
   auto release = std::make_shared<Notification>();
-  ASSERT_TRUE(reg->Register("block",
-                            [release] {
-                              release->WaitForNotificationWithTimeout(
-                                  absl::Seconds(30));
-                            })
-                  .ok());
+  ASSERT_TRUE(RegisterBlock(*reg, release).ok());
   auto c = Start({"a", "b"}, reg);
   ASSERT_NE(c, nullptr);
   Future<Value> f = c->agent(0).CallAsync("b", "block", {});

@@ -7,18 +7,30 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
+namespace {
+
+// A head this small is copied into its slice rather than handed over.
+constexpr size_t kCopiedHeadBytes = 512;
+
+}  // namespace
 
 grpc::ByteBuffer ToByteBuffer(EncodedValue encoded) {
-  std::vector<grpc::Slice> slices;
+  absl::InlinedVector<grpc::Slice, 4> slices;
   slices.reserve(1 + 2 * encoded.payloads.size());
-  auto head = std::make_unique<std::string>(std::move(encoded.head));
-  const char* head_data = head->data();
-  const size_t head_size = head->size();
-  slices.push_back(SliceOwning(std::move(head), head_data, head_size));
+  if (encoded.head.size() <= kCopiedHeadBytes) {
+    // Metadata only (never tensor bytes): one allocation, not two.
+    slices.emplace_back(encoded.head.data(), encoded.head.size());
+  } else {
+    auto head = std::make_unique<std::string>(std::move(encoded.head));
+    const char* head_data = head->data();
+    const size_t head_size = head->size();
+    slices.push_back(SliceOwning(std::move(head), head_data, head_size));
+  }
   for (WirePayload& p : encoded.payloads) {
     if (p.size > 0) {
       slices.push_back(SliceOwning(
@@ -41,27 +53,39 @@ absl::StatusOr<grpc::ByteBuffer> EncodeToByteBuffer(const Value& value,
   return ToByteBuffer(*std::move(encoded));
 }
 
+namespace {
+
+// Payloads that adopt the chunk keep the slice referenced. Small slices store
+// their bytes inline in the slice object, so the address is taken only once
+// the slice has its final (heap) home.
+WireChunk ChunkOf(grpc::Slice slice) {
+  auto held = std::make_shared<grpc::Slice>(std::move(slice));
+  WireChunk c;
+  c.data = reinterpret_cast<const char*>(held->begin());
+  c.size = held->size();
+  c.keepalive = std::move(held);
+  return c;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<WireChunk>> ChunksOfByteBuffer(
     const grpc::ByteBuffer& buffer) {
+  std::vector<WireChunk> chunks;
+  // Most small messages arrive as one slice: no list of slices for them.
+  grpc::Slice single;
+  if (buffer.TrySingleSlice(&single).ok()) {
+    chunks.push_back(ChunkOf(std::move(single)));
+    return chunks;
+  }
   std::vector<grpc::Slice> slices;
   grpc::Status st = buffer.Dump(&slices);
   if (!st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "wire decode: cannot read the byte buffer: ", st.error_message()));
   }
-  std::vector<WireChunk> chunks;
   chunks.reserve(slices.size());
-  for (grpc::Slice& s : slices) {
-    // Payloads that adopt this chunk keep the slice referenced. Small slices
-    // store their bytes inline in the slice object, so take the address only
-    // once the slice has its final (heap) home.
-    auto held = std::make_shared<grpc::Slice>(std::move(s));
-    WireChunk c;
-    c.data = reinterpret_cast<const char*>(held->begin());
-    c.size = held->size();
-    c.keepalive = std::move(held);
-    chunks.push_back(std::move(c));
-  }
+  for (grpc::Slice& s : slices) chunks.push_back(ChunkOf(std::move(s)));
   return chunks;
 }
 

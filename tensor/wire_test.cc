@@ -1,6 +1,7 @@
 #include "tensor/wire.h"
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,7 +66,8 @@ Value Sample() {
   d["list"] = Value::FromList({Value::Int(1),
                                Value::FromTensor(ones({3}, DType::kInt8)),
                                Value::FromList({})});
-  d["rref"] = Value::FromRRef(RRefHandle{3, GlobalId(1, 2), GlobalId(4, 5), "T", "x"});
+  d["rref"] =
+      Value::FromRRef(RRefHandle{3, GlobalId(1, 2), GlobalId(4, 5), "T", "x"});
   d["msg"] = Value::FromMessage(MessageValue{"pkg.Msg", "\x08\x01"});
   d["empty_tensor"] = Value::FromTensor(zeros({0, 4}));
   d["scalar_tensor"] = Value::FromTensor(full({}, 7, DType::kInt64));
@@ -95,6 +97,48 @@ TEST(WireTest, NestedValueRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, v) << back->DebugString();
   EXPECT_EQ(back->DebugString(), v.DebugString());
+}
+
+// The metadata is written by hand (wire.cc); it must be the protobuf
+// serialization itself: parsed and re-serialized, the bytes are unchanged.
+TEST(WireTest, MetadataIsCanonicalProtobuf) {
+  std::vector<Value> values = {
+      Sample(),
+      Value::None(),
+      Value::Bool(false),
+      Value::Int(0),
+      Value::Int(std::numeric_limits<int64_t>::min()),
+      Value::Double(0.0),
+      Value::Double(-0.0),
+      Value::String(""),
+      Value::String(std::string(300, 'x')),
+      Value::FromList({}),
+      Value::FromDict({}),
+      Value::FromDict({{"", Value::None()}}),
+      Value::FromRRef(RRefHandle{-1, GlobalId(), GlobalId(), "", ""}),
+      Value::FromMessage(MessageValue{"", ""}),
+      Value::FromTensor(full({}, 1.0)),
+      Value::FromTensor(zeros({0})),
+      Value::FromTensor(ones({1 << 20}, DType::kInt8).view({-1, 1, 512})),
+  };
+  Value deep = Value::Int(1);
+  for (int i = 0; i < 40; ++i) deep = Value::FromList({deep, Sample()});
+  values.push_back(deep);
+  for (const Value& v : values) {
+    absl::StatusOr<EncodedValue> e = EncodeValue(v);
+    ASSERT_TRUE(e.ok()) << e.status();
+    uint32_t len;
+    std::memcpy(&len, e->head.data() + 4, 4);
+    ASSERT_LE(kWireHeaderBytes + len, e->head.size());
+    const std::string meta = e->head.substr(kWireHeaderBytes, len);
+    proto::WireMetadata md;
+    ASSERT_TRUE(md.ParseFromString(meta)) << v.DebugString();
+    EXPECT_EQ(md.SerializeAsString(), meta) << v.DebugString();
+    EXPECT_EQ(e->head.size() % kWireAlignment, 0u);
+    absl::StatusOr<Value> back = DecodeValue(e->Flatten());
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, v) << v.DebugString();
+  }
 }
 
 TEST(WireTest, LayoutIsAligned) {

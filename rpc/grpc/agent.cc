@@ -4,6 +4,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -82,6 +83,13 @@ struct GrpcAgent::OutgoingCall {
   // Keeps a same-host payload readable until the call ends.
   std::shared_ptr<void> same_host_lease;
   Promise<Message> promise;
+  absl::Time deadline;
+  // Set by the sweeper when it cancels the call at its deadline.
+  std::atomic<bool> expired{false};
+  // Links of the CallList holding the call (under the agent's mu_).
+  CallList* list = nullptr;
+  OutgoingCall* prev = nullptr;
+  OutgoingCall* next = nullptr;
 
   // DescribeTarget of the request.
   std::string Target() const {
@@ -97,6 +105,23 @@ struct GrpcAgent::Probe {
   grpc::ByteBuffer request;  // An empty HealthCheckRequest: the whole server.
   grpc::ByteBuffer response;
 };
+
+void GrpcAgent::CallList::PushBack(OutgoingCall* call) {
+  call->list = this;
+  call->prev = tail;
+  call->next = nullptr;
+  (tail != nullptr ? tail->next : head) = call;
+  tail = call;
+  ++size;
+}
+
+void GrpcAgent::CallList::Remove(OutgoingCall* call) {
+  (call->prev != nullptr ? call->prev->next : head) = call->next;
+  (call->next != nullptr ? call->next->prev : tail) = call->prev;
+  call->list = nullptr;
+  call->prev = call->next = nullptr;
+  --size;
+}
 
 // ---------------------------------------------------------------------------
 // Life cycle.
@@ -255,6 +280,7 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
     health->SetServingStatus("ferry.rpc.v1.Worker", true);
     health->SetServingStatus("ferry.admin.v1.Admin", true);
   }
+  sweeper_ = std::thread([this] { SweepLoop(); });
   return JoinHostPort(host, port);
 }
 
@@ -340,13 +366,13 @@ absl::Status GrpcAgent::AwaitOutgoingCalls(absl::Time deadline,
                                            absl::Duration timeout) {
   MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return outgoing_.empty();
+    return swept_.size + unswept_.size == 0;
   };
   if (mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
     return absl::OkStatus();
   }
   return absl::DeadlineExceededError(absl::StrCat(
-      "worker '", self().name, "' shutdown: ", outgoing_.size(),
+      "worker '", self().name, "' shutdown: ", swept_.size + unswept_.size,
       " outgoing calls still running after ", absl::FormatDuration(timeout)));
 }
 
@@ -359,9 +385,14 @@ void GrpcAgent::StopServing(bool drain, absl::Time server_deadline) {
   {
     MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (OutgoingCall* call : outgoing_) call->context.TryCancel();
+    for (CallList* list : {&swept_, &unswept_}) {
+      for (OutgoingCall* c = list->head; c != nullptr; c = c->next) {
+        c->context.TryCancel();
+      }
+    }
     for (Probe* probe : probes_) probe->context.TryCancel();
   }
+  StopSweeper();
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(server_deadline));
     server_->Wait();
@@ -371,10 +402,45 @@ void GrpcAgent::StopServing(bool drain, absl::Time server_deadline) {
   StopExecutor(drain);
   MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return outgoing_.empty() && probes_.empty();
+    return swept_.size + unswept_.size == 0 && probes_.empty();
   };
   mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
   shut_down_ = true;
+}
+
+void GrpcAgent::StopSweeper() {
+  {
+    MutexLock lock(&mu_);
+    sweeper_stop_ = true;
+    sweeper_wake_.Signal();
+  }
+  if (sweeper_.joinable()) sweeper_.join();
+}
+
+void GrpcAgent::SweepLoop() {
+  MutexLock lock(&mu_);
+  while (!sweeper_stop_) {
+    const absl::Time now = absl::Now();
+    while (swept_.head != nullptr && swept_.head->deadline <= now) {
+      OutgoingCall* late = swept_.head;
+      swept_.Remove(late);
+      unswept_.PushBack(late);
+      // Read by CallDone after gRPC completes the cancelled call.
+      late->expired.store(true, std::memory_order_release);
+      late->context.TryCancel();
+    }
+    // Asleep until the oldest call's deadline or, with none, for a whole
+    // timeout (at least 1 ms): a call made meanwhile has a later deadline,
+    // so Transmit never needs to wake the sweeper.
+    if (swept_.head != nullptr) {
+      sweeper_wake_.WaitWithDeadline(&mu_, swept_.head->deadline);
+    } else if (options().rpc_timeout != absl::InfiniteDuration()) {
+      sweeper_wake_.WaitWithTimeout(
+          &mu_, std::max(options().rpc_timeout, absl::Milliseconds(1)));
+    } else {
+      sweeper_wake_.Wait(&mu_);  // No call is ever swept.
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -429,7 +495,11 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   } else {
     call->request = grpc_agent::ToEnvelope(*std::move(encoded)).buffer;
   }
-  if (request.deadline != absl::InfiniteFuture()) {
+  // The sweeper keeps the default timeout (see agent.h).
+  call->deadline = request.deadline;
+  const bool swept = request.deadline != absl::InfiniteFuture() &&
+                     timeout == options().rpc_timeout;
+  if (!swept && request.deadline != absl::InfiniteFuture()) {
     call->context.set_deadline(absl::ToChronoTime(request.deadline));
   }
   Future<Message> result = call->promise.GetFuture();
@@ -447,7 +517,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
           " worker '", to.name, "'")));
     }
     call->peer = PeerFor(to);
-    outgoing_.insert(call.release());
+    (swept ? swept_ : unswept_).PushBack(call.release());
   }
   // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
   // stream's reactor stays alive until Start returns).
@@ -469,25 +539,8 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
 void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   FERRY_TSAN_ACQUIRE(raw);  // Pairs with the release in Transmit.
   std::unique_ptr<OutgoingCall> call(raw);
-  const int peer = call->peer->info.id;
-  Result<Message> result = absl::UnknownError("unset");
   uint64_t bytes_in = 0;
-  // A stream that failed on this side cancelled its call: its error counts.
-  if (status.ok() || (call->stream && !call->stream->error().ok())) {
-    absl::StatusOr<Result<Message>> reply =
-        call->stream
-            ? call->stream->DecodeReply(&bytes_in, {same_host_.get(), peer})
-            : grpc_agent::DecodeReply(call->response, grpc_options_.wire_limits,
-                                      &bytes_in, {same_host_.get(), peer});
-    if (!reply.ok()) {
-      result =
-          Annotate(reply.status(), absl::StrCat("reply from ", call->Target()));
-    } else {
-      result = *std::move(reply);
-    }
-  } else {
-    result = CallError(*call, status);
-  }
+  Result<Message> result = CallResult(*call, status, &bytes_in);
   stats_.Record(RpcStats::Direction::kOut,
                 call->type == MessageType::kCall ? call->function
                                                  : MessageTypeName(call->type),
@@ -496,7 +549,7 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   Promise<Message> promise = std::move(call->promise);
   {
     MutexLock lock(&mu_);
-    outgoing_.erase(raw);
+    raw->list->Remove(raw);
   }
   call.reset();
   // Completed here, on gRPC's callback thread: completing on the executor
@@ -505,11 +558,36 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   promise.Set(std::move(result));
 }
 
+Result<Message> GrpcAgent::CallResult(const OutgoingCall& call,
+                                      const grpc::Status& status,
+                                      uint64_t* bytes_in) {
+  // A stream that failed on this side cancelled its call: its error counts.
+  if (!status.ok() && !(call.stream && !call.stream->error().ok())) {
+    return CallError(call, status);
+  }
+  const int peer = call.peer->info.id;
+  absl::StatusOr<Result<Message>> reply =
+      call.stream
+          ? call.stream->DecodeReply(bytes_in, {same_host_.get(), peer})
+          : grpc_agent::DecodeReply(call.response, grpc_options_.wire_limits,
+                                    bytes_in, {same_host_.get(), peer});
+  if (!reply.ok()) {
+    return Annotate(reply.status(), absl::StrCat("reply from ", call.Target()));
+  }
+  return *std::move(reply);
+}
+
 absl::Status GrpcAgent::CallError(const OutgoingCall& call,
                                   const grpc::Status& status) {
   const std::string where = call.Target();
   absl::Status s = FromGrpcStatus(status);
-  switch (status.error_code()) {
+  grpc::StatusCode code = status.error_code();
+  // Cancelled by the sweeper at its deadline (see agent.h).
+  if (code == grpc::StatusCode::CANCELLED &&
+      call.expired.load(std::memory_order_acquire)) {
+    code = grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  switch (code) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(
           absl::StrCat("call to ", where, " timed out after ",

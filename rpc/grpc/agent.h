@@ -27,6 +27,13 @@
 // FailedPrecondition ("the group is shutting down"), before it or after its
 // notices (a member that began to stop refuses them, naming its state).
 //
+// Deadlines: a call whose timeout is the default (Options::rpc_timeout) sets
+// no gRPC deadline (which arms a timer per call on both ends); the agent's
+// sweeper thread cancels it once its deadline passes, and it fails with
+// DeadlineExceeded as a gRPC deadline would. Calls with their own timeout
+// keep a gRPC deadline. Either way the callee's deadline is the caller's
+// remaining time (rpc/agent.h).
+//
 // Peer failures (rpc/agent.h): when a call fails with Unavailable, the agent
 // probes the peer's gRPC health service (peer_probe_timeout); if the probe
 // fails at the transport too, the peer is reported failed. A peer that
@@ -44,9 +51,9 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -151,6 +158,14 @@ class GrpcAgent final : public Agent {
   struct Peer;
   struct OutgoingCall;
   struct Probe;
+  // Outgoing calls in the order made, linked through the calls.
+  struct CallList {
+    OutgoingCall* head = nullptr;
+    OutgoingCall* tail = nullptr;
+    size_t size = 0;
+    void PushBack(OutgoingCall* call);
+    void Remove(OutgoingCall* call);
+  };
 
   GrpcAgent(std::shared_ptr<Store> store, GrpcAgentOptions options,
             std::shared_ptr<FunctionRegistry> registry);
@@ -186,6 +201,13 @@ class GrpcAgent final : public Agent {
   Future<Message> Transmit(const WorkerInfo& to, Message request,
                            absl::Duration timeout) override;
   void CallDone(OutgoingCall* call, const grpc::Status& status);
+  // The reply (or error) of a call gRPC completed with `status`.
+  Result<Message> CallResult(const OutgoingCall& call,
+                             const grpc::Status& status, uint64_t* bytes_in);
+  // The sweeper: cancels calls of swept_ whose deadline passed, until
+  // sweeper_stop_.
+  void SweepLoop();
+  void StopSweeper();
   // The error of a call gRPC failed with `status`, naming the peer (and
   // probing it when unavailable).
   absl::Status CallError(const OutgoingCall& call, const grpc::Status& status);
@@ -216,7 +238,15 @@ class GrpcAgent final : public Agent {
 
   mutable Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.
-  absl::flat_hash_set<OutgoingCall*> outgoing_ ABSL_GUARDED_BY(mu_);
+  // swept_: those with the default timeout and no gRPC deadline, whose
+  // deadlines therefore increase along the list (up to the moments between
+  // Send and Transmit); the sweeper moves them to unswept_ as it cancels
+  // them. unswept_: every other call.
+  CallList swept_ ABSL_GUARDED_BY(mu_);
+  CallList unswept_ ABSL_GUARDED_BY(mu_);
+  bool sweeper_stop_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar sweeper_wake_;
+  std::thread sweeper_;
   // Health probes in flight; Shutdown cancels them and waits.
   std::set<Probe*> probes_ ABSL_GUARDED_BY(mu_);
   // By worker id; a departed worker's stays (ids are never reused).

@@ -95,31 +95,67 @@ EncodedMessage ToEnvelope(EncodedParts parts) {
   return out;
 }
 
+namespace {
+
+// Fields 1-6 of RpcRequest, serialized as protobuf would (in number order,
+// zeros and empty strings left out); the generated code writes the rest.
+void AppendRequestScalars(const Message& m, int64_t remaining_us,
+                          std::string* out) {
+  auto varint = [out](int field, uint64_t v) {
+    if (v == 0) return;
+    out->push_back(static_cast<char>(field << 3));
+    AppendVarint(out, v);
+  };
+  auto bytes = [out](int field, const std::string& s) {
+    if (s.empty()) return;
+    out->push_back(static_cast<char>((field << 3) | 2));
+    AppendVarint(out, s.size());
+    out->append(s);
+  };
+  // An enum is an int32 on the wire (sign-extended).
+  varint(1, static_cast<uint64_t>(static_cast<int64_t>(
+                static_cast<int32_t>(static_cast<uint32_t>(m.type)))));
+  bytes(2, m.function);
+  varint(3, static_cast<uint32_t>(m.caller_id));
+  bytes(4, m.caller_name);
+  varint(5, m.id.value());
+  varint(6, static_cast<uint64_t>(remaining_us));
+}
+
+}  // namespace
+
 absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
                                                 absl::Time now,
                                                 const WireLimits& limits) {
-  v1::RpcRequest header;
-  header.set_type(static_cast<v1::MessageType>(m.type));
-  header.set_function(m.function);
-  header.set_caller_id(static_cast<uint32_t>(m.caller_id));
-  header.set_caller_name(m.caller_name);
-  header.set_request_id(m.id.value());
-  if (m.deadline != absl::InfiniteFuture()) {
-    // At least 1 µs: 0 would mean "no deadline".
-    header.set_remaining_us(
-        std::max<int64_t>(1, absl::ToInt64Microseconds(m.deadline - now)));
-  }
-  if (m.rref) ToProto(*m.rref, header.mutable_rref());
-  if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
-  for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
+  // At least 1 µs: 0 would mean "no deadline".
+  const int64_t remaining_us =
+      m.deadline == absl::InfiniteFuture()
+          ? 0
+          : std::max<int64_t>(1, absl::ToInt64Microseconds(m.deadline - now));
   EncodedParts out;
+  if (!m.rref && !m.autograd && m.context.empty()) {
+    // The common case, without building a message.
+    out.header.reserve(32 + m.function.size() + m.caller_name.size());
+    AppendRequestScalars(m, remaining_us, &out.header);
+  } else {
+    v1::RpcRequest header;
+    header.set_type(static_cast<v1::MessageType>(m.type));
+    header.set_function(m.function);
+    header.set_caller_id(static_cast<uint32_t>(m.caller_id));
+    header.set_caller_name(m.caller_name);
+    header.set_request_id(m.id.value());
+    header.set_remaining_us(remaining_us);
+    if (m.rref) ToProto(*m.rref, header.mutable_rref());
+    if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
+    for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
+    header.AppendToString(&out.header);
+  }
   // No arguments, no payload: the callee reads an absent one as an empty
   // list (DecodeRequest).
   const Value::List* args = m.payload.if_list();
   if (args == nullptr || !args->empty()) {
     ASSIGN_OR_RETURN(out.payload, EncodeValue(m.payload, limits));
   }
-  header.AppendToString(&out.header);
   return out;
 }
 
