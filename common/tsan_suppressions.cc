@@ -11,8 +11,13 @@
 //                       (it still sees the synchronization they do).
 // A race where Ferry's own code touches the memory, including a Ferry
 // callback running on a gRPC thread with gRPC frames below it, is reported.
+//
+// tools/test_tsan compiles this file with FERRY_TSAN_GRPC_INSTRUMENTED when
+// it runs against a TSAN-built gRPC (tools/build_tsan_libs): TSAN then sees
+// gRPC's accesses and atomics, and every gRPC line goes.
 extern "C" const char* __tsan_default_suppressions() {
   return
+#ifndef FERRY_TSAN_GRPC_INSTRUMENTED
       // gRPC core: the event engine's epoll set (epoll_create1 on one
       // thread, epoll_wait on another, ordered by gRPC's own atomics),
       // closures and slices.
@@ -30,6 +35,7 @@ extern "C" const char* __tsan_default_suppressions() {
       // handing the call to gRPC core, which orders the two with atomics
       // TSAN cannot see. Ferry's code is never in grpc::internal.
       "race_top:grpc::internal::\n"
+#endif
       // Abseil needs none: tools/test_tsan loads a TSAN-built Abseil
       // (tools/build_tsan_libs), which also makes gRPC's own locks (all
       // absl::Mutex in gRPC 1.51) visible. Abseil's one false report of its
