@@ -6,6 +6,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "common/poll.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -146,6 +148,9 @@ TEST(AdminStats, ReportsInFlightQueueAndPeers) {
   auto agent = StartWorker(/*enable_invoke=*/false);
   ASSERT_NE(agent, nullptr);
   ASSERT_TRUE(agent->rpc_sync<std::string>("w", "concat", "a", 1).ok());
+  // The callee frees the call's slot after sending the reply, so the caller
+  // can hold the reply a moment before the count drops.
+  PollUntil([&] { return agent->calls_in_flight() == 0; }, absl::Seconds(10));
   auto stub = Admin::NewStub(grpc::CreateChannel(
       agent->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
