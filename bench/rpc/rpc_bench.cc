@@ -601,50 +601,25 @@ struct CallbackBench {
   }
 };
 
-// The same-host channel's counters, printed after its echo rows: what the
-// caller left in place (copied 0 times on send) and received (copied once,
-// by the kernel; the decoder adopts those bytes: shm_channel_test).
-void ReportSameHostCopies(const rpc::GrpcAgent& agent, int64_t n,
-                          uint64_t sent0, uint64_t received0) {
-  const auto& s = agent.same_host().stats();
-  const uint64_t sent = s.bytes_sent.load() - sent0;
-  const uint64_t received = s.bytes_received.load() - received0;
+// A path's copy counters, printed after its echo rows: `sent` bytes left in
+// place or sent as slices of the tensors (copied 0 times on send), and
+// `received` bytes copied once on receive (the decoder adopts those bytes:
+// shm_channel_test, stream_test). `how` says how they were sent, `key` is
+// its JSON field.
+void ReportCopies(const char* figure, const char* how, const char* key,
+                  int64_t n, uint64_t sent, uint64_t received) {
   std::printf(
-      "%-8s %-20s %12lld sent in place %llu B (copied 0x), received "
-      "%llu B (copied 1x)\n",
-      "ferry", "samehost_copies", static_cast<long long>(n),
+      "%-8s %-20s %12lld %s %llu B (copied 0x), received %llu B "
+      "(copied 1x)\n",
+      "ferry", figure, static_cast<long long>(n), how,
       static_cast<unsigned long long>(sent),
       static_cast<unsigned long long>(received));
   std::printf(
-      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": "
-      "\"samehost_copies\", \"unit\": \"bytes\", \"bytes\": %lld, "
-      "\"sent_in_place\": %llu, \"send_copies\": 0, \"received\": %llu, "
-      "\"receive_copies\": 1}\n",
-      static_cast<long long>(n), static_cast<unsigned long long>(sent),
-      static_cast<unsigned long long>(received));
-  std::fflush(stdout);
-}
-
-// The streamed path's counters, printed after its echo rows: payload bytes
-// sent as slices of the tensors (copied 0 times) and received pieces copied
-// once into the tensors' buffer (rpc/grpc/stream.h).
-void ReportStreamCopies(const rpc::GrpcAgent& agent, int64_t n, uint64_t sent0,
-                        uint64_t received0) {
-  const rpc::StreamStats& s = agent.stream_stats();
-  const uint64_t sent = s.bytes_sent.load() - sent0;
-  const uint64_t received = s.bytes_received.load() - received0;
-  std::printf(
-      "%-8s %-20s %12lld sent as slices %llu B (copied 0x), received "
-      "%llu B (copied 1x)\n",
-      "ferry", "stream_copies", static_cast<long long>(n),
+      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": \"%s\", "
+      "\"unit\": \"bytes\", \"bytes\": %lld, \"%s\": %llu, "
+      "\"send_copies\": 0, \"received\": %llu, \"receive_copies\": 1}\n",
+      figure, static_cast<long long>(n), key,
       static_cast<unsigned long long>(sent),
-      static_cast<unsigned long long>(received));
-  std::printf(
-      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": "
-      "\"stream_copies\", \"unit\": \"bytes\", \"bytes\": %lld, "
-      "\"sent_as_slices\": %llu, \"send_copies\": 0, \"received\": %llu, "
-      "\"receive_copies\": 1}\n",
-      static_cast<long long>(n), static_cast<unsigned long long>(sent),
       static_cast<unsigned long long>(received));
   std::fflush(stdout);
 }
@@ -852,9 +827,15 @@ int RunClient(int port) {
                           },
                           /*warmup=*/1));
       if (got != n) Die("ferry echo: wrong size");
-      if (same_host) ReportSameHostCopies(*a, n, sent0, received0);
+      if (same_host) {
+        ReportCopies("samehost_copies", "sent in place", "sent_in_place", n,
+                     s.bytes_sent.load() - sent0,
+                     s.bytes_received.load() - received0);
+      }
       if (a == tcp_agent.get() && n >= 1 << 20) {
-        ReportStreamCopies(*a, n, ssent0, sreceived0);
+        ReportCopies("stream_copies", "sent as slices", "sent_as_slices", n,
+                     ss.bytes_sent.load() - ssent0,
+                     ss.bytes_received.load() - sreceived0);
       }
     }
     if (!Want("memcpy_echo")) continue;
