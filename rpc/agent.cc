@@ -37,9 +37,16 @@ void Agent::SetSelf(WorkerInfo self) {
   executor_ = std::make_unique<ThreadPoolExecutor>(std::move(eo));
 }
 
-void Agent::BeginStop() {
+void Agent::BeginStop(absl::string_view state) {
   MutexLock lock(&mu_);
+  if (stopping_) return;
   stopping_ = true;
+  stop_state_ = std::string(state);
+}
+
+bool Agent::stopping() const {
+  MutexLock lock(&mu_);
+  return stopping_;
 }
 
 void Agent::StopExecutor(bool drain) {

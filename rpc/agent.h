@@ -55,6 +55,10 @@
 // and leave it with Leave(). Ids are never reused. Every member learns of a
 // join before the joiner's Join returns, and of a leave before the leaver's
 // Leave returns (members it cannot reach excepted: they are logged). A
+// member waiting in the shutdown barrier still serves and takes joiners; one
+// that began to stop refuses them at once (FailedPrecondition naming it and
+// its state), and a join once the group's shutdown barrier completed fails
+// fast with FailedPrecondition ("the group is shutting down"). A
 // departed worker stays known by id and name, so a message to it fails at
 // once with Unavailable naming it ("worker 'x' (id 5) left the group"); its
 // name may be taken by a later joiner, with a new id. world_size() and
@@ -88,6 +92,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/executor.h"
 #include "common/future.h"
@@ -169,6 +174,9 @@ class Agent {
   // Whether the group is known (SetWorkers ran); readers of the group on
   // transport threads check it first.
   bool joined() const { return joined_.load(std::memory_order_acquire); }
+  // Whether this worker began to stop (past its shutdown barrier, or its
+  // departure announced): it refuses joiners from then on (Membership).
+  bool stopping() const;
   // The present members (self included), by id.
   int world_size() const;
   // A present member; NotFound for an unknown name or id, Unavailable naming
@@ -337,9 +345,11 @@ class Agent {
     return executor_ ? executor_->QueueSize() : 0;
   }
 
-  // Ends the wait of early requests (Unavailable) and stops reporting peer
-  // failures; for a transport about to stop serving. Idempotent.
-  void BeginStop();
+  // Ends the wait of early requests (Unavailable), stops reporting peer
+  // failures and refuses joiners (naming `state`, "shutting down" or
+  // "leaving the group"); for a transport about to stop serving. Idempotent:
+  // the first call's state stays.
+  void BeginStop(absl::string_view state = "shutting down");
 
   // Transport: worker `id` is dead or unreachable, as `why` shows. The first
   // report of a peer tells every listener (on this thread, no lock held);
@@ -450,6 +460,7 @@ class Agent {
   InterceptorList interceptors_ ABSL_GUARDED_BY(mu_);
   bool group_known_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string stop_state_ ABSL_GUARDED_BY(mu_);  // BeginStop's `state`.
   int awaiting_group_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
   // Failed peers with the error that showed it.

@@ -8,6 +8,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "common/poll.h"
 #include "common/status.h"
 #include "common/sync.h"
 #include "gtest/gtest.h"
@@ -817,6 +819,54 @@ TEST_P(AgentConformance, StaticMemberLeavesAndTheOthersShutDown) {
             std::string::npos)
       << gone;
   EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// A member waiting in the shutdown barrier still serves: it takes a joiner
+// (and knows it when Join returns, well within the join's time limit), the
+// joiner works with the members still running and leaves before they shut
+// down, and the barrier then completes.
+TEST_P(AgentConformance, AMemberWaitingInTheShutdownBarrierTakesAJoiner) {
+  auto c = Start({"a", "b", "c"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  absl::Status b_down = absl::UnknownError("not returned");
+  std::thread down([&] { b_down = c->agent(1).Shutdown(); });
+  const bool waiting = PollUntil(
+      [&] { return c->ArrivedAtShutdownBarrier() == 1; }, absl::Seconds(30));
+  EXPECT_TRUE(waiting);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Agent*> t =
+      waiting ? c->Join("t") : absl::UnknownError("b not in the barrier");
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(t.ok()) << t.status();
+  // Join's limit is 60 s or more; a member that does not answer costs it.
+  EXPECT_LT(took, absl::Seconds(20));
+  if (t.ok()) {
+    EXPECT_EQ(Names(c->agent(1)),
+              (std::vector<std::string>{"a", "b", "c", "t"}));
+    EXPECT_EQ(*(*t)->rpc_sync<std::string>("a", "whoami"), "t");
+    EXPECT_TRUE((*t)->Leave().ok());
+    EXPECT_TRUE(c->agent(1).HasLeft((*t)->self().id));
+  }
+  EXPECT_TRUE(c->ShutdownAll().ok());
+  down.join();
+  EXPECT_TRUE(b_down.ok()) << b_down;
+}
+
+// Once every worker reached the shutdown barrier the group is shutting down:
+// Join fails at once, naming the joiner and why.
+TEST_P(AgentConformance, JoinFailsFastOnceTheGroupShutsDown) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->ShutdownAll().ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Agent*> t = c->Join("t");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kFailedPrecondition)
+      << t.status();
+  EXPECT_NE(t.status().message().find("'t'"), std::string::npos) << t.status();
+  EXPECT_NE(t.status().message().find("the group is shutting down"),
+            std::string::npos)
+      << t.status();
 }
 
 std::vector<Implementation> Implementations() {

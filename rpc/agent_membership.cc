@@ -248,6 +248,18 @@ Future<Message> Agent::ServeMembership(Message request) {
   }
   const WorkerInfo subject{*name, static_cast<int>(*id), *address};
   if (*change == static_cast<int64_t>(MembershipChange::kJoined)) {
+    // A worker that began to stop takes no joiner: it says so at once.
+    std::optional<std::string> state;
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) state = stop_state_;
+    }
+    if (state) {
+      return MakeErrorFuture<Message>(absl::FailedPreconditionError(
+          absl::StrCat("worker '", self_.name, "' (id ", self_.id, ") is ",
+                       *state, ": it does not take joiner '", subject.name,
+                       "' (id ", subject.id, ")")));
+    }
     AddMember(subject);
   } else {
     RemoveMember(subject);

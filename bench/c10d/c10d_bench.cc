@@ -29,13 +29,15 @@
 // data each rank must send for ring (allreduce, allgather, reducescatter)
 // and pairwise (alltoall) algorithms; for the others it is a normalization,
 // so each line names the algorithm: "ring" (Gloo's), "ferry-ring" (Ferry's
-// checked all-reduce, c10d/gloo/ring.h), "chain" (Ferry's checked pipelined
-// broadcast), "tree" (Gloo's binomial-tree broadcast), "pairwise" (Gloo's
-// alltoall: every rank sends each peer its chunk directly), "direct" (Ferry's
-// small Allreduce/Broadcast that completes in the argument exchange, every rank
-// sending its whole buffer to every other: busbw = size * (N-1) / time
-// instead), "shm", "mpi". Timed here in C++; PyTorch's figures come from
-// torch_bench.py, timed in Python.
+// ring, c10d/gloo/ring.h: checked all-reduce, reduce-scatter, all-gather),
+// "chain" (Ferry's checked pipelined broadcast), "tree" (Gloo's
+// binomial-tree broadcast), "pairwise" (Gloo's alltoall) and
+// "ferry-pairwise" (Ferry's): every rank sends each peer its chunk directly,
+// "direct" (Ferry's small call that completes in the argument exchange:
+// all-reduce and broadcast with every rank sending its whole buffer to every
+// other, busbw = size * (N-1) / time instead; all-gather and reduce-scatter
+// sending each peer what it needs, the ring's volume), "shm", "mpi". Timed here
+// in C++; PyTorch's figures come from torch_bench.py, timed in Python.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -161,16 +163,28 @@ int Main(int argc, char** argv) {
                                               : ring;
     if (mpi) return {"mpi", factor};
     if (shm) return {"shm", factor};
-    const bool direct = check_args &&
-                        (op == "allreduce" || op == "broadcast") &&
-                        static_cast<size_t>(bytes) <= inline_bytes;
-    if (direct) return {"direct", double(n - 1)};
+    // Bytes per rank that ride in the argument exchange: allgather's input,
+    // reducescatter's output chunk (each peer gets its own).
+    const int64_t per_rank = op == "reducescatter" ? bytes / n : bytes;
+    const bool direct_op = op == "allreduce" || op == "broadcast" ||
+                           op == "allgather" || op == "reducescatter";
+    if (check_args && direct_op &&
+        static_cast<size_t>(per_rank) <= inline_bytes) {
+      // allgather / reducescatter: the ring's volume, (N-1)/N, moves.
+      return {"direct", op == "allgather" || op == "reducescatter"
+                            ? factor
+                            : double(n - 1)};
+    }
     // With the check on, larger all-reduce and broadcast run Ferry's own
-    // ring and pipelined chain (c10d/gloo/ring.h), not Gloo's.
+    // ring and pipelined chain (c10d/gloo/ring.h), not Gloo's; reduce-scatter,
+    // all-gather and all-to-all always run Ferry's (ring.h).
     if (check_args && op == "allreduce") return {"ferry-ring", factor};
     if (check_args && op == "broadcast") return {"chain", factor};
     if (op == "broadcast") return {"tree", factor};
-    if (op == "alltoall") return {"pairwise", factor};
+    if (op == "alltoall") return {"ferry-pairwise", factor};
+    if (op == "allgather" || op == "reducescatter") {
+      return {"ferry-ring", factor};
+    }
     return {"ring", factor};
   };
   double budget_sec = 1.0;

@@ -19,8 +19,6 @@
 #include "common/status.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
-#include "gloo/alltoall.h"
-#include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
@@ -47,6 +45,9 @@ constexpr uint64_t kExchangePrefix = 0x43;
 constexpr uint64_t kRingPrefix = 0x44;
 // Slot prefix of Ferry-owned algorithms with early receives (ring.h).
 constexpr uint64_t kEarlyPrefix = 0x45;
+// Header::early flag: the early receives were posted for every peer (each
+// sends that many empty messages on refusal), not only the left one.
+constexpr int64_t kEarlyFromAll = int64_t{1} << 32;
 // Largest mismatched payload a Recv drains (see WaitP2P).
 constexpr int64_t kMaxDrainBytes = int64_t{1} << 30;
 
@@ -110,6 +111,9 @@ bool SameCall(const GlooBackend::Header& a, const GlooBackend::Header& b) {
   return a.magic == b.magic && a.op == b.op && a.dtype == b.dtype &&
          a.reduce_op == b.reduce_op && a.root == b.root && a.count == b.count;
 }
+
+// The data phase of a call with nothing to move (or refused locally).
+absl::Status NoData(uint32_t, absl::Duration) { return absl::OkStatus(); }
 
 void CopyBytes(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
@@ -303,6 +307,7 @@ std::shared_ptr<Work> GlooBackend::Enqueue(
   op->timeout = TimeoutOr(timeout);
   op->run = std::move(run);
   op->fill_inline = std::move(path.fill);
+  op->personal_inline = path.personal;
   op->inline_bytes = path.bytes;
   op->finish_inline = std::move(path.finish);
   op->check_inline = std::move(path.check);
@@ -416,19 +421,32 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Time deadline,
   if (op.fill_inline && op.local_error.ok()) {
     op.header.reserved = static_cast<int64_t>(op.inline_bytes);
   }
-  std::vector<char> mine(sizeof(Header) + op.header.reserved);
-  std::memcpy(mine.data(), &op.header, sizeof(Header));
-  if (op.header.reserved > 0) op.fill_inline(mine.data() + sizeof(Header));
+  // A personal payload (one per peer) goes out as one message per peer;
+  // otherwise every peer gets the same. The outgoing messages live in
+  // exchange_out_, kept between calls.
+  const size_t msg = sizeof(Header) + op.header.reserved;
+  const bool personal = op.personal_inline && op.header.reserved > 0;
+  const size_t copies = personal ? static_cast<size_t>(size()) : 1;
+  if (exchange_out_.size() < copies * msg) exchange_out_.resize(copies * msg);
+  for (size_t k = 0; k < copies; ++k) {
+    char* dst = exchange_out_.data() + k * msg;
+    std::memcpy(dst, &op.header, sizeof(Header));
+    if (op.header.reserved > 0) {
+      op.fill_inline(dst + sizeof(Header),
+                     personal ? static_cast<int>(k) : rank());
+    }
+  }
   ExchangeArea& area = Area(op.seq);
-  std::memcpy(area.blocks.data() + rank() * block, mine.data(), mine.size());
+  std::memcpy(area.blocks.data() + rank() * block,
+              exchange_out_.data() + (personal ? rank() * msg : 0), msg);
   const uint64_t slot = (kExchangePrefix << 56) | (uint64_t{op.seq} << 8);
   RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
     if (area.posted_seq != op.seq) PostExchange(op.seq);
     // The other area's last call (seq - 1) is finished: post the next one.
     PostExchange(op.seq + 1);
-    auto in = context_->createUnboundBuffer(mine.data(), mine.size());
+    auto in = context_->createUnboundBuffer(exchange_out_.data(), copies * msg);
     for (int peer = 0; peer < size(); ++peer) {
-      if (peer != rank()) in->send(peer, slot);
+      if (peer != rank()) in->send(peer, slot, personal ? peer * msg : 0, msg);
     }
     for (int i = 1; i < size(); ++i) {
       area.buf->waitRecv(gloo_internal::MillisUntil(deadline));
@@ -466,6 +484,25 @@ absl::Status GlooBackend::ExchangeHeaders(Op& op, absl::Time deadline,
   return absl::OkStatus();
 }
 
+void GlooBackend::AbandonEarly(const std::vector<Header>& all, uint64_t slot,
+                               gloo_internal::EarlyAlgorithm* algorithm,
+                               absl::Time deadline) {
+  // Refused on every rank: complete the early receives that peers posted
+  // for this rank's messages with empty ones (they fit any receive), then
+  // wait for our own.
+  const int right = (rank() + 1) % size();
+  for (int peer = 0; peer < size(); ++peer) {
+    const int64_t early = all[peer].early;
+    if (peer == rank() || (peer != right && (early & kEarlyFromAll) == 0)) {
+      continue;
+    }
+    gloo_internal::SendEmpty(*context_, peer, slot,
+                             static_cast<int>(early & ~kEarlyFromAll),
+                             deadline);
+  }
+  if (algorithm != nullptr) algorithm->Abandon(deadline);
+}
+
 absl::Status GlooBackend::RunOp(Op& op) {
   if (options_.log_calls) {
     FERRY_LOG(INFO) << op.work->description() << ": "
@@ -485,37 +522,32 @@ absl::Status GlooBackend::RunOp(Op& op) {
     algorithm = op.algorithm(early_slot);
     RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
       op.header.early = algorithm->PostEarlyReceives();
+      if (algorithm->EarlyFromEveryPeer()) op.header.early |= kEarlyFromAll;
       return absl::OkStatus();
     }));
   }
   std::vector<Header> all;
   absl::Status verdict = ExchangeHeaders(op, deadline, &all);
-  if (!verdict.ok()) {
-    if (all.empty()) return verdict;  // The exchange itself failed.
-    // Refused on every rank: complete the right neighbour's early receives
-    // with empty messages (they fit any receive), then our own.
-    const int right = (rank() + 1) % size();
-    RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
-      if (right != rank()) {
-        gloo_internal::SendEmpty(*context_, right, early_slot,
-                                 static_cast<int>(all[right].early), deadline);
-      }
-      if (algorithm) algorithm->Abandon(deadline);
-      return absl::OkStatus();
-    }));
-    return verdict;
-  }
+  if (!verdict.ok() && all.empty()) return verdict;  // The exchange failed.
   ExchangeArea& area = Area(op.seq);
   const size_t block = sizeof(Header) + InlineBytes();
   std::vector<const char*> data(size());
   for (int r = 0; r < size(); ++r) {
     data[r] = area.blocks.data() + r * block + sizeof(Header);
   }
+  // Every rank holds every rank's payload: the same verdict everywhere.
+  if (verdict.ok() && op.check_inline && !op.finish_inline) {
+    verdict = Annotate(op.check_inline(data), op.work->description());
+  }
+  if (!verdict.ok()) {
+    RETURN_IF_ERROR(CallGloo(op, op.timeout, [&]() -> absl::Status {
+      AbandonEarly(all, early_slot, algorithm.get(), deadline);
+      return absl::OkStatus();
+    }));
+    return verdict;
+  }
   // Every rank's payload came with the headers: no second round.
   if (op.finish_inline) return op.finish_inline(data);
-  if (op.check_inline) {
-    RETURN_IF_ERROR(Annotate(op.check_inline(data), op.work->description()));
-  }
   if (algorithm) {
     return CallGloo(op, op.timeout, [&]() -> absl::Status {
       algorithm->Run(deadline);
@@ -552,7 +584,7 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
     // Small: each rank's tensor rides in the header exchange and every rank
     // reduces them in rank order (identical bits everywhere).
     path.bytes = tensor.nbytes();
-    path.fill = [tensor](char* dst) {
+    path.fill = [tensor](char* dst, int) {
       CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
     };
     path.finish = [tensor, rop, n, fn = fn.value_or(nullptr)](
@@ -573,7 +605,8 @@ std::shared_ptr<Work> GlooBackend::Allreduce(Tensor tensor,
       return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
           std::make_unique<gloo_internal::RingAllreduce>(
               context_, tensor.data_ptr(), static_cast<size_t>(tensor.numel()),
-              tensor.itemsize(), fn, slot));
+              tensor.itemsize(), fn, slot,
+              Scratch(gloo_internal::RingAllreduce::kScratchBytes)));
     };
     path.after = [tensor, rop, n]() mutable {
       if (rop == ReduceOp::kAvg) FinishAverage(tensor, n);
@@ -613,7 +646,7 @@ std::shared_ptr<Work> GlooBackend::Broadcast(Tensor tensor,
   if (local.ok() && options_.check_args && tensor.nbytes() <= InlineBytes()) {
     bool is_root = rank() == root;
     path.bytes = is_root ? tensor.nbytes() : 0;
-    path.fill = [tensor, is_root](char* dst) {
+    path.fill = [tensor, is_root](char* dst, int) {
       if (is_root) CopyBytes(dst, tensor.data_ptr(), tensor.nbytes());
     };
     path.finish = [tensor, root](const std::vector<const char*>& data) {
@@ -694,34 +727,14 @@ std::shared_ptr<Work> GlooBackend::Allgather(std::vector<Tensor> outputs,
   constexpr OpType kOp = OpType::kAllgather;
   absl::Status local =
       Checks().WithList(kOp, input, "input", outputs, "outputs");
-  Header h;
-  if (input.defined()) {
-    h.dtype = static_cast<int64_t>(input.dtype());
-    h.count = input.numel();
+  std::vector<char*> chunks;
+  if (local.ok()) {
+    for (Tensor& t : outputs)
+      chunks.push_back(static_cast<char*>(t.data_ptr()));
   }
-  int n = size();
-  return Enqueue(
-      kOp, h, local, options.timeout,
-      [this, outputs = std::move(outputs), input, n](
-          uint32_t tag, absl::Duration timeout) -> absl::Status {
-        size_t nbytes = input.nbytes();
-        if (nbytes == 0) return absl::OkStatus();
-        Tensor flat = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
-        ::gloo::AllgatherOptions o(context_);
-        o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), nbytes);
-        o.setOutput<uint8_t>(static_cast<uint8_t*>(flat.data_ptr()),
-                             n * nbytes);
-        o.setTag(tag);
-        o.setTimeout(ToMillis(timeout));
-        ::gloo::allgather(o);
-        const char* src = static_cast<const char*>(flat.data_ptr());
-        for (int r = 0; r < n; ++r) {
-          CopyBytes(outputs[r].data_ptr(), src + r * nbytes, nbytes);
-        }
-        return absl::OkStatus();
-      });
+  return EnqueueAllgather(kOp, std::move(outputs), std::move(chunks),
+                          std::move(input), local, options);
 }
-
 std::shared_ptr<Work> GlooBackend::Gather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const GatherOptions& options) {
@@ -808,132 +821,186 @@ std::shared_ptr<Work> GlooBackend::ReduceScatter(
   constexpr OpType kOp = OpType::kReduceScatter;
   absl::Status local =
       Checks().WithList(kOp, output, "output", inputs, "inputs");
-  Tensor flat;
+  std::vector<const char*> chunks;
   if (local.ok()) {
-    // The ring reads one flat buffer; copying the list costs one local pass.
-    flat = empty({size() * output.numel()}, output.dtype());
-    char* base = static_cast<char*>(flat.data_ptr());
-    for (int r = 0; r < size(); ++r) {
-      CopyBytes(base + r * output.nbytes(), inputs[r].data_ptr(),
-                output.nbytes());
+    for (const Tensor& t : inputs) {
+      chunks.push_back(static_cast<const char*>(t.data_ptr()));
     }
   }
-  return EnqueueReduceScatter(kOp, std::move(output), std::move(flat), local,
-                              options);
+  return EnqueueReduceScatter(kOp, std::move(output), std::move(inputs),
+                              std::move(chunks), local, options);
 }
 
 std::shared_ptr<Work> GlooBackend::ReduceScatterTensor(
     Tensor output, Tensor input, const ReduceScatterOptions& options) {
   constexpr OpType kOp = OpType::kReduceScatterTensor;
   absl::Status local = Checks().Flat(kOp, input, "input", output, "output");
-  return EnqueueReduceScatter(kOp, std::move(output), std::move(input), local,
-                              options);
+  std::vector<const char*> chunks;
+  if (local.ok()) {
+    const char* base = static_cast<const char*>(input.data_ptr());
+    for (int r = 0; r < size(); ++r)
+      chunks.push_back(base + r * output.nbytes());
+  }
+  return EnqueueReduceScatter(kOp, std::move(output), {std::move(input)},
+                              std::move(chunks), local, options);
+}
+
+char* GlooBackend::Scratch(size_t bytes) {
+  if (scratch_bytes_ < bytes) {
+    scratch_.reset();  // Release the old one before taking the new.
+    scratch_.reset(new char[bytes]);
+    scratch_bytes_ = bytes;
+  }
+  return scratch_.get();
+}
+
+GlooBackend::RunFn GlooBackend::OwnAlgorithm(AlgorithmFactory make,
+                                             std::function<void()> after,
+                                             InlinePath* path) {
+  if (options_.check_args && path != nullptr) {
+    path->algorithm = make;
+    // An empty std::function would make a non-empty AnyInvocable.
+    if (after) path->after = after;
+  }
+  return [make = std::move(make), after = std::move(after)](
+             uint32_t tag, absl::Duration timeout) -> absl::Status {
+    // Without the check (or on one rank): the same algorithm, start to end.
+    std::unique_ptr<gloo_internal::EarlyAlgorithm> algorithm =
+        make((kRingPrefix << 56) | (uint64_t{tag} << 8));
+    algorithm->PostEarlyReceives();
+    algorithm->Run(absl::Now() + timeout);
+    if (after) after();
+    return absl::OkStatus();
+  };
 }
 
 std::shared_ptr<Work> GlooBackend::EnqueueReduceScatter(
-    OpType op, Tensor output, Tensor flat_input, absl::Status local,
-    const ReduceScatterOptions& options) {
+    OpType op, Tensor output, std::vector<Tensor> inputs,
+    std::vector<const char*> chunks, absl::Status local,
+    const ReduceScatterOptions& o) {
   Header h;
-  h.reduce_op = static_cast<int64_t>(options.op);
+  h.reduce_op = static_cast<int64_t>(o.op);
   if (output.defined()) {
     h.dtype = static_cast<int64_t>(output.dtype());
     h.count = output.numel();
   }
   absl::StatusOr<ReduceFn> fn = absl::UnknownError("unset");
   if (local.ok()) {
-    fn = GetReduceFn(output.dtype(), options.op);
+    fn = GetReduceFn(output.dtype(), o.op);
     if (!fn.ok()) local = fn.status();
   }
-  ReduceOp rop = options.op;
-  int n = size();
-  return Enqueue(
-      op, h, local, options.timeout,
-      [this, input = std::move(flat_input), output, rop, n,
-       fn = fn.value_or(nullptr)](
-          uint32_t tag, absl::Duration timeout) mutable -> absl::Status {
-        if (output.numel() == 0) return absl::OkStatus();
-        RETURN_IF_ERROR(RingReduceScatter(input, output, fn, tag, timeout));
-        if (rop == ReduceOp::kAvg) FinishAverage(output, n);
-        return absl::OkStatus();
-      });
-}
-
-absl::Status GlooBackend::RingReduceScatter(const Tensor& input, Tensor& output,
-                                            ReduceFn fn, uint32_t tag,
-                                            absl::Duration timeout) {
-  const int n = size();
-  const int me = rank();
-  const size_t bytes = output.nbytes();
-  const size_t numel = static_cast<size_t>(output.numel());
-  const char* in = static_cast<const char*>(input.data_ptr());
-  if (n == 1) {
-    CopyBytes(output.data_ptr(), in, bytes);
-    return absl::OkStatus();
+  const ReduceOp rop = o.op;
+  const int n = size(), me = rank();
+  const ReduceFn reduce = fn.value_or(nullptr);
+  const size_t bytes = output.defined() ? output.nbytes() : 0;
+  auto finish_average = [output, rop, n]() mutable {
+    if (rop == ReduceOp::kAvg) FinishAverage(output, n);
+  };
+  if (!local.ok() || bytes == 0) {
+    return Enqueue(op, h, local, o.timeout, NoData);
   }
-  // Step s sends chunk (me-s-1) (its partial sum so far) to the right and
-  // reduces chunk (me-s-2) from the left with this rank's own; after n-1
-  // steps the chunk reduced last is chunk `me`, summed over every rank.
-  // acc[s % 2] holds step s's result: what step s+1 sends.
-  std::vector<char> acc[2] = {std::vector<char>(bytes),
-                              std::vector<char>(bytes)};
-  std::vector<char> incoming(bytes);
-  auto in_buf = context_->createUnboundBuffer(const_cast<char*>(in),
-                                              bytes * static_cast<size_t>(n));
-  std::unique_ptr<::gloo::transport::UnboundBuffer> acc_buf[2] = {
-      context_->createUnboundBuffer(acc[0].data(), bytes),
-      context_->createUnboundBuffer(acc[1].data(), bytes)};
-  auto incoming_buf = context_->createUnboundBuffer(incoming.data(), bytes);
-  const int right = (me + 1) % n;
-  const int left = (me + n - 1) % n;
-  const absl::Time deadline = absl::Now() + timeout;
-  for (int s = 0; s < n - 1; ++s) {
-    const uint64_t slot =
-        (kRingPrefix << 56) | (uint64_t{tag} << 16) | static_cast<uint64_t>(s);
-    const int send_chunk = ((me - s - 1) % n + n) % n;
-    const int recv_chunk = ((me - s - 2) % n + n) % n;
-    incoming_buf->recv(left, slot, 0, bytes);
-    if (s == 0) {
-      in_buf->send(right, slot, send_chunk * bytes, bytes);
-    } else {
-      acc_buf[(s - 1) % 2]->send(right, slot, 0, bytes);
-    }
-    incoming_buf->waitRecv(ToMillis(deadline - absl::Now()));
-    void* dst = s == n - 2 ? output.data_ptr() : acc[s % 2].data();
-    fn(dst, in + recv_chunk * bytes, incoming.data(), numel);
-    // The send must be done before its buffer is overwritten two steps on.
-    if (s == 0) {
-      in_buf->waitSend(ToMillis(deadline - absl::Now()));
-    } else {
-      acc_buf[(s - 1) % 2]->waitSend(ToMillis(deadline - absl::Now()));
-    }
+  InlinePath path;
+  const bool small = options_.check_args && bytes <= InlineBytes();
+  if (small) {
+    // Small: each rank's chunk for each peer rides in its header message to
+    // that peer, and each rank reduces what it got in rank order.
+    path.bytes = bytes;
+    path.personal = true;
+    path.fill = [chunks, bytes, inputs](char* dst, int peer) {
+      CopyBytes(dst, chunks[peer], bytes);
+    };
+    path.finish = [output, bytes, me, n, reduce, finish_average](
+                      const std::vector<const char*>& data) mutable {
+      char* out = static_cast<char*>(output.data_ptr());
+      const size_t numel = static_cast<size_t>(output.numel());
+      CopyBytes(out, data[0], bytes);
+      for (int r = 1; r < n; ++r) reduce(out, out, data[r], numel);
+      finish_average();
+      return absl::OkStatus();
+    };
   }
-  return absl::OkStatus();
+  // The ring's destinations must not overlap its inputs: an output that
+  // aliases the input gets its sums in scratch first.
+  const char* out_begin = static_cast<const char*>(output.data_ptr());
+  bool aliased = false;
+  for (const char* c : chunks) {
+    aliased = aliased || (c < out_begin + bytes && out_begin < c + bytes);
+  }
+  AlgorithmFactory make = [this, output, inputs, chunks, bytes, reduce, n,
+                           aliased](uint64_t slot) {
+    const size_t scratch_chunks = (n > 2 ? 1 : 0) + (aliased ? 1 : 0);
+    char* scratch =
+        scratch_chunks > 0 ? Scratch(scratch_chunks * bytes) : nullptr;
+    char* out = aliased ? scratch + (scratch_chunks - 1) * bytes
+                        : static_cast<char*>(output.data_ptr());
+    return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        std::make_unique<gloo_internal::RingReduceScatter>(
+            context_, chunks, out, n > 2 ? scratch : nullptr,
+            static_cast<size_t>(output.numel()), output.itemsize(), reduce,
+            slot));
+  };
+  std::function<void()> after = [this, output, bytes, n, aliased,
+                                 finish_average]() mutable {
+    if (aliased) {
+      CopyBytes(output.data_ptr(), scratch_.get() + (n > 2 ? bytes : 0), bytes);
+    }
+    finish_average();
+  };
+  RunFn run =
+      OwnAlgorithm(std::move(make), std::move(after), small ? nullptr : &path);
+  return Enqueue(op, h, local, o.timeout, std::move(run), std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::AllgatherIntoTensor(
     Tensor output, Tensor input, const AllgatherOptions& options) {
   constexpr OpType kOp = OpType::kAllgatherIntoTensor;
   absl::Status local = Checks().Flat(kOp, output, "output", input, "input");
+  std::vector<char*> chunks;
+  if (local.ok()) {
+    char* base = static_cast<char*>(output.data_ptr());
+    for (int r = 0; r < size(); ++r)
+      chunks.push_back(base + r * input.nbytes());
+  }
+  return EnqueueAllgather(kOp, {std::move(output)}, std::move(chunks),
+                          std::move(input), local, options);
+}
+
+std::shared_ptr<Work> GlooBackend::EnqueueAllgather(
+    OpType op, std::vector<Tensor> outputs, std::vector<char*> chunks,
+    Tensor input, absl::Status local, const AllgatherOptions& o) {
   Header h;
   if (input.defined()) {
     h.dtype = static_cast<int64_t>(input.dtype());
     h.count = input.numel();
   }
-  return Enqueue(
-      kOp, h, local, options.timeout,
-      [this, output, input](uint32_t tag,
-                            absl::Duration timeout) -> absl::Status {
-        size_t nbytes = input.nbytes();
-        if (nbytes == 0) return absl::OkStatus();
-        ::gloo::AllgatherOptions o(context_);
-        o.setInput<uint8_t>(static_cast<uint8_t*>(input.data_ptr()), nbytes);
-        o.setOutput<uint8_t>(static_cast<uint8_t*>(output.data_ptr()),
-                             output.nbytes());
-        o.setTag(tag);
-        o.setTimeout(ToMillis(timeout));
-        ::gloo::allgather(o);
-        return absl::OkStatus();
-      });
+  const size_t bytes = input.defined() ? input.nbytes() : 0;
+  const bool small = options_.check_args && bytes <= InlineBytes();
+  if (!local.ok() || bytes == 0) {
+    return Enqueue(op, h, local, o.timeout, NoData);
+  }
+  InlinePath path;
+  if (small) {
+    // Small: every rank's input rides in the header exchange.
+    path.bytes = bytes;
+    path.fill = [input, bytes](char* dst, int) {
+      CopyBytes(dst, input.data_ptr(), bytes);
+    };
+    path.finish = [outputs, chunks,
+                   bytes](const std::vector<const char*>& data) {
+      for (size_t r = 0; r < chunks.size(); ++r) {
+        if (chunks[r] != data[r]) CopyBytes(chunks[r], data[r], bytes);
+      }
+      return absl::OkStatus();
+    };
+  }
+  AlgorithmFactory make = [this, outputs, chunks, input, bytes](uint64_t slot) {
+    return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        std::make_unique<gloo_internal::RingAllgather>(
+            context_, static_cast<const char*>(input.data_ptr()), chunks, bytes,
+            slot));
+  };
+  RunFn run = OwnAlgorithm(std::move(make), nullptr, small ? nullptr : &path);
+  return Enqueue(op, h, local, o.timeout, std::move(run), std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::AlltoallSingle(
@@ -961,7 +1028,7 @@ std::shared_ptr<Work> GlooBackend::AlltoallSingle(
   if (local.ok() && options_.check_args && split_bytes <= InlineBytes()) {
     // Every rank learns every rank's splits, so all reach one verdict.
     path.bytes = split_bytes;
-    path.fill = [in_rows, out_rows, n](char* dst) {
+    path.fill = [in_rows, out_rows, n](char* dst, int) {
       std::memcpy(dst, in_rows.data(), sizeof(int64_t) * n);
       std::memcpy(dst + sizeof(int64_t) * n, out_rows.data(),
                   sizeof(int64_t) * n);
@@ -983,30 +1050,29 @@ std::shared_ptr<Work> GlooBackend::AlltoallSingle(
       return absl::OkStatus();
     };
   }
-  return Enqueue(
-      kOp, h, local, options.timeout,
-      [this, output, input, out_rows, in_rows, row_bytes](
-          uint32_t tag, absl::Duration timeout) -> absl::Status {
-        std::vector<int64_t> in_bytes, out_bytes;
-        for (int64_t r : in_rows) in_bytes.push_back(r * row_bytes);
-        for (int64_t r : out_rows) out_bytes.push_back(r * row_bytes);
-        ::gloo::AlltoallvOptions o(context_);
-        // Gloo wants a non-null buffer even for an empty side.
-        char empty_byte = 0;
-        uint8_t* in_ptr = input.nbytes() > 0
-                              ? static_cast<uint8_t*>(input.data_ptr())
-                              : reinterpret_cast<uint8_t*>(&empty_byte);
-        uint8_t* out_ptr = output.nbytes() > 0
-                               ? static_cast<uint8_t*>(output.data_ptr())
-                               : reinterpret_cast<uint8_t*>(&empty_byte);
-        o.setInput<uint8_t>(in_ptr, in_bytes);
-        o.setOutput<uint8_t>(out_ptr, out_bytes);
-        o.setTag(tag);
-        o.setTimeout(ToMillis(timeout));
-        ::gloo::alltoallv(o);
-        return absl::OkStatus();
-      },
-      std::move(path));
+  if (!local.ok()) return Enqueue(kOp, h, local, options.timeout, NoData);
+  // Byte spans per peer in input (sent) and output (received).
+  using Span = gloo_internal::PairwiseAlltoall::Span;
+  std::vector<Span> send(n), recv(n);
+  char* in_base = static_cast<char*>(input.data_ptr());
+  char* out_base = static_cast<char*>(output.data_ptr());
+  for (int r = 0; r < n; ++r) {
+    send[r] = {in_base, static_cast<size_t>(in_rows[r] * row_bytes)};
+    recv[r] = {out_base, static_cast<size_t>(out_rows[r] * row_bytes)};
+    in_base += send[r].bytes;
+    out_base += recv[r].bytes;
+  }
+  AlgorithmFactory make = [this, output, input, send, recv](uint64_t slot) {
+    return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        std::make_unique<gloo_internal::PairwiseAlltoall>(context_, send, recv,
+                                                          slot));
+  };
+  // Its receives are posted before the check only when the splits ride in
+  // it (the check then runs before any payload moves).
+  RunFn run =
+      OwnAlgorithm(std::move(make), nullptr, path.check ? &path : nullptr);
+  return Enqueue(kOp, h, local, options.timeout, std::move(run),
+                 std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
@@ -1019,31 +1085,25 @@ std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
     h.dtype = static_cast<int64_t>(inputs[0].dtype());
     h.count = inputs[0].numel();
   }
-  int n = size();
-  return Enqueue(
-      kOp, h, local, options.timeout,
-      [this, outputs = std::move(outputs), inputs = std::move(inputs), n](
-          uint32_t tag, absl::Duration timeout) -> absl::Status {
-        size_t nbytes = inputs[0].nbytes();
-        if (nbytes == 0) return absl::OkStatus();
-        Tensor in = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
-        Tensor out = empty({static_cast<int64_t>(n * nbytes)}, DType::kUInt8);
-        char* ib = static_cast<char*>(in.data_ptr());
-        const char* ob = static_cast<const char*>(out.data_ptr());
-        for (int r = 0; r < n; ++r) {
-          CopyBytes(ib + r * nbytes, inputs[r].data_ptr(), nbytes);
-        }
-        ::gloo::AlltoallOptions o(context_);
-        o.setInput<uint8_t>(static_cast<uint8_t*>(in.data_ptr()), n * nbytes);
-        o.setOutput<uint8_t>(static_cast<uint8_t*>(out.data_ptr()), n * nbytes);
-        o.setTag(tag);
-        o.setTimeout(ToMillis(timeout));
-        ::gloo::alltoall(o);
-        for (int r = 0; r < n; ++r) {
-          CopyBytes(outputs[r].data_ptr(), ob + r * nbytes, nbytes);
-        }
-        return absl::OkStatus();
-      });
+  if (!local.ok()) return Enqueue(kOp, h, local, options.timeout, NoData);
+  // Straight from each input to its peer's output: no flat copies.
+  using Span = gloo_internal::PairwiseAlltoall::Span;
+  std::vector<Span> send, recv;
+  for (int r = 0; r < size(); ++r) {
+    send.push_back(
+        {static_cast<char*>(inputs[r].data_ptr()), inputs[r].nbytes()});
+    recv.push_back(
+        {static_cast<char*>(outputs[r].data_ptr()), outputs[r].nbytes()});
+  }
+  AlgorithmFactory make = [this, outputs, inputs, send, recv](uint64_t slot) {
+    return std::unique_ptr<gloo_internal::EarlyAlgorithm>(
+        std::make_unique<gloo_internal::PairwiseAlltoall>(context_, send, recv,
+                                                          slot));
+  };
+  InlinePath path;
+  RunFn run = OwnAlgorithm(std::move(make), nullptr, &path);
+  return Enqueue(kOp, h, local, options.timeout, std::move(run),
+                 std::move(path));
 }
 
 std::shared_ptr<Work> GlooBackend::Barrier(const BarrierOptions& options) {

@@ -18,16 +18,27 @@
 // this check Gloo aborts the process on a size mismatch.) A small payload
 // rides behind the header (up to InlineBytes(): 1 MiB per rank for 2 or 3
 // ranks, 8 MiB / (n (n-1)) for n ranks, at least 4 KiB; the backend keeps
-// two receive areas of n times that): a small Allreduce or Broadcast
-// completes within the exchange itself (Allreduce then reduces in rank
-// order, so every rank gets identical bits), and Barrier is the exchange
-// alone. A larger Allreduce runs Ferry's own ring, and a larger Broadcast
-// Ferry's own pipelined chain, over Gloo's transport (ring.h): their first
+// two receive areas of n times that): a small Allreduce, Broadcast,
+// Allgather or ReduceScatter (per-rank chunk up to InlineBytes()) completes
+// within the exchange itself (Allreduce and ReduceScatter then reduce in
+// rank order, so every rank gets identical bits; ReduceScatter sends each
+// peer only that peer's chunk), and Barrier is the exchange alone. Larger
+// calls run Ferry's own algorithms over Gloo's transport (ring.h): ring
+// all-reduce, pipelined chain broadcast, ring reduce-scatter and all-gather
+// (segmented, receiving straight into the destination), and AlltoallSingle
+// at every size as one direct message between every two ranks. Their first
 // receives are posted before the exchange, so the check adds no network hop
-// to them; other larger calls run Gloo's algorithms after the exchange (one
-// one-way hop of 72-byte messages before them).
-// Set check_args = false to skip the exchange: Gloo's algorithms for every
-// size and undefined behaviour on mismatched calls.
+// to them, and no payload moves before every header (and every rank's
+// split sizes) agreed.
+// Set check_args = false to skip the exchange: Gloo's algorithms for
+// all-reduce and broadcast, the same Ferry algorithms (started after no
+// check) for reduce-scatter, all-gather and AlltoallSingle, and undefined
+// behaviour on mismatched calls.
+//
+// Memory: the backend keeps its outgoing header messages and a scratch area
+// (one output chunk for reduce-scatter at 3 or more ranks, one more when the
+// output aliases the input) between calls, grown to the largest call seen,
+// so calls neither allocate nor fault in fresh pages.
 //
 // Send/Recv are posted at once on the calling thread (they do not queue
 // behind collectives) and matched by (peer, tag) in issue order. A payload
@@ -51,16 +62,16 @@
 // CheckReduceOp accepts for reductions. Float16/BFloat16 reduce in float
 // with rounding after each step (exact for small integers).
 //
-// ReduceScatter and ReduceScatterTensor run a ring over Gloo's unbound
-// buffers: n-1 steps, each sending one chunk to the next rank and reducing
-// the chunk received from the previous one, so each rank sends and receives
-// (n-1)/n of the input; rank r ends with chunk r. AllgatherIntoTensor writes
-// Gloo's allgather straight into the flat output. AlltoallSingle (uneven
-// splits) uses Gloo's alltoallv; with check_args every rank's split sizes
-// ride in the argument exchange (groups of up to 255 ranks) and a split that
-// does not match its peer's fails every rank with InvalidArgument. Alltoall
-// (the list form) needs equal chunk sizes. RecvAnysource posts the header
-// receive for every peer and the payload receive once the sender is known.
+// ReduceScatter and ReduceScatterTensor: rank r ends with chunk r; the
+// inputs are read in place (the list form is not copied into one tensor).
+// Allgather and AllgatherIntoTensor write straight into the outputs (the
+// list form needs no flat copy). AlltoallSingle (uneven splits): with
+// check_args every rank's split sizes ride in the argument exchange (groups
+// of up to 255 ranks) and a split that does not match its peer's fails
+// every rank with InvalidArgument. Alltoall (the list form) runs Gloo's
+// alltoall after the exchange and needs equal chunk sizes. RecvAnysource
+// posts the header receive for every peer and the payload receive once the
+// sender is known.
 //
 // Thread safety: all methods may be called from any thread (see backend.h
 // on ordering). The destructor fails queued operations with Cancelled and
@@ -70,6 +81,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -122,7 +134,10 @@ namespace gloo_internal {
 // large one's Ferry-owned algorithm.
 struct InlinePath {
   size_t bytes = 0;
-  absl::AnyInvocable<void(char*)> fill;
+  // Writes the payload for `peer` (every peer gets the same unless
+  // `personal`).
+  absl::AnyInvocable<void(char*, int peer)> fill;
+  bool personal = false;
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> finish;
   // Without `finish`: checks every rank's payload, then the data phase runs.
   absl::AnyInvocable<absl::Status(const std::vector<const char*>&)> check;
@@ -183,9 +198,10 @@ class GlooBackend : public Backend {
 
   // Payload bytes that ride in each rank's header block (same on every
   // rank): with check_args on, an Allreduce or Broadcast of at most this many
-  // bytes completes in that one direct exchange (every rank sends its buffer
-  // to every other); larger ones run Ferry's ring (Allreduce) or chain
-  // (Broadcast), see ring.h.
+  // bytes, an Allgather of an input this small and a ReduceScatter of an
+  // output this small complete in that one direct exchange (every rank sends
+  // its buffer, or the peer's chunk, to every other); larger ones run
+  // Ferry's ring or chain (see ring.h).
   size_t InlineBytes() const;
 
   // Argument header exchanged before each collective (public for tests).
@@ -198,7 +214,8 @@ class GlooBackend : public Backend {
     int64_t count = -1;    // Elements per rank (op-specific meaning).
     int64_t valid = 1;     // 0: this rank's arguments failed local checks.
     int64_t reserved = 0;  // Inline payload bytes following the header.
-    int64_t early = 0;     // Receives posted before the check (ring.h).
+    int64_t early = 0;     // Receives posted before the check (ring.h), per
+                        // peer they await (bit 32: every peer, else the left).
   };
 
  private:
@@ -213,7 +230,8 @@ class GlooBackend : public Backend {
     absl::AnyInvocable<absl::Status(uint32_t tag, absl::Duration timeout)> run;
     // Small payloads: written into this rank's exchange block, and the
     // operation finished from every rank's block instead of running `run`.
-    absl::AnyInvocable<void(char*)> fill_inline;
+    absl::AnyInvocable<void(char*, int)> fill_inline;
+    bool personal_inline = false;
     size_t inline_bytes = 0;
     absl::AnyInvocable<absl::Status(const std::vector<const char*>&)>
         finish_inline;
@@ -251,6 +269,11 @@ class GlooBackend : public Backend {
   // holds every rank's header (the refusal is then the same on every rank).
   absl::Status ExchangeHeaders(Op& op, absl::Time deadline,
                                std::vector<Header>* all);
+  // A refused call with early receives (see RunOp): completes every peer's
+  // early receives for this rank, then this rank's own.
+  void AbandonEarly(const std::vector<Header>& all, uint64_t slot,
+                    gloo_internal::EarlyAlgorithm* algorithm,
+                    absl::Time deadline);
   // Posts the header receives of call `seq` (worker thread only).
   void PostExchange(uint32_t seq);
   ExchangeArea& Area(uint32_t seq) { return exchange_[seq % 2]; }
@@ -260,15 +283,31 @@ class GlooBackend : public Backend {
   absl::Status CallGloo(const Op& op, absl::Duration timeout,
                         absl::AnyInvocable<absl::Status()> fn);
 
-  // Ring reduce-scatter of `input` (size chunks of output.numel()) into
-  // `output` (see above); may throw (run inside CallGloo).
-  absl::Status RingReduceScatter(const Tensor& input, Tensor& output,
-                                 ReduceFn fn, uint32_t tag,
-                                 absl::Duration timeout);
+  using RunFn = absl::AnyInvocable<absl::Status(uint32_t, absl::Duration)>;
+  using AlgorithmFactory =
+      std::function<std::unique_ptr<gloo_internal::EarlyAlgorithm>(uint64_t)>;
+  // A Ferry-owned algorithm (ring.h) made by `make` for a slot, then
+  // `after`: with the check and `path`, RunOp starts it (early receives
+  // before the exchange); the returned run drives it start to end (no check,
+  // or one rank).
+  RunFn OwnAlgorithm(AlgorithmFactory make, std::function<void()> after,
+                     InlinePath* path);
+  // Reduce-scatter of `chunks` (size pointers into `inputs`, each
+  // output.nbytes()) into `output`; all-gather of `input` into `chunks`
+  // (size pointers into `outputs`, each input.nbytes()). `chunks` is empty
+  // when `local` is an error.
   std::shared_ptr<Work> EnqueueReduceScatter(OpType op, Tensor output,
-                                             Tensor flat_input,
+                                             std::vector<Tensor> inputs,
+                                             std::vector<const char*> chunks,
                                              absl::Status local,
                                              const ReduceScatterOptions& o);
+  std::shared_ptr<Work> EnqueueAllgather(OpType op, std::vector<Tensor> outputs,
+                                         std::vector<char*> chunks,
+                                         Tensor input, absl::Status local,
+                                         const AllgatherOptions& o);
+  // The worker's scratch memory, at least `bytes`, kept between calls (no
+  // allocation, page faults or zeroing per call); worker thread only.
+  char* Scratch(size_t bytes);
 
   // Send and Recv: validates, posts the header and payload buffers, and
   // hands completion to a p2p waiter thread.
@@ -296,6 +335,11 @@ class GlooBackend : public Backend {
   // The header exchange's receive areas (worker thread only): call seq's
   // receives are posted while call seq-1 runs, so a header travels one way.
   ExchangeArea exchange_[2];
+  // The outgoing header messages (worker thread only), kept between calls.
+  std::vector<char> exchange_out_;
+  // Scratch(): grows to the largest need seen, never shrinks.
+  std::unique_ptr<char[]> scratch_;
+  size_t scratch_bytes_ = 0;
 
   std::unique_ptr<ThreadPoolExecutor> p2p_waiters_;
   std::thread worker_;

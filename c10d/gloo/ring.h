@@ -1,5 +1,7 @@
-// Ferry's own ring all-reduce and chain broadcast over Gloo's transport
-// (unbound buffers), used by GlooBackend when the argument check is on.
+// Ferry's own ring all-reduce, reduce-scatter and all-gather and chain
+// broadcast over Gloo's transport (unbound buffers), used by GlooBackend
+// (all-reduce and broadcast when the argument check is on; reduce-scatter
+// and all-gather always).
 //
 // Why not Gloo's: with the check on, every rank learns every rank's argument
 // header before any payload moves (see gloo_backend.h). Gloo's algorithms
@@ -68,6 +70,8 @@ class EarlyAlgorithm {
   // Posts the first receives; returns how many (the left neighbour learns
   // the count from this rank's header and completes them on refusal).
   virtual int PostEarlyReceives() = 0;
+  // Whether that many receives await each peer (else the left neighbour).
+  virtual bool EarlyFromEveryPeer() const { return false; }
   // Runs the algorithm; every rank's arguments were found equal.
   virtual void Run(absl::Time deadline) = 0;
   // The call was refused on every rank: waits for the zero-byte messages
@@ -81,10 +85,16 @@ class RingAllreduce : public EarlyAlgorithm {
   // Receives posted before the argument check (and in flight at any time).
   static constexpr int kEarlyReceives = 2;
 
+  // Receive space for two segments.
+  static constexpr size_t kScratchBytes = 2 * kMaxSegmentBytes + 1;
+
   // Reduces `numel` elements of `itemsize` bytes at `data` in place with
-  // `fn`, over `context` (size >= 2), on Gloo slot `slot`.
+  // `fn`, over `context` (size >= 2), on Gloo slot `slot`. `scratch`:
+  // kScratchBytes the caller keeps (so calls fault in no fresh pages), or
+  // null to allocate them.
   RingAllreduce(std::shared_ptr<::gloo::Context> context, void* data,
-                size_t numel, size_t itemsize, ReduceFn fn, uint64_t slot);
+                size_t numel, size_t itemsize, ReduceFn fn, uint64_t slot,
+                char* scratch = nullptr);
   ~RingAllreduce() override;
 
   // Posts kEarlyReceives receives from the left neighbour.
@@ -111,8 +121,8 @@ class RingAllreduce : public EarlyAlgorithm {
   size_t segment_bytes_ = 0;
   std::vector<Transfer> transfers_;
   // Two segments for reduce-scatter receives (left uninitialized).
-  std::unique_ptr<char[]> scratch_;
-  size_t scratch_bytes_ = 0;
+  std::unique_ptr<char[]> own_scratch_;
+  char* scratch_ = nullptr;
   std::unique_ptr<::gloo::transport::UnboundBuffer> data_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> scratch_buf_;
   size_t posted_recvs_ = 0;
@@ -148,6 +158,132 @@ class ChainBroadcast : public EarlyAlgorithm {
   size_t posted_recvs_ = 0;
   size_t early_ = 0;
 };
+
+// The rings below: transfer i (step i / segments, segment i % segments)
+// receives from the left neighbour; the first kEarlyReceives are posted
+// before the check.
+class SegmentedRing : public EarlyAlgorithm {
+ public:
+  int PostEarlyReceives() override;
+
+ protected:
+  explicit SegmentedRing(int size) : size_(size) {}
+  // Posts transfer posted_recvs_'s receive and counts it.
+  virtual void PostReceive() = 0;
+  int size_;
+  size_t posted_recvs_ = 0;
+  size_t early_ = 0;
+};
+
+// Ring reduce-scatter: rank r ends with chunk r reduced over every rank.
+// n-1 steps; step s sends chunk r-s-1 (its partial sum) to the right and
+// receives chunk r-s-2's partial sum from the left straight into its
+// destination, then reduces this rank's own input chunk into it in place
+// (every ReduceOp is commutative, so the bits are those of
+// fn(received, own)). Steps alternate between `out` and `scratch` so that the
+// last one lands in `out`: no copy, and scratch is needed from 3 ranks on.
+// Chunks are split into segments as in RingAllreduce, two receives in flight.
+// Each rank sends and receives (n-1)/n of the input.
+//
+// `inputs`: `size` chunks of numel elements (read only; may be one flat
+// tensor or a list); `out`: numel elements, must not overlap any input
+// chunk; `scratch`: numel elements (unused and may be null for 2 ranks).
+class RingReduceScatter : public SegmentedRing {
+ public:
+  RingReduceScatter(std::shared_ptr<::gloo::Context> context,
+                    std::vector<const char*> inputs, char* out, char* scratch,
+                    size_t numel, size_t itemsize, ReduceFn fn, uint64_t slot);
+  ~RingReduceScatter() override;
+
+  void Run(absl::Time deadline) override;
+  void Abandon(absl::Time deadline) override;
+
+ private:
+  // Destination of step s (out for the last step, alternating before it).
+  size_t Target(size_t step) const;
+  void PostReceive() override;
+
+  std::shared_ptr<::gloo::Context> context_;
+  std::vector<const char*> inputs_;
+  char* targets_[2];  // out, scratch.
+  size_t numel_, itemsize_;
+  ReduceFn fn_;
+  uint64_t slot_;
+  int rank_;
+  size_t segs_ = 0;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> in_bufs_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> target_bufs_[2];
+};
+
+// Ring all-gather: each rank copies its input into its own output chunk and
+// n-1 steps pass chunks to the right, step s sending chunk r-s and receiving
+// chunk r-s-1 straight into the output; a segment is forwarded as soon as
+// it arrived. Segments and early receives as above; every receive lands in
+// its own place, so all are posted once the call is accepted. Each rank
+// sends and receives (n-1)/n of the output.
+//
+// `input`: nbytes; `outputs`: `size` chunks of nbytes (one flat tensor or a
+// list); outputs[rank] may be the input itself.
+class RingAllgather : public SegmentedRing {
+ public:
+  RingAllgather(std::shared_ptr<::gloo::Context> context, const char* input,
+                std::vector<char*> outputs, size_t nbytes, uint64_t slot);
+  ~RingAllgather() override;
+
+  void Run(absl::Time deadline) override;
+  void Abandon(absl::Time deadline) override;
+
+ private:
+  void PostReceive() override;
+  // Byte range of segment j of a chunk.
+  size_t SegmentBegin(size_t j) const { return nbytes_ * j / segs_; }
+
+  std::shared_ptr<::gloo::Context> context_;
+  const char* input_;
+  std::vector<char*> outputs_;
+  size_t nbytes_;
+  uint64_t slot_;
+  int rank_;
+  size_t segs_ = 0;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> in_buf_;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> out_bufs_;
+};
+
+// Pairwise all-to-all: one message each way between every two ranks, sent
+// straight from the input and received straight into the output; the
+// receive from every peer is posted before the argument check. Per peer:
+// `send[p]` the bytes for rank p, `recv[p]` where rank p's bytes land (the
+// own entry is a local copy; lengths may differ per peer and be zero).
+class PairwiseAlltoall : public EarlyAlgorithm {
+ public:
+  struct Span {
+    char* data = nullptr;
+    size_t bytes = 0;
+  };
+  PairwiseAlltoall(std::shared_ptr<::gloo::Context> context,
+                   std::vector<Span> send, std::vector<Span> recv,
+                   uint64_t slot);
+  ~PairwiseAlltoall() override;
+
+  int PostEarlyReceives() override;
+  bool EarlyFromEveryPeer() const override { return true; }
+  void Run(absl::Time deadline) override;
+  void Abandon(absl::Time deadline) override;
+
+ private:
+  std::shared_ptr<::gloo::Context> context_;
+  std::vector<Span> send_, recv_;
+  uint64_t slot_;
+  int rank_, size_;
+  char empty_ = 0;  // Stands in for an empty span.
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> send_bufs_,
+      recv_bufs_;
+  bool posted_ = false;
+};
+
+// Segments per chunk of `chunk_bytes` for the rings above: at most
+// RingAllreduce::kMaxSegmentBytes each, at least two (the early receives).
+size_t SegmentsPerChunk(size_t chunk_bytes);
 
 }  // namespace gloo_internal
 }  // namespace c10d

@@ -1,6 +1,8 @@
-// Ferry's ring all-reduce and chain broadcast inside GlooBackend (payloads
-// above InlineBytes() with check_args on): results, and argument mismatches
-// refused on every rank with the group usable afterwards.
+// Ferry's own algorithms inside GlooBackend (ring all-reduce and chain
+// broadcast above InlineBytes() with check_args on; reduce-scatter,
+// all-gather and all-to-all at every size, checked or not): exact results,
+// and argument mismatches refused on every rank with the group usable
+// afterwards.
 #include <functional>
 #include <memory>
 #include <string>
@@ -40,12 +42,33 @@ void RunGroup(int n, const std::function<void(int, GlooBackend&)>& fn,
   for (auto& t : threads) t.join();
 }
 
+// RunGroup at 2, 3 and 4 ranks, with the check on and off.
+void ForEachGroup(
+    const std::function<void(bool check, int n, int r, GlooBackend&)>& fn) {
+  for (bool check : {true, false}) {
+    for (int n : {2, 3, 4}) {
+      RunGroup(
+          n, [&](int r, GlooBackend& b) { fn(check, n, r, b); }, check);
+    }
+  }
+}
+
 // Elements just above the inline limit, and a multi-segment size that does
 // not divide into n chunks evenly.
 std::vector<int64_t> LargeSizes(GlooBackend& b, size_t itemsize) {
   int64_t above = static_cast<int64_t>(b.InlineBytes() / itemsize) + 1;
   return {above, above * 3 + 7};
 }
+
+// The reductions the exactness tests run.
+struct ReduceCase {
+  DType dtype;
+  ReduceOp op;
+};
+constexpr ReduceCase kReduceCases[] = {{DType::kFloat32, ReduceOp::kSum},
+                                       {DType::kInt64, ReduceOp::kMax},
+                                       {DType::kFloat64, ReduceOp::kAvg},
+                                       {DType::kBFloat16, ReduceOp::kSum}};
 
 Tensor Iota(int64_t numel, DType dtype, int rank) {
   std::vector<double> v(numel);
@@ -56,14 +79,7 @@ Tensor Iota(int64_t numel, DType dtype, int rank) {
 TEST(GlooRingTest, LargeAllreduceIsExactOnEveryRank) {
   for (int n : {2, 3, 4}) {
     RunGroup(n, [&](int r, GlooBackend& b) {
-      struct Case {
-        DType dtype;
-        ReduceOp op;
-      };
-      for (Case c : {Case{DType::kFloat32, ReduceOp::kSum},
-                     Case{DType::kInt64, ReduceOp::kMax},
-                     Case{DType::kFloat64, ReduceOp::kAvg},
-                     Case{DType::kBFloat16, ReduceOp::kSum}}) {
+      for (ReduceCase c : kReduceCases) {
         for (int64_t numel : LargeSizes(b, ItemSize(c.dtype))) {
           Tensor t = Iota(numel, c.dtype, r);
           absl::Status s = b.Allreduce(t, {.op = c.op})->Wait(kTimeout);
@@ -103,6 +119,129 @@ TEST(GlooRingTest, LargeBroadcastIsExactOnEveryRank) {
       }
     });
   }
+}
+
+// Expected element i of rank r's reduce-scatter output (inputs from Iota).
+double ReduceScatterWant(ReduceOp op, int n, int r, int64_t numel, int64_t i) {
+  const double base = (r * numel + i) % 29;
+  if (op == ReduceOp::kSum) return n * base + 3.0 * n * (n - 1) / 2;
+  if (op == ReduceOp::kMax) return base + 3.0 * (n - 1);
+  return base + 1.5 * (n - 1);  // kAvg
+}
+
+// Sizes per rank chunk for reduce-scatter and all-gather: inline (the whole
+// input rides in the exchange), just above it, and a multi-segment size
+// that is no multiple of the segment count.
+std::vector<int64_t> ChunkSizes(GlooBackend& b, size_t itemsize, int n) {
+  const int64_t inline_numel = static_cast<int64_t>(b.InlineBytes() / itemsize);
+  return {5, inline_numel / n + 1, inline_numel * 3 + 7};
+}
+
+TEST(GlooRingTest, ReduceScatterIsExactOnEveryRank) {
+  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+    for (ReduceCase c : kReduceCases) {
+      for (int64_t numel : ChunkSizes(b, ItemSize(c.dtype), n)) {
+        for (int form = 0; form < 3; ++form) {
+          // 0: flat; 1: list; 2: flat, output aliasing own chunk.
+          Tensor in = Iota(numel * n, c.dtype, r);
+          Tensor out = form == 2 ? in.slice(0, r * numel, (r + 1) * numel)
+                                 : zeros({numel}, c.dtype);
+          std::vector<Tensor> list;
+          for (int k = 0; k < n && form == 1; ++k) {
+            list.push_back(in.slice(0, k * numel, (k + 1) * numel).clone());
+          }
+          absl::Status s =
+              (form == 1 ? b.ReduceScatter(out, list, {.op = c.op})
+                         : b.ReduceScatterTensor(out, in, {.op = c.op}))
+                  ->Wait(kTimeout);
+          ASSERT_TRUE(s.ok()) << s;
+          std::vector<double> got = out.to(DType::kFloat64).to_vector<double>();
+          for (int64_t i = 0; i < numel; ++i) {
+            ASSERT_EQ(got[i], ReduceScatterWant(c.op, n, r, numel, i))
+                << "check " << check << " n " << n << " rank " << r << " "
+                << DTypeName(c.dtype) << " " << ReduceOpName(c.op) << " numel "
+                << numel << " form " << form << " i " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(GlooRingTest, AllgatherIsExactOnEveryRank) {
+  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+    for (int64_t numel : ChunkSizes(b, 8, n)) {
+      for (int form = 0; form < 3; ++form) {
+        // 0: flat; 1: list; 2: flat, input = own output chunk.
+        Tensor out = zeros({numel * n}, DType::kInt64);
+        Tensor in = Iota(numel, DType::kInt64, r);
+        if (form == 2) {
+          in = out.slice(0, r * numel, (r + 1) * numel);
+          in.copy_(Iota(numel, DType::kInt64, r));
+        }
+        std::vector<Tensor> list;
+        for (int k = 0; k < n && form == 1; ++k) {
+          list.push_back(zeros({numel}, DType::kInt64));
+        }
+        absl::Status s =
+            (form == 1 ? b.Allgather(list, in) : b.AllgatherIntoTensor(out, in))
+                ->Wait(kTimeout);
+        ASSERT_TRUE(s.ok()) << s;
+        for (int k = 0; k < n; ++k) {
+          std::vector<int64_t> got =
+              form == 1 ? list[k].to_vector<int64_t>()
+                        : out.slice(0, k * numel, (k + 1) * numel)
+                              .to_vector<int64_t>();
+          for (int64_t i = 0; i < numel; ++i) {
+            ASSERT_EQ(got[i], (i % 29) + k * 3)
+                << "check " << check << " n " << n << " rank " << r << " numel "
+                << numel << " form " << form << " chunk " << k << " i " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(GlooRingTest, AlltoallIsExactOnEveryRank) {
+  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+    const int64_t big = static_cast<int64_t>(b.InlineBytes() / 8) + 3;
+    for (int64_t rows : {int64_t{1}, big}) {
+      // Uneven: rank s sends rank d (s + d) % 3 * rows rows (some
+      // none) of two int64 each, values naming (s, d, row).
+      auto count = [&](int s, int d) { return (s + d) % 3 * rows; };
+      std::vector<int64_t> in_splits, out_splits;
+      std::vector<int64_t> in_values;
+      int64_t out_rows = 0;
+      for (int d = 0; d < n; ++d) {
+        in_splits.push_back(count(r, d));
+        out_splits.push_back(count(d, r));
+        out_rows += count(d, r);
+        for (int64_t i = 0; i < count(r, d); ++i) {
+          in_values.push_back(r * 1000000 + d * 10000 + i % 9973);
+          in_values.push_back(-i);
+        }
+      }
+      const int64_t in_rows = in_values.size() / 2;
+      Tensor in = from_vector<int64_t>(in_values, {in_rows, 2});
+      Tensor out = zeros({out_rows, 2}, DType::kInt64);
+      absl::Status s = b.AlltoallSingle(out, in,
+                                        {.output_split_sizes = out_splits,
+                                         .input_split_sizes = in_splits})
+                           ->Wait(kTimeout);
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<int64_t> got = out.to_vector<int64_t>();
+      size_t k = 0;
+      for (int src = 0; src < n; ++src) {
+        for (int64_t i = 0; i < count(src, r); ++i, k += 2) {
+          ASSERT_EQ(got[k], src * 1000000 + r * 10000 + i % 9973)
+              << "check " << check << " n " << n << " rank " << r << " src "
+              << src << " row " << i;
+          ASSERT_EQ(got[k + 1], -i);
+        }
+      }
+    }
+  });
 }
 
 // Every rank gets InvalidArgument naming the call and its sequence number,
@@ -151,6 +290,62 @@ TEST(GlooRingTest, LargeMismatchesFailOnEveryRankThenRecover) {
                             [&](int r, GlooBackend& b, int64_t numel) {
                               Tensor t = ones({numel});
                               return r == odd ? b.Broadcast(t) : b.Allreduce(t);
+                            });
+    // Reduce-scatter and all-gather above the inline size.
+    ExpectRefusedEverywhere(
+        n, "reduce-scatter count", [&](int r, GlooBackend& b, int64_t numel) {
+          const int64_t m = r == odd ? numel + 1 : numel;
+          return b.ReduceScatterTensor(ones({m}), ones({m * n}));
+        });
+    ExpectRefusedEverywhere(  // One rank inline, the others on the ring.
+        n, "reduce-scatter inline vs ring",
+        [&](int r, GlooBackend& b, int64_t numel) {
+          const int64_t m = r == odd ? 1 : numel;
+          return b.ReduceScatterTensor(ones({m}), ones({m * n}));
+        });
+    ExpectRefusedEverywhere(
+        n, "reduce-scatter op", [&](int r, GlooBackend& b, int64_t numel) {
+          return b.ReduceScatterTensor(
+              ones({numel}), ones({numel * n}),
+              {.op = r == odd ? ReduceOp::kMax : ReduceOp::kSum});
+        });
+    ExpectRefusedEverywhere(
+        n, "all-gather dtype", [&](int r, GlooBackend& b, int64_t numel) {
+          const DType d = r == odd ? DType::kFloat64 : DType::kFloat32;
+          return b.AllgatherIntoTensor(ones({numel * n}, d), ones({numel}, d));
+        });
+    ExpectRefusedEverywhere(n, "all-gather count",
+                            [&](int r, GlooBackend& b, int64_t numel) {
+                              std::vector<Tensor> outs;
+                              const int64_t m = r == odd ? numel + 3 : numel;
+                              for (int k = 0; k < n; ++k)
+                                outs.push_back(ones({m}));
+                              return b.Allgather(outs, ones({m}));
+                            });
+    ExpectRefusedEverywhere(
+        n, "reduce-scatter vs all-gather",
+        [&](int r, GlooBackend& b, int64_t numel) {
+          return r == odd
+                     ? b.AllgatherIntoTensor(ones({numel * n}), ones({numel}))
+                     : b.ReduceScatterTensor(ones({numel}), ones({numel * n}));
+        });
+    // All-to-all posts its receive from every peer before the check.
+    ExpectRefusedEverywhere(
+        n, "all-to-all splits", [&](int r, GlooBackend& b, int64_t numel) {
+          // Rank `odd` expects one row more from rank 0 than it is sent.
+          std::vector<int64_t> out_splits(n, numel), in_splits(n, numel);
+          if (r == odd) out_splits[0] += 1;
+          return b.AlltoallSingle(ones({numel * n + (r == odd ? 1 : 0)}),
+                                  ones({numel * n}),
+                                  {.output_split_sizes = out_splits,
+                                   .input_split_sizes = in_splits});
+        });
+    ExpectRefusedEverywhere(n, "all-to-all vs all-reduce",
+                            [&](int r, GlooBackend& b, int64_t numel) {
+                              return r == odd
+                                         ? b.AlltoallSingle(ones({numel * n}),
+                                                            ones({numel * n}))
+                                         : b.Allreduce(ones({numel}));
                             });
     // Invalid on one rank only (AVG of integers).
     ExpectRefusedEverywhere(

@@ -8,6 +8,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -31,9 +35,15 @@ namespace ferry {
 namespace c10d {
 namespace {
 
-constexpr uint64_t kMagic = 0x4665727279534D31;  // "FerrySM1"
+constexpr uint64_t kMagic = 0x4665727279534D32;  // "FerrySM2"
 constexpr size_t kHeaderBytes = 512;
 constexpr absl::Duration kLivenessPeriod = absl::Milliseconds(50);
+// Streamed broadcast: the piece a rank copies before publishing its progress
+// when every rank has a core of its own (else a slot, as each wake-up then
+// costs a context switch).
+constexpr int64_t kChunkBytes = int64_t{256} << 10;
+// Tensors from this size on are copied out with non-temporal stores.
+constexpr int64_t kStreamingStoreBytes = int64_t{8} << 20;
 
 struct SegmentHeader {
   uint64_t magic;
@@ -47,6 +57,10 @@ struct SegmentHeader {
   alignas(64) uint32_t arrivals;
   // Ranks asleep (or about to sleep) on `arrivals`.
   uint32_t sleepers;
+  // Bumped whenever a rank advances its `progress` (streamed broadcast), the
+  // futex word those waits sleep on; and the ranks asleep on it.
+  alignas(64) uint32_t progress_events;
+  uint32_t progress_sleepers;
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
@@ -54,6 +68,11 @@ struct alignas(64) RankCtl {
   uint64_t arrived;  // Barriers this rank has reached.
   int64_t pid;
   ShmBackend::Signature sig[2];  // One per buffer set.
+  // Streamed broadcast: bytes the root has published, or a reader has
+  // copied out, counted over every streamed broadcast so far (so a value
+  // left by an earlier one never satisfies a later wait). Own cache line:
+  // written once per chunk while others poll it.
+  alignas(64) uint64_t progress;
 };
 
 template <typename T>
@@ -80,14 +99,14 @@ inline void CpuRelax() {
 // core of its own (a wake-up costs more than the wait), short when ranks
 // outnumber the cores (a spinning rank would take the core of the rank it
 // waits for).
-int SpinLimit(int size) {
+int Cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  const int cpus = ::sched_getaffinity(0, sizeof(set), &set) == 0
-                       ? CPU_COUNT(&set)
-                       : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
-  return cpus >= size ? 4000 : 20;
+  return ::sched_getaffinity(0, sizeof(set), &set) == 0
+             ? CPU_COUNT(&set)
+             : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
+int SpinLimit(int size) { return Cpus() >= size ? 4000 : 20; }
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
@@ -197,6 +216,39 @@ class ShmBackend::Round {
   // Moves to the next round (the other buffer set).
   void Next() { ++b_->rounds_; }
 
+  // The current round's buffer set, and rank r's slot in set `set`.
+  uint64_t set() const { return b_->rounds_ % 2; }
+  char* slot_in(uint64_t set, int r) { return seg_->slot(set, r); }
+
+  // Streams (see RunBroadcast): sets this rank's progress to `value` and
+  // wakes the ranks waiting on progress.
+  void Publish(uint64_t value) {
+    Atomic(seg_->ctl(b_->rank()).progress).store(value);
+    SegmentHeader& h = seg_->header();
+    Atomic(h.progress_events).fetch_add(1);
+    if (Atomic(h.progress_sleepers).load() > 0) {
+      FutexWakeAll(&h.progress_events);
+    }
+  }
+  uint64_t Progress(int r) { return Atomic(seg_->ctl(r).progress).load(); }
+  // Waits until rank `who`'s progress, or (who < 0) every other rank's,
+  // reaches `value`.
+  absl::Status WaitProgress(int who, uint64_t value) {
+    auto late = [this, who, value](int r) {
+      return (who < 0 ? r != b_->rank() : r == who) && Progress(r) < value;
+    };
+    SegmentHeader& h = seg_->header();
+    return WaitUntil(
+        &h.progress_events, &h.progress_sleepers,
+        [this, &late] {
+          for (int r = 0; r < b_->size(); ++r) {
+            if (late(r)) return false;
+          }
+          return true;
+        },
+        late, "keep up with the broadcast");
+  }
+
  private:
   absl::Status CheckSignatures(uint64_t set) {
     std::vector<std::string> invalid;
@@ -225,37 +277,50 @@ class ShmBackend::Round {
     return static_cast<uint32_t>(b_->size()) * static_cast<uint32_t>(target);
   }
 
-  // Spins briefly (see SpinLimit), then sleeps on the `arrivals` futex,
-  // waking at least every kLivenessPeriod to check the deadline and whether
-  // the late ranks' processes still exist.
   absl::Status WaitAll(uint64_t target) {
     SegmentHeader& h = seg_->header();
     const uint32_t goal = Goal(target);
-    auto done = [goal](uint32_t seen) {
-      return static_cast<int32_t>(seen - goal) >= 0;
-    };
+    return WaitUntil(
+        &h.arrivals, &h.sleepers,
+        [&h, goal] {
+          return static_cast<int32_t>(
+                     Atomic(h.arrivals).load(std::memory_order_acquire) -
+                     goal) >= 0;
+        },
+        [this, target](int r) {
+          return Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
+                 target;
+        },
+        "arrive");
+  }
+
+  // Spins briefly (see SpinLimit), then sleeps on the futex `word` (which
+  // whoever makes progress bumps before looking at `sleepers`), waking at
+  // least every kLivenessPeriod to check the deadline, the segment's failure
+  // flag and whether the late ranks' processes (late(r)) still exist. `what`
+  // the late ranks failed to do, for the DeadlineExceeded message.
+  template <typename Done, typename Late>
+  absl::Status WaitUntil(uint32_t* word, uint32_t* sleepers, Done done,
+                         Late late, absl::string_view what) {
+    SegmentHeader& h = seg_->header();
     for (int spin = 0; spin < b_->spin_limit_; ++spin) {
-      if (done(Atomic(h.arrivals).load(std::memory_order_acquire))) {
-        return absl::OkStatus();
-      }
+      if (done()) return absl::OkStatus();
       CpuRelax();
     }
     absl::Time next_check = absl::Now() + kLivenessPeriod;
     for (;;) {
-      // Announce the sleep before the last look, so the last rank to arrive
-      // (which adds to `arrivals`, then reads `sleepers`) cannot miss us.
-      Atomic(h.sleepers).fetch_add(1);
-      const uint32_t seen = Atomic(h.arrivals).load();
-      if (!done(seen) && Atomic(h.failed).load() == 0) {
+      // Announce the sleep before the last look, so a rank making progress
+      // (which bumps `word`, then reads `sleepers`) cannot miss us.
+      Atomic(*sleepers).fetch_add(1);
+      const uint32_t seen = Atomic(*word).load();
+      if (!done() && Atomic(h.failed).load() == 0) {
         const absl::Time now = absl::Now();
-        FutexWait(&h.arrivals, seen,
+        FutexWait(word, seen,
                   std::max(absl::ZeroDuration(),
                            std::min(next_check, deadline_) - now));
       }
-      Atomic(h.sleepers).fetch_sub(1);
-      if (done(Atomic(h.arrivals).load(std::memory_order_acquire))) {
-        return absl::OkStatus();
-      }
+      Atomic(*sleepers).fetch_sub(1);
+      if (done()) return absl::OkStatus();
       const uint32_t failed = Atomic(h.failed).load(std::memory_order_acquire);
       if (failed != 0) {
         // Fail as the first rank did (same code), naming it.
@@ -265,45 +330,42 @@ class ShmBackend::Round {
                          " saw a rank of this group exit (see its error)"));
       }
       const absl::Time now = absl::Now();
-      if (now >= deadline_) return GiveUp(target, /*dead=*/-1);
+      if (now >= deadline_) return GiveUp(late, /*dead=*/-1, what);
       if (now >= next_check) {
         next_check = now + kLivenessPeriod;
         for (int r = 0; r < b_->size(); ++r) {
-          if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
-                  target &&
-              !ProcessAlive(seg_->ctl(r).pid)) {
-            return GiveUp(target, r);
+          if (late(r) && !ProcessAlive(seg_->ctl(r).pid)) {
+            return GiveUp(late, r, what);
           }
         }
       }
     }
   }
 
-  absl::Status GiveUp(uint64_t target, int dead) {
+  template <typename Late>
+  absl::Status GiveUp(Late late, int dead, absl::string_view what) {
     if (dead >= 0) {
       // A dead rank never arrives: tell the others at once. (A timeout is
       // not shared: each rank's own timeout bounds its wait.)
       uint32_t expected = 0;
-      Atomic(seg_->header().failed)
-          .compare_exchange_strong(
-              expected,
-              (static_cast<uint32_t>(absl::StatusCode::kUnavailable) << 16) |
-                  static_cast<uint32_t>(b_->rank() + 1));
-      FutexWakeAll(&seg_->header().arrivals);
+      SegmentHeader& h = seg_->header();
+      Atomic(h.failed).compare_exchange_strong(
+          expected,
+          (static_cast<uint32_t>(absl::StatusCode::kUnavailable) << 16) |
+              static_cast<uint32_t>(b_->rank() + 1));
+      FutexWakeAll(&h.arrivals);
+      FutexWakeAll(&h.progress_events);
       return absl::UnavailableError(
           absl::StrCat("rank ", dead, " (pid ", seg_->ctl(dead).pid,
                        ") exited during the operation"));
     }
-    std::vector<int> late;
+    std::vector<int> slow;
     for (int r = 0; r < b_->size(); ++r) {
-      if (Atomic(seg_->ctl(r).arrived).load(std::memory_order_acquire) <
-          target) {
-        late.push_back(r);
-      }
+      if (late(r)) slow.push_back(r);
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rank(s) ", absl::StrJoin(late, ", "), " did not arrive within ",
-        absl::FormatDuration(op_->timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank(s) ", absl::StrJoin(slow, ", "), " did not ", what,
+                     " within ", absl::FormatDuration(op_->timeout)));
   }
 
   ShmBackend* b_;
@@ -477,7 +539,10 @@ ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
       segment_(std::move(segment)),
       segment_name_(std::move(segment_name)),
       fallback_(std::move(fallback)),
-      spin_limit_(SpinLimit(size)) {
+      spin_limit_(SpinLimit(size)),
+      chunk_bytes_(Cpus() >= size
+                       ? std::min<int64_t>(kChunkBytes, options_.slot_bytes)
+                       : static_cast<int64_t>(options_.slot_bytes)) {
   ThreadPoolExecutor::Options o;
   o.name = absl::StrCat("shm-rank", rank);
   o.num_threads = 1;  // One at a time, in issue order.
@@ -651,6 +716,44 @@ void Copy(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
+bool Overlap(const void* a, size_t a_len, const void* b, size_t b_len) {
+  const char* x = static_cast<const char*>(a);
+  const char* y = static_cast<const char*>(b);
+  return x < y + b_len && y < x + a_len;
+}
+
+// Copies into memory this rank does not read again soon; with `streaming`,
+// through non-temporal stores (no read-for-ownership of `dst`, no eviction of
+// the shared slots from the caches), fenced before returning.
+void CopyOut(char* dst, const char* src, size_t n, bool streaming) {
+#if defined(__x86_64__)
+  if (streaming && n >= 256) {
+    const size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
+    Copy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+      const __m128i a =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    Copy(dst + i, src + i, n - i);
+    _mm_sfence();
+    return;
+  }
+#endif
+  (void)streaming;
+  Copy(dst, src, n);
+}
+
 // dst = ((src[0] op src[1]) op src[2]) ... over `count` elements of `isz`
 // bytes, a cache-sized block at a time so the partial result stays in L1
 // (one pass over each source, one write of dst).
@@ -740,20 +843,74 @@ std::shared_ptr<Work> ShmBackend::Broadcast(Tensor tensor,
   const int root = options.root;
   return Enqueue(kOp, sig, local, options.timeout,
                  [this, tensor, root](Round& round) -> absl::Status {
-                   char* data = static_cast<char*>(tensor.data_ptr());
-                   const bool is_root = rank() == root;
-                   return ForEachPiece(
-                       static_cast<int64_t>(tensor.nbytes()),
-                       static_cast<int64_t>(round.slot_bytes()),
-                       [&](int64_t off, int64_t len) -> absl::Status {
-                         if (is_root) Copy(round.mine(), data + off, len);
-                         absl::Status s = round.Arrive();
-                         if (s.ok() && !is_root)
-                           Copy(data + off, round.slot(root), len);
-                         round.Next();
-                         return s;
-                       });
+                   return RunBroadcast(
+                       round, static_cast<char*>(tensor.data_ptr()),
+                       static_cast<int64_t>(tensor.nbytes()), root);
                  });
+}
+
+// A tensor that fits a slot takes one round: the root copies it in, the
+// others copy it out after the barrier. A larger one streams through the
+// root's two slots, used as a ring of chunks: the root copies the first
+// slot's worth in before the signature round, then chunk after chunk,
+// publishing how far it got in its `progress`; each reader copies out what
+// is published and publishes how far it copied; the root reuses ring space
+// once every reader is past it. Root copy-in and reader copy-out thus
+// overlap a chunk apart with no barrier per piece. The root returns once
+// every reader has copied everything, so its slots are free for the next
+// operation (the readers' slots are not used).
+absl::Status ShmBackend::RunBroadcast(Round& round, char* data, int64_t total,
+                                      int root) {
+  const int64_t slot = static_cast<int64_t>(round.slot_bytes());
+  const bool is_root = rank() == root;
+  const int64_t first = std::min(total, slot);
+  const uint64_t set0 = round.set();
+  if (is_root) Copy(round.slot_in(set0, root), data, first);
+  absl::Status s = round.Arrive();
+  round.Next();
+  if (!s.ok()) return s;
+  const bool large = total >= kStreamingStoreBytes;
+  if (total <= slot) {
+    if (!is_root) CopyOut(data, round.slot_in(set0, root), first, large);
+    return absl::OkStatus();
+  }
+  // Stream position p lives in the root's slot of set (set0 + p / slot) % 2;
+  // chunks never straddle a slot.
+  auto at = [&](int64_t p) {
+    return round.slot_in((set0 + p / slot) % 2, root) + p % slot;
+  };
+  auto chunk_at = [&](int64_t p, int64_t limit) {
+    return std::min({chunk_bytes_, slot - p % slot, limit - p});
+  };
+  const uint64_t base = streamed_;
+  int64_t done = is_root ? first : 0;
+  if (is_root) {
+    round.Publish(base + done);
+    while (done < total) {
+      const int64_t len = chunk_at(done, total);
+      if (done + len > 2 * slot) {
+        RETURN_IF_ERROR(round.WaitProgress(-1, base + done + len - 2 * slot));
+      }
+      Copy(at(done), data + done, len);
+      done += len;
+      round.Publish(base + done);
+    }
+    RETURN_IF_ERROR(round.WaitProgress(-1, base + total));
+  } else {
+    int64_t avail = first;
+    while (done < total) {
+      if (done == avail) {
+        RETURN_IF_ERROR(round.WaitProgress(root, base + done + 1));
+        avail = std::min<int64_t>(total, round.Progress(root) - base);
+      }
+      const int64_t len = chunk_at(done, avail);
+      CopyOut(data + done, at(done), len, large);
+      done += len;
+      round.Publish(base + done);
+    }
+  }
+  streamed_ += total;
+  return absl::OkStatus();
 }
 
 std::shared_ptr<Work> ShmBackend::Allgather(std::vector<Tensor> outputs,
@@ -904,7 +1061,57 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
       kOp, sig, local, options.timeout,
       [this, output, input, out_rows = std::move(out_rows),
        in_rows = std::move(in_rows), row_bytes](Round& round) -> absl::Status {
-        return RunAlltoall(round, output, input, out_rows, in_rows, row_bytes);
+        // An output overlapping the input would be overwritten while later
+        // rounds still read the input: send from a copy then.
+        const Tensor from = Overlap(output.data_ptr(), output.nbytes(),
+                                    input.data_ptr(), input.nbytes())
+                                ? input.clone()
+                                : input;
+        const int n = size();
+        std::vector<const char*> src(n);
+        std::vector<char*> dst(n);
+        const char* in = static_cast<const char*>(from.data_ptr());
+        char* out = static_cast<char*>(output.data_ptr());
+        for (int r = 0; r < n; ++r) {
+          src[r] = in;
+          dst[r] = out;
+          in += in_rows[r] * row_bytes;
+          out += out_rows[r] * row_bytes;
+        }
+        return RunAlltoall(round, src, dst, out_rows, in_rows, row_bytes);
+      });
+}
+
+// The list form: one "row" of a tensor's bytes to and from each rank (the
+// tensors are all alike, so the signature's dtype and count cover them).
+std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outputs,
+                                           std::vector<Tensor> inputs,
+                                           const AlltoallOptions& options) {
+  constexpr OpType kOp = OpType::kAlltoall;
+  absl::Status local = Checks().Alltoall(outputs, inputs);
+  Signature sig = local.ok() ? TensorSignature(inputs[0]) : Signature{};
+  return Enqueue(
+      kOp, sig, local, options.timeout,
+      [this, outputs = std::move(outputs),
+       inputs = std::move(inputs)](Round& round) mutable -> absl::Status {
+        const int n = size();
+        const int64_t bytes = static_cast<int64_t>(inputs[0].nbytes());
+        bool overlap = false;
+        for (const Tensor& o : outputs) {
+          for (const Tensor& i : inputs) {
+            overlap = overlap || Overlap(o.data_ptr(), bytes, i.data_ptr(),
+                                         static_cast<size_t>(bytes));
+          }
+        }
+        std::vector<const char*> src(n);
+        std::vector<char*> dst(n);
+        for (int r = 0; r < n; ++r) {
+          if (overlap) inputs[r] = inputs[r].clone();
+          src[r] = static_cast<const char*>(inputs[r].data_ptr());
+          dst[r] = static_cast<char*>(outputs[r].data_ptr());
+        }
+        const std::vector<int64_t> ones(n, 1);
+        return RunAlltoall(round, src, dst, ones, ones, bytes);
       });
 }
 
@@ -913,9 +1120,12 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
 // first round's header carries every rank's split sizes (rows sent to and
 // expected from each rank), checked on every rank alike before anything is
 // read; it also gives the round count (the longest transfer over `cap`). A
-// rank's part for itself is copied directly.
-absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
-                                     const Tensor& input,
+// rank's part for itself is copied directly. src[d] / dst[s]: the bytes for
+// rank d / from rank s (in_rows[d] / out_rows[s] rows of `row_bytes`), none
+// overlapping another.
+absl::Status ShmBackend::RunAlltoall(Round& round,
+                                     const std::vector<const char*>& src,
+                                     const std::vector<char*>& dst,
                                      const std::vector<int64_t>& out_rows,
                                      const std::vector<int64_t>& in_rows,
                                      int64_t row_bytes) {
@@ -925,20 +1135,9 @@ absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
   const int64_t cap = static_cast<int64_t>(
       round.slot_bytes() > header ? (round.slot_bytes() - header) / n / 64 * 64
                                   : 0);
-  const char* in = static_cast<const char*>(input.data_ptr());
-  char* out = static_cast<char*>(output.data_ptr());
-  // An output overlapping the input would be overwritten while later rounds
-  // still read the input: send from a copy then.
-  Tensor staged;
-  if (out < in + input.nbytes() && out + output.nbytes() > in) {
-    staged = input.clone();
-    in = static_cast<const char*>(staged.data_ptr());
-  }
-  std::vector<int64_t> in_off(n + 1, 0), out_off(n + 1, 0);
-  for (int r = 0; r < n; ++r) {
-    in_off[r + 1] = in_off[r] + in_rows[r] * row_bytes;
-    out_off[r + 1] = out_off[r] + out_rows[r] * row_bytes;
-  }
+  int64_t out_total = 0;
+  for (int r = 0; r < n; ++r) out_total += out_rows[r] * row_bytes;
+  const bool large = out_total >= kStreamingStoreBytes;
   auto piece = [cap](int64_t total, int64_t k) {
     return std::clamp<int64_t>(total - k * cap, 0, cap);
   };
@@ -958,24 +1157,24 @@ absl::Status ShmBackend::RunAlltoall(Round& round, const Tensor& output,
     }
     for (int d = 0; d < n; ++d) {
       if (d == me) continue;
-      Copy(mine + header + d * cap, in + in_off[d] + k * cap,
-           piece(in_off[d + 1] - in_off[d], k));
+      Copy(mine + header + d * cap, src[d] + k * cap,
+           piece(in_rows[d] * row_bytes, k));
     }
     absl::Status s = round.Arrive();
     if (s.ok() && k == 0) {
       s = CheckAlltoallSplits(round, n, &rounds, cap, row_bytes);
     }
     if (s.ok()) {
-      for (int src = 0; src < n; ++src) {
-        if (src == me) continue;
-        Copy(out + out_off[src] + k * cap, round.slot(src) + header + me * cap,
-             piece(out_off[src + 1] - out_off[src], k));
+      for (int from = 0; from < n; ++from) {
+        if (from == me) continue;
+        CopyOut(dst[from] + k * cap, round.slot(from) + header + me * cap,
+                piece(out_rows[from] * row_bytes, k), large);
       }
     }
     round.Next();
     RETURN_IF_ERROR(s);
   }
-  Copy(out + out_off[me], in + in_off[me], out_off[me + 1] - out_off[me]);
+  Copy(dst[me], src[me], out_rows[me] * row_bytes);
   return absl::OkStatus();
 }
 
@@ -1038,13 +1237,6 @@ std::shared_ptr<Work> ShmBackend::Scatter(Tensor out, std::vector<Tensor> ins,
                                           const ScatterOptions& o) {
   return Forward(OpType::kScatter, [&](Backend& b) {
     return b.Scatter(std::move(out), std::move(ins), o);
-  });
-}
-std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outs,
-                                           std::vector<Tensor> ins,
-                                           const AlltoallOptions& o) {
-  return Forward(OpType::kAlltoall, [&](Backend& b) {
-    return b.Alltoall(std::move(outs), std::move(ins), o);
   });
 }
 std::shared_ptr<Work> ShmBackend::Send(Tensor t, int dst,

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,6 +30,7 @@ constexpr OpType kShmOps[] = {
     OpType::kAllgatherIntoTensor,
     OpType::kReduceScatterTensor,
     OpType::kAlltoallSingle,
+    OpType::kAlltoall,
 };
 
 // Small slots, so the conformance sizes take many rounds.
@@ -168,19 +170,30 @@ TEST(ShmBackendTest, AutoFactoryPicksShmOnOneHostUnlessTurnedOff) {
 
 // Transfers far larger than a slot's share (many rounds, uneven), and an
 // all-to-all whose output is its input.
+// Makes rank r of `ranks` on ShmBackend with options `o` (for RunRanks).
+std::function<absl::StatusOr<std::unique_ptr<Backend>>(std::shared_ptr<Store>,
+                                                       int)>
+ShmRanks(int ranks, ShmBackendOptions o) {
+  return [ranks, o](std::shared_ptr<Store> store,
+                    int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    auto b =
+        ShmBackend::Create(std::move(store), r, ranks, absl::Seconds(60), o);
+    if (!b.ok()) return b.status();
+    return std::unique_ptr<Backend>(std::move(*b));
+  };
+}
+
+// Default slots (1 MiB), the test prefix.
+ShmBackendOptions DefaultSlots() {
+  ShmBackendOptions o;
+  o.name_prefix = "/ferry-c10d-test";
+  return o;
+}
+
 TEST(ShmBackendTest, AlltoallSingleOverManyRoundsAndInPlace) {
   constexpr int kRanks = 3;
   RunRanks(
-      kRanks,
-      [&](std::shared_ptr<Store> store,
-          int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
-        absl::StatusOr<ShmBackendOptions> o =
-            ShmBackendOptions::FromMap(SmallSlots());
-        if (!o.ok()) return o.status();
-        auto b = ShmBackend::Create(store, r, kRanks, absl::Seconds(20), *o);
-        if (!b.ok()) return b.status();
-        return std::unique_ptr<Backend>(std::move(*b));
-      },
+      kRanks, ShmRanks(kRanks, *ShmBackendOptions::FromMap(SmallSlots())),
       [&](int r, Backend& b) {
         // Rank s sends (s + 1) * (d + 1) * 300 int32 values to rank d.
         auto rows = [](int s, int d) {
@@ -222,6 +235,99 @@ TEST(ShmBackendTest, AlltoallSingleOverManyRoundsAndInPlace) {
           ASSERT_EQ(p[i], (i / kChunk) * 10 + r) << "rank " << r << " at " << i;
         }
       });
+}
+
+// Broadcasts larger than a slot stream through the root's two slots in
+// chunks (wrapping around them many times; 9 MiB also takes the
+// non-temporal copy-out), from every root in turn, with other collectives
+// between them; every rank ends with the root's exact values.
+TEST(ShmBackendTest, LargeBroadcastStreamsFromEveryRoot) {
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
+    RunRanks(ranks, ShmRanks(ranks, DefaultSlots()), [&](int r, Backend& b) {
+      constexpr int64_t kNumel = (int64_t{9} << 20) / 4 + 3;
+      for (int call = 0; call < 2 * ranks; ++call) {
+        const int root = call % ranks;
+        Tensor t = zeros({kNumel}, DType::kInt32);
+        int32_t* p = static_cast<int32_t*>(t.data_ptr());
+        for (int64_t i = 0; i < kNumel; ++i) {
+          p[i] = r == root ? static_cast<int32_t>(i * 7 + call) : -1;
+        }
+        absl::Status s =
+            b.Broadcast(t, {.root = root})->Wait(absl::Seconds(60));
+        ASSERT_TRUE(s.ok()) << s;
+        for (int64_t i = 0; i < kNumel; ++i) {
+          ASSERT_EQ(p[i], static_cast<int32_t>(i * 7 + call))
+              << "rank " << r << " call " << call << " at " << i;
+        }
+        Tensor one = full({5}, 1.0);
+        s = b.Allreduce(one)->Wait(absl::Seconds(60));
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_EQ(one.to_vector<float>()[4], static_cast<float>(ranks));
+      }
+    });
+  }
+}
+
+// The list form over many rounds (small slots), once into separate outputs
+// and once in place (each output is the input of the same index).
+TEST(ShmBackendTest, AlltoallListOverManyRoundsAndInPlace) {
+  constexpr int kRanks = 3;
+  constexpr int64_t kNumel = 3001;  // 12004 bytes: several 4 KiB slots.
+  RunRanks(kRanks, ShmRanks(kRanks, *ShmBackendOptions::FromMap(SmallSlots())),
+           [&](int r, Backend& b) {
+             auto value = [](int s, int d, int64_t i) {
+               return static_cast<int32_t>(s * 1000000 + d * 100000 + i);
+             };
+             for (bool in_place : {false, true}) {
+               std::vector<Tensor> ins, outs;
+               for (int d = 0; d < kRanks; ++d) {
+                 Tensor t = zeros({kNumel}, DType::kInt32);
+                 int32_t* p = static_cast<int32_t*>(t.data_ptr());
+                 for (int64_t i = 0; i < kNumel; ++i) p[i] = value(r, d, i);
+                 ins.push_back(t);
+                 outs.push_back(in_place ? t : zeros({kNumel}, DType::kInt32));
+               }
+               absl::Status s = b.Alltoall(outs, ins)->Wait(absl::Seconds(20));
+               ASSERT_TRUE(s.ok()) << s;
+               for (int src = 0; src < kRanks; ++src) {
+                 std::vector<int32_t> got = outs[src].to_vector<int32_t>();
+                 for (int64_t i = 0; i < kNumel; ++i) {
+                   ASSERT_EQ(got[i], value(src, r, i))
+                       << "rank " << r << " from " << src << " at " << i
+                       << (in_place ? " (in place)" : "");
+                 }
+               }
+             }
+           });
+}
+
+// Mismatched sizes in a broadcast that would stream, and in the list form of
+// all-to-all, fail on every rank before any data is read; the group then
+// still streams a broadcast correctly.
+TEST(ShmBackendTest, MismatchedStreamedBroadcastAndAlltoallListRecover) {
+  constexpr int kRanks = 2;
+  RunRanks(kRanks, ShmRanks(kRanks, DefaultSlots()), [&](int r, Backend& b) {
+    const int64_t big = (int64_t{3} << 20) / 4;  // 3 MiB: streams.
+    Tensor t = full({big + r}, r == 0 ? 7.0 : 0.0);
+    absl::Status s = b.Broadcast(t, {.root = 0})->Wait(absl::Seconds(20));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    if (r == 1) {
+      EXPECT_EQ(t.to_vector<float>()[0], 0.0f) << "read before the check";
+    }
+    std::vector<Tensor> ins, outs;
+    for (int d = 0; d < kRanks; ++d) {
+      ins.push_back(ones({10 + r}));
+      outs.push_back(zeros({10 + r}));
+    }
+    s = b.Alltoall(outs, ins)->Wait(absl::Seconds(20));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("Alltoall"));
+    Tensor u = full({big}, r == 0 ? 7.0 : 0.0);
+    s = b.Broadcast(u, {.root = 0})->Wait(absl::Seconds(20));
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(u.to_vector<float>(), std::vector<float>(big, 7.0f));
+  });
 }
 
 TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {

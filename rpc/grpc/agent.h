@@ -21,7 +21,11 @@
 // A joined worker's graceful Shutdown is its Leave; a static member that
 // leaves counts as arrived at the static group's shutdown barrier. Workers
 // still joined when the static group shuts down are not waited for: leave
-// first.
+// first. A member waiting in the shutdown barrier still serves and takes
+// joiners (on a store connection of its own, since its own waits in the
+// barrier); once the barrier completed, Join fails at once with
+// FailedPrecondition ("the group is shutting down"), before it or after its
+// notices (a member that began to stop refuses them, naming its state).
 //
 // Peer failures (rpc/agent.h): when a call fails with Unavailable, the agent
 // probes the peer's gRPC health service (peer_probe_timeout); if the probe
@@ -173,6 +177,11 @@ class GrpcAgent final : public Agent {
   // received until `server_deadline` (then cuts them), stops the executor
   // (draining its queue or cancelling it).
   void StopServing(bool drain, absl::Time server_deadline);
+  // Join's notices to `members` (self among them); FailedPrecondition when
+  // the group's shutdown barrier completed meanwhile (the members that took
+  // the joiner are told it left).
+  absl::Status AnnounceJoin(const std::vector<WorkerInfo>& members,
+                            absl::Time deadline, const std::string& who);
   // Leave's announcement: the log event, the barrier (static members), the
   // notices.
   absl::Status AnnounceLeave(absl::Time deadline);

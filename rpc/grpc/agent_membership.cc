@@ -1,6 +1,9 @@
 // GrpcAgent::Join and Leave: the gRPC side of dynamic membership
 // (rpc/agent.h; the store log is rpc/grpc/membership.h).
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -21,7 +24,51 @@ void WarnUntold(
   }
 }
 
+// FailedPrecondition once the group's shutdown barrier completed: `who`
+// joins a group that is shutting down. `untold`: the members that did not
+// take the joiner, and why.
+absl::Status RefuseIfShuttingDown(
+    std::shared_ptr<Store> store, const std::string& who,
+    const std::vector<std::pair<WorkerInfo, absl::Status>>& untold = {}) {
+  absl::StatusOr<bool> done = grpc_agent::ShutdownBarrierDone(std::move(store));
+  if (!done.ok()) return Annotate(done.status(), who);
+  if (!*done) return absl::OkStatus();
+  std::string why = absl::StrCat(
+      who,
+      ": the group is shutting down (every static worker reached its shutdown "
+      "barrier); only a running group can be joined");
+  for (const auto& [peer, status] : untold) {
+    absl::StrAppend(&why, "; worker '", peer.name, "' (id ", peer.id,
+                    ") did not take it: ", status.ToString());
+  }
+  return absl::FailedPreconditionError(why);
+}
+
 }  // namespace
+
+absl::Status GrpcAgent::AnnounceJoin(const std::vector<WorkerInfo>& members,
+                                     absl::Time deadline,
+                                     const std::string& who) {
+  std::vector<std::pair<WorkerInfo, absl::Status>> untold =
+      Announce(MembershipChange::kJoined, self(), members, deadline);
+  // The barrier may have completed while the members were told.
+  absl::Status open = RefuseIfShuttingDown(store_, who, untold);
+  if (open.ok()) {
+    WarnUntold(who, untold);
+    return open;
+  }
+  // The members that took the joiner hear that it is gone (bounded: they
+  // answered just now).
+  std::vector<WorkerInfo> told;
+  for (const WorkerInfo& w : members) {
+    bool refused = false;
+    for (const auto& [peer, why] : untold) refused |= peer.id == w.id;
+    if (!refused) told.push_back(w);
+  }
+  Announce(MembershipChange::kLeft, self(), told,
+           std::min(deadline, absl::Now() + grpc_options_.peer_probe_timeout));
+  return open;
+}
 
 absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
     std::string name, std::shared_ptr<Store> store, GrpcAgentOptions options,
@@ -31,14 +78,15 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
   const absl::Time deadline = absl::Now() + timeout;
   ASSIGN_OR_RETURN(grpc_agent::JoinerId id,
                    grpc_agent::ReserveJoinerId(store, name, timeout));
+  const std::string who =
+      absl::StrCat("worker '", name, "' (id ", id.id, ") joining");
+  RETURN_IF_ERROR(RefuseIfShuttingDown(store, who));
   std::unique_ptr<GrpcAgent> agent(
       new GrpcAgent(store, std::move(options), std::move(registry)));
   agent->static_size_ = id.static_size;
   ASSIGN_OR_RETURN(std::string address,
                    agent->Serve(WorkerInfo{name, id.id, ""}));
   const WorkerInfo self{name, id.id, address};
-  const std::string who =
-      absl::StrCat("worker '", name, "' (id ", id.id, ") joining");
   // Before the join event: a member that hears of it finds the record.
   absl::Status published = agent->same_host_->Publish(*store, id.id);
   if (!published.ok()) {
@@ -73,8 +121,8 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
   members->push_back(self);
   agent->SetWorkers(*members);
   agent->OpenChannels();
-  WarnUntold(who, agent->Announce(MembershipChange::kJoined, self, *members,
-                                  deadline));
+  absl::Status announced = agent->AnnounceJoin(*members, deadline, who);
+  if (!announced.ok()) return fail(announced);
   // The members told have answered: pairs missing an answer use gRPC.
   absl::Status settled = agent->same_host_->SettleJoin(*store, *members, id.id);
   if (!settled.ok()) {
@@ -94,6 +142,7 @@ absl::Status GrpcAgent::Leave(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status result = AwaitOutgoingCalls(deadline, timeout);
   if (result.ok()) result = AnnounceLeave(deadline);
+  BeginStop("leaving the group");  // Joiners are refused from now on.
   // The calls it received before the members knew are answered.
   StopServing(/*drain=*/true, result.ok() ? deadline : absl::Now());
   return result;

@@ -6,6 +6,7 @@
 
 #include "common/sync.h"
 #include "rpc/grpc/agent.h"
+#include "rpc/grpc/rendezvous.h"
 #include "store/hash_store.h"
 
 namespace ferry::rpc::grpc_agent {
@@ -39,6 +40,10 @@ class GrpcCluster final : public testing::AgentCluster {
     a->Shutdown(/*graceful=*/false).IgnoreError();
     MutexLock lock(&mu_);
     agents_[i].reset();
+  }
+  int ArrivedAtShutdownBarrier() override {
+    absl::StatusOr<int64_t> n = ShutdownBarrierArrivals(store_);
+    return n.ok() ? static_cast<int>(*n) : -1;
   }
   absl::StatusOr<Agent*> Join(const std::string& name) override {
     absl::StatusOr<std::unique_ptr<GrpcAgent>> a =

@@ -117,4 +117,14 @@ absl::Status ShutdownBarrier(std::shared_ptr<Store> base,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ShutdownBarrierDone(std::shared_ptr<Store> base) {
+  PrefixStore store("rpc/", std::move(base));
+  return store.Check({std::string("shutdown_done")});
+}
+
+absl::StatusOr<int64_t> ShutdownBarrierArrivals(std::shared_ptr<Store> base) {
+  PrefixStore store("rpc/", std::move(base));
+  return store.Add("shutdown_count", 0);
+}
+
 }  // namespace ferry::rpc::grpc_agent

@@ -8,7 +8,9 @@
 #ifndef FERRY_RPC_GRPC_RENDEZVOUS_H_
 #define FERRY_RPC_GRPC_RENDEZVOUS_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +37,14 @@ absl::Status ArriveAtShutdownBarrier(std::shared_ptr<Store> store,
 absl::Status ShutdownBarrier(std::shared_ptr<Store> store,
                              const std::string& self_name, int world_size,
                              absl::Time deadline);
+
+// Whether every one of the static group's workers arrived at the shutdown
+// barrier (the group is shutting down: it takes no joiner).
+absl::StatusOr<bool> ShutdownBarrierDone(std::shared_ptr<Store> store);
+
+// How many workers arrived at the shutdown barrier so far (tests observe a
+// member waiting there).
+absl::StatusOr<int64_t> ShutdownBarrierArrivals(std::shared_ptr<Store> store);
 
 }  // namespace ferry::rpc::grpc_agent
 

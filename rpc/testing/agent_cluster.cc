@@ -32,6 +32,9 @@ class InProcessCluster final : public AgentCluster {
   void Kill(int i) override {
     network_.Kill(network_.agent(i).self().name).IgnoreError();
   }
+  int ArrivedAtShutdownBarrier() override {
+    return network_.ArrivedAtShutdownBarrier();
+  }
   absl::StatusOr<Agent*> Join(const std::string& name) override {
     absl::StatusOr<InProcessAgent*> a = network_.Join(name);
     if (!a.ok()) return a.status();

@@ -24,6 +24,9 @@ class AgentCluster {
   // Membership); the cluster owns it, and agent(i) reaches it at the next
   // index. Safe from several threads at once.
   virtual absl::StatusOr<Agent*> Join(const std::string& name) = 0;
+  // Workers that reached the shutdown barrier so far (a graceful Shutdown
+  // waiting for the others, or past it).
+  virtual int ArrivedAtShutdownBarrier() = 0;
   // Graceful, collective shutdown of every live agent, each on its own
   // thread; returns the first error.
   absl::Status ShutdownAll();

@@ -64,6 +64,7 @@ absl::Status InProcessAgent::Leave(absl::Duration timeout) {
   }
   network_->MarkStopped(self().id, /*left=*/true);
   network_->CancelCallsFrom(self().id);
+  BeginStop("leaving the group");
   StopExecutor(/*drain=*/true);
   shut_down_ = true;
   return result;
@@ -162,6 +163,12 @@ absl::StatusOr<InProcessAgent*> InProcessNetwork::Join(const std::string& name,
       return absl::AlreadyExistsError(
           absl::StrCat("cannot join as '", name, "': worker id ", it->second,
                        " has that name and has not left"));
+    }
+    if (BarrierCompleteLocked()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot join as '", name,
+          "': the group is shutting down (every worker reached its shutdown "
+          "barrier); only a running group can be joined"));
     }
     const int id = size();
     if (id >= kMaxWorkers) {
@@ -519,16 +526,26 @@ absl::Status InProcessNetwork::AwaitNoCallsFrom(int from, absl::Time deadline) {
   return absl::OkStatus();
 }
 
+bool InProcessNetwork::BarrierCompleteLocked() const {
+  if (at_barrier_.empty()) return false;
+  for (int i = 0; i < size(); ++i) {
+    if (!at_barrier_.count(i) && !dead_.count(i) && !left_.count(i)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int InProcessNetwork::ArrivedAtShutdownBarrier() const {
+  MutexLock lock(&mu_);
+  return static_cast<int>(at_barrier_.size());
+}
+
 absl::Status InProcessNetwork::Barrier(int id, absl::Time deadline) {
   MutexLock lock(&mu_);
   at_barrier_.insert(id);
   auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (int i = 0; i < size(); ++i) {
-      if (!at_barrier_.count(i) && !dead_.count(i) && !left_.count(i)) {
-        return false;
-      }
-    }
-    return true;
+    return BarrierCompleteLocked();
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
     return absl::DeadlineExceededError(

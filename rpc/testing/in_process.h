@@ -157,6 +157,8 @@ class InProcessNetwork {
   void Hold(MessagePredicate hold);
   // Replies that arrived for calls no longer pending (duplicates, late).
   int ignored_replies() const;
+  // Workers that reached the shutdown barrier (graceful Shutdown) so far.
+  int ArrivedAtShutdownBarrier() const;
 
   // --- Failures. ---
 
@@ -171,7 +173,10 @@ class InProcessNetwork {
   // learns of it through a MEMBERSHIP notice (queued messages: in manual
   // mode, deliver them from another thread) before Join returns.
   // InvalidArgument for an empty name, AlreadyExists for the name of a
-  // present worker, ResourceExhausted beyond kMaxWorkers ids.
+  // present worker, ResourceExhausted beyond kMaxWorkers ids,
+  // FailedPrecondition once every worker reached the shutdown barrier (the
+  // group is shutting down). A worker waiting in the barrier is told, and the
+  // barrier then waits for the joiner too (it leaves or shuts down).
   absl::StatusOr<InProcessAgent*> Join(
       const std::string& name, absl::Duration timeout = absl::Seconds(60));
   static constexpr int kMaxWorkers = 1024;
@@ -208,6 +213,8 @@ class InProcessNetwork {
   void CancelCallsFrom(int from);
   absl::Status AwaitNoCallsFrom(int from, absl::Time deadline);
   absl::Status Barrier(int id, absl::Time deadline);
+  // Every worker that has not left or died reached the shutdown barrier.
+  bool BarrierCompleteLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkStopped(int id, bool left = false);
   void TimerLoop();
 

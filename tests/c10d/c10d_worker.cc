@@ -10,9 +10,10 @@
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
 // expect_deadline: joins a group some rank never joins; exits 0 if group
 // creation fails with DeadlineExceeded in time, 1 otherwise.
-// shm_kill (--shm_prefix=/name): a group on the "shm" backend runs 4 MiB
-// all-reduces; the last rank SIGKILLs itself right after issuing its fourth
-// (while its backend's worker runs it). The others exit 0 if an all-reduce
+// shm_kill (--shm_prefix=/name, --shm_op=allreduce|broadcast): a group on
+// the "shm" backend runs 4 MiB all-reduces, or 16 MiB broadcasts (streamed)
+// from the last rank; the last rank SIGKILLs itself right after issuing its
+// fourth (while its backend's worker runs it). The others exit 0 if a call
 // fails within the timeout (plus 5 s), 1 otherwise.
 #include <csignal>
 #include <cstdio>
@@ -121,22 +122,26 @@ int RunCollectives(ProcessGroup& pg) {
   return 0;
 }
 
-int RunShmKill(ProcessGroup& pg, absl::Duration timeout) {
+int RunShmKill(ProcessGroup& pg, absl::Duration timeout,
+               const std::string& op) {
   const int rank = pg.rank();
   const bool victim = rank == pg.size() - 1;
-  Tensor t = full({int64_t{1} << 20}, 1.0);
+  const bool broadcast = op == "broadcast";
+  Tensor t = full({broadcast ? int64_t{4} << 20 : int64_t{1} << 20}, 1.0);
   for (int i = 0; i < 1000; ++i) {
-    std::shared_ptr<Work> w = pg.Allreduce(t);
+    std::shared_ptr<Work> w =
+        broadcast ? pg.Broadcast(t, {.root = pg.size() - 1}) : pg.Allreduce(t);
     if (victim && i == 3) std::raise(SIGKILL);
     absl::Time start = absl::Now();
     absl::Status s = w->Wait(timeout + absl::Seconds(30));
     absl::Duration took = absl::Now() - start;
     if (s.ok()) continue;
-    std::fprintf(stderr, "rank %d: all-reduce %d failed after %s: %s\n", rank,
-                 i, absl::FormatDuration(took).c_str(), s.ToString().c_str());
+    std::fprintf(stderr, "rank %d: %s %d failed after %s: %s\n", rank,
+                 op.c_str(), i, absl::FormatDuration(took).c_str(),
+                 s.ToString().c_str());
     return !victim && took < timeout + absl::Seconds(5) ? 0 : 1;
   }
-  std::fprintf(stderr, "rank %d: every all-reduce succeeded\n", rank);
+  std::fprintf(stderr, "rank %d: every %s succeeded\n", rank, op.c_str());
   return 1;
 }
 
@@ -204,7 +209,13 @@ int Main(int argc, char** argv) {
     return 1;
   }
   if (flags["mode"] == "shm_kill") {
-    return RunShmKill(**pg, absl::Milliseconds(timeout_ms));
+    const std::string op =
+        flags.count("shm_op") ? flags["shm_op"] : std::string("allreduce");
+    if (op != "allreduce" && op != "broadcast") {
+      std::fprintf(stderr, "bad --shm_op=%s\n", op.c_str());
+      return 2;
+    }
+    return RunShmKill(**pg, absl::Milliseconds(timeout_ms), op);
   }
   return RunCollectives(**pg);
 }

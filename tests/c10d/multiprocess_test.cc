@@ -144,19 +144,21 @@ std::vector<std::string> ShmSegments(const std::string& prefix) {
   return out;
 }
 
-// A rank SIGKILLed during a shared-memory all-reduce: the others fail within
-// the timeout (not hang), and no segment is left in /dev/shm.
-TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
-  const std::string prefix = absl::StrCat("ferry-c10d-kill-", ::getpid());
-  const std::string path = FreshPath("c10d_shm_kill");
+// Runs 3 ranks of c10d_worker --mode=shm_kill --shm_op=`op`: the last rank
+// SIGKILLs itself during its fourth call; the others must fail within the
+// timeout (not hang), and no segment may be left in /dev/shm.
+void RunShmKill(const std::string& op) {
+  const std::string prefix =
+      absl::StrCat("ferry-c10d-kill-", op, "-", ::getpid());
+  const std::string path = FreshPath(absl::StrCat("c10d_shm_kill_", op));
   const int world = 3;
   std::vector<std::unique_ptr<testutil::Subprocess>> workers;
   for (int r = 0; r < world; ++r) {
     auto child = testutil::Subprocess::Spawn(
         {g_worker, absl::StrCat("--init_method=file://", path),
-         "--mode=shm_kill", absl::StrCat("--shm_prefix=/", prefix),
-         "--timeout_ms=20000", absl::StrCat("--rank=", r),
-         absl::StrCat("--world_size=", world)});
+         "--mode=shm_kill", absl::StrCat("--shm_op=", op),
+         absl::StrCat("--shm_prefix=/", prefix), "--timeout_ms=20000",
+         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", world)});
     ASSERT_TRUE(child.ok()) << child.status();
     workers.push_back(*std::move(child));
   }
@@ -172,6 +174,17 @@ TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
   }
   EXPECT_TRUE(ShmSegments(prefix).empty());
   std::remove(path.c_str());
+}
+
+// A rank SIGKILLed during a shared-memory all-reduce.
+TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
+  RunShmKill("allreduce");
+}
+
+// The root SIGKILLed while streaming a broadcast: the readers waiting on its
+// progress fail.
+TEST(C10dMultiProcessTest, ShmRootKilledMidStreamedBroadcast) {
+  RunShmKill("broadcast");
 }
 
 }  // namespace
