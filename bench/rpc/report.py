@@ -118,7 +118,7 @@ def main():
     print(f"{'bytes':>10} {'Ferry':>7} {'F strm':>7} {'PT shm':>7} "
           f"{'PT tcp':>7} {'gRPC 1msg':>9} {'gRPC strm':>9} {'TCP':>7} "
           f"{'Ferry/PT shm':>12} {'Ferry/PT tcp':>12} {'Ferry/gRPC1':>11} "
-          f"{'strm/gRPCs':>10} {'strm/PT shm':>11}")
+          f"{'strm/gRPCs':>10} {'strm/PT shm':>11} {'strm copies':>11}")
     for n in sizes:
         fs = val("ferry", "tensor_echo_stream", n)
         f, p, pt = (val(i, "tensor_echo", n)
@@ -126,6 +126,9 @@ def main():
         g = val("grpc", "grpc_unary_echo", n)
         gs = val("grpc", "grpc_stream_echo", n)
         t = val("tcp", "tcp_echo", n)
+        c = fig.get(("ferry", "stream_copies", n))
+        copies = (f"{c['send_copies']}/{c['receive_copies']}"
+                  if c and c["sent_as_slices"] > 0 else "-")
         row = dict(figure="tensor_echo", bytes=n,
                    ferry_over_pytorch=ratio(f, p),
                    ferry_over_pytorch_tcp=ratio(f, pt),
@@ -144,7 +147,7 @@ def main():
               f"{fmt(row['ferry_over_pytorch_tcp'], '12.2f')} "
               f"{fmt(row['ferry_over_grpc'], '11.2f')} "
               f"{fmt(row['stream_over_grpc_stream'], '10.2f')} "
-              f"{fmt(row['stream_over_pytorch'], '11.2f')}")
+              f"{fmt(row['stream_over_pytorch'], '11.2f')} {copies:>11}")
 
     print("\n## Same host: tensor echo over the same-host channel, one-way "
           "GB/s; higher is better")

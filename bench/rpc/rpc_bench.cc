@@ -95,6 +95,11 @@ ABSL_FLAG(double, seconds, 3.0,
 ABSL_FLAG(int, iters, 3000, "Latency iterations (bounded by --seconds).");
 ABSL_FLAG(int, async_calls, 20000,
           "Calls per throughput figure (bounded by --seconds).");
+ABSL_FLAG(int64_t, piece_bytes, 0,
+          "Streamed piece size of the agents (0: StreamOptions' default).");
+ABSL_FLAG(std::string, figures, "",
+          "Comma-separated figure names to measure (e.g. "
+          "grpc_stream_echo,tensor_echo_stream); empty: all.");
 
 extern char** environ;
 
@@ -198,6 +203,16 @@ void ReportBandwidth(const std::string& impl, const std::string& name,
 // per figure), at least 3.
 int EchoIters(int64_t bytes) {
   return static_cast<int>(std::clamp<int64_t>((1LL << 30) / bytes, 3, 300));
+}
+
+// Whether --figures selects `figure` (all when empty).
+bool Want(absl::string_view figure) {
+  const std::string figures = absl::GetFlag(FLAGS_figures);
+  if (figures.empty()) return true;
+  for (absl::string_view f : absl::StrSplit(figures, ',')) {
+    if (f == figure) return true;
+  }
+  return false;
 }
 
 // Runs `op` (one round trip) up to --iters times or --seconds, after a warm-up.
@@ -414,10 +429,25 @@ std::shared_ptr<Store> ConnectStore(int port) {
 rpc::GrpcAgentOptions AgentOptions(bool unary = false) {
   rpc::GrpcAgentOptions o;
   o.stream.enabled = !unary;
+  if (absl::GetFlag(FLAGS_piece_bytes) > 0) {
+    o.stream.piece_bytes = absl::GetFlag(FLAGS_piece_bytes);
+  }
   if (unary) o.same_host.enabled = false;
   o.rpc_timeout = absl::Minutes(5);
   o.join_timeout = absl::Minutes(2);
   return o;
+}
+
+// How often received payloads found a warm buffer (rpc/grpc/buffer_pool.h).
+void PrintPoolStats(const char* who, const rpc::GrpcAgent& agent) {
+  const auto s = agent.receive_pool_stats();
+  std::printf(
+      "# %s receive buffers: %llu reused, %llu allocated; %zu idle (%zu "
+      "bytes)\n",
+      who, static_cast<unsigned long long>(s.reused),
+      static_cast<unsigned long long>(s.allocated), s.idle_buffers,
+      s.idle_bytes);
+  std::fflush(stdout);
 }
 
 int RunServer(int port) {
@@ -464,6 +494,7 @@ int RunServer(int port) {
   // The caller sets bench/done when it has measured everything.
   OrDie(store->Wait({std::string("bench/done")}, absl::Minutes(20)),
         "waiting for the caller");
+  PrintPoolStats("callee", *agent);
   OrDie(unary->Shutdown(/*graceful=*/true), "unary callee shutdown");
   OrDie(agent->Shutdown(/*graceful=*/true), "callee shutdown");
   grpc_server->Shutdown();
@@ -570,26 +601,25 @@ struct CallbackBench {
   }
 };
 
-// The same-host channel's counters, printed after its echo rows: what the
-// caller left in place (copied 0 times on send) and received (copied once,
-// by the kernel; the decoder adopts those bytes: shm_channel_test).
-void ReportSameHostCopies(const rpc::GrpcAgent& agent, int64_t n,
-                          uint64_t sent0, uint64_t received0) {
-  const auto& s = agent.same_host().stats();
-  const uint64_t sent = s.bytes_sent.load() - sent0;
-  const uint64_t received = s.bytes_received.load() - received0;
+// A path's copy counters, printed after its echo rows: `sent` bytes left in
+// place or sent as slices of the tensors (copied 0 times on send), and
+// `received` bytes copied once on receive (the decoder adopts those bytes:
+// shm_channel_test, stream_test). `how` says how they were sent, `key` is
+// its JSON field.
+void ReportCopies(const char* figure, const char* how, const char* key,
+                  int64_t n, uint64_t sent, uint64_t received) {
   std::printf(
-      "%-8s %-20s %12lld sent in place %llu B (copied 0x), received "
-      "%llu B (copied 1x)\n",
-      "ferry", "samehost_copies", static_cast<long long>(n),
+      "%-8s %-20s %12lld %s %llu B (copied 0x), received %llu B "
+      "(copied 1x)\n",
+      "ferry", figure, static_cast<long long>(n), how,
       static_cast<unsigned long long>(sent),
       static_cast<unsigned long long>(received));
   std::printf(
-      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": "
-      "\"samehost_copies\", \"unit\": \"bytes\", \"bytes\": %lld, "
-      "\"sent_in_place\": %llu, \"send_copies\": 0, \"received\": %llu, "
-      "\"receive_copies\": 1}\n",
-      static_cast<long long>(n), static_cast<unsigned long long>(sent),
+      "{\"bench\": \"rpc\", \"impl\": \"ferry\", \"name\": \"%s\", "
+      "\"unit\": \"bytes\", \"bytes\": %lld, \"%s\": %llu, "
+      "\"send_copies\": 0, \"received\": %llu, \"receive_copies\": 1}\n",
+      figure, static_cast<long long>(n), key,
+      static_cast<unsigned long long>(sent),
       static_cast<unsigned long long>(received));
   std::fflush(stdout);
 }
@@ -637,10 +667,13 @@ int RunClient(int port) {
   {
     int fd = TcpConnect(tcp_port);
     char ping[16] = {1}, pong[16];
-    ReportLatency("tcp", "tcp_pingpong", Summarize(TimeLoop(iters, [&] {
-                    TcpEcho(fd, ping, sizeof(ping), pong);
-                  })));
+    if (Want("tcp_pingpong")) {
+      ReportLatency("tcp", "tcp_pingpong", Summarize(TimeLoop(iters, [&] {
+                      TcpEcho(fd, ping, sizeof(ping), pong);
+                    })));
+    }
     for (int64_t n : sizes) {
+      if (!Want("tcp_echo")) break;
       std::vector<char> out(n, 7), back(n);
       ReportBandwidth(
           "tcp", "tcp_echo", n,
@@ -663,13 +696,15 @@ int RunClient(int port) {
     auto stub = ferry::rpc::v1::Worker::NewStub(channel);
     ferry::rpc::v1::RpcRequest tiny;
     tiny.set_payload("0123456789abcdef");
-    ReportLatency("grpc", "grpc_sync_unary", Summarize(TimeLoop(iters, [&] {
-                    grpc::ClientContext ctx;
-                    ferry::rpc::v1::RpcResponse resp;
-                    grpc::Status s = stub->Call(&ctx, tiny, &resp);
-                    if (!s.ok()) Die("grpc unary: " + s.error_message());
-                  })));
-    {
+    if (Want("grpc_sync_unary")) {
+      ReportLatency("grpc", "grpc_sync_unary", Summarize(TimeLoop(iters, [&] {
+                      grpc::ClientContext ctx;
+                      ferry::rpc::v1::RpcResponse resp;
+                      grpc::Status s = stub->Call(&ctx, tiny, &resp);
+                      if (!s.ok()) Die("grpc unary: " + s.error_message());
+                    })));
+    }
+    if (Want("grpc_unary_exec_hop")) {
       auto hop_stub = ferry::rpc::v1::Worker::NewStub(
           grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
                               grpc::InsecureChannelCredentials()));
@@ -683,21 +718,22 @@ int RunClient(int port) {
     }
     // The same call through the callback API, the caller blocking until the
     // completion (on gRPC's thread) wakes it: Ferry's client-side path.
-    ReportLatency("grpc", "grpc_callback_unary", Summarize(TimeLoop(iters, [&] {
-                    grpc::ClientContext ctx;
-                    ferry::rpc::v1::RpcResponse resp;
-                    Notification done;
-                    grpc::Status status;
-                    stub->async()->Call(&ctx, &tiny, &resp,
-                                        [&](grpc::Status s) {
-                                          status = std::move(s);
-                                          done.Notify();
-                                        });
-                    done.WaitForNotification();
-                    if (!status.ok())
-                      Die("grpc callback: " + status.error_message());
-                  })));
-    {
+    if (Want("grpc_callback_unary")) {
+      ReportLatency(
+          "grpc", "grpc_callback_unary", Summarize(TimeLoop(iters, [&] {
+            grpc::ClientContext ctx;
+            ferry::rpc::v1::RpcResponse resp;
+            Notification done;
+            grpc::Status status;
+            stub->async()->Call(&ctx, &tiny, &resp, [&](grpc::Status s) {
+              status = std::move(s);
+              done.Notify();
+            });
+            done.WaitForNotification();
+            if (!status.ok()) Die("grpc callback: " + status.error_message());
+          })));
+    }
+    if (Want("grpc_callback_64")) {
       CallbackBench cb;
       cb.stub = stub.get();
       cb.request = tiny;
@@ -706,6 +742,7 @@ int RunClient(int port) {
       ReportRate("grpc", "grpc_callback_64", calls, secs);
     }
     for (int64_t n : sizes) {
+      if (!Want("grpc_unary_echo")) break;
       ferry::rpc::v1::RpcRequest big;
       big.set_payload(std::string(n, '\x07'));
       size_t got = 0;
@@ -727,7 +764,7 @@ int RunClient(int port) {
                             grpc::InsecureChannelCredentials()));
     const std::string chunk_data(kStreamChunk, '\x07');
     for (int64_t n : sizes) {
-      if (n < kStreamChunk) continue;
+      if (n < kStreamChunk || !Want("grpc_stream_echo")) continue;
       int64_t got = 0;
       ReportBandwidth(
           "grpc", "grpc_stream_echo", n,
@@ -744,17 +781,22 @@ int RunClient(int port) {
   for (const std::string suffix : {"", "_nb"}) {
     const std::string noop_fn = "noop" + suffix;
     const std::string echo_fn = "echo" + suffix;
-    ReportLatency("ferry", "rpc_sync_noop" + suffix,
-                  Summarize(TimeLoop(iters, [&] {
-                    absl::Status s = agent->rpc_sync<void>(1, noop_fn);
-                    if (!s.ok()) Die(s.ToString());
-                  })));
+    if (Want("rpc_sync_noop" + suffix)) {
+      ReportLatency("ferry", "rpc_sync_noop" + suffix,
+                    Summarize(TimeLoop(iters, [&] {
+                      absl::Status s = agent->rpc_sync<void>(1, noop_fn);
+                      if (!s.ok()) Die(s.ToString());
+                    })));
+    }
     Tensor four = from_vector<float>({1, 2, 3, 4});
-    ReportLatency("ferry", "rpc_sync_tensor4" + suffix,
-                  Summarize(TimeLoop(iters, [&] {
-                    auto r = agent->rpc_sync<Tensor>(1, echo_fn, four);
-                    if (!r.ok()) Die(r.status().ToString());
-                  })));
+    if (Want("rpc_sync_tensor4" + suffix)) {
+      ReportLatency("ferry", "rpc_sync_tensor4" + suffix,
+                    Summarize(TimeLoop(iters, [&] {
+                      auto r = agent->rpc_sync<Tensor>(1, echo_fn, four);
+                      if (!r.ok()) Die(r.status().ToString());
+                    })));
+    }
+    if (!Want("rpc_async_64" + suffix)) continue;
     auto noop = [&](int) { return agent->CallAsync(1, noop_fn, {}); };
     Windowed(1000, 64, noop);  // Warm-up.
     auto [calls, secs] = Windowed(async_calls, 64, noop);
@@ -766,10 +808,14 @@ int RunClient(int port) {
     for (auto [figure, a] : {std::pair{"tensor_echo", unary.get()},
                              std::pair{"tensor_echo_stream", tcp_agent.get()},
                              std::pair{"tensor_echo_samehost", agent.get()}}) {
+      if (!Want(figure)) continue;
       const bool same_host = a == agent.get();
       const auto& s = a->same_host().stats();
       const uint64_t sent0 = s.bytes_sent.load();
       const uint64_t received0 = s.bytes_received.load();
+      const rpc::StreamStats& ss = a->stream_stats();
+      const uint64_t ssent0 = ss.bytes_sent.load();
+      const uint64_t sreceived0 = ss.bytes_received.load();
       int64_t got = 0;
       ReportBandwidth("ferry", figure, n,
                       TimeLoop(
@@ -781,8 +827,18 @@ int RunClient(int port) {
                           },
                           /*warmup=*/1));
       if (got != n) Die("ferry echo: wrong size");
-      if (same_host) ReportSameHostCopies(*a, n, sent0, received0);
+      if (same_host) {
+        ReportCopies("samehost_copies", "sent in place", "sent_in_place", n,
+                     s.bytes_sent.load() - sent0,
+                     s.bytes_received.load() - received0);
+      }
+      if (a == tcp_agent.get() && n >= 1 << 20) {
+        ReportCopies("stream_copies", "sent as slices", "sent_as_slices", n,
+                     ss.bytes_sent.load() - ssent0,
+                     ss.bytes_received.load() - sreceived0);
+      }
     }
+    if (!Want("memcpy_echo")) continue;
     std::vector<char> src(n, 7), dst(n, 0);
     ReportBandwidth("floor", "memcpy_echo", n,
                     TimeLoop(
@@ -802,6 +858,8 @@ int RunClient(int port) {
       static_cast<unsigned long long>(ss.requests_sent.load()),
       static_cast<unsigned long long>(ss.replies_received.load()),
       static_cast<unsigned long long>(ss.bytes_received.load()));
+  PrintPoolStats("caller", *agent);
+  PrintPoolStats("caller_tcp", *tcp_agent);
   OrDie(store->Set("bench/done", "1"), "set bench/done");
   OrDie(unary->Shutdown(/*graceful=*/true), "unary caller shutdown");
   std::thread tcp_down([&] {

@@ -166,8 +166,8 @@ absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
   grpc_agent::SameHostOptions same_host = grpc_options_.same_host;
   same_host.enabled = same_host.enabled && !grpc_options_.tls.enabled();
   same_host.max_message_bytes = grpc_options_.max_message_bytes;
-  same_host_ =
-      std::make_shared<grpc_agent::SameHostChannel>(same_host, self.name);
+  same_host_ = std::make_shared<grpc_agent::SameHostChannel>(
+      same_host, self.name, receive_pool_);
   // Pairs with workers that join later are settled as they come
   // (shm_channel.h); the listener runs before the joiner is answered.
   AddMembershipListener(
@@ -488,9 +488,10 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     OutgoingCall* raw = call.get();
     call->stream = std::make_shared<grpc_agent::ClientStream>(
         *std::move(encoded),
-        grpc_agent::ClientStream::Config{
-            &grpc_options_.stream, &grpc_options_.wire_limits,
-            grpc_options_.max_message_bytes, &stream_stats_},
+        grpc_agent::ClientStream::Config{&grpc_options_.stream,
+                                         &grpc_options_.wire_limits,
+                                         grpc_options_.max_message_bytes,
+                                         &stream_stats_, receive_pool_.get()},
         [this, raw](const grpc::Status& status) { CallDone(raw, status); });
   } else {
     call->request = grpc_agent::ToEnvelope(*std::move(encoded)).buffer;

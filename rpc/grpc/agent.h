@@ -59,6 +59,7 @@
 #include "absl/time/time.h"
 #include "common/sync.h"
 #include "rpc/agent.h"
+#include "rpc/grpc/buffer_pool.h"
 #include "rpc/grpc/shm_channel.h"
 #include "rpc/grpc/stats.h"
 #include "rpc/grpc/stream.h"
@@ -151,6 +152,10 @@ class GrpcAgent final : public Agent {
   absl::Time start_time() const { return start_time_; }
   // The same-host channel (counters, usable peers); never null.
   grpc_agent::SameHostChannel& same_host() const { return *same_host_; }
+  // Reuse counters of the receive buffers (rpc/grpc/buffer_pool.h).
+  grpc_agent::ReceiveBufferPool::Stats receive_pool_stats() const {
+    return receive_pool_->stats();
+  }
 
  private:
   friend class grpc_agent::WorkerService;
@@ -227,6 +232,9 @@ class GrpcAgent final : public Agent {
   int static_size_ = 0;
 
   RpcStats stats_;
+  // Payload buffers of streamed and same-host receives, reused.
+  const std::shared_ptr<grpc_agent::ReceiveBufferPool> receive_pool_ =
+      grpc_agent::ReceiveBufferPool::Create();
   // Created before the server; negotiated before the group is known.
   std::shared_ptr<grpc_agent::SameHostChannel> same_host_;
   StreamStats stream_stats_;

@@ -61,6 +61,7 @@ class WorkerService final
   const std::string& name() const { return agent_->self().name; }
   const GrpcAgentOptions& options() const { return agent_->grpc_options_; }
   StreamStats* stream_stats() { return &agent_->stream_stats_; }
+  ReceiveBufferPool* receive_pool() { return agent_->receive_pool_.get(); }
 
  private:
   GrpcAgent* const agent_;

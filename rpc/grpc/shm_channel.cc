@@ -95,59 +95,6 @@ struct alignas(64) SameHostChannel::Slot {
   std::atomic<uint64_t> ack{0};    // Written by the reader (another process).
 };
 
-// Receive buffers whose tensors are all gone, kept for the next payload of
-// about their size: fresh memory costs a page fault and the kernel zeroing
-// every page before the copy, which halves the channel's bandwidth. Bounded
-// by count and bytes; shared with the storages so it may outlive the
-// channel.
-struct SameHostChannel::BufferPool {
-  static constexpr size_t kMaxBuffers = 4;
-  static constexpr size_t kMaxBytes = size_t{1} << 30;
-  Mutex mu;
-  std::vector<Storage> free ABSL_GUARDED_BY(mu);
-
-  // A buffer of at least `n` bytes (and at most 2n), or none.
-  Storage Take(size_t n) {
-    MutexLock lock(&mu);
-    for (size_t i = 0; i < free.size(); ++i) {
-      if (free[i].nbytes() >= n && free[i].nbytes() <= 2 * n) {
-        Storage s = std::move(free[i]);
-        free.erase(free.begin() + i);
-        return s;
-      }
-    }
-    return Storage();
-  }
-  void Give(Storage s) {
-    MutexLock lock(&mu);
-    size_t bytes = s.nbytes();
-    for (const Storage& f : free) bytes += f.nbytes();
-    if (free.size() < kMaxBuffers && bytes <= kMaxBytes) {
-      free.push_back(std::move(s));
-    }
-  }
-};
-
-// `n` bytes from the pool or `allocator`, returned to the pool when the last
-// tensor over them goes. Pooled only for the CPU allocator.
-absl::StatusOr<Storage> SameHostChannel::ReceiveBuffer(size_t n,
-                                                       Allocator* allocator) {
-  if (allocator != nullptr && allocator != GetCpuAllocator()) {
-    return allocator->Allocate(n);
-  }
-  Storage block = pool_->Take(n);
-  if (!block.defined()) {
-    ASSIGN_OR_RETURN(block, GetCpuAllocator()->Allocate(n));
-  }
-  void* data = block.data();
-  std::weak_ptr<BufferPool> pool = pool_;
-  auto owner = std::shared_ptr<const void>(
-      data, [pool, block = std::move(block)](const void*) mutable {
-        if (auto p = pool.lock()) p->Give(std::move(block));
-      });
-  return Storage::Wrap(data, n, Device::CPU(), std::move(owner));
-}
-
 struct SameHostChannel::Lease {
   uint64_t nonce = 0;
   std::vector<Tensor> tensors;
@@ -155,14 +102,15 @@ struct SameHostChannel::Lease {
   absl::Time expiry;
 };
 
-SameHostChannel::SameHostChannel(SameHostOptions options, std::string self_name)
+SameHostChannel::SameHostChannel(SameHostOptions options, std::string self_name,
+                                 std::shared_ptr<ReceiveBufferPool> pool)
     : options_(std::move(options)),
       self_name_(std::move(self_name)),
       enabled_(options_.enabled && !EnvDisabled() && options_.max_leases > 0),
       probe_value_(RandomNonZero()),
       probe_word_(std::make_unique<uint64_t>(probe_value_)),
       slots_(std::make_unique<Slot[]>(std::max(options_.max_leases, 1))),
-      pool_(std::make_shared<BufferPool>()),
+      pool_(pool != nullptr ? std::move(pool) : ReceiveBufferPool::Create()),
       next_nonce_(RandomNonZero()) {
   MutexLock lock(&mu_);
   leases_.resize(std::max(options_.max_leases, 1));
@@ -382,13 +330,17 @@ bool SameHostChannel::Offer(int peer, EncodedValue& payload,
   payload.head.clear();
   Slot& s = slots_[slot];
   out->set_token_address(reinterpret_cast<uintptr_t>(&s.token));
-  out->set_ack_address(reinterpret_cast<uintptr_t>(&s.ack));
+  // A request's lease ends with its call: no acknowledgement wanted (0
+  // spares the reader a write into this process).
+  out->set_ack_address(
+      end_with != nullptr ? 0 : reinterpret_cast<uintptr_t>(&s.ack));
   out->set_nonce(lease->nonce);
   const uint64_t nonce = lease->nonce;
   s.ack.store(0, std::memory_order_relaxed);
   s.token.store(nonce, std::memory_order_seq_cst);
   {
     MutexLock lock(&mu_);
+    if (!lease->held_by_call) ++reply_leases_;
     leases_[slot] = std::move(lease);
   }
   if (end_with != nullptr) {
@@ -407,6 +359,7 @@ void SameHostChannel::EndLease(int slot, uint64_t nonce) {
   {
     MutexLock lock(&mu_);
     if (!leases_[slot] || leases_[slot]->nonce != nonce) return;
+    if (!leases_[slot]->held_by_call) --reply_leases_;
     // A reader that checks the token after this sees the lease is over
     // before the tensors' memory can be reused.
     slots_[slot].token.store(0, std::memory_order_seq_cst);
@@ -418,9 +371,10 @@ void SameHostChannel::EndLease(int slot, uint64_t nonce) {
 
 void SameHostChannel::Sweep() {
   std::vector<std::unique_ptr<Lease>> ending;  // Released after the lock.
-  const absl::Time now = absl::Now();
   MutexLock lock(&mu_);
-  for (size_t i = 0; i < leases_.size(); ++i) {
+  if (reply_leases_ == 0) return;  // Requests' leases end with their calls.
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < leases_.size() && reply_leases_ > 0; ++i) {
     Lease* l = leases_[i].get();
     if (l == nullptr || l->held_by_call) continue;
     const bool acked =
@@ -429,6 +383,7 @@ void SameHostChannel::Sweep() {
     slots_[i].token.store(0, std::memory_order_seq_cst);
     ending.push_back(std::move(leases_[i]));
     free_slots_.push_back(static_cast<int>(i));
+    --reply_leases_;
   }
 }
 
@@ -501,7 +456,7 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
                      self_name_, "' (max_message_bytes)"));
   }
   Sweep();  // Replies acknowledged since: their buffers may be reused.
-  ASSIGN_OR_RETURN(Storage storage, ReceiveBuffer(total, limits.allocator));
+  ASSIGN_OR_RETURN(Storage storage, pool_->Get(total, limits.allocator));
   char* buffer = static_cast<char*>(storage.data());
   std::memcpy(buffer, d.head().data(), d.head().size());
 
@@ -514,8 +469,10 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
     }
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(check_token());
-  // Pieces of at most kMaxCallBytes, batched kMaxIovecs per call.
+  // Pieces of at most kMaxCallBytes, batched kMaxIovecs per call. The token
+  // is checked once, after the copy: a lease that ended before or during it
+  // fails the check (a released region that is no longer mapped fails the
+  // copy itself), so bytes the sender let go are never taken.
   std::vector<iovec> local, remote;
   size_t batch_bytes = 0;
   auto flush = [&]() -> absl::Status {
@@ -551,13 +508,16 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
   }
   RETURN_IF_ERROR(flush());
   RETURN_IF_ERROR(check_token());
-  // Let the sender drop the payload now; if this fails, its lease times out.
-  uint64_t nonce = d.nonce();
-  iovec l{&nonce, sizeof(nonce)};
-  iovec r{reinterpret_cast<void*>(d.ack_address()), sizeof(nonce)};
-  if (::process_vm_writev(from.pid, &l, 1, &r, 1, 0) != sizeof(nonce)) {
-    FERRY_LOG(DEBUG) << who
-                     << ": acknowledging failed: " << std::strerror(errno);
+  // Let the sender drop a reply's payload now (a request's ends with its
+  // call: no ack address); if this fails, its lease times out.
+  if (d.ack_address() != 0) {
+    uint64_t nonce = d.nonce();
+    iovec l{&nonce, sizeof(nonce)};
+    iovec r{reinterpret_cast<void*>(d.ack_address()), sizeof(nonce)};
+    if (::process_vm_writev(from.pid, &l, 1, &r, 1, 0) != sizeof(nonce)) {
+      FERRY_LOG(DEBUG) << who
+                       << ": acknowledging failed: " << std::strerror(errno);
+    }
   }
   stats_.payloads_received.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(payload_bytes, std::memory_order_relaxed);

@@ -5,8 +5,8 @@
 // bytes are. The receiver copies them once, with cross-memory attach
 // (process_vm_readv), into aligned storage that becomes the tensors'
 // storage: 0 bytes copied on send, 1 copy on receive, no shared segment, no
-// file descriptor. Receive buffers whose tensors are gone are kept (a few,
-// up to 1 GiB) for later payloads of about their size.
+// file descriptor. Receive buffers come from the agent's ReceiveBufferPool
+// (buffer_pool.h): memory already faulted in.
 //
 // Negotiation, per pair of workers, at rendezvous (before the group is
 // used): every worker publishes whether its channel is on, its host identity
@@ -23,10 +23,11 @@
 // before. The channel is off when FERRY_RPC_SAME_HOST=0.
 //
 // Leases: a sent payload's tensors are held in a lease slot with a fresh
-// nonce in the slot's token word. The receiver checks the token before and
-// after copying, so bytes the sender has released already are never taken
-// for the payload (the call fails with Aborted instead), then writes the
-// nonce into the slot's ack word. A request's lease ends when its call
+// nonce in the slot's token word. The receiver checks the token after
+// copying, so bytes the sender has released already are never taken for the
+// payload (the call fails with Aborted instead); for a reply it then writes
+// the nonce into the slot's ack word (a request's descriptor has no ack
+// address). A request's lease ends when its call
 // completes; a reply's lease ends when the caller acknowledges it, or after
 // `lease_timeout` (a caller that died or gave up), checked whenever the
 // channel sends or receives. A dead peer leaves nothing behind: there is no
@@ -56,6 +57,7 @@
 #include "common/sync.h"
 #include "proto/rpc.pb.h"
 #include "rpc/agent.h"
+#include "rpc/grpc/buffer_pool.h"
 #include "store/store.h"
 #include "tensor/storage.h"
 #include "tensor/wire.h"
@@ -91,8 +93,10 @@ struct SameHostStats {
 // Owned through a shared_ptr: a request's lease handle keeps it alive.
 class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
  public:
-  // `options.enabled` is combined with FERRY_RPC_SAME_HOST.
-  SameHostChannel(SameHostOptions options, std::string self_name);
+  // `options.enabled` is combined with FERRY_RPC_SAME_HOST. Receive buffers
+  // come from `pool` (null: a pool of the channel's own).
+  SameHostChannel(SameHostOptions options, std::string self_name,
+                  std::shared_ptr<ReceiveBufferPool> pool = nullptr);
   ~SameHostChannel();  // Ends every lease.
 
   SameHostChannel(const SameHostChannel&) = delete;
@@ -154,7 +158,6 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
  private:
   struct Slot;
   struct Lease;
-  struct BufferPool;
   struct PeerRecord {
     bool candidate = false;  // On, same identity: worth probing.
     bool can_read = false;   // This worker can read the peer's memory.
@@ -174,7 +177,6 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   // Ends acknowledged and timed-out reply leases.
   void Sweep();
   absl::StatusOr<PeerRecord> Reader(int peer) const;
-  absl::StatusOr<Storage> ReceiveBuffer(size_t n, Allocator* allocator);
 
   const SameHostOptions options_;
   const std::string self_name_;
@@ -185,7 +187,7 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   // Token and ack words of the lease slots, at fixed addresses peers read
   // and write; lives as long as the channel.
   std::unique_ptr<Slot[]> slots_;
-  const std::shared_ptr<BufferPool> pool_;
+  const std::shared_ptr<ReceiveBufferPool> pool_;
   SameHostStats stats_;
 
   // Serializes AddJoiner; taken before mu_.
@@ -197,6 +199,8 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   std::vector<int> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Lease>> leases_ ABSL_GUARDED_BY(mu_);
   uint64_t next_nonce_ ABSL_GUARDED_BY(mu_);
+  // Live leases that end on acknowledgement or timeout (Sweep's work).
+  int reply_leases_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::rpc::grpc_agent

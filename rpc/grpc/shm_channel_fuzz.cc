@@ -30,6 +30,8 @@
 //    and zeroed padding, acknowledges the lease where the descriptor's ack
 //    word is the real one, and decodes (or is InvalidArgument); the real
 //    descriptor decodes to the Value sent;
+//  * only a reply's descriptor has an ack address (a request's lease ends
+//    with its call);
 //  * no lease outlives its call (request) or its timeout (reply).
 #include <cstdint>
 #include <cstring>
@@ -159,7 +161,8 @@ Aimed Aim(const v1::SameHostPayload& in, const v1::SameHostPayload& real,
                                    reinterpret_cast<uintptr_t>(scratch), 0,
                                    kKernelAddress};
   out.d.set_ack_address(ack_choices[in.ack_address() % 4]);
-  out.real_ack = in.ack_address() % 4 == 0;
+  // A request's descriptor has no ack address (its lease ends with the call).
+  out.real_ack = in.ack_address() % 4 == 0 && real.ack_address() != 0;
   const uint64_t n = in.nonce();
   out.d.set_nonce((n & 1) ? real.nonce() + (n >> 1) : n >> 1);
   out.real_nonce = out.d.nonce() == real.nonce();
@@ -223,6 +226,9 @@ void FuzzOne(const uint8_t* data, size_t size) {
   std::shared_ptr<void> lease;
   if (!sender.Offer(reader, *encoded, &real, reply ? nullptr : &lease)) {
     Fail("w0 did not lease the payload");
+  }
+  if ((real.ack_address() != 0) != reply) {
+    Fail("only a reply's descriptor asks for an acknowledgement");
   }
   if (released) {
     lease.reset();

@@ -26,7 +26,7 @@ ClientStream::ClientStream(EncodedParts request, Config config,
       done_(std::move(done)),
       writer_(std::move(request), config.options->piece_bytes),
       receiver_({config.options, config.limits, config.max_message_bytes,
-                 config.stats, &config.stats->replies_received},
+                 config.stats, &config.stats->replies_received, config.pool},
                 [](const v1::RpcResponse&) {
                   return std::string("the streamed reply");
                 }) {}
@@ -119,7 +119,8 @@ class ServerStream final
         receiver_(
             {&service->options().stream, &service->options().wire_limits,
              service->options().max_message_bytes, service->stream_stats(),
-             &service->stream_stats()->requests_received},
+             &service->stream_stats()->requests_received,
+             service->receive_pool()},
             [service](const v1::RpcRequest& h) {
               return absl::StrCat(
                   "worker '", service->name(), "': the streamed ",

@@ -75,6 +75,7 @@ class ClientStream final
     const WireLimits* limits;
     int max_message_bytes;
     StreamStats* stats;
+    ReceiveBufferPool* pool = nullptr;  // For the reply's payload.
   };
   ClientStream(EncodedParts request, Config config,
                std::function<void(const grpc::Status&)> done);

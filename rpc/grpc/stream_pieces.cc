@@ -118,9 +118,14 @@ bool PieceWriter::Next(grpc::ByteBuffer* message, uint64_t* payload_bytes) {
   return true;
 }
 
-absl::Status PieceAssembler::Start(uint64_t total, Allocator* allocator) {
-  if (allocator == nullptr) allocator = GetCpuAllocator();
-  ASSIGN_OR_RETURN(storage_, allocator->Allocate(total));
+absl::Status PieceAssembler::Start(uint64_t total, Allocator* allocator,
+                                   ReceiveBufferPool* pool) {
+  if (pool != nullptr) {
+    ASSIGN_OR_RETURN(storage_, pool->Get(total, allocator));
+  } else {
+    if (allocator == nullptr) allocator = GetCpuAllocator();
+    ASSIGN_OR_RETURN(storage_, allocator->Allocate(total));
+  }
   total_ = total;
   received_ = 0;
   return absl::OkStatus();
@@ -190,8 +195,8 @@ absl::StatusOr<bool> StreamReceiver<Header>::Receive(
     if (config_.streamed != nullptr) {
       config_.streamed->fetch_add(1, std::memory_order_relaxed);
     }
-    RETURN_IF_ERROR(
-        assembler_.Start(header_.payload_bytes(), config_.limits->allocator));
+    RETURN_IF_ERROR(assembler_.Start(header_.payload_bytes(),
+                                     config_.limits->allocator, config_.pool));
     fields_ = std::move(parts.header);
   }
   RETURN_IF_ERROR(assembler_.Add(parts.payload, config_.stats));

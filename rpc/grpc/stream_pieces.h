@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "proto/rpc.pb.h"
+#include "rpc/grpc/buffer_pool.h"
 #include "rpc/grpc/codec.h"
 #include "rpc/grpc/envelope.h"
 #include "tensor/storage.h"
@@ -92,8 +93,10 @@ class PieceWriter {
 // Puts a streamed payload back together in one aligned buffer.
 class PieceAssembler {
  public:
-  // Allocates `total` bytes (from `allocator`, null: CPU).
-  absl::Status Start(uint64_t total, Allocator* allocator);
+  // Allocates `total` bytes (from `allocator`, null: CPU), through `pool`
+  // when there is one (a reused buffer is already faulted in).
+  absl::Status Start(uint64_t total, Allocator* allocator,
+                     ReceiveBufferPool* pool = nullptr);
   // Copies the next piece into place; InvalidArgument past the end.
   absl::Status Add(const std::vector<WireChunk>& piece, StreamStats* stats);
   bool complete() const { return received_ == total_; }
@@ -128,6 +131,8 @@ class StreamReceiver {
     StreamStats* stats;
     // Incremented for each stream whose payload comes in pieces.
     std::atomic<uint64_t>* streamed = nullptr;
+    // Where payload buffers come from (null: allocated fresh each time).
+    ReceiveBufferPool* pool = nullptr;
   };
   StreamReceiver(Config config,
                  std::function<std::string(const Header&)> describe,

@@ -77,7 +77,9 @@ class Pair {
     GrpcAgentOptions o;
     o.join_timeout = absl::Seconds(60);
     o.rpc_timeout = absl::Seconds(20);
-    o.same_host.lease_timeout = absl::Seconds(2);
+    // Short, so unread replies end within the test; not so short that a
+    // loaded machine's first 128 MiB copy into fresh memory outlasts it.
+    o.same_host.lease_timeout = absl::Seconds(5);
     setenv("FERRY_USE_AGENT_STORE", "1", 1);
     ASSIGN_OR_RETURN(
         agent_, InitRpc("worker0", absl::StrCat("tcp://127.0.0.1:", port), 0, 2,
@@ -176,7 +178,7 @@ TEST(SameHostKill, CallerKilledMidTransferLeavesNoLease) {
   auto code = p.peer().Wait(absl::Now() + absl::Seconds(30));
   EXPECT_EQ(code.status().code(), absl::StatusCode::kAborted) << code.status();
   EXPECT_GE(served->load(), 3);
-  // Replies the dead caller never read end at lease_timeout (2 s).
+  // Replies the dead caller never read end at lease_timeout (5 s).
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   while (p.agent().same_host().live_leases() != 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(50));
