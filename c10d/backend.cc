@@ -229,6 +229,18 @@ absl::Status CheckTensorList(OpType op, const std::vector<Tensor>& list,
   return absl::OkStatus();
 }
 
+int64_t ElementsPerRow(const Tensor& t) {
+  int64_t per_row = 1;
+  for (size_t d = 1; d < t.sizes().size(); ++d) per_row *= t.sizes()[d];
+  return per_row;
+}
+
+bool SharesBytes(const Tensor& a, const Tensor& b) {
+  const char* x = static_cast<const char*>(a.data_ptr());
+  const char* y = static_cast<const char*>(b.data_ptr());
+  return x < y + b.nbytes() && y < x + a.nbytes();
+}
+
 absl::Status CheckReduceOp(OpType op, ReduceOp reduce_op, DType dtype) {
   switch (reduce_op) {
     case ReduceOp::kAvg:

@@ -236,6 +236,13 @@ class ArgChecks {
   int size_;
 };
 
+// Elements in one row (dim 0 entry) of `t`: the product of sizes()[1:], also
+// when dim 0 is 0 (AlltoallSingle's row shape).
+int64_t ElementsPerRow(const Tensor& t);
+
+// Whether the bytes of `a` and `b` overlap (an in-place or aliased call).
+bool SharesBytes(const Tensor& a, const Tensor& b);
+
 // A copy of `status` that shares no storage with it (code and message; no
 // payloads). Use it for a Status handed to another thread: Debian's Abseil
 // is not built for ThreadSanitizer, so TSAN cannot see the atomic reference

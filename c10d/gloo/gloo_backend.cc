@@ -978,6 +978,17 @@ std::shared_ptr<Work> GlooBackend::EnqueueAllgather(
   if (!local.ok() || bytes == 0) {
     return Enqueue(op, h, local, o.timeout, NoData);
   }
+  // The ring sends from the input while receives land in the outputs: an
+  // input overlapping any output chunk but exactly its own is sent from a
+  // copy.
+  const char* in = static_cast<const char*>(input.data_ptr());
+  for (size_t r = 0; r < chunks.size(); ++r) {
+    const bool own = static_cast<int>(r) == rank() && chunks[r] == in;
+    if (!own && chunks[r] < in + bytes && in < chunks[r] + bytes) {
+      input = input.clone();
+      break;
+    }
+  }
   InlinePath path;
   if (small) {
     // Small: every rank's input rides in the header exchange.
@@ -1013,14 +1024,8 @@ std::shared_ptr<Work> GlooBackend::AlltoallSingle(
   int64_t row_bytes = 0;
   if (local.ok()) {
     h.dtype = static_cast<int64_t>(input.dtype());
-    const int64_t rows = input.sizes()[0];
-    h.count = rows == 0 ? -1 : input.numel() / rows;  // Elements per row.
-    row_bytes = h.count < 0 ? 0 : h.count * input.itemsize();
-    if (h.count < 0) {
-      const int64_t out_dim0 = output.sizes()[0];
-      h.count = out_dim0 == 0 ? 0 : output.numel() / out_dim0;
-      row_bytes = h.count * output.itemsize();
-    }
+    h.count = ElementsPerRow(input);  // Also when this rank moves no rows.
+    row_bytes = h.count * input.itemsize();
   }
   const int n = size();
   InlinePath path;
@@ -1051,6 +1056,9 @@ std::shared_ptr<Work> GlooBackend::AlltoallSingle(
     };
   }
   if (!local.ok()) return Enqueue(kOp, h, local, options.timeout, NoData);
+  // Receives are posted before the sends have read the input: an output
+  // that overlaps it sends from a copy.
+  if (SharesBytes(output, input)) input = input.clone();
   // Byte spans per peer in input (sent) and output (received).
   using Span = gloo_internal::PairwiseAlltoall::Span;
   std::vector<Span> send(n), recv(n);
@@ -1086,7 +1094,15 @@ std::shared_ptr<Work> GlooBackend::Alltoall(std::vector<Tensor> outputs,
     h.count = inputs[0].numel();
   }
   if (!local.ok()) return Enqueue(kOp, h, local, options.timeout, NoData);
-  // Straight from each input to its peer's output: no flat copies.
+  // Straight from each input to its peer's output: no flat copies, unless
+  // an output overlaps an input (receives are posted before the sends read).
+  bool overlap = false;
+  for (const Tensor& o : outputs) {
+    for (const Tensor& i : inputs) overlap = overlap || SharesBytes(o, i);
+  }
+  if (overlap) {
+    for (Tensor& i : inputs) i = i.clone();
+  }
   using Span = gloo_internal::PairwiseAlltoall::Span;
   std::vector<Span> send, recv;
   for (int r = 0; r < size(); ++r) {

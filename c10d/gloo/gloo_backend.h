@@ -68,8 +68,9 @@
 // list form needs no flat copy). AlltoallSingle (uneven splits): with
 // check_args every rank's split sizes ride in the argument exchange (groups
 // of up to 255 ranks) and a split that does not match its peer's fails
-// every rank with InvalidArgument. Alltoall (the list form) runs Gloo's
-// alltoall after the exchange and needs equal chunk sizes. RecvAnysource
+// every rank with InvalidArgument. Both all-to-all forms run Ferry's pairwise
+// exchange (ring.h), which sends from a copy when an output overlaps an
+// input; the list form needs equal chunk sizes. RecvAnysource
 // posts the header receive for every peer and the payload receive once the
 // sender is known.
 //

@@ -1,7 +1,7 @@
-// Ferry's own ring all-reduce, reduce-scatter and all-gather and chain
-// broadcast over Gloo's transport (unbound buffers), used by GlooBackend
-// (all-reduce and broadcast when the argument check is on; reduce-scatter
-// and all-gather always).
+// Ferry's own ring all-reduce, reduce-scatter and all-gather, chain
+// broadcast and pairwise all-to-all over Gloo's transport (unbound buffers),
+// used by GlooBackend (all-reduce and broadcast when the argument check is
+// on; reduce-scatter, all-gather and all-to-all always).
 //
 // Why not Gloo's: with the check on, every rank learns every rank's argument
 // header before any payload moves (see gloo_backend.h). Gloo's algorithms

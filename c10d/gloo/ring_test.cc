@@ -171,12 +171,14 @@ TEST(GlooRingTest, ReduceScatterIsExactOnEveryRank) {
 TEST(GlooRingTest, AllgatherIsExactOnEveryRank) {
   ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
     for (int64_t numel : ChunkSizes(b, 8, n)) {
-      for (int form = 0; form < 3; ++form) {
-        // 0: flat; 1: list; 2: flat, input = own output chunk.
+      for (int form = 0; form < 4; ++form) {
+        // 0: flat; 1: list; 2: flat, input = own output chunk; 3: flat,
+        // input = the next rank's output chunk (overwritten while sent).
         Tensor out = zeros({numel * n}, DType::kInt64);
         Tensor in = Iota(numel, DType::kInt64, r);
-        if (form == 2) {
-          in = out.slice(0, r * numel, (r + 1) * numel);
+        if (form >= 2) {
+          const int64_t at = form == 2 ? r : (r + 1) % n;
+          in = out.slice(0, at * numel, (at + 1) * numel);
           in.copy_(Iota(numel, DType::kInt64, r));
         }
         std::vector<Tensor> list;
@@ -240,6 +242,71 @@ TEST(GlooRingTest, AlltoallIsExactOnEveryRank) {
           ASSERT_EQ(got[k + 1], -i);
         }
       }
+    }
+  });
+}
+
+// In place (output = input), both forms: every receive is posted before the
+// sends have read the input.
+TEST(GlooRingTest, AlltoallInPlaceIsExactOnEveryRank) {
+  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+    const int64_t big = static_cast<int64_t>(b.InlineBytes() / 8) + 3;
+    for (int64_t rows : {int64_t{1}, big}) {
+      // Row i of the block rank r sends rank d holds r * 1000 + d * 100 + i%7.
+      auto value = [](int s, int d, int64_t i) {
+        return s * 1000 + d * 100 + i % 7;
+      };
+      std::vector<int64_t> v;
+      for (int d = 0; d < n; ++d) {
+        for (int64_t i = 0; i < rows; ++i) v.push_back(value(r, d, i));
+      }
+      Tensor t = from_vector<int64_t>(v, {n * rows});
+      std::vector<Tensor> list;
+      for (int d = 0; d < n; ++d)
+        list.push_back(t.slice(0, d * rows, (d + 1) * rows).clone());
+      ASSERT_TRUE(b.AlltoallSingle(t, t, {})->Wait(kTimeout).ok());
+      ASSERT_TRUE(b.Alltoall(list, list, {})->Wait(kTimeout).ok());
+      std::vector<int64_t> flat = t.to_vector<int64_t>();
+      for (int s = 0; s < n; ++s) {
+        std::vector<int64_t> got = list[s].to_vector<int64_t>();
+        for (int64_t i = 0; i < rows; ++i) {
+          ASSERT_EQ(flat[s * rows + i], value(s, r, i))
+              << "check " << check << " n " << n << " rank " << r << " src "
+              << s;
+          ASSERT_EQ(got[i], value(s, r, i))
+              << "list, check " << check << " n " << n << " rank " << r;
+        }
+      }
+    }
+  });
+}
+
+// A rank that sends and receives no rows still agrees with the others on
+// the row shape.
+TEST(GlooRingTest, AlltoallWithARankMovingNoRows) {
+  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+    // Ranks other than 0 send each other one row of 3; rank 0 moves none.
+    auto rows = [](int s, int d) { return s == 0 || d == 0 ? 0 : 1; };
+    std::vector<int64_t> in_splits, out_splits, v;
+    for (int d = 0; d < n; ++d) {
+      in_splits.push_back(rows(r, d));
+      out_splits.push_back(rows(d, r));
+      for (int k = 0; k < 3 * rows(r, d); ++k) v.push_back(r * 10 + d);
+    }
+    const int64_t in_rows = static_cast<int64_t>(v.size()) / 3;
+    Tensor in = v.empty() ? zeros({0, 3}, DType::kInt64)
+                          : from_vector<int64_t>(v, {in_rows, 3});
+    Tensor out = zeros({r == 0 ? 0 : n - 1, 3}, DType::kInt64);
+    absl::Status s = b.AlltoallSingle(out, in,
+                                      {.output_split_sizes = out_splits,
+                                       .input_split_sizes = in_splits})
+                         ->Wait(kTimeout);
+    ASSERT_TRUE(s.ok()) << "check " << check << " n " << n << " rank " << r
+                        << ": " << s;
+    std::vector<int64_t> got = out.to_vector<int64_t>();
+    size_t k = 0;
+    for (int src = 1; src < n && r != 0; ++src) {
+      for (int c = 0; c < 3; ++c, ++k) ASSERT_EQ(got[k], src * 10 + r);
     }
   });
 }

@@ -716,12 +716,6 @@ void Copy(void* dst, const void* src, size_t n) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
-bool Overlap(const void* a, size_t a_len, const void* b, size_t b_len) {
-  const char* x = static_cast<const char*>(a);
-  const char* y = static_cast<const char*>(b);
-  return x < y + b_len && y < x + a_len;
-}
-
 // Copies into memory this rank does not read again soon; with `streaming`,
 // through non-temporal stores (no read-for-ownership of `dst`, no eviction of
 // the shared slots from the caches), fenced before returning.
@@ -1049,10 +1043,7 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
   if (local.ok()) {
     // Ranks must agree on the dtype and the row's element count; the split
     // sizes travel in the first round's slots.
-    int64_t per_row = 1;
-    for (size_t d = 1; d < input.sizes().size(); ++d) {
-      per_row *= input.sizes()[d];
-    }
+    const int64_t per_row = ElementsPerRow(input);
     sig.dtype = static_cast<int64_t>(input.dtype());
     sig.count = per_row;
     row_bytes = per_row * static_cast<int64_t>(input.itemsize());
@@ -1063,10 +1054,7 @@ std::shared_ptr<Work> ShmBackend::AlltoallSingle(
        in_rows = std::move(in_rows), row_bytes](Round& round) -> absl::Status {
         // An output overlapping the input would be overwritten while later
         // rounds still read the input: send from a copy then.
-        const Tensor from = Overlap(output.data_ptr(), output.nbytes(),
-                                    input.data_ptr(), input.nbytes())
-                                ? input.clone()
-                                : input;
+        const Tensor from = SharesBytes(output, input) ? input.clone() : input;
         const int n = size();
         std::vector<const char*> src(n);
         std::vector<char*> dst(n);
@@ -1099,8 +1087,7 @@ std::shared_ptr<Work> ShmBackend::Alltoall(std::vector<Tensor> outputs,
         bool overlap = false;
         for (const Tensor& o : outputs) {
           for (const Tensor& i : inputs) {
-            overlap = overlap || Overlap(o.data_ptr(), bytes, i.data_ptr(),
-                                         static_cast<size_t>(bytes));
+            overlap = overlap || SharesBytes(o, i);
           }
         }
         std::vector<const char*> src(n);
