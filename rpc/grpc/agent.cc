@@ -115,6 +115,19 @@ void GrpcAgent::CallList::PushBack(OutgoingCall* call) {
   ++size;
 }
 
+void GrpcAgent::CallList::InsertByDeadline(OutgoingCall* call) {
+  OutgoingCall* after = tail;
+  while (after != nullptr && after->deadline > call->deadline) {
+    after = after->prev;
+  }
+  call->list = this;
+  call->prev = after;
+  call->next = after != nullptr ? after->next : head;
+  (call->next != nullptr ? call->next->prev : tail) = call;
+  (after != nullptr ? after->next : head) = call;
+  ++size;
+}
+
 void GrpcAgent::CallList::Remove(OutgoingCall* call) {
   (call->prev != nullptr ? call->prev->next : head) = call->next;
   (call->next != nullptr ? call->next->prev : tail) = call->prev;
@@ -518,7 +531,11 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
           " worker '", to.name, "'")));
     }
     call->peer = PeerFor(to);
-    (swept ? swept_ : unswept_).PushBack(call.release());
+    if (swept) {
+      swept_.InsertByDeadline(call.release());
+    } else {
+      unswept_.PushBack(call.release());
+    }
   }
   // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
   // stream's reactor stays alive until Start returns).

@@ -163,12 +163,17 @@ class GrpcAgent final : public Agent {
   struct Peer;
   struct OutgoingCall;
   struct Probe;
-  // Outgoing calls in the order made, linked through the calls.
+  // Outgoing calls, linked through the calls.
   struct CallList {
     OutgoingCall* head = nullptr;
     OutgoingCall* tail = nullptr;
     size_t size = 0;
     void PushBack(OutgoingCall* call);
+    // Keeps the list sorted by deadline: walks back from the tail, which is
+    // almost always where a new call belongs (deadlines are set before the
+    // request is encoded, so a slow encode can land a call behind a later
+    // deadline).
+    void InsertByDeadline(OutgoingCall* call);
     void Remove(OutgoingCall* call);
   };
 
@@ -246,10 +251,10 @@ class GrpcAgent final : public Agent {
 
   mutable Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.
-  // swept_: those with the default timeout and no gRPC deadline, whose
-  // deadlines therefore increase along the list (up to the moments between
-  // Send and Transmit); the sweeper moves them to unswept_ as it cancels
-  // them. unswept_: every other call.
+  // swept_: those with the default timeout and no gRPC deadline, kept in
+  // deadline order (InsertByDeadline), so the sweeper looks only at the
+  // head; it moves them to unswept_ as it cancels them. unswept_: every
+  // other call.
   CallList swept_ ABSL_GUARDED_BY(mu_);
   CallList unswept_ ABSL_GUARDED_BY(mu_);
   bool sweeper_stop_ ABSL_GUARDED_BY(mu_) = false;

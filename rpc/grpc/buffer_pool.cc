@@ -20,8 +20,9 @@ absl::StatusOr<Storage> ReceiveBufferPool::Get(size_t n, Allocator* allocator) {
   void* data = block.data();
   std::weak_ptr<ReceiveBufferPool> pool = weak_from_this();
   auto owner = std::shared_ptr<const void>(
-      data, [pool = std::move(pool), block = std::move(block)](const void*) {
-        if (auto p = pool.lock()) p->Give(block);
+      data,
+      [pool = std::move(pool), block = std::move(block)](const void*) mutable {
+        if (auto p = pool.lock()) p->Give(std::move(block));
       });
   return Storage::Wrap(data, n, Device::CPU(), std::move(owner));
 }
