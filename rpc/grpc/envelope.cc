@@ -13,14 +13,6 @@
 
 namespace ferry::rpc {
 
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
 namespace {
 
 // A read cursor over a list of chunks.
@@ -123,8 +115,7 @@ grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
   // one as empty).
   if (payload_size > 0) {
     header.reserve(header.size() + 20 + payload.head.size());
-    AppendVarint(&header, (uint64_t{kPayloadField} << 3) | 2);
-    AppendVarint(&header, payload_size);
+    proto_wire::AppendLengthPrefix(&header, kPayloadField, payload_size);
     header += payload.head;
   }
   payload.head = std::move(header);
