@@ -3,14 +3,15 @@
 // fields). Written field by field in number order, with the Optional forms
 // leaving out proto3 defaults, the bytes are exactly those of protobuf's
 // generated code (common/proto_wire_test.cc compares them with
-// CodedOutputStream).
+// CodedOutputStream). Sizes, then raw-pointer writers for a buffer sized
+// from them (no per-byte std::string call), then two appenders.
 //
 // Field numbers come from the caller: each call site names them by the
 // generated `k...FieldNumber` constants of the message it writes, so a
 // renumbered .proto field cannot silently go out of step.
 //
 // Header-only and inline: these run several times per RPC.
-// Thread safety: stateless; `out` belongs to the caller.
+// Thread safety: stateless; the buffer written belongs to the caller.
 #ifndef FERRY_COMMON_PROTO_WIRE_H_
 #define FERRY_COMMON_PROTO_WIRE_H_
 
@@ -19,6 +20,8 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+
+#include "absl/base/attributes.h"
 
 namespace ferry::proto_wire {
 
@@ -74,53 +77,71 @@ constexpr size_t Fixed64FieldSize(int field) {
   return VarintSize(Tag(field, WireType::kFixed64)) + 8;
 }
 
-// --- Writers (append to `out`).
+// --- Writers into a buffer sized beforehand.
+//
+// Each writes at `p`, which must have room for the bytes the matching size
+// function above gives, and returns the end of what it wrote. Callers size
+// the whole message once, then write it without a per-byte capacity check.
 
-inline void AppendVarint(std::string* out, uint64_t v) {
+inline constexpr size_t kMaxVarintBytes = 10;
+
+// Forced inline: with a constant tag or a small length it folds to a store.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline char* WriteVarint(char* p, uint64_t v) {
   while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
+    *p++ = static_cast<char>((v & 0x7F) | 0x80);
     v >>= 7;
   }
-  out->push_back(static_cast<char>(v));
+  *p++ = static_cast<char>(v);
+  return p;
 }
 
-inline void AppendTag(std::string* out, int field, WireType type) {
-  AppendVarint(out, Tag(field, type));
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline char* WriteTag(char* p, int field,
+                                                   WireType type) {
+  return WriteVarint(p, Tag(field, type));
 }
 
-// A length-delimited field's tag and length; the caller appends the
-// `length`-byte body (an embedded message) after it.
-inline void AppendLengthPrefix(std::string* out, int field, size_t length) {
-  AppendTag(out, field, WireType::kLength);
-  AppendVarint(out, length);
+// A length-delimited field's tag and length; its `length`-byte body (an
+// embedded message) is written after it.
+inline char* WriteLengthPrefix(char* p, int field, size_t length) {
+  return WriteVarint(WriteTag(p, field, WireType::kLength), length);
 }
 
-inline void AppendBytesField(std::string* out, int field,
-                             std::string_view bytes) {
-  AppendLengthPrefix(out, field, bytes.size());
-  out->append(bytes.data(), bytes.size());
+inline char* WriteBytesField(char* p, int field, std::string_view bytes) {
+  p = WriteLengthPrefix(p, field, bytes.size());
+  if (!bytes.empty()) std::memcpy(p, bytes.data(), bytes.size());
+  return p + bytes.size();
 }
-inline void AppendOptionalBytesField(std::string* out, int field,
+inline char* WriteOptionalBytesField(char* p, int field,
                                      std::string_view bytes) {
-  if (!bytes.empty()) AppendBytesField(out, field, bytes);
+  return bytes.empty() ? p : WriteBytesField(p, field, bytes);
 }
 
-inline void AppendVarintField(std::string* out, int field, uint64_t v) {
-  AppendTag(out, field, WireType::kVarint);
-  AppendVarint(out, v);
+inline char* WriteVarintField(char* p, int field, uint64_t v) {
+  return WriteVarint(WriteTag(p, field, WireType::kVarint), v);
 }
-inline void AppendOptionalVarintField(std::string* out, int field, uint64_t v) {
-  if (v != 0) AppendVarintField(out, field, v);
+inline char* WriteOptionalVarintField(char* p, int field, uint64_t v) {
+  return v == 0 ? p : WriteVarintField(p, field, v);
 }
 
-// A double (or any 64-bit fixed field), little-endian whatever the host.
-inline void AppendFixed64Field(std::string* out, int field, double v) {
-  AppendTag(out, field, WireType::kFixed64);
+// A double, little-endian whatever the host.
+inline char* WriteFixed64Field(char* p, int field, double v) {
+  p = WriteTag(p, field, WireType::kFixed64);
   uint64_t bits;
   std::memcpy(&bits, &v, sizeof(bits));
-  char bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(bits >> (8 * i));
-  out->append(bytes, sizeof(bytes));
+  for (int i = 0; i < 8; ++i) *p++ = static_cast<char>(bits >> (8 * i));
+  return p;
+}
+
+// --- Appending to a string (a few fields after ones serialized elsewhere).
+
+inline void AppendVarint(std::string* out, uint64_t v) {
+  char buf[kMaxVarintBytes];
+  out->append(buf, WriteVarint(buf, v) - buf);
+}
+
+inline void AppendLengthPrefix(std::string* out, int field, size_t length) {
+  char buf[2 * kMaxVarintBytes];
+  out->append(buf, WriteLengthPrefix(buf, field, length) - buf);
 }
 
 }  // namespace ferry::proto_wire

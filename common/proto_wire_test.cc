@@ -1,5 +1,7 @@
 #include "common/proto_wire.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -43,15 +45,32 @@ std::string Protobuf(Write write) {
   return out;
 }
 
+// Runs a pointer writer on a buffer of `size` bytes, its size function's
+// answer, with guard bytes after it: it must fill exactly `size` bytes.
+template <typename Write>
+std::string Written(size_t size, Write write) {
+  constexpr char kGuard = '\xA5';
+  std::string buf(size + 16, kGuard);
+  const char* end = write(buf.data());
+  EXPECT_EQ(end - buf.data(), static_cast<ptrdiff_t>(size));
+  EXPECT_EQ(buf.substr(size), std::string(16, kGuard)) << "wrote past the end";
+  return buf.substr(0, std::min<size_t>(end - buf.data(), size));
+}
+
 TEST(ProtoWire, VarintBytesAndSizeMatchCodedOutputStream) {
   for (uint64_t v : kEdgeValues) {
-    std::string ours;
-    AppendVarint(&ours, v);
-    EXPECT_EQ(ours, Protobuf([v](auto* out) { out->WriteVarint64(v); })) << v;
-    EXPECT_EQ(VarintSize(v), ours.size()) << v;
+    const std::string expected =
+        Protobuf([v](auto* out) { out->WriteVarint64(v); });
+    EXPECT_EQ(
+        Written(VarintSize(v), [v](char* p) { return WriteVarint(p, v); }),
+        expected)
+        << v;
     EXPECT_EQ(VarintSize(v),
               google::protobuf::io::CodedOutputStream::VarintSize64(v))
         << v;
+    std::string appended = "x";
+    AppendVarint(&appended, v);
+    EXPECT_EQ(appended, "x" + expected) << v;
   }
   // The smallest value of each length, 1 to 10 bytes.
   for (int bits = 0; bits < 64; bits += 7) {
@@ -75,16 +94,19 @@ TEST(ProtoWire, TagsMatchWireFormatLite) {
 TEST(ProtoWire, VarintFieldsMatchProtobuf) {
   for (int field : kFields) {
     for (uint64_t v : kEdgeValues) {
-      std::string ours;
-      AppendVarintField(&ours, field, v);
+      const std::string ours = Written(VarintFieldSize(field, v), [&](char* p) {
+        return WriteVarintField(p, field, v);
+      });
       EXPECT_EQ(ours, Protobuf([&](auto* out) {
                   WireFormatLite::WriteUInt64(field, v, out);
                 }))
           << field << " " << v;
-      std::string optional;
-      AppendOptionalVarintField(&optional, field, v);
-      EXPECT_EQ(optional, v == 0 ? "" : ours) << field << " " << v;
-      EXPECT_EQ(OptionalVarintFieldSize(field, v), optional.size());
+      EXPECT_EQ(Written(OptionalVarintFieldSize(field, v),
+                        [&](char* p) {
+                          return WriteOptionalVarintField(p, field, v);
+                        }),
+                v == 0 ? "" : ours)
+          << field << " " << v;
     }
   }
 }
@@ -100,18 +122,18 @@ TEST(ProtoWire, SignedEncodingsMatchProtobuf) {
                                  std::numeric_limits<int64_t>::max(),
                                  std::numeric_limits<int64_t>::min()};
   for (int64_t v : kSigned) {
-    std::string ours;
-    AppendVarintField(&ours, 3, ZigZag64(v));
-    EXPECT_EQ(ours, Protobuf([v](auto* out) {
-                WireFormatLite::WriteSInt64(3, v, out);
-              }))
+    const uint64_t zigzag = ZigZag64(v);
+    EXPECT_EQ(
+        Written(VarintFieldSize(3, zigzag),
+                [&](char* p) { return WriteVarintField(p, 3, zigzag); }),
+        Protobuf([v](auto* out) { WireFormatLite::WriteSInt64(3, v, out); }))
         << v;
     const auto v32 = static_cast<int32_t>(v);
-    std::string as_enum;
-    AppendVarintField(&as_enum, 1, Int32Varint(v32));
-    EXPECT_EQ(as_enum, Protobuf([v32](auto* out) {
-                WireFormatLite::WriteEnum(1, v32, out);
-              }))
+    const uint64_t as_enum = Int32Varint(v32);
+    EXPECT_EQ(
+        Written(VarintFieldSize(1, as_enum),
+                [&](char* p) { return WriteVarintField(p, 1, as_enum); }),
+        Protobuf([v32](auto* out) { WireFormatLite::WriteEnum(1, v32, out); }))
         << v32;
   }
 }
@@ -121,20 +143,25 @@ TEST(ProtoWire, BytesFieldsAndSizesMatchProtobuf) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{127}, size_t{128}}) {
     const std::string body(size, 'x');
     for (int field : kFields) {
-      std::string ours;
-      AppendBytesField(&ours, field, body);
+      const std::string ours =
+          Written(LengthFieldSize(field, size),
+                  [&](char* p) { return WriteBytesField(p, field, body); });
       EXPECT_EQ(ours, Protobuf([&](auto* out) {
                   WireFormatLite::WriteBytes(field, body, out);
                 }))
           << field << " " << size;
-      EXPECT_EQ(LengthFieldSize(field, size), ours.size());
-      std::string prefix;
-      AppendLengthPrefix(&prefix, field, size);
+      const std::string prefix =
+          Written(LengthFieldSize(field, size) - size,
+                  [&](char* p) { return WriteLengthPrefix(p, field, size); });
       EXPECT_EQ(prefix + body, ours);
-      std::string optional;
-      AppendOptionalBytesField(&optional, field, body);
-      EXPECT_EQ(optional, size == 0 ? "" : ours);
-      EXPECT_EQ(OptionalBytesFieldSize(field, size), optional.size());
+      std::string appended;
+      AppendLengthPrefix(&appended, field, size);
+      EXPECT_EQ(appended, prefix);
+      EXPECT_EQ(Written(OptionalBytesFieldSize(field, size),
+                        [&](char* p) {
+                          return WriteOptionalBytesField(p, field, body);
+                        }),
+                size == 0 ? "" : ours);
     }
   }
 }
@@ -143,11 +170,10 @@ TEST(ProtoWire, DoublesMatchProtobuf) {
   for (double v :
        {0.0, -0.0, 1.5, -1e300, std::numeric_limits<double>::infinity(),
         std::numeric_limits<double>::denorm_min()}) {
-    std::string ours;
-    AppendFixed64Field(&ours, 4, v);
-    EXPECT_EQ(ours, Protobuf([v](auto* out) {
-                WireFormatLite::WriteDouble(4, v, out);
-              }))
+    EXPECT_EQ(
+        Written(Fixed64FieldSize(4),
+                [v](char* p) { return WriteFixed64Field(p, 4, v); }),
+        Protobuf([v](auto* out) { WireFormatLite::WriteDouble(4, v, out); }))
         << v;
   }
 }

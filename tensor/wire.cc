@@ -41,20 +41,21 @@ absl::Status Invalid(absl::string_view what) {
 // The metadata is written straight to bytes, as protobuf would serialize the
 // WireMetadata message (fields in number order, proto3 defaults left out), so
 // no message objects are built per call. wire_test checks that the bytes
-// re-serialize unchanged through the generated code.
-using proto_wire::AppendBytesField;
-using proto_wire::AppendFixed64Field;
-using proto_wire::AppendLengthPrefix;
-using proto_wire::AppendOptionalBytesField;
-using proto_wire::AppendOptionalVarintField;
-using proto_wire::AppendVarint;
-using proto_wire::AppendVarintField;
+// re-serialize unchanged through the generated code. Measure sizes the
+// metadata, and Write fills a buffer of exactly that size.
 using proto_wire::Fixed64FieldSize;
 using proto_wire::LengthFieldSize;
 using proto_wire::OptionalBytesFieldSize;
 using proto_wire::OptionalVarintFieldSize;
 using proto_wire::VarintFieldSize;
 using proto_wire::VarintSize;
+using proto_wire::WriteBytesField;
+using proto_wire::WriteFixed64Field;
+using proto_wire::WriteLengthPrefix;
+using proto_wire::WriteOptionalBytesField;
+using proto_wire::WriteOptionalVarintField;
+using proto_wire::WriteVarint;
+using proto_wire::WriteVarintField;
 using proto_wire::ZigZag64;
 
 // Field numbers of proto/tensor.proto, from the generated code.
@@ -111,14 +112,14 @@ size_t TensorMetaSize(const Tensor& t, size_t* packed) {
          OptionalBytesFieldSize(kMetaDeviceFieldNumber, kCpuDeviceName.size());
 }
 
-void WriteTensorMeta(const Tensor& t, size_t packed, std::string* out) {
-  AppendOptionalVarintField(out, kMetaDtypeFieldNumber, DTypeCode(t));
+char* WriteTensorMeta(const Tensor& t, size_t packed, char* p) {
+  p = WriteOptionalVarintField(p, kMetaDtypeFieldNumber, DTypeCode(t));
   if (!t.sizes().empty()) {
-    AppendLengthPrefix(out, kMetaSizesFieldNumber, packed);
-    for (int64_t s : t.sizes()) AppendVarint(out, static_cast<uint64_t>(s));
+    p = WriteLengthPrefix(p, kMetaSizesFieldNumber, packed);
+    for (int64_t s : t.sizes()) p = WriteVarint(p, static_cast<uint64_t>(s));
   }
-  AppendOptionalVarintField(out, kMetaNbytesFieldNumber, t.nbytes());
-  AppendOptionalBytesField(out, kMetaDeviceFieldNumber, kCpuDeviceName);
+  p = WriteOptionalVarintField(p, kMetaNbytesFieldNumber, t.nbytes());
+  return WriteOptionalBytesField(p, kMetaDeviceFieldNumber, kCpuDeviceName);
 }
 
 size_t RRefSize(const RRefHandle& r) {
@@ -130,14 +131,14 @@ size_t RRefSize(const RRefHandle& r) {
          OptionalVarintFieldSize(kRRefForkFieldNumber, r.fork_id.value());
 }
 
-void WriteRRef(const RRefHandle& r, std::string* out) {
-  AppendLengthPrefix(out, kRRefFieldNumber, RRefSize(r));
-  AppendOptionalVarintField(out, kRRefOwnerFieldNumber,
-                            static_cast<uint64_t>(r.owner_id));
-  AppendOptionalBytesField(out, kRRefTypeFieldNumber, r.type_name);
-  AppendOptionalBytesField(out, kRRefExtraFieldNumber, r.extra);
-  AppendOptionalVarintField(out, kRRefIdFieldNumber, r.rref_id.value());
-  AppendOptionalVarintField(out, kRRefForkFieldNumber, r.fork_id.value());
+char* WriteRRef(const RRefHandle& r, char* p) {
+  p = WriteLengthPrefix(p, kRRefFieldNumber, RRefSize(r));
+  p = WriteOptionalVarintField(p, kRRefOwnerFieldNumber,
+                               static_cast<uint64_t>(r.owner_id));
+  p = WriteOptionalBytesField(p, kRRefTypeFieldNumber, r.type_name);
+  p = WriteOptionalBytesField(p, kRRefExtraFieldNumber, r.extra);
+  p = WriteOptionalVarintField(p, kRRefIdFieldNumber, r.rref_id.value());
+  return WriteOptionalVarintField(p, kRRefForkFieldNumber, r.fork_id.value());
 }
 
 size_t MessageSize(const MessageValue& m) {
@@ -145,10 +146,10 @@ size_t MessageSize(const MessageValue& m) {
          OptionalBytesFieldSize(kMessageDataFieldNumber, m.data.size());
 }
 
-void WriteMessage(const MessageValue& m, std::string* out) {
-  AppendLengthPrefix(out, kMessageFieldNumber, MessageSize(m));
-  AppendOptionalBytesField(out, kMessageTypeFieldNumber, m.type_name);
-  AppendOptionalBytesField(out, kMessageDataFieldNumber, m.data);
+char* WriteMessage(const MessageValue& m, char* p) {
+  p = WriteLengthPrefix(p, kMessageFieldNumber, MessageSize(m));
+  p = WriteOptionalBytesField(p, kMessageTypeFieldNumber, m.type_name);
+  return WriteOptionalBytesField(p, kMessageDataFieldNumber, m.data);
 }
 
 // The ValueProto size of a value with no payload and no nested value.
@@ -196,43 +197,34 @@ class Encoder {
     }
   }
 
-  // Writes v's ValueProto body (after Measure of the whole value).
-  void Write(const Value& v, std::string* out) {
+  // Writes v's ValueProto body at `p` (after Measure of the whole value);
+  // returns its end.
+  char* Write(const Value& v, char* p) {
     switch (v.kind()) {
       case Value::Kind::kNone:
-        AppendBytesField(out, kNoneFieldNumber, "");
-        return;
+        return WriteBytesField(p, kNoneFieldNumber, "");
       case Value::Kind::kBool:
-        AppendVarintField(out, kBoolFieldNumber, *v.if_bool() ? 1 : 0);
-        return;
+        return WriteVarintField(p, kBoolFieldNumber, *v.if_bool() ? 1 : 0);
       case Value::Kind::kInt:
-        AppendVarintField(out, kIntFieldNumber, ZigZag64(*v.if_int()));
-        return;
+        return WriteVarintField(p, kIntFieldNumber, ZigZag64(*v.if_int()));
       case Value::Kind::kDouble:
-        AppendFixed64Field(out, kDoubleFieldNumber, *v.if_double());
-        return;
+        return WriteFixed64Field(p, kDoubleFieldNumber, *v.if_double());
       case Value::Kind::kString:
-        AppendBytesField(out, kStringFieldNumber, *v.if_string());
-        return;
+        return WriteBytesField(p, kStringFieldNumber, *v.if_string());
       case Value::Kind::kBytes:
-        AppendBytesField(out, kBytesFieldNumber, v.if_bytes()->data);
-        return;
+        return WriteBytesField(p, kBytesFieldNumber, v.if_bytes()->data);
       case Value::Kind::kTensor:
-        WriteTensor(out);
-        return;
+        return WriteTensor(p);
       case Value::Kind::kList:
-        WriteList(*v.if_list(), out);
-        return;
+        return WriteList(*v.if_list(), p);
       case Value::Kind::kDict:
-        WriteDict(*v.if_dict(), out);
-        return;
+        return WriteDict(*v.if_dict(), p);
       case Value::Kind::kRRef:
-        WriteRRef(*v.if_rref(), out);
-        return;
+        return WriteRRef(*v.if_rref(), p);
       case Value::Kind::kMessage:
-        WriteMessage(*v.if_message(), out);
-        return;
+        return WriteMessage(*v.if_message(), p);
     }
+    return p;
   }
 
   uint64_t payload_total() const { return payload_total_; }
@@ -275,31 +267,34 @@ class Encoder {
     return LengthFieldSize(kDictFieldNumber, body);
   }
 
-  void WriteTensor(std::string* out) {
+  char* WriteTensor(char* p) {
     const size_t body = sizes_[next_size_++];
     const size_t packed = sizes_[next_size_++];
-    AppendLengthPrefix(out, kTensorFieldNumber, body);
-    WriteTensorMeta(out_->payloads[written_tensors_++].tensor, packed, out);
+    p = WriteLengthPrefix(p, kTensorFieldNumber, body);
+    return WriteTensorMeta(out_->payloads[written_tensors_++].tensor, packed,
+                           p);
   }
 
-  void WriteList(const Value::List& list, std::string* out) {
-    AppendLengthPrefix(out, kListFieldNumber, sizes_[next_size_++]);
-    for (const Value& item : list) WriteItem(kListItemsFieldNumber, item, out);
+  char* WriteList(const Value::List& list, char* p) {
+    p = WriteLengthPrefix(p, kListFieldNumber, sizes_[next_size_++]);
+    for (const Value& item : list)
+      p = WriteItem(kListItemsFieldNumber, item, p);
+    return p;
   }
 
-  void WriteDict(const Value::Dict& dict, std::string* out) {
-    AppendLengthPrefix(out, kDictFieldNumber, sizes_[next_size_++]);
+  char* WriteDict(const Value::Dict& dict, char* p) {
+    p = WriteLengthPrefix(p, kDictFieldNumber, sizes_[next_size_++]);
     for (const auto& [key, item] : dict) {
-      AppendLengthPrefix(out, kDictEntriesFieldNumber, sizes_[next_size_++]);
-      AppendOptionalBytesField(out, kEntryKeyFieldNumber, key);
-      WriteItem(kEntryValueFieldNumber, item, out);
+      p = WriteLengthPrefix(p, kDictEntriesFieldNumber, sizes_[next_size_++]);
+      p = WriteOptionalBytesField(p, kEntryKeyFieldNumber, key);
+      p = WriteItem(kEntryValueFieldNumber, item, p);
     }
+    return p;
   }
 
   // `v` as the length-delimited message field `field`.
-  void WriteItem(int field, const Value& v, std::string* out) {
-    AppendLengthPrefix(out, field, ItemSize(v));
-    Write(v, out);
+  char* WriteItem(int field, const Value& v, char* p) {
+    return Write(v, WriteLengthPrefix(p, field, ItemSize(v)));
   }
 
   // The ValueProto size of an item already measured, from its recorded
@@ -658,13 +653,17 @@ absl::StatusOr<EncodedValue> EncodeValue(const Value& value,
         limits.max_metadata_bytes, " bytes"));
   }
   const size_t head_len = kWireHeaderBytes + meta_len;
-  out.head.reserve(head_len + PadTo(head_len));
-  out.head.append(kMagic, sizeof(kMagic));
+  // Zero-filled: the padding after the metadata is already in place.
+  out.head.resize(head_len + PadTo(head_len));
+  char* p = out.head.data();
+  std::memcpy(p, kMagic, sizeof(kMagic));
   const uint32_t len32 = static_cast<uint32_t>(meta_len);
-  out.head.append(reinterpret_cast<const char*>(&len32), sizeof(len32));
-  AppendLengthPrefix(&out.head, kMetadataValueFieldNumber, value_len);
-  enc.Write(value, &out.head);
-  out.head.append(kZeros, PadTo(head_len));
+  std::memcpy(p + sizeof(kMagic), &len32, sizeof(len32));
+  p = WriteLengthPrefix(p + kWireHeaderBytes, kMetadataValueFieldNumber,
+                        value_len);
+  if (enc.Write(value, p) != out.head.data() + head_len) {
+    return absl::InternalError("wire encode: metadata size mismatch");
+  }
   if (stats) stats->metadata_bytes += head_len;
   const uint64_t total = out.head.size() + enc.payload_total();
   if (total > limits.max_total_bytes) {

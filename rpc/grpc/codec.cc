@@ -109,21 +109,29 @@ EncodedMessage ToEnvelope(EncodedParts parts) {
 namespace {
 
 // Fields 1-6 of RpcRequest, serialized as protobuf would (in number order,
-// zeros and empty strings left out).
+// zeros and empty strings left out), into room made once for the most they
+// can take.
 void AppendRequestScalars(const Message& m, int64_t remaining_us,
                           std::string* out) {
-  using proto_wire::AppendOptionalBytesField;
-  using proto_wire::AppendOptionalVarintField;
-  AppendOptionalVarintField(out, kTypeFieldNumber,
-                            proto_wire::Int32Varint(static_cast<int32_t>(
-                                static_cast<uint32_t>(m.type))));
-  AppendOptionalBytesField(out, kFunctionFieldNumber, m.function);
-  AppendOptionalVarintField(out, kCallerIdFieldNumber,
-                            static_cast<uint32_t>(m.caller_id));
-  AppendOptionalBytesField(out, kCallerNameFieldNumber, m.caller_name);
-  AppendOptionalVarintField(out, kRequestIdFieldNumber, m.id.value());
-  AppendOptionalVarintField(out, kRemainingUsFieldNumber,
-                            static_cast<uint64_t>(remaining_us));
+  using proto_wire::WriteOptionalBytesField;
+  using proto_wire::WriteOptionalVarintField;
+  // Six tags and six varints (two of them the strings' lengths).
+  constexpr size_t kMaxFixedBytes = 12 * proto_wire::kMaxVarintBytes;
+  const size_t start = out->size();
+  out->resize(start + kMaxFixedBytes + m.function.size() +
+              m.caller_name.size());
+  char* p = out->data() + start;
+  p = WriteOptionalVarintField(p, kTypeFieldNumber,
+                               proto_wire::Int32Varint(static_cast<int32_t>(
+                                   static_cast<uint32_t>(m.type))));
+  p = WriteOptionalBytesField(p, kFunctionFieldNumber, m.function);
+  p = WriteOptionalVarintField(p, kCallerIdFieldNumber,
+                               static_cast<uint32_t>(m.caller_id));
+  p = WriteOptionalBytesField(p, kCallerNameFieldNumber, m.caller_name);
+  p = WriteOptionalVarintField(p, kRequestIdFieldNumber, m.id.value());
+  p = WriteOptionalVarintField(p, kRemainingUsFieldNumber,
+                               static_cast<uint64_t>(remaining_us));
+  out->resize(p - out->data());
 }
 
 // Fields 7-9 of RpcRequest, when set, through the generated code; they
@@ -148,7 +156,6 @@ absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
           ? 0
           : std::max<int64_t>(1, absl::ToInt64Microseconds(m.deadline - now));
   EncodedParts out;
-  out.header.reserve(32 + m.function.size() + m.caller_name.size());
   AppendRequestScalars(m, remaining_us, &out.header);
   AppendRequestMessages(m, &out.header);
   // No arguments, no payload: the callee reads an absent one as an empty
