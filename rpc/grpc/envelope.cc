@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/proto_wire.h"
 #include "common/status.h"
 #include "tensor/wire_grpc.h"
 
