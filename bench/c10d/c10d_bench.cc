@@ -11,8 +11,10 @@
 //
 // --shm=false keeps the group on Gloo alone; --shm=true (what the default
 // registry does for ranks on one host) puts the shared-memory backend in
-// front of it: its rows are named algorithm "shm". --backend=mpi rows are named
-// "mpi" (Open MPI picks its algorithm per size).
+// front of it: its rows are named algorithm "shm" (broadcasts larger than a
+// slot "shm-stream" or "shm-rounds", whichever the backend runs; the
+// --shm_* flags are its options). --backend=mpi rows are named "mpi" (Open
+// MPI picks its algorithm per size).
 //
 // Rank 0 prints one JSON line per (op, size), float32 (allreduce and
 // reducescatter with SUM). Calls: allreduce = Allreduce(t); broadcast =
@@ -171,13 +173,14 @@ int Main(int argc, char** argv) {
   // InlineBytes()).
   const bool check_args = flags["check_args"] != "false";
   size_t inline_bytes = 0;
-  bool shm = false, mpi = false;
+  bool mpi = false;
+  const ShmBackend* shm_backend = nullptr;
   if (auto backend = pg.GetBackend(DeviceType::kCPU); backend.ok()) {
     mpi = (*backend)->name() == "mpi";
     if (auto* gloo = dynamic_cast<GlooBackend*>(*backend)) {
       inline_bytes = gloo->InlineBytes();
     }
-    shm = dynamic_cast<ShmBackend*>(*backend) != nullptr;
+    shm_backend = dynamic_cast<ShmBackend*>(*backend);
   }
   const int n = world;
   auto algorithm = [&](const std::string& op, int64_t bytes) -> Algorithm {
@@ -186,7 +189,15 @@ int Main(int argc, char** argv) {
                           : op == "broadcast" ? 1.0
                                               : ring;
     if (mpi) return {"mpi", factor};
-    if (shm) return {"shm", factor};
+    if (shm_backend != nullptr) {
+      // Broadcasts larger than a slot stream or run in rounds.
+      if (op == "broadcast" &&
+          static_cast<size_t>(bytes) > shm_backend->slot_bytes()) {
+        return {shm_backend->streams_broadcasts() ? "shm-stream" : "shm-rounds",
+                factor};
+      }
+      return {"shm", factor};
+    }
     // Bytes per rank that ride in the argument exchange: allgather's input,
     // reducescatter's output chunk (each peer gets its own).
     const int64_t per_rank = op == "reducescatter" ? bytes / n : bytes;

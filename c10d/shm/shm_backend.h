@@ -187,6 +187,8 @@ class ShmBackend : public Backend {
   Backend* fallback() const { return fallback_.get(); }
   // The segment's name (already unlinked once Create returned).
   const std::string& segment_name() const { return segment_name_; }
+  // Bytes per rank in each buffer set (the option, rounded to 64).
+  size_t slot_bytes() const { return options_.slot_bytes; }
   // Whether broadcasts larger than a slot stream (else: rounds); rank 0's
   // choice, the same on every rank.
   bool streams_broadcasts() const { return stream_broadcast_; }
