@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/poll.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc/init.h"
@@ -179,11 +180,10 @@ TEST(SameHostKill, CallerKilledMidTransferLeavesNoLease) {
   EXPECT_EQ(code.status().code(), absl::StatusCode::kAborted) << code.status();
   EXPECT_GE(served->load(), 3);
   // Replies the dead caller never read end at lease_timeout (5 s).
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (p.agent().same_host().live_leases() != 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_EQ(p.agent().same_host().live_leases(), 0);
+  EXPECT_TRUE(
+      PollUntil([&] { return p.agent().same_host().live_leases() == 0; },
+                absl::Seconds(30)))
+      << p.agent().same_host().live_leases() << " leases still live";
   ExpectNothingShared();
   // The survivor still serves and calls (itself, over the channel).
   Tensor x = full({1 << 20}, 4.0);
