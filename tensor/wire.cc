@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/proto_wire.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "proto/tensor.pb.h"
@@ -38,121 +41,143 @@ absl::Status Invalid(absl::string_view what) {
 // The metadata is written straight to bytes, as protobuf would serialize the
 // WireMetadata message (fields in number order, proto3 defaults left out), so
 // no message objects are built per call. wire_test checks that the bytes
-// re-serialize unchanged through the generated code.
-enum WireType { kVarint = 0, kFixed64 = 1, kLength = 2 };
+// re-serialize unchanged through the generated code. Measure sizes the
+// metadata, and Write fills a buffer of exactly that size.
+using proto_wire::Fixed64FieldSize;
+using proto_wire::LengthFieldSize;
+using proto_wire::OptionalBytesFieldSize;
+using proto_wire::OptionalVarintFieldSize;
+using proto_wire::VarintFieldSize;
+using proto_wire::VarintSize;
+using proto_wire::WriteBytesField;
+using proto_wire::WriteFixed64Field;
+using proto_wire::WriteLengthPrefix;
+using proto_wire::WriteOptionalBytesField;
+using proto_wire::WriteOptionalVarintField;
+using proto_wire::WriteVarint;
+using proto_wire::WriteVarintField;
+using proto_wire::ZigZag64;
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
+// Field numbers of proto/tensor.proto, from the generated code.
+constexpr int kMetadataValueFieldNumber =
+    proto::WireMetadata::kValueFieldNumber;
+constexpr int kMetaDtypeFieldNumber = proto::TensorMeta::kDtypeFieldNumber;
+constexpr int kMetaSizesFieldNumber = proto::TensorMeta::kSizesFieldNumber;
+constexpr int kMetaNbytesFieldNumber = proto::TensorMeta::kNbytesFieldNumber;
+constexpr int kMetaDeviceFieldNumber = proto::TensorMeta::kDeviceFieldNumber;
+constexpr int kNoneFieldNumber = proto::ValueProto::kNoneFieldNumber;
+constexpr int kBoolFieldNumber = proto::ValueProto::kBoolValueFieldNumber;
+constexpr int kIntFieldNumber = proto::ValueProto::kIntValueFieldNumber;
+constexpr int kDoubleFieldNumber = proto::ValueProto::kDoubleValueFieldNumber;
+constexpr int kStringFieldNumber = proto::ValueProto::kStringValueFieldNumber;
+constexpr int kBytesFieldNumber = proto::ValueProto::kBytesValueFieldNumber;
+constexpr int kTensorFieldNumber = proto::ValueProto::kTensorFieldNumber;
+constexpr int kListFieldNumber = proto::ValueProto::kListFieldNumber;
+constexpr int kDictFieldNumber = proto::ValueProto::kDictFieldNumber;
+constexpr int kRRefFieldNumber = proto::ValueProto::kRrefFieldNumber;
+constexpr int kMessageFieldNumber = proto::ValueProto::kMessageFieldNumber;
+constexpr int kListItemsFieldNumber = proto::ListValue::kItemsFieldNumber;
+constexpr int kDictEntriesFieldNumber = proto::DictValue::kEntriesFieldNumber;
+constexpr int kEntryKeyFieldNumber = proto::DictEntry::kKeyFieldNumber;
+constexpr int kEntryValueFieldNumber = proto::DictEntry::kValueFieldNumber;
+constexpr int kRRefOwnerFieldNumber =
+    proto::RRefHandleProto::kOwnerIdFieldNumber;
+constexpr int kRRefTypeFieldNumber =
+    proto::RRefHandleProto::kTypeNameFieldNumber;
+constexpr int kRRefExtraFieldNumber = proto::RRefHandleProto::kExtraFieldNumber;
+constexpr int kRRefIdFieldNumber = proto::RRefHandleProto::kRrefIdFieldNumber;
+constexpr int kRRefForkFieldNumber = proto::RRefHandleProto::kForkIdFieldNumber;
+constexpr int kMessageTypeFieldNumber =
+    proto::MessageValue::kTypeNameFieldNumber;
+constexpr int kMessageDataFieldNumber = proto::MessageValue::kDataFieldNumber;
+
+// The TensorMeta `device` of every tensor sent: AddTensor admits CPU tensors
+// only, and Device::CPU().ToString() is this name (wire_test checks it).
+constexpr std::string_view kCpuDeviceName = "cpu";
+
+// TensorMeta's `dtype`: ferry::DType + 1 (proto::WireDType).
+uint64_t DTypeCode(const Tensor& t) {
+  return static_cast<uint64_t>(t.dtype()) + 1;
+}
+
+// TensorMeta's body size; `packed` gets the packed `sizes` body size.
+size_t TensorMetaSize(const Tensor& t, size_t* packed) {
+  *packed = 0;
+  for (int64_t s : t.sizes()) *packed += VarintSize(static_cast<uint64_t>(s));
+  const size_t sizes_field =
+      t.sizes().empty() ? 0 : LengthFieldSize(kMetaSizesFieldNumber, *packed);
+  return OptionalVarintFieldSize(kMetaDtypeFieldNumber, DTypeCode(t)) +
+         sizes_field +
+         OptionalVarintFieldSize(kMetaNbytesFieldNumber, t.nbytes()) +
+         OptionalBytesFieldSize(kMetaDeviceFieldNumber, kCpuDeviceName.size());
+}
+
+char* WriteTensorMeta(const Tensor& t, size_t packed, char* p) {
+  p = WriteOptionalVarintField(p, kMetaDtypeFieldNumber, DTypeCode(t));
+  if (!t.sizes().empty()) {
+    p = WriteLengthPrefix(p, kMetaSizesFieldNumber, packed);
+    for (int64_t s : t.sizes()) p = WriteVarint(p, static_cast<uint64_t>(s));
   }
-  return n;
+  p = WriteOptionalVarintField(p, kMetaNbytesFieldNumber, t.nbytes());
+  return WriteOptionalBytesField(p, kMetaDeviceFieldNumber, kCpuDeviceName);
 }
-
-void PutVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-void PutTag(std::string* out, int field, WireType type) {
-  out->push_back(static_cast<char>((field << 3) | type));  // Fields < 16.
-}
-
-// A length-delimited field's tag, length and body size.
-size_t LengthField(size_t body) { return 1 + VarintSize(body) + body; }
-// The same, left out when empty (a proto3 string or bytes field).
-size_t OptionalBytes(size_t size) { return size == 0 ? 0 : LengthField(size); }
-// A proto3 integer field, left out when 0.
-size_t OptionalVarint(uint64_t v) { return v == 0 ? 0 : 1 + VarintSize(v); }
-
-void PutBytes(std::string* out, int field, absl::string_view bytes) {
-  PutTag(out, field, kLength);
-  PutVarint(out, bytes.size());
-  out->append(bytes.data(), bytes.size());
-}
-void PutOptionalBytes(std::string* out, int field, absl::string_view bytes) {
-  if (!bytes.empty()) PutBytes(out, field, bytes);
-}
-void PutOptionalVarint(std::string* out, int field, uint64_t v) {
-  if (v == 0) return;
-  PutTag(out, field, kVarint);
-  PutVarint(out, v);
-}
-
-uint64_t ZigZag(int64_t v) {
-  return (static_cast<uint64_t>(v) << 1) ^ static_cast<uint64_t>(v >> 63);
-}
-
-// proto::TensorMeta of a payload's (contiguous) tensor.
-struct TensorMetaFields {
-  explicit TensorMetaFields(const Tensor& t)
-      : dtype(static_cast<int>(t.dtype()) + 1),
-        sizes(t.sizes()),
-        nbytes(t.nbytes()),
-        device(t.device().ToString()) {
-    for (int64_t s : sizes) packed += VarintSize(static_cast<uint64_t>(s));
-  }
-  size_t Size() const {
-    return OptionalVarint(dtype) + (sizes.empty() ? 0 : LengthField(packed)) +
-           OptionalVarint(nbytes) + OptionalBytes(device.size());
-  }
-  void Write(std::string* out) const {
-    PutOptionalVarint(out, 1, dtype);
-    if (!sizes.empty()) {
-      PutTag(out, 2, kLength);
-      PutVarint(out, packed);
-      for (int64_t s : sizes) PutVarint(out, static_cast<uint64_t>(s));
-    }
-    PutOptionalVarint(out, 3, nbytes);
-    PutOptionalBytes(out, 4, device);
-  }
-
-  int dtype;
-  const std::vector<int64_t>& sizes;
-  uint64_t nbytes;
-  std::string device;
-  size_t packed = 0;
-};
 
 size_t RRefSize(const RRefHandle& r) {
-  return OptionalVarint(static_cast<uint64_t>(r.owner_id)) +
-         OptionalBytes(r.type_name.size()) + OptionalBytes(r.extra.size()) +
-         OptionalVarint(r.rref_id.value()) + OptionalVarint(r.fork_id.value());
+  return OptionalVarintFieldSize(kRRefOwnerFieldNumber,
+                                 static_cast<uint64_t>(r.owner_id)) +
+         OptionalBytesFieldSize(kRRefTypeFieldNumber, r.type_name.size()) +
+         OptionalBytesFieldSize(kRRefExtraFieldNumber, r.extra.size()) +
+         OptionalVarintFieldSize(kRRefIdFieldNumber, r.rref_id.value()) +
+         OptionalVarintFieldSize(kRRefForkFieldNumber, r.fork_id.value());
+}
+
+char* WriteRRef(const RRefHandle& r, char* p) {
+  p = WriteLengthPrefix(p, kRRefFieldNumber, RRefSize(r));
+  p = WriteOptionalVarintField(p, kRRefOwnerFieldNumber,
+                               static_cast<uint64_t>(r.owner_id));
+  p = WriteOptionalBytesField(p, kRRefTypeFieldNumber, r.type_name);
+  p = WriteOptionalBytesField(p, kRRefExtraFieldNumber, r.extra);
+  p = WriteOptionalVarintField(p, kRRefIdFieldNumber, r.rref_id.value());
+  return WriteOptionalVarintField(p, kRRefForkFieldNumber, r.fork_id.value());
 }
 
 size_t MessageSize(const MessageValue& m) {
-  return OptionalBytes(m.type_name.size()) + OptionalBytes(m.data.size());
+  return OptionalBytesFieldSize(kMessageTypeFieldNumber, m.type_name.size()) +
+         OptionalBytesFieldSize(kMessageDataFieldNumber, m.data.size());
+}
+
+char* WriteMessage(const MessageValue& m, char* p) {
+  p = WriteLengthPrefix(p, kMessageFieldNumber, MessageSize(m));
+  p = WriteOptionalBytesField(p, kMessageTypeFieldNumber, m.type_name);
+  return WriteOptionalBytesField(p, kMessageDataFieldNumber, m.data);
 }
 
 // The ValueProto size of a value with no payload and no nested value.
 size_t ScalarSize(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::kBool:
-      return 2;
+      return VarintFieldSize(kBoolFieldNumber, *v.if_bool() ? 1 : 0);
     case Value::Kind::kInt:
-      return 1 + VarintSize(ZigZag(*v.if_int()));
+      return VarintFieldSize(kIntFieldNumber, ZigZag64(*v.if_int()));
     case Value::Kind::kDouble:
-      return 9;
+      return Fixed64FieldSize(kDoubleFieldNumber);
     case Value::Kind::kString:
-      return LengthField(v.if_string()->size());
+      return LengthFieldSize(kStringFieldNumber, v.if_string()->size());
     case Value::Kind::kBytes:
-      return LengthField(v.if_bytes()->data.size());
+      return LengthFieldSize(kBytesFieldNumber, v.if_bytes()->data.size());
     case Value::Kind::kRRef:
-      return LengthField(RRefSize(*v.if_rref()));
+      return LengthFieldSize(kRRefFieldNumber, RRefSize(*v.if_rref()));
     case Value::Kind::kMessage:
-      return LengthField(MessageSize(*v.if_message()));
+      return LengthFieldSize(kMessageFieldNumber, MessageSize(*v.if_message()));
     default:  // kNone (tensors, lists and dicts are not scalars).
-      return LengthField(0);
+      return LengthFieldSize(kNoneFieldNumber, 0);
   }
 }
 
 // Two passes over the value. Measure checks it, collects the payloads (in
-// depth-first order) and records the size of every list, dict and entry body
-// in pre-order; Write then emits the ValueProto with those sizes.
+// depth-first order) and records in pre-order the body size of every list,
+// dict, dict entry and tensor metadata (and a tensor's packed `sizes`); Write
+// then emits the ValueProto with those sizes, computing none of them again.
 class Encoder {
  public:
   Encoder(const WireLimits& limits, WireStats* stats, EncodedValue* out)
@@ -161,142 +186,137 @@ class Encoder {
   // The size of v's ValueProto.
   absl::StatusOr<size_t> Measure(const Value& v, int depth) {
     switch (v.kind()) {
-      case Value::Kind::kTensor: {
-        RETURN_IF_ERROR(AddTensor(*v.if_tensor()));
-        return LengthField(
-            TensorMetaFields(out_->payloads.back().tensor).Size());
-      }
-      case Value::Kind::kList: {
-        RETURN_IF_ERROR(CheckDepth(depth + 1));
-        const size_t slot = Reserve();
-        size_t body = 0;
-        for (const Value& item : *v.if_list()) {
-          ASSIGN_OR_RETURN(size_t n, Measure(item, depth + 1));
-          body += LengthField(n);
-        }
-        sizes_[slot] = body;
-        return LengthField(body);
-      }
-      case Value::Kind::kDict: {
-        RETURN_IF_ERROR(CheckDepth(depth + 1));
-        const size_t slot = Reserve();
-        size_t body = 0;
-        for (const auto& [key, item] : *v.if_dict()) {
-          const size_t entry_slot = Reserve();
-          ASSIGN_OR_RETURN(size_t n, Measure(item, depth + 1));
-          const size_t entry = OptionalBytes(key.size()) + LengthField(n);
-          sizes_[entry_slot] = entry;
-          body += LengthField(entry);
-        }
-        sizes_[slot] = body;
-        return LengthField(body);
-      }
+      case Value::Kind::kTensor:
+        return MeasureTensor(*v.if_tensor());
+      case Value::Kind::kList:
+        return MeasureList(*v.if_list(), depth);
+      case Value::Kind::kDict:
+        return MeasureDict(*v.if_dict(), depth);
       default:
         return ScalarSize(v);
     }
   }
 
-  // Writes v's ValueProto body (after Measure of the whole value).
-  void Write(const Value& v, std::string* out) {
+  // Writes v's ValueProto body at `p` (after Measure of the whole value);
+  // returns its end.
+  char* Write(const Value& v, char* p) {
     switch (v.kind()) {
       case Value::Kind::kNone:
-        PutBytes(out, 1, "");
-        return;
+        return WriteBytesField(p, kNoneFieldNumber, "");
       case Value::Kind::kBool:
-        PutTag(out, 2, kVarint);
-        out->push_back(*v.if_bool() ? 1 : 0);
-        return;
+        return WriteVarintField(p, kBoolFieldNumber, *v.if_bool() ? 1 : 0);
       case Value::Kind::kInt:
-        PutTag(out, 3, kVarint);
-        PutVarint(out, ZigZag(*v.if_int()));
-        return;
-      case Value::Kind::kDouble: {
-        PutTag(out, 4, kFixed64);
-        char bits[8];
-        std::memcpy(bits, v.if_double(), 8);
-        out->append(bits, 8);
-        return;
-      }
+        return WriteVarintField(p, kIntFieldNumber, ZigZag64(*v.if_int()));
+      case Value::Kind::kDouble:
+        return WriteFixed64Field(p, kDoubleFieldNumber, *v.if_double());
       case Value::Kind::kString:
-        PutBytes(out, 5, *v.if_string());
-        return;
+        return WriteBytesField(p, kStringFieldNumber, *v.if_string());
       case Value::Kind::kBytes:
-        PutBytes(out, 6, v.if_bytes()->data);
-        return;
-      case Value::Kind::kTensor: {
-        TensorMetaFields meta(out_->payloads[written_tensors_++].tensor);
-        PutTag(out, 7, kLength);
-        PutVarint(out, meta.Size());
-        meta.Write(out);
-        return;
-      }
+        return WriteBytesField(p, kBytesFieldNumber, v.if_bytes()->data);
+      case Value::Kind::kTensor:
+        return WriteTensor(p);
       case Value::Kind::kList:
-        PutTag(out, 8, kLength);
-        PutVarint(out, sizes_[next_size_++]);
-        for (const Value& item : *v.if_list()) WriteItem(1, item, out);
-        return;
+        return WriteList(*v.if_list(), p);
       case Value::Kind::kDict:
-        PutTag(out, 9, kLength);
-        PutVarint(out, sizes_[next_size_++]);
-        for (const auto& [key, item] : *v.if_dict()) {
-          PutTag(out, 1, kLength);
-          PutVarint(out, sizes_[next_size_++]);
-          PutOptionalBytes(out, 1, key);
-          WriteItem(2, item, out);
-        }
-        return;
-      case Value::Kind::kRRef: {
-        const RRefHandle& r = *v.if_rref();
-        PutTag(out, 10, kLength);
-        PutVarint(out, RRefSize(r));
-        PutOptionalVarint(out, 1, static_cast<uint64_t>(r.owner_id));
-        PutOptionalBytes(out, 4, r.type_name);
-        PutOptionalBytes(out, 5, r.extra);
-        PutOptionalVarint(out, 6, r.rref_id.value());
-        PutOptionalVarint(out, 7, r.fork_id.value());
-        return;
-      }
-      case Value::Kind::kMessage: {
-        const MessageValue& m = *v.if_message();
-        PutTag(out, 11, kLength);
-        PutVarint(out, MessageSize(m));
-        PutOptionalBytes(out, 1, m.type_name);
-        PutOptionalBytes(out, 2, m.data);
-        return;
-      }
+        return WriteDict(*v.if_dict(), p);
+      case Value::Kind::kRRef:
+        return WriteRRef(*v.if_rref(), p);
+      case Value::Kind::kMessage:
+        return WriteMessage(*v.if_message(), p);
     }
-  }
-
-  // `v` as the length-delimited message field `field`.
-  void WriteItem(int field, const Value& v, std::string* out) {
-    PutTag(out, field, kLength);
-    PutVarint(out, ItemSize(v));
-    Write(v, out);
+    return p;
   }
 
   uint64_t payload_total() const { return payload_total_; }
 
  private:
-  // The ValueProto size of an item already measured (no tensor is added
-  // again: sizes come from the recorded payloads and slots).
-  size_t ItemSize(const Value& v) {
+  absl::StatusOr<size_t> MeasureTensor(const Tensor& t) {
+    RETURN_IF_ERROR(AddTensor(t));
+    const size_t slot = Reserve(2);  // Metadata body, packed `sizes` body.
+    sizes_[slot] =
+        TensorMetaSize(out_->payloads.back().tensor, &sizes_[slot + 1]);
+    return LengthFieldSize(kTensorFieldNumber, sizes_[slot]);
+  }
+
+  absl::StatusOr<size_t> MeasureList(const Value::List& list, int depth) {
+    RETURN_IF_ERROR(CheckDepth(depth + 1));
+    const size_t slot = Reserve(1);
+    size_t body = 0;
+    for (const Value& item : list) {
+      ASSIGN_OR_RETURN(size_t n, Measure(item, depth + 1));
+      body += LengthFieldSize(kListItemsFieldNumber, n);
+    }
+    sizes_[slot] = body;
+    return LengthFieldSize(kListFieldNumber, body);
+  }
+
+  absl::StatusOr<size_t> MeasureDict(const Value::Dict& dict, int depth) {
+    RETURN_IF_ERROR(CheckDepth(depth + 1));
+    const size_t slot = Reserve(1);
+    size_t body = 0;
+    for (const auto& [key, item] : dict) {
+      const size_t entry_slot = Reserve(1);
+      ASSIGN_OR_RETURN(size_t n, Measure(item, depth + 1));
+      const size_t entry =
+          OptionalBytesFieldSize(kEntryKeyFieldNumber, key.size()) +
+          LengthFieldSize(kEntryValueFieldNumber, n);
+      sizes_[entry_slot] = entry;
+      body += LengthFieldSize(kDictEntriesFieldNumber, entry);
+    }
+    sizes_[slot] = body;
+    return LengthFieldSize(kDictFieldNumber, body);
+  }
+
+  char* WriteTensor(char* p) {
+    const size_t body = sizes_[next_size_++];
+    const size_t packed = sizes_[next_size_++];
+    p = WriteLengthPrefix(p, kTensorFieldNumber, body);
+    return WriteTensorMeta(out_->payloads[written_tensors_++].tensor, packed,
+                           p);
+  }
+
+  char* WriteList(const Value::List& list, char* p) {
+    p = WriteLengthPrefix(p, kListFieldNumber, sizes_[next_size_++]);
+    for (const Value& item : list)
+      p = WriteItem(kListItemsFieldNumber, item, p);
+    return p;
+  }
+
+  char* WriteDict(const Value::Dict& dict, char* p) {
+    p = WriteLengthPrefix(p, kDictFieldNumber, sizes_[next_size_++]);
+    for (const auto& [key, item] : dict) {
+      p = WriteLengthPrefix(p, kDictEntriesFieldNumber, sizes_[next_size_++]);
+      p = WriteOptionalBytesField(p, kEntryKeyFieldNumber, key);
+      p = WriteItem(kEntryValueFieldNumber, item, p);
+    }
+    return p;
+  }
+
+  // `v` as the length-delimited message field `field`.
+  char* WriteItem(int field, const Value& v, char* p) {
+    return Write(v, WriteLengthPrefix(p, field, ItemSize(v)));
+  }
+
+  // The ValueProto size of an item already measured, from its recorded
+  // slot (tensors, lists and dicts: the next one) or its scalar fields.
+  size_t ItemSize(const Value& v) const {
     switch (v.kind()) {
       case Value::Kind::kTensor:
-        return LengthField(
-            TensorMetaFields(out_->payloads[written_tensors_].tensor).Size());
+        return LengthFieldSize(kTensorFieldNumber, sizes_[next_size_]);
       case Value::Kind::kList:
+        return LengthFieldSize(kListFieldNumber, sizes_[next_size_]);
       case Value::Kind::kDict:
-        return LengthField(sizes_[next_size_]);
+        return LengthFieldSize(kDictFieldNumber, sizes_[next_size_]);
       default:
         return ScalarSize(v);
     }
   }
 
-  size_t Reserve() {
-    sizes_.push_back(0);
-    return sizes_.size() - 1;
+  // Appends `n` slots; returns the first one's index.
+  size_t Reserve(size_t n) {
+    sizes_.resize(sizes_.size() + n);
+    return sizes_.size() - n;
   }
-
   absl::Status CheckDepth(int depth) {
     if (depth > limits_.max_depth) {
       return absl::InvalidArgumentError(
@@ -337,7 +357,8 @@ class Encoder {
   WireStats* stats_;
   EncodedValue* out_;
   uint64_t payload_total_ = 0;
-  std::vector<size_t> sizes_;  // List, dict and entry bodies, pre-order.
+  // Recorded sizes, pre-order; inline for the common small values.
+  absl::InlinedVector<size_t, 16> sizes_;
   size_t next_size_ = 0;
   size_t written_tensors_ = 0;
 };
@@ -625,21 +646,24 @@ absl::StatusOr<EncodedValue> EncodeValue(const Value& value,
   Encoder enc(limits, stats, &out);
   // WireMetadata: its one field, `value`.
   ASSIGN_OR_RETURN(const size_t value_len, enc.Measure(value, 0));
-  const size_t meta_len = LengthField(value_len);
+  const size_t meta_len = LengthFieldSize(kMetadataValueFieldNumber, value_len);
   if (meta_len > limits.max_metadata_bytes || meta_len > UINT32_MAX) {
     return absl::InvalidArgumentError(absl::StrCat(
         "wire encode: metadata of ", meta_len, " bytes exceeds the limit of ",
         limits.max_metadata_bytes, " bytes"));
   }
   const size_t head_len = kWireHeaderBytes + meta_len;
-  out.head.reserve(head_len + PadTo(head_len));
-  out.head.append(kMagic, sizeof(kMagic));
+  // Zero-filled: the padding after the metadata is already in place.
+  out.head.resize(head_len + PadTo(head_len));
+  char* p = out.head.data();
+  std::memcpy(p, kMagic, sizeof(kMagic));
   const uint32_t len32 = static_cast<uint32_t>(meta_len);
-  out.head.append(reinterpret_cast<const char*>(&len32), sizeof(len32));
-  PutTag(&out.head, 1, kLength);
-  PutVarint(&out.head, value_len);
-  enc.Write(value, &out.head);
-  out.head.append(kZeros, PadTo(head_len));
+  std::memcpy(p + sizeof(kMagic), &len32, sizeof(len32));
+  p = WriteLengthPrefix(p + kWireHeaderBytes, kMetadataValueFieldNumber,
+                        value_len);
+  if (enc.Write(value, p) != out.head.data() + head_len) {
+    return absl::InternalError("wire encode: metadata size mismatch");
+  }
   if (stats) stats->metadata_bytes += head_len;
   const uint64_t total = out.head.size() + enc.payload_total();
   if (total > limits.max_total_bytes) {

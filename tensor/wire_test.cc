@@ -141,6 +141,25 @@ TEST(WireTest, MetadataIsCanonicalProtobuf) {
   }
 }
 
+// Only CPU tensors are sent, so the encoder writes the CPU device's name
+// without asking each tensor; it must be the name Device gives.
+TEST(WireTest, TensorMetadataNamesTheCpuDevice) {
+  const Tensor t = ones({2, 3});
+  absl::StatusOr<EncodedValue> e =
+      EncodeValue(Value::FromList({Value::FromTensor(t), Value::Int(1)}));
+  ASSERT_TRUE(e.ok()) << e.status();
+  uint32_t len;
+  std::memcpy(&len, e->head.data() + 4, 4);
+  proto::WireMetadata md;
+  ASSERT_TRUE(md.ParseFromString(e->head.substr(kWireHeaderBytes, len)));
+  ASSERT_EQ(md.value().list().items_size(), 2);
+  const proto::TensorMeta& meta = md.value().list().items(0).tensor();
+  EXPECT_EQ(meta.device(), t.device().ToString());
+  EXPECT_EQ(meta.device(), Device::CPU().ToString());
+  EXPECT_THAT(meta.sizes(), ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(meta.nbytes(), 24u);
+}
+
 TEST(WireTest, LayoutIsAligned) {
   absl::StatusOr<EncodedValue> e = EncodeValue(Sample());
   ASSERT_TRUE(e.ok());

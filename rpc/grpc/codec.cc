@@ -3,12 +3,27 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/proto_wire.h"
 #include "common/status.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {
 
 namespace v1 = ::ferry::rpc::v1;
+
+// RpcRequest fields written by hand, named by the generated code.
+constexpr int kTypeFieldNumber = v1::RpcRequest::kTypeFieldNumber;
+constexpr int kFunctionFieldNumber = v1::RpcRequest::kFunctionFieldNumber;
+constexpr int kCallerIdFieldNumber = v1::RpcRequest::kCallerIdFieldNumber;
+constexpr int kCallerNameFieldNumber = v1::RpcRequest::kCallerNameFieldNumber;
+constexpr int kRequestIdFieldNumber = v1::RpcRequest::kRequestIdFieldNumber;
+constexpr int kRemainingUsFieldNumber = v1::RpcRequest::kRemainingUsFieldNumber;
+// Appended to either message's serialized fields: one number in both.
+constexpr int kSameHostFieldNumber = v1::RpcRequest::kSameHostFieldNumber;
+static_assert(kSameHostFieldNumber == v1::RpcResponse::kSameHostFieldNumber);
+// envelope.h writes the payload without seeing the generated code.
+static_assert(kPayloadField == v1::RpcRequest::kPayloadFieldNumber &&
+              kPayloadField == v1::RpcResponse::kPayloadFieldNumber);
 
 void ToProto(const RRefFields& r, v1::RRefFields* p) {
   p->set_rref_id(r.rref_id.value());
@@ -75,13 +90,9 @@ bool OfferSameHost(EncodedParts& parts, const SameHostLink& link,
   if (!link.channel->Offer(link.peer, parts.payload, &taken, lease)) {
     return false;
   }
-  // `same_host` has one number in RpcRequest and RpcResponse; appending the
-  // field to the serialized ones sets it.
-  static_assert(static_cast<int>(v1::RpcRequest::kSameHostFieldNumber) ==
-                static_cast<int>(v1::RpcResponse::kSameHostFieldNumber));
-  AppendVarint(&parts.header,
-               (uint64_t{v1::RpcRequest::kSameHostFieldNumber} << 3) | 2);
-  AppendVarint(&parts.header, taken.ByteSizeLong());
+  // Appending the field to the serialized ones sets it.
+  proto_wire::AppendLengthPrefix(&parts.header, kSameHostFieldNumber,
+                                 taken.ByteSizeLong());
   taken.AppendToString(&parts.header);
   parts.payload = EncodedValue();
   return true;
@@ -98,28 +109,40 @@ EncodedMessage ToEnvelope(EncodedParts parts) {
 namespace {
 
 // Fields 1-6 of RpcRequest, serialized as protobuf would (in number order,
-// zeros and empty strings left out); the generated code writes the rest.
+// zeros and empty strings left out), into room made once for the most they
+// can take.
 void AppendRequestScalars(const Message& m, int64_t remaining_us,
                           std::string* out) {
-  auto varint = [out](int field, uint64_t v) {
-    if (v == 0) return;
-    out->push_back(static_cast<char>(field << 3));
-    AppendVarint(out, v);
-  };
-  auto bytes = [out](int field, const std::string& s) {
-    if (s.empty()) return;
-    out->push_back(static_cast<char>((field << 3) | 2));
-    AppendVarint(out, s.size());
-    out->append(s);
-  };
-  // An enum is an int32 on the wire (sign-extended).
-  varint(1, static_cast<uint64_t>(static_cast<int64_t>(
-                static_cast<int32_t>(static_cast<uint32_t>(m.type)))));
-  bytes(2, m.function);
-  varint(3, static_cast<uint32_t>(m.caller_id));
-  bytes(4, m.caller_name);
-  varint(5, m.id.value());
-  varint(6, static_cast<uint64_t>(remaining_us));
+  using proto_wire::WriteOptionalBytesField;
+  using proto_wire::WriteOptionalVarintField;
+  // Six tags and six varints (two of them the strings' lengths).
+  constexpr size_t kMaxFixedBytes = 12 * proto_wire::kMaxVarintBytes;
+  const size_t start = out->size();
+  out->resize(start + kMaxFixedBytes + m.function.size() +
+              m.caller_name.size());
+  char* p = out->data() + start;
+  p = WriteOptionalVarintField(p, kTypeFieldNumber,
+                               proto_wire::Int32Varint(static_cast<int32_t>(
+                                   static_cast<uint32_t>(m.type))));
+  p = WriteOptionalBytesField(p, kFunctionFieldNumber, m.function);
+  p = WriteOptionalVarintField(p, kCallerIdFieldNumber,
+                               static_cast<uint32_t>(m.caller_id));
+  p = WriteOptionalBytesField(p, kCallerNameFieldNumber, m.caller_name);
+  p = WriteOptionalVarintField(p, kRequestIdFieldNumber, m.id.value());
+  p = WriteOptionalVarintField(p, kRemainingUsFieldNumber,
+                               static_cast<uint64_t>(remaining_us));
+  out->resize(p - out->data());
+}
+
+// Fields 7-9 of RpcRequest, when set, through the generated code; they
+// follow fields 1-6 on the wire as protobuf orders them.
+void AppendRequestMessages(const Message& m, std::string* out) {
+  if (!m.rref && !m.autograd && m.context.empty()) return;
+  v1::RpcRequest header;
+  if (m.rref) ToProto(*m.rref, header.mutable_rref());
+  if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
+  for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
+  header.AppendToString(out);
 }
 
 }  // namespace
@@ -133,23 +156,8 @@ absl::StatusOr<EncodedParts> EncodeRequestParts(const Message& m,
           ? 0
           : std::max<int64_t>(1, absl::ToInt64Microseconds(m.deadline - now));
   EncodedParts out;
-  if (!m.rref && !m.autograd && m.context.empty()) {
-    // The common case, without building a message.
-    out.header.reserve(32 + m.function.size() + m.caller_name.size());
-    AppendRequestScalars(m, remaining_us, &out.header);
-  } else {
-    v1::RpcRequest header;
-    header.set_type(static_cast<v1::MessageType>(m.type));
-    header.set_function(m.function);
-    header.set_caller_id(static_cast<uint32_t>(m.caller_id));
-    header.set_caller_name(m.caller_name);
-    header.set_request_id(m.id.value());
-    header.set_remaining_us(remaining_us);
-    if (m.rref) ToProto(*m.rref, header.mutable_rref());
-    if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
-    for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
-    header.AppendToString(&out.header);
-  }
+  AppendRequestScalars(m, remaining_us, &out.header);
+  AppendRequestMessages(m, &out.header);
   // No arguments, no payload: the callee reads an absent one as an empty
   // list (DecodeRequest).
   const Value::List* args = m.payload.if_list();

@@ -8,6 +8,19 @@
 namespace ferry::rpc::grpc_agent {
 namespace {
 
+// RpcRequest fields 1-6 of `m` set through the generated code.
+ferry::rpc::v1::RpcRequest ScalarFields(const Message& m,
+                                        int64_t remaining_us) {
+  ferry::rpc::v1::RpcRequest r;
+  r.set_type(static_cast<ferry::rpc::v1::MessageType>(m.type));
+  r.set_function(m.function);
+  r.set_caller_id(static_cast<uint32_t>(m.caller_id));
+  r.set_caller_name(m.caller_name);
+  r.set_request_id(m.id.value());
+  r.set_remaining_us(remaining_us);
+  return r;
+}
+
 // Without RRef, autograd or context fields the header is written by hand:
 // the bytes must be what the generated code writes for the same fields.
 TEST(Codec, HandWrittenRequestHeaderIsTheProtobufEncoding) {
@@ -25,13 +38,49 @@ TEST(Codec, HandWrittenRequestHeaderIsTheProtobufEncoding) {
         variant == 2 ? absl::InfiniteFuture() : now + absl::Milliseconds(250);
     auto parts = EncodeRequestParts(m, now, WireLimits{});
     ASSERT_TRUE(parts.ok()) << parts.status();
-    ferry::rpc::v1::RpcRequest expected;
-    expected.set_type(static_cast<ferry::rpc::v1::MessageType>(m.type));
-    expected.set_function(m.function);
-    expected.set_caller_id(static_cast<uint32_t>(m.caller_id));
-    expected.set_caller_name(m.caller_name);
-    expected.set_request_id(m.id.value());
-    if (variant != 2) expected.set_remaining_us(250'000);
+    ferry::rpc::v1::RpcRequest expected =
+        ScalarFields(m, variant == 2 ? 0 : 250'000);
+    EXPECT_EQ(parts->header, expected.SerializeAsString()) << variant;
+  }
+}
+
+// With them, fields 1-6 are still written by hand and 7-9 appended by the
+// generated code: together, the bytes of the whole message.
+TEST(Codec, RequestHeaderWithMessageFieldsIsTheProtobufEncoding) {
+  const absl::Time now = absl::Now();
+  for (int variant = 0; variant < 3; ++variant) {
+    Message m;
+    m.type = MessageType::kRemoteCall;
+    m.id = GlobalId(7, 99);
+    m.function = "f";
+    m.caller_name = variant == 1 ? "" : "caller";
+    m.caller_id = 2;
+    m.deadline = now + absl::Milliseconds(5);
+    if (variant != 1) {
+      m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 5, "T"};
+    }
+    if (variant != 2) {
+      m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
+    }
+    if (variant != 0) m.context = {{"k", std::string("v\0w", 3)}};
+    auto parts = EncodeRequestParts(m, now, WireLimits{});
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    ferry::rpc::v1::RpcRequest expected = ScalarFields(m, 5'000);
+    if (m.rref) {
+      auto* r = expected.mutable_rref();
+      r->set_rref_id(m.rref->rref_id.value());
+      r->set_fork_id(m.rref->fork_id.value());
+      r->set_owner_id(m.rref->owner_id);
+      r->set_peer_id(m.rref->peer_id);
+      r->set_type_name(m.rref->type_name);
+    }
+    if (m.autograd) {
+      auto* a = expected.mutable_autograd();
+      a->set_context_id(m.autograd->context_id.value());
+      a->set_message_id(m.autograd->message_id.value());
+      a->set_retain_graph(m.autograd->retain_graph);
+    }
+    for (const auto& [k, v] : m.context) (*expected.mutable_context())[k] = v;
     EXPECT_EQ(parts->header, expected.SerializeAsString()) << variant;
   }
 }

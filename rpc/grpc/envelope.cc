@@ -8,18 +8,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/proto_wire.h"
 #include "common/status.h"
 #include "tensor/wire_grpc.h"
 
 namespace ferry::rpc {
-
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7F) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
 
 namespace {
 
@@ -123,8 +116,7 @@ grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
   // one as empty).
   if (payload_size > 0) {
     header.reserve(header.size() + 20 + payload.head.size());
-    AppendVarint(&header, (uint64_t{kPayloadField} << 3) | 2);
-    AppendVarint(&header, payload_size);
+    proto_wire::AppendLengthPrefix(&header, kPayloadField, payload_size);
     header += payload.head;
   }
   payload.head = std::move(header);

@@ -25,12 +25,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/proto_wire.h"
 #include "google/protobuf/message_lite.h"
 #include "tensor/wire.h"
 
 namespace ferry::rpc {
 
-// The field number of `payload` in RpcRequest and RpcResponse.
+// The field number of `payload` in RpcRequest and RpcResponse (codec.cc,
+// which sees the generated code, checks it against both).
 inline constexpr int kPayloadField = 15;
 
 // `header` must not have its payload field set.
@@ -40,7 +42,7 @@ grpc::ByteBuffer EncodeEnvelope(const google::protobuf::MessageLite& header,
 grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload);
 
 // Appends a protobuf varint (for writing envelope fields by hand).
-void AppendVarint(std::string* out, uint64_t v);
+using ::ferry::proto_wire::AppendVarint;
 
 struct EnvelopeParts {
   std::string header;              // Serialized non-payload fields.
