@@ -16,6 +16,7 @@ and skips (by name, with the reason), then ends with the line
 import os
 import re
 import sys
+import glob
 import xml.etree.ElementTree as ET
 
 STATUS_RE = re.compile(
@@ -79,6 +80,31 @@ def count_xml(path, target, tally):
     return cases, failing
 
 
+def xml_paths(testlogs, target):
+    """The target's test.xml files: one per shard (shard_K_of_N/test.xml,
+    all N of them, present or not) when it is sharded, else its one."""
+    pkg, _, name = target[2:].partition(":")
+    base = os.path.join(testlogs, pkg, name)
+    shards = glob.glob(os.path.join(base, "shard_*_of_*"))
+    if not shards:
+        return [os.path.join(base, "test.xml")]
+    total = int(shards[0].rsplit("_of_", 1)[1])
+    return [os.path.join(base, "shard_%d_of_%d" % (k, total), "test.xml")
+            for k in range(1, total + 1)]
+
+
+def count_xmls(paths, target, tally):
+    """count_xml summed over `paths`; None if any of them is unreadable."""
+    cases = failing = 0
+    for path in paths:
+        counts = count_xml(path, target, tally)
+        if counts is None:
+            return None
+        cases += counts[0]
+        failing += counts[1]
+    return cases, failing
+
+
 def count_target(target, status, testlogs, tally):
     if status == "SKIPPED":
         tally.skip("%s (incompatible with this machine: target_compatible_with)"
@@ -87,11 +113,9 @@ def count_target(target, status, testlogs, tally):
     if status == "FLAKY":
         tally.fail("%s (FLAKY: failed, then passed on a retry)" % target)
         return
-    pkg, _, name = target[2:].partition(":")
-    xml = os.path.join(testlogs, pkg, name, "test.xml")
     counts = None
     if status not in ("FAILED TO BUILD", "NO STATUS"):
-        counts = count_xml(xml, target, tally)
+        counts = count_xmls(xml_paths(testlogs, target), target, tally)
     if counts is None:
         if status == "PASSED":
             tally.fail("%s (passed but wrote no readable test.xml)" % target)

@@ -26,9 +26,12 @@ class SummaryTest(unittest.TestCase):
     def run_summary(self, log, xmls):
         with tempfile.TemporaryDirectory() as d:
             for target, text in xmls.items():
+                # "//a:t/shard_1_of_2" is one shard's file of //a:t.
                 pkg, _, name = target[2:].partition(":")
-                os.makedirs(os.path.join(d, pkg, name))
-                with open(os.path.join(d, pkg, name, "test.xml"), "w") as f:
+                name, _, shard = name.partition("/")
+                where = os.path.join(d, pkg, name, shard)
+                os.makedirs(where, exist_ok=True)
+                with open(os.path.join(where, "test.xml"), "w") as f:
                     f.write(text)
             log_path = os.path.join(d, "log")
             with open(log_path, "w") as f:
@@ -43,6 +46,23 @@ class SummaryTest(unittest.TestCase):
         rc, lines = self.run_summary("//a:t  PASSED in 1s\n", {"//a:t": PASS_XML})
         self.assertEqual(rc, 0)
         self.assertEqual(lines[-1], "2 passed, 0 failed, 0 skipped")
+
+    def test_every_shard_is_counted(self):
+        rc, lines = self.run_summary(
+            "//a:t  PASSED in 1s\n",
+            {"//a:t/shard_1_of_2": PASS_XML, "//a:t/shard_2_of_2": SKIP_XML})
+        self.assertEqual(rc, 0)
+        self.assertEqual(lines[-1], "3 passed, 0 failed, 1 skipped")
+
+    def test_a_missing_shard_is_a_failure(self):
+        rc, lines = self.run_summary(
+            "//a:t  PASSED in 1s\n",
+            {"//a:t/shard_1_of_3": PASS_XML, "//a:t/shard_3_of_3": PASS_XML})
+        self.assertEqual(rc, 1)
+        # Shard 1's cases count; shard 2's missing file fails the target.
+        self.assertEqual(lines[-1], "2 passed, 1 failed, 0 skipped")
+        self.assertIn("FAILED: //a:t (passed but wrote no readable test.xml)",
+                      "\n".join(lines))
 
     def test_flaky_is_a_failure(self):
         rc, lines = self.run_summary("//a:t  FLAKY, failed in 1 out of 2\n",

@@ -4,13 +4,17 @@
 //              [--ops=allreduce,broadcast,allgather,reducescatter,alltoall]
 //              [--sizes=4096,...,67108864] [--check_args=true]
 //              [--impl=ferry-gloo] [--shm=false] [--shm_slot_bytes=B]
+//              [--shm_broadcast=auto|stream|rounds]
+//              [--shm_streaming_store_bytes=B] [--shm_chunk_bytes=B]
 //              [--backend=mpi]   (under mpirun: rank and size from
 //                                 OMPI_COMM_WORLD_*)
 //
 // --shm=false keeps the group on Gloo alone; --shm=true (what the default
 // registry does for ranks on one host) puts the shared-memory backend in
-// front of it: its rows are named algorithm "shm". --backend=mpi rows are named
-// "mpi" (Open MPI picks its algorithm per size).
+// front of it: its rows are named algorithm "shm" (broadcasts larger than a
+// slot "shm-stream" or "shm-rounds", whichever the backend runs; the
+// --shm_* flags are its options). --backend=mpi rows are named "mpi" (Open
+// MPI picks its algorithm per size).
 //
 // Rank 0 prints one JSON line per (op, size), float32 (allreduce and
 // reducescatter with SUM). Calls: allreduce = Allreduce(t); broadcast =
@@ -20,6 +24,10 @@
 // `iters` calls each waited on (like torch.distributed's synchronous calls),
 // timed on rank 0 between barriers; fewer iterations for big sizes (Iters)
 // and for slow calls (about --budget_s=1 seconds of timed calls per figure).
+// Beside the time, cpu_us, sleeps and preempted: CPU time (user + system)
+// and voluntary / involuntary context switches per call, summed over the
+// ranks' processes (on a busy host they say more than the wall time does:
+// sleeps count the waits an algorithm makes, preempted the host's load).
 //
 // Conventions (nccl-tests'): size = bytes of the tensor each rank passes in
 // (allgather: its input; reducescatter and alltoall: the whole input, N
@@ -38,6 +46,8 @@
 // other, busbw = size * (N-1) / time instead; all-gather and reduce-scatter
 // sending each peer what it needs, the ring's volume), "shm", "mpi". Timed here
 // in C++; PyTorch's figures come from torch_bench.py, timed in Python.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -89,6 +99,21 @@ int AgreedIters(ProcessGroup& pg, double warm_sec, double budget_sec,
       std::clamp<double>(budget_sec / per_call, 2, max_iters));
 }
 
+// This process's CPU time (user + system, every thread) and context
+// switches so far: voluntary (a thread slept) and involuntary (preempted).
+struct Usage {
+  double cpu_us;
+  double sleeps;
+  double preempted;
+};
+Usage SelfUsage() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto us = [](const struct timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+  return {us(u.ru_utime) + us(u.ru_stime), static_cast<double>(u.ru_nvcsw),
+          static_cast<double>(u.ru_nivcsw)};
+}
+
 // Which algorithm ran, and nccl-tests' busbw factor for it.
 struct Algorithm {
   std::string name;
@@ -132,8 +157,9 @@ int Main(int argc, char** argv) {
   o.group.timeout = absl::Minutes(5);
   o.group.backend_options["check_args"] = flags["check_args"];
   o.group.backend_options["shm"] = flags["shm"];
-  if (flags.count("shm_slot_bytes")) {
-    o.group.backend_options["shm_slot_bytes"] = flags["shm_slot_bytes"];
+  // Every --shm_* flag (shm_slot_bytes, shm_broadcast, ...) is a shm option.
+  for (const auto& [k, v] : flags) {
+    if (k.rfind("shm_", 0) == 0) o.group.backend_options[k] = v;
   }
   if (flags.count("backend")) o.group.backend = flags["backend"];
   auto pg_or = InitProcessGroup(o);
@@ -147,13 +173,14 @@ int Main(int argc, char** argv) {
   // InlineBytes()).
   const bool check_args = flags["check_args"] != "false";
   size_t inline_bytes = 0;
-  bool shm = false, mpi = false;
+  bool mpi = false;
+  const ShmBackend* shm_backend = nullptr;
   if (auto backend = pg.GetBackend(DeviceType::kCPU); backend.ok()) {
     mpi = (*backend)->name() == "mpi";
     if (auto* gloo = dynamic_cast<GlooBackend*>(*backend)) {
       inline_bytes = gloo->InlineBytes();
     }
-    shm = dynamic_cast<ShmBackend*>(*backend) != nullptr;
+    shm_backend = dynamic_cast<ShmBackend*>(*backend);
   }
   const int n = world;
   auto algorithm = [&](const std::string& op, int64_t bytes) -> Algorithm {
@@ -162,7 +189,15 @@ int Main(int argc, char** argv) {
                           : op == "broadcast" ? 1.0
                                               : ring;
     if (mpi) return {"mpi", factor};
-    if (shm) return {"shm", factor};
+    if (shm_backend != nullptr) {
+      // Broadcasts larger than a slot stream or run in rounds.
+      if (op == "broadcast" &&
+          static_cast<size_t>(bytes) > shm_backend->slot_bytes()) {
+        return {shm_backend->streams_broadcasts() ? "shm-stream" : "shm-rounds",
+                factor};
+      }
+      return {"shm", factor};
+    }
     // Bytes per rank that ride in the argument exchange: allgather's input,
     // reducescatter's output chunk (each peer gets its own).
     const int64_t per_rank = op == "reducescatter" ? bytes / n : bytes;
@@ -209,11 +244,22 @@ int Main(int argc, char** argv) {
     }
     const int iters = AgreedIters(pg, warm_sec, budget_sec, Iters(volume));
     if (!pg.Barrier()->Wait().ok()) failed = true;
+    const Usage before = SelfUsage();
     absl::Time start = absl::Now();
     for (int i = 0; i < iters; ++i) {
       if (!call()->Wait().ok()) failed = true;
     }
     absl::Duration took = (absl::Now() - start) / iters;
+    const Usage after = SelfUsage();
+    // CPU time and context switches per call, summed over the ranks: on a
+    // shared, loaded host these say more than the wall time does.
+    Tensor usage =
+        from_vector<double>({(after.cpu_us - before.cpu_us) / iters,
+                             (after.sleeps - before.sleeps) / iters,
+                             (after.preempted - before.preempted) / iters},
+                            {3});
+    if (!pg.Allreduce(usage)->Wait().ok()) failed = true;
+    const std::vector<double> per_call = usage.to_vector<double>();
     if (!pg.Barrier()->Wait().ok()) failed = true;
     double sec = absl::ToDoubleSeconds(took);
     double algbw = volume / sec / 1e9;
@@ -223,10 +269,11 @@ int Main(int argc, char** argv) {
           "{\"bench\":\"c10d\",\"impl\":\"%s\",\"op\":\"%s\","
           "\"algorithm\":\"%s\",\"ranks\":%d,"
           "\"bytes\":%lld,\"iters\":%d,\"time_us\":%.1f,\"algbw_GBps\":%.4f,"
-          "\"busbw_GBps\":%.4f}\n",
+          "\"busbw_GBps\":%.4f,\"cpu_us\":%.1f,\"sleeps\":%.1f,"
+          "\"preempted\":%.1f}\n",
           flags["impl"].c_str(), op.c_str(), alg.name.c_str(), n,
           static_cast<long long>(bytes), iters, sec * 1e6, algbw,
-          algbw * alg.factor);
+          algbw * alg.factor, per_call[0], per_call[1], per_call[2]);
       std::fflush(stdout);
     }
   };

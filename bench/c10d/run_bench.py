@@ -71,7 +71,9 @@ def main():
     ap.add_argument("--sizes", default=SIZES)
     ap.add_argument("--impls", default=DEFAULT_IMPLS,
                     help="of ferry-shm, ferry-gloo, ferry-gloo-unchecked, "
-                    "ferry-mpi (where mpirun exists), pytorch-1.13-gloo")
+                    "ferry-mpi (where mpirun exists), pytorch-1.13-gloo, and "
+                    "shm variants ferry-shm-stream, ferry-shm-nt, "
+                    "ferry-shm-stream-nt")
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs per implementation, alternating; best kept")
     ap.add_argument("--budget_s", type=float, default=1.0,
@@ -87,6 +89,17 @@ def main():
         # The default registry's choice for ranks on one host: shared memory
         # in front of gloo.
         "ferry-shm": ferry("ferry-shm", "--shm=true"),
+        # The shm backend with its choices for more ranks than cores
+        # overridden (c10d/shm/shm_backend.h): broadcasts larger than a slot
+        # streamed, non-temporal copy-out from 8 MiB, and both (what it does
+        # when every rank has a core), to compare them on one host.
+        "ferry-shm-stream": ferry("ferry-shm-stream", "--shm=true",
+                                  "--shm_broadcast=stream"),
+        "ferry-shm-nt": ferry("ferry-shm-nt", "--shm=true",
+                              "--shm_streaming_store_bytes=8388608"),
+        "ferry-shm-stream-nt": ferry("ferry-shm-stream-nt", "--shm=true",
+                                     "--shm_broadcast=stream",
+                                     "--shm_streaming_store_bytes=8388608"),
         "ferry-gloo": ferry("ferry-gloo", "--shm=false"),
         # Without the per-call argument check.
         "ferry-gloo-unchecked": ferry("ferry-gloo-unchecked", "--shm=false",
@@ -149,7 +162,9 @@ def print_table(results, wanted, repeat):
     torch = by.get("pytorch-1.13-gloo", {})
     cols = [i for i in wanted if i != "pytorch-1.13-gloo"]
     short = {"ferry-shm": "default", "ferry-gloo": "gloo",
-             "ferry-gloo-unchecked": "gloo-nc", "ferry-mpi": "mpi"}
+             "ferry-gloo-unchecked": "gloo-nc", "ferry-mpi": "mpi",
+             "ferry-shm-stream": "shm-stream", "ferry-shm-nt": "shm-nt",
+             "ferry-shm-stream-nt": "shm-stream-nt"}
     print()
     print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
           "(torch_bench.py), as its users run it.")
@@ -158,6 +173,10 @@ def print_table(results, wanted, repeat):
           "front of Gloo);")
     print("gloo = Ferry's Gloo backend alone (shm off, argument check on); "
           "gloo-nc = check_args=false; mpi = Ferry's mpi backend under mpirun.")
+    if any(c.startswith("ferry-shm-") for c in wanted):
+        print("shm-stream / shm-nt / shm-stream-nt = default with broadcasts "
+              "over a slot streamed / non-temporal copy-out from 8 MiB / both "
+              "(what the default does when every rank has a core).")
     print("Per implementation: alg = algorithm that ran, us = time per call, "
           "busbw in GB/s (nccl-tests' factor for the op,")
     print("see c10d_bench.cc; 'direct' rows use size*(N-1)/time), x = PyTorch "
@@ -166,12 +185,12 @@ def print_table(results, wanted, repeat):
           "(ProcessGroupGloo has no reduce_scatter).")
     hdr = "%-13s %2s %7s" % ("op", "N", "size")
     for c in cols:
-        hdr += " | %-16s" % short.get(c, c)
+        hdr += " | %-27s" % short.get(c, c)
     hdr += " | %-26s" % "pytorch-1.13-gloo"
     print(hdr)
     sub = "%-13s %2s %7s" % ("", "", "")
     for c in cols:
-        sub += " | %-8s %9s %6s" % ("alg", "us", "x")
+        sub += " | %-10s %9s %6s" % ("alg", "us", "x")
     sub += " | %-10s %9s %6s" % ("alg", "us", "busbw")
     print(sub)
     print("-" * len(hdr.expandtabs()))
@@ -182,7 +201,7 @@ def print_table(results, wanted, repeat):
         line = "%-13s %2d %7s" % (k[0], k[1], fmt_bytes(k[2]))
         for c in cols:
             f = by.get(c, {}).get(k, nan)
-            line += " | %-8s %9.1f %5.2fx" % (f.get("algorithm", "?"), f["time_us"],
+            line += " | %-10s %9.1f %5.2fx" % (f.get("algorithm", "?"), f["time_us"],
                                              t["time_us"] / f["time_us"])
         line += " | %-10s %9.1f %6.3f" % (t.get("algorithm", "-"), t["time_us"],
                                           t["busbw_GBps"])

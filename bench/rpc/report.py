@@ -189,11 +189,15 @@ def main():
              ratio(val("ferry", "rpc_async_64" + sfx),
                    val("pytorch", "rpc_async_64")), lambda r: r >= 3),
         ]
+    # Issue #5's goals, set when every payload went as one unary message;
+    # across hosts Ferry now streams payloads of 1 MiB or more by default
+    # (tensor_echo_stream), so they are judged on that path. tensor_echo,
+    # one unary message, stays in the table above.
     goals += [
-        ("64 MiB tensor >= 1.5 GB/s one way",
-         val("ferry", "tensor_echo", 64 << 20), lambda r: r >= 1.5),
-        ("64 MiB tensor >= 2x PyTorch (default transport)",
-         ratio(val("ferry", "tensor_echo", 64 << 20),
+        ("64 MiB tensor across hosts (streamed) >= 1.5 GB/s one way",
+         val("ferry", "tensor_echo_stream", 64 << 20), lambda r: r >= 1.5),
+        ("64 MiB tensor across hosts (streamed) >= 2x PyTorch default",
+         ratio(val("ferry", "tensor_echo_stream", 64 << 20),
                val("pytorch", "tensor_echo", 64 << 20)), lambda r: r >= 2),
     ]
     for n in sorted({k[2] for k in fig if k[1] == "tensor_echo_stream"}):

@@ -30,13 +30,21 @@
 // than a slot take several rounds. Alternating sets make one barrier per
 // round enough.
 //
-// Broadcast larger than a slot streams instead: after the first (signature)
-// round, the root's two slots are a ring of chunks (256 KiB when every rank
-// has a core, else a slot); the root publishes how far it has copied in, each
+// Broadcast larger than a slot, with a core per rank (sched_getaffinity of
+// rank 0, which decides for all; option shm_broadcast forces either way),
+// streams: after the first (signature) round, the root's two slots are a
+// ring of 256 KiB chunks; the root publishes how far it has copied in, each
 // reader how far it has copied out (a per-rank progress counter), so copy-in
 // and copy-out overlap with no barrier per piece; the root reuses ring space
 // once every reader is past it and returns once all have copied everything.
-// Tensors of 8 MiB or more are copied out with non-temporal stores.
+// Readers sleep on one futex word (the root's progress), the root on
+// another, bumped only by the reader that completes what it waits for. With
+// more ranks than cores it runs in rounds of a slot instead (one barrier
+// each, like the other collectives), which measured faster there (4 ranks on
+// 2 CPUs, quiet host). Broadcast and all-to-all copy-outs of 8 MiB or more
+// use non-temporal stores when every rank has a core; not with more ranks
+// than cores, where the 4-rank 64 MiB all-to-all measured slower with them
+// (shm_streaming_store_bytes overrides).
 // (Cross-memory attach, process_vm_readv from the root's tensor, would save
 // the copy-in but measured 2-4x slower than memcpy on the 2-CPU VM this was
 // tuned on, so it is not used.)
@@ -92,9 +100,25 @@ struct ShmBackendOptions {
   size_t slot_bytes = size_t{1} << 20;
   // Prefix of the segment's name (must start with '/').
   std::string name_prefix = "/ferry-c10d";
+  // How broadcasts larger than a slot run: streamed through the root's slots,
+  // or in barrier-separated rounds of a slot each. kAuto: rank 0 decides at
+  // Create (streamed when every rank has a core, see the layout above) and
+  // every rank follows; an explicit choice must be the same on every rank.
+  enum class Broadcast { kAuto, kStream, kRounds };
+  Broadcast broadcast = Broadcast::kAuto;
+  // Broadcast and all-to-all copy-outs of calls moving at least this many
+  // bytes per rank use non-temporal stores; 0: never. -1: the default
+  // (8 MiB when every rank has a core, else never).
+  int64_t streaming_store_bytes = -1;
+  // Streamed broadcast: bytes a rank copies between progress updates
+  // (at most a slot); 0: the default (256 KiB when every rank has a core,
+  // else a slot).
+  int64_t chunk_bytes = 0;
 
-  // "shm_slot_bytes" and "shm_name_prefix" from BackendConfig::options;
-  // other keys are ignored (they belong to the fallback).
+  // "shm_slot_bytes", "shm_name_prefix", "shm_broadcast" (auto, stream,
+  // rounds), "shm_streaming_store_bytes" and "shm_chunk_bytes" from
+  // BackendConfig::options; other keys are ignored (they belong to the
+  // fallback).
   static absl::StatusOr<ShmBackendOptions> FromMap(
       const std::map<std::string, std::string>& options);
 };
@@ -163,6 +187,11 @@ class ShmBackend : public Backend {
   Backend* fallback() const { return fallback_.get(); }
   // The segment's name (already unlinked once Create returned).
   const std::string& segment_name() const { return segment_name_; }
+  // Bytes per rank in each buffer set (the option, rounded to 64).
+  size_t slot_bytes() const { return options_.slot_bytes; }
+  // Whether broadcasts larger than a slot stream (else: rounds); rank 0's
+  // choice, the same on every rank.
+  bool streams_broadcasts() const { return stream_broadcast_; }
 
   // What ranks compare before reading each other's data (public for tests).
   using Signature = CallSignature;
@@ -194,6 +223,8 @@ class ShmBackend : public Backend {
                                              absl::Status local,
                                              const ReduceScatterOptions& o);
   absl::Status RunBroadcast(Round& round, char* data, int64_t total, int root);
+  absl::Status RunStreamedBroadcast(Round& round, char* data, int64_t total,
+                                    int root, bool large);
   absl::Status RunAlltoall(Round& round, const std::vector<const char*>& src,
                            const std::vector<char*>& dst,
                            const std::vector<int64_t>& out_rows,
@@ -220,8 +251,14 @@ class ShmBackend : public Backend {
 
   // Pause-loop iterations before a barrier wait sleeps on the futex.
   const int spin_limit_;
+  // Whether broadcasts larger than a slot stream (else: rounds); the same
+  // on every rank (rank 0's choice, from the segment).
+  const bool stream_broadcast_;
   // Streamed broadcast: bytes copied between progress updates.
   const int64_t chunk_bytes_;
+  // Copy-outs of calls this large or larger use non-temporal stores (0:
+  // none).
+  const int64_t streaming_store_bytes_;
 
   // One thread: runs the collectives in issue order.
   std::unique_ptr<ThreadPoolExecutor> runner_;

@@ -1,6 +1,7 @@
 #include "c10d/shm/shm_backend.h"
 
 #include <dirent.h>
+#include <sched.h>
 
 #include <latch>
 #include <memory>
@@ -192,81 +193,156 @@ ShmBackendOptions DefaultSlots() {
 
 TEST(ShmBackendTest, AlltoallSingleOverManyRoundsAndInPlace) {
   constexpr int kRanks = 3;
-  RunRanks(
-      kRanks, ShmRanks(kRanks, *ShmBackendOptions::FromMap(SmallSlots())),
-      [&](int r, Backend& b) {
-        // Rank s sends (s + 1) * (d + 1) * 300 int32 values to rank d.
-        auto rows = [](int s, int d) {
-          return int64_t{(s + 1) * (d + 1) * 300};
-        };
-        AlltoallSingleOptions o;
-        std::vector<int32_t> src;
-        int64_t out_total = 0;
-        for (int d = 0; d < kRanks; ++d) {
-          o.input_split_sizes.push_back(rows(r, d));
-          o.output_split_sizes.push_back(rows(d, r));
-          out_total += rows(d, r);
-          for (int64_t k = 0; k < rows(r, d); ++k) {
-            src.push_back(static_cast<int32_t>(r * 1000000 + d * 100000 + k));
-          }
+  // Copy-out with non-temporal stores (from 1 byte on) and without.
+  for (int64_t streaming_from : {int64_t{1}, int64_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("non-temporal from ", streaming_from));
+    ShmBackendOptions options = *ShmBackendOptions::FromMap(SmallSlots());
+    options.streaming_store_bytes = streaming_from;
+    RunRanks(kRanks, ShmRanks(kRanks, options), [&](int r, Backend& b) {
+      // Rank s sends (s + 1) * (d + 1) * 300 int32 values to rank d.
+      auto rows = [](int s, int d) { return int64_t{(s + 1) * (d + 1) * 300}; };
+      AlltoallSingleOptions o;
+      std::vector<int32_t> src;
+      int64_t out_total = 0;
+      for (int d = 0; d < kRanks; ++d) {
+        o.input_split_sizes.push_back(rows(r, d));
+        o.output_split_sizes.push_back(rows(d, r));
+        out_total += rows(d, r);
+        for (int64_t k = 0; k < rows(r, d); ++k) {
+          src.push_back(static_cast<int32_t>(r * 1000000 + d * 100000 + k));
         }
-        Tensor in =
-            from_vector<int32_t>(src, {static_cast<int64_t>(src.size())});
-        Tensor out = zeros({out_total}, DType::kInt32);
-        absl::Status s = b.AlltoallSingle(out, in, o)->Wait(absl::Seconds(20));
-        ASSERT_TRUE(s.ok()) << s;
-        std::vector<int32_t> got = out.to_vector<int32_t>();
-        size_t at = 0;
-        for (int sr = 0; sr < kRanks; ++sr) {
-          for (int64_t k = 0; k < rows(sr, r); ++k) {
-            ASSERT_EQ(got[at++], sr * 1000000 + r * 100000 + k)
-                << "rank " << r << " from " << sr << " at " << k;
-          }
+      }
+      Tensor in = from_vector<int32_t>(src, {static_cast<int64_t>(src.size())});
+      Tensor out = zeros({out_total}, DType::kInt32);
+      absl::Status s = b.AlltoallSingle(out, in, o)->Wait(absl::Seconds(20));
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<int32_t> got = out.to_vector<int32_t>();
+      size_t at = 0;
+      for (int sr = 0; sr < kRanks; ++sr) {
+        for (int64_t k = 0; k < rows(sr, r); ++k) {
+          ASSERT_EQ(got[at++], sr * 1000000 + r * 100000 + k)
+              << "rank " << r << " from " << sr << " at " << k;
         }
-        // In place, equal splits: chunk d of rank s is s * 10 + d.
-        constexpr int64_t kChunk = 2000;
-        Tensor t = zeros({kRanks * kChunk}, DType::kInt64);
-        int64_t* p = static_cast<int64_t*>(t.data_ptr());
-        for (int64_t i = 0; i < kRanks * kChunk; ++i)
-          p[i] = r * 10 + i / kChunk;
-        s = b.AlltoallSingle(t, t)->Wait(absl::Seconds(20));
-        ASSERT_TRUE(s.ok()) << s;
-        for (int64_t i = 0; i < kRanks * kChunk; ++i) {
-          ASSERT_EQ(p[i], (i / kChunk) * 10 + r) << "rank " << r << " at " << i;
-        }
-      });
-}
-
-// Broadcasts larger than a slot stream through the root's two slots in
-// chunks (wrapping around them many times; 9 MiB also takes the
-// non-temporal copy-out), from every root in turn, with other collectives
-// between them; every rank ends with the root's exact values.
-TEST(ShmBackendTest, LargeBroadcastStreamsFromEveryRoot) {
-  for (int ranks : {2, 3}) {
-    SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
-    RunRanks(ranks, ShmRanks(ranks, DefaultSlots()), [&](int r, Backend& b) {
-      constexpr int64_t kNumel = (int64_t{9} << 20) / 4 + 3;
-      for (int call = 0; call < 2 * ranks; ++call) {
-        const int root = call % ranks;
-        Tensor t = zeros({kNumel}, DType::kInt32);
-        int32_t* p = static_cast<int32_t*>(t.data_ptr());
-        for (int64_t i = 0; i < kNumel; ++i) {
-          p[i] = r == root ? static_cast<int32_t>(i * 7 + call) : -1;
-        }
-        absl::Status s =
-            b.Broadcast(t, {.root = root})->Wait(absl::Seconds(60));
-        ASSERT_TRUE(s.ok()) << s;
-        for (int64_t i = 0; i < kNumel; ++i) {
-          ASSERT_EQ(p[i], static_cast<int32_t>(i * 7 + call))
-              << "rank " << r << " call " << call << " at " << i;
-        }
-        Tensor one = full({5}, 1.0);
-        s = b.Allreduce(one)->Wait(absl::Seconds(60));
-        ASSERT_TRUE(s.ok()) << s;
-        EXPECT_EQ(one.to_vector<float>()[4], static_cast<float>(ranks));
+      }
+      // In place, equal splits: chunk d of rank s is s * 10 + d.
+      constexpr int64_t kChunk = 2000;
+      Tensor t = zeros({kRanks * kChunk}, DType::kInt64);
+      int64_t* p = static_cast<int64_t*>(t.data_ptr());
+      for (int64_t i = 0; i < kRanks * kChunk; ++i) p[i] = r * 10 + i / kChunk;
+      s = b.AlltoallSingle(t, t)->Wait(absl::Seconds(20));
+      ASSERT_TRUE(s.ok()) << s;
+      for (int64_t i = 0; i < kRanks * kChunk; ++i) {
+        ASSERT_EQ(p[i], (i / kChunk) * 10 + r) << "rank " << r << " at " << i;
       }
     });
   }
+}
+
+// Broadcasts larger than a slot, streamed through the root's two slots in
+// chunks (wrapping around them many times; with the default chunk and an
+// uneven one) or in rounds, each with and without non-temporal copy-out,
+// from every root in turn, with other collectives between them; every rank
+// ends with the root's exact values.
+TEST(ShmBackendTest, LargeBroadcastsFromEveryRootBothAlgorithms) {
+  struct Variant {
+    ShmBackendOptions::Broadcast broadcast;
+    int64_t streaming_store_bytes;
+    int64_t chunk_bytes;
+  };
+  using B = ShmBackendOptions::Broadcast;
+  for (const Variant& v :
+       {Variant{B::kStream, 1, 0}, Variant{B::kStream, 0, 100000},
+        Variant{B::kRounds, 1, 0}, Variant{B::kRounds, 0, 0}}) {
+    for (int ranks : {2, 3}) {
+      SCOPED_TRACE(absl::StrCat(ranks, " ranks, ",
+                                v.broadcast == B::kStream ? "stream" : "rounds",
+                                ", non-temporal from ", v.streaming_store_bytes,
+                                ", chunk ", v.chunk_bytes));
+      ShmBackendOptions o = DefaultSlots();
+      o.broadcast = v.broadcast;
+      o.streaming_store_bytes = v.streaming_store_bytes;
+      o.chunk_bytes = v.chunk_bytes;
+      RunRanks(ranks, ShmRanks(ranks, o), [&](int r, Backend& b) {
+        EXPECT_EQ(static_cast<ShmBackend&>(b).streams_broadcasts(),
+                  v.broadcast == B::kStream);
+        constexpr int64_t kNumel = (int64_t{9} << 20) / 4 + 3;
+        for (int call = 0; call < 2 * ranks; ++call) {
+          const int root = call % ranks;
+          Tensor t = zeros({kNumel}, DType::kInt32);
+          int32_t* p = static_cast<int32_t*>(t.data_ptr());
+          for (int64_t i = 0; i < kNumel; ++i) {
+            p[i] = r == root ? static_cast<int32_t>(i * 7 + call) : -1;
+          }
+          absl::Status s =
+              b.Broadcast(t, {.root = root})->Wait(absl::Seconds(60));
+          ASSERT_TRUE(s.ok()) << s;
+          for (int64_t i = 0; i < kNumel; ++i) {
+            ASSERT_EQ(p[i], static_cast<int32_t>(i * 7 + call))
+                << "rank " << r << " call " << call << " at " << i;
+          }
+          Tensor one = full({5}, 1.0);
+          s = b.Allreduce(one)->Wait(absl::Seconds(60));
+          ASSERT_TRUE(s.ok()) << s;
+          EXPECT_EQ(one.to_vector<float>()[4], static_cast<float>(ranks));
+        }
+      });
+    }
+  }
+}
+
+// Rank 0 chooses the broadcast algorithm: by default streamed when every
+// rank has a core (this process's affinity), else rounds; ranks left on
+// "auto" follow an explicit choice of rank 0's; an explicit choice
+// differing from rank 0's fails that rank's Create (InvalidArgument naming
+// the option) and rank 0's (DeadlineExceeded: not every rank attached),
+// leaving no segment.
+TEST(ShmBackendTest, RankZeroChoosesTheBroadcastAlgorithm) {
+  using B = ShmBackendOptions::Broadcast;
+  constexpr int kRanks = 3;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  const bool core_each = CPU_COUNT(&set) >= kRanks;
+  for (B first : {B::kAuto, B::kStream, B::kRounds}) {
+    SCOPED_TRACE(static_cast<int>(first));
+    const bool streams = first == B::kAuto ? core_each : first == B::kStream;
+    auto make = [first](std::shared_ptr<Store> store,
+                        int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      ShmBackendOptions o = DefaultSlots();
+      o.broadcast = r == 0 ? first : B::kAuto;
+      return ShmRanks(kRanks, o)(std::move(store), r);
+    };
+    RunRanks(kRanks, make, [&](int r, Backend& b) {
+      EXPECT_EQ(static_cast<ShmBackend&>(b).streams_broadcasts(), streams)
+          << "rank " << r;
+      const int64_t big = (int64_t{3} << 20) / 4 + 1;  // Over a slot.
+      Tensor t = full({big}, r == 1 ? 5.0 : 0.0);
+      absl::Status s = b.Broadcast(t, {.root = 1})->Wait(absl::Seconds(60));
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(t.to_vector<float>(), std::vector<float>(big, 5.0f));
+    });
+  }
+  auto store = std::make_shared<HashStore>();
+  absl::Status results[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ShmBackendOptions o = DefaultSlots();
+      o.broadcast = r == 0 ? B::kStream : B::kRounds;
+      // Rank 1 fails at once on seeing rank 0's choice; rank 0 waits for
+      // it to attach until its (shorter) timeout.
+      results[r] = ShmBackend::Create(std::make_shared<PrefixStore>("t", store),
+                                      r, 2, absl::Seconds(r == 0 ? 5 : 60), o)
+                       .status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kInvalidArgument)
+      << results[1];
+  EXPECT_THAT(std::string(results[1].message()), HasSubstr("shm_broadcast"));
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded)
+      << results[0];
+  EXPECT_TRUE(Segments("ferry-c10d-test").empty());
 }
 
 // The list form over many rounds (small slots), once into separate outputs
@@ -333,9 +409,32 @@ TEST(ShmBackendTest, MismatchedStreamedBroadcastAndAlltoallListRecover) {
 TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {
   EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_slot_bytes", "12"}}).ok());
   EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_name_prefix", "x"}}).ok());
-  auto o = ShmBackendOptions::FromMap({{"shm_slot_bytes", "8192"}});
-  ASSERT_TRUE(o.ok());
+  for (auto [key, value] : {std::pair{"shm_broadcast", "ring"},
+                            std::pair{"shm_streaming_store_bytes", "-2"},
+                            std::pair{"shm_streaming_store_bytes", "8M"},
+                            std::pair{"shm_chunk_bytes", "-1"}}) {
+    absl::StatusOr<ShmBackendOptions> bad =
+        ShmBackendOptions::FromMap({{key, value}});
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << key << "=" << value;
+    EXPECT_THAT(std::string(bad.status().message()), HasSubstr(key));
+  }
+  auto o = ShmBackendOptions::FromMap({{"shm_slot_bytes", "8192"},
+                                       {"shm_broadcast", "rounds"},
+                                       {"shm_streaming_store_bytes", "0"},
+                                       {"shm_chunk_bytes", "4096"}});
+  ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->slot_bytes, 8192u);
+  EXPECT_EQ(o->broadcast, ShmBackendOptions::Broadcast::kRounds);
+  EXPECT_EQ(o->streaming_store_bytes, 0);
+  EXPECT_EQ(o->chunk_bytes, 4096);
+  for (auto [value, want] :
+       {std::pair{"auto", ShmBackendOptions::Broadcast::kAuto},
+        std::pair{"stream", ShmBackendOptions::Broadcast::kStream}}) {
+    auto b = ShmBackendOptions::FromMap({{"shm_broadcast", value}});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->broadcast, want);
+  }
 }
 
 }  // namespace

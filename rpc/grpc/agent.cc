@@ -443,7 +443,8 @@ void GrpcAgent::StopServing(bool drain, absl::Time server_deadline) {
   StopExecutor(drain);
   MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return swept_.size + unswept_.size == 0 && probes_.empty();
+    return swept_.size + unswept_.size == 0 && probes_.empty() &&
+           finishing_ == 0;
   };
   mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(10));
   shut_down_ = true;
@@ -596,8 +597,9 @@ void GrpcAgent::CallDone(OutgoingCall* raw, const grpc::Status& status) {
   {
     MutexLock lock(&mu_);
     raw->list->Remove(raw);
+    ++finishing_;
   }
-  call.reset();
+  DestroyFinished(std::move(call));
   // Completed here, on gRPC's callback thread: completing on the executor
   // could deadlock when every executor thread is a handler blocked in
   // rpc_sync waiting for exactly this completion.
@@ -721,8 +723,19 @@ void GrpcAgent::ProbeDone(Probe* raw, const grpc::Status& status) {
                                        FromGrpcStatus(status).ToString())));
   }
   probe->channel->probing = false;
+  {
+    MutexLock lock(&mu_);
+    probes_.erase(raw);
+    ++finishing_;
+  }
+  DestroyFinished(std::move(probe));
+}
+
+template <typename T>
+void GrpcAgent::DestroyFinished(std::unique_ptr<T> finished) {
+  finished.reset();
   MutexLock lock(&mu_);
-  probes_.erase(raw);
+  --finishing_;
 }
 
 }  // namespace ferry::rpc

@@ -237,6 +237,9 @@ class GrpcAgent final : public Agent {
   // peer's health service and reports it failed if that fails too.
   void ProbePeer(int id, const absl::Status& why);
   void ProbeDone(Probe* probe, const grpc::Status& status);
+  // Destroys a call or probe already counted in finishing_, then uncounts it.
+  template <typename T>
+  void DestroyFinished(std::unique_ptr<T> finished) ABSL_LOCKS_EXCLUDED(mu_);
   // gRPC's connectivity state of the channel to `rank` ("READY"...), for
   // the admin service; "NONE" before the channels open.
   std::string ChannelState(int rank) const;
@@ -274,6 +277,12 @@ class GrpcAgent final : public Agent {
   std::thread sweeper_;
   // Health probes in flight; Shutdown cancels them and waits.
   std::set<Probe*> probes_ ABSL_GUARDED_BY(mu_);
+  // Calls and probes taken off their list whose ClientContext is still being
+  // destroyed on a gRPC callback thread. Shutdown waits for these too: the
+  // agent's channels must outlive every context, or the last reference to a
+  // grpc::Channel drops on that thread, and gRPC then frees the callback
+  // queue the thread is still polling.
+  int finishing_ ABSL_GUARDED_BY(mu_) = 0;
   // By worker id; a departed worker's stays (ids are never reused).
   std::vector<std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,10 +10,11 @@
 // exactly, exits 0 on success and 1 (printing the failure) otherwise.
 // expect_deadline: joins a group some rank never joins; exits 0 if group
 // creation fails with DeadlineExceeded in time, 1 otherwise.
-// shm_kill (--shm_prefix=/name, --shm_op=allreduce|broadcast): a group on
-// the "shm" backend runs 4 MiB all-reduces, or 16 MiB broadcasts (streamed)
-// from the last rank; the last rank SIGKILLs itself right after issuing its
-// fourth (while its backend's worker runs it). The others exit 0 if a call
+// shm_kill (--shm_prefix=/name, --shm_op=allreduce|broadcast,
+// [--shm_broadcast=stream|rounds]): a group on the "shm" backend runs 4 MiB
+// all-reduces, or 16 MiB broadcasts (larger than a slot: streamed or in
+// rounds) from the last rank; the last rank SIGKILLs itself right after issuing
+// its fourth (while its backend's worker runs it). The others exit 0 if a call
 // fails within the timeout (plus 5 s), 1 otherwise.
 #include <csignal>
 #include <cstdio>
@@ -171,6 +172,9 @@ int Main(int argc, char** argv) {
   if (flags["mode"] == "shm_kill") {
     o.group.backend = "shm";
     o.group.backend_options["shm_name_prefix"] = flags["shm_prefix"];
+    if (flags.count("shm_broadcast")) {
+      o.group.backend_options["shm_broadcast"] = flags["shm_broadcast"];
+    }
   }
   o.rank = rank;
   o.world_size = world;

@@ -144,20 +144,23 @@ std::vector<std::string> ShmSegments(const std::string& prefix) {
   return out;
 }
 
-// Runs 3 ranks of c10d_worker --mode=shm_kill --shm_op=`op`: the last rank
-// SIGKILLs itself during its fourth call; the others must fail within the
-// timeout (not hang), and no segment may be left in /dev/shm.
-void RunShmKill(const std::string& op) {
+// Runs 3 ranks of c10d_worker --mode=shm_kill --shm_op=`op` (broadcasts
+// larger than a slot run as `broadcast` says: stream or rounds): the last
+// rank SIGKILLs itself during its fourth call; the others must fail within
+// the timeout (not hang), and no segment may be left in /dev/shm.
+void RunShmKill(const std::string& op, const std::string& broadcast = "auto") {
   const std::string prefix =
-      absl::StrCat("ferry-c10d-kill-", op, "-", ::getpid());
-  const std::string path = FreshPath(absl::StrCat("c10d_shm_kill_", op));
+      absl::StrCat("ferry-c10d-kill-", op, "-", broadcast, "-", ::getpid());
+  const std::string path =
+      FreshPath(absl::StrCat("c10d_shm_kill_", op, "_", broadcast));
   const int world = 3;
   std::vector<std::unique_ptr<testutil::Subprocess>> workers;
   for (int r = 0; r < world; ++r) {
     auto child = testutil::Subprocess::Spawn(
         {g_worker, absl::StrCat("--init_method=file://", path),
          "--mode=shm_kill", absl::StrCat("--shm_op=", op),
-         absl::StrCat("--shm_prefix=/", prefix), "--timeout_ms=20000",
+         absl::StrCat("--shm_prefix=/", prefix),
+         absl::StrCat("--shm_broadcast=", broadcast), "--timeout_ms=20000",
          absl::StrCat("--rank=", r), absl::StrCat("--world_size=", world)});
     ASSERT_TRUE(child.ok()) << child.status();
     workers.push_back(*std::move(child));
@@ -182,9 +185,15 @@ TEST(C10dMultiProcessTest, ShmRankKilledMidAllreduce) {
 }
 
 // The root SIGKILLed while streaming a broadcast: the readers waiting on its
-// progress fail.
+// progress fail. (Forced: with more ranks than cores the default is rounds.)
 TEST(C10dMultiProcessTest, ShmRootKilledMidStreamedBroadcast) {
-  RunShmKill("broadcast");
+  RunShmKill("broadcast", "stream");
+}
+
+// The root SIGKILLed during a broadcast in rounds (the default with more
+// ranks than cores): the readers waiting at the round's barrier fail.
+TEST(C10dMultiProcessTest, ShmRootKilledMidBroadcastInRounds) {
+  RunShmKill("broadcast", "rounds");
 }
 
 }  // namespace
