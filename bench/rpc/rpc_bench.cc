@@ -97,6 +97,9 @@ ABSL_FLAG(int, async_calls, 20000,
           "Calls per throughput figure (bounded by --seconds).");
 ABSL_FLAG(int64_t, piece_bytes, 0,
           "Streamed piece size of the agents (0: StreamOptions' default).");
+ABSL_FLAG(int, floor_http2_window, 0,
+          "HTTP/2 window of the raw gRPC stream floor (BDP probe off), as "
+          "Ferry's GrpcAgentOptions::http2_window_bytes; 0: gRPC's default.");
 ABSL_FLAG(std::string, figures, "",
           "Comma-separated figure names to measure (e.g. "
           "grpc_stream_echo,tensor_echo_stream); empty: all.");
@@ -476,6 +479,10 @@ int RunServer(int port) {
   grpc::ServerBuilder stream_builder;
   stream_builder.AddListeningPort(
       "127.0.0.1:0", grpc::InsecureServerCredentials(), &stream_port);
+  if (const int w = absl::GetFlag(FLAGS_floor_http2_window); w > 0) {
+    stream_builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    stream_builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, w);
+  }
   stream_builder.RegisterService(&stream_service);
   auto stream_server = stream_builder.BuildAndStart();
   if (!stream_server || stream_port == 0) Die("stream echo server failed");
@@ -759,9 +766,15 @@ int RunClient(int port) {
                           /*warmup=*/1));
       if (got != static_cast<size_t>(n)) Die("grpc echo: wrong size");
     }
-    auto stream_stub = ferry::bench::v1::StreamEcho::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", stream_port),
-                            grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments stream_args;
+    if (const int w = absl::GetFlag(FLAGS_floor_http2_window); w > 0) {
+      stream_args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+      stream_args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, w);
+    }
+    auto stream_stub =
+        ferry::bench::v1::StreamEcho::NewStub(grpc::CreateCustomChannel(
+            absl::StrCat("127.0.0.1:", stream_port),
+            grpc::InsecureChannelCredentials(), stream_args));
     const std::string chunk_data(kStreamChunk, '\x07');
     for (int64_t n : sizes) {
       if (n < kStreamChunk || !Want("grpc_stream_echo")) continue;

@@ -56,6 +56,19 @@ std::string Sending(MessageType type, const std::string& function) {
              : absl::StrCat("sending ", MessageTypeName(type));
 }
 
+constexpr int64_t kMinHttp2Window = int64_t{64} << 10;
+constexpr int64_t kMaxHttp2Window = 0x7fffffff;
+
+// A fixed HTTP/2 receive window (GrpcAgentOptions::http2_window_bytes) set
+// through `set_int` (a channel's or a server builder's arguments); 0 leaves
+// gRPC's automatic one.
+template <typename SetInt>
+void ApplyHttp2Window(int64_t window, SetInt set_int) {
+  if (window == 0) return;
+  set_int(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  set_int(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, static_cast<int>(window));
+}
+
 }  // namespace
 
 struct GrpcAgent::Peer {
@@ -161,7 +174,8 @@ absl::Status GrpcAgent::NegotiateSameHost(const std::vector<WorkerInfo>& group,
 }
 
 absl::Status GrpcAgent::CheckArguments(const std::string& name,
-                                       const Store* store) {
+                                       const Store* store,
+                                       const GrpcAgentOptions& options) {
   if (name.empty() || name.find('\n') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker name '", name, "' is empty or contains a newline"));
@@ -169,6 +183,13 @@ absl::Status GrpcAgent::CheckArguments(const std::string& name,
   if (store == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker '", name, "': no store"));
+  }
+  const int64_t window = options.http2_window_bytes;
+  if (window != 0 && (window < kMinHttp2Window || window > kMaxHttp2Window)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker '", name, "': http2_window_bytes is ", window,
+                     ", outside [", kMinHttp2Window, ", ", kMaxHttp2Window,
+                     "] (0: gRPC's automatic window)"));
   }
   return absl::OkStatus();
 }
@@ -209,7 +230,7 @@ absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
 absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
     std::string name, int rank, int world_size, std::shared_ptr<Store> store,
     GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
-  RETURN_IF_ERROR(CheckArguments(name, store.get()));
+  RETURN_IF_ERROR(CheckArguments(name, store.get(), options));
   if (world_size <= 0 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("worker '", name, "': rank ",
                                                    rank, " is outside [0, ",
@@ -279,6 +300,10 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
   builder.AddListeningPort(listen, credentials_.server, &port);
   builder.SetMaxReceiveMessageSize(grpc_options_.max_message_bytes);
   builder.SetMaxSendMessageSize(grpc_options_.max_message_bytes);
+  ApplyHttp2Window(grpc_options_.http2_window_bytes,
+                   [&](const char* key, int value) {
+                     builder.AddChannelArgument(key, value);
+                   });
   builder.RegisterService(worker_service_.get());
   builder.RegisterService(admin_service_.get());
   server_ = builder.BuildAndStart();
@@ -312,6 +337,9 @@ std::shared_ptr<GrpcAgent::Peer> GrpcAgent::PeerFor(const WorkerInfo& to) {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  ApplyHttp2Window(
+      grpc_options_.http2_window_bytes,
+      [&](const char* key, int value) { args.SetInt(key, value); });
   credentials_.apply_channel_args(args);
   peer = std::make_shared<Peer>();
   peer->info = to;

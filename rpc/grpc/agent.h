@@ -78,6 +78,17 @@ struct GrpcAgentOptions : Agent::Options {
   // Large payloads go as a stream of pieces (rpc/grpc/stream.h): above
   // stream.threshold_bytes (1 MiB), unless stream.enabled is false.
   StreamOptions stream;
+  // HTTP/2 receive window of every call, on this worker's channels and
+  // server: how far a peer may send ahead of what this worker has taken
+  // (a slow receiver holds its sender back by this much). gRPC's automatic
+  // window grows with its BDP probe, to tens of MiB on loopback: a receiver
+  // then holds that much unread data in read buffers that the allocator
+  // keeps returning to the kernel and faulting back in, which made large
+  // streamed payloads slow (bench/rpc: 256 MiB at 0.61x raw gRPC's stream).
+  // A fixed window (BDP probe off) keeps that memory small and warm.
+  // 0: gRPC's automatic window. Otherwise within [64 KiB, 2 GiB - 1]; Start
+  // and Join refuse other values (InvalidArgument).
+  int64_t http2_window_bytes = int64_t{8} << 20;
   // host:port the server binds; empty: 127.0.0.1:0 (InitRpc chooses one:
   // rpc/grpc/init.h).
   std::string listen_address;
@@ -182,7 +193,8 @@ class GrpcAgent final : public Agent {
 
   // Validates Start's / Join's arguments.
   static absl::Status CheckArguments(const std::string& name,
-                                     const Store* store);
+                                     const Store* store,
+                                     const GrpcAgentOptions& options);
   // SetSelf and before_serving, then the server; returns the bound address.
   absl::StatusOr<std::string> Serve(const WorkerInfo& self);
   // Returns the bound address.

@@ -73,7 +73,7 @@ absl::Status GrpcAgent::AnnounceJoin(const std::vector<WorkerInfo>& members,
 absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
     std::string name, std::shared_ptr<Store> store, GrpcAgentOptions options,
     std::shared_ptr<FunctionRegistry> registry) {
-  RETURN_IF_ERROR(CheckArguments(name, store.get()));
+  RETURN_IF_ERROR(CheckArguments(name, store.get(), options));
   const absl::Duration timeout = options.join_timeout;
   const absl::Time deadline = absl::Now() + timeout;
   ASSIGN_OR_RETURN(grpc_agent::JoinerId id,

@@ -241,9 +241,17 @@ TEST(StreamedCalls, ResultOverTheCallersLimitIsRefusedNamingIt) {
   ShutdownPair(agents);
 }
 
-// A receiver slower than its sender: the sender gets ahead of it by a
-// bounded amount (gRPC's HTTP/2 flow control, one write outstanding), not
-// by the whole payload; Ferry holds one piece at a time on receive.
+// A 1 MiB tensor echoed by worker "b" comes back equal.
+void ExpectEchoed(GrpcAgent& from) {
+  auto echoed = from.rpc_sync<Tensor>("b", "echo", ones({1 << 18}));
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_TRUE(echoed->equal(ones({1 << 18})));
+}
+
+// A receiver slower than its sender: the sender gets ahead of it by at most
+// the receiver's HTTP/2 window (GrpcAgentOptions::http2_window_bytes) and
+// the piece in hand, not by the whole payload; Ferry holds one piece at a
+// time on receive.
 TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   constexpr uint64_t kBytes = uint64_t{256} << 20;
   constexpr size_t kBigPiece = 1 << 20;
@@ -251,8 +259,10 @@ TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   auto sender = std::make_shared<std::atomic<const StreamStats*>>(nullptr);
   auto max_ahead = std::make_shared<std::atomic<uint64_t>>(0);
   auto pieces = std::make_shared<std::atomic<int>>(0);
+  constexpr int64_t kWindow = int64_t{4} << 20;
   GrpcAgentOptions slow;
   slow.same_host.enabled = false;  // As in Streamed().
+  slow.http2_window_bytes = kWindow;
   slow.stream.piece_bytes = kBigPiece;
   slow.stream.after_piece_received = [=](uint64_t received, uint64_t total) {
     if (total < kBytes) return;
@@ -274,10 +284,9 @@ TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   ASSERT_TRUE(sum.ok()) << sum.status();
   EXPECT_EQ(sum->item<float>(), static_cast<float>(kBytes / 4));
   EXPECT_GE(pieces->load(), 100);
-  // Measured on loopback: 31 MiB ahead of 128 MiB, 40 of 512 (gRPC's HTTP/2
-  // windows, grown by its BDP probe, and socket buffers): it does not grow
-  // with the payload, which an unbounded sender would be ahead by.
-  EXPECT_LT(max_ahead->load(), kBytes / 4) << "sender ran ahead";
+  // With gRPC's automatic window (its BDP probe) this was 31 MiB ahead of
+  // 128 MiB and 40 of 512 on loopback; with a fixed one it is the window.
+  EXPECT_LE(max_ahead->load(), kWindow + 2 * kBigPiece) << "sender ran ahead";
   EXPECT_LE(agents[1]->stream_stats().max_piece_bytes.load(), 2 * kBigPiece);
   std::printf("slow receiver: sender at most %llu bytes ahead of %llu\n",
               static_cast<unsigned long long>(max_ahead->load()),
@@ -285,14 +294,69 @@ TEST(StreamedCalls, SlowReceiverBoundsWhatTheSenderHasAhead) {
   ShutdownPair(agents);
 }
 
+// Large streamed payloads land in warm buffers: each side's receive pool
+// serves every echo after the first from a buffer it already faulted in
+// (one more may be allocated when a request arrives before the previous
+// reply released its buffer), so nothing is evicted or faulted in anew per
+// call.
+TEST(StreamedCalls, LargeEchoesReuseTheReceiveBuffers) {
+  constexpr int64_t kFloats = int64_t{8} << 20;  // 32 MiB.
+  constexpr int kCalls = 6;
+  GrpcAgentOptions o;
+  o.same_host.enabled = false;  // As in Streamed(), with default pieces.
+  auto agents = StartPair(Registry(), o, o);
+  ASSERT_EQ(agents.size(), 2u);
+  const Tensor sent = full({kFloats}, 3.0);
+  for (int i = 0; i < kCalls; ++i) {
+    auto echoed = agents[0]->rpc_sync<Tensor>("b", "echo", sent);
+    ASSERT_TRUE(echoed.ok()) << echoed.status();
+    ASSERT_EQ(echoed->numel(), kFloats);
+    EXPECT_EQ(echoed->data<float>()[kFloats - 1], 3.0f);
+  }  // Each reply's buffer goes back to the caller's pool here.
+  EXPECT_EQ(agents[0]->stream_stats().replies_received.load(),
+            static_cast<uint64_t>(kCalls));
+  for (const auto& agent : agents) {
+    const auto stats = agent->receive_pool_stats();
+    EXPECT_GE(stats.allocated, 1u) << agent->self().name;
+    EXPECT_LE(stats.allocated, 2u) << agent->self().name;
+    EXPECT_EQ(stats.reused + stats.allocated, static_cast<uint64_t>(kCalls))
+        << agent->self().name;
+  }
+  ShutdownPair(agents);
+}
+
+// GrpcAgentOptions::http2_window_bytes: 0 is gRPC's automatic window and
+// still streams; values gRPC cannot take are refused at Start, naming the
+// worker and the option.
+TEST(StreamedCalls, Http2WindowIsAutomaticOrWithinItsRange) {
+  GrpcAgentOptions automatic = Streamed();
+  automatic.http2_window_bytes = 0;
+  auto agents = StartPair(Registry(), automatic, automatic);
+  ASSERT_EQ(agents.size(), 2u);
+  ExpectEchoed(*agents[0]);
+  EXPECT_EQ(agents[1]->stream_stats().requests_received.load(), 1u);
+  ShutdownPair(agents);
+  for (int64_t bad : {int64_t{-1}, int64_t{1000}, int64_t{1} << 31}) {
+    GrpcAgentOptions o = Streamed();
+    o.http2_window_bytes = bad;
+    auto started =
+        GrpcAgent::Start("w", 0, 1, std::make_shared<HashStore>(), o);
+    ASSERT_FALSE(started.ok()) << bad;
+    EXPECT_EQ(started.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(started.status().message(), "worker 'w'"))
+        << started.status();
+    EXPECT_TRUE(
+        absl::StrContains(started.status().message(), "http2_window_bytes"))
+        << started.status();
+  }
+}
+
 TEST(StreamedCalls, OffMeansUnary) {
   GrpcAgentOptions off = Streamed();
   off.stream.enabled = false;
   auto agents = StartPair(Registry(), off, off);
   ASSERT_EQ(agents.size(), 2u);
-  auto echoed = agents[0]->rpc_sync<Tensor>("b", "echo", ones({1 << 18}));
-  ASSERT_TRUE(echoed.ok()) << echoed.status();
-  EXPECT_TRUE(echoed->equal(ones({1 << 18})));
+  ExpectEchoed(*agents[0]);
   EXPECT_EQ(agents[0]->stream_stats().requests_sent.load(), 0u);
   EXPECT_EQ(agents[1]->stream_stats().requests_received.load(), 0u);
   ShutdownPair(agents);
