@@ -43,15 +43,32 @@ void RunGroup(int n, const std::function<void(int, GlooBackend&)>& fn,
 }
 
 // RunGroup at 2, 3 and 4 ranks, with the check on and off.
-void ForEachGroup(
-    const std::function<void(bool check, int n, int r, GlooBackend&)>& fn) {
-  for (bool check : {true, false}) {
-    for (int n : {2, 3, 4}) {
-      RunGroup(
-          n, [&](int r, GlooBackend& b) { fn(check, n, r, b); }, check);
-    }
+// A group the exactness tests run on: its size, with or without the
+// argument check. One test instance per group, so shards spread them.
+struct Group {
+  bool check;
+  int n;
+};
+
+class GlooRingGroupTest : public ::testing::TestWithParam<Group> {
+ protected:
+  void ForGroup(
+      const std::function<void(bool check, int n, int r, GlooBackend&)>& fn) {
+    const Group g = GetParam();
+    RunGroup(
+        g.n, [&](int r, GlooBackend& b) { fn(g.check, g.n, r, b); }, g.check);
   }
-}
+};
+
+INSTANTIATE_TEST_SUITE_P(Groups, GlooRingGroupTest,
+                         ::testing::Values(Group{true, 2}, Group{true, 3},
+                                           Group{true, 4}, Group{false, 2},
+                                           Group{false, 3}, Group{false, 4}),
+                         [](const ::testing::TestParamInfo<Group>& info) {
+                           return absl::StrCat(
+                               info.param.check ? "Checked" : "Unchecked",
+                               info.param.n, "Ranks");
+                         });
 
 // Elements just above the inline limit, and a multi-segment size that does
 // not divide into n chunks evenly.
@@ -137,8 +154,8 @@ std::vector<int64_t> ChunkSizes(GlooBackend& b, size_t itemsize, int n) {
   return {5, inline_numel / n + 1, inline_numel * 3 + 7};
 }
 
-TEST(GlooRingTest, ReduceScatterIsExactOnEveryRank) {
-  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+TEST_P(GlooRingGroupTest, ReduceScatterIsExactOnEveryRank) {
+  ForGroup([&](bool check, int n, int r, GlooBackend& b) {
     for (ReduceCase c : kReduceCases) {
       for (int64_t numel : ChunkSizes(b, ItemSize(c.dtype), n)) {
         for (int form = 0; form < 3; ++form) {
@@ -168,8 +185,8 @@ TEST(GlooRingTest, ReduceScatterIsExactOnEveryRank) {
   });
 }
 
-TEST(GlooRingTest, AllgatherIsExactOnEveryRank) {
-  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+TEST_P(GlooRingGroupTest, AllgatherIsExactOnEveryRank) {
+  ForGroup([&](bool check, int n, int r, GlooBackend& b) {
     for (int64_t numel : ChunkSizes(b, 8, n)) {
       for (int form = 0; form < 4; ++form) {
         // 0: flat; 1: list; 2: flat, input = own output chunk; 3: flat,
@@ -205,8 +222,8 @@ TEST(GlooRingTest, AllgatherIsExactOnEveryRank) {
   });
 }
 
-TEST(GlooRingTest, AlltoallIsExactOnEveryRank) {
-  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+TEST_P(GlooRingGroupTest, AlltoallIsExactOnEveryRank) {
+  ForGroup([&](bool check, int n, int r, GlooBackend& b) {
     const int64_t big = static_cast<int64_t>(b.InlineBytes() / 8) + 3;
     for (int64_t rows : {int64_t{1}, big}) {
       // Uneven: rank s sends rank d (s + d) % 3 * rows rows (some
@@ -248,8 +265,8 @@ TEST(GlooRingTest, AlltoallIsExactOnEveryRank) {
 
 // In place (output = input), both forms: every receive is posted before the
 // sends have read the input.
-TEST(GlooRingTest, AlltoallInPlaceIsExactOnEveryRank) {
-  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+TEST_P(GlooRingGroupTest, AlltoallInPlaceIsExactOnEveryRank) {
+  ForGroup([&](bool check, int n, int r, GlooBackend& b) {
     const int64_t big = static_cast<int64_t>(b.InlineBytes() / 8) + 3;
     for (int64_t rows : {int64_t{1}, big}) {
       // Row i of the block rank r sends rank d holds r * 1000 + d * 100 + i%7.
@@ -283,8 +300,8 @@ TEST(GlooRingTest, AlltoallInPlaceIsExactOnEveryRank) {
 
 // A rank that sends and receives no rows still agrees with the others on
 // the row shape.
-TEST(GlooRingTest, AlltoallWithARankMovingNoRows) {
-  ForEachGroup([&](bool check, int n, int r, GlooBackend& b) {
+TEST_P(GlooRingGroupTest, AlltoallWithARankMovingNoRows) {
+  ForGroup([&](bool check, int n, int r, GlooBackend& b) {
     // Ranks other than 0 send each other one row of 3; rank 0 moves none.
     auto rows = [](int s, int d) { return s == 0 || d == 0 ? 0 : 1; };
     std::vector<int64_t> in_splits, out_splits, v;
