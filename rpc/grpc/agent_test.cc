@@ -415,12 +415,21 @@ TEST(GrpcAgent, RequestsBeforeTheGroupIsKnownWaitForIt) {
     return Eventually(
         [&] { return b_agent.load()->requests_awaiting_group() == n; });
   };
-  // Waits, then fails at its deadline (the callee's copy of it too).
-  RawCall short_call(stub, request(absl::Milliseconds(300)),
-                     absl::Milliseconds(300));
+  // Waits, then fails at its deadline: the callee fails it in band (gRPC's
+  // own deadline is set later, so that reply decides).
+  RawCall short_call(stub, request(absl::Milliseconds(300)), absl::Seconds(30));
   ASSERT_TRUE(awaiting(1));
-  EXPECT_EQ(short_call.Wait().error_code(),
-            grpc::StatusCode::DEADLINE_EXCEEDED);
+  const grpc::Status short_status = short_call.Wait();
+  ASSERT_TRUE(short_status.ok()) << short_status.error_message();
+  uint64_t short_bytes = 0;
+  auto short_reply = grpc_agent::DecodeReply(short_call.response(),
+                                             WireLimits{}, &short_bytes);
+  ASSERT_TRUE(short_reply.ok()) << short_reply.status();
+  EXPECT_EQ(short_reply->status().code(), absl::StatusCode::kDeadlineExceeded)
+      << short_reply->status();
+  EXPECT_NE(short_reply->status().message().find("before it knew its group"),
+            absl::string_view::npos)
+      << short_reply->status();
   ASSERT_TRUE(awaiting(0));
   // Waits, then runs once the group forms, seeing all of it.
   RawCall long_call(stub, request(absl::Seconds(60)), absl::Seconds(60));
