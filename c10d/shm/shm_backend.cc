@@ -111,10 +111,7 @@ inline void CpuRelax() {
 #endif
 }
 
-// Pause-loop iterations before a waiter sleeps: long when every rank has a
-// core of its own (a wake-up costs more than the wait), short when ranks
-// outnumber the cores (a spinning rank would take the core of the rank it
-// waits for).
+// The cores this process may run on.
 int Cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -122,7 +119,11 @@ int Cpus() {
              ? CPU_COUNT(&set)
              : static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
 }
-int SpinLimit(int size) { return Cpus() >= size ? 4000 : 20; }
+// Pause-loop iterations before a waiter sleeps: long when every rank has a
+// core of its own (a wake-up costs more than the wait), short when ranks
+// outnumber the cores (a spinning rank would take the core of the rank it
+// waits for).
+int SpinLimit(bool core_per_rank) { return core_per_rank ? 4000 : 20; }
 
 // How large broadcasts run (SegmentHeader::broadcast): streamed when every
 // rank has a core of its own; with more ranks than cores, rounds (see
@@ -141,9 +142,9 @@ uint32_t BroadcastMode(ShmBackendOptions::Broadcast b, int size) {
 
 // Copy-outs of calls moving this many bytes or more use non-temporal stores
 // (0: none).
-int64_t StreamingStoreBytes(const ShmBackendOptions& o, int size) {
+int64_t StreamingStoreBytes(const ShmBackendOptions& o, bool core_per_rank) {
   if (o.streaming_store_bytes >= 0) return o.streaming_store_bytes;
-  return Cpus() >= size ? kStreamingStoreBytes : 0;
+  return core_per_rank ? kStreamingStoreBytes : 0;
 }
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -637,14 +638,15 @@ ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
       segment_(std::move(segment)),
       segment_name_(std::move(segment_name)),
       fallback_(std::move(fallback)),
-      spin_limit_(SpinLimit(size)),
+      core_per_rank_(Cpus() >= size),
+      spin_limit_(SpinLimit(core_per_rank_)),
       stream_broadcast_(segment_->header().broadcast == kBroadcastStream),
       chunk_bytes_(std::min<int64_t>(options_.chunk_bytes > 0
                                          ? options_.chunk_bytes
-                                     : Cpus() >= size ? kChunkBytes
+                                     : core_per_rank_ ? kChunkBytes
                                                       : options_.slot_bytes,
                                      options_.slot_bytes)),
-      streaming_store_bytes_(StreamingStoreBytes(options_, size)) {
+      streaming_store_bytes_(StreamingStoreBytes(options_, core_per_rank_)) {
   ThreadPoolExecutor::Options o;
   o.name = absl::StrCat("shm-rank", rank);
   o.num_threads = 1;  // One at a time, in issue order.

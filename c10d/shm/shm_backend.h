@@ -249,6 +249,9 @@ class ShmBackend : public Backend {
   // Bytes of streamed broadcasts so far (the base of `progress` counters).
   uint64_t streamed_ = 0;
 
+  // Whether every rank has a core of its own (sched_getaffinity, read once):
+  // the defaults below depend on it.
+  const bool core_per_rank_;
   // Pause-loop iterations before a barrier wait sleeps on the futex.
   const int spin_limit_;
   // Whether broadcasts larger than a slot stream (else: rounds); the same
