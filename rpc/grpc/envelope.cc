@@ -33,33 +33,70 @@ class ChunkReader {
     return true;
   }
 
-  // Reads a varint, appending its raw bytes to `raw` when non-null.
-  absl::Status ReadVarint(uint64_t* v, std::string* raw, const char* what) {
+  // Reads a varint. Decoded in place when it ends in the current chunk (the
+  // usual case); byte by byte across chunk boundaries.
+  absl::Status ReadVarint(uint64_t* v, const char* what) {
+    if (!AtEnd()) {
+      const WireChunk& c = chunks_[index_];
+      const auto* p = reinterpret_cast<const uint8_t*>(c.data + offset_);
+      const size_t n =
+          std::min<size_t>(c.size - offset_, proto_wire::kMaxVarintBytes);
+      uint64_t value = 0;
+      for (size_t i = 0; i < n; ++i) {
+        value |= static_cast<uint64_t>(p[i] & 0x7F) << (7 * i);
+        if ((p[i] & 0x80) == 0) {
+          *v = value;
+          Advance(i + 1);
+          return absl::OkStatus();
+        }
+      }
+      if (n == proto_wire::kMaxVarintBytes) return TooLong(what);
+    }
     *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (size_t i = 0; i < proto_wire::kMaxVarintBytes; ++i) {
       uint8_t b;
       if (!ReadByte(&b)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "envelope: truncated varint (", what, ") at byte ", consumed_));
       }
-      if (raw) raw->push_back(static_cast<char>(b));
-      *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      *v |= static_cast<uint64_t>(b & 0x7F) << (7 * i);
       if ((b & 0x80) == 0) return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("envelope: varint longer than 10 bytes (", what, ")"));
+    return TooLong(what);
   }
 
-  // Copies the next `n` bytes into `out`.
-  absl::Status Copy(uint64_t n, std::string* out) {
+  // Skips the next `n` bytes.
+  absl::Status Skip(uint64_t n) {
     while (n > 0) {
       if (AtEnd()) return Truncated(n);
       size_t take = std::min<uint64_t>(n, chunks_[index_].size - offset_);
-      out->append(chunks_[index_].data + offset_, take);
       Advance(take);
       n -= take;
     }
     return absl::OkStatus();
+  }
+
+  // Where the cursor stands, to copy what was read since (AppendSince).
+  struct Mark {
+    size_t index = 0;
+    size_t offset = 0;
+    size_t consumed = 0;
+  };
+  Mark mark() const { return Mark{index_, offset_, consumed_}; }
+
+  // Appends the bytes read between `from` and `to` (a later mark) to `out`.
+  void AppendSince(const Mark& from, const Mark& to, std::string* out) const {
+    size_t left = to.consumed - from.consumed;
+    size_t index = from.index;
+    size_t offset = from.offset;
+    while (left > 0) {
+      const WireChunk& c = chunks_[index];
+      const size_t take = std::min(left, c.size - offset);
+      out->append(c.data + offset, take);
+      left -= take;
+      ++index;
+      offset = 0;
+    }
   }
 
   // References the next `n` bytes as chunks sharing the source keepalives.
@@ -76,6 +113,10 @@ class ChunkReader {
   }
 
  private:
+  static absl::Status TooLong(const char* what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("envelope: varint longer than 10 bytes (", what, ")"));
+  }
   absl::Status Truncated(uint64_t missing) const {
     return absl::InvalidArgumentError(
         absl::StrCat("envelope: field runs past the end of the message (",
@@ -130,10 +171,13 @@ absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
   EnvelopeParts parts;
   ChunkReader in(chunks);
   bool have_payload = false;
+  // Fields other than the payload are copied to `header` a run at a time:
+  // `run` marks where the current run of them began.
+  ChunkReader::Mark run = in.mark();
   while (!in.AtEnd()) {
-    std::string field;
+    const ChunkReader::Mark field = in.mark();
     uint64_t tag;
-    RETURN_IF_ERROR(in.ReadVarint(&tag, &field, "field tag"));
+    RETURN_IF_ERROR(in.ReadVarint(&tag, "field tag"));
     const uint64_t number = tag >> 3;
     const int wire_type = static_cast<int>(tag & 7);
     if (number == 0) {
@@ -145,34 +189,36 @@ absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
             "envelope: payload field appears twice");
       }
       have_payload = true;
+      in.AppendSince(run, field, &parts.header);
       uint64_t len;
-      RETURN_IF_ERROR(in.ReadVarint(&len, nullptr, "payload length"));
+      RETURN_IF_ERROR(in.ReadVarint(&len, "payload length"));
       RETURN_IF_ERROR(in.Reference(len, &parts.payload));
       parts.payload_bytes = len;
+      run = in.mark();
       continue;
     }
     switch (wire_type) {
       case 0: {
         uint64_t ignored;
-        RETURN_IF_ERROR(in.ReadVarint(&ignored, &field, "varint field"));
+        RETURN_IF_ERROR(in.ReadVarint(&ignored, "varint field"));
         break;
       }
       case 1:
-        RETURN_IF_ERROR(in.Copy(8, &field));
+        RETURN_IF_ERROR(in.Skip(8));
         break;
       case 5:
-        RETURN_IF_ERROR(in.Copy(4, &field));
+        RETURN_IF_ERROR(in.Skip(4));
         break;
       case 2: {
         uint64_t len;
-        RETURN_IF_ERROR(in.ReadVarint(&len, &field, "field length"));
+        RETURN_IF_ERROR(in.ReadVarint(&len, "field length"));
         if (len > max_header_bytes) {
           return absl::InvalidArgumentError(
               absl::StrCat("envelope: field ", number, " is ", len,
                            " bytes, over the limit of ", max_header_bytes,
                            " for envelope fields"));
         }
-        RETURN_IF_ERROR(in.Copy(len, &field));
+        RETURN_IF_ERROR(in.Skip(len));
         break;
       }
       default:
@@ -180,13 +226,14 @@ absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
             absl::StrCat("envelope: field ", number,
                          " has unsupported wire type ", wire_type));
     }
-    parts.header += field;
-    if (parts.header.size() > max_header_bytes) {
+    if (parts.header.size() + (in.consumed() - run.consumed) >
+        max_header_bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("envelope: header fields exceed the limit of ",
                        max_header_bytes, " bytes"));
     }
   }
+  in.AppendSince(run, in.mark(), &parts.header);
   parts.total_bytes = in.consumed();
   return parts;
 }

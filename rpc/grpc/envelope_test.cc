@@ -1,0 +1,161 @@
+#include "rpc/grpc/envelope.h"
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/proto_wire.h"
+#include "gtest/gtest.h"
+#include "rpc/grpc/fuzz_support.h"
+
+namespace ferry::rpc {
+namespace {
+
+using grpc_agent::SlicedBuffer;
+
+std::string Tag(int field, int wire_type) {
+  std::string out;
+  AppendVarint(&out, (static_cast<uint64_t>(field) << 3) | wire_type);
+  return out;
+}
+
+std::string BytesField(int field, absl::string_view bytes) {
+  std::string out = Tag(field, 2);
+  AppendVarint(&out, bytes.size());
+  out.append(bytes.data(), bytes.size());
+  return out;
+}
+
+std::string VarintField(int field, uint64_t v) {
+  std::string out = Tag(field, 0);
+  AppendVarint(&out, v);
+  return out;
+}
+
+// Header fields of every wire type (one with a 10-byte varint), the payload
+// between them, and more fields after it.
+struct Sample {
+  std::string before = VarintField(1, 7) + BytesField(2, "a function name") +
+                       VarintField(3, ~uint64_t{0}) + Tag(4, 1) +
+                       std::string(8, '\x11') + Tag(5, 5) +
+                       std::string(4, '\x22');
+  std::string payload = std::string(300, 'p');
+  std::string after = BytesField(6, "after the payload") + VarintField(7, 300);
+  std::string bytes = before + BytesField(kPayloadField, payload) + after;
+};
+
+std::string Joined(const std::vector<WireChunk>& chunks) {
+  std::string out;
+  for (const WireChunk& c : chunks) out.append(c.data, c.size);
+  return out;
+}
+
+void ExpectSplitsTo(const grpc::ByteBuffer& buffer, const Sample& s,
+                    const std::string& how) {
+  absl::StatusOr<EnvelopeParts> parts = SplitEnvelope(buffer);
+  ASSERT_TRUE(parts.ok()) << how << ": " << parts.status();
+  EXPECT_EQ(parts->header, s.before + s.after) << how;
+  EXPECT_EQ(Joined(parts->payload), s.payload) << how;
+  EXPECT_EQ(parts->payload_bytes, s.payload.size()) << how;
+  EXPECT_EQ(parts->total_bytes, s.bytes.size()) << how;
+}
+
+TEST(Envelope, EverySlicingSplitsAlike) {
+  const Sample s;
+  ExpectSplitsTo(SlicedBuffer(s.bytes), s, "one slice");
+  // Every cut in the fields (varints split between slices included), and
+  // every pair of cuts in the first 40 bytes, empty slices included.
+  const size_t header_end = s.bytes.size();
+  for (size_t a = 0; a <= header_end; ++a) {
+    ExpectSplitsTo(SlicedBuffer(s.bytes, {a}), s,
+                   "cut at " + std::to_string(a));
+  }
+  for (size_t a = 0; a <= 40; ++a) {
+    for (size_t b = a; b <= 40; ++b) {
+      ExpectSplitsTo(SlicedBuffer(s.bytes, {a, b}), s,
+                     "cuts at " + std::to_string(a) + ", " + std::to_string(b));
+    }
+  }
+}
+
+TEST(Envelope, EncodedEnvelopeSplitsBackIntoItsParts) {
+  const std::string header = VarintField(1, 3) + BytesField(2, "f");
+  EncodedValue payload;
+  payload.head = "wire head";
+  grpc::ByteBuffer buffer = EncodeEnvelope(header, std::move(payload));
+  absl::StatusOr<EnvelopeParts> parts = SplitEnvelope(buffer);
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  EXPECT_EQ(parts->header, header);
+  EXPECT_EQ(Joined(parts->payload), "wire head");
+}
+
+absl::Status SplitError(absl::string_view bytes,
+                        const std::vector<size_t>& cuts = {},
+                        size_t max_header_bytes = 1 << 20) {
+  return SplitEnvelope(SlicedBuffer(bytes, cuts), max_header_bytes).status();
+}
+
+TEST(Envelope, MalformedVarintsAreNamedWhereverTheyAreCut) {
+  const std::string eleven(11, '\x80');
+  for (size_t cut = 0; cut <= eleven.size(); ++cut) {
+    absl::Status s = SplitError(eleven, {cut});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
+    EXPECT_NE(s.message().find("longer than 10 bytes (field tag)"),
+              std::string::npos)
+        << cut << ": " << s;
+  }
+  const std::string truncated = Tag(2, 2) + "\x80\x80";
+  for (size_t cut = 0; cut <= truncated.size(); ++cut) {
+    absl::Status s = SplitError(truncated, {cut});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
+    EXPECT_NE(s.message().find("truncated varint (field length) at byte 3"),
+              std::string::npos)
+        << cut << ": " << s;
+  }
+}
+
+TEST(Envelope, BadFieldsAreInvalidArgument) {
+  struct Case {
+    std::string bytes;
+    std::string error;
+  };
+  const std::string payload = BytesField(kPayloadField, "x");
+  const Case cases[] = {
+      {Tag(0, 0) + "\x01", "field number 0"},
+      {Tag(3, 3), "unsupported wire type 3"},
+      {payload + payload, "payload field appears twice"},
+      {Tag(4, 1) + "1234567", "1 bytes missing after byte 8"},
+      {BytesField(2, "abc").substr(0, 4), "1 bytes missing after byte 4"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = SplitError(c.bytes);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.error;
+    EXPECT_NE(s.message().find(c.error), std::string::npos)
+        << "want '" << c.error << "', got " << s;
+  }
+}
+
+TEST(Envelope, HeaderLimitCountsEveryFieldButThePayload) {
+  // 3 fields of 10 bytes each around a large payload: 30 header bytes.
+  const std::string field = BytesField(2, std::string(8, 'h'));
+  const std::string bytes =
+      field + field + BytesField(kPayloadField, std::string(100, 'p')) + field;
+  EXPECT_TRUE(SplitError(bytes, {}, 30).ok());
+  absl::Status s = SplitError(bytes, {15}, 29);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("header fields exceed the limit of 29 bytes"),
+            std::string::npos)
+      << s;
+  // One field alone over the limit is refused before it is read.
+  s = SplitError(field, {}, 7);
+  EXPECT_NE(s.message().find("field 2 is 8 bytes, over the limit of 7"),
+            std::string::npos)
+      << s;
+}
+
+}  // namespace
+}  // namespace ferry::rpc
