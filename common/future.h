@@ -103,13 +103,20 @@ class State {
   explicit State(Result<T> result)
       : result_(Unshared<T>(std::move(result))), ready_(true) {}
 
-  // Returns false if already complete.
-  bool Complete(Result<T> result) ABSL_LOCKS_EXCLUDED(mu_) {
+  // Returns false if already complete. A value is moved in once (no copy
+  // through Unshared: values are large, e.g. rpc::Message).
+  bool Complete(Result<T>&& result) ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<Callback> callbacks;
     {
       MutexLock lock(&mu_);
       if (result_.has_value()) return false;
-      result_.emplace(Unshared<T>(std::move(result)));
+      if constexpr (std::is_void_v<T>) {
+        result_.emplace(Unshared(static_cast<const absl::Status&>(result)));
+      } else if (result.ok()) {
+        result_.emplace(std::move(result));
+      } else {
+        result_.emplace(Unshared(result.status()));
+      }
       callbacks.swap(callbacks_);
       ready_.store(true, std::memory_order_release);
     }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/utility/utility.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -274,7 +275,7 @@ void Agent::DispatchTo(MessageType type,
   if (entry != nullptr && entry->non_blocking &&
       joined_.load(std::memory_order_acquire)) {
     Serve([this,
-           &entry](Message m) { return ServeFunction(*entry, std::move(m)); },
+           &entry](Message&& m) { return ServeFunction(*entry, std::move(m)); },
           receive(), std::move(done));
     return;
   }
@@ -303,12 +304,12 @@ void Agent::DispatchTo(MessageType type,
         Pending& p = *pending;
         if (p.entry != nullptr) {
           Serve(
-              [this, &p](Message m) {
+              [this, &p](Message&& m) {
                 return ServeFunction(*p.entry, std::move(m));
               },
               p.receive(), std::move(p.done));
         } else {
-          Serve([&p](Message m) -> Answer { return p.handler(std::move(m)); },
+          Serve([&p](Message&& m) -> Answer { return p.handler(std::move(m)); },
                 p.receive(), std::move(p.done));
         }
       },
@@ -347,40 +348,42 @@ int Agent::requests_awaiting_group() const {
 
 namespace {
 
-// The handler's reply, answering request `id` of `type`, through the send
-// interceptors (run with the request's `context` installed).
-Result<Message> FinishReply(
-    Result<Message> r, GlobalId id, MessageType type,
+// Makes the handler's reply `r` the answer to request `id` of `type`, through
+// the send interceptors (run with the request's `context` installed); an
+// interceptor's error replaces it.
+void FinishReply(
+    Result<Message>& r, GlobalId id, MessageType type,
     const std::shared_ptr<const std::vector<Interceptor>>& interceptors,
     const WorkerInfo& peer, const ContextEntries& context) {
-  if (!r.ok()) return r;
+  if (!r.ok()) return;
   Message& m = *r;
   m.id = id;
   if (m.type == MessageType::kUnspecified) m.type = type;
   if (interceptors != nullptr) {
     ScopedContext installed(context);
     for (const Interceptor& i : *interceptors) {
-      RETURN_IF_ERROR(i(InterceptPoint::kSendReply, peer, m));
+      if (absl::Status s = i(InterceptPoint::kSendReply, peer, m); !s.ok()) {
+        r = std::move(s);
+        return;
+      }
     }
   }
-  return r;
 }
 
 }  // namespace
 
-void Agent::Serve(absl::FunctionRef<Answer(Message)> handler,
-                  absl::StatusOr<Message> received, ReplyCallback done) {
+void Agent::Serve(absl::FunctionRef<Answer(Message&&)> handler,
+                  absl::StatusOr<Message>&& received, ReplyCallback done) {
   // The scopes ServeNow installs end before `done` runs.
-  std::optional<Result<Message>> now =
-      ServeNow(handler, std::move(received), done);
+  std::optional<Result<Message>> now = ServeNow(handler, received, done);
   if (now.has_value()) done(*std::move(now));
 }
 
 std::optional<Result<Message>> Agent::ServeNow(
-    absl::FunctionRef<Answer(Message)> handler,
-    absl::StatusOr<Message> received, ReplyCallback& done) {
+    absl::FunctionRef<Answer(Message&&)> handler,
+    absl::StatusOr<Message>& received, ReplyCallback& done) {
   if (!received.ok()) return Result<Message>(received.status());
-  Message request = *std::move(received);
+  Message& request = *received;
   if (absl::Status known = AwaitGroup(request); !known.ok()) {
     return Result<Message>(known);
   }
@@ -407,19 +410,22 @@ std::optional<Result<Message>> Agent::ServeNow(
       interceptors != nullptr ? request.context : ContextEntries();
   Answer answer = handler(std::move(request));
   if (auto* ready = std::get_if<Result<Message>>(&answer)) {
-    return FinishReply(std::move(*ready), id, type, interceptors, peer,
-                       reply_context);
+    FinishReply(*ready, id, type, interceptors, peer, reply_context);
+    return std::move(*ready);
   }
   Future<Message>& handled = std::get<Future<Message>>(answer);
   if (handled.IsReady()) {
-    return FinishReply(handled.result(), id, type, interceptors, peer,
-                       reply_context);
+    Result<Message> r = handled.result();
+    FinishReply(r, id, type, interceptors, peer, reply_context);
+    return r;
   }
   handled.OnComplete(
       [interceptors = std::move(interceptors), peer = std::move(peer),
        context = std::move(reply_context), id, type,
-       done = std::move(done)](const Result<Message>& r) mutable {
-        done(FinishReply(r, id, type, interceptors, peer, context));
+       done = std::move(done)](const Result<Message>& result) mutable {
+        Result<Message> r = result;
+        FinishReply(r, id, type, interceptors, peer, context);
+        done(std::move(r));
       });
   return std::nullopt;
 }
@@ -453,22 +459,24 @@ absl::StatusOr<Message> FunctionReply(const Result<Value>& r,
                         absl::StrCat("worker '", self, "' function '", function,
                                      "': ", r.status().message()));
   }
-  Message reply;
-  reply.payload = *r;
+  absl::StatusOr<Message> reply(absl::in_place);
+  reply->payload = *r;
   return reply;
 }
 
 }  // namespace
 
 Agent::Answer Agent::ServeFunction(const FunctionEntry& entry,
-                                   Message request) {
+                                   Message&& request) {
   CallContext ctx;
   ctx.caller_name = std::move(request.caller_name);
   ctx.caller_id = request.caller_id;
   ctx.function = std::move(request.function);
   ctx.request_id = request.id.value();
   ctx.deadline = request.deadline;
-  Future<Value> result = entry.fn(ctx, request.payload);
+  // The arguments go when the function returns, not with the request.
+  const Value args = std::move(request.payload);
+  Future<Value> result = entry.fn(ctx, args);
   if (result.IsReady()) {
     return FunctionReply(result.result(), self_.name, ctx.function);
   }

@@ -271,8 +271,8 @@ class Agent {
   template <typename R = Value, typename... A>
   Result<R> rpc_sync(const WorkerRef& to, const std::string& function,
                      A&&... args) {
-    return TypedResult<R>(CallSync(
-        to, function, Value::List{ToValue(std::forward<A>(args))...}));
+    return TypedResult<R>(
+        CallSync(to, function, Value::List{ToValue(std::forward<A>(args))...}));
   }
   // The same with a per-call timeout instead of Options::rpc_timeout.
   template <typename R = Value, typename... A>
@@ -429,15 +429,17 @@ class Agent {
   // Runs `handler` on `request` with its context installed, after the deadline
   // check and the receive interceptors; the reply passes the send ones and
   // goes to `done` (once, here or where the handler's future completes).
-  void Serve(absl::FunctionRef<Answer(Message)> handler,
-             absl::StatusOr<Message> request, ReplyCallback done);
+  // The request is taken by reference and moved from at most once, into the
+  // handler: a Message is large, and this is every request's path.
+  void Serve(absl::FunctionRef<Answer(Message&&)> handler,
+             absl::StatusOr<Message>&& request, ReplyCallback done);
   // Serve up to the handler's answer; a ready reply is returned, a pending
   // one handed to `done` (then nullopt).
   std::optional<Result<Message>> ServeNow(
-      absl::FunctionRef<Answer(Message)> handler,
-      absl::StatusOr<Message> request, ReplyCallback& done);
+      absl::FunctionRef<Answer(Message&&)> handler,
+      absl::StatusOr<Message>& request, ReplyCallback& done);
   Future<Message> ServeCall(Message request);
-  Answer ServeFunction(const FunctionEntry& entry, Message request);
+  Answer ServeFunction(const FunctionEntry& entry, Message&& request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
   // Worker `id`, present or departed; {"", id, ""} when unknown.
   WorkerInfo KnownWorker(int id) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/utility/utility.h"
 #include "common/proto_wire.h"
 #include "common/status.h"
 
@@ -181,7 +182,9 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
                                       const WireLimits& limits,
                                       SameHostLink link) {
   const v1::RpcRequest& h = r.header;
-  Message m;
+  // Built in place: a Message is large, and moving it costs.
+  absl::StatusOr<Message> out(absl::in_place);
+  Message& m = *out;
   m.type = static_cast<MessageType>(h.type());
   m.id = GlobalId::FromValue(h.request_id());
   m.function = h.function();
@@ -202,7 +205,7 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
                                           : "decoding the payload");
   }
   m.payload = *std::move(payload);
-  return m;
+  return out;
 }
 
 absl::StatusOr<EncodedMessage> EncodeReply(const Result<Message>& reply,
@@ -259,7 +262,9 @@ absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
         h.error_message()));
   }
   *bytes = parts.total_bytes;
-  Message m;
+  // Built in place: a Message is large, and moving it costs.
+  absl::StatusOr<Result<Message>> out(absl::in_place, absl::in_place);
+  Message& m = **out;
   m.type = static_cast<MessageType>(h.type());
   if (h.has_rref()) m.rref = FromProto(h.rref());
   if (h.has_autograd()) m.autograd = FromProto(h.autograd());
@@ -267,7 +272,7 @@ absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
       m.payload,
       DecodePayload(parts, h.has_same_host() ? &h.same_host() : nullptr,
                     Value::None(), limits, link));
-  return Result<Message>(std::move(m));
+  return out;
 }
 
 }  // namespace ferry::rpc::grpc_agent
