@@ -167,7 +167,11 @@ grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
 absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
                                             size_t max_header_bytes) {
   ASSIGN_OR_RETURN(std::vector<WireChunk> chunks, ChunksOfByteBuffer(buffer));
+  return SplitEnvelope(chunks, max_header_bytes);
+}
 
+absl::StatusOr<EnvelopeParts> SplitEnvelope(
+    const std::vector<WireChunk>& chunks, size_t max_header_bytes) {
   EnvelopeParts parts;
   ChunkReader in(chunks);
   bool have_payload = false;

@@ -53,6 +53,10 @@ struct EnvelopeParts {
 
 absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
                                             size_t max_header_bytes = 1 << 20);
+// The same over the buffer's chunks (ChunksOfByteBuffer), empty ones
+// included; the payload's chunks share their keepalives.
+absl::StatusOr<EnvelopeParts> SplitEnvelope(
+    const std::vector<WireChunk>& chunks, size_t max_header_bytes = 1 << 20);
 
 }  // namespace ferry::rpc
 
