@@ -271,8 +271,8 @@ class Agent {
   template <typename R = Value, typename... A>
   Result<R> rpc_sync(const WorkerRef& to, const std::string& function,
                      A&&... args) {
-    return TypedResult<R>(
-        CallSync(to, function, Value::List{ToValue(std::forward<A>(args))...}));
+    return TypedResult<R>(CallSync(
+        to, function, Value::List{ToValue(std::forward<A>(args))...}));
   }
   // The same with a per-call timeout instead of Options::rpc_timeout.
   template <typename R = Value, typename... A>

@@ -130,23 +130,20 @@ absl::Status SplitError(absl::string_view bytes,
   return SplitEnvelope(Cut(bytes, cuts), max_header_bytes).status();
 }
 
+// `bytes` fails with InvalidArgument containing `want` wherever it is cut.
+void ExpectErrorAtEveryCut(const std::string& bytes, const std::string& want) {
+  for (size_t cut = 0; cut <= bytes.size(); ++cut) {
+    absl::Status s = SplitError(bytes, {cut});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
+    EXPECT_NE(s.message().find(want), std::string::npos) << cut << ": " << s;
+  }
+}
+
 TEST(Envelope, MalformedVarintsAreNamedWhereverTheyAreCut) {
-  const std::string eleven(11, '\x80');
-  for (size_t cut = 0; cut <= eleven.size(); ++cut) {
-    absl::Status s = SplitError(eleven, {cut});
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
-    EXPECT_NE(s.message().find("longer than 10 bytes (field tag)"),
-              std::string::npos)
-        << cut << ": " << s;
-  }
-  const std::string truncated = Tag(2, 2) + "\x80\x80";
-  for (size_t cut = 0; cut <= truncated.size(); ++cut) {
-    absl::Status s = SplitError(truncated, {cut});
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
-    EXPECT_NE(s.message().find("truncated varint (field length) at byte 3"),
-              std::string::npos)
-        << cut << ": " << s;
-  }
+  ExpectErrorAtEveryCut(std::string(11, '\x80'),
+                        "longer than 10 bytes (field tag)");
+  ExpectErrorAtEveryCut(Tag(2, 2) + "\x80\x80",
+                        "truncated varint (field length) at byte 3");
 }
 
 TEST(Envelope, BadFieldsAreInvalidArgument) {
