@@ -41,11 +41,15 @@ absl::Status Work::status() const {
   return CopyOf(future_.status());
 }
 
-absl::Status Work::Wait(absl::Duration timeout) const {
-  if (!future_.Wait(timeout).ok()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(description_, " not complete after waiting ",
-                     absl::FormatDuration(timeout)));
+absl::Status Work::Wait(absl::Duration timeout) {
+  if (!future_.IsReady()) {
+    const absl::Time start = absl::Now();
+    PollBeforeBlocking(timeout);
+    if (!future_.Wait(timeout - (absl::Now() - start)).ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(description_, " not complete after waiting ",
+                       absl::FormatDuration(timeout)));
+    }
   }
   return CopyOf(future_.status());
 }

@@ -12,7 +12,9 @@
 // (bounded by its own timeout, see types.h).
 //
 // Callbacks added through GetFuture() run on the thread that completes the
-// work (a backend's worker thread) or inline when already complete; they must
+// work (a backend's worker thread, or a thread in Wait where the backend
+// polls there, see PollBeforeBlocking) or inline when already complete; they
+// must
 // not block and must not issue and wait on another collective of the same
 // backend (its worker would wait on itself).
 //
@@ -56,7 +58,7 @@ class Work {
 
   // Waits until the work completes or `timeout` passes. Returns the work's
   // status, or DeadlineExceeded naming the work and `timeout`.
-  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) const;
+  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration());
 
   // Completes with the work's status.
   Future<void> GetFuture() const { return future_; }
@@ -69,6 +71,13 @@ class Work {
   // before it completes the work; -1 otherwise.
   int source_rank() const { return source_rank_.load(); }
   void set_source_rank(int rank) { source_rank_.store(rank); }
+
+ protected:
+  // Called by Wait, on the waiting thread, before it blocks: a backend may
+  // finish the work here (Complete) by polling its device for up to
+  // `budget`, which spares the hand-off from its completion thread. Must not
+  // block past `budget`. Default: nothing.
+  virtual void PollBeforeBlocking(absl::Duration /*budget*/) {}
 
  private:
   const std::string description_;

@@ -78,7 +78,15 @@ def main():
                     help="runs per implementation, alternating; best kept")
     ap.add_argument("--budget_s", type=float, default=1.0,
                     help="about this many seconds of timed calls per figure")
+    ap.add_argument("--torch_python", default="/usr/bin/python3",
+                    help="the python3 whose torch is the peer (Debian's "
+                    "1.13 by default; rows keep the pytorch-1.13-gloo key "
+                    "and the version used is printed)")
     a = ap.parse_args()
+    version = subprocess.run(
+        [a.torch_python, "-c", "import torch; print(torch.__version__)"],
+        stdout=subprocess.PIPE, text=True).stdout.strip()
+    print("# peer: PyTorch %s (%s)" % (version, a.torch_python))
     extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s]
 
     def ferry(name, *flags):
@@ -105,7 +113,7 @@ def main():
         "ferry-gloo-unchecked": ferry("ferry-gloo-unchecked", "--shm=false",
                                       "--check_args=false"),
         "pytorch-1.13-gloo": lambda r, w, init: [
-            "/usr/bin/python3", os.path.join(HERE, "torch_bench.py"),
+            a.torch_python, os.path.join(HERE, "torch_bench.py"),
             "--rank=%d" % r, "--world_size=%d" % w, "--init=" + init] + extra,
     }
     # Ferry's MPI backend (Open MPI, shared memory between ranks), started

@@ -3,9 +3,12 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -89,13 +92,105 @@ absl::StatusOr<ncclRedOp_t> NcclOp(OpType op, ReduceOp reduce_op, DType dtype) {
 }
 
 // Shared with CUDA host callbacks, which may run after the backend is gone.
+struct InFlight;
+
 struct Signal {
   Mutex mu;
   uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  // Operations whose host callback ran: dropped by the watchdog, never in
+  // the callback, since the last reference may free device memory.
+  std::vector<std::shared_ptr<InFlight>> released ABSL_GUARDED_BY(mu);
+};
+
+// Events recorded on the stream after each operation, for NcclWork's
+// polling. They are reused, and destroyed only with the pool, so a waiter
+// that polls an event already handed to a later operation still polls a
+// valid one; an event returns to the pool only after its work completed,
+// so such a waiter can only find that work complete already.
+class EventPool {
+ public:
+  EventPool() = default;
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  ~EventPool() {
+    MutexLock lock(&mu_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+
+  // An event of the current device.
+  absl::StatusOr<cudaEvent_t> Take() {
+    {
+      MutexLock lock(&mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                   "cudaEventCreateWithFlags"));
+    return e;
+  }
+  void Give(cudaEvent_t e) {
+    if (e == nullptr) return;
+    MutexLock lock(&mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the backend's works share with it, and may outlive it.
+struct NcclShared {
+  EventPool events;
+  // Set before the communicator is aborted: an event that completes after
+  // that may mark a kernel that gave up, not one that finished.
+  std::atomic<bool> aborting{false};
+};
+
+// A Work whose Wait first polls the event recorded after its operation: a
+// call that finishes within a short spin completes on the waiting thread,
+// without the hops through CUDA's callback thread and the watchdog. The
+// watchdog still completes every work (and alone fails them).
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::string description, std::shared_ptr<NcclShared> shared)
+      : Work(std::move(description)), shared_(std::move(shared)) {}
+
+  // The event recorded after the operation (worker thread, once).
+  void SetEvent(cudaEvent_t e) { event_.store(e); }
+
+ protected:
+  void PollBeforeBlocking(absl::Duration budget) override {
+    const absl::Time end = absl::Now() + std::min(budget, kSpin);
+    while (!IsCompleted()) {
+      cudaEvent_t e = event_.load();
+      if (e != nullptr) {
+        cudaError_t q = cudaEventQuery(e);
+        if (q == cudaSuccess) {
+          if (!shared_->aborting.load()) Complete(absl::OkStatus());
+          return;
+        }
+        if (q != cudaErrorNotReady) return;  // The watchdog decides.
+      }
+      if (absl::Now() >= end) return;
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  static constexpr absl::Duration kSpin = absl::Microseconds(200);
+  const std::shared_ptr<NcclShared> shared_;
+  std::atomic<cudaEvent_t> event_{nullptr};
 };
 
 struct InFlight {
   std::shared_ptr<Work> work;
+  cudaEvent_t event = nullptr;  // From NcclShared::events; may be null.
   absl::Time deadline;
   absl::Duration timeout;
   std::vector<Tensor> keep_alive;
@@ -104,18 +199,53 @@ struct InFlight {
 };
 
 void CUDART_CB HostDone(void* arg) {
-  // No CUDA calls allowed here: just flag and wake the watchdog.
-  auto* holder = static_cast<std::shared_ptr<InFlight>*>(arg);
+  // No CUDA calls allowed here (nor dropping what may free device memory):
+  // flag, park the reference and wake the watchdog.
+  std::unique_ptr<std::shared_ptr<InFlight>> holder(
+      static_cast<std::shared_ptr<InFlight>*>(arg));
   std::shared_ptr<Signal> signal = (*holder)->signal;
-  {
-    MutexLock lock(&signal->mu);
-    (*holder)->done.store(true);
-    ++signal->generation;
-  }
-  delete holder;
+  MutexLock lock(&signal->mu);
+  (*holder)->done.store(true);
+  signal->released.push_back(std::move(*holder));
+  ++signal->generation;
 }
 
 int DeviceOf(const Tensor& t) { return t.defined() ? t.device().index : -1; }
+
+// What bounds the enqueueing of the operation the calling (worker) thread
+// runs: set by Impl::Enqueue around the operation's enqueue function, and
+// read by NCCL_CALL (through NcclEnqueued) inside it.
+struct EnqueueLimits {
+  absl::Time deadline = absl::InfiniteFuture();
+  // The watchdog is aborting the communicator: stop waiting for NCCL.
+  const std::atomic<bool>* aborting = nullptr;
+};
+thread_local EnqueueLimits t_enqueue;
+
+// On a non-blocking communicator a call may return ncclInProgress before its
+// work is on the stream, and nothing else may go on the stream or to NCCL
+// until it is (else a copy after ncclAllGather runs before the gather). So
+// wait for `r`'s call to finish enqueueing, until the operation's deadline.
+absl::Status NcclEnqueued(ncclResult_t r, ncclComm_t comm,
+                          absl::string_view what) {
+  while (r == ncclInProgress) {
+    if (t_enqueue.aborting != nullptr && t_enqueue.aborting->load()) {
+      return absl::AbortedError(
+          absl::StrCat(what,
+                       ": the NCCL communicator is being aborted (an earlier "
+                       "operation timed out)"));
+    }
+    if (absl::Now() > t_enqueue.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": NCCL was still enqueueing it at the operation's deadline"));
+    }
+    absl::SleepFor(absl::Microseconds(20));
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+    r = q != ncclSuccess ? q : state;
+  }
+  return NcclStatus(r, what);
+}
 
 }  // namespace
 
@@ -150,6 +280,8 @@ struct NcclBackend::Impl {
   cudaStream_t stream = nullptr;
   Tensor barrier_buf;
 
+  std::shared_ptr<NcclShared> shared = std::make_shared<NcclShared>();
+
   // Watchdog state, under signal->mu.
   std::shared_ptr<Signal> signal = std::make_shared<Signal>();
   std::vector<std::shared_ptr<InFlight>> in_flight;  // Guarded by signal->mu.
@@ -166,6 +298,21 @@ struct NcclBackend::Impl {
   void WorkerLoop();
   void WatchdogLoop();
   void RunOp(std::unique_ptr<Op> op);
+  // Why `op` cannot be enqueued (the backend broke, its arguments, or no
+  // communicator could be made); OK when it can.
+  absl::Status Precheck(const Op& op);
+  // Puts `op` on the stream. DeadlineExceeded: NCCL was still enqueueing it
+  // at `deadline`; the communicator is then aborted here, while this thread
+  // holds the lock the next operation needs.
+  absl::Status Enqueue(Op& op, absl::Time deadline);
+  // Hands `op` to the watchdog; `stuck`: already expired (see Enqueue).
+  void Track(std::unique_ptr<Op> op, absl::Time deadline, bool stuck);
+  // Records an event after `f`'s operation on the stream for `work`'s Wait.
+  void RecordEvent(InFlight& f, NcclWork& work);
+  // Watchdog: `expired` passed its deadline; aborts the communicator and
+  // fails it and `others`.
+  void AbortAndFail(const std::shared_ptr<InFlight>& expired,
+                    const std::vector<std::shared_ptr<InFlight>>& others);
 };
 
 absl::StatusOr<std::unique_ptr<NcclBackend>> NcclBackend::Create(
@@ -232,6 +379,7 @@ NcclBackend::~NcclBackend() {
     if (impl_->comm != nullptr && !impl_->comm_aborted) {
       // Anything still running would hang a clean destroy.
       if (pending) {
+        impl_->shared->aborting.store(true);
         ncclCommAbort(impl_->comm);
       } else {
         if (impl_->stream != nullptr) cudaStreamSynchronize(impl_->stream);
@@ -345,59 +493,67 @@ void NcclBackend::Impl::WorkerLoop() {
 
 void NcclBackend::Impl::RunOp(std::unique_ptr<Op> op) {
   const std::string& desc = op->work->description();
-  {
-    MutexLock lock(&mu);
-    if (!broken.ok()) {
-      op->work->Complete(absl::FailedPreconditionError(absl::StrCat(
-          desc, ": the nccl backend is unusable after an earlier failure (",
-          broken.message(), "); create a new process group")));
-      return;
-    }
-  }
-  if (!op->local_error.ok()) {
-    op->work->Complete(Annotate(op->local_error, desc));
-    return;
-  }
-  absl::Status s = EnsureComm(*op);
+  absl::Status s = Precheck(*op);
   if (!s.ok()) {
-    if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) SetBroken(s);
     op->work->Complete(Annotate(s, desc));
     return;
   }
   cudaSetDevice(device);
-  absl::Time deadline = absl::Now() + op->timeout;
-  {
-    MutexLock lock(&comm_mu);
-    if (comm == nullptr || comm_aborted) {
-      s = absl::FailedPreconditionError("the NCCL communicator was aborted");
-    } else {
-      s = op->enqueue(comm, stream);
-      // Non-blocking communicators may still be enqueueing.
-      ncclResult_t state = ncclInProgress;
-      while (s.ok()) {
-        ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-        if (r != ncclSuccess) state = r;
-        if (state != ncclInProgress) {
-          s = NcclStatus(state, "NCCL");
-          break;
-        }
-        if (absl::Now() > deadline) {
-          s = absl::DeadlineExceededError(absl::StrCat(
-              "timed out after ", absl::FormatDuration(op->timeout),
-              " while enqueueing"));
-          break;
-        }
-        absl::SleepFor(absl::Microseconds(50));
-      }
-    }
-  }
-  if (!s.ok()) {
-    SetBroken(Annotate(s, desc));
+  const absl::Time deadline = absl::Now() + op->timeout;
+  s = Enqueue(*op, deadline);
+  const bool stuck = absl::IsDeadlineExceeded(s);
+  if (!s.ok() && !stuck) {
+    // While the watchdog aborts, its timeout is the backend's failure.
+    if (!shared->aborting.load()) SetBroken(Annotate(s, desc));
     op->work->Complete(Annotate(s, desc));
     return;
   }
+  Track(std::move(op), deadline, stuck);
+}
+
+absl::Status NcclBackend::Impl::Precheck(const Op& op) {
+  {
+    MutexLock lock(&mu);
+    if (!broken.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the nccl backend is unusable after an earlier failure (",
+          broken.message(), "); create a new process group"));
+    }
+  }
+  if (!op.local_error.ok()) return op.local_error;
+  absl::Status s = EnsureComm(op);
+  if (absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) SetBroken(s);
+  return s;
+}
+
+absl::Status NcclBackend::Impl::Enqueue(Op& op, absl::Time deadline) {
+  MutexLock lock(&comm_mu);
+  if (comm == nullptr || comm_aborted) {
+    return absl::FailedPreconditionError("the NCCL communicator was aborted");
+  }
+  t_enqueue = {deadline, &shared->aborting};
+  absl::Status s = op.enqueue(comm, stream);
+  t_enqueue = {};
+  if (s.ok()) {
+    // An error NCCL reports asynchronously (e.g. a peer's connection lost).
+    ncclResult_t state = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    s = NcclStatus(r != ncclSuccess ? r : state, "NCCL");
+  }
+  if (absl::IsDeadlineExceeded(s)) {
+    shared->aborting.store(true);  // Before any kernel can give up.
+    ncclCommAbort(comm);
+    comm_aborted = true;
+    comm = nullptr;
+  }
+  return s;
+}
+
+void NcclBackend::Impl::Track(std::unique_ptr<Op> op, absl::Time deadline,
+                              bool stuck) {
   auto f = std::make_shared<InFlight>();
   f->work = op->work;
+  if (!stuck) RecordEvent(*f, static_cast<NcclWork&>(*op->work));
   f->deadline = deadline;
   f->timeout = op->timeout;
   f->keep_alive = std::move(op->keep_alive);
@@ -407,11 +563,13 @@ void NcclBackend::Impl::RunOp(std::unique_ptr<Op> op) {
     in_flight.push_back(f);
     ++signal->generation;
   }
+  if (stuck) return;  // Its deadline has passed: the watchdog reports it.
   auto* holder = new std::shared_ptr<InFlight>(f);
   absl::Status launched = CudaStatus(
       cudaLaunchHostFunc(stream, &HostDone, holder), "cudaLaunchHostFunc");
   if (!launched.ok()) {
     delete holder;
+    const std::string& desc = op->work->description();
     SetBroken(Annotate(launched, desc));
     MutexLock lock(&signal->mu);
     f->done.store(true);  // The watchdog completes it (OK) — override first.
@@ -419,12 +577,23 @@ void NcclBackend::Impl::RunOp(std::unique_ptr<Op> op) {
   }
 }
 
+void NcclBackend::Impl::RecordEvent(InFlight& f, NcclWork& work) {
+  absl::StatusOr<cudaEvent_t> e = shared->events.Take();
+  if (!e.ok()) return;  // Without an event, Wait just blocks.
+  if (cudaEventRecord(*e, stream) != cudaSuccess) {
+    cudaGetLastError();
+    shared->events.Give(*e);
+    return;
+  }
+  f.event = *e;
+  work.SetEvent(*e);
+}
+
 void NcclBackend::Impl::WatchdogLoop() {
   ScopedLogLabel label(absl::StrCat("nccl-watchdog-rank", self->rank()));
   uint64_t seen = 0;
   for (;;) {
-    std::vector<std::shared_ptr<InFlight>> finished;
-    std::vector<std::shared_ptr<InFlight>> failed;
+    std::vector<std::shared_ptr<InFlight>> finished, failed, released;
     std::shared_ptr<InFlight> expired;
     bool stop;
     {
@@ -439,6 +608,7 @@ void NcclBackend::Impl::WatchdogLoop() {
       signal->mu.AwaitWithDeadline(absl::Condition(&changed), earliest);
       seen = signal->generation;
       stop = watchdog_stop;
+      released.swap(signal->released);
       absl::Time now = absl::Now();
       std::vector<std::shared_ptr<InFlight>> keep;
       for (auto& f : in_flight) {
@@ -457,35 +627,53 @@ void NcclBackend::Impl::WatchdogLoop() {
         in_flight.clear();
       }
     }
-    for (auto& f : finished) f->work->Complete(absl::OkStatus());
+    for (auto& f : finished) {
+      // Finished after an abort was decided: the kernel may have given up.
+      f->work->Complete(
+          shared->aborting.load()
+              ? absl::AbortedError(absl::StrCat(
+                    f->work->description(),
+                    ": the NCCL communicator was aborted before it finished"))
+              : absl::OkStatus());
+      shared->events.Give(f->event);
+    }
     if (expired != nullptr) {
-      absl::Status timeout = absl::DeadlineExceededError(absl::StrCat(
-          expired->work->description(), ": collective did not finish within ",
-          absl::FormatDuration(expired->timeout),
-          "; the watchdog aborted the NCCL communicator"));
-      FERRY_LOG(ERROR) << timeout;
-      {
-        MutexLock lock(&comm_mu);
-        if (comm != nullptr && !comm_aborted) {
-          ncclCommAbort(comm);
-          comm_aborted = true;
-          comm = nullptr;
-        }
-      }
-      SetBroken(timeout);
-      expired->work->Complete(timeout);
-      for (auto& f : failed) {
-        f->work->Complete(absl::AbortedError(
-            absl::StrCat(f->work->description(), ": aborted because ",
-                         expired->work->description(), " timed out")));
-      }
+      AbortAndFail(expired, failed);
     } else {
       for (auto& f : failed) {
         f->work->Complete(absl::CancelledError(absl::StrCat(
             f->work->description(), ": the backend was destroyed")));
       }
     }
+    for (auto& f : failed) shared->events.Give(f->event);
     if (stop) return;
+  }
+}
+
+void NcclBackend::Impl::AbortAndFail(
+    const std::shared_ptr<InFlight>& expired,
+    const std::vector<std::shared_ptr<InFlight>>& others) {
+  absl::Status timeout = absl::DeadlineExceededError(absl::StrCat(
+      expired->work->description(), ": collective did not finish within ",
+      absl::FormatDuration(expired->timeout),
+      "; the NCCL communicator was aborted"));
+  FERRY_LOG(ERROR) << timeout;
+  shared->aborting.store(true);  // Before any kernel can give up.
+  {
+    MutexLock lock(&comm_mu);
+    if (comm != nullptr && !comm_aborted) {
+      ncclCommAbort(comm);
+      comm_aborted = true;
+      comm = nullptr;
+    }
+  }
+  SetBroken(timeout);
+  expired->work->Complete(timeout);
+  shared->events.Give(expired->event);
+  for (const auto& f : others) {
+    f->work->Complete(absl::AbortedError(
+        absl::StrCat(f->work->description(), ": aborted because ",
+                     expired->work->description(), " timed out")));
   }
 }
 
@@ -504,7 +692,8 @@ std::shared_ptr<Work> NcclBackend::Submit(
   std::shared_ptr<Work> work;
   MutexLock lock(&impl_->mu);
   op->seq = impl_->next_seq++;
-  work = std::make_shared<Work>(absl::StrCat(Describe(type), " #", op->seq));
+  work = std::make_shared<NcclWork>(absl::StrCat(Describe(type), " #", op->seq),
+                                    impl_->shared);
   op->work = work;
   if (impl_->stopping) {
     work->Complete(absl::CancelledError("the backend is shutting down"));
@@ -516,7 +705,10 @@ std::shared_ptr<Work> NcclBackend::Submit(
 
 // --- Collectives -----------------------------------------------------------
 
-#define NCCL_CALL(expr) RETURN_IF_ERROR(NcclStatus((expr), #expr))
+// Every NCCL call of an operation waits until its work is on the stream.
+// `comm` is the lambda's communicator (void* or ncclComm_t).
+#define NCCL_CALL(expr) \
+  RETURN_IF_ERROR(NcclEnqueued((expr), static_cast<ncclComm_t>(comm), #expr))
 #define CUDA_CALL(expr) RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
 ArgChecks NcclBackend::Checks() const {

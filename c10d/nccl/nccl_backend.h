@@ -11,13 +11,20 @@
 //
 // Execution: operations queue to one worker thread that enqueues them, in
 // issue order, on the backend's own CUDA stream (a blocking stream, so it
-// orders after work on the legacy default stream, e.g. cudaMemcpy). A
-// host callback at the end of each operation marks it finished; the Work
-// completes (on the watchdog thread) only then, so Work::Wait returning OK
-// means the results are in device memory and visible to the host.
+// orders after work on the legacy default stream, e.g. cudaMemcpy). Each
+// NCCL call waits until its work is on the stream (a non-blocking
+// communicator may still be enqueueing it when the call returns) before the
+// next call or copy is issued. A host callback at the end of each operation
+// marks it finished; the Work completes (on the watchdog thread) only then, so
+// Work::Wait returning OK means the results are in device memory and visible to
+// the host. Wait first polls an event recorded after the operation for up to
+// 200 us, so a short call completes on the waiting thread without those two
+// hand-offs.
 //
 // Watchdog: a thread tracks every operation in flight against its deadline
-// (enqueue time + timeout). When one passes, it aborts the communicator
+// (enqueue time + timeout; an operation NCCL is still enqueueing at its
+// deadline, e.g. connecting to a rank that never calls, counts as in
+// flight). When one passes, it aborts the communicator
 // (ncclCommAbort, which makes the kernels return), fails that operation
 // with DeadlineExceeded naming the collective, its sequence number, the rank
 // and the timeout, fails every other operation in flight, and marks the
@@ -25,10 +32,11 @@
 //
 // Supported: Allreduce, Broadcast, Reduce, Allgather, Gather, Scatter,
 // ReduceScatter, Alltoall, Barrier, Send, Recv, BatchIsendIrecv. ReduceOps:
-// SUM, AVG (floating dtypes), PRODUCT, MIN, MAX; BAND/BOR/BXOR are
-// InvalidArgument (NCCL has no bitwise reductions). Bool travels as uint8
-// with SUM/MAX -> max and PRODUCT/MIN -> min. Mismatched calls between ranks
-// are not detected (undefined, as in NCCL itself).
+// SUM, AVG (floating dtypes; NCCL multiplies each input by 1/N before
+// summing, so AVG may differ from sum / N in the last bits), PRODUCT, MIN, MAX;
+// BAND/BOR/BXOR are InvalidArgument (NCCL has no bitwise reductions). Bool
+// travels as uint8 with SUM/MAX -> max and PRODUCT/MIN -> min. Mismatched calls
+// between ranks are not detected (undefined, as in NCCL itself).
 //
 // Point to point (ncclSend / ncclRecv, as bytes) runs on the same stream and
 // communicator as the collectives, in issue order. NCCL has no tags: the

@@ -4,7 +4,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "c10d/nccl/cuda_util.h"
+#include "c10d/nccl/nccl_under_test.h"
 #include "c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -15,43 +18,6 @@ namespace c10d {
 namespace {
 
 using ::testing::HasSubstr;
-
-BackendUnderTest NcclUnderTest() {
-  BackendUnderTest b;
-  b.name = "Nccl";
-  b.create =
-      [](std::shared_ptr<Store> store, int rank, int size,
-         absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    auto backend = NcclBackend::Create(std::move(store), rank, size, timeout);
-    if (!backend.ok()) return backend.status();
-    return std::unique_ptr<Backend>(std::move(*backend));
-  };
-  b.skip_reason = [] {
-    return CudaDeviceCount() == 0
-               ? std::string("no CUDA device (cudaGetDeviceCount is 0)")
-               : std::string();
-  };
-  // NCCL allows one rank per GPU in a communicator.
-  b.max_ranks = [] { return std::min(4, CudaDeviceCount()); };
-  b.to_device = [](const Tensor& t, int rank) {
-    auto d = CopyToCuda(t, rank % std::max(1, CudaDeviceCount()));
-    EXPECT_TRUE(d.ok()) << d.status();
-    return d.ok() ? *d : Tensor();
-  };
-  b.to_cpu = [](const Tensor& t) {
-    auto h = CopyToCpu(t);
-    EXPECT_TRUE(h.ok()) << h.status();
-    return h.ok() ? *h : Tensor();
-  };
-  b.ops = {OpType::kAllreduce,     OpType::kBroadcast, OpType::kReduce,
-           OpType::kAllgather,     OpType::kGather,    OpType::kScatter,
-           OpType::kReduceScatter, OpType::kAlltoall,  OpType::kBarrier};
-  b.reduce_ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
-                  ReduceOp::kMin, ReduceOp::kMax};
-  b.detects_mismatch = false;
-  b.rendezvous_at_create = false;
-  return b;
-}
 
 INSTANTIATE_TEST_SUITE_P(Nccl, BackendConformanceTest,
                          ::testing::Values(NcclUnderTest()),
@@ -102,6 +68,58 @@ TEST(NcclBackendTest, BitwiseOpsAreRejected) {
   auto back = CopyToCpu(*t);
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->to_vector<int32_t>(), std::vector<int32_t>(4, 1));
+}
+
+// One GPU suffices: rank 0 of a group of two whose rank 1 never comes. The
+// non-blocking communicator setup gives up at the timeout (no hang), names
+// the collective and the rank, and later calls fail at once.
+TEST(NcclBackendTest, AMissingRankFailsTheFirstOperationAtTheTimeout) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  const absl::Duration timeout = absl::Seconds(2);
+  auto b = NcclBackend::Create(std::make_shared<HashStore>(), 0, 2, timeout);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto t = CopyToCuda(ones({4}), 0);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::Time start = absl::Now();
+  absl::Status s = (*b)->Allreduce(*t)->Wait(absl::Seconds(60));
+  absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("Allreduce (rank 0 of 2)"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("did not join"));
+  EXPECT_GE(took, timeout);
+  EXPECT_LT(took, timeout + absl::Seconds(30));
+  absl::Status later = (*b)->Barrier()->Wait(absl::Seconds(10));
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_THAT(std::string(later.message()), HasSubstr("earlier failure"));
+}
+
+// NCCL refuses two ranks of one host on one device ("Duplicate GPU"): both
+// ranks get a clear InvalidArgument from the first collective, none hangs.
+// (tests/c10d:nccl_test shares one device between ranks that NCCL takes for
+// separate hosts.)
+TEST(NcclBackendTest, TwoRanksOnOneDeviceAreRefusedCleanly) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  auto store = std::make_shared<HashStore>();
+  const absl::Duration t = absl::Seconds(30);
+  std::vector<absl::Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto b = NcclBackend::Create(store, r, 2, t);
+      ASSERT_TRUE(b.ok()) << b.status();
+      auto x = CopyToCuda(ones({4}), 0);  // Both on cuda:0.
+      ASSERT_TRUE(x.ok()) << x.status();
+      results[r] = (*b)->Allreduce(*x)->Wait(absl::Seconds(90));
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kInvalidArgument)
+        << "rank " << r << ": " << results[r];
+    EXPECT_THAT(std::string(results[r].message()),
+                HasSubstr(absl::StrCat("Allreduce (rank ", r, " of 2)")));
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("invalid usage"));
+  }
 }
 
 // Runs everywhere: point-to-point arguments are refused before any device

@@ -65,6 +65,9 @@ struct BackendUnderTest {
   // CheckReduceOp's dtype rules).
   std::vector<ReduceOp> reduce_ops =
       std::vector<ReduceOp>(std::begin(kAllReduceOps), std::end(kAllReduceOps));
+  // Whether AVG is exactly sum / N (false: within a few units in the last
+  // place, as where NCCL pre-multiplies each input by 1/N).
+  bool exact_avg = true;
   // Whether mismatched calls between ranks are detected (InvalidArgument on
   // every rank) rather than undefined.
   bool detects_mismatch = true;
