@@ -190,7 +190,11 @@ class NcclWork final : public Work {
 
 struct InFlight {
   std::shared_ptr<Work> work;
+  std::shared_ptr<NcclShared> shared;
   cudaEvent_t event = nullptr;  // From NcclShared::events; may be null.
+  // Set by HostDone: no abort had begun when the operation ended, so it
+  // finished rather than gave up.
+  std::atomic<bool> clean{false};
   absl::Time deadline;
   absl::Duration timeout;
   std::vector<Tensor> keep_alive;
@@ -204,6 +208,7 @@ void CUDART_CB HostDone(void* arg) {
   std::unique_ptr<std::shared_ptr<InFlight>> holder(
       static_cast<std::shared_ptr<InFlight>*>(arg));
   std::shared_ptr<Signal> signal = (*holder)->signal;
+  (*holder)->clean.store(!(*holder)->shared->aborting.load());
   MutexLock lock(&signal->mu);
   (*holder)->done.store(true);
   signal->released.push_back(std::move(*holder));
@@ -287,8 +292,16 @@ struct NcclBackend::Impl {
   std::vector<std::shared_ptr<InFlight>> in_flight;  // Guarded by signal->mu.
   bool watchdog_stop = false;                        // Guarded by signal->mu.
 
+  // Operations the watchdog is done with: their last references may free
+  // device memory (cudaFree waits for the device), so the reaper drops
+  // them, never the watchdog, which must stay free to abort a hung call.
+  Mutex reap_mu;
+  std::vector<std::shared_ptr<InFlight>> to_reap ABSL_GUARDED_BY(reap_mu);
+  bool reap_stop ABSL_GUARDED_BY(reap_mu) = false;
+
   std::thread worker;
   std::thread watchdog;
+  std::thread reaper;
 
   void SetBroken(const absl::Status& s) {
     MutexLock lock(&mu);
@@ -297,6 +310,8 @@ struct NcclBackend::Impl {
   absl::Status EnsureComm(const Op& op);
   void WorkerLoop();
   void WatchdogLoop();
+  void ReaperLoop();
+  void Reap(std::vector<std::shared_ptr<InFlight>> done);
   void RunOp(std::unique_ptr<Op> op);
   // Why `op` cannot be enqueued (the backend broke, its arguments, or no
   // communicator could be made); OK when it can.
@@ -354,6 +369,7 @@ NcclBackend::NcclBackend(std::shared_ptr<Store> store, int rank, int size,
   impl_->self = this;
   impl_->worker = std::thread([this] { impl_->WorkerLoop(); });
   impl_->watchdog = std::thread([this] { impl_->WatchdogLoop(); });
+  impl_->reaper = std::thread([this] { impl_->ReaperLoop(); });
 }
 
 NcclBackend::~NcclBackend() {
@@ -398,11 +414,19 @@ NcclBackend::~NcclBackend() {
     ++impl_->signal->generation;
   }
   impl_->watchdog.join();
+  {
+    MutexLock lock(&impl_->reap_mu);
+    impl_->reap_stop = true;
+  }
+  impl_->reaper.join();
 }
 
 absl::Status NcclBackend::Impl::EnsureComm(const Op& op) {
   {
     MutexLock lock(&comm_mu);
+    if (comm_aborted) {
+      return absl::FailedPreconditionError("the NCCL communicator was aborted");
+    }
     if (comm != nullptr) {
       if (op.device >= 0 && op.device != device) {
         return absl::InvalidArgumentError(
@@ -502,7 +526,9 @@ void NcclBackend::Impl::RunOp(std::unique_ptr<Op> op) {
   const absl::Time deadline = absl::Now() + op->timeout;
   s = Enqueue(*op, deadline);
   const bool stuck = absl::IsDeadlineExceeded(s);
-  if (!s.ok() && !stuck) {
+  if (stuck) {
+    SetBroken(Annotate(s, desc));  // Enqueue aborted the communicator.
+  } else if (!s.ok()) {
     // While the watchdog aborts, its timeout is the backend's failure.
     if (!shared->aborting.load()) SetBroken(Annotate(s, desc));
     op->work->Complete(Annotate(s, desc));
@@ -553,28 +579,31 @@ void NcclBackend::Impl::Track(std::unique_ptr<Op> op, absl::Time deadline,
                               bool stuck) {
   auto f = std::make_shared<InFlight>();
   f->work = op->work;
-  if (!stuck) RecordEvent(*f, static_cast<NcclWork&>(*op->work));
+  f->shared = shared;
   f->deadline = deadline;
   f->timeout = op->timeout;
   f->keep_alive = std::move(op->keep_alive);
   f->signal = signal;
-  {
-    MutexLock lock(&signal->mu);
-    in_flight.push_back(f);
-    ++signal->generation;
+  if (!stuck) {
+    RecordEvent(*f, static_cast<NcclWork&>(*op->work));
+    // HostDone may run before `f` is in flight: the watchdog then finds it
+    // done at once.
+    auto* holder = new std::shared_ptr<InFlight>(f);
+    absl::Status launched = CudaStatus(
+        cudaLaunchHostFunc(stream, &HostDone, holder), "cudaLaunchHostFunc");
+    if (!launched.ok()) {
+      delete holder;
+      const std::string& desc = op->work->description();
+      SetBroken(Annotate(launched, desc));
+      f->work->Complete(Annotate(launched, desc));
+      shared->events.Give(f->event);
+      return;
+    }
   }
-  if (stuck) return;  // Its deadline has passed: the watchdog reports it.
-  auto* holder = new std::shared_ptr<InFlight>(f);
-  absl::Status launched = CudaStatus(
-      cudaLaunchHostFunc(stream, &HostDone, holder), "cudaLaunchHostFunc");
-  if (!launched.ok()) {
-    delete holder;
-    const std::string& desc = op->work->description();
-    SetBroken(Annotate(launched, desc));
-    MutexLock lock(&signal->mu);
-    f->done.store(true);  // The watchdog completes it (OK) — override first.
-    f->work->Complete(Annotate(launched, desc));
-  }
+  // A stuck operation's deadline has passed: the watchdog reports it.
+  MutexLock lock(&signal->mu);
+  in_flight.push_back(f);
+  ++signal->generation;
 }
 
 void NcclBackend::Impl::RecordEvent(InFlight& f, NcclWork& work) {
@@ -628,13 +657,13 @@ void NcclBackend::Impl::WatchdogLoop() {
       }
     }
     for (auto& f : finished) {
-      // Finished after an abort was decided: the kernel may have given up.
+      // Ended after an abort began: the kernel may have given up.
       f->work->Complete(
-          shared->aborting.load()
-              ? absl::AbortedError(absl::StrCat(
+          f->clean.load()
+              ? absl::OkStatus()
+              : absl::AbortedError(absl::StrCat(
                     f->work->description(),
-                    ": the NCCL communicator was aborted before it finished"))
-              : absl::OkStatus());
+                    ": the NCCL communicator was aborted before it finished")));
       shared->events.Give(f->event);
     }
     if (expired != nullptr) {
@@ -646,6 +675,35 @@ void NcclBackend::Impl::WatchdogLoop() {
       }
     }
     for (auto& f : failed) shared->events.Give(f->event);
+    finished.insert(finished.end(), failed.begin(), failed.end());
+    finished.insert(finished.end(), released.begin(), released.end());
+    if (expired != nullptr) finished.push_back(std::move(expired));
+    Reap(std::move(finished));
+    if (stop) return;
+  }
+}
+
+void NcclBackend::Impl::Reap(std::vector<std::shared_ptr<InFlight>> done) {
+  if (done.empty()) return;
+  MutexLock lock(&reap_mu);
+  to_reap.insert(to_reap.end(), std::make_move_iterator(done.begin()),
+                 std::make_move_iterator(done.end()));
+}
+
+void NcclBackend::Impl::ReaperLoop() {
+  for (;;) {
+    std::vector<std::shared_ptr<InFlight>> batch;
+    bool stop;
+    {
+      MutexLock lock(&reap_mu);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reap_mu) {
+        return reap_stop || !to_reap.empty();
+      };
+      reap_mu.Await(absl::Condition(&ready));
+      batch.swap(to_reap);
+      stop = reap_stop;
+    }
+    batch.clear();  // Here, off the watchdog: may wait in cudaFree.
     if (stop) return;
   }
 }

@@ -19,7 +19,8 @@
 // Work::Wait returning OK means the results are in device memory and visible to
 // the host. Wait first polls an event recorded after the operation for up to
 // 200 us, so a short call completes on the waiting thread without those two
-// hand-offs.
+// hand-offs. The tensors an operation kept alive are released on a third
+// thread (a cudaFree there waits for the device; the watchdog must not).
 //
 // Watchdog: a thread tracks every operation in flight against its deadline
 // (enqueue time + timeout; an operation NCCL is still enqueueing at its
