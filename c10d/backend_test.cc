@@ -48,6 +48,54 @@ TEST(WorkTest, FutureCallbackRunsOnCompletion) {
   EXPECT_TRUE(w->IsSuccess());
 }
 
+// A Work whose backend finishes it from Wait's poll (as the nccl backend does
+// once the operation's CUDA event has completed), after `polls_needed`
+// polls, or never (-1).
+class PolledWork : public Work {
+ public:
+  explicit PolledWork(int polls_needed)
+      : Work("polled op"), polls_needed_(polls_needed) {}
+  int polls() const { return polls_; }
+  absl::Duration last_budget() const { return last_budget_; }
+
+ protected:
+  void PollBeforeBlocking(absl::Duration budget) override {
+    ++polls_;
+    last_budget_ = budget;
+    if (polls_ == polls_needed_) Complete(absl::OkStatus());
+  }
+
+ private:
+  const int polls_needed_;
+  int polls_ = 0;
+  absl::Duration last_budget_;
+};
+
+TEST(WorkTest, WaitLetsTheBackendFinishTheWorkOnTheWaitingThread) {
+  auto w = std::make_shared<PolledWork>(1);
+  std::atomic<bool> ran_here{false};
+  const std::thread::id me = std::this_thread::get_id();
+  w->GetFuture().OnComplete([&](const absl::Status&) {
+    ran_here = std::this_thread::get_id() == me;
+  });
+  // No other thread completes it: only the poll can.
+  EXPECT_TRUE(w->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(w->polls(), 1);
+  EXPECT_EQ(w->last_budget(), absl::Seconds(10));
+  EXPECT_TRUE(ran_here);
+  // Complete already: Wait neither polls nor blocks again.
+  EXPECT_TRUE(w->Wait(absl::Seconds(10)).ok());
+  EXPECT_EQ(w->polls(), 1);
+}
+
+TEST(WorkTest, WaitThatThePollDoesNotFinishStillTimesOut) {
+  PolledWork w(-1);
+  absl::Status s = w.Wait(absl::Milliseconds(20));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("polled op"));
+  EXPECT_EQ(w.polls(), 1);
+}
+
 class NothingBackend : public Backend {
  public:
   NothingBackend(int rank, int size)
