@@ -29,8 +29,10 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/util/procs.h"
 #include "c10d/nccl/cuda_util.h"
 #include "c10d/nccl/nccl_backend.h"
 #include "store/hash_store.h"
@@ -39,13 +41,19 @@ namespace ferry {
 namespace c10d {
 namespace {
 
-#define CHECK_OK(expr)                                                       \
-  do {                                                                       \
-    if (!(expr)) {                                                           \
-      std::fprintf(stderr, "%s:%d: %s failed\n", __FILE__, __LINE__, #expr); \
-      std::exit(1);                                                          \
-    }                                                                        \
-  } while (0)
+using bench::Die;
+using bench::OrDie;
+
+// Checks for the timed loops: no message is built unless the call failed.
+void CudaOrDie(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) Die(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+void NcclOrDie(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) Die(absl::StrCat(what, ": ", ncclGetErrorString(r)));
+}
+void OkOrDie(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(absl::StrCat(what, ": ", s.ToString()));
+}
 
 struct Figure {
   std::string impl, op;
@@ -72,69 +80,76 @@ double TimePerCall(const std::function<void(int)>& fn, double budget) {
 
 std::vector<Figure> Run(const std::vector<int64_t>& sizes, double budget) {
   std::vector<Figure> out;
-  auto b = NcclBackend::Create(std::make_shared<HashStore>(), 0, 1,
-                               absl::Seconds(60));
-  CHECK_OK(b.ok());
-  Backend& ferry = **b;
+  std::unique_ptr<NcclBackend> backend =
+      OrDie(NcclBackend::Create(std::make_shared<HashStore>(), 0, 1,
+                                absl::Seconds(60)),
+            "NcclBackend::Create");
+  Backend& ferry = *backend;
   ncclComm_t comm;
   int dev = 0;
-  CHECK_OK(cudaSetDevice(0) == cudaSuccess);
-  CHECK_OK(ncclCommInitAll(&comm, 1, &dev) == ncclSuccess);
+  CudaOrDie(cudaSetDevice(0), "cudaSetDevice");
+  NcclOrDie(ncclCommInitAll(&comm, 1, &dev), "ncclCommInitAll");
   cudaStream_t stream;
-  CHECK_OK(cudaStreamCreate(&stream) == cudaSuccess);
+  CudaOrDie(cudaStreamCreate(&stream), "cudaStreamCreate");
   constexpr int kBatch = 16;
   for (int64_t bytes : sizes) {
     const int64_t n = bytes / 4;
     Tensor host = ones({n});
-    auto dt = CopyToCuda(host, 0);
-    CHECK_OK(dt.ok());
-    Tensor t = *dt;
+    Tensor t = OrDie(CopyToCuda(host, 0), "CopyToCuda");
     auto ferry_calls = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
-        CHECK_OK(ferry.Allreduce(t)->Wait(absl::Seconds(60)).ok());
+        OkOrDie(ferry.Allreduce(t)->Wait(absl::Seconds(60)), "Allreduce");
       }
     };
     auto raw_calls = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
-        CHECK_OK(ncclAllReduce(t.data_ptr(), t.data_ptr(), n, ncclFloat32,
-                               ncclSum, comm, stream) == ncclSuccess);
-        CHECK_OK(cudaStreamSynchronize(stream) == cudaSuccess);
+        NcclOrDie(ncclAllReduce(t.data_ptr(), t.data_ptr(), n, ncclFloat32,
+                                ncclSum, comm, stream),
+                  "ncclAllReduce");
+        CudaOrDie(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       }
     };
     auto ferry_batch = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
         std::shared_ptr<Work> last;
         for (int k = 0; k < kBatch; ++k) last = ferry.Allreduce(t);
-        CHECK_OK(last->Wait(absl::Seconds(60)).ok());
+        OkOrDie(last->Wait(absl::Seconds(60)), "Allreduce");
       }
     };
     auto raw_batch = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
         for (int k = 0; k < kBatch; ++k) {
-          CHECK_OK(ncclAllReduce(t.data_ptr(), t.data_ptr(), n, ncclFloat32,
-                                 ncclSum, comm, stream) == ncclSuccess);
+          NcclOrDie(ncclAllReduce(t.data_ptr(), t.data_ptr(), n, ncclFloat32,
+                                  ncclSum, comm, stream),
+                    "ncclAllReduce");
         }
-        CHECK_OK(cudaStreamSynchronize(stream) == cudaSuccess);
+        CudaOrDie(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       }
     };
     void* dbuf = nullptr;
-    CHECK_OK(cudaMalloc(&dbuf, bytes) == cudaSuccess);
+    CudaOrDie(cudaMalloc(&dbuf, bytes), "cudaMalloc");
     auto ferry_h2d = [&](int calls) {
-      for (int i = 0; i < calls; ++i) CHECK_OK(CopyToCuda(host, 0).ok());
+      for (int i = 0; i < calls; ++i) {
+        OkOrDie(CopyToCuda(host, 0).status(), "CopyToCuda");
+      }
     };
     auto raw_h2d = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
-        CHECK_OK(cudaMemcpy(dbuf, host.data_ptr(), bytes,
-                            cudaMemcpyHostToDevice) == cudaSuccess);
+        CudaOrDie(
+            cudaMemcpy(dbuf, host.data_ptr(), bytes, cudaMemcpyHostToDevice),
+            "cudaMemcpy");
       }
     };
     auto ferry_d2h = [&](int calls) {
-      for (int i = 0; i < calls; ++i) CHECK_OK(CopyToCpu(t).ok());
+      for (int i = 0; i < calls; ++i) {
+        OkOrDie(CopyToCpu(t).status(), "CopyToCpu");
+      }
     };
     auto raw_d2h = [&](int calls) {
       for (int i = 0; i < calls; ++i) {
-        CHECK_OK(cudaMemcpy(host.data_ptr(), dbuf, bytes,
-                            cudaMemcpyDeviceToHost) == cudaSuccess);
+        CudaOrDie(
+            cudaMemcpy(host.data_ptr(), dbuf, bytes, cudaMemcpyDeviceToHost),
+            "cudaMemcpy");
       }
     };
     struct Row {
@@ -172,7 +187,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--sizes=", 0) == 0) {
       sizes_flag = a.substr(8);
     } else if (a.rfind("--budget_s=", 0) == 0) {
-      CHECK_OK(absl::SimpleAtod(a.substr(11), &budget));
+      if (!absl::SimpleAtod(a.substr(11), &budget)) Die("bad " + a);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -185,7 +200,9 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> sizes;
   for (absl::string_view s : absl::StrSplit(sizes_flag, ',')) {
     int64_t v;
-    CHECK_OK(absl::SimpleAtoi(s, &v) && v >= 4 && v % 4 == 0);  // float32
+    if (!absl::SimpleAtoi(s, &v) || v < 4 || v % 4 != 0) {  // float32
+      Die(absl::StrCat("--sizes: ", s, " is not a positive multiple of 4"));
+    }
     sizes.push_back(v);
   }
   std::vector<Figure> figs = Run(sizes, budget);

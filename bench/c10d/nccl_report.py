@@ -5,7 +5,12 @@ floor/ferry (1.0: Ferry adds nothing to the raw call).
 
   python3 nccl_report.py ferry.jsonl torch.jsonl"""
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from report_util import fmt, ratio  # noqa: E402
 
 
 def load(paths):
@@ -31,16 +36,15 @@ def main():
         ferry = v.get("ferry-nccl")
         floor = v.get("raw-nccl", v.get("raw-cuda"))
         torch = v.get(torch_impl) if torch_impl else None
-        fmt = lambda x: "%12.2f" % x if x else "%12s" % "-"
-        ratio = lambda a, b: "%10.2f" % (a / b) if a and b else "%10s" % "-"
-        print("%-14s %10d %s %s %s %s %s" % (op, size, fmt(ferry), fmt(floor),
-                                             fmt(torch), ratio(torch, ferry),
-                                             ratio(floor, ferry)))
+        print("%-14s %10d %s %s %s %s %s" % (
+            op, size, fmt(ferry, "12.2f"), fmt(floor, "12.2f"),
+            fmt(torch, "12.2f"), fmt(ratio(torch, ferry), "10.2f"),
+            fmt(ratio(floor, ferry), "10.2f")))
         if ferry and torch:
             print(json.dumps({"op": op, "bytes": size, "ferry_us": ferry,
                               "floor_us": floor, "torch_us": torch,
                               "torch_impl": torch_impl,
-                              "torch_over_ferry": torch / ferry}))
+                              "torch_over_ferry": ratio(torch, ferry)}))
 
 
 if __name__ == "__main__":

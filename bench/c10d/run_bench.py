@@ -83,10 +83,13 @@ def main():
                     "1.13 by default; rows keep the pytorch-1.13-gloo key "
                     "and the version used is printed)")
     a = ap.parse_args()
-    version = subprocess.run(
-        [a.torch_python, "-c", "import torch; print(torch.__version__)"],
-        stdout=subprocess.PIPE, text=True).stdout.strip()
-    print("# peer: PyTorch %s (%s)" % (version, a.torch_python))
+    if "pytorch-1.13-gloo" in a.impls.split(","):
+        version = subprocess.run(
+            [a.torch_python, "-c", "import torch; print(torch.__version__)"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True).stdout.strip()
+        print("# peer: PyTorch %s (%s)" % (version or "missing",
+                                          a.torch_python))
     extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s]
 
     def ferry(name, *flags):

@@ -91,16 +91,7 @@ absl::StatusOr<ncclRedOp_t> NcclOp(OpType op, ReduceOp reduce_op, DType dtype) {
   }
 }
 
-// Shared with CUDA host callbacks, which may run after the backend is gone.
 struct InFlight;
-
-struct Signal {
-  Mutex mu;
-  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
-  // Operations whose host callback ran: dropped by the watchdog, never in
-  // the callback, since the last reference may free device memory.
-  std::vector<std::shared_ptr<InFlight>> released ABSL_GUARDED_BY(mu);
-};
 
 // Events recorded on the stream after each operation, for NcclWork's
 // polling. They are reused, and destroyed only with the pool, so a waiter
@@ -144,8 +135,16 @@ class EventPool {
   std::vector<cudaEvent_t> free_ ABSL_GUARDED_BY(mu_);
 };
 
-// What the backend's works share with it, and may outlive it.
+// What the backend shares with its works and CUDA host callbacks, both of
+// which may outlive it.
 struct NcclShared {
+  // Wakes the watchdog: HostDone and the worker bump `generation`.
+  Mutex mu;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+  // Operations whose host callback ran: handed on by the watchdog, never
+  // dropped in the callback, since the last reference may free device
+  // memory.
+  std::vector<std::shared_ptr<InFlight>> released ABSL_GUARDED_BY(mu);
   EventPool events;
   // Set before the communicator is aborted: an event that completes after
   // that may mark a kernel that gave up, not one that finished.
@@ -199,7 +198,6 @@ struct InFlight {
   absl::Duration timeout;
   std::vector<Tensor> keep_alive;
   std::atomic<bool> done{false};
-  std::shared_ptr<Signal> signal;
 };
 
 void CUDART_CB HostDone(void* arg) {
@@ -207,12 +205,13 @@ void CUDART_CB HostDone(void* arg) {
   // flag, park the reference and wake the watchdog.
   std::unique_ptr<std::shared_ptr<InFlight>> holder(
       static_cast<std::shared_ptr<InFlight>*>(arg));
-  std::shared_ptr<Signal> signal = (*holder)->signal;
-  (*holder)->clean.store(!(*holder)->shared->aborting.load());
-  MutexLock lock(&signal->mu);
+  // No reference is dropped here: the backend outlives every callback.
+  NcclShared& shared = *(*holder)->shared;
+  (*holder)->clean.store(!shared.aborting.load());
+  MutexLock lock(&shared.mu);
   (*holder)->done.store(true);
-  signal->released.push_back(std::move(*holder));
-  ++signal->generation;
+  shared.released.push_back(std::move(*holder));
+  ++shared.generation;
 }
 
 int DeviceOf(const Tensor& t) { return t.defined() ? t.device().index : -1; }
@@ -287,10 +286,9 @@ struct NcclBackend::Impl {
 
   std::shared_ptr<NcclShared> shared = std::make_shared<NcclShared>();
 
-  // Watchdog state, under signal->mu.
-  std::shared_ptr<Signal> signal = std::make_shared<Signal>();
-  std::vector<std::shared_ptr<InFlight>> in_flight;  // Guarded by signal->mu.
-  bool watchdog_stop = false;                        // Guarded by signal->mu.
+  // Watchdog state, under shared->mu.
+  std::vector<std::shared_ptr<InFlight>> in_flight;  // Guarded by shared->mu.
+  bool watchdog_stop = false;                        // Guarded by shared->mu.
 
   // Operations the watchdog is done with: their last references may free
   // device memory (cudaFree waits for the device), so the reaper drops
@@ -386,7 +384,7 @@ NcclBackend::~NcclBackend() {
   impl_->worker.join();
   bool pending;
   {
-    MutexLock lock(&impl_->signal->mu);
+    MutexLock lock(&impl_->shared->mu);
     pending = false;
     for (const auto& f : impl_->in_flight) pending |= !f->done.load();
   }
@@ -409,9 +407,9 @@ NcclBackend::~NcclBackend() {
     cudaStreamDestroy(impl_->stream);
   }
   {
-    MutexLock lock(&impl_->signal->mu);
+    MutexLock lock(&impl_->shared->mu);
     impl_->watchdog_stop = true;
-    ++impl_->signal->generation;
+    ++impl_->shared->generation;
   }
   impl_->watchdog.join();
   {
@@ -583,7 +581,6 @@ void NcclBackend::Impl::Track(std::unique_ptr<Op> op, absl::Time deadline,
   f->deadline = deadline;
   f->timeout = op->timeout;
   f->keep_alive = std::move(op->keep_alive);
-  f->signal = signal;
   if (!stuck) {
     RecordEvent(*f, static_cast<NcclWork&>(*op->work));
     // HostDone may run before `f` is in flight: the watchdog then finds it
@@ -601,9 +598,9 @@ void NcclBackend::Impl::Track(std::unique_ptr<Op> op, absl::Time deadline,
     }
   }
   // A stuck operation's deadline has passed: the watchdog reports it.
-  MutexLock lock(&signal->mu);
+  MutexLock lock(&shared->mu);
   in_flight.push_back(f);
-  ++signal->generation;
+  ++shared->generation;
 }
 
 void NcclBackend::Impl::RecordEvent(InFlight& f, NcclWork& work) {
@@ -626,18 +623,18 @@ void NcclBackend::Impl::WatchdogLoop() {
     std::shared_ptr<InFlight> expired;
     bool stop;
     {
-      MutexLock lock(&signal->mu);
+      MutexLock lock(&shared->mu);
       absl::Time earliest = absl::InfiniteFuture();
       for (const auto& f : in_flight) {
         if (!f->done.load() && f->deadline < earliest) earliest = f->deadline;
       }
       auto changed = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return signal->generation != seen;
+        return shared->generation != seen;
       };
-      signal->mu.AwaitWithDeadline(absl::Condition(&changed), earliest);
-      seen = signal->generation;
+      shared->mu.AwaitWithDeadline(absl::Condition(&changed), earliest);
+      seen = shared->generation;
       stop = watchdog_stop;
-      released.swap(signal->released);
+      released.swap(shared->released);
       absl::Time now = absl::Now();
       std::vector<std::shared_ptr<InFlight>> keep;
       for (auto& f : in_flight) {
@@ -664,7 +661,6 @@ void NcclBackend::Impl::WatchdogLoop() {
               : absl::AbortedError(absl::StrCat(
                     f->work->description(),
                     ": the NCCL communicator was aborted before it finished")));
-      shared->events.Give(f->event);
     }
     if (expired != nullptr) {
       AbortAndFail(expired, failed);
@@ -674,10 +670,11 @@ void NcclBackend::Impl::WatchdogLoop() {
             f->work->description(), ": the backend was destroyed")));
       }
     }
-    for (auto& f : failed) shared->events.Give(f->event);
+    // Every work here is complete: their events may serve again.
     finished.insert(finished.end(), failed.begin(), failed.end());
-    finished.insert(finished.end(), released.begin(), released.end());
     if (expired != nullptr) finished.push_back(std::move(expired));
+    for (const auto& f : finished) shared->events.Give(f->event);
+    finished.insert(finished.end(), released.begin(), released.end());
     Reap(std::move(finished));
     if (stop) return;
   }
@@ -727,7 +724,6 @@ void NcclBackend::Impl::AbortAndFail(
   }
   SetBroken(timeout);
   expired->work->Complete(timeout);
-  shared->events.Give(expired->event);
   for (const auto& f : others) {
     f->work->Complete(absl::AbortedError(
         absl::StrCat(f->work->description(), ": aborted because ",
