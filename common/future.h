@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -106,7 +107,7 @@ class State {
   // Returns false if already complete. A value is moved in once (no copy
   // through Unshared: values are large, e.g. rpc::Message).
   bool Complete(Result<T>&& result) ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<Callback> callbacks;
+    Callbacks callbacks;
     {
       MutexLock lock(&mu_);
       if (result_.has_value()) return false;
@@ -172,7 +173,9 @@ class State {
  private:
   mutable Mutex mu_;
   std::optional<Result<T>> result_ ABSL_GUARDED_BY(mu_);
-  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
+  // Most futures get one callback (Then, OnComplete): held inline.
+  using Callbacks = absl::InlinedVector<Callback, 1>;
+  Callbacks callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> ready_{false};
   std::atomic<int> promises_{0};
 };
@@ -271,19 +274,28 @@ class Future {
   auto Then(F f) const {
     using R = future_internal::CallResult<F, const Result<T>&>;
     using U = typename future_internal::ContinuationValue<R>::type;
+    // A struct, not a lambda: a stateless `f` then takes no space, so the
+    // continuation (one Promise) is stored inline in the callback.
+    struct Continuation {
+      [[no_unique_address]] F f;
+      Promise<U> promise;
+      void operator()(const Result<T>& r) {
+        if constexpr (future_internal::FutureTraits<R>::kIsFuture) {
+          f(r).OnComplete(
+              [promise = std::move(promise)](const Result<U>& inner) mutable {
+                promise.Set(inner);
+              });
+        } else if constexpr (std::is_same_v<R, void>) {
+          f(r);
+          promise.Set(absl::OkStatus());
+        } else {
+          promise.Set(Result<U>(f(r)));
+        }
+      }
+    };
     Promise<U> promise;
     Future<U> out = promise.GetFuture();
-    OnComplete([promise, f = std::move(f)](const Result<T>& r) mutable {
-      if constexpr (future_internal::FutureTraits<R>::kIsFuture) {
-        f(r).OnComplete(
-            [promise](const Result<U>& inner) mutable { promise.Set(inner); });
-      } else if constexpr (std::is_same_v<R, void>) {
-        f(r);
-        promise.Set(absl::OkStatus());
-      } else {
-        promise.Set(Result<U>(f(r)));
-      }
-    });
+    OnComplete(Continuation{std::move(f), std::move(promise)});
     return out;
   }
 

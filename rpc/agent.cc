@@ -290,27 +290,30 @@ void Agent::DispatchTo(MessageType type,
   }
   // One allocation shared by the task and its cancellation: `done` is
   // called by whichever of them runs (or below, when the executor refuses).
+  // The task captures only `pending`, so it is stored inline in the task.
   struct Pending {
+    Agent* agent;
     std::shared_ptr<const FunctionEntry> entry;
     Handler handler;
     Receiver receive;
     ReplyCallback done;
   };
-  auto pending =
-      std::make_shared<Pending>(Pending{std::move(entry), std::move(handler),
-                                        std::move(receive), std::move(done)});
+  auto pending = std::make_shared<Pending>(
+      Pending{this, std::move(entry), std::move(handler), std::move(receive),
+              std::move(done)});
   absl::Status submitted = executor_->Submit(
-      [this, pending] {
+      [pending] {
         Pending& p = *pending;
         if (p.entry != nullptr) {
-          Serve(
-              [this, &p](Message&& m) {
-                return ServeFunction(*p.entry, std::move(m));
+          p.agent->Serve(
+              [&p](Message&& m) {
+                return p.agent->ServeFunction(*p.entry, std::move(m));
               },
               p.receive(), std::move(p.done));
         } else {
-          Serve([&p](Message&& m) -> Answer { return p.handler(std::move(m)); },
-                p.receive(), std::move(p.done));
+          p.agent->Serve(
+              [&p](Message&& m) -> Answer { return p.handler(std::move(m)); },
+              p.receive(), std::move(p.done));
         }
       },
       [pending](const absl::Status& s) { pending->done(s); });

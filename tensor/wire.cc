@@ -366,6 +366,78 @@ class Encoder {
 // --- Decoding
 // -------------------------------------------------------------------
 
+// A bounds-checked cursor over protobuf fields in one buffer, for the
+// decoder's fast path: every read returns false on anything malformed.
+class FieldReader {
+ public:
+  explicit FieldReader(std::string_view body)
+      : p_(reinterpret_cast<const uint8_t*>(body.data())),
+        end_(p_ + body.size()) {}
+
+  bool done() const { return p_ == end_; }
+
+  // The next field's number and wire type.
+  bool Tag(uint64_t* field, int* type) {
+    uint64_t tag;
+    if (!Varint(&tag) || tag > UINT32_MAX) return false;
+    *field = tag >> 3;
+    *type = static_cast<int>(tag & 7);
+    return *field != 0;
+  }
+
+  // The same, refusing numbers over `max_field` (at most 31) and any number
+  // already in `*seen` (a bit per number), where it then records this one:
+  // the fast path takes each field of a message once.
+  bool TagOnce(int max_field, uint32_t* seen, uint64_t* field, int* type) {
+    if (!Tag(field, type) || *field > static_cast<uint64_t>(max_field) ||
+        (*seen & (1u << *field)) != 0) {
+      return false;
+    }
+    *seen |= 1u << *field;
+    return true;
+  }
+
+  // At most 10 bytes, the tenth holding only the top bit.
+  bool Varint(uint64_t* v) {
+    uint64_t value = 0;
+    for (int i = 0; i < 10 && p_ < end_; ++i) {
+      const uint8_t b = *p_++;
+      if (i == 9 && b > 1) return false;
+      value |= static_cast<uint64_t>(b & 0x7F) << (7 * i);
+      if ((b & 0x80) == 0) {
+        *v = value;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool Fixed64(uint64_t* v) {
+    if (end_ - p_ < 8) return false;
+    std::memcpy(v, p_, 8);
+    p_ += 8;
+    return true;
+  }
+
+  // A length-delimited body.
+  bool Length(std::string_view* body) {
+    uint64_t n;
+    if (!Varint(&n) || n > static_cast<uint64_t>(end_ - p_)) return false;
+    *body = std::string_view(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return true;
+  }
+
+ private:
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+// Wire types.
+constexpr int kVarint = 0;
+constexpr int kFixed64 = 1;
+constexpr int kLength = 2;
+
 class Decoder {
  public:
   Decoder(absl::Span<const WireChunk> chunks, const WireLimits& limits,
@@ -416,6 +488,27 @@ class Decoder {
       if (stats_) stats_->metadata_bytes_copied += meta_len;
     }
     if (stats_) stats_->metadata_bytes += kWireHeaderBytes + meta_len;
+    const uint64_t payloads_start =
+        kWireHeaderBytes + meta_len + PadTo(kWireHeaderBytes + meta_len);
+    // Fast path: the metadata as EncodeValue writes it, read by hand. On
+    // anything else (other field orders or repetitions, unknown fields, any
+    // error) the work is dropped and the protobuf parser below, which
+    // defines the format and words every error, decodes the stream.
+    {
+      const WireStats saved = stats_ != nullptr ? *stats_ : WireStats{};
+      cursor_ = payloads_start;
+      Value v;
+      if (FastMetadata(std::string_view(meta, meta_len), &v) &&
+          cursor_ == total_) {
+        return v;
+      }
+      cursor_ = payloads_start;
+      tensor_count_ = 0;
+      if (stats_ != nullptr) {
+        *stats_ = saved;
+        ++stats_->metadata_protobuf_parses;
+      }
+    }
     // Small metadata (a few tensors) parses into this stack block: no heap
     // allocation per message object, and nothing to free one by one.
     alignas(8) char block[kArenaBlockBytes];
@@ -425,8 +518,7 @@ class Decoder {
     {
       google::protobuf::io::CodedInputStream in(
           reinterpret_cast<const uint8_t*>(meta), static_cast<int>(meta_len));
-      // Each level of Value nesting costs two message levels (value, list).
-      in.SetRecursionLimit(2 * std::max(limits_.max_depth, 0) + 8);
+      in.SetRecursionLimit(RecursionLimit());
       if (!md.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
         return Invalid(
             absl::StrCat("metadata does not parse (corrupt, or nested deeper "
@@ -434,8 +526,6 @@ class Decoder {
                          limits_.max_depth, ")"));
       }
     }
-    cursor_ = kWireHeaderBytes + meta_len;
-    cursor_ += PadTo(cursor_);
     if (!md.has_value()) return Invalid("metadata holds no value");
     ASSIGN_OR_RETURN(Value v, DecodeValue(md.value(), 0));
     if (cursor_ > total_) {
@@ -450,6 +540,228 @@ class Decoder {
   }
 
  private:
+  // The protobuf parser's limit on message nesting: each level of Value
+  // nesting costs two message levels (value, list).
+  int RecursionLimit() const { return 2 * std::max(limits_.max_depth, 0) + 8; }
+
+  // --- Fast path: each returns false where the protobuf path must decide.
+
+  bool FastMetadata(std::string_view meta, Value* out) {
+    FieldReader in(meta);
+    uint64_t field;
+    int type;
+    std::string_view body;
+    return in.Tag(&field, &type) && field == kMetadataValueFieldNumber &&
+           type == kLength && in.Length(&body) && in.done() &&
+           FastValue(body, 0, 1, out);
+  }
+
+  // A ValueProto holding exactly one field of its oneof, at list/dict depth
+  // `depth` and message nesting `level`. Nesting near the protobuf parser's
+  // recursion limit is left to it: it decides what is too deep.
+  bool FastValue(std::string_view proto, int depth, int level, Value* out) {
+    if (level + 3 > RecursionLimit()) return false;
+    FieldReader in(proto);
+    uint64_t field;
+    int type;
+    if (!in.Tag(&field, &type)) return false;
+    uint64_t n = 0;
+    std::string_view body;
+    bool ok = false;
+    switch (type) {
+      case kVarint:
+        ok = in.Varint(&n);
+        break;
+      case kFixed64:
+        ok = in.Fixed64(&n);
+        break;
+      case kLength:
+        ok = in.Length(&body);
+        break;
+    }
+    if (!ok || !in.done()) return false;
+    switch (field) {
+      case kNoneFieldNumber:
+        *out = Value::None();
+        return type == kLength && body.empty();
+      case kBoolFieldNumber:
+        *out = Value::Bool(n != 0);
+        return type == kVarint;
+      case kIntFieldNumber:
+        *out = Value::Int(static_cast<int64_t>((n >> 1) ^ (~(n & 1) + 1)));
+        return type == kVarint;
+      case kDoubleFieldNumber:
+        *out = Value::Double(std::bit_cast<double>(n));
+        return type == kFixed64;
+    }
+    if (type != kLength) return false;
+    switch (field) {
+      case kStringFieldNumber:
+        *out = Value::String(std::string(body));
+        return true;
+      case kBytesFieldNumber:
+        *out = Value::FromBytes(Bytes{std::string(body)});
+        return true;
+      case kTensorFieldNumber:
+        return FastTensor(body, out);
+      case kListFieldNumber:
+        return depth + 1 <= limits_.max_depth &&
+               FastList(body, depth + 1, level, out);
+      case kDictFieldNumber:
+        return depth + 1 <= limits_.max_depth &&
+               FastDict(body, depth + 1, level, out);
+      case kRRefFieldNumber:
+        return FastRRef(body, out);
+      case kMessageFieldNumber:
+        return FastMessage(body, out);
+    }
+    return false;
+  }
+
+  bool FastTensor(std::string_view meta, Value* out) {
+    FieldReader in(meta);
+    uint64_t code = 0, nbytes = 0;
+    std::vector<int64_t> sizes;
+    uint32_t seen = 0;  // Bit per field number: each may appear once.
+    while (!in.done()) {
+      uint64_t field, v;
+      int type;
+      std::string_view body;
+      if (!in.TagOnce(kMetaDeviceFieldNumber, &seen, &field, &type)) {
+        return false;
+      }
+      if (field == kMetaSizesFieldNumber || field == kMetaDeviceFieldNumber) {
+        if (type != kLength || !in.Length(&body)) return false;
+        if (field == kMetaDeviceFieldNumber) continue;  // Informational.
+        FieldReader packed(body);
+        while (!packed.done()) {
+          if (!packed.Varint(&v)) return false;
+          sizes.push_back(static_cast<int64_t>(v));
+        }
+      } else if (type != kVarint || !in.Varint(&v)) {
+        return false;
+      } else {
+        (field == kMetaDtypeFieldNumber ? code : nbytes) = v;
+      }
+    }
+    if (code < 1 || code > std::size(kAllDTypes)) return false;
+    absl::StatusOr<Tensor> t =
+        DecodeTensor(static_cast<int>(code), std::move(sizes), nbytes);
+    if (!t.ok()) return false;
+    *out = Value::FromTensor(*std::move(t));
+    return true;
+  }
+
+  // Repeated length-delimited field `field` and nothing else; `item` reads
+  // each body.
+  template <typename Item>
+  static bool ForEachItem(std::string_view proto, uint64_t field, Item item) {
+    FieldReader in(proto);
+    while (!in.done()) {
+      uint64_t f;
+      int type;
+      std::string_view body;
+      if (!in.Tag(&f, &type) || f != field || type != kLength ||
+          !in.Length(&body) || !item(body)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // `level`: the nesting of the ValueProto holding the list (or dict).
+  bool FastList(std::string_view proto, int depth, int level, Value* out) {
+    Value::List l;
+    const bool ok =
+        ForEachItem(proto, kListItemsFieldNumber, [&](std::string_view item) {
+          return FastValue(item, depth, level + 2, &l.emplace_back());
+        });
+    if (ok) *out = Value::FromList(std::move(l));
+    return ok;
+  }
+
+  bool FastDict(std::string_view proto, int depth, int level, Value* out) {
+    Value::Dict d;
+    auto entry = [&](std::string_view e) {
+      FieldReader in(e);
+      uint64_t f1, f2;
+      int t1, t2;
+      std::string_view key, value;
+      Value v;
+      return in.Tag(&f1, &t1) && f1 == kEntryKeyFieldNumber && t1 == kLength &&
+             in.Length(&key) && in.Tag(&f2, &t2) &&
+             f2 == kEntryValueFieldNumber && t2 == kLength &&
+             in.Length(&value) && in.done() &&
+             FastValue(value, depth, level + 3, &v) &&
+             d.emplace(std::string(key), std::move(v)).second;
+    };
+    const bool ok = ForEachItem(proto, kDictEntriesFieldNumber, entry);
+    if (ok) *out = Value::FromDict(std::move(d));
+    return ok;
+  }
+
+  bool FastRRef(std::string_view proto, Value* out) {
+    FieldReader in(proto);
+    RRefHandle r;
+    uint32_t seen = 0;
+    while (!in.done()) {
+      uint64_t field, v = 0;
+      int type;
+      std::string_view body;
+      if (!in.TagOnce(kRRefForkFieldNumber, &seen, &field, &type)) {
+        return false;
+      }
+      const bool bytes =
+          field == kRRefTypeFieldNumber || field == kRRefExtraFieldNumber;
+      if (bytes ? type != kLength || !in.Length(&body)
+                : type != kVarint || !in.Varint(&v)) {
+        return false;
+      }
+      switch (field) {
+        case kRRefOwnerFieldNumber:
+          r.owner_id = static_cast<int64_t>(v);
+          break;
+        case kRRefIdFieldNumber:
+          r.rref_id = GlobalId::FromValue(v);
+          break;
+        case kRRefForkFieldNumber:
+          r.fork_id = GlobalId::FromValue(v);
+          break;
+        case kRRefTypeFieldNumber:
+          r.type_name = std::string(body);
+          break;
+        case kRRefExtraFieldNumber:
+          r.extra = std::string(body);
+          break;
+        default:
+          return false;  // Reserved numbers.
+      }
+    }
+    *out = Value::FromRRef(std::move(r));
+    return true;
+  }
+
+  bool FastMessage(std::string_view proto, Value* out) {
+    FieldReader in(proto);
+    MessageValue m;
+    uint32_t seen = 0;
+    while (!in.done()) {
+      uint64_t field;
+      int type;
+      std::string_view body;
+      if (!in.TagOnce(kMessageDataFieldNumber, &seen, &field, &type) ||
+          type != kLength || !in.Length(&body)) {
+        return false;
+      }
+      (field == kMessageTypeFieldNumber ? m.type_name : m.data) =
+          std::string(body);
+    }
+    *out = Value::FromMessage(std::move(m));
+    return true;
+  }
+
+  // --- The protobuf path.
+
   absl::StatusOr<Value> DecodeValue(const proto::ValueProto& p, int depth) {
     switch (p.kind_case()) {
       case proto::ValueProto::kNone:
@@ -465,7 +777,12 @@ class Decoder {
       case proto::ValueProto::kBytesValue:
         return Value::FromBytes(Bytes{p.bytes_value()});
       case proto::ValueProto::kTensor: {
-        ASSIGN_OR_RETURN(Tensor t, DecodeTensor(p.tensor()));
+        const proto::TensorMeta& meta = p.tensor();
+        ASSIGN_OR_RETURN(Tensor t,
+                         DecodeTensor(static_cast<int>(meta.dtype()),
+                                      std::vector<int64_t>(meta.sizes().begin(),
+                                                           meta.sizes().end()),
+                                      meta.nbytes()));
         return Value::FromTensor(std::move(t));
       }
       case proto::ValueProto::kList: {
@@ -517,25 +834,26 @@ class Decoder {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Tensor> DecodeTensor(const proto::TensorMeta& meta) {
+  // A tensor's metadata: its dtype code (proto::WireDType), shape and
+  // payload length.
+  absl::StatusOr<Tensor> DecodeTensor(int code, std::vector<int64_t> sizes,
+                                      uint64_t meta_nbytes) {
     const size_t index = tensor_count_++;
     // Errors name the tensor; the text is made only for them.
     auto what = [index] { return absl::StrCat("tensor #", index); };
-    const int code = static_cast<int>(meta.dtype());
     if (code < 1 || code > static_cast<int>(std::size(kAllDTypes))) {
       return Invalid(absl::StrCat(what(), ": unknown dtype ", code));
     }
     const DType dtype = static_cast<DType>(code - 1);
-    std::vector<int64_t> sizes(meta.sizes().begin(), meta.sizes().end());
     int64_t nbytes = 0;
     absl::Status shape = CheckShape(sizes, dtype, &nbytes);
     if (!shape.ok())
       return Invalid(absl::StrCat(what(), ": ", shape.message()));
-    if (meta.nbytes() != static_cast<uint64_t>(nbytes)) {
+    if (meta_nbytes != static_cast<uint64_t>(nbytes)) {
       return Invalid(absl::StrCat(what(), ": byte count mismatch: shape [",
                                   absl::StrJoin(sizes, ", "), "] of ",
                                   DTypeName(dtype), " needs ", nbytes,
-                                  " bytes, metadata says ", meta.nbytes()));
+                                  " bytes, metadata says ", meta_nbytes));
     }
     const uint64_t n = static_cast<uint64_t>(nbytes);
     if (cursor_ > total_ || n > total_ - cursor_) {
@@ -612,7 +930,7 @@ class Decoder {
   absl::Span<const WireChunk> chunks_;
   const WireLimits& limits_;
   WireStats* stats_;
-  std::vector<uint64_t> starts_;
+  absl::InlinedVector<uint64_t, 4> starts_;  // Where each chunk begins.
   uint64_t total_ = 0;
   uint64_t cursor_ = 0;
   size_t tensor_count_ = 0;

@@ -14,13 +14,15 @@
 // WireStats::payload_bytes_copied); CUDA tensors are rejected (Unimplemented).
 //
 // Decode reads a stream split into arbitrary chunks (as a transport delivers
-// it). A payload that lies inside one chunk that carries a keepalive and is
-// aligned for its dtype becomes the tensor's storage without a copy (the
-// tensor keeps the keepalive); any other payload is copied once into fresh
-// storage. Untrusted input never crashes the decoder: every problem
-// (truncation, bad magic, unknown dtype, negative or overflowing shapes,
-// byte-count mismatches, nesting or sizes over WireLimits, trailing bytes) is
-// an InvalidArgument naming it.
+// it). Metadata in the form EncodeValue writes is read by hand; any other
+// valid protobuf encoding of it decodes alike through the protobuf parser. A
+// payload that lies inside one chunk that carries a keepalive and is aligned
+// for its dtype becomes the tensor's storage without a copy (the tensor keeps
+// the keepalive); any other payload is copied once into fresh storage.
+// Untrusted input never crashes the decoder: every problem (truncation, bad
+// magic, unknown dtype, negative or overflowing shapes, byte-count mismatches,
+// nesting or sizes over WireLimits, trailing bytes) is an InvalidArgument
+// naming it.
 //
 // Thread safety: the functions are reentrant; WireStats is not synchronized
 // (use one per call or per thread).
@@ -63,6 +65,9 @@ struct WireStats {
   uint64_t payload_bytes_adopted = 0;  // Decoded payload bytes used in place.
   uint64_t metadata_bytes = 0;         // Header + metadata bytes.
   uint64_t metadata_bytes_copied = 0;  // Metadata bytes gathered into a buffer.
+  // Streams whose metadata the protobuf parser read: not in the form
+  // EncodeValue writes (which a hand-written reader takes), or invalid.
+  uint64_t metadata_protobuf_parses = 0;
 };
 
 // One tensor payload in an encoded stream.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/proto_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/tensor.pb.h"
@@ -72,6 +73,12 @@ Value Sample() {
   d["empty_tensor"] = Value::FromTensor(zeros({0, 4}));
   d["scalar_tensor"] = Value::FromTensor(full({}, 7, DType::kInt64));
   return Value::FromDict(std::move(d));
+}
+
+Value Nested(int depth) {
+  Value v = Value::Int(0);
+  for (int i = 0; i < depth; ++i) v = Value::FromList({std::move(v)});
+  return v;
 }
 
 TEST(WireTest, EveryDTypeRoundTrips) {
@@ -143,6 +150,63 @@ TEST(WireTest, MetadataIsCanonicalProtobuf) {
 
 // Only CPU tensors are sent, so the encoder writes the CPU device's name
 // without asking each tensor; it must be the name Device gives.
+// What EncodeValue writes is read by the hand-written reader; other valid
+// encodings of the same value (field order, unpacked sizes, unknown fields,
+// a repeated oneof member) go to the protobuf parser and decode alike.
+TEST(WireTest, CanonicalMetadataIsReadByHandAndOtherFormsAlike) {
+  for (const Value& v : {Sample(), Nested(64), Value::None(), Value::Int(-7),
+                         Value::FromList({})}) {
+    WireStats stats;
+    absl::StatusOr<Value> back = DecodeValue(Flat(v), {}, &stats);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, v);
+    EXPECT_EQ(stats.metadata_protobuf_parses, 0u) << v.DebugString();
+  }
+  using proto_wire::AppendLengthPrefix;
+  using proto_wire::AppendVarint;
+  auto varint = [](int field, uint64_t v) {
+    std::string out;
+    AppendVarint(&out, uint64_t(field) << 3);
+    AppendVarint(&out, v);
+    return out;
+  };
+  auto bytes = [](int field, const std::string& body) {
+    std::string out;
+    AppendLengthPrefix(&out, field, body.size());
+    return out + body;
+  };
+  // A 2x3 int8 tensor, as ValueProto bodies of a TensorMeta (field 7).
+  const std::string dtype = varint(1, 7), nbytes = varint(3, 6);
+  const std::string sizes = bytes(2, "\x02\x03"), device = bytes(4, "cpu");
+  // Each with the number of protobuf parses it takes: the hand-written
+  // reader takes a tensor's fields in any order, each once.
+  const std::vector<std::pair<std::string, uint64_t>> tensors = {
+      {bytes(7, device + nbytes + sizes + dtype), 0},               // Order.
+      {bytes(7, dtype + varint(2, 2) + varint(2, 3) + nbytes), 1},  // Unpacked.
+      {bytes(7, dtype + sizes + nbytes + varint(99, 1)), 1},        // Unknown.
+      {varint(20, 5) + bytes(7, dtype + sizes + nbytes), 1},        // Unknown.
+      {varint(3, 1) + bytes(7, dtype + sizes + nbytes), 1},  // Oneof twice.
+  };
+  const Tensor expected = arange(6, DType::kInt8).view({2, 3});
+  for (const auto& [value, protobuf_parses] : tensors) {
+    std::string meta = bytes(1, value);
+    std::string stream = "FRY1";
+    const uint32_t len = static_cast<uint32_t>(meta.size());
+    stream.append(reinterpret_cast<const char*>(&len), 4);
+    stream += meta;
+    stream.resize((stream.size() + 63) / 64 * 64, '\0');
+    stream.append(static_cast<const char*>(expected.data_ptr()), 6);
+    stream.resize((stream.size() + 63) / 64 * 64, '\0');
+    WireStats stats;
+    absl::StatusOr<Value> back = DecodeValue(stream, {}, &stats);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, Value::FromTensor(expected));
+    EXPECT_EQ(stats.metadata_protobuf_parses, protobuf_parses);
+    EXPECT_EQ(stats.payload_bytes, 6u);
+    EXPECT_EQ(stats.payload_bytes_copied, 6u);
+  }
+}
+
 TEST(WireTest, TensorMetadataNamesTheCpuDevice) {
   const Tensor t = ones({2, 3});
   absl::StatusOr<EncodedValue> e =
@@ -358,12 +422,6 @@ TEST(WireHostileTest, DuplicateDictKey) {
     e->mutable_value()->set_int_value(i);
   }
   EXPECT_THAT(DecodeError(Craft(md)), HasSubstr("duplicate dict key \"k\""));
-}
-
-Value Nested(int depth) {
-  Value v = Value::Int(0);
-  for (int i = 0; i < depth; ++i) v = Value::FromList({std::move(v)});
-  return v;
 }
 
 TEST(WireHostileTest, NestingDeeperThanLimit) {

@@ -19,7 +19,7 @@ namespace {
 // A read cursor over a list of chunks.
 class ChunkReader {
  public:
-  explicit ChunkReader(const std::vector<WireChunk>& chunks) : chunks_(chunks) {
+  explicit ChunkReader(absl::Span<const WireChunk> chunks) : chunks_(chunks) {
     Normalize();
   }
 
@@ -134,7 +134,7 @@ class ChunkReader {
     }
   }
 
-  const std::vector<WireChunk>& chunks_;
+  const absl::Span<const WireChunk> chunks_;
   size_t index_ = 0;
   size_t offset_ = 0;
   size_t consumed_ = 0;
@@ -166,12 +166,33 @@ grpc::ByteBuffer EncodeEnvelope(std::string header, EncodedValue payload) {
 
 absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
                                             size_t max_header_bytes) {
-  ASSIGN_OR_RETURN(std::vector<WireChunk> chunks, ChunksOfByteBuffer(buffer));
-  return SplitEnvelope(chunks, max_header_bytes);
+  grpc::Slice single;
+  if (!buffer.TrySingleSlice(&single).ok()) {
+    ASSIGN_OR_RETURN(std::vector<WireChunk> chunks, ChunksOfByteBuffer(buffer));
+    return SplitEnvelope(chunks, max_header_bytes);
+  }
+  // One slice (most messages): split it borrowed, and give it an owner only
+  // when a payload references it, so a message without one allocates none.
+  const auto* base = reinterpret_cast<const char*>(single.begin());
+  const WireChunk borrowed{base, single.size(), nullptr};
+  ASSIGN_OR_RETURN(
+      EnvelopeParts parts,
+      SplitEnvelope(absl::MakeConstSpan(&borrowed, 1), max_header_bytes));
+  if (!parts.payload.empty()) {
+    // A small slice keeps its bytes inside the object, so the payload is
+    // re-pointed at the held copy by offset.
+    auto held = std::make_shared<grpc::Slice>(std::move(single));
+    const auto* moved = reinterpret_cast<const char*>(held->begin());
+    for (WireChunk& c : parts.payload) {
+      c.data = moved + (c.data - base);
+      c.keepalive = held;
+    }
+  }
+  return parts;
 }
 
-absl::StatusOr<EnvelopeParts> SplitEnvelope(
-    const std::vector<WireChunk>& chunks, size_t max_header_bytes) {
+absl::StatusOr<EnvelopeParts> SplitEnvelope(absl::Span<const WireChunk> chunks,
+                                            size_t max_header_bytes) {
   EnvelopeParts parts;
   ChunkReader in(chunks);
   bool have_payload = false;

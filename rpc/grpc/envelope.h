@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/proto_wire.h"
 #include "google/protobuf/message_lite.h"
 #include "tensor/wire.h"
@@ -55,8 +56,8 @@ absl::StatusOr<EnvelopeParts> SplitEnvelope(const grpc::ByteBuffer& buffer,
                                             size_t max_header_bytes = 1 << 20);
 // The same over the buffer's chunks (ChunksOfByteBuffer), empty ones
 // included; the payload's chunks share their keepalives.
-absl::StatusOr<EnvelopeParts> SplitEnvelope(
-    const std::vector<WireChunk>& chunks, size_t max_header_bytes = 1 << 20);
+absl::StatusOr<EnvelopeParts> SplitEnvelope(absl::Span<const WireChunk> chunks,
+                                            size_t max_header_bytes = 1 << 20);
 
 }  // namespace ferry::rpc
 

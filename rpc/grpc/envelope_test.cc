@@ -46,14 +46,14 @@ struct Sample {
   std::string bytes = before + BytesField(kPayloadField, payload) + after;
 };
 
-std::string Joined(const std::vector<WireChunk>& chunks) {
+std::string Joined(absl::Span<const WireChunk> chunks) {
   std::string out;
   for (const WireChunk& c : chunks) out.append(c.data, c.size);
   return out;
 }
 
 // Whether `chunks` hold `bytes`, compared in place (no 2 MiB copy per case).
-bool SameBytes(const std::vector<WireChunk>& chunks, absl::string_view bytes) {
+bool SameBytes(absl::Span<const WireChunk> chunks, absl::string_view bytes) {
   size_t at = 0;
   for (const WireChunk& c : chunks) {
     if (bytes.substr(at, c.size) != absl::string_view(c.data, c.size)) {

@@ -98,8 +98,8 @@ grpc::ServerUnaryReactor* WorkerService::Call(
     reactor->Reply(ToGrpcStatus(slot.status()));
     return reactor;
   }
-  Serve(start, std::make_shared<ReceivedRequest>(*std::move(split)),
-        *std::move(slot), [reactor](grpc::Status status, EncodedParts* parts) {
+  Serve(start, *std::move(split), *std::move(slot),
+        [reactor](grpc::Status status, EncodedParts* parts) {
           if (parts == nullptr) {
             reactor->Reply(std::move(status));
           } else {
@@ -127,49 +127,69 @@ absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
   return limiter_.Acquire(peer, name());
 }
 
-void WorkerService::Serve(absl::Time start,
-                          std::shared_ptr<ReceivedRequest> received,
-                          std::shared_ptr<void> slot, Replier reply) {
-  const MessageType type = static_cast<MessageType>(received->header.type());
+namespace {
+
+// What serving one request keeps between its two steps (decoding it, then
+// replying): one allocation, which both steps' closures share.
+struct Served {
+  GrpcAgent* agent;
+  absl::Time start;
+  WorkerService::Replier reply;
+  std::shared_ptr<void> slot;
+  SameHostLink link;
+  uint64_t bytes_in;
   // Stats are kept per function for calls, per type for other messages.
-  std::string key = type == MessageType::kCall ? received->header.function()
-                                               : MessageTypeName(type);
-  const uint64_t bytes_in = received->parts.total_bytes;
-  const WireLimits limits = agent_->grpc_options_.wire_limits;
-  const SameHostLink link{agent_->same_host_.get(),
-                          static_cast<int>(received->header.caller_id())};
-  GrpcAgent* agent = agent_;
-  const std::string& function = received->header.function();
-  auto receive = [received, start, limits, link]() mutable {
-    absl::StatusOr<Message> m = DecodeRequest(*received, start, limits, link);
-    received.reset();  // Release the request's slices early.
+  std::string key;
+  std::optional<ReceivedRequest> received;  // Until decoded.
+};
+
+}  // namespace
+
+void WorkerService::Serve(absl::Time start, ReceivedRequest received,
+                          std::shared_ptr<void> slot, Replier reply) {
+  const MessageType type = static_cast<MessageType>(received.header.type());
+  auto served = std::make_shared<Served>(
+      Served{agent_, start, std::move(reply), std::move(slot),
+             SameHostLink{agent_->same_host_.get(),
+                          static_cast<int>(received.header.caller_id())},
+             received.parts.total_bytes,
+             type == MessageType::kCall ? received.header.function()
+                                        : std::string(MessageTypeName(type)),
+             std::move(received)});
+  auto receive = [served] {
+    absl::StatusOr<Message> m =
+        DecodeRequest(*served->received, served->start,
+                      served->agent->grpc_options_.wire_limits, served->link);
+    served->received.reset();  // Release the request's slices early.
     return m;
   };
   // Called once, on the thread that finished the call: gRPC's for a function
   // registered non-blocking (see rpc/agent.h), else an executor thread.
-  auto done = [agent, reply = std::move(reply), start, bytes_in, link,
-               key = std::move(key),
-               slot = std::move(slot)](Result<Message> result) mutable {
+  auto done = [served](Result<Message> result) {
+    Served& s = *served;
+    GrpcAgent* agent = s.agent;
     absl::StatusOr<EncodedParts> encoded =
         EncodeReplyParts(result, agent->grpc_options_.wire_limits);
     if (!encoded.ok()) {
-      agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
-                           true, bytes_in, 0);
-      reply(ToGrpcStatus(
-                Annotate(encoded.status(),
-                         absl::StrCat("worker '", agent->self().name,
-                                      "' encoding the result of '", key, "'"))),
-            nullptr);
+      agent->stats_.Record(RpcStats::Direction::kIn, s.key,
+                           absl::Now() - s.start, true, s.bytes_in, 0);
+      s.reply(ToGrpcStatus(Annotate(
+                  encoded.status(),
+                  absl::StrCat("worker '", agent->self().name,
+                               "' encoding the result of '", s.key, "'"))),
+              nullptr);
       return;
     }
     const uint64_t bytes_out = encoded->bytes();
     // Taken by the same-host channel, the reply is small: never streamed.
-    OfferSameHost(*encoded, link, /*lease=*/nullptr);
-    agent->stats_.Record(RpcStats::Direction::kIn, key, absl::Now() - start,
-                         !result.ok(), bytes_in, bytes_out);
-    reply(grpc::Status::OK, &*encoded);
+    OfferSameHost(*encoded, s.link, /*lease=*/nullptr);
+    agent->stats_.Record(RpcStats::Direction::kIn, s.key, absl::Now() - s.start,
+                         !result.ok(), s.bytes_in, bytes_out);
+    s.reply(grpc::Status::OK, &*encoded);
   };
-  agent_->Dispatch(type, function, std::move(receive), std::move(done));
+  // The function's name lives in `served` until the request is decoded.
+  agent_->Dispatch(type, served->received->header.function(),
+                   std::move(receive), std::move(done));
 }
 
 }  // namespace ferry::rpc::grpc_agent

@@ -55,7 +55,7 @@ class WorkerService final
   using Replier = std::function<void(grpc::Status, EncodedParts*)>;
   absl::StatusOr<std::shared_ptr<void>> Admit(
       const ferry::rpc::v1::RpcRequest& header, const std::string& peer);
-  void Serve(absl::Time start, std::shared_ptr<ReceivedRequest> received,
+  void Serve(absl::Time start, ReceivedRequest received,
              std::shared_ptr<void> slot, Replier reply);
 
   const std::string& name() const { return agent_->self().name; }

@@ -147,9 +147,9 @@ class ServerStream final
     if (!complete.ok()) {
       FinishWith(complete.status());
     } else if (*complete) {
-      auto request = std::make_shared<ReceivedRequest>();
-      request->header = receiver_.header();
-      request->parts = receiver_.Take();
+      ReceivedRequest request;
+      request.header = receiver_.header();
+      request.parts = receiver_.Take();
       Dispatch(std::move(request));
     } else {
       Read();
@@ -196,7 +196,7 @@ class ServerStream final
     stream->Read(&in_);
   }
 
-  void Dispatch(std::shared_ptr<ReceivedRequest> request) {
+  void Dispatch(ReceivedRequest request) {
     service_->Serve(start_, std::move(request), std::move(slot_),
                     [this](grpc::Status status, EncodedParts* parts) {
                       Reply(std::move(status), parts);

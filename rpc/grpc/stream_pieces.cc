@@ -131,7 +131,7 @@ absl::Status PieceAssembler::Start(uint64_t total, Allocator* allocator,
   return absl::OkStatus();
 }
 
-absl::Status PieceAssembler::Add(const std::vector<WireChunk>& piece,
+absl::Status PieceAssembler::Add(absl::Span<const WireChunk> piece,
                                  StreamStats* stats) {
   uint64_t bytes = 0;
   for (const WireChunk& c : piece) bytes += c.size;

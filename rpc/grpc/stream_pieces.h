@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "proto/rpc.pb.h"
 #include "rpc/grpc/buffer_pool.h"
 #include "rpc/grpc/codec.h"
@@ -98,7 +99,7 @@ class PieceAssembler {
   absl::Status Start(uint64_t total, Allocator* allocator,
                      ReceiveBufferPool* pool = nullptr);
   // Copies the next piece into place; InvalidArgument past the end.
-  absl::Status Add(const std::vector<WireChunk>& piece, StreamStats* stats);
+  absl::Status Add(absl::Span<const WireChunk> piece, StreamStats* stats);
   bool complete() const { return received_ == total_; }
   uint64_t received() const { return received_; }
   uint64_t total() const { return total_; }
