@@ -502,13 +502,11 @@ class Decoder {
           cursor_ == total_) {
         return v;
       }
-      cursor_ = payloads_start;
-      tensor_count_ = 0;
-      if (stats_ != nullptr) {
-        *stats_ = saved;
-        ++stats_->metadata_protobuf_parses;
-      }
+      if (stats_ != nullptr) *stats_ = saved;
     }
+    if (stats_ != nullptr) ++stats_->metadata_protobuf_parses;
+    cursor_ = payloads_start;
+    tensor_count_ = 0;
     // Small metadata (a few tensors) parses into this stack block: no heap
     // allocation per message object, and nothing to free one by one.
     alignas(8) char block[kArenaBlockBytes];
