@@ -377,18 +377,19 @@ class FieldReader {
   bool done() const { return p_ == end_; }
 
   // The next field's number and wire type.
-  bool Tag(uint64_t* field, int* type) {
+  bool Tag(uint64_t* field, proto_wire::WireType* type) {
     uint64_t tag;
     if (!Varint(&tag) || tag > UINT32_MAX) return false;
     *field = tag >> 3;
-    *type = static_cast<int>(tag & 7);
+    *type = static_cast<proto_wire::WireType>(tag & 7);
     return *field != 0;
   }
 
   // The same, refusing numbers over `max_field` (at most 31) and any number
   // already in `*seen` (a bit per number), where it then records this one:
   // the fast path takes each field of a message once.
-  bool TagOnce(int max_field, uint32_t* seen, uint64_t* field, int* type) {
+  bool TagOnce(int max_field, uint32_t* seen, uint64_t* field,
+               proto_wire::WireType* type) {
     if (!Tag(field, type) || *field > static_cast<uint64_t>(max_field) ||
         (*seen & (1u << *field)) != 0) {
       return false;
@@ -433,10 +434,10 @@ class FieldReader {
   const uint8_t* end_;
 };
 
-// Wire types.
-constexpr int kVarint = 0;
-constexpr int kFixed64 = 1;
-constexpr int kLength = 2;
+using proto_wire::WireType;
+constexpr WireType kVarint = WireType::kVarint;
+constexpr WireType kFixed64 = WireType::kFixed64;
+constexpr WireType kLength = WireType::kLength;
 
 class Decoder {
  public:
@@ -547,7 +548,7 @@ class Decoder {
   bool FastMetadata(std::string_view meta, Value* out) {
     FieldReader in(meta);
     uint64_t field;
-    int type;
+    WireType type;
     std::string_view body;
     return in.Tag(&field, &type) && field == kMetadataValueFieldNumber &&
            type == kLength && in.Length(&body) && in.done() &&
@@ -561,7 +562,7 @@ class Decoder {
     if (level + 3 > RecursionLimit()) return false;
     FieldReader in(proto);
     uint64_t field;
-    int type;
+    WireType type;
     if (!in.Tag(&field, &type)) return false;
     uint64_t n = 0;
     std::string_view body;
@@ -623,7 +624,7 @@ class Decoder {
     uint32_t seen = 0;  // Bit per field number: each may appear once.
     while (!in.done()) {
       uint64_t field, v;
-      int type;
+      WireType type;
       std::string_view body;
       if (!in.TagOnce(kMetaDeviceFieldNumber, &seen, &field, &type)) {
         return false;
@@ -657,7 +658,7 @@ class Decoder {
     FieldReader in(proto);
     while (!in.done()) {
       uint64_t f;
-      int type;
+      WireType type;
       std::string_view body;
       if (!in.Tag(&f, &type) || f != field || type != kLength ||
           !in.Length(&body) || !item(body)) {
@@ -683,7 +684,7 @@ class Decoder {
     auto entry = [&](std::string_view e) {
       FieldReader in(e);
       uint64_t f1, f2;
-      int t1, t2;
+      WireType t1, t2;
       std::string_view key, value;
       Value v;
       return in.Tag(&f1, &t1) && f1 == kEntryKeyFieldNumber && t1 == kLength &&
@@ -704,7 +705,7 @@ class Decoder {
     uint32_t seen = 0;
     while (!in.done()) {
       uint64_t field, v = 0;
-      int type;
+      WireType type;
       std::string_view body;
       if (!in.TagOnce(kRRefForkFieldNumber, &seen, &field, &type)) {
         return false;
@@ -745,7 +746,7 @@ class Decoder {
     uint32_t seen = 0;
     while (!in.done()) {
       uint64_t field;
-      int type;
+      WireType type;
       std::string_view body;
       if (!in.TagOnce(kMessageDataFieldNumber, &seen, &field, &type) ||
           type != kLength || !in.Length(&body)) {
