@@ -6,6 +6,7 @@
 //              [--impl=ferry-gloo] [--shm=false] [--shm_slot_bytes=B]
 //              [--shm_broadcast=auto|stream|rounds]
 //              [--shm_streaming_store_bytes=B] [--shm_chunk_bytes=B]
+//              [--shm_threads=T] [--budget_s=1] [--settle_s=1]
 //              [--backend=mpi]   (under mpirun: rank and size from
 //                                 OMPI_COMM_WORLD_*)
 //
@@ -125,6 +126,7 @@ int Main(int argc, char** argv) {
       {"check_args", "true"},
       {"impl", "ferry-gloo"},
       {"budget_s", "1"},
+      {"settle_s", "1"},
       {"shm", "false"},
       {"ops", "allreduce,broadcast,allgather,reducescatter,alltoall"},
       {"sizes", "4096,16384,65536,262144,1048576,4194304,16777216,67108864"}};
@@ -226,10 +228,29 @@ int Main(int argc, char** argv) {
   if (!absl::SimpleAtod(flags["budget_s"], &budget_sec) || budget_sec <= 0) {
     budget_sec = 1.0;
   }
+  // Before the first figure, about --settle_s seconds of its calls, untimed:
+  // right after start a process is not yet in its steady state (OpenBLAS,
+  // which tensor/ links, starts a thread per core that spins with
+  // sched_yield for a while, and on 16 cores those took the ranks' cores:
+  // thousands of preemptions per call in the first figure only).
+  // torch_bench.py does the same.
+  double settle_sec = 1;
+  if (!absl::SimpleAtod(flags["settle_s"], &settle_sec)) settle_sec = 1;
+  bool settled = false;
   bool failed = false;
   auto run = [&](const std::string& op, int64_t bytes,
                  const std::function<std::shared_ptr<Work>()>& call) {
     const int64_t volume = op == "allgather" ? n * bytes : bytes;
+    if (!settled && settle_sec > 0) {
+      settled = true;
+      const absl::Time t0 = absl::Now();
+      if (!call()->Wait().ok()) failed = true;
+      const int calls = AgreedIters(pg, absl::ToDoubleSeconds(absl::Now() - t0),
+                                    settle_sec, 1 << 20);
+      for (int i = 0; i < calls; ++i) {
+        if (!call()->Wait().ok()) failed = true;
+      }
+    }
     double warm_sec = 0;
     for (int i = 0; i < (volume >= (int64_t{16} << 20) ? 1 : 2); ++i) {
       const absl::Time t0 = absl::Now();

@@ -20,11 +20,23 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def rank_env(**extra):
+    """The ranks' environment: one OpenMP and one OpenBLAS thread each unless
+    set, as ferry_run gives several workers on a node (and torchrun
+    OMP_NUM_THREADS): a thread pool per core in every rank, spinning after
+    start, took the cores of the shared-memory collectives on 16 vCPUs."""
+    env = dict(os.environ, **extra)
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(name, "1")
+    return env
+
+
 def run_job(cmd_for_rank, world):
     with tempfile.TemporaryDirectory() as d:
         init = "file://" + os.path.join(d, "rendezvous")
         procs = [subprocess.Popen(cmd_for_rank(r, world, init),
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True,
+                                  env=rank_env())
                  for r in range(world)]
         outs = [p.communicate(timeout=1800)[0] for p in procs]
         for r, p in enumerate(procs):
@@ -44,7 +56,7 @@ def run_mpi_job(cmd, world):
                 str(world), "--mca", "btl", "self,vader", "--mca",
                 "btl_vader_single_copy_mechanism", "none"] + cmd(init)
         out = subprocess.run(argv, stdout=subprocess.PIPE, text=True,
-                             timeout=1800, env=dict(os.environ, TMPDIR="/tmp"))
+                             timeout=1800, env=rank_env(TMPDIR="/tmp"))
         if out.returncode != 0:
             sys.exit("%s exited %d" % (" ".join(argv), out.returncode))
     return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
@@ -73,11 +85,14 @@ def main():
                     help="of ferry-shm, ferry-gloo, ferry-gloo-unchecked, "
                     "ferry-mpi (where mpirun exists), pytorch-1.13-gloo, and "
                     "shm variants ferry-shm-stream, ferry-shm-nt, "
-                    "ferry-shm-stream-nt")
+                    "ferry-shm-stream-nt, ferry-shm-1t")
     ap.add_argument("--repeat", type=int, default=2,
                     help="runs per implementation, alternating; best kept")
     ap.add_argument("--budget_s", type=float, default=1.0,
                     help="about this many seconds of timed calls per figure")
+    ap.add_argument("--settle_s", type=float, default=1.0,
+                    help="untimed calls before each process's first figure "
+                    "(see c10d_bench.cc)")
     ap.add_argument("--torch_python", default="/usr/bin/python3",
                     help="the python3 whose torch is the peer (Debian's "
                     "1.13 by default; rows keep the pytorch-1.13-gloo key "
@@ -90,7 +105,8 @@ def main():
             text=True).stdout.strip()
         print("# peer: PyTorch %s (%s)" % (version or "missing",
                                           a.torch_python))
-    extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s]
+    extra = ["--ops=" + a.ops, "--sizes=" + a.sizes, "--budget_s=%g" % a.budget_s,
+             "--settle_s=%g" % a.settle_s]
 
     def ferry(name, *flags):
         return lambda r, w, init: [a.bin, "--rank=%d" % r, "--world_size=%d" % w,
@@ -111,6 +127,9 @@ def main():
         "ferry-shm-stream-nt": ferry("ferry-shm-stream-nt", "--shm=true",
                                      "--shm_broadcast=stream",
                                      "--shm_streaming_store_bytes=8388608"),
+        # The shm backend with a copy team of one thread per rank (what it
+        # did before teams, and does when ranks have no cores to spare).
+        "ferry-shm-1t": ferry("ferry-shm-1t", "--shm=true", "--shm_threads=1"),
         "ferry-gloo": ferry("ferry-gloo", "--shm=false"),
         # Without the per-call argument check.
         "ferry-gloo-unchecked": ferry("ferry-gloo-unchecked", "--shm=false",
@@ -175,7 +194,7 @@ def print_table(results, wanted, repeat):
     short = {"ferry-shm": "default", "ferry-gloo": "gloo",
              "ferry-gloo-unchecked": "gloo-nc", "ferry-mpi": "mpi",
              "ferry-shm-stream": "shm-stream", "ferry-shm-nt": "shm-nt",
-             "ferry-shm-stream-nt": "shm-stream-nt"}
+             "ferry-shm-stream-nt": "shm-stream-nt", "ferry-shm-1t": "shm-1t"}
     print()
     print("Ferry is timed in C++ (c10d_bench); PyTorch 1.13 from Python "
           "(torch_bench.py), as its users run it.")
@@ -187,7 +206,8 @@ def print_table(results, wanted, repeat):
     if any(c.startswith("ferry-shm-") for c in wanted):
         print("shm-stream / shm-nt / shm-stream-nt = default with broadcasts "
               "over a slot streamed / non-temporal copy-out from 8 MiB / both "
-              "(what the default does when every rank has a core).")
+              "(what the default does when every rank has a core); shm-1t = "
+              "default with a copy team of 1 (no helper threads).")
     print("Per implementation: alg = algorithm that ran, us = time per call, "
           "busbw in GB/s (nccl-tests' factor for the op,")
     print("see c10d_bench.cc; 'direct' rows use size*(N-1)/time), x = PyTorch "
@@ -232,7 +252,11 @@ def print_table(results, wanted, repeat):
 
 def plot(results, ops, png, load):
     """Bus bandwidth against size, log-log, one panel per op in `ops`."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("# matplotlib missing: no %s" % os.path.basename(png))
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ops = [o for o in ops if any(r["op"] == o for r in results)]

@@ -28,6 +28,8 @@ def main():
     ap.add_argument("--sizes",
                     default="4096,16384,65536,262144,1048576,4194304,16777216,67108864")
     ap.add_argument("--budget_s", type=float, default=1.0)
+    # As c10d_bench's --settle_s: untimed calls before the first figure.
+    ap.add_argument("--settle_s", type=float, default=1.0)
     a = ap.parse_args()
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank,
                             world_size=a.world_size)
@@ -38,8 +40,19 @@ def main():
                   "allgather": "ring", "reducescatter": "ring+slice",
                   "alltoall": "pairwise"}
 
+    settled = []
+
     def run(op, nbytes, call):
         volume = n * nbytes if op == "allgather" else nbytes
+        if not settled and a.settle_s > 0:
+            settled.append(True)
+            t0 = time.perf_counter()
+            call()
+            first = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(first, op=dist.ReduceOp.MAX)
+            for _ in range(int(max(2, min(1 << 20, a.settle_s /
+                                          max(first.item(), 1e-9))))):
+                call()
         for _ in range(1 if volume >= (16 << 20) else 2):
             t0 = time.perf_counter()
             call()

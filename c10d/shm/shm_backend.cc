@@ -8,10 +8,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -27,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "c10d/gloo/gloo_backend.h"
 #include "c10d/reduce.h"
+#include "c10d/shm/copy_team.h"
 #include "common/executor.h"
 #include "common/same_host.h"
 #include "common/status.h"
@@ -36,7 +33,7 @@ namespace ferry {
 namespace c10d {
 namespace {
 
-constexpr uint64_t kMagic = 0x4665727279534D33;  // "FerrySM3"
+constexpr uint64_t kMagic = 0x4665727279534D34;  // "FerrySM4"
 constexpr size_t kHeaderBytes = 512;
 constexpr absl::Duration kLivenessPeriod = absl::Milliseconds(50);
 // Streamed broadcast: the piece a rank copies before publishing its progress
@@ -46,6 +43,12 @@ constexpr int64_t kChunkBytes = int64_t{256} << 10;
 // Tensors from this size on are copied out with non-temporal stores when
 // every rank has a core of its own.
 constexpr int64_t kStreamingStoreBytes = int64_t{8} << 20;
+// With a copy team of T threads, rank 0 makes slots T times the option, as
+// long as the segment stays within this (a container's /dev/shm may be as
+// small as 64 MiB).
+constexpr size_t kMaxScaledSegmentBytes = size_t{32} << 20;
+// The largest team the automatic choice makes.
+constexpr int kMaxAutoThreads = 16;
 // SegmentHeader::broadcast values.
 constexpr uint32_t kBroadcastStream = 1;
 constexpr uint32_t kBroadcastRounds = 2;
@@ -53,7 +56,9 @@ constexpr uint32_t kBroadcastRounds = 2;
 struct SegmentHeader {
   uint64_t magic;
   int64_t size;
+  // Bytes per slot, and the shm_slot_bytes option they were scaled from.
   uint64_t slot_bytes;
+  uint64_t option_slot_bytes;
   uint32_t attached;
   // 0, or (status code << 16) | (1 + the rank that gave up first).
   uint32_t failed;
@@ -148,6 +153,25 @@ int64_t StreamingStoreBytes(const ShmBackendOptions& o, bool core_per_rank) {
 }
 
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+// This rank's copy team: the option, else the cores per rank less one (at
+// least 1). The core left is for the rank's other threads (the caller
+// waking from Work::Wait, the framework's own), which would otherwise
+// preempt a spinning helper. (Measured on 16 vCPUs with this choice only:
+// bench/c10d/results/shm_teams_16vcpu_2026-11-26.txt.)
+int TeamThreads(const ShmBackendOptions& o, int size) {
+  if (o.threads > 0) return o.threads;
+  return std::clamp(Cpus() / std::max(size, 1) - 1, 1, kMaxAutoThreads);
+}
+
+// Rank 0's slot: the option times its team, within kMaxScaledSegmentBytes
+// (never below the option).
+size_t ScaledSlotBytes(const ShmBackendOptions& o, int size) {
+  const size_t per_set = 2 * static_cast<size_t>(size) * o.slot_bytes;
+  const size_t fit = std::max<size_t>(1, kMaxScaledSegmentBytes / per_set);
+  return o.slot_bytes *
+         std::min<size_t>(static_cast<size_t>(TeamThreads(o, size)), fit);
+}
 
 std::string ErrnoText(absl::string_view what, const std::string& name) {
   return absl::StrCat(what, " ", name, ": ", std::strerror(errno));
@@ -475,10 +499,18 @@ absl::StatusOr<ShmBackendOptions> ShmBackendOptions::FromMap(
                        "' is not one of auto, stream, rounds"));
     }
   }
+  if (auto it = options.find("shm_threads"); it != options.end()) {
+    if (!absl::SimpleAtoi(it->second, &out.threads) || out.threads < 0 ||
+        out.threads > 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm option shm_threads: '", it->second, "' is not in [0, 256]"));
+    }
+  }
   for (auto [key, field, low] :
        {std::tuple{"shm_streaming_store_bytes", &out.streaming_store_bytes,
                    int64_t{-1}},
-        std::tuple{"shm_chunk_bytes", &out.chunk_bytes, int64_t{0}}}) {
+        std::tuple{"shm_chunk_bytes", &out.chunk_bytes, int64_t{0}},
+        std::tuple{"shm_team_part_bytes", &out.team_part_bytes, int64_t{64}}}) {
     auto it = options.find(key);
     if (it == options.end()) continue;
     if (!absl::SimpleAtoi(it->second, field) || *field < low ||
@@ -514,22 +546,33 @@ absl::Status CheckSameHost(Store& store, int rank, int size,
   return absl::OkStatus();
 }
 
-// Creates (rank 0) or opens the named segment and maps it.
-absl::Status MapSegment(const std::string& name, bool create, size_t bytes,
+// Creates (rank 0) or opens the named segment and maps it. Creating, `*bytes`
+// is the size to make (allocated at once, so a full /dev/shm fails here, not
+// with SIGBUS later); opening, it is set to the segment's size.
+absl::Status MapSegment(const std::string& name, bool create, size_t* bytes,
                         char** base) {
   int fd = create ? ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
                   : ::shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) return absl::UnavailableError(ErrnoText("shm_open", name));
   struct stat st {};
   absl::Status status;
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+  int err = 0;
+  if (create && ::ftruncate(fd, static_cast<off_t>(*bytes)) != 0) {
     status = absl::UnavailableError(ErrnoText("ftruncate", name));
-  } else if (::fstat(fd, &st) != 0 ||
-             static_cast<size_t>(st.st_size) != bytes) {
-    status = absl::InternalError(absl::StrCat(
-        "shm segment ", name, " has ", st.st_size, " bytes, expected ", bytes));
+  } else if (create && (err = ::posix_fallocate(
+                            fd, 0, static_cast<off_t>(*bytes))) != 0) {
+    status = absl::UnavailableError(
+        absl::StrCat("cannot allocate ", *bytes, " bytes for shm segment ",
+                     name, " (is /dev/shm full?): ", std::strerror(err)));
+  } else if (::fstat(fd, &st) != 0 || st.st_size <= 0 ||
+             (create && static_cast<size_t>(st.st_size) != *bytes)) {
+    status = absl::InternalError(absl::StrCat("shm segment ", name, " has ",
+                                              st.st_size, " bytes, expected ",
+                                              *bytes));
   } else {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    *bytes = static_cast<size_t>(st.st_size);
+    void* p =
+        ::mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       status = absl::UnavailableError(ErrnoText("mmap", name));
     } else {
@@ -565,18 +608,19 @@ absl::StatusOr<std::unique_ptr<ShmBackend>> ShmBackend::Create(
   RETURN_IF_ERROR(Annotate(CheckSameHost(*store, rank, size, timeout), where));
   auto seg = std::make_unique<Segment>();
   seg->size = size;
-  seg->slot_bytes = options.slot_bytes;
-  seg->bytes = Segment::Layout(size, options.slot_bytes, &seg->data_offset);
   std::string name;
   if (rank == 0) {
     std::random_device rd;
     name = absl::StrCat(options.name_prefix, "-", ::getpid(), "-",
                         absl::Hex(uint64_t{rd()} << 32 | rd()));
+    seg->slot_bytes = ScaledSlotBytes(options, size);
+    seg->bytes = Segment::Layout(size, seg->slot_bytes, &seg->data_offset);
     RETURN_IF_ERROR(
-        Annotate(MapSegment(name, true, seg->bytes, &seg->base), where));
+        Annotate(MapSegment(name, true, &seg->bytes, &seg->base), where));
     SegmentHeader& h = seg->header();
     h.size = size;
-    h.slot_bytes = options.slot_bytes;
+    h.slot_bytes = seg->slot_bytes;
+    h.option_slot_bytes = options.slot_bytes;
     h.broadcast = BroadcastMode(options.broadcast, size);
     Atomic(h.magic).store(kMagic, std::memory_order_release);
     absl::Status published = store->Set("segment", name);
@@ -591,13 +635,25 @@ absl::StatusOr<std::unique_ptr<ShmBackend>> ShmBackend::Create(
     if (!published.ok()) return Annotate(published.status(), where);
     name = *published;
     RETURN_IF_ERROR(
-        Annotate(MapSegment(name, false, seg->bytes, &seg->base), where));
+        Annotate(MapSegment(name, false, &seg->bytes, &seg->base), where));
+    if (seg->bytes < kHeaderBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": segment ", name, " has only ", seg->bytes, " bytes"));
+    }
     SegmentHeader& h = seg->header();
     if (Atomic(h.magic).load(std::memory_order_acquire) != kMagic ||
-        h.size != size || h.slot_bytes != options.slot_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": segment ", name, " was made for ", h.size, " ranks x ",
-          h.slot_bytes, " bytes (options must match on every rank)"));
+        h.size != size || h.option_slot_bytes != options.slot_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": segment ", name, " was made for ", h.size,
+                       " ranks x ", h.option_slot_bytes,
+                       " bytes per slot (options must match on every rank)"));
+    }
+    seg->slot_bytes = h.slot_bytes;
+    if (Segment::Layout(size, seg->slot_bytes, &seg->data_offset) !=
+        seg->bytes) {
+      return absl::InternalError(
+          absl::StrCat(where, ": segment ", name, " has ", seg->bytes,
+                       " bytes, not what its header describes"));
     }
     if (options.broadcast != ShmBackendOptions::Broadcast::kAuto &&
         BroadcastMode(options.broadcast, size) != h.broadcast) {
@@ -641,18 +697,24 @@ ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
       core_per_rank_(Cpus() >= size),
       spin_limit_(SpinLimit(core_per_rank_)),
       stream_broadcast_(segment_->header().broadcast == kBroadcastStream),
-      chunk_bytes_(std::min<int64_t>(options_.chunk_bytes > 0
-                                         ? options_.chunk_bytes
-                                     : core_per_rank_ ? kChunkBytes
-                                                      : options_.slot_bytes,
-                                     options_.slot_bytes)),
-      streaming_store_bytes_(StreamingStoreBytes(options_, core_per_rank_)) {
+      chunk_bytes_(std::min<int64_t>(
+          options_.chunk_bytes > 0 ? options_.chunk_bytes
+          : core_per_rank_         ? kChunkBytes * TeamThreads(options_, size)
+                                   : segment_->slot_bytes,
+          segment_->slot_bytes)),
+      streaming_store_bytes_(StreamingStoreBytes(options_, core_per_rank_)),
+      team_(std::make_unique<CopyTeam>(
+          TeamThreads(options_, size), absl::StrCat("shm", rank),
+          static_cast<size_t>(options_.team_part_bytes))) {
   ThreadPoolExecutor::Options o;
   o.name = absl::StrCat("shm-rank", rank);
   o.num_threads = 1;  // One at a time, in issue order.
   o.max_queue = size_t{1} << 20;
   runner_ = std::make_unique<ThreadPoolExecutor>(o);
 }
+
+size_t ShmBackend::slot_bytes() const { return segment_->slot_bytes; }
+int ShmBackend::threads() const { return team_->threads(); }
 
 ShmBackend::~ShmBackend() {
   // Queued operations complete with Cancelled; the running one finishes
@@ -816,62 +878,6 @@ absl::Status ForEachPiece(int64_t total, int64_t cap, Fn fn) {
   return absl::OkStatus();
 }
 
-void Copy(void* dst, const void* src, size_t n) {
-  if (n > 0) std::memcpy(dst, src, n);
-}
-
-// Copies into memory this rank does not read again soon; with `streaming`,
-// through non-temporal stores (no read-for-ownership of `dst`, no eviction of
-// the shared slots from the caches), fenced before returning.
-void CopyOut(char* dst, const char* src, size_t n, bool streaming) {
-#if defined(__x86_64__)
-  if (streaming && n >= 256) {
-    const size_t head = (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16;
-    Copy(dst, src, head);
-    size_t i = head;
-    for (; i + 64 <= n; i += 64) {
-      const __m128i a =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      const __m128i b =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-      const __m128i c =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-      const __m128i d =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-    }
-    Copy(dst + i, src + i, n - i);
-    _mm_sfence();
-    return;
-  }
-#endif
-  (void)streaming;
-  Copy(dst, src, n);
-}
-
-// dst = ((src[0] op src[1]) op src[2]) ... over `count` elements of `isz`
-// bytes, a cache-sized block at a time so the partial result stays in L1
-// (one pass over each source, one write of dst).
-void ReduceBlocked(ReduceFn fn, char* dst, const std::vector<const char*>& src,
-                   int64_t count, size_t isz) {
-  const int64_t block = std::max<int64_t>(1, 8192 / isz);
-  for (int64_t at = 0; at < count; at += block) {
-    const size_t len = static_cast<size_t>(std::min(block, count - at));
-    const size_t skip = at * isz;
-    if (src.size() == 1) {
-      Copy(dst + skip, src[0] + skip, len * isz);
-      continue;
-    }
-    fn(dst + skip, src[0] + skip, src[1] + skip, len);
-    for (size_t q = 2; q < src.size(); ++q) {
-      fn(dst + skip, dst + skip, src[q] + skip, len);
-    }
-  }
-}
-
 }  // namespace
 
 std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
@@ -895,6 +901,7 @@ std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
         char* data = static_cast<char*>(tensor.data_ptr());
         const int64_t cap = static_cast<int64_t>(round.slot_bytes() / isz);
         std::vector<const char*> src(n);
+        std::vector<CopyTeam::Move> out(n);
         RETURN_IF_ERROR(ForEachPiece(
             tensor.numel(), cap, [&](int64_t off, int64_t len) -> absl::Status {
               // Rank q reduces element range q of the piece; its own part of
@@ -904,9 +911,11 @@ std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
               auto lo = [&](int q) { return len * q / n; };
               char* in = data + off * isz;
               const int me = rank();
-              Copy(round.mine(), in, lo(me) * isz);
-              Copy(round.mine() + lo(me + 1) * isz, in + lo(me + 1) * isz,
-                   (len - lo(me + 1)) * isz);
+              const CopyTeam::Move publish[] = {
+                  {round.mine(), in, lo(me) * isz},
+                  {round.mine() + lo(me + 1) * isz, in + lo(me + 1) * isz,
+                   (len - lo(me + 1)) * isz}};
+              team_->Copy(publish);
               absl::Status s = round.Arrive();
               if (!s.ok()) {
                 round.Next();
@@ -914,16 +923,13 @@ std::shared_ptr<Work> ShmBackend::Allreduce(Tensor tensor,
               }
               for (int q = 0; q < n; ++q) {
                 src[q] = (q == me ? in : round.slot(q)) + lo(me) * isz;
+                out[q] = {in + lo(q) * isz, round.slot(q) + lo(q) * isz,
+                          (lo(q + 1) - lo(q)) * isz};
               }
-              ReduceBlocked(fn, round.mine() + lo(me) * isz, src,
+              team_->Reduce(fn, round.mine() + lo(me) * isz, src,
                             lo(me + 1) - lo(me), isz);
               s = round.Barrier();
-              if (s.ok()) {
-                for (int q = 0; q < n; ++q) {
-                  Copy(in + lo(q) * isz, round.slot(q) + lo(q) * isz,
-                       (lo(q + 1) - lo(q)) * isz);
-                }
-              }
+              if (s.ok()) team_->Copy(out);
               round.Next();
               return s;
             }));
@@ -968,10 +974,10 @@ absl::Status ShmBackend::RunBroadcast(Round& round, char* data, int64_t total,
   }
   return ForEachPiece(total, slot,
                       [&](int64_t off, int64_t len) -> absl::Status {
-                        if (is_root) Copy(round.mine(), data + off, len);
+                        if (is_root) team_->Copy(round.mine(), data + off, len);
                         absl::Status s = round.Arrive();
                         if (s.ok() && !is_root) {
-                          CopyOut(data + off, round.slot(root), len, large);
+                          team_->Copy(data + off, round.slot(root), len, large);
                         }
                         round.Next();
                         return s;
@@ -992,7 +998,7 @@ absl::Status ShmBackend::RunStreamedBroadcast(Round& round, char* data,
   const int64_t slot = static_cast<int64_t>(round.slot_bytes());
   const bool is_root = rank() == root;
   const uint64_t set0 = round.set();
-  if (is_root) Copy(round.slot_in(set0, root), data, slot);
+  if (is_root) team_->Copy(round.slot_in(set0, root), data, slot);
   absl::Status s = round.Arrive();
   round.Next();
   if (!s.ok()) return s;
@@ -1013,7 +1019,7 @@ absl::Status ShmBackend::RunStreamedBroadcast(Round& round, char* data,
       if (done + len > 2 * slot) {
         RETURN_IF_ERROR(round.WaitForReaders(base + done + len - 2 * slot));
       }
-      Copy(at(done), data + done, len);
+      team_->Copy(at(done), data + done, len);
       done += len;
       round.PublishRoot(base + done);
     }
@@ -1026,7 +1032,7 @@ absl::Status ShmBackend::RunStreamedBroadcast(Round& round, char* data,
         avail = std::min<int64_t>(total, round.Progress(root) - base);
       }
       const int64_t len = chunk_at(done, avail);
-      CopyOut(data + done, at(done), len, large);
+      team_->Copy(data + done, at(done), len, large);
       done += len;
       round.PublishReader(base + done, root);
     }
@@ -1066,15 +1072,18 @@ std::shared_ptr<Work> ShmBackend::EnqueueAllgather(
                      ? static_cast<char*>(flat_out.data_ptr()) + r * nbytes
                      : static_cast<char*>(outs[r].data_ptr());
         };
+        std::vector<CopyTeam::Move> out(size());
         return ForEachPiece(static_cast<int64_t>(nbytes),
                             static_cast<int64_t>(round.slot_bytes()),
                             [&](int64_t off, int64_t len) -> absl::Status {
-                              Copy(round.mine(), in + off, len);
+                              team_->Copy(round.mine(), in + off, len);
                               absl::Status s = round.Arrive();
                               if (s.ok()) {
                                 for (int r = 0; r < size(); ++r) {
-                                  Copy(dest(r) + off, round.slot(r), len);
+                                  out[r] = {dest(r) + off, round.slot(r),
+                                            static_cast<size_t>(len)};
                                 }
+                                team_->Copy(out);
                               }
                               round.Next();
                               return s;
@@ -1128,6 +1137,7 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
         const int64_t cap =
             std::max<int64_t>(1, round.slot_bytes() / (isz * n));
         std::vector<const char*> from(n);
+        std::vector<CopyTeam::Move> publish;
         // An output overlapping this rank's own input chunk (in-place use)
         // would be overwritten while read: then that chunk goes through the
         // slot too.
@@ -1138,11 +1148,14 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
               // Every chunk but this rank's own goes to the slot; the own
               // one is read from the input while reducing.
               const int me = rank();
+              publish.clear();
               for (int d = 0; d < n; ++d) {
                 if (d == me && !aliased) continue;
-                Copy(round.mine() + d * len * isz, src(d) + off * isz,
-                     len * isz);
+                publish.push_back({round.mine() + d * len * isz,
+                                   src(d) + off * isz,
+                                   static_cast<size_t>(len) * isz});
               }
+              team_->Copy(publish);
               absl::Status s = round.Arrive();
               if (s.ok() && len > 0) {
                 for (int q = 0; q < n; ++q) {
@@ -1150,7 +1163,7 @@ std::shared_ptr<Work> ShmBackend::EnqueueReduceScatter(
                                 ? src(me) + off * isz
                                 : round.slot(q) + me * len * isz;
                 }
-                ReduceBlocked(fn, out + off * isz, from, len, isz);
+                team_->Reduce(fn, out + off * isz, from, len, isz);
               }
               round.Next();
               return s;
@@ -1258,6 +1271,7 @@ absl::Status ShmBackend::RunAlltoall(Round& round,
     return std::clamp<int64_t>(total - k * cap, 0, cap);
   };
   int64_t rounds = 1;
+  std::vector<CopyTeam::Move> moves;
   for (int64_t k = 0; k < rounds; ++k) {
     if (cap == 0 && n > 1) {
       // Same on every rank (same size and slot): no piece fits a slot.
@@ -1271,26 +1285,31 @@ absl::Status ShmBackend::RunAlltoall(Round& round,
       std::memcpy(mine + n * sizeof(int64_t), out_rows.data(),
                   n * sizeof(int64_t));
     }
+    moves.clear();
     for (int d = 0; d < n; ++d) {
       if (d == me) continue;
-      Copy(mine + header + d * cap, src[d] + k * cap,
-           piece(in_rows[d] * row_bytes, k));
+      moves.push_back({mine + header + d * cap, src[d] + k * cap,
+                       static_cast<size_t>(piece(in_rows[d] * row_bytes, k))});
     }
+    team_->Copy(moves);
     absl::Status s = round.Arrive();
     if (s.ok() && k == 0) {
       s = CheckAlltoallSplits(round, n, &rounds, cap, row_bytes);
     }
     if (s.ok()) {
+      moves.clear();
       for (int from = 0; from < n; ++from) {
         if (from == me) continue;
-        CopyOut(dst[from] + k * cap, round.slot(from) + header + me * cap,
-                piece(out_rows[from] * row_bytes, k), large);
+        moves.push_back(
+            {dst[from] + k * cap, round.slot(from) + header + me * cap,
+             static_cast<size_t>(piece(out_rows[from] * row_bytes, k))});
       }
+      team_->Copy(moves, large);
     }
     round.Next();
     RETURN_IF_ERROR(s);
   }
-  Copy(dst[me], src[me], out_rows[me] * row_bytes);
+  team_->Copy(dst[me], src[me], out_rows[me] * row_bytes);
   return absl::OkStatus();
 }
 

@@ -16,7 +16,8 @@
 // whatever later happens to a rank. A rank that does not arrive within the
 // timeout fails Create with DeadlineExceeded (the name is unlinked then too).
 //
-// Algorithm: the segment holds two buffer sets of `slot_bytes` per rank.
+// Algorithm: the segment holds two buffer sets of a slot per rank (see
+// "Cores" below for the slot's size).
 // Each round a rank writes its piece into its slot of set (round % 2) and
 // arrives at a barrier; then it reads what it needs. Allreduce splits the
 // piece into `size` element ranges; rank r reduces range r (so all ranks'
@@ -48,6 +49,19 @@
 // (Cross-memory attach, process_vm_readv from the root's tensor, would save
 // the copy-in but measured 2-4x slower than memcpy on the 2-CPU VM this was
 // tuned on, so it is not used.)
+//
+// Cores: every bulk copy and reduction of a rank (copy-in, its reduce range,
+// copy-out) is split over its copy team (copy_team.h): the runner thread and
+// `threads - 1` helpers, by default the cores this process may use divided by
+// the ranks, less one (at least 1, at most 16), so with cores to spare a
+// rank is not limited to
+// what one thread copies (bench/c10d/memcpy_floor: on a 16-core VM one
+// thread copies 7.6 GB/s, four 46 GB/s). Parts are disjoint ranges, so
+// results are bitwise the same for any team. With a team, rank 0 scales the
+// slot by its team size (a slot of work per thread per round, fewer
+// barriers), keeping the segment within 32 MiB; it writes the slot's size in
+// the segment header, where the others read it, so only shm_slot_bytes must
+// match across ranks. One core per rank or fewer: no helpers, as before.
 //
 // Barrier: each rank bumps its own counter (for diagnostics) and a shared
 // arrival count; a waiter spins briefly (longer when every rank has a core
@@ -91,12 +105,15 @@
 namespace ferry {
 namespace c10d {
 
+class CopyTeam;
+
 struct ShmBackendOptions {
   // Bytes per rank in each of the two buffer sets (rounded to 64): the piece
-  // one round moves. 1 MiB keeps a round's buffers (2 sets x size slots) in
-  // the caches, so large tensors stream through memory once instead of
-  // bouncing through a DRAM-sized segment; measured at 4 ranks on 2 cores,
-  // 256 KiB pays too many barriers and 4 MiB twice the memory traffic.
+  // one round moves (rank 0 multiplies it by its team's size, see "Cores"). 1
+  // MiB keeps a round's buffers (2 sets x size slots) in the caches, so large
+  // tensors stream through memory once instead of bouncing through a DRAM-sized
+  // segment; measured at 4 ranks on 2 cores, 256 KiB pays too many barriers and
+  // 4 MiB twice the memory traffic.
   size_t slot_bytes = size_t{1} << 20;
   // Prefix of the segment's name (must start with '/').
   std::string name_prefix = "/ferry-c10d";
@@ -114,9 +131,16 @@ struct ShmBackendOptions {
   // (at most a slot); 0: the default (256 KiB when every rank has a core,
   // else a slot).
   int64_t chunk_bytes = 0;
+  // Threads that copy and reduce for this rank (its copy team, see "Cores");
+  // 0: the cores this process may use divided by the ranks, less one
+  // (1 to 16).
+  int threads = 0;
+  // The smallest range of a copy or reduction given to one team thread.
+  int64_t team_part_bytes = int64_t{64} << 10;
 
   // "shm_slot_bytes", "shm_name_prefix", "shm_broadcast" (auto, stream,
-  // rounds), "shm_streaming_store_bytes" and "shm_chunk_bytes" from
+  // rounds), "shm_streaming_store_bytes", "shm_chunk_bytes", "shm_threads"
+  // and "shm_team_part_bytes" from
   // BackendConfig::options; other keys are ignored (they belong to the
   // fallback).
   static absl::StatusOr<ShmBackendOptions> FromMap(
@@ -187,8 +211,11 @@ class ShmBackend : public Backend {
   Backend* fallback() const { return fallback_.get(); }
   // The segment's name (already unlinked once Create returned).
   const std::string& segment_name() const { return segment_name_; }
-  // Bytes per rank in each buffer set (the option, rounded to 64).
-  size_t slot_bytes() const { return options_.slot_bytes; }
+  // Bytes per rank in each buffer set: the option rounded to 64, times rank
+  // 0's team size within the segment cap (the same on every rank).
+  size_t slot_bytes() const;
+  // Threads in this rank's copy team (1: the runner alone).
+  int threads() const;
   // Whether broadcasts larger than a slot stream (else: rounds); rank 0's
   // choice, the same on every rank.
   bool streams_broadcasts() const { return stream_broadcast_; }
@@ -262,6 +289,9 @@ class ShmBackend : public Backend {
   // Copy-outs of calls this large or larger use non-temporal stores (0:
   // none).
   const int64_t streaming_store_bytes_;
+
+  // The runner's helpers for bulk copies and reductions.
+  const std::unique_ptr<CopyTeam> team_;
 
   // One thread: runs the collectives in issue order.
   std::unique_ptr<ThreadPoolExecutor> runner_;

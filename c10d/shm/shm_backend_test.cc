@@ -39,14 +39,20 @@ std::map<std::string, std::string> SmallSlots() {
   return {{"shm_slot_bytes", "4096"}, {"shm_name_prefix", "/ferry-c10d-test"}};
 }
 
-BackendUnderTest ShmAlone() {
+// With `teams`, ranks split their copies over copy teams of 3 (even ranks)
+// and 2 (odd) threads, in parts as small as 64 bytes, so the conformance
+// sizes are split too (and the slot is rank 0's team times the option).
+BackendUnderTest ShmAlone(bool teams = false) {
   BackendUnderTest b;
-  b.name = "Shm";
+  b.name = teams ? "ShmTeams" : "Shm";
   b.create =
-      [](std::shared_ptr<Store> store, int rank, int size,
-         absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    absl::StatusOr<ShmBackendOptions> o =
-        ShmBackendOptions::FromMap(SmallSlots());
+      [teams](
+          std::shared_ptr<Store> store, int rank, int size,
+          absl::Duration timeout) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    std::map<std::string, std::string> options = SmallSlots();
+    options["shm_threads"] = teams ? (rank % 2 == 0 ? "3" : "2") : "1";
+    if (teams) options["shm_team_part_bytes"] = "64";
+    absl::StatusOr<ShmBackendOptions> o = ShmBackendOptions::FromMap(options);
     if (!o.ok()) return o.status();
     auto backend =
         ShmBackend::Create(std::move(store), rank, size, timeout, *o);
@@ -81,7 +87,8 @@ BackendUnderTest ShmWithGloo() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shm, BackendConformanceTest,
-                         ::testing::Values(ShmAlone(), ShmWithGloo()),
+                         ::testing::Values(ShmAlone(), ShmAlone(true),
+                                           ShmWithGloo()),
                          BackendUnderTestName);
 
 // Names of /dev/shm entries starting with `prefix`.
@@ -139,6 +146,43 @@ TEST(ShmBackendTest, SegmentIsUnlinkedOnceEveryRankAttached) {
         EXPECT_EQ(t.to_vector<float>()[99], 6.0f);
       });
   EXPECT_TRUE(Segments(prefix).empty());
+}
+
+// Rank 0's team sets the slot (option x team, within the segment cap); the
+// others read it from the segment whatever their own team, and results do
+// not depend on who splits how.
+TEST(ShmBackendTest, SlotFollowsRankZerosTeamAndTeamsMayDiffer) {
+  const std::vector<int> teams = {4, 1, 2};
+  const int64_t count = 200003;  // Several rounds of 16 KiB slots.
+  RunRanks(
+      3,
+      [&](std::shared_ptr<Store> store,
+          int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        ShmBackendOptions o;
+        o.slot_bytes = 4096;
+        o.threads = teams[r];
+        o.team_part_bytes = 256;
+        o.name_prefix = "/ferry-c10d-test";
+        auto b = ShmBackend::Create(store, r, 3, absl::Seconds(20), o);
+        if (!b.ok()) return b.status();
+        return std::unique_ptr<Backend>(std::move(*b));
+      },
+      [&](int r, Backend& b) {
+        auto& shm = static_cast<ShmBackend&>(b);
+        EXPECT_EQ(shm.slot_bytes(), 4u * 4096);
+        EXPECT_EQ(shm.threads(), teams[r]);
+        std::vector<float> v(count);
+        for (int64_t i = 0; i < count; ++i) v[i] = (i % 1000) * 0.5f + r;
+        Tensor t = from_vector<float>(v, {count});
+        ASSERT_TRUE(b.Allreduce(t)->Wait(absl::Seconds(20)).ok());
+        std::vector<float> got = t.to_vector<float>();
+        for (int64_t i = 0; i < count; i += 101) {
+          ASSERT_EQ(got[i], (i % 1000) * 1.5f + 3.0f) << i;
+        }
+        Tensor u = full({count}, r == 2 ? 9.0 : 0.0);
+        ASSERT_TRUE(b.Broadcast(u, {.root = 2})->Wait(absl::Seconds(20)).ok());
+        EXPECT_EQ(u.to_vector<float>(), std::vector<float>(count, 9.0f));
+      });
 }
 
 TEST(ShmBackendTest, AutoFactoryPicksShmOnOneHostUnlessTurnedOff) {
@@ -409,10 +453,13 @@ TEST(ShmBackendTest, MismatchedStreamedBroadcastAndAlltoallListRecover) {
 TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {
   EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_slot_bytes", "12"}}).ok());
   EXPECT_FALSE(ShmBackendOptions::FromMap({{"shm_name_prefix", "x"}}).ok());
-  for (auto [key, value] : {std::pair{"shm_broadcast", "ring"},
-                            std::pair{"shm_streaming_store_bytes", "-2"},
-                            std::pair{"shm_streaming_store_bytes", "8M"},
-                            std::pair{"shm_chunk_bytes", "-1"}}) {
+  for (auto [key, value] :
+       {std::pair{"shm_broadcast", "ring"},
+        std::pair{"shm_streaming_store_bytes", "-2"},
+        std::pair{"shm_streaming_store_bytes", "8M"},
+        std::pair{"shm_chunk_bytes", "-1"}, std::pair{"shm_threads", "-1"},
+        std::pair{"shm_threads", "257"},
+        std::pair{"shm_team_part_bytes", "8"}}) {
     absl::StatusOr<ShmBackendOptions> bad =
         ShmBackendOptions::FromMap({{key, value}});
     EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
@@ -422,12 +469,16 @@ TEST(ShmBackendTest, OptionsFromMapRejectBadValues) {
   auto o = ShmBackendOptions::FromMap({{"shm_slot_bytes", "8192"},
                                        {"shm_broadcast", "rounds"},
                                        {"shm_streaming_store_bytes", "0"},
-                                       {"shm_chunk_bytes", "4096"}});
+                                       {"shm_chunk_bytes", "4096"},
+                                       {"shm_threads", "4"},
+                                       {"shm_team_part_bytes", "4096"}});
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->slot_bytes, 8192u);
   EXPECT_EQ(o->broadcast, ShmBackendOptions::Broadcast::kRounds);
   EXPECT_EQ(o->streaming_store_bytes, 0);
   EXPECT_EQ(o->chunk_bytes, 4096);
+  EXPECT_EQ(o->threads, 4);
+  EXPECT_EQ(o->team_part_bytes, 4096);
   for (auto [value, want] :
        {std::pair{"auto", ShmBackendOptions::Broadcast::kAuto},
         std::pair{"stream", ShmBackendOptions::Broadcast::kStream}}) {

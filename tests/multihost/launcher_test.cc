@@ -2,8 +2,10 @@
 // meet through node 0's store, give their workers torchrun's variables, run
 // a Ferry job (RPC + Gloo all-reduce + store) across both, restart it after
 // a failure (--max_restarts) and stop every node when it cannot.
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -256,6 +258,30 @@ TEST(MultiNodeLaunch, StandaloneRunsOneNode) {
                  {}, absl::Seconds(30));
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "[1]: r=1 w=2 g=0")) << out;
+}
+
+// Like torchrun's OMP_NUM_THREADS: one thread per pool when several workers
+// share the node, unless the user chose; a single worker keeps the default.
+TEST(MultiNodeLaunch, SeveralWorkersGetOneBlasThreadUnlessSet) {
+  const std::vector<std::string> show = {
+      "/bin/sh", "-c",
+      "echo \"o=${OMP_NUM_THREADS-unset} b=${OPENBLAS_NUM_THREADS-unset}\""};
+  auto run = [&](const std::string& nproc,
+                 std::map<std::string, std::string> env) {
+    std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run"),
+                                     "--standalone", "--nproc=" + nproc, "--"};
+    argv.insert(argv.end(), show.begin(), show.end());
+    return RunCommand(argv, std::move(env), absl::Seconds(30));
+  };
+  auto [code, out] = run("2", {});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[1]: o=1 b=1")) << out;
+  std::tie(code, out) = run("2", {{"OPENBLAS_NUM_THREADS", "3"}});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[0]: o=1 b=3")) << out;
+  std::tie(code, out) = run("1", {});
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[0]: o=unset b=unset")) << out;
 }
 
 }  // namespace

@@ -18,8 +18,14 @@
 // (the node rank), GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // FERRY_USE_AGENT_STORE=1 (no rank hosts a second store) and
 // FERRY_RUN_GENERATION (InitRpc and InitProcessGroup keep each attempt's keys
-// apart and refuse a worker of an older attempt). Children's stdout and
-// stderr lines are forwarded with a "[rank]: " prefix.
+// apart and refuse a worker of an older attempt). With more than one worker
+// per node, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS are 1 unless the
+// launcher's environment sets them, as torchrun does for OMP_NUM_THREADS:
+// OpenBLAS (tensor/'s matmul) otherwise starts a thread per core in every
+// worker, spinning with sched_yield for a while after start and after each
+// call, and on a 16-core host those took the cores of same-host collectives
+// (bench/c10d/results/shm_teams_openblas_16vcpu_2026-11-26.txt). Children's
+// stdout and stderr lines are forwarded with a "[rank]: " prefix.
 //
 // The attempt's outcome is one store key that every launcher watches; the
 // first launcher to write it decides:
@@ -408,6 +414,11 @@ class LocalGroup {
   }
 
  private:
+  // Thread pools that default to a thread per core: one each per worker
+  // when several share the node (see the top of this file).
+  static constexpr const char* kOneThreadVars[] = {"OMP_NUM_THREADS",
+                                                   "OPENBLAS_NUM_THREADS"};
+
   // The launcher's environment with the job's variables set.
   std::vector<std::string> ChildEnv(int rank, int local_rank, int port) const {
     const std::pair<const char*, std::string> vars[] = {
@@ -432,6 +443,12 @@ class LocalGroup {
     }
     for (const auto& [name, value] : vars) {
       env.push_back(absl::StrCat(name, "=", value));
+    }
+    if (config_.nproc > 1) {
+      for (const char* name : kOneThreadVars) {
+        if (std::getenv(name) == nullptr)
+          env.push_back(absl::StrCat(name, "=1"));
+      }
     }
     return env;
   }
