@@ -385,19 +385,6 @@ class FieldReader {
     return *field != 0;
   }
 
-  // The same, refusing numbers over `max_field` (at most 31) and any number
-  // already in `*seen` (a bit per number), where it then records this one:
-  // the fast path takes each field of a message once.
-  bool TagOnce(int max_field, uint32_t* seen, uint64_t* field,
-               proto_wire::WireType* type) {
-    if (!Tag(field, type) || *field > static_cast<uint64_t>(max_field) ||
-        (*seen & (1u << *field)) != 0) {
-      return false;
-    }
-    *seen |= 1u << *field;
-    return true;
-  }
-
   // At most 10 bytes, the tenth holding only the top bit.
   bool Varint(uint64_t* v) {
     uint64_t value = 0;
@@ -617,32 +604,48 @@ class Decoder {
     return false;
   }
 
-  bool FastTensor(std::string_view meta, Value* out) {
-    FieldReader in(meta);
-    uint64_t code = 0, nbytes = 0;
-    std::vector<int64_t> sizes;
-    uint32_t seen = 0;  // Bit per field number: each may appear once.
+  // Calls `read(field, type, in)` for each field of `proto`, which must
+  // read the field's value from `in`; false (for the protobuf path) on a
+  // field number over `max_field` (at most 31) or one seen before: the fast
+  // path takes each field of a message once.
+  template <typename Read>
+  static bool ForEachFieldOnce(std::string_view proto, int max_field,
+                               Read read) {
+    FieldReader in(proto);
+    uint32_t seen = 0;  // A bit per field number.
     while (!in.done()) {
-      uint64_t field, v;
+      uint64_t field;
       WireType type;
-      std::string_view body;
-      if (!in.TagOnce(kMetaDeviceFieldNumber, &seen, &field, &type)) {
+      if (!in.Tag(&field, &type) || field > static_cast<uint64_t>(max_field) ||
+          (seen & (1u << field)) != 0 || !read(field, type, in)) {
         return false;
       }
+      seen |= 1u << field;
+    }
+    return true;
+  }
+
+  bool FastTensor(std::string_view meta, Value* out) {
+    uint64_t code = 0, nbytes = 0;
+    std::vector<int64_t> sizes;
+    auto read = [&](uint64_t field, WireType type, FieldReader& in) {
+      uint64_t v;
+      std::string_view body;
       if (field == kMetaSizesFieldNumber || field == kMetaDeviceFieldNumber) {
         if (type != kLength || !in.Length(&body)) return false;
-        if (field == kMetaDeviceFieldNumber) continue;  // Informational.
+        if (field == kMetaDeviceFieldNumber) return true;  // Informational.
         FieldReader packed(body);
         while (!packed.done()) {
           if (!packed.Varint(&v)) return false;
           sizes.push_back(static_cast<int64_t>(v));
         }
-      } else if (type != kVarint || !in.Varint(&v)) {
-        return false;
-      } else {
-        (field == kMetaDtypeFieldNumber ? code : nbytes) = v;
+        return true;
       }
-    }
+      if (type != kVarint || !in.Varint(&v)) return false;
+      (field == kMetaDtypeFieldNumber ? code : nbytes) = v;
+      return true;
+    };
+    if (!ForEachFieldOnce(meta, kMetaDeviceFieldNumber, read)) return false;
     if (code < 1 || code > std::size(kAllDTypes)) return false;
     absl::StatusOr<Tensor> t =
         DecodeTensor(static_cast<int>(code), std::move(sizes), nbytes);
@@ -700,16 +703,10 @@ class Decoder {
   }
 
   bool FastRRef(std::string_view proto, Value* out) {
-    FieldReader in(proto);
     RRefHandle r;
-    uint32_t seen = 0;
-    while (!in.done()) {
-      uint64_t field, v = 0;
-      WireType type;
+    auto read = [&r](uint64_t field, WireType type, FieldReader& in) {
+      uint64_t v = 0;
       std::string_view body;
-      if (!in.TagOnce(kRRefForkFieldNumber, &seen, &field, &type)) {
-        return false;
-      }
       const bool bytes =
           field == kRRefTypeFieldNumber || field == kRRefExtraFieldNumber;
       if (bytes ? type != kLength || !in.Length(&body)
@@ -735,26 +732,23 @@ class Decoder {
         default:
           return false;  // Reserved numbers.
       }
-    }
+      return true;
+    };
+    if (!ForEachFieldOnce(proto, kRRefForkFieldNumber, read)) return false;
     *out = Value::FromRRef(std::move(r));
     return true;
   }
 
   bool FastMessage(std::string_view proto, Value* out) {
-    FieldReader in(proto);
     MessageValue m;
-    uint32_t seen = 0;
-    while (!in.done()) {
-      uint64_t field;
-      WireType type;
+    auto read = [&m](uint64_t field, WireType type, FieldReader& in) {
       std::string_view body;
-      if (!in.TagOnce(kMessageDataFieldNumber, &seen, &field, &type) ||
-          type != kLength || !in.Length(&body)) {
-        return false;
-      }
+      if (type != kLength || !in.Length(&body)) return false;
       (field == kMessageTypeFieldNumber ? m.type_name : m.data) =
           std::string(body);
-    }
+      return true;
+    };
+    if (!ForEachFieldOnce(proto, kMessageDataFieldNumber, read)) return false;
     *out = Value::FromMessage(std::move(m));
     return true;
   }

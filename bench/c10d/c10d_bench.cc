@@ -229,11 +229,10 @@ int Main(int argc, char** argv) {
     budget_sec = 1.0;
   }
   // Before the first figure, about --settle_s seconds of its calls, untimed:
-  // right after start a process is not yet in its steady state (OpenBLAS,
-  // which tensor/ links, starts a thread per core that spins with
-  // sched_yield for a while, and on 16 cores those took the ranks' cores:
-  // thousands of preemptions per call in the first figure only).
-  // torch_bench.py does the same.
+  // right after start a process is not yet in its steady state (lazily
+  // started threads, first-touch pages). torch_bench.py does the same.
+  // (OpenBLAS's per-core threads spun for longer than this on 16 vCPUs:
+  // run_bench.py gives the ranks one OpenBLAS thread, as ferry_run does.)
   double settle_sec = 1;
   if (!absl::SimpleAtod(flags["settle_s"], &settle_sec)) settle_sec = 1;
   bool settled = false;

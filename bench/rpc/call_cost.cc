@@ -261,24 +261,30 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const int calls = absl::GetFlag(FLAGS_calls);
-  using ferry::Pattern;
-  using ferry::RunFerry;
   if (mode == "grpc_sync") return ferry::RunGrpc(false, false, calls);
   if (mode == "grpc_callback") return ferry::RunGrpc(true, false, calls);
   if (mode == "grpc_callback_64") return ferry::RunGrpc(true, true, calls);
-  if (mode == "ferry") return RunFerry("noop", false, Pattern::kSync, calls);
-  if (mode == "ferry_inline")
-    return RunFerry("noop_inline", false, Pattern::kSync, calls);
-  if (mode == "ferry_tensor4")
-    return RunFerry("echo", true, Pattern::kSync, calls);
-  if (mode == "ferry_tensor4_inline")
-    return RunFerry("echo_inline", true, Pattern::kSync, calls);
-  if (mode == "ferry_async_64")
-    return RunFerry("noop", false, Pattern::kWindow, calls);
-  if (mode == "ferry_async_64_inline")
-    return RunFerry("noop_inline", false, Pattern::kWindow, calls);
-  if (mode == "ferry_async_64_chained")
-    return RunFerry("noop", false, Pattern::kChained, calls);
+  using ferry::Pattern;
+  struct FerryMode {
+    const char* mode;
+    const char* function;
+    bool tensor;
+    Pattern pattern;
+  };
+  constexpr FerryMode kFerryModes[] = {
+      {"ferry", "noop", false, Pattern::kSync},
+      {"ferry_inline", "noop_inline", false, Pattern::kSync},
+      {"ferry_tensor4", "echo", true, Pattern::kSync},
+      {"ferry_tensor4_inline", "echo_inline", true, Pattern::kSync},
+      {"ferry_async_64", "noop", false, Pattern::kWindow},
+      {"ferry_async_64_inline", "noop_inline", false, Pattern::kWindow},
+      {"ferry_async_64_chained", "noop", false, Pattern::kChained},
+  };
+  for (const FerryMode& m : kFerryModes) {
+    if (mode == m.mode) {
+      return ferry::RunFerry(m.function, m.tensor, m.pattern, calls);
+    }
+  }
   std::fprintf(stderr, "call_cost: unknown --mode=%s\n", mode.c_str());
   return 2;
 }

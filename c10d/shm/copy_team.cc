@@ -60,14 +60,14 @@ void CopyOut(char* dst, const char* src, size_t n, bool streaming) {
   if (n > 0) std::memcpy(dst, src, n);
 }
 
-// dst = ((src[0] op src[1]) op src[2]) ... over `count` elements of `isz`
+// dst = ((src[0] op src[1]) op src[2]) ... over elements [lo, hi) of `isz`
 // bytes, a cache-sized block at a time so the partial result stays in L1
 // (one pass over each source, one write of dst).
 void ReduceBlocked(ReduceFn fn, char* dst, absl::Span<const char* const> src,
-                   int64_t count, size_t isz) {
-  const int64_t block = std::max<int64_t>(1, 8192 / isz);
-  for (int64_t at = 0; at < count; at += block) {
-    const size_t len = static_cast<size_t>(std::min(block, count - at));
+                   size_t lo, size_t hi, size_t isz) {
+  const size_t block = std::max<size_t>(1, 8192 / isz);
+  for (size_t at = lo; at < hi; at += block) {
+    const size_t len = std::min(block, hi - at);
     const size_t skip = at * isz;
     if (src.size() == 1) {
       std::memcpy(dst + skip, src[0] + skip, len * isz);
@@ -182,18 +182,8 @@ void CopyTeam::Reduce(ReduceFn fn, char* dst, absl::Span<const char* const> src,
   const int parts = PartsFor(static_cast<size_t>(count) * isz);
   Run(parts, [&](int p) {
     const size_t n = static_cast<size_t>(count);
-    const size_t lo = Cut(n, p, parts, 16), hi = Cut(n, p + 1, parts, 16);
-    if (lo >= hi) return;
-    const char* shifted[64];
-    std::vector<const char*> many;
-    const char** s = shifted;
-    if (src.size() > 64) {
-      many.resize(src.size());
-      s = many.data();
-    }
-    for (size_t q = 0; q < src.size(); ++q) s[q] = src[q] + lo * isz;
-    ReduceBlocked(fn, dst + lo * isz, absl::MakeConstSpan(s, src.size()),
-                  static_cast<int64_t>(hi - lo), isz);
+    ReduceBlocked(fn, dst, src, Cut(n, p, parts, 16), Cut(n, p + 1, parts, 16),
+                  isz);
   });
 }
 

@@ -694,18 +694,18 @@ ShmBackend::ShmBackend(int rank, int size, absl::Duration timeout,
       segment_(std::move(segment)),
       segment_name_(std::move(segment_name)),
       fallback_(std::move(fallback)),
+      team_(std::make_unique<CopyTeam>(
+          TeamThreads(options_, size), absl::StrCat("shm", rank),
+          static_cast<size_t>(options_.team_part_bytes))),
       core_per_rank_(Cpus() >= size),
       spin_limit_(SpinLimit(core_per_rank_)),
       stream_broadcast_(segment_->header().broadcast == kBroadcastStream),
-      chunk_bytes_(std::min<int64_t>(
-          options_.chunk_bytes > 0 ? options_.chunk_bytes
-          : core_per_rank_         ? kChunkBytes * TeamThreads(options_, size)
-                                   : segment_->slot_bytes,
-          segment_->slot_bytes)),
-      streaming_store_bytes_(StreamingStoreBytes(options_, core_per_rank_)),
-      team_(std::make_unique<CopyTeam>(
-          TeamThreads(options_, size), absl::StrCat("shm", rank),
-          static_cast<size_t>(options_.team_part_bytes))) {
+      chunk_bytes_(
+          std::min<int64_t>(options_.chunk_bytes > 0 ? options_.chunk_bytes
+                            : core_per_rank_ ? kChunkBytes * team_->threads()
+                                             : segment_->slot_bytes,
+                            segment_->slot_bytes)),
+      streaming_store_bytes_(StreamingStoreBytes(options_, core_per_rank_)) {
   ThreadPoolExecutor::Options o;
   o.name = absl::StrCat("shm-rank", rank);
   o.num_threads = 1;  // One at a time, in issue order.

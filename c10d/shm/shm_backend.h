@@ -276,6 +276,8 @@ class ShmBackend : public Backend {
   // Bytes of streamed broadcasts so far (the base of `progress` counters).
   uint64_t streamed_ = 0;
 
+  // The runner's helpers for bulk copies and reductions.
+  const std::unique_ptr<CopyTeam> team_;
   // Whether every rank has a core of its own (sched_getaffinity, read once):
   // the defaults below depend on it.
   const bool core_per_rank_;
@@ -289,9 +291,6 @@ class ShmBackend : public Backend {
   // Copy-outs of calls this large or larger use non-temporal stores (0:
   // none).
   const int64_t streaming_store_bytes_;
-
-  // The runner's helpers for bulk copies and reductions.
-  const std::unique_ptr<CopyTeam> team_;
 
   // One thread: runs the collectives in issue order.
   std::unique_ptr<ThreadPoolExecutor> runner_;
