@@ -28,18 +28,24 @@ ThreadPoolExecutor::~ThreadPoolExecutor() {
 }
 
 absl::Status ThreadPoolExecutor::Submit(Task task, CancelCallback on_cancel) {
-  MutexLock lock(&mu_);
-  if (stopping_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("executor '", options_.name, "' is shut down"));
+  bool wake = false;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("executor '", options_.name, "' is shut down"));
+    }
+    if (queue_.size() >= options_.max_queue) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("executor '", options_.name, "' queue is full (limit ",
+                       options_.max_queue, " pending tasks)"));
+    }
+    queue_.push_back(Entry{std::move(task), std::move(on_cancel)});
+    wake = WakeOneIfNeeded();
   }
-  if (queue_.size() >= options_.max_queue) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("executor '", options_.name, "' queue is full (limit ",
-                     options_.max_queue, " pending tasks)"));
-  }
-  queue_.push_back(Entry{std::move(task), std::move(on_cancel)});
-  WakeOneIfNeeded();
+  // Signalled after the release, so the woken thread does not find mu_
+  // still held and block on it a second time.
+  if (wake) work_.Signal();
   return absl::OkStatus();
 }
 
@@ -82,16 +88,15 @@ absl::Status ThreadPoolExecutor::Shutdown(ShutdownMode mode) {
   return absl::OkStatus();
 }
 
-void ThreadPoolExecutor::WakeOneIfNeeded() {
+bool ThreadPoolExecutor::WakeOneIfNeeded() {
   // At most one wake-up in flight: the woken thread wakes the next if work
   // remains when it takes its task (below), so a burst of tasks does not
   // wake every idle thread at once, and every queued task still has a
   // thread on its way while any is idle (a task blocked in a nested call
   // never holds up the others).
-  if (!queue_.empty() && idle_ > 0 && wakeups_ == 0) {
-    ++wakeups_;
-    work_.Signal();
-  }
+  if (queue_.empty() || idle_ == 0 || wakeups_ > 0) return false;
+  ++wakeups_;
+  return true;
 }
 
 void ThreadPoolExecutor::WorkerLoop() {
@@ -102,8 +107,9 @@ void ThreadPoolExecutor::WorkerLoop() {
     if (!queue_.empty()) {
       Entry e = std::move(queue_.front());
       queue_.pop_front();
-      WakeOneIfNeeded();
+      const bool wake = WakeOneIfNeeded();
       mu_.Unlock();
+      if (wake) work_.Signal();
       e.task();
       e = Entry();  // The task's captures go before the lock is retaken.
       mu_.Lock();

@@ -8,7 +8,10 @@
 // task already accepted; Shutdown(kCancelPending) runs none that has not
 // started and calls their `on_cancel` with Cancelled instead. Both wait for
 // running tasks and join every thread; they are idempotent and may be called
-// concurrently. The destructor calls Shutdown(kDrain).
+// concurrently. The destructor calls Shutdown(kDrain); as for any object, no
+// call (Submit included) may still be running on another thread when it
+// starts: Submit signals a thread after its task is queued, so a submitted
+// task may finish before Submit returns.
 //
 // Shutdown() and the destructor must not run on one of the pool's own threads
 // (a thread cannot join itself): such a call returns at once with Internal
@@ -82,8 +85,10 @@ class ThreadPoolExecutor final : public Executor {
   };
 
   void WorkerLoop();
-  // Signals an idle thread when a task waits and no wake-up is in flight.
-  void WakeOneIfNeeded() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether to signal an idle thread (a task waits and no wake-up is in
+  // flight); counts the wake-up. The caller signals work_ once mu_ is
+  // released.
+  bool WakeOneIfNeeded() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable Mutex mu_;

@@ -108,6 +108,7 @@ class State {
   // through Unshared: values are large, e.g. rpc::Message).
   bool Complete(Result<T>&& result) ABSL_LOCKS_EXCLUDED(mu_) {
     Callbacks callbacks;
+    bool wake = false;
     {
       MutexLock lock(&mu_);
       if (result_.has_value()) return false;
@@ -120,8 +121,12 @@ class State {
       }
       callbacks.swap(callbacks_);
       ready_.store(true, std::memory_order_release);
+      wake = waiters_ > 0;
     }
-    // result_ is immutable from here on, so reading it unlocked is safe.
+    // Woken after the release, so a waiter does not wake only to block on
+    // mu_ while this thread still holds it. The caller's promise keeps this
+    // state alive. result_ is immutable from here on: read unlocked.
+    if (wake) done_.SignalAll();
     for (Callback& cb : callbacks) cb(*result_);
     return true;
   }
@@ -141,15 +146,17 @@ class State {
 
   bool WaitFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
     if (IsReady()) return true;
+    const absl::Time deadline = absl::Now() + timeout;
     MutexLock lock(&mu_);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return result_.has_value();
-    };
-    if (timeout == absl::InfiniteDuration()) {
-      mu_.Await(absl::Condition(&done));
-      return true;
+    while (!result_.has_value()) {
+      ++waiters_;
+      const bool timed_out = deadline == absl::InfiniteFuture()
+                                 ? (done_.Wait(&mu_), false)
+                                 : done_.WaitWithDeadline(&mu_, deadline);
+      --waiters_;
+      if (timed_out) break;
     }
-    return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+    return result_.has_value();
   }
 
   // Requires IsReady(). The result never changes once set.
@@ -176,6 +183,9 @@ class State {
   // Most futures get one callback (Then, OnComplete): held inline.
   using Callbacks = absl::InlinedVector<Callback, 1>;
   Callbacks callbacks_ ABSL_GUARDED_BY(mu_);
+  // Threads in WaitFor; Complete signals done_ only when there are some.
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar done_;
   std::atomic<bool> ready_{false};
   std::atomic<int> promises_{0};
 };

@@ -61,6 +61,37 @@ TEST(Future, WaitWakesOnCompletionFromAnotherThread) {
   t.join();
 }
 
+// Waiters of both kinds racing one completion: none misses its wake-up (the
+// completer signals after releasing the state's lock).
+TEST(Future, EveryWaiterWakesOnOneCompletion) {
+  for (int round = 0; round < 50; ++round) {
+    Promise<int> p;
+    Future<int> f = p.GetFuture();
+    std::atomic<int> woken{0};
+    std::vector<std::thread> waiters;
+    for (int i = 0; i < 4; ++i) {
+      waiters.emplace_back([&, i] {
+        absl::Status s = i % 2 == 0 ? f.Wait() : f.Wait(absl::Seconds(60));
+        if (s.ok() && *f.result() == round) ++woken;
+      });
+    }
+    p.SetValue(round);
+    for (std::thread& t : waiters) t.join();
+    EXPECT_EQ(woken.load(), 4) << "round " << round;
+  }
+}
+
+TEST(Future, WaitAfterATimedOutWaitStillWakes) {
+  Promise<int> p;
+  Future<int> f = p.GetFuture();
+  EXPECT_EQ(f.Wait(absl::Milliseconds(1)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  std::thread t([p]() mutable { p.SetValue(5); });
+  EXPECT_TRUE(f.Wait().ok());
+  EXPECT_EQ(*f.result(), 5);
+  t.join();
+}
+
 TEST(Future, CallbackInlineWhenAlreadyComplete) {
   Future<int> f = MakeReadyFuture<int>(5);
   std::thread::id ran_on;

@@ -46,6 +46,14 @@
 //   grpc_stream_echo                   raw gRPC floor: N bytes as a bidi stream
 //                                      of 1 MiB chunks, each echoed as it
 //                                      arrives (GB/s one way; N >= 1 MiB)
+//   latency_interleaved                rpc_sync no-op and 4-float tensor
+//                                      (both serving paths) and raw gRPC
+//                                      with the executor hop over raw gRPC
+//                                      sync unary, timed in alternating
+//                                      batches of --batch calls: per round
+//                                      the ratio of p50s; the median over
+//                                      --rounds rounds (drift on a shared
+//                                      machine hits every op alike)
 //   tcp_pingpong                       raw TCP floor: 16 bytes each way (us)
 //   tcp_echo                           raw TCP floor: N bytes, echoed (GB/s)
 //
@@ -65,13 +73,16 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -100,6 +111,8 @@ ABSL_FLAG(int64_t, piece_bytes, 0,
 ABSL_FLAG(int, floor_http2_window, 0,
           "HTTP/2 window of the raw gRPC stream floor (BDP probe off), as "
           "Ferry's GrpcAgentOptions::http2_window_bytes; 0: gRPC's default.");
+ABSL_FLAG(int, rounds, 30, "Rounds of latency_interleaved.");
+ABSL_FLAG(int, batch, 100, "Calls per op per round of latency_interleaved.");
 ABSL_FLAG(std::string, figures, "",
           "Comma-separated figure names to measure (e.g. "
           "grpc_stream_echo,tensor_echo_stream); empty: all.");
@@ -233,6 +246,54 @@ std::vector<double> TimeLoop(int iters, Op op, int warmup = 50) {
     if (t1 > limit) break;
   }
   return us;
+}
+
+// Times each op in `ops` (name, one round trip) in turn, --batch calls at a
+// time, over --rounds rounds; reports each op's per-round p50 over the first
+// op's p50 in the same round: the median and range over the rounds, and the
+// ratio of the pooled p50s.
+void ReportInterleaved(
+    const std::vector<std::pair<std::string, std::function<void()>>>& ops) {
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  const int batch = std::max(1, absl::GetFlag(FLAGS_batch));
+  for (const auto& op : ops) {
+    for (int i = 0; i < 50; ++i) op.second();  // Warm-up.
+  }
+  std::vector<std::vector<double>> ratios(ops.size());
+  std::vector<std::vector<double>> pooled(ops.size());
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<double> p50(ops.size());
+    for (size_t o = 0; o < ops.size(); ++o) {
+      std::vector<double> us = TimeLoop(batch, ops[o].second, /*warmup=*/0);
+      pooled[o].insert(pooled[o].end(), us.begin(), us.end());
+      p50[o] = Summarize(std::move(us)).p50_us;
+    }
+    for (size_t o = 0; o < ops.size(); ++o)
+      ratios[o].push_back(p50[o] / p50[0]);
+  }
+  const double base = Summarize(pooled[0]).p50_us;
+  for (size_t o = 1; o < ops.size(); ++o) {
+    std::vector<double> v = ratios[o];
+    std::sort(v.begin(), v.end());
+    const double median = v[v.size() / 2];
+    const double whole = Summarize(pooled[o]).p50_us / base;
+    const char* impl =
+        absl::StartsWith(ops[o].first, "grpc") ? "grpc" : "ferry";
+    std::printf(
+        "%-8s %-20s %12s %10.3fx %s  (median of %d rounds of %d calls, "
+        "range %.2f-%.2f; pooled p50 %.1f / %.1f us = %.3fx)\n",
+        impl, ops[o].first.c_str(), "", median, ops[0].first.c_str(), rounds,
+        batch, v.front(), v.back(), Summarize(pooled[o]).p50_us, base, whole);
+    std::printf(
+        "{\"bench\": \"rpc\", \"impl\": \"%s\", \"name\": "
+        "\"%s_over_%s\", \"unit\": \"ratio\", \"value\": %.4f, "
+        "\"min\": %.4f, \"max\": %.4f, \"pooled_p50_ratio\": %.4f, "
+        "\"rounds\": %d, \"batch\": %d, \"definition\": \"median over "
+        "rounds of p50 ratios, ops timed in alternating batches\"}\n",
+        impl, ops[o].first.c_str(), ops[0].first.c_str(), median, v.front(),
+        v.back(), whole, rounds, batch);
+  }
+  std::fflush(stdout);
 }
 
 // ---------------------------------------------------------------------------
@@ -814,6 +875,43 @@ int RunClient(int port) {
     Windowed(1000, 64, noop);  // Warm-up.
     auto [calls, secs] = Windowed(async_calls, 64, noop);
     ReportRate("ferry", "rpc_async_64" + suffix, calls, secs);
+  }
+  if (Want("latency_interleaved")) {
+    auto stub = ferry::rpc::v1::Worker::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", grpc_port),
+                            grpc::InsecureChannelCredentials()));
+    ferry::rpc::v1::RpcRequest tiny;
+    tiny.set_payload("0123456789abcdef");
+    Tensor four = from_vector<float>({1, 2, 3, 4});
+    auto noop = [&](const char* fn) {
+      return [&agent, fn] {
+        absl::Status s = agent->rpc_sync<void>(1, fn);
+        if (!s.ok()) Die(s.ToString());
+      };
+    };
+    auto echo = [&](const char* fn) {
+      return [&agent, &four, fn] {
+        auto r = agent->rpc_sync<Tensor>(1, fn, four);
+        if (!r.ok()) Die(r.status().ToString());
+      };
+    };
+    auto hop_stub = ferry::rpc::v1::Worker::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
+                            grpc::InsecureChannelCredentials()));
+    auto unary = [&tiny](ferry::rpc::v1::Worker::Stub* s) {
+      return [&tiny, s] {
+        grpc::ClientContext ctx;
+        ferry::rpc::v1::RpcResponse resp;
+        grpc::Status status = s->Call(&ctx, tiny, &resp);
+        if (!status.ok()) Die("grpc unary: " + status.error_message());
+      };
+    };
+    ReportInterleaved({{"grpc_sync_unary", unary(stub.get())},
+                       {"grpc_unary_exec_hop", unary(hop_stub.get())},
+                       {"rpc_sync_noop", noop("noop")},
+                       {"rpc_sync_noop_nb", noop("noop_nb")},
+                       {"rpc_sync_tensor4", echo("echo")},
+                       {"rpc_sync_tensor4_nb", echo("echo_nb")}});
   }
   for (int64_t n : sizes) {
     Tensor t = full({n / 4}, 7.0);
