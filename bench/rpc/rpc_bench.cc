@@ -898,7 +898,7 @@ int RunClient(int port) {
     auto hop_stub = ferry::rpc::v1::Worker::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
                             grpc::InsecureChannelCredentials()));
-    auto unary = [&tiny](ferry::rpc::v1::Worker::Stub* s) {
+    auto grpc_call = [&tiny](ferry::rpc::v1::Worker::Stub* s) {
       return [&tiny, s] {
         grpc::ClientContext ctx;
         ferry::rpc::v1::RpcResponse resp;
@@ -906,8 +906,8 @@ int RunClient(int port) {
         if (!status.ok()) Die("grpc unary: " + status.error_message());
       };
     };
-    ReportInterleaved({{"grpc_sync_unary", unary(stub.get())},
-                       {"grpc_unary_exec_hop", unary(hop_stub.get())},
+    ReportInterleaved({{"grpc_sync_unary", grpc_call(stub.get())},
+                       {"grpc_unary_exec_hop", grpc_call(hop_stub.get())},
                        {"rpc_sync_noop", noop("noop")},
                        {"rpc_sync_noop_nb", noop("noop_nb")},
                        {"rpc_sync_tensor4", echo("echo")},
