@@ -90,6 +90,17 @@ def main():
               f"{fmt(row['pytorch_over_ferry'], '12.2f')} "
               f"{fmt(row['pytorch_tcp_over_ferry'], '12.2f')}")
 
+    interleaved = [(k[1], r) for k, r in fig.items()
+                   if k[1].endswith("_over_grpc_sync_unary")]
+    if interleaved:
+        print("\nOver raw gRPC sync unary, timed in alternating batches "
+              "(latency_interleaved: median over rounds of p50 ratios; "
+              "goals: no-op 1.15, 4-float tensor 1.30):")
+        for name, r in interleaved:
+            print(f"  {name.removesuffix('_over_grpc_sync_unary'):<20} "
+                  f"{r['value']:6.3f}x  (rounds {r['min']:.2f}-{r['max']:.2f})")
+            ratios.append(dict(figure=name, interleaved_ratio=r["value"]))
+
     print("\n## Throughput, 64 calls in flight (calls/s); higher is better")
     g = val("grpc", "grpc_callback_64")
     p, pt = (val(i, "rpc_async_64") for i in ("pytorch", "pytorch_tcp"))
@@ -181,6 +192,12 @@ def main():
              lambda r: r <= 1.15),
             (f"rpc_sync 4-float tensor ({how}) <= 1.3x raw gRPC unary",
              ratio(p50("ferry", "rpc_sync_tensor4" + sfx), floor),
+             lambda r: r <= 1.3),
+            (f"rpc_sync no-op ({how}) <= 1.15x raw gRPC unary, interleaved",
+             val("ferry", f"rpc_sync_noop{sfx}_over_grpc_sync_unary"),
+             lambda r: r <= 1.15),
+            (f"rpc_sync 4-float tensor ({how}) <= 1.3x, interleaved",
+             val("ferry", f"rpc_sync_tensor4{sfx}_over_grpc_sync_unary"),
              lambda r: r <= 1.3),
             (f"rpc_async 64 in flight ({how}) >= 0.8x gRPC callback",
              ratio(val("ferry", "rpc_async_64" + sfx),

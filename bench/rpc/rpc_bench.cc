@@ -47,8 +47,9 @@
 //                                      of 1 MiB chunks, each echoed as it
 //                                      arrives (GB/s one way; N >= 1 MiB)
 //   latency_interleaved                rpc_sync no-op and 4-float tensor
-//                                      (both serving paths) and raw gRPC
-//                                      with the executor hop over raw gRPC
+//                                      (both serving paths), raw gRPC with
+//                                      the executor hop and through the
+//                                      callback API, over raw gRPC
 //                                      sync unary, timed in alternating
 //                                      batches of --batch calls: per round
 //                                      the ratio of p50s; the median over
@@ -908,6 +909,22 @@ int RunClient(int port) {
     };
     ReportInterleaved({{"grpc_sync_unary", grpc_call(stub.get())},
                        {"grpc_unary_exec_hop", grpc_call(hop_stub.get())},
+                       {"grpc_callback_unary",
+                        [&] {
+                          grpc::ClientContext ctx;
+                          ferry::rpc::v1::RpcResponse resp;
+                          Notification done;
+                          grpc::Status status;
+                          stub->async()->Call(&ctx, &tiny, &resp,
+                                              [&](grpc::Status s) {
+                                                status = std::move(s);
+                                                done.Notify();
+                                              });
+                          done.WaitForNotification();
+                          if (!status.ok()) {
+                            Die("grpc callback: " + status.error_message());
+                          }
+                        }},
                        {"rpc_sync_noop", noop("noop")},
                        {"rpc_sync_noop_nb", noop("noop_nb")},
                        {"rpc_sync_tensor4", echo("echo")},
