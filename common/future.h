@@ -146,7 +146,9 @@ class State {
 
   bool WaitFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_) {
     if (IsReady()) return true;
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                    ? absl::InfiniteFuture()
+                                    : absl::Now() + timeout;
     MutexLock lock(&mu_);
     while (!result_.has_value()) {
       ++waiters_;

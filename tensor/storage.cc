@@ -42,45 +42,39 @@ class CpuAllocator final : public Allocator {
       return absl::ResourceExhaustedError(
           absl::StrCat("CpuAllocator: cannot allocate ", nbytes, " bytes"));
     }
-    // Large blocks: 2 MiB aligned and backed by transparent huge pages where
-    // the kernel allows it, so first touch (e.g. a received tensor being
-    // copied in) takes one page fault per 2 MiB instead of per 4 KiB.
-    constexpr size_t kHugePage = size_t{2} << 20;
-    if (rounded <= kSmallBlock) return AllocateSmall(nbytes, rounded);
-    const bool huge = rounded >= 2 * kHugePage;
-    if (huge) rounded = (rounded + kHugePage - 1) / kHugePage * kHugePage;
-    void* p = std::aligned_alloc(huge ? kHugePage : kStorageAlignment, rounded);
-    if (p != nullptr && huge)
-      madvise(p, rounded, MADV_HUGEPAGE);  // Advisory only.
-    if (p == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "CpuAllocator: out of memory allocating ", nbytes, " bytes"));
+    void* base = nullptr;  // What free() takes.
+    void* data = nullptr;  // kStorageAlignment-aligned, inside base.
+    if (rounded <= kSmallBlock) {
+      // Small blocks (e.g. a received 4-float tensor) are malloc'd with room
+      // to align by hand: glibc's memalign splits off and frees the slack of
+      // every block, which cost more than the rest of the allocation.
+      base = std::malloc(rounded + kStorageAlignment - 1);
+      data = reinterpret_cast<void*>(
+          (reinterpret_cast<uintptr_t>(base) + kStorageAlignment - 1) &
+          ~uintptr_t{kStorageAlignment - 1});
+    } else {
+      // Large blocks: 2 MiB aligned and backed by transparent huge pages
+      // where the kernel allows it, so first touch (e.g. a received tensor
+      // being copied in) takes one page fault per 2 MiB instead of per 4 KiB.
+      constexpr size_t kHugePage = size_t{2} << 20;
+      const bool huge = rounded >= 2 * kHugePage;
+      if (huge) rounded = (rounded + kHugePage - 1) / kHugePage * kHugePage;
+      base = data =
+          std::aligned_alloc(huge ? kHugePage : kStorageAlignment, rounded);
+      if (base != nullptr && huge)
+        madvise(base, rounded, MADV_HUGEPAGE);  // Advisory only.
     }
-    std::shared_ptr<const void> owner(
-        p, [](const void* q) { std::free(const_cast<void*>(q)); });
-    return Storage::Wrap(p, nbytes, Device::CPU(), std::move(owner));
-  }
-
- private:
-  // Small blocks (e.g. a received 4-float tensor): malloc'd with room to
-  // align by hand. glibc's memalign splits and frees the slack of every such
-  // block, which cost more than the rest of the allocation (callgrind).
-  static constexpr size_t kSmallBlock = 4096;
-
-  static absl::StatusOr<Storage> AllocateSmall(size_t nbytes, size_t rounded) {
-    void* base = std::malloc(rounded + kStorageAlignment - 1);
     if (base == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "CpuAllocator: out of memory allocating ", nbytes, " bytes"));
     }
-    const uintptr_t at =
-        (reinterpret_cast<uintptr_t>(base) + kStorageAlignment - 1) &
-        ~uintptr_t{kStorageAlignment - 1};
     std::shared_ptr<const void> owner(
         base, [](const void* q) { std::free(const_cast<void*>(q)); });
-    return Storage::Wrap(reinterpret_cast<void*>(at), nbytes, Device::CPU(),
-                         std::move(owner));
+    return Storage::Wrap(data, nbytes, Device::CPU(), std::move(owner));
   }
+
+ private:
+  static constexpr size_t kSmallBlock = 4096;
 };
 
 }  // namespace

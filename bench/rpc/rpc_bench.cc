@@ -277,14 +277,15 @@ void ReportInterleaved(
     std::vector<double> v = ratios[o];
     std::sort(v.begin(), v.end());
     const double median = v[v.size() / 2];
-    const double whole = Summarize(pooled[o]).p50_us / base;
+    const double pooled_p50 = Summarize(pooled[o]).p50_us;
+    const double whole = pooled_p50 / base;
     const char* impl =
         absl::StartsWith(ops[o].first, "grpc") ? "grpc" : "ferry";
     std::printf(
         "%-8s %-20s %12s %10.3fx %s  (median of %d rounds of %d calls, "
         "range %.2f-%.2f; pooled p50 %.1f / %.1f us = %.3fx)\n",
         impl, ops[o].first.c_str(), "", median, ops[0].first.c_str(), rounds,
-        batch, v.front(), v.back(), Summarize(pooled[o]).p50_us, base, whole);
+        batch, v.front(), v.back(), pooled_p50, base, whole);
     std::printf(
         "{\"bench\": \"rpc\", \"impl\": \"%s\", \"name\": "
         "\"%s_over_%s\", \"unit\": \"ratio\", \"value\": %.4f, "
@@ -693,6 +694,49 @@ void ReportCopies(const char* figure, const char* how, const char* key,
   std::fflush(stdout);
 }
 
+// One round trip each, for the latency loops: raw gRPC's sync stub; the
+// same call through the callback API, the caller blocking until the
+// completion (on gRPC's thread) wakes it (Ferry's client-side path); Ferry's
+// rpc_sync of a no-op and of a tensor echo.
+std::function<void()> GrpcUnaryOp(ferry::rpc::v1::Worker::Stub* stub,
+                                  const ferry::rpc::v1::RpcRequest& request) {
+  return [stub, &request] {
+    grpc::ClientContext ctx;
+    ferry::rpc::v1::RpcResponse resp;
+    grpc::Status s = stub->Call(&ctx, request, &resp);
+    if (!s.ok()) Die("grpc unary: " + s.error_message());
+  };
+}
+std::function<void()> GrpcCallbackOp(
+    ferry::rpc::v1::Worker::Stub* stub,
+    const ferry::rpc::v1::RpcRequest& request) {
+  return [stub, &request] {
+    grpc::ClientContext ctx;
+    ferry::rpc::v1::RpcResponse resp;
+    Notification done;
+    grpc::Status status;
+    stub->async()->Call(&ctx, &request, &resp, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    if (!status.ok()) Die("grpc callback: " + status.error_message());
+  };
+}
+std::function<void()> NoopOp(rpc::GrpcAgent* agent, std::string fn) {
+  return [agent, fn = std::move(fn)] {
+    absl::Status s = agent->rpc_sync<void>(1, fn);
+    if (!s.ok()) Die(s.ToString());
+  };
+}
+std::function<void()> EchoOp(rpc::GrpcAgent* agent, std::string fn,
+                             const Tensor& t) {
+  return [agent, fn = std::move(fn), &t] {
+    auto r = agent->rpc_sync<Tensor>(1, fn, t);
+    if (!r.ok()) Die(r.status().ToString());
+  };
+}
+
 int RunClient(int port) {
   std::shared_ptr<Store> store = ConnectStore(port);
   // Both callers join at once (Start returns when the group of 3 is there).
@@ -765,42 +809,16 @@ int RunClient(int port) {
     auto stub = ferry::rpc::v1::Worker::NewStub(channel);
     ferry::rpc::v1::RpcRequest tiny;
     tiny.set_payload("0123456789abcdef");
-    if (Want("grpc_sync_unary")) {
-      ReportLatency("grpc", "grpc_sync_unary", Summarize(TimeLoop(iters, [&] {
-                      grpc::ClientContext ctx;
-                      ferry::rpc::v1::RpcResponse resp;
-                      grpc::Status s = stub->Call(&ctx, tiny, &resp);
-                      if (!s.ok()) Die("grpc unary: " + s.error_message());
-                    })));
-    }
-    if (Want("grpc_unary_exec_hop")) {
-      auto hop_stub = ferry::rpc::v1::Worker::NewStub(
-          grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
-                              grpc::InsecureChannelCredentials()));
-      ReportLatency("grpc", "grpc_unary_exec_hop",
-                    Summarize(TimeLoop(iters, [&] {
-                      grpc::ClientContext ctx;
-                      ferry::rpc::v1::RpcResponse resp;
-                      grpc::Status s = hop_stub->Call(&ctx, tiny, &resp);
-                      if (!s.ok()) Die("grpc unary hop: " + s.error_message());
-                    })));
-    }
-    // The same call through the callback API, the caller blocking until the
-    // completion (on gRPC's thread) wakes it: Ferry's client-side path.
-    if (Want("grpc_callback_unary")) {
-      ReportLatency(
-          "grpc", "grpc_callback_unary", Summarize(TimeLoop(iters, [&] {
-            grpc::ClientContext ctx;
-            ferry::rpc::v1::RpcResponse resp;
-            Notification done;
-            grpc::Status status;
-            stub->async()->Call(&ctx, &tiny, &resp, [&](grpc::Status s) {
-              status = std::move(s);
-              done.Notify();
-            });
-            done.WaitForNotification();
-            if (!status.ok()) Die("grpc callback: " + status.error_message());
-          })));
+    auto hop_stub = ferry::rpc::v1::Worker::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
+                            grpc::InsecureChannelCredentials()));
+    for (auto [figure, op] :
+         {std::pair{"grpc_sync_unary", GrpcUnaryOp(stub.get(), tiny)},
+          std::pair{"grpc_unary_exec_hop", GrpcUnaryOp(hop_stub.get(), tiny)},
+          std::pair{"grpc_callback_unary", GrpcCallbackOp(stub.get(), tiny)}}) {
+      if (Want(figure)) {
+        ReportLatency("grpc", figure, Summarize(TimeLoop(iters, op)));
+      }
     }
     if (Want("grpc_callback_64")) {
       CallbackBench cb;
@@ -856,20 +874,14 @@ int RunClient(int port) {
   for (const std::string suffix : {"", "_nb"}) {
     const std::string noop_fn = "noop" + suffix;
     const std::string echo_fn = "echo" + suffix;
-    if (Want("rpc_sync_noop" + suffix)) {
-      ReportLatency("ferry", "rpc_sync_noop" + suffix,
-                    Summarize(TimeLoop(iters, [&] {
-                      absl::Status s = agent->rpc_sync<void>(1, noop_fn);
-                      if (!s.ok()) Die(s.ToString());
-                    })));
-    }
     Tensor four = from_vector<float>({1, 2, 3, 4});
-    if (Want("rpc_sync_tensor4" + suffix)) {
-      ReportLatency("ferry", "rpc_sync_tensor4" + suffix,
-                    Summarize(TimeLoop(iters, [&] {
-                      auto r = agent->rpc_sync<Tensor>(1, echo_fn, four);
-                      if (!r.ok()) Die(r.status().ToString());
-                    })));
+    for (auto [figure, op] :
+         {std::pair{"rpc_sync_noop" + suffix, NoopOp(agent.get(), noop_fn)},
+          std::pair{"rpc_sync_tensor4" + suffix,
+                    EchoOp(agent.get(), echo_fn, four)}}) {
+      if (Want(figure)) {
+        ReportLatency("ferry", figure, Summarize(TimeLoop(iters, op)));
+      }
     }
     if (!Want("rpc_async_64" + suffix)) continue;
     auto noop = [&](int) { return agent->CallAsync(1, noop_fn, {}); };
@@ -881,54 +893,21 @@ int RunClient(int port) {
     auto stub = ferry::rpc::v1::Worker::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", grpc_port),
                             grpc::InsecureChannelCredentials()));
-    ferry::rpc::v1::RpcRequest tiny;
-    tiny.set_payload("0123456789abcdef");
-    Tensor four = from_vector<float>({1, 2, 3, 4});
-    auto noop = [&](const char* fn) {
-      return [&agent, fn] {
-        absl::Status s = agent->rpc_sync<void>(1, fn);
-        if (!s.ok()) Die(s.ToString());
-      };
-    };
-    auto echo = [&](const char* fn) {
-      return [&agent, &four, fn] {
-        auto r = agent->rpc_sync<Tensor>(1, fn, four);
-        if (!r.ok()) Die(r.status().ToString());
-      };
-    };
     auto hop_stub = ferry::rpc::v1::Worker::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", hop_port),
                             grpc::InsecureChannelCredentials()));
-    auto grpc_call = [&tiny](ferry::rpc::v1::Worker::Stub* s) {
-      return [&tiny, s] {
-        grpc::ClientContext ctx;
-        ferry::rpc::v1::RpcResponse resp;
-        grpc::Status status = s->Call(&ctx, tiny, &resp);
-        if (!status.ok()) Die("grpc unary: " + status.error_message());
-      };
-    };
-    ReportInterleaved({{"grpc_sync_unary", grpc_call(stub.get())},
-                       {"grpc_unary_exec_hop", grpc_call(hop_stub.get())},
-                       {"grpc_callback_unary",
-                        [&] {
-                          grpc::ClientContext ctx;
-                          ferry::rpc::v1::RpcResponse resp;
-                          Notification done;
-                          grpc::Status status;
-                          stub->async()->Call(&ctx, &tiny, &resp,
-                                              [&](grpc::Status s) {
-                                                status = std::move(s);
-                                                done.Notify();
-                                              });
-                          done.WaitForNotification();
-                          if (!status.ok()) {
-                            Die("grpc callback: " + status.error_message());
-                          }
-                        }},
-                       {"rpc_sync_noop", noop("noop")},
-                       {"rpc_sync_noop_nb", noop("noop_nb")},
-                       {"rpc_sync_tensor4", echo("echo")},
-                       {"rpc_sync_tensor4_nb", echo("echo_nb")}});
+    ferry::rpc::v1::RpcRequest tiny;
+    tiny.set_payload("0123456789abcdef");
+    Tensor four = from_vector<float>({1, 2, 3, 4});
+    rpc::GrpcAgent* a = agent.get();
+    ReportInterleaved(
+        {{"grpc_sync_unary", GrpcUnaryOp(stub.get(), tiny)},
+         {"grpc_unary_exec_hop", GrpcUnaryOp(hop_stub.get(), tiny)},
+         {"grpc_callback_unary", GrpcCallbackOp(stub.get(), tiny)},
+         {"rpc_sync_noop", NoopOp(a, "noop")},
+         {"rpc_sync_noop_nb", NoopOp(a, "noop_nb")},
+         {"rpc_sync_tensor4", EchoOp(a, "echo", four)},
+         {"rpc_sync_tensor4_nb", EchoOp(a, "echo_nb", four)}});
   }
   for (int64_t n : sizes) {
     Tensor t = full({n / 4}, 7.0);
