@@ -1,10 +1,10 @@
-#include "autograd/engine.h"
+#include "ferry/autograd/engine.h"
 
 #include <deque>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/grad_mode.h"
+#include "ferry/autograd/grad_mode.h"
 
 namespace ferry::autograd {
 

@@ -22,8 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "autograd/node.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/node.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd {
 

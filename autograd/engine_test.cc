@@ -1,12 +1,12 @@
-#include "autograd/engine.h"
+#include "ferry/autograd/engine.h"
 
 #include <map>
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "autograd/grad_mode.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
 
 namespace ferry::autograd {

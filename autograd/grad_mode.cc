@@ -1,4 +1,4 @@
-#include "autograd/grad_mode.h"
+#include "ferry/autograd/grad_mode.h"
 
 namespace ferry::autograd {
 namespace {

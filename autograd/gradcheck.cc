@@ -1,12 +1,12 @@
-#include "autograd/gradcheck.h"
+#include "ferry/autograd/gradcheck.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/engine.h"
-#include "autograd/grad_mode.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
 
 namespace ferry::autograd {
 namespace {

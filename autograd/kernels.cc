@@ -1,4 +1,4 @@
-#include "autograd/kernels.h"
+#include "ferry/autograd/kernels.h"
 
 #include <cblas.h>
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd::kernels {
 

@@ -1,14 +1,14 @@
-#include "autograd/nn.h"
+#include "ferry/autograd/nn.h"
 
 #include <cmath>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/grad_mode.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "tensor/value.h"
-#include "tensor/wire.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/tensor/value.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::nn {
 

@@ -1,10 +1,10 @@
-#include "autograd/nn.h"
+#include "ferry/autograd/nn.h"
 
 #include <cmath>
 
-#include "autograd/engine.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
 
 namespace ferry::nn {

@@ -1,10 +1,10 @@
-#include "autograd/node.h"
+#include "ferry/autograd/node.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "autograd/engine.h"
+#include "ferry/autograd/engine.h"
 
 namespace ferry::autograd {
 

@@ -35,8 +35,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/sync.h"
-#include "tensor/tensor.h"
+#include "ferry/common/sync.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd {
 

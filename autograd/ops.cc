@@ -1,11 +1,11 @@
-#include "autograd/ops.h"
+#include "ferry/autograd/ops.h"
 
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/grad_mode.h"
-#include "autograd/kernels.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/kernels.h"
 
 namespace ferry::autograd {
 namespace {

@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "autograd/node.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/node.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd {
 

@@ -1,11 +1,11 @@
-#include "autograd/ops.h"
+#include "ferry/autograd/ops.h"
 
 #include <cmath>
 
 #include "absl/strings/match.h"
-#include "autograd/engine.h"
-#include "autograd/gradcheck.h"
-#include "autograd/node.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/gradcheck.h"
+#include "ferry/autograd/node.h"
 #include "gtest/gtest.h"
 
 namespace ferry::autograd {

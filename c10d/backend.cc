@@ -1,4 +1,4 @@
-#include "c10d/backend.h"
+#include "ferry/c10d/backend.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

@@ -52,9 +52,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "c10d/types.h"
-#include "c10d/work.h"
-#include "tensor/tensor.h"
+#include "ferry/c10d/types.h"
+#include "ferry/c10d/work.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,15 +1,15 @@
-#include "c10d/backend.h"
+#include "ferry/c10d/backend.h"
 
 #include <atomic>
 #include <memory>
 #include <thread>
 
-#include "c10d/reduce.h"
-#include "c10d/registry.h"
-#include "c10d/work.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/c10d/work.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,13 +1,13 @@
-#include "c10d/default_registry.h"
+#include "ferry/c10d/default_registry.h"
 
-#include "c10d/gloo/gloo_backend.h"
-#include "c10d/shm/shm_backend.h"
-#include "common/logging.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/shm/shm_backend.h"
+#include "ferry/common/logging.h"
 #ifdef FERRY_C10D_WITH_NCCL
-#include "c10d/nccl/nccl_backend.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
 #endif
 #ifdef FERRY_C10D_WITH_MPI
-#include "c10d/mpi/mpi_backend.h"
+#include "ferry/c10d/mpi/mpi_backend.h"
 #endif
 
 namespace ferry {

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "c10d/registry.h"
+#include "ferry/c10d/registry.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/init.h"
+#include "ferry/c10d/init.h"
 
 #include <optional>
 #include <string>
@@ -6,11 +6,11 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "c10d/default_registry.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
-#include "store/store_auth.h"
-#include "store/tcp_store.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -25,10 +25,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "c10d/process_group.h"
-#include "c10d/registry.h"
-#include "store/init_method.h"
-#include "store/store.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/store/init_method.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

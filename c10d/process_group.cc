@@ -1,4 +1,4 @@
-#include "c10d/process_group.h"
+#include "ferry/c10d/process_group.h"
 
 #include <set>
 #include <utility>
@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

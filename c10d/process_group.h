@@ -37,10 +37,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "c10d/backend.h"
-#include "c10d/registry.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

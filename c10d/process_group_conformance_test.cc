@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "c10d/default_registry.h"
-#include "c10d/process_group.h"
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

@@ -1,4 +1,4 @@
-#include "c10d/process_group.h"
+#include "ferry/c10d/process_group.h"
 
 #include <atomic>
 #include <functional>
@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/default_registry.h"
-#include "c10d/init.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/c10d/init.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,11 +1,11 @@
-#include "c10d/reduce.h"
+#include "ferry/c10d/reduce.h"
 
 #include <algorithm>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/backend.h"
-#include "common/status.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

@@ -13,9 +13,9 @@
 #include <cstddef>
 
 #include "absl/status/statusor.h"
-#include "c10d/types.h"
-#include "tensor/dtype.h"
-#include "tensor/tensor.h"
+#include "ferry/c10d/types.h"
+#include "ferry/tensor/dtype.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,11 +1,11 @@
-#include "c10d/registry.h"
+#include "ferry/c10d/registry.h"
 
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

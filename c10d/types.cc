@@ -1,4 +1,4 @@
-#include "c10d/types.h"
+#include "ferry/c10d/types.h"
 
 namespace ferry {
 namespace c10d {

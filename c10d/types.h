@@ -15,7 +15,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/work.h"
+#include "ferry/c10d/work.h"
 
 #include <utility>
 

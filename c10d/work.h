@@ -28,7 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/future.h"
+#include "ferry/common/future.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,10 +1,10 @@
-#include "common/executor.h"
+#include "ferry/common/executor.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
+#include "ferry/common/logging.h"
 
 namespace ferry {
 

@@ -29,7 +29,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 namespace ferry {
 

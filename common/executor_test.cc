@@ -1,4 +1,4 @@
-#include "common/executor.h"
+#include "ferry/common/executor.h"
 
 #include <atomic>
 #include <functional>
@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/future.h"
-#include "common/sync.h"
+#include "ferry/common/future.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

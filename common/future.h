@@ -43,7 +43,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "common/future.h"
+#include "ferry/common/future.h"
 
 #include <atomic>
 #include <string>

@@ -1,4 +1,4 @@
-#include "common/host_address.h"
+#include "ferry/common/host_address.h"
 
 #include <map>
 #include <string>

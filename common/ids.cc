@@ -1,4 +1,4 @@
-#include "common/ids.h"
+#include "ferry/common/ids.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

@@ -1,4 +1,4 @@
-#include "common/ids.h"
+#include "ferry/common/ids.h"
 
 #include <thread>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "common/logging.h"
+#include "ferry/common/logging.h"
 
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -13,7 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 namespace ferry {
 namespace logging_internal {

@@ -1,10 +1,10 @@
-#include "common/logging.h"
+#include "ferry/common/logging.h"
 
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

@@ -1,4 +1,4 @@
-#include "common/poll.h"
+#include "ferry/common/poll.h"
 
 #include <atomic>
 #include <thread>

@@ -1,4 +1,4 @@
-#include "common/proto_wire.h"
+#include "ferry/common/proto_wire.h"
 
 #include <algorithm>
 #include <cstddef>

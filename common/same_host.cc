@@ -1,4 +1,4 @@
-#include "common/same_host.h"
+#include "ferry/common/same_host.h"
 
 #include <sys/stat.h>
 

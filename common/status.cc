@@ -1,4 +1,4 @@
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 #include "absl/strings/str_cat.h"
 

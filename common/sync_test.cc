@@ -1,4 +1,4 @@
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 #include <atomic>
 #include <thread>

@@ -9,21 +9,21 @@
 #include <thread>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/grad_mode.h"
-#include "autograd/nn.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "c10d/default_registry.h"
-#include "c10d/gloo/gloo_backend.h"
-#include "c10d/process_group.h"
-#include "common/sync.h"
-#include "ddp/distributed_data_parallel.h"
-#include "ddp/optimizer_in_backward.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/common/sync.h"
+#include "ferry/ddp/distributed_data_parallel.h"
+#include "ferry/ddp/optimizer_in_backward.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "optim/optim.h"
-#include "store/hash_store.h"
+#include "ferry/optim/optim.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry::ddp {
 namespace {

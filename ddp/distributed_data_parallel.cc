@@ -1,11 +1,11 @@
-#include "ddp/distributed_data_parallel.h"
+#include "ferry/ddp/distributed_data_parallel.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "autograd/engine.h"
-#include "common/status.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/common/status.h"
 
 namespace ferry::ddp {
 namespace {

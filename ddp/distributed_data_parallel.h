@@ -49,10 +49,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "autograd/nn.h"
-#include "c10d/process_group.h"
-#include "ddp/reducer.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/ddp/reducer.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::ddp {
 

@@ -1,9 +1,9 @@
-#include "ddp/optimizer_in_backward.h"
+#include "ferry/ddp/optimizer_in_backward.h"
 
 #include <memory>
 #include <vector>
 
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry::ddp {
 namespace {

@@ -14,8 +14,8 @@
 
 #include <cstddef>
 
-#include "ddp/reducer.h"
-#include "optim/optim.h"
+#include "ferry/ddp/reducer.h"
+#include "ferry/optim/optim.h"
 
 namespace ferry::ddp {
 

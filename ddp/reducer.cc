@@ -1,13 +1,13 @@
-#include "ddp/reducer.h"
+#include "ferry/ddp/reducer.h"
 
 #include <algorithm>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "autograd/grad_mode.h"
-#include "autograd/node.h"
-#include "common/status.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/node.h"
+#include "ferry/common/status.h"
 
 namespace ferry::ddp {
 namespace {

@@ -58,10 +58,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "c10d/process_group.h"
-#include "common/future.h"
-#include "common/sync.h"
-#include "tensor/tensor.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/common/future.h"
+#include "ferry/common/sync.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::ddp {
 

@@ -1,11 +1,11 @@
-#include "optim/distributed_optimizer.h"
+#include "ferry/optim/distributed_optimizer.h"
 
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
 
 namespace ferry::optim {
 

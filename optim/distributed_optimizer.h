@@ -36,13 +36,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "autograd/dist/dist_autograd.h"
-#include "common/ids.h"
-#include "common/sync.h"
-#include "optim/optim.h"
-#include "rpc/agent.h"
-#include "rref/rref.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/common/ids.h"
+#include "ferry/common/sync.h"
+#include "ferry/optim/optim.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rref/rref.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::optim {
 

@@ -1,12 +1,12 @@
-#include "optim/distributed_optimizer.h"
+#include "ferry/optim/distributed_optimizer.h"
 
 #include <memory>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
-#include "rpc/testing/in_process.h"
+#include "ferry/rpc/testing/in_process.h"
 
 namespace ferry::optim {
 namespace {

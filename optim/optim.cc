@@ -1,11 +1,11 @@
-#include "optim/optim.h"
+#include "ferry/optim/optim.h"
 
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/grad_mode.h"
-#include "autograd/kernels.h"
-#include "autograd/node.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/kernels.h"
+#include "ferry/autograd/node.h"
 
 namespace ferry::optim {
 namespace {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::optim {
 

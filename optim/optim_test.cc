@@ -1,8 +1,8 @@
 // Expected values were computed by hand (a calculator session applying the
 // PyTorch 1.13 update rules quoted in optim.cc), not by this code.
-#include "optim/optim.h"
+#include "ferry/optim/optim.h"
 
-#include "autograd/node.h"
+#include "ferry/autograd/node.h"
 #include "gtest/gtest.h"
 
 namespace ferry::optim {

@@ -1,4 +1,4 @@
-#include "rpc/agent.h"
+#include "ferry/rpc/agent.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/utility/utility.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
 
 namespace ferry::rpc {
 

@@ -9,15 +9,15 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/poll.h"
-#include "common/status.h"
-#include "common/sync.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/status.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "rpc/agent.h"
-#include "rpc/context.h"
-#include "rpc/grpc/cluster.h"
-#include "rpc/testing/agent_cluster.h"
-#include "tensor/tensor.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/context.h"
+#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/agent_cluster.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {

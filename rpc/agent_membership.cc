@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "rpc/agent.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/agent.h"
 
 namespace ferry::rpc {
 

@@ -1,4 +1,4 @@
-#include "rpc/context.h"
+#include "ferry/rpc/context.h"
 
 #include <utility>
 

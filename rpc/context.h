@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "rpc/message.h"
+#include "ferry/rpc/message.h"
 
 namespace ferry::rpc {
 

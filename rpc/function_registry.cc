@@ -1,4 +1,4 @@
-#include "rpc/function_registry.h"
+#include "ferry/rpc/function_registry.h"
 
 namespace ferry::rpc {
 

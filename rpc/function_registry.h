@@ -44,9 +44,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "common/future.h"
-#include "common/sync.h"
-#include "tensor/value.h"
+#include "ferry/common/future.h"
+#include "ferry/common/sync.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rpc {
 

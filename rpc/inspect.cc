@@ -1,4 +1,4 @@
-#include "rpc/inspect.h"
+#include "ferry/rpc/inspect.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 namespace ferry::rpc {
 

@@ -1,4 +1,4 @@
-#include "rpc/inspect.h"
+#include "ferry/rpc/inspect.h"
 
 #include "gtest/gtest.h"
 

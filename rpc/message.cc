@@ -1,4 +1,4 @@
-#include "rpc/message.h"
+#include "ferry/rpc/message.h"
 
 #include "absl/strings/str_cat.h"
 

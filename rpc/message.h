@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/ids.h"
-#include "tensor/tensor.h"
-#include "tensor/value.h"
+#include "ferry/common/ids.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rpc {
 

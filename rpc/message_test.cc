@@ -1,10 +1,10 @@
-#include "rpc/message.h"
+#include "ferry/rpc/message.h"
 
 #include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "rpc/context.h"
+#include "ferry/rpc/context.h"
 
 namespace ferry::rpc {
 namespace {

@@ -1,4 +1,4 @@
-#include "rref/class_registry.h"
+#include "ferry/rref/class_registry.h"
 
 namespace ferry::rref {
 

@@ -39,10 +39,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/future.h"
-#include "common/sync.h"
-#include "rpc/function_registry.h"
-#include "tensor/value.h"
+#include "ferry/common/future.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rref {
 

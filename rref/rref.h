@@ -41,12 +41,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/future.h"
-#include "rpc/agent.h"
-#include "rpc/function_registry.h"
-#include "rref/class_registry.h"
-#include "rref/rref_context.h"
-#include "tensor/value.h"
+#include "ferry/common/future.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/rref/class_registry.h"
+#include "ferry/rref/rref_context.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rref {
 

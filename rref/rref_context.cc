@@ -1,4 +1,4 @@
-#include "rref/rref_context.h"
+#include "ferry/rref/rref_context.h"
 
 #include <algorithm>
 #include <functional>
@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "rpc/context.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/context.h"
 
 namespace ferry::rref {
 

@@ -104,13 +104,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/future.h"
-#include "common/ids.h"
-#include "common/sync.h"
-#include "rpc/agent.h"
-#include "rpc/message.h"
-#include "rref/class_registry.h"
-#include "tensor/value.h"
+#include "ferry/common/future.h"
+#include "ferry/common/ids.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/message.h"
+#include "ferry/rref/class_registry.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rref {
 

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/poll.h"
+#include "ferry/common/poll.h"
 #include "gtest/gtest.h"
-#include "rpc/testing/in_process.h"
-#include "rref/rref.h"
+#include "ferry/rpc/testing/in_process.h"
+#include "ferry/rref/rref.h"
 
 namespace ferry::rref {
 namespace {

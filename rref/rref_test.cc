@@ -1,17 +1,17 @@
 // RRef API on in-process agents in auto-deliver mode: creation, to_here,
 // local values, RRefs as arguments and results in every direction, remote
 // objects, errors, failures and shutdown.
-#include "rref/rref.h"
+#include "ferry/rref/rref.h"
 
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/poll.h"
+#include "ferry/common/poll.h"
 #include "gtest/gtest.h"
-#include "rpc/testing/in_process.h"
-#include "tensor/tensor.h"
+#include "ferry/rpc/testing/in_process.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rref {
 namespace {

@@ -19,9 +19,9 @@
 #include "absl/flags/usage.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/logging.h"
-#include "store/store_auth.h"
-#include "store/tcp_store_server.h"
+#include "ferry/common/logging.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store_server.h"
 
 ABSL_FLAG(std::string, host, "",
           "Numeric address to bind; empty: all interfaces (IPv6 dual-stack, "

@@ -1,4 +1,4 @@
-#include "store/file_store.h"
+#include "ferry/store/file_store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -13,9 +13,9 @@
 #include "absl/base/internal/endian.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "store/store_util.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/store/store_util.h"
 
 namespace ferry {
 namespace {

@@ -47,8 +47,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 

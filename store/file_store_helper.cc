@@ -11,7 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
-#include "store/file_store.h"
+#include "ferry/store/file_store.h"
 
 namespace {
 

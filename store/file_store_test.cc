@@ -1,4 +1,4 @@
-#include "store/file_store.h"
+#include "ferry/store/file_store.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,8 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/store_conformance.h"
-#include "tests/util/subprocess.h"
+#include "ferry/store/store_conformance.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 #include <algorithm>
 #include <deque>
@@ -7,9 +7,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/status.h"
-#include "common/sync.h"
-#include "store/store_util.h"
+#include "ferry/common/status.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store_util.h"
 
 namespace ferry {
 namespace {

@@ -1,10 +1,10 @@
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 #include <memory>
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "store/store_conformance.h"
+#include "ferry/store/store_conformance.h"
 
 namespace ferry {
 namespace {

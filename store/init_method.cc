@@ -1,4 +1,4 @@
-#include "store/init_method.h"
+#include "ferry/store/init_method.h"
 
 #include <cstdlib>
 #include <utility>
@@ -9,10 +9,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "store/file_store.h"
-#include "store/prefix_store.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/store/file_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace {

@@ -49,7 +49,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "store/store.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 

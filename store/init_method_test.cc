@@ -1,4 +1,4 @@
-#include "store/init_method.h"
+#include "ferry/store/init_method.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace {

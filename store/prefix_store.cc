@@ -1,9 +1,9 @@
-#include "store/prefix_store.h"
+#include "ferry/store/prefix_store.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 

@@ -25,7 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "store/store.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 

@@ -1,11 +1,11 @@
-#include "store/prefix_store.h"
+#include "ferry/store/prefix_store.h"
 
 #include <memory>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
-#include "store/store_conformance.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/store_conformance.h"
 
 namespace ferry {
 namespace {

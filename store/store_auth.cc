@@ -1,4 +1,4 @@
-#include "store/store_auth.h"
+#include "ferry/store/store_auth.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>

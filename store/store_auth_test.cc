@@ -1,7 +1,7 @@
 // Shared-secret authentication of TCPStore connections (store_auth.h):
 // accepted with the secret, refused without it or with another one, before
 // any key is touched; PyTorch-style clients keep working when it is off.
-#include "store/store_auth.h"
+#include "ferry/store/store_auth.h"
 
 #include <fstream>
 #include <map>
@@ -10,9 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
-#include "store/tcp_store_server.h"
-#include "store/tcp_store_testing.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/store/tcp_store_testing.h"
 
 namespace ferry {
 namespace {

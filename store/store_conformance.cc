@@ -1,4 +1,4 @@
-#include "store/store_conformance.h"
+#include "ferry/store/store_conformance.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 #include "gmock/gmock.h"
 
 namespace ferry {

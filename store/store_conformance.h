@@ -5,7 +5,7 @@
 // an empty store and hands out handles, then instantiate the suite in your
 // test file (inside namespace ferry: the suite's name is unqualified):
 //
-//   #include "store/store_conformance.h"
+//   #include "ferry/store/store_conformance.h"
 //
 //   namespace ferry {
 //   namespace {
@@ -48,7 +48,7 @@
 
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
-#include "store/store.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "store/store_util.h"
+#include "ferry/store/store_util.h"
 
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,9 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/status.h"
-#include "store/store_auth.h"
-#include "store/store_util.h"
+#include "ferry/common/status.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/store_util.h"
 
 namespace ferry {
 

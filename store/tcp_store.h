@@ -41,10 +41,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
-#include "store/store.h"
-#include "store/tcp_store_protocol.h"
-#include "store/tcp_store_server.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
+#include "ferry/store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_server.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_protocol.h"
 
 #include <cstring>
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_protocol.h"
 
 namespace {
 

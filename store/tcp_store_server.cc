@@ -1,4 +1,4 @@
-#include "store/tcp_store_server.h"
+#include "ferry/store/tcp_store_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -15,8 +15,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "store/store_auth.h"
+#include "ferry/common/logging.h"
+#include "ferry/store/store_auth.h"
 
 namespace ferry {
 

@@ -38,8 +38,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
-#include "store/tcp_store_protocol.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/tcp_store_protocol.h"
 
 namespace ferry {
 

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "store/store_auth.h"
-#include "store/tcp_store_protocol.h"
-#include "store/tcp_store_testing.h"
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_testing.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 namespace ferry::tcpstore::testing {
 namespace {

@@ -25,11 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/logging.h"
-#include "store/store_auth.h"
-#include "store/tcp_store_protocol.h"
-#include "store/tcp_store_server.h"
-#include "store/tcp_store_testing.h"
+#include "ferry/common/logging.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/store/tcp_store_testing.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Protocol-level tests of TcpStoreServer with raw sockets: both PyTorch
 // protocol generations byte for byte, partial and pipelined frames, hostile
 // input, limits, many concurrent clients and shutdown.
-#include "store/tcp_store_server.h"
+#include "ferry/store/tcp_store_server.h"
 
 #include <atomic>
 #include <memory>
@@ -11,11 +11,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
-#include "common/logging.h"
-#include "common/sync.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store_protocol.h"
-#include "store/tcp_store_testing.h"
+#include "ferry/store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_testing.h"
 
 namespace ferry {
 namespace {

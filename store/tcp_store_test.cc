@@ -2,7 +2,7 @@
 // the libuv server, current protocol and the is_server handle), connection
 // retry, wait_for_workers, limits, the legacy (PyTorch 1.13) client option
 // and the init_method factory.
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 #include <atomic>
 #include <memory>
@@ -12,12 +12,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "store/store_conformance.h"
-#include "store/tcp_store_server.h"
-#include "store/tcp_store_testing.h"
-#include "tests/util/held_port.h"
+#include "ferry/store/store_conformance.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/store/tcp_store_testing.h"
+#include "ferry/tests/util/held_port.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "store/tcp_store_testing.h"
+#include "ferry/store/tcp_store_testing.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "store/tcp_store_protocol.h"
+#include "ferry/store/tcp_store_protocol.h"
 
 namespace ferry {
 namespace tcpstore {

@@ -1,11 +1,11 @@
-#include "tensor/dlpack.h"
+#include "ferry/tensor/dlpack.h"
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace {

@@ -18,7 +18,7 @@
 #include <dlpack/dlpack.h>
 
 #include "absl/status/statusor.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "tensor/dlpack.h"
+#include "ferry/tensor/dlpack.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "tensor/dtype.h"
+#include "ferry/tensor/dtype.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "tensor/storage.h"
+#include "ferry/tensor/storage.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 #include <cblas.h>
 

@@ -32,8 +32,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tensor/dtype.h"
-#include "tensor/storage.h"
+#include "ferry/tensor/dtype.h"
+#include "ferry/tensor/storage.h"
 
 namespace ferry {
 

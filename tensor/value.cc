@@ -1,4 +1,4 @@
-#include "tensor/value.h"
+#include "ferry/tensor/value.h"
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"

@@ -40,10 +40,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/ids.h"
-#include "common/status.h"
+#include "ferry/common/ids.h"
+#include "ferry/common/status.h"
 #include "google/protobuf/message.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "tensor/value.h"
+#include "ferry/tensor/value.h"
 
 #include <map>
 #include <optional>
@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/tensor.pb.h"
+#include "ferry/proto/tensor.pb.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "tensor/wire.h"
+#include "ferry/tensor/wire.h"
 
 #include <algorithm>
 #include <bit>
@@ -11,10 +11,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/proto_wire.h"
+#include "ferry/common/proto_wire.h"
 #include "google/protobuf/arena.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "proto/tensor.pb.h"
+#include "ferry/proto/tensor.pb.h"
 
 namespace ferry {
 namespace {

@@ -38,8 +38,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "tensor/tensor.h"
-#include "tensor/value.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry {
 

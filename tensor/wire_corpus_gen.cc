@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "proto/tensor.pb.h"
-#include "tensor/wire.h"
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/proto/tensor.pb.h"
+#include "ferry/tensor/wire.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 namespace ferry {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/wire.h"
+#include "ferry/tensor/wire.h"
 
 namespace {
 

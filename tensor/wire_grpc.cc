@@ -1,4 +1,4 @@
-#include "tensor/wire_grpc.h"
+#include "ferry/tensor/wire_grpc.h"
 
 #include <grpc/slice.h>
 #include <grpcpp/support/slice.h>

@@ -31,9 +31,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/tsan.h"
-#include "tensor/value.h"
-#include "tensor/wire.h"
+#include "ferry/common/tsan.h"
+#include "ferry/tensor/value.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry {
 

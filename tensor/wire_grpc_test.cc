@@ -1,4 +1,4 @@
-#include "tensor/wire_grpc.h"
+#include "ferry/tensor/wire_grpc.h"
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/async_generic_service.h>

@@ -1,4 +1,4 @@
-#include "tensor/wire.h"
+#include "ferry/tensor/wire.h"
 
 #include <cstring>
 #include <limits>
@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "common/proto_wire.h"
+#include "ferry/common/proto_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "proto/tensor.pb.h"
+#include "ferry/proto/tensor.pb.h"
 
 namespace ferry {
 namespace {

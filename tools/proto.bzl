@@ -2,7 +2,7 @@
 
 Uses the system protoc and grpc_cpp_plugin found by @system; nothing is
 downloaded. For `proto/foo.proto` it generates `proto/foo.pb.{h,cc}` (and
-`proto/foo.grpc.pb.{h,cc}` when grpc = True); include them as "proto/foo.pb.h".
+`proto/foo.grpc.pb.{h,cc}` when grpc = True); include them as "ferry/proto/foo.pb.h".
 `deps` are other ferry_proto_library targets whose files these import.
 """
 
@@ -37,6 +37,7 @@ def ferry_proto_library(name, srcs, deps = [], grpc = False, visibility = None):
     )
     native.cc_library(
         name = name,
+        include_prefix = "ferry/" + native.package_name(),
         srcs = [o for o in outs if o.endswith(".cc")],
         hdrs = [o for o in outs if o.endswith(".h")],
         # Generated code is not ours to keep warning-free.

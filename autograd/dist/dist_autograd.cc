@@ -1,4 +1,4 @@
-#include "autograd/dist/dist_autograd.h"
+#include "ferry/autograd/dist/dist_autograd.h"
 
 #include <cstdlib>
 #include <deque>
@@ -8,10 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "autograd/engine.h"
-#include "autograd/grad_mode.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
 
 namespace ferry::autograd::dist {
 

@@ -86,13 +86,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "autograd/dist/nodes.h"
-#include "common/future.h"
-#include "common/ids.h"
-#include "common/sync.h"
-#include "rpc/agent.h"
-#include "rpc/context.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/dist/nodes.h"
+#include "ferry/common/future.h"
+#include "ferry/common/ids.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/context.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd::dist {
 

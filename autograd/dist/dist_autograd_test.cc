@@ -1,14 +1,14 @@
-#include "autograd/dist/dist_autograd.h"
+#include "ferry/autograd/dist/dist_autograd.h"
 
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "autograd/engine.h"
-#include "autograd/ops.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
-#include "rpc/testing/in_process.h"
+#include "ferry/rpc/testing/in_process.h"
 
 namespace ferry::autograd::dist {
 namespace {

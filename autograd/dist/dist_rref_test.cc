@@ -6,13 +6,13 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/dist/dist_autograd.h"
-#include "autograd/engine.h"
-#include "autograd/ops.h"
-#include "common/status.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "rpc/testing/in_process.h"
-#include "rref/rref.h"
+#include "ferry/rpc/testing/in_process.h"
+#include "ferry/rref/rref.h"
 
 namespace ferry::autograd::dist {
 namespace {

@@ -1,4 +1,4 @@
-#include "autograd/dist/nodes.h"
+#include "ferry/autograd/dist/nodes.h"
 
 #include <utility>
 

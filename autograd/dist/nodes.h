@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "autograd/node.h"
-#include "common/ids.h"
-#include "tensor/dtype.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/node.h"
+#include "ferry/common/ids.h"
+#include "ferry/tensor/dtype.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd::dist {
 

@@ -18,11 +18,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "autograd/engine.h"
-#include "autograd/nn.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "optim/optim.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/optim/optim.h"
 
 ABSL_FLAG(std::string, impl, "ferry", "label for the JSON lines");
 ABSL_FLAG(std::string, mlps, "784-256-10,1024-1024-1024-10",

@@ -62,9 +62,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "c10d/gloo/gloo_backend.h"
-#include "c10d/init.h"
-#include "c10d/shm/shm_backend.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/init.h"
+#include "ferry/c10d/shm/shm_backend.h"
 
 namespace ferry {
 namespace c10d {

@@ -23,9 +23,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "c10d/gloo/gloo_backend.h"
-#include "store/file_store.h"
-#include "store/prefix_store.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/store/file_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

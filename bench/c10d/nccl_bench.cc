@@ -32,10 +32,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "bench/util/procs.h"
-#include "c10d/nccl/cuda_util.h"
-#include "c10d/nccl/nccl_backend.h"
-#include "store/hash_store.h"
+#include "ferry/bench/util/procs.h"
+#include "ferry/c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -22,14 +22,14 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "autograd/engine.h"
-#include "autograd/nn.h"
-#include "autograd/ops.h"
-#include "c10d/init.h"
-#include "ddp/distributed_data_parallel.h"
-#include "ddp/optimizer_in_backward.h"
-#include "optim/optim.h"
-#include "store/tcp_store.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/c10d/init.h"
+#include "ferry/ddp/distributed_data_parallel.h"
+#include "ferry/ddp/optimizer_in_backward.h"
+#include "ferry/optim/optim.h"
+#include "ferry/store/tcp_store.h"
 
 ABSL_FLAG(std::string, mode, "single", "single or ddp");
 ABSL_FLAG(std::string, mlp, "1024-1024-1024-10", "layer widths");

@@ -43,11 +43,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "c10d/backend.h"
-#include "c10d/init.h"
-#include "common/status.h"
-#include "rpc/grpc/init.h"
-#include "tensor/tensor.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/init.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tensor/tensor.h"
 
 ABSL_FLAG(int, rank, -1, "0 (measures, prints) or 1 (peer)");
 ABSL_FLAG(std::string, master_addr, "", "rank 0's address");

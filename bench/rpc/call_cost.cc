@@ -40,11 +40,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/sync.h"
-#include "proto/rpc.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
+#include "ferry/common/sync.h"
+#include "ferry/proto/rpc.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
 
 ABSL_FLAG(std::string, mode, "ferry",
           "grpc_sync, grpc_callback, grpc_callback_64, ferry, ferry_inline, "

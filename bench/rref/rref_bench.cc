@@ -29,11 +29,11 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "bench/util/procs.h"
-#include "bench/util/requests.h"
-#include "rpc/grpc/init.h"
-#include "rref/rref.h"
-#include "tensor/tensor.h"
+#include "ferry/bench/util/procs.h"
+#include "ferry/bench/util/requests.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/rref/rref.h"
+#include "ferry/tensor/tensor.h"
 
 ABSL_FLAG(std::string, role, "", "internal: callee");
 ABSL_FLAG(int, port, 0, "internal: TcpStore port");

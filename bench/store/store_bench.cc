@@ -39,7 +39,7 @@
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 ABSL_FLAG(int, port, 0, "Store port on 127.0.0.1.");
 ABSL_FLAG(int, world_size, 1, "Handles that join.");

@@ -38,7 +38,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "tensor/wire_grpc.h"
+#include "ferry/tensor/wire_grpc.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "bench/util/procs.h"
+#include "ferry/bench/util/procs.h"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "store/tcp_store_server.h"
+#include "ferry/store/tcp_store_server.h"
 
 extern char** environ;
 

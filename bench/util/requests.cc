@@ -1,4 +1,4 @@
-#include "bench/util/requests.h"
+#include "ferry/bench/util/requests.h"
 
 #include <cstdio>
 

@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "common/sync.h"
-#include "rpc/agent.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
 
 namespace ferry::bench {
 

@@ -1,4 +1,4 @@
-#include "c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,12 +11,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "c10d/gloo/ring.h"
-#include "c10d/gloo/store_adapter.h"
-#include "c10d/reduce.h"
-#include "common/host_address.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "ferry/c10d/gloo/ring.h"
+#include "ferry/c10d/gloo/store_adapter.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/common/host_address.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"

@@ -93,13 +93,13 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "c10d/backend.h"
-#include "c10d/gloo/ring.h"
-#include "c10d/reduce.h"
-#include "c10d/registry.h"
-#include "common/executor.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/gloo/ring.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/common/executor.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

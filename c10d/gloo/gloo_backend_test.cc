@@ -1,15 +1,15 @@
-#include "c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
 
 #include <memory>
 #include <thread>
 
-#include "c10d/gloo/store_adapter.h"
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/gloo/store_adapter.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 #include "gloo/common/error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

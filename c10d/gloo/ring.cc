@@ -1,4 +1,4 @@
-#include "c10d/gloo/ring.h"
+#include "ferry/c10d/gloo/ring.h"
 
 #include <algorithm>
 #include <chrono>

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "c10d/reduce.h"
+#include "ferry/c10d/reduce.h"
 
 namespace gloo {
 class Context;

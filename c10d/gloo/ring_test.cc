@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/gloo/store_adapter.h"
+#include "ferry/c10d/gloo/store_adapter.h"
 
 #include <utility>
 

@@ -19,9 +19,9 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 #include "gloo/rendezvous/store.h"
-#include "store/store.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/mpi/mpi_backend.h"
+#include "ferry/c10d/mpi/mpi_backend.h"
 
 #include <mpi.h>
 
@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "c10d/reduce.h"
-#include "common/status.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

@@ -55,10 +55,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "c10d/backend.h"
-#include "c10d/registry.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

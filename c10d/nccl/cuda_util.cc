@@ -1,11 +1,11 @@
-#include "c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/cuda_util.h"
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

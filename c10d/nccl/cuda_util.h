@@ -16,8 +16,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "tensor/storage.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/nccl/nccl_backend.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "c10d/nccl/cuda_util.h"
-#include "common/logging.h"
-#include "common/status.h"
+#include "ferry/c10d/nccl/cuda_util.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace c10d {

@@ -67,10 +67,10 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "c10d/backend.h"
-#include "c10d/registry.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace c10d {

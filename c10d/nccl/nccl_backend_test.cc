@@ -1,4 +1,4 @@
-#include "c10d/nccl/nccl_backend.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
 
 #include <memory>
 #include <thread>
@@ -6,12 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "c10d/nccl/cuda_util.h"
-#include "c10d/nccl/nccl_under_test.h"
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/nccl_under_test.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,12 +1,12 @@
-#include "c10d/nccl/nccl_under_test.h"
+#include "ferry/c10d/nccl/nccl_under_test.h"
 
 #include <algorithm>
 #include <memory>
 #include <string>
 
-#include "c10d/nccl/cuda_util.h"
-#include "c10d/nccl/nccl_backend.h"
-#include "common/status.h"
+#include "ferry/c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

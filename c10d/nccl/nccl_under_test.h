@@ -4,7 +4,7 @@
 #ifndef FERRY_C10D_NCCL_NCCL_UNDER_TEST_H_
 #define FERRY_C10D_NCCL_NCCL_UNDER_TEST_H_
 
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 
 namespace ferry {
 namespace c10d {

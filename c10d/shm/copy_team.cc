@@ -1,4 +1,4 @@
-#include "c10d/shm/copy_team.h"
+#include "ferry/c10d/shm/copy_team.h"
 
 #include <pthread.h>
 

@@ -24,7 +24,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/types/span.h"
-#include "c10d/reduce.h"
+#include "ferry/c10d/reduce.h"
 
 namespace ferry {
 namespace c10d {

@@ -1,4 +1,4 @@
-#include "c10d/shm/copy_team.h"
+#include "ferry/c10d/shm/copy_team.h"
 
 #include <atomic>
 #include <cstdint>
@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "c10d/reduce.h"
+#include "ferry/c10d/reduce.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

@@ -1,4 +1,4 @@
-#include "c10d/shm/shm_backend.h"
+#include "ferry/c10d/shm/shm_backend.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -21,13 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "c10d/gloo/gloo_backend.h"
-#include "c10d/reduce.h"
-#include "c10d/shm/copy_team.h"
-#include "common/executor.h"
-#include "common/same_host.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
+#include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/c10d/shm/copy_team.h"
+#include "ferry/common/executor.h"
+#include "ferry/common/same_host.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

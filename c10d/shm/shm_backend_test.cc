@@ -1,4 +1,4 @@
-#include "c10d/shm/shm_backend.h"
+#include "ferry/c10d/shm/shm_backend.h"
 
 #include <dirent.h>
 #include <sched.h>
@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

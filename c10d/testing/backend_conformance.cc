@@ -1,4 +1,4 @@
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 
 #include <algorithm>
 #include <atomic>
@@ -10,10 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 #include "gmock/gmock.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -27,10 +27,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "c10d/backend.h"
+#include "ferry/c10d/backend.h"
 #include "gtest/gtest.h"
-#include "store/store.h"
-#include "tensor/tensor.h"
+#include "ferry/store/store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry {
 namespace c10d {

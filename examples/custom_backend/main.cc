@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "c10d/default_registry.h"
-#include "c10d/process_group.h"
-#include "examples/custom_backend/store_backend.h"
-#include "store/hash_store.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/examples/custom_backend/store_backend.h"
+#include "ferry/store/hash_store.h"
 
 namespace {
 

@@ -1,12 +1,12 @@
-#include "examples/custom_backend/store_backend.h"
+#include "ferry/examples/custom_backend/store_backend.h"
 
 #include <cstring>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/reduce.h"
-#include "common/status.h"
+#include "ferry/c10d/reduce.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace examples {

@@ -30,11 +30,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "c10d/backend.h"
-#include "c10d/registry.h"
-#include "common/executor.h"
-#include "common/sync.h"
-#include "store/store.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/registry.h"
+#include "ferry/common/executor.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store.h"
 
 namespace ferry {
 namespace examples {

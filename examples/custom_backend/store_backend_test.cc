@@ -1,4 +1,4 @@
-#include "examples/custom_backend/store_backend.h"
+#include "ferry/examples/custom_backend/store_backend.h"
 
 #include <atomic>
 #include <latch>
@@ -6,12 +6,12 @@
 #include <thread>
 #include <vector>
 
-#include "c10d/default_registry.h"
-#include "c10d/process_group.h"
-#include "c10d/testing/backend_conformance.h"
+#include "ferry/c10d/default_registry.h"
+#include "ferry/c10d/process_group.h"
+#include "ferry/c10d/testing/backend_conformance.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/hash_store.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -58,11 +58,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "common/status.h"
-#include "common/sync.h"
-#include "examples/parameter_server/worker.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/common/status.h"
+#include "ferry/common/sync.h"
+#include "ferry/examples/parameter_server/worker.h"
 
 ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
 ABSL_FLAG(int, trainers, 2, "N: trainers (ranks M..M+N-1)");

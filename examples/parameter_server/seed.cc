@@ -26,10 +26,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "autograd/nn.h"
-#include "autograd/ops.h"
-#include "common/status.h"
-#include "examples/parameter_server/worker.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/common/status.h"
+#include "ferry/examples/parameter_server/worker.h"
 
 ABSL_FLAG(int, iterations, 30, "training iterations on node A");
 ABSL_FLAG(double, lr, 0.05, "SGD learning rate");

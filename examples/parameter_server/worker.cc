@@ -1,4 +1,4 @@
-#include "examples/parameter_server/worker.h"
+#include "ferry/examples/parameter_server/worker.h"
 
 #include <cstdlib>
 #include <utility>
@@ -6,10 +6,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/status.h"
-#include "rpc/grpc/init.h"
-#include "store/init_method.h"
-#include "store/tcp_store.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/store/init_method.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry::ps_example {
 namespace {

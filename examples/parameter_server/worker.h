@@ -16,12 +16,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "autograd/dist/dist_autograd.h"
-#include "optim/distributed_optimizer.h"
-#include "rpc/function_registry.h"
-#include "rpc/grpc/agent.h"
-#include "rref/rref.h"
-#include "store/store.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/optim/distributed_optimizer.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rref/rref.h"
+#include "ferry/store/store.h"
 
 namespace ferry::ps_example {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/grpc/init.h"
+#include "ferry/rpc/grpc/init.h"
 
 int main() {
   auto registry = std::make_shared<ferry::rpc::FunctionRegistry>();

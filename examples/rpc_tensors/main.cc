@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/status.h"
-#include "rpc/grpc/init.h"
-#include "tensor/tensor.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tensor/tensor.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "examples/train_mlp/train_mlp.h"
+#include "ferry/examples/train_mlp/train_mlp.h"
 
 ABSL_FLAG(int64_t, steps, 400, "training steps");
 ABSL_FLAG(int64_t, batch, 64, "batch size");

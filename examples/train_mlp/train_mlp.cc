@@ -1,14 +1,14 @@
-#include "examples/train_mlp/train_mlp.h"
+#include "ferry/examples/train_mlp/train_mlp.h"
 
 #include <chrono>
 #include <memory>
 
 #include "absl/strings/str_format.h"
-#include "autograd/engine.h"
-#include "autograd/grad_mode.h"
-#include "autograd/nn.h"
-#include "autograd/ops.h"
-#include "optim/optim.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/autograd/grad_mode.h"
+#include "ferry/autograd/nn.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/optim/optim.h"
 
 namespace ferry::examples {
 namespace {

@@ -1,4 +1,4 @@
-#include "examples/train_mlp/train_mlp.h"
+#include "ferry/examples/train_mlp/train_mlp.h"
 
 #include <sstream>
 

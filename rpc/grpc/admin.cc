@@ -1,4 +1,4 @@
-#include "rpc/grpc/admin.h"
+#include "ferry/rpc/grpc/admin.h"
 
 #include <unistd.h>
 
@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status.h"
-#include "rpc/grpc/admin_json.h"
+#include "ferry/common/grpc_status.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/admin_json.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -9,8 +9,8 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "proto/admin.grpc.pb.h"
-#include "rpc/grpc/agent.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -7,14 +7,14 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
-#include "common/poll.h"
+#include "ferry/common/poll.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "proto/admin.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/admin_json.h"
+#include "ferry/rpc/grpc/admin_json.h"
 
 #include <cmath>
 #include <map>
@@ -8,8 +8,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "tensor/dtype.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/dtype.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "google/protobuf/struct.pb.h"
-#include "tensor/value.h"
+#include "ferry/tensor/value.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -1,4 +1,4 @@
-#include "rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/agent.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -12,17 +12,17 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/host_address.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "common/tsan.h"
-#include "proto/health.pb.h"
-#include "rpc/grpc/admin.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/membership.h"
-#include "rpc/grpc/rendezvous.h"
-#include "rpc/grpc/service.h"
+#include "ferry/common/grpc_status.h"
+#include "ferry/common/host_address.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/common/tsan.h"
+#include "ferry/proto/health.pb.h"
+#include "ferry/rpc/grpc/admin.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/membership.h"
+#include "ferry/rpc/grpc/rendezvous.h"
+#include "ferry/rpc/grpc/service.h"
 
 namespace ferry::rpc {
 namespace {

@@ -7,9 +7,9 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {

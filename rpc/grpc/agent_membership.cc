@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "rpc/grpc/agent.h"
-#include "rpc/grpc/membership.h"
-#include "rpc/grpc/rendezvous.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/membership.h"
+#include "ferry/rpc/grpc/rendezvous.h"
 
 namespace ferry::rpc {
 namespace {

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "common/poll.h"
-#include "common/sync.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/agent.h"
-#include "rpc/grpc/rendezvous.h"
-#include "store/hash_store.h"
-#include "store/tcp_store.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/rendezvous.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry::rpc {
 namespace {

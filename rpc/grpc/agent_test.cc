@@ -1,4 +1,4 @@
-#include "rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/agent.h"
 
 #include <grpcpp/generic/generic_stub.h>
 
@@ -13,15 +13,15 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/poll.h"
-#include "common/sync.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "proto/admin.grpc.pb.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/codec.h"
-#include "store/hash_store.h"
-#include "store/prefix_store.h"
-#include "tensor/tensor.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/store/prefix_store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {

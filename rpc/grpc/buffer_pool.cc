@@ -1,8 +1,8 @@
-#include "rpc/grpc/buffer_pool.h"
+#include "ferry/rpc/grpc/buffer_pool.h"
 
 #include <utility>
 
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry::rpc::grpc_agent {
 

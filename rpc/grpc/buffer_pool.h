@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/sync.h"
-#include "tensor/storage.h"
+#include "ferry/common/sync.h"
+#include "ferry/tensor/storage.h"
 
 namespace ferry::rpc::grpc_agent {
 

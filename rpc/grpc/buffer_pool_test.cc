@@ -1,10 +1,10 @@
-#include "rpc/grpc/buffer_pool.h"
+#include "ferry/rpc/grpc/buffer_pool.h"
 
 #include <cstring>
 #include <memory>
 
 #include "gtest/gtest.h"
-#include "tensor/storage.h"
+#include "ferry/tensor/storage.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/call_limiter.h"
+#include "ferry/rpc/grpc/call_limiter.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -1,13 +1,13 @@
-#include "rpc/grpc/cluster.h"
+#include "ferry/rpc/grpc/cluster.h"
 
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "common/sync.h"
-#include "rpc/grpc/agent.h"
-#include "rpc/grpc/rendezvous.h"
-#include "store/hash_store.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/rendezvous.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

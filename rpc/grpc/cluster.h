@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "rpc/testing/agent_cluster.h"
+#include "ferry/rpc/testing/agent_cluster.h"
 
 namespace ferry::rpc::grpc_agent {
 

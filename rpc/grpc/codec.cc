@@ -1,11 +1,11 @@
-#include "rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/codec.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/utility/utility.h"
-#include "common/proto_wire.h"
-#include "common/status.h"
+#include "ferry/common/proto_wire.h"
+#include "ferry/common/status.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -16,12 +16,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/future.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/envelope.h"
-#include "rpc/grpc/shm_channel.h"
-#include "rpc/message.h"
-#include "tensor/wire.h"
+#include "ferry/common/future.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/envelope.h"
+#include "ferry/rpc/grpc/shm_channel.h"
+#include "ferry/rpc/message.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -1,9 +1,9 @@
-#include "rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/codec.h"
 
 #include <string>
 
 #include "gtest/gtest.h"
-#include "tensor/tensor.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/envelope.h"
+#include "ferry/rpc/grpc/envelope.h"
 
 #include <grpc/slice.h>
 #include <grpcpp/support/slice.h>
@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/proto_wire.h"
-#include "common/status.h"
-#include "tensor/wire_grpc.h"
+#include "ferry/common/proto_wire.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/wire_grpc.h"
 
 namespace ferry::rpc {
 

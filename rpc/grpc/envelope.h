@@ -26,9 +26,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/proto_wire.h"
+#include "ferry/common/proto_wire.h"
 #include "google/protobuf/message_lite.h"
-#include "tensor/wire.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc {
 

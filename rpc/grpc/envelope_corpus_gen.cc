@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/fuzz_support.h"
-#include "tensor/tensor.h"
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

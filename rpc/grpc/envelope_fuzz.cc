@@ -22,10 +22,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/fuzz_support.h"
-#include "rpc/message.h"
-#include "tensor/wire.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/rpc/message.h"
+#include "ferry/tensor/wire.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "rpc/grpc/envelope.h"
+#include "ferry/rpc/grpc/envelope.h"
 
 #include <grpcpp/support/byte_buffer.h>
 
@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "common/proto_wire.h"
+#include "ferry/common/proto_wire.h"
 #include "gtest/gtest.h"
 
 namespace ferry::rpc {

@@ -1,15 +1,15 @@
-#include "rpc/grpc/init.h"
+#include "ferry/rpc/grpc/init.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/host_address.h"
-#include "common/logging.h"
-#include "common/status.h"
-#include "store/init_method.h"
-#include "store/tcp_store.h"
+#include "ferry/common/host_address.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+#include "ferry/store/init_method.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry::rpc {
 namespace {

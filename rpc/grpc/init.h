@@ -32,7 +32,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/agent.h"
 
 namespace ferry::rpc {
 

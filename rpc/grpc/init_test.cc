@@ -1,4 +1,4 @@
-#include "rpc/grpc/init.h"
+#include "ferry/rpc/grpc/init.h"
 
 #include <cstdlib>
 #include <functional>
@@ -9,10 +9,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "proto/admin.grpc.pb.h"
-#include "store/tcp_store.h"
-#include "tests/util/held_port.h"
-#include "tests/util/test_pki.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/tests/util/held_port.h"
+#include "ferry/tests/util/test_pki.h"
 
 namespace ferry::rpc {
 namespace {

@@ -10,13 +10,13 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/poll.h"
-#include "common/sync.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "proto/rpc.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
+#include "ferry/proto/rpc.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::rpc {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/membership.h"
+#include "ferry/rpc/grpc/membership.h"
 
 #include <map>
 #include <utility>
@@ -6,8 +6,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/rendezvous.h"
+#include "ferry/rpc/grpc/rendezvous.h"
 
 #include <algorithm>
 #include <map>
@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "rpc/agent.h"
-#include "store/store.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/store/store.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -1,4 +1,4 @@
-#include "rpc/grpc/service.h"
+#include "ferry/rpc/grpc/service.h"
 
 #include <memory>
 #include <optional>
@@ -6,12 +6,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status.h"
-#include "common/sync.h"
-#include "common/tsan.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/stream.h"
+#include "ferry/common/grpc_status.h"
+#include "ferry/common/status.h"
+#include "ferry/common/sync.h"
+#include "ferry/common/tsan.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/stream.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

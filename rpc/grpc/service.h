@@ -20,10 +20,10 @@
 #include <memory>
 #include <string>
 
-#include "proto/rpc.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "rpc/grpc/call_limiter.h"
-#include "rpc/grpc/codec.h"
+#include "ferry/proto/rpc.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/call_limiter.h"
+#include "ferry/rpc/grpc/codec.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -1,4 +1,4 @@
-#include "rpc/grpc/shm_channel.h"
+#include "ferry/rpc/grpc/shm_channel.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,11 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/logging.h"
-#include "common/same_host.h"
-#include "common/status.h"
-#include "store/prefix_store.h"
-#include "tensor/storage.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/same_host.h"
+#include "ferry/common/status.h"
+#include "ferry/store/prefix_store.h"
+#include "ferry/tensor/storage.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

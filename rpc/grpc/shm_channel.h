@@ -54,13 +54,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/sync.h"
-#include "proto/rpc.pb.h"
-#include "rpc/agent.h"
-#include "rpc/grpc/buffer_pool.h"
-#include "store/store.h"
-#include "tensor/storage.h"
-#include "tensor/wire.h"
+#include "ferry/common/sync.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/grpc/buffer_pool.h"
+#include "ferry/store/store.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 

@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <string>
 
-#include "proto/rpc.pb.h"
-#include "tensor/tensor.h"
-#include "tensor/wire.h"
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/wire.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -44,13 +44,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/fuzz_support.h"
-#include "rpc/grpc/shm_channel.h"
-#include "store/hash_store.h"
-#include "tensor/storage.h"
-#include "tensor/tensor.h"
-#include "tensor/wire.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/rpc/grpc/shm_channel.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

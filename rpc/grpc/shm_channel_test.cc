@@ -1,4 +1,4 @@
-#include "rpc/grpc/shm_channel.h"
+#include "ferry/rpc/grpc/shm_channel.h"
 
 #include <cstdlib>
 #include <memory>
@@ -10,10 +10,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
-#include "tensor/wire.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -1,4 +1,4 @@
-#include "rpc/grpc/stats.h"
+#include "ferry/rpc/grpc/stats.h"
 
 #include <algorithm>
 

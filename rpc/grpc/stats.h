@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/sync.h"
-#include "proto/admin.pb.h"
+#include "ferry/common/sync.h"
+#include "ferry/proto/admin.pb.h"
 
 namespace ferry::rpc {
 

@@ -1,4 +1,4 @@
-#include "rpc/grpc/stream.h"
+#include "ferry/rpc/grpc/stream.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,12 +6,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
-#include "common/status.h"
-#include "common/tsan.h"
-#include "rpc/grpc/envelope.h"
-#include "rpc/grpc/service.h"
-#include "tensor/wire_grpc.h"
+#include "ferry/common/grpc_status.h"
+#include "ferry/common/status.h"
+#include "ferry/common/tsan.h"
+#include "ferry/rpc/grpc/envelope.h"
+#include "ferry/rpc/grpc/service.h"
+#include "ferry/tensor/wire_grpc.h"
 
 namespace ferry::rpc::grpc_agent {
 

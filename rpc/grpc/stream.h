@@ -47,11 +47,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/stream_pieces.h"
-#include "tensor/storage.h"
-#include "tensor/wire.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/stream_pieces.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 

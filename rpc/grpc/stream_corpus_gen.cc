@@ -7,11 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/fuzz_support.h"
-#include "rpc/grpc/stream_pieces.h"
-#include "tensor/tensor.h"
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/rpc/grpc/stream_pieces.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

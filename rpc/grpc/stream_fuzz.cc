@@ -31,13 +31,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/envelope.h"
-#include "rpc/grpc/fuzz_support.h"
-#include "rpc/grpc/stream_pieces.h"
-#include "tensor/storage.h"
-#include "tensor/wire.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/envelope.h"
+#include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/rpc/grpc/stream_pieces.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

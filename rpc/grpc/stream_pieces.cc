@@ -1,4 +1,4 @@
-#include "rpc/grpc/stream_pieces.h"
+#include "ferry/rpc/grpc/stream_pieces.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
-#include "tensor/wire_grpc.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/wire_grpc.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -22,12 +22,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "proto/rpc.pb.h"
-#include "rpc/grpc/buffer_pool.h"
-#include "rpc/grpc/codec.h"
-#include "rpc/grpc/envelope.h"
-#include "tensor/storage.h"
-#include "tensor/wire.h"
+#include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/buffer_pool.h"
+#include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/envelope.h"
+#include "ferry/tensor/storage.h"
+#include "ferry/tensor/wire.h"
 
 namespace ferry::rpc {
 

@@ -2,7 +2,7 @@
 // receive copy and its place, flow control with a slow receiver, the switch.
 // (The whole agent conformance suite also runs streamed: GrpcStreamed in
 // //rpc:agent_conformance_test.)
-#include "rpc/grpc/stream.h"
+#include "ferry/rpc/grpc/stream.h"
 
 #include <atomic>
 #include <cstring>
@@ -16,10 +16,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
-#include "tensor/wire_grpc.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tensor/wire_grpc.h"
 
 namespace ferry::rpc {
 namespace {

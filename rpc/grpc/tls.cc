@@ -1,4 +1,4 @@
-#include "rpc/grpc/tls.h"
+#include "ferry/rpc/grpc/tls.h"
 
 #include <fstream>
 #include <sstream>
@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "common/logging.h"
+#include "ferry/common/logging.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {

@@ -1,6 +1,6 @@
 // TLS and mutual TLS between gRPC agents, with a CA and certificates made
 // by openssl at test time (tests/util/test_pki.h).
-#include "rpc/grpc/tls.h"
+#include "ferry/rpc/grpc/tls.h"
 
 #include <fstream>
 #include <iterator>
@@ -12,10 +12,10 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "proto/admin.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tests/util/test_pki.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tests/util/test_pki.h"
 
 namespace ferry::rpc {
 namespace {

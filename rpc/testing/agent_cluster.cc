@@ -1,8 +1,8 @@
-#include "rpc/testing/agent_cluster.h"
+#include "ferry/rpc/testing/agent_cluster.h"
 
 #include <thread>
 
-#include "rpc/testing/in_process.h"
+#include "ferry/rpc/testing/in_process.h"
 
 namespace ferry::rpc::testing {
 

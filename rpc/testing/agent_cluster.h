@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "rpc/agent.h"
+#include "ferry/rpc/agent.h"
 
 namespace ferry::rpc::testing {
 

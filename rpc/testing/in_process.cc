@@ -1,4 +1,4 @@
-#include "rpc/testing/in_process.h"
+#include "ferry/rpc/testing/in_process.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/logging.h"
+#include "ferry/common/logging.h"
 
 namespace ferry::rpc::testing {
 namespace {

@@ -48,9 +48,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/future.h"
-#include "common/sync.h"
-#include "rpc/agent.h"
+#include "ferry/common/future.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
 
 namespace ferry::rpc::testing {
 

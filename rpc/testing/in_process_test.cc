@@ -1,11 +1,11 @@
-#include "rpc/testing/in_process.h"
+#include "ferry/rpc/testing/in_process.h"
 
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/sync.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
 
 namespace ferry::rpc::testing {

@@ -26,8 +26,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "c10d/init.h"
-#include "store/tcp_store.h"
+#include "ferry/c10d/init.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry {
 namespace c10d {

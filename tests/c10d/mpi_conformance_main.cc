@@ -8,11 +8,11 @@
 #include <memory>
 
 #include "absl/strings/numbers.h"
-#include "c10d/mpi/mpi_backend.h"
-#include "c10d/testing/backend_conformance.h"
-#include "common/status.h"
+#include "ferry/c10d/mpi/mpi_backend.h"
+#include "ferry/c10d/testing/backend_conformance.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -20,15 +20,15 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "c10d/nccl/cuda_util.h"
-#include "c10d/nccl/nccl_backend.h"
-#include "c10d/nccl/nccl_under_test.h"
-#include "c10d/testing/backend_conformance.h"
-#include "common/status.h"
+#include "ferry/c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/nccl_backend.h"
+#include "ferry/c10d/nccl/nccl_under_test.h"
+#include "ferry/c10d/testing/backend_conformance.h"
+#include "ferry/common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "store/prefix_store.h"
-#include "store/tcp_store.h"
+#include "ferry/store/prefix_store.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry {
 namespace c10d {

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "c10d/nccl/cuda_util.h"
+#include "ferry/c10d/nccl/cuda_util.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
-#include "tests/util/loopback_store.h"
-#include "tests/util/subprocess.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/tests/util/loopback_store.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

@@ -8,9 +8,9 @@
 #ifndef FERRY_TESTS_DIST_AUTOGRAD_MODEL_H_
 #define FERRY_TESTS_DIST_AUTOGRAD_MODEL_H_
 
-#include "autograd/node.h"
-#include "autograd/ops.h"
-#include "tensor/tensor.h"
+#include "ferry/autograd/node.h"
+#include "ferry/autograd/ops.h"
+#include "ferry/tensor/tensor.h"
 
 namespace ferry::dist_autograd_test {
 

@@ -7,16 +7,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/dist/dist_autograd.h"
-#include "autograd/engine.h"
-#include "common/status.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/autograd/engine.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "optim/distributed_optimizer.h"
-#include "rpc/grpc/agent.h"
-#include "rref/rref.h"
-#include "tests/dist_autograd/model.h"
-#include "tests/util/process_group.h"
-#include "tests/util/subprocess.h"
+#include "ferry/optim/distributed_optimizer.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rref/rref.h"
+#include "ferry/tests/dist_autograd/model.h"
+#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry::dist_autograd_test {
 namespace {

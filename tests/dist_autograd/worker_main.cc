@@ -8,11 +8,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "autograd/dist/dist_autograd.h"
-#include "optim/distributed_optimizer.h"
-#include "rpc/grpc/init.h"
-#include "rref/rref.h"
-#include "tests/dist_autograd/model.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/optim/distributed_optimizer.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/rref/rref.h"
+#include "ferry/tests/dist_autograd/model.h"
 
 namespace ferry::dist_autograd_test {
 namespace {

@@ -41,13 +41,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "c10d/backend.h"
-#include "c10d/init.h"
-#include "common/status.h"
-#include "rpc/grpc/init.h"
-#include "store/init_method.h"
-#include "store/tcp_store.h"
-#include "tensor/tensor.h"
+#include "ferry/c10d/backend.h"
+#include "ferry/c10d/init.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/store/init_method.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/tensor/tensor.h"
 
 ABSL_FLAG(bool, interactive, false, "read commands from stdin (see above)");
 ABSL_FLAG(int, fail_rank, -1, "this rank exits 3 after joining");

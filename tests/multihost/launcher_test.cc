@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "tests/util/held_port.h"
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/held_port.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

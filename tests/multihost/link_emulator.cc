@@ -1,4 +1,4 @@
-#include "tests/multihost/link_emulator.h"
+#include "ferry/tests/multihost/link_emulator.h"
 
 #include <poll.h>
 #include <time.h>
@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry::testutil {
 namespace {

@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "tests/multihost/link_emulator.h"
+#include "ferry/tests/multihost/link_emulator.h"
 
 ABSL_FLAG(std::string, a_netns, "", "namespace of endpoint A ('' = ours)");
 ABSL_FLAG(std::string, a_dev, "", "TAP device created as endpoint A");

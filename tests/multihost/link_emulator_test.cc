@@ -3,7 +3,7 @@
 // delay and keeps order, the other passes; the seeded loss drops exactly the
 // frames its draws name, near the configured rate; the queue bound drops
 // the excess; stop ends the loop; bad options are refused.
-#include "tests/multihost/link_emulator.h"
+#include "ferry/tests/multihost/link_emulator.h"
 
 #include <fcntl.h>
 #include <poll.h>

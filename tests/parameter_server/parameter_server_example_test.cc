@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

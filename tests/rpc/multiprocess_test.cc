@@ -8,15 +8,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/poll.h"
-#include "common/status.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "rpc/context.h"
-#include "rpc/grpc/init.h"
-#include "store/tcp_store_server.h"
-#include "tensor/tensor.h"
-#include "tests/rpc/toy_layer.h"
-#include "tests/util/subprocess.h"
+#include "ferry/rpc/context.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tests/rpc/toy_layer.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry::rpc {
 namespace {

@@ -10,8 +10,8 @@
 #include <deque>
 #include <string>
 
-#include "rpc/grpc/init.h"
-#include "tensor/tensor.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tensor/tensor.h"
 
 namespace {
 

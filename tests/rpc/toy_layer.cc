@@ -1,6 +1,6 @@
-#include "tests/rpc/toy_layer.h"
+#include "ferry/tests/rpc/toy_layer.h"
 
-#include "rpc/context.h"
+#include "ferry/rpc/context.h"
 
 namespace ferry::rpc::toy {
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "rpc/agent.h"
+#include "ferry/rpc/agent.h"
 
 namespace ferry::rpc::toy {
 

@@ -10,10 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/sync.h"
-#include "rpc/grpc/init.h"
-#include "tensor/tensor.h"
-#include "tests/rpc/toy_layer.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/tests/rpc/toy_layer.h"
 
 int main() {
   const int rank = std::atoi(std::getenv("RANK"));

@@ -31,9 +31,9 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "proto/admin.pb.h"
-#include "tests/util/subprocess.h"
-#include "tests/util/test_pki.h"
+#include "ferry/proto/admin.pb.h"
+#include "ferry/tests/util/subprocess.h"
+#include "ferry/tests/util/test_pki.h"
 
 namespace {
 

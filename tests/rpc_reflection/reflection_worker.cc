@@ -23,10 +23,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
-#include "common/future.h"
-#include "rpc/grpc/agent.h"
-#include "store/hash_store.h"
-#include "tensor/tensor.h"
+#include "ferry/common/future.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/hash_store.h"
+#include "ferry/tensor/tensor.h"
 
 namespace {
 

@@ -8,12 +8,12 @@
 #include <thread>
 #include <vector>
 
-#include "autograd/dist/dist_autograd.h"
+#include "ferry/autograd/dist/dist_autograd.h"
 #include "gtest/gtest.h"
-#include "proto/admin.grpc.pb.h"
-#include "rpc/grpc/agent.h"
-#include "rref/rref.h"
-#include "store/hash_store.h"
+#include "ferry/proto/admin.grpc.pb.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rref/rref.h"
+#include "ferry/store/hash_store.h"
 
 namespace ferry {
 namespace {

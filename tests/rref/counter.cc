@@ -1,8 +1,8 @@
-#include "tests/rref/counter.h"
+#include "ferry/tests/rref/counter.h"
 
 #include <unistd.h>
 
-#include "common/status.h"
+#include "ferry/common/status.h"
 
 namespace ferry::rref::testing {
 

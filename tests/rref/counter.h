@@ -7,9 +7,9 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "common/sync.h"
-#include "rpc/agent.h"
-#include "rref/rref.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rref/rref.h"
 
 namespace ferry::rref::testing {
 

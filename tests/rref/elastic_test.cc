@@ -15,14 +15,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/status.h"
-#include "common/sync.h"
+#include "ferry/common/status.h"
+#include "ferry/common/sync.h"
 #include "gtest/gtest.h"
-#include "rpc/grpc/agent.h"
-#include "rref/rref.h"
-#include "tests/rref/counter.h"
-#include "tests/util/process_group.h"
-#include "tests/util/subprocess.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/rref/rref.h"
+#include "ferry/tests/rref/counter.h"
+#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry::rref {
 namespace {

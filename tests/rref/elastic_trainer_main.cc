@@ -13,8 +13,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "rpc/grpc/init.h"
-#include "tests/rref/counter.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tests/rref/counter.h"
 
 namespace ferry::rref {
 namespace {

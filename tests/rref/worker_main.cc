@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "rpc/grpc/init.h"
-#include "tests/rref/counter.h"
+#include "ferry/rpc/grpc/init.h"
+#include "ferry/tests/rref/counter.h"
 
 int main() {
   const int rank = std::atoi(std::getenv("RANK"));

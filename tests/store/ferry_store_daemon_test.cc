@@ -9,8 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
-#include "tests/util/subprocess.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

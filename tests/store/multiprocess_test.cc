@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
-#include "tests/util/subprocess.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
-#include "store/tcp_store.h"
-#include "store/tcp_store_server.h"
-#include "tests/util/subprocess.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

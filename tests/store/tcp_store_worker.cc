@@ -10,7 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 ABSL_FLAG(int, port, 0, "Store port on 127.0.0.1.");
 ABSL_FLAG(int, rank, 1, "This worker's rank (1..world_size-1).");

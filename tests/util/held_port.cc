@@ -1,4 +1,4 @@
-#include "tests/util/held_port.h"
+#include "ferry/tests/util/held_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "tests/util/held_port.h"
+#include "ferry/tests/util/held_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "gtest/gtest.h"
-#include "store/tcp_store_server.h"
+#include "ferry/store/tcp_store_server.h"
 
 namespace ferry::testutil {
 namespace {

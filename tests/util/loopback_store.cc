@@ -1,4 +1,4 @@
-#include "tests/util/loopback_store.h"
+#include "ferry/tests/util/loopback_store.h"
 
 namespace ferry::testutil {
 

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "store/tcp_store.h"
+#include "ferry/store/tcp_store.h"
 
 namespace ferry::testutil {
 

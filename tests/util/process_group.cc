@@ -1,11 +1,11 @@
-#include "tests/util/process_group.h"
+#include "ferry/tests/util/process_group.h"
 
 #include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
-#include "rpc/grpc/init.h"
+#include "ferry/common/status.h"
+#include "ferry/rpc/grpc/init.h"
 
 namespace ferry::testutil {
 

@@ -21,9 +21,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "rpc/grpc/agent.h"
-#include "store/tcp_store_server.h"
-#include "tests/util/subprocess.h"
+#include "ferry/rpc/grpc/agent.h"
+#include "ferry/store/tcp_store_server.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry::testutil {
 

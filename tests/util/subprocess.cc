@@ -1,4 +1,4 @@
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,4 +1,4 @@
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/subprocess.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "tests/util/test_pki.h"
+#include "ferry/tests/util/test_pki.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry::testutil {
 namespace {

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/util/subprocess.h"
+#include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/fuzz/corpus_writer.h"
+#include "ferry/tools/fuzz/corpus_writer.h"
 
 #include <cstdio>
 #include <fstream>

@@ -66,11 +66,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/host_address.h"
-#include "common/sync.h"
-#include "store/store_auth.h"
-#include "store/tcp_store.h"
-#include "store/tcp_store_server.h"
+#include "ferry/common/host_address.h"
+#include "ferry/common/sync.h"
+#include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_server.h"
 
 ABSL_FLAG(int, nproc_per_node, 0, "worker processes on this node");
 ABSL_FLAG(int, nproc, 0, "old name of --nproc_per_node");
