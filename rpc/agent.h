@@ -288,6 +288,40 @@ class Agent {
         to, function, Value::List{ToValue(std::forward<A>(args))...}, timeout));
   }
 
+  // Typed calls through a RemoteFunction handle (rpc/remote_function.h):
+  // arguments and result checked at compile time; `timeout` nullopt means
+  // Options::rpc_timeout.
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Future<R> rpc_async(const WorkerRef& to, const RemoteFunction<R(P...)>& f,
+                      A&&... args) {
+    return Typed<R>(
+        CallAsync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Result<R> rpc_sync(const WorkerRef& to, const RemoteFunction<R(P...)>& f,
+                     A&&... args) {
+    return TypedResult<R>(
+        CallSync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Future<R> rpc_async_for(absl::Duration timeout, const WorkerRef& to,
+                          const RemoteFunction<R(P...)>& f, A&&... args) {
+    return Typed<R>(CallAsync(
+        to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...},
+        timeout));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
+                         const RemoteFunction<R(P...)>& f, A&&... args) {
+    return TypedResult<R>(CallSync(
+        to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...},
+        timeout));
+  }
+
   // See the header comment. `timeout` bounds the whole shutdown.
   virtual absl::Status Shutdown(bool graceful = true,
                                 absl::Duration timeout = absl::Seconds(60)) = 0;

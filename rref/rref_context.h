@@ -198,12 +198,13 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // Registers the RRef handlers and interceptor on `agent` (which must
   // outlive the context, and must be joined: self() known). AlreadyExists if
-  // the agent already has RRef handlers.
-  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(rpc::Agent* agent,
-                                                             Options options);
-  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
-      rpc::Agent* agent) {
-    return Create(agent, Options());
+  // the agent already has RRef handlers. The layers' one install signature
+  // (as DistAutogradContainer and DistOptimizerService).
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
+      rpc::Agent& agent, Options options);
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
+      rpc::Agent& agent) {
+    return Install(agent, Options());
   }
   ~RRefContext();
 
