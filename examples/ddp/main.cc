@@ -25,15 +25,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "ferry/autograd/engine.h"
-#include "ferry/autograd/grad_mode.h"
-#include "ferry/autograd/nn.h"
-#include "ferry/autograd/ops.h"
-#include "ferry/c10d/init.h"
-#include "ferry/common/status.h"
-#include "ferry/ddp/distributed_data_parallel.h"
-#include "ferry/optim/optim.h"
-#include "ferry/store/tcp_store.h"
+#include "ferry/ddp.h"
+#include "ferry/ferry.h"
+#include "ferry/store.h"
 
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int64_t, batch, 32, "rows per rank per step");
