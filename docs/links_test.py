@@ -5,6 +5,10 @@ file or folder of the repository.
 The markdown files come from the test's runfiles; a link's target is looked up
 in the source tree they are linked from (runfiles are symlinks into it), so a
 target needs no `data` entry. Anchors (#...) are not checked.
+
+Also: README.md's quick-start block (the ```cpp excerpt fence) is an excerpt of
+examples/quickstart/main.cc: each of its non-blank lines, leading whitespace
+stripped, appears in that file in order; `// ...` lines mark elisions.
 """
 import os
 import pathlib
@@ -27,6 +31,35 @@ def links(text):
         line = re.sub(r"`[^`]*`", "", line)
         for target in LINK.findall(line):
             yield number, target
+
+
+QUICKSTART = "examples/quickstart/main.cc"
+
+
+def excerpt_drift(readme_text, source_text):
+    """Lines of the README's ```cpp excerpt block not found, in order, in the
+    source; None when the block is missing."""
+    block, lines = None, readme_text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "```cpp excerpt":
+            block = []
+            for inner in lines[i + 1:]:
+                if inner.strip() == "```":
+                    break
+                block.append(inner.strip())
+            break
+    if block is None:
+        return None
+    source = [line.strip() for line in source_text.splitlines()]
+    missing, at = [], 0
+    for line in block:
+        if not line or line.startswith("// ..."):
+            continue
+        try:
+            at = source.index(line, at) + 1
+        except ValueError:
+            missing.append(line)
+    return missing
 
 
 def main():
@@ -60,6 +93,16 @@ def main():
                 print(f"{rel}:{number}: {target} does not exist")
                 bad += 1
     print(f"{checked} relative links in {len(files)} files, {bad} broken")
+    drift = excerpt_drift(readme.read_text(), (runfiles / QUICKSTART).read_text())
+    if drift is None:
+        print("FAIL: README.md has no ```cpp excerpt block (the quick start)")
+        bad += 1
+    elif drift:
+        for line in drift:
+            print(f"README.md quick start: not in {QUICKSTART} (in order): {line}")
+        bad += len(drift)
+    else:
+        print(f"README.md quick start: every line is in {QUICKSTART}, in order")
     return 1 if bad else 0
 
 
