@@ -10,9 +10,10 @@
 //
 // Negotiation, per pair of workers, at rendezvous (before the group is
 // used): every worker publishes whether its channel is on, its host identity
-// (common/same_host.h: boot id, /dev/shm, network namespace), its pid and
-// the address of a probe word. After the join each worker tries to read the
-// probe word of every worker with its identity (this is what the kernel's
+// (common/same_host.h: boot id, /dev/shm, network namespace), its pid, the
+// address of its secret and a commitment to it, and its lease table. After
+// the join each worker tries to read the secret of every worker with its
+// identity (this is what the kernel's
 // ptrace access rules, e.g. Yama's ptrace_scope, allow or refuse) and
 // publishes which workers it can read. A worker that joins the running group
 // (rpc/agent.h, Membership) does the same pair by pair with the members
@@ -22,22 +23,23 @@
 // side, payloads under `min_bytes`, no free lease slot) goes over gRPC as
 // before. The channel is off when FERRY_RPC_SAME_HOST=0.
 //
-// Leases: a sent payload's tensors are held in a lease slot with a fresh
-// nonce in the slot's token word. The receiver checks the token after
-// copying, so bytes the sender has released already are never taken for the
-// payload (the call fails with Aborted instead); for a reply it then writes
-// the nonce into the slot's ack word (a request's descriptor has no ack
-// address). A request's lease ends when its call
-// completes; a reply's lease ends when the caller acknowledges it, or after
-// `lease_timeout` (a caller that died or gave up), checked whenever the
-// channel sends or receives. A dead peer leaves nothing behind: there is no
-// segment to unlink, and a reader of a dead sender fails with Unavailable
-// naming the worker.
+// Leases: a sent payload's tensors are held in a slot of the sender's lease
+// table (at an address the pair learned at negotiation) that lists the
+// payload's regions under a fresh nonce. A request's lease ends when its
+// call completes; a reply's when the sender sees the caller's
+// acknowledgement (a word in the caller's own memory that the sender
+// polls), or after `lease_timeout`. A reader of a dead sender fails with
+// Unavailable naming the worker; nothing is left behind.
 //
-// Trust: the receiver reads only from the pid the rendezvous published for
-// the worker the envelope names, and checks every size against WireLimits;
-// a malformed descriptor is InvalidArgument, never a crash. Workers of one
-// group trust each other's envelopes as they already do over gRPC.
+// Trust (docs/design/same_host_security.md): every pair has a key that
+// only processes able to read both workers' memory can derive (each reads
+// the other's secret half through the probe; the store holds only
+// commitments). Fetch refuses a descriptor whose MAC under that key fails
+// with PermissionDenied naming the worker it claimed to come from, before
+// reading anything; then it reads only the regions the sender's lease table
+// lists under the descriptor's nonce, from the pid the rendezvous published,
+// checks sizes against WireLimits, and never writes into another process.
+// Malformed input is an error, never a crash.
 //
 // Thread safety: all methods may be called from any thread after Negotiate.
 #ifndef FERRY_RPC_GRPC_SHM_CHANNEL_H_
@@ -53,11 +55,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "ferry/common/sync.h"
 #include "ferry/proto/rpc.pb.h"
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/grpc/buffer_pool.h"
+#include "ferry/rpc/grpc/keyed_mac.h"
 #include "ferry/store/store.h"
 #include "ferry/tensor/storage.h"
 #include "ferry/tensor/wire.h"
@@ -88,6 +92,8 @@ struct SameHostStats {
   std::atomic<uint64_t> bytes_received{0};
   // Payloads that qualified but went over gRPC (no free lease slot).
   std::atomic<uint64_t> fallbacks{0};
+  // Descriptors refused before anything was read (no pair key, bad MAC).
+  std::atomic<uint64_t> refused{0};
 };
 
 // Owned through a shared_ptr: a request's lease handle keeps it alive.
@@ -148,22 +154,48 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
 
   // Receiver: copies the payload `d` from `peer`'s memory; the result is the
   // whole wire stream in one aligned chunk that owns its memory.
+  // PermissionDenied (naming `peer`'s worker) when `d`'s MAC is not the
+  // pair's or its lease does not list its regions; Aborted when the lease
+  // ended; InvalidArgument / ResourceExhausted for sizes over the limits.
   absl::StatusOr<WireChunk> Fetch(int peer, const v1::SameHostPayload& d,
                                   const WireLimits& limits);
 
   const SameHostStats& stats() const { return stats_; }
+  // Re-signs `d` as this worker's descriptor to `peer` (tests and the fuzz
+  // target, which change descriptors after Offer).
+  void SignForTesting(int peer, v1::SameHostPayload* d) const;
   // Leases not ended yet (after ending those acknowledged or timed out).
   int live_leases();
 
  private:
   struct Slot;
   struct Lease;
+  struct Exposed;
+  // This worker's acknowledgements of one peer's reply leases, by the
+  // peer's slot: written here, polled by the peer. Lives as long as the
+  // channel (the peer may read it until it learns of a departure).
+  struct AckRow {
+    explicit AckRow(uint32_t n)
+        : size(n), words(std::make_unique<std::atomic<uint64_t>[]>(n)) {}
+    const uint32_t size;
+    const std::unique_ptr<std::atomic<uint64_t>[]> words;
+  };
   struct PeerRecord {
     bool candidate = false;  // On, same identity: worth probing.
-    bool can_read = false;   // This worker can read the peer's memory.
-    bool usable = false;     // And the peer can read this worker's.
+    bool can_read = false;   // This worker read the peer's secret.
+    bool usable = false;     // And the peer read this worker's.
     pid_t pid = 0;
     std::string name;
+    // The peer's lease table (its address space) and slot count.
+    uint64_t lease_table = 0;
+    uint32_t slots = 0;
+    // The pair's key (set with can_read).
+    std::shared_ptr<const KeyedMac> key;
+    // Where this worker acknowledges the peer's replies (its own memory),
+    // and where the peer acknowledges this worker's (the peer's; 0 until
+    // the peer answered).
+    std::shared_ptr<AckRow> acks;
+    uint64_t peer_acks = 0;
   };
 
   // `record` (Publish's) of worker `id`, probed.
@@ -174,19 +206,33 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
                                          const WorkerInfo& w) const;
   void SetPeer(int id, PeerRecord record);
   void EndLease(int slot, uint64_t nonce);
+  // Ends the lease in `slot`; its tensors go to `ending` (released by the
+  // caller after the lock).
+  void TakeLease(int slot, std::vector<std::unique_ptr<Lease>>& ending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends acknowledged and timed-out reply leases.
   void Sweep();
   absl::StatusOr<PeerRecord> Reader(int peer) const;
+  // The tag of descriptor `d` sent by `from` to `to` under `key`.
+  static KeyedMac::Tag DescriptorTag(const KeyedMac& key, int from, int to,
+                                     const v1::SameHostPayload& d);
+  // Sets `p.usable` and `p.peer_acks` from the peer's answer ("" when it
+  // gave none).
+  static void Settle(PeerRecord& p, absl::string_view answer);
+  // This worker's answer to a peer it can read: its ack row's address.
+  static std::string Answer(const PeerRecord& p);
 
   const SameHostOptions options_;
   const std::string self_name_;
   const bool enabled_;
-  // Read by peers through cross-memory attach during negotiation.
-  const uint64_t probe_value_;
-  std::unique_ptr<uint64_t> probe_word_;
-  // Token and ack words of the lease slots, at fixed addresses peers read
-  // and write; lives as long as the channel.
+  // This worker's secret half of every pair key; read by peers through
+  // cross-memory attach during negotiation, never published.
+  std::unique_ptr<Exposed> exposed_;
+  // The lease table, at a fixed address peers read; lives as long as the
+  // channel.
   std::unique_ptr<Slot[]> slots_;
+  // This worker's id (Publish's rank), for the descriptors' tags.
+  std::atomic<int> self_id_{-1};
   const std::shared_ptr<ReceiveBufferPool> pool_;
   SameHostStats stats_;
 
