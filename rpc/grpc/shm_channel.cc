@@ -552,7 +552,10 @@ void SameHostChannel::Sweep() {
   std::vector<Poll> acked;
   for (const Poll& poll : polls) {
     uint64_t seen = 0;
-    if (ReadWord(poll.pid, poll.word, &seen).ok() && seen == poll.nonce) {
+    absl::Status read = ReadWord(poll.pid, poll.word, &seen);
+    // A peer that exited reads nothing more: its leases end now.
+    if (read.ok() ? seen == poll.nonce
+                  : absl::IsNotFound(read) || !ProcessAlive(poll.pid)) {
       acked.push_back(poll);
     }
   }
