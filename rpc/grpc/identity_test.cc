@@ -8,8 +8,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,6 +22,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
+#include "ferry/tests/util/raw_worker_client.h"
 #include "ferry/tests/util/test_pki.h"
 
 namespace ferry::rpc {
@@ -105,11 +104,11 @@ void StopAll(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
   }
 }
 
-// A raw client of `to`: the generated stub over `credentials`.
+// A raw client of `to` (not a worker).
 std::unique_ptr<v1::Worker::Stub> RawClient(
     const GrpcAgent& to, std::shared_ptr<grpc::ChannelCredentials> credentials =
                              grpc::InsecureChannelCredentials()) {
-  return v1::Worker::NewStub(grpc::CreateChannel(to.address(), credentials));
+  return testutil::RawWorkerStub(to.address(), std::move(credentials));
 }
 
 v1::RpcRequest Claiming(MessageType type, const std::string& name, int id) {
@@ -123,21 +122,11 @@ v1::RpcRequest Claiming(MessageType type, const std::string& name, int id) {
   return r;
 }
 
-// The call's outcome as one status: gRPC's, or the handler error a reply
-// carries.
+// Sends `request`, with a store-secret proof when one is given.
 absl::Status Send(v1::Worker::Stub& stub, const v1::RpcRequest& request,
                   const std::string& proof = "") {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-  if (!proof.empty()) context.AddMetadata(kProofMetadata, proof);
-  v1::RpcResponse response;
-  grpc::Status s = stub.Call(&context, request, &response);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        s.error_message());
-  }
-  return absl::Status(static_cast<absl::StatusCode>(response.error_code()),
-                      response.error_message());
+  if (proof.empty()) return testutil::RawWorkerCall(stub, request);
+  return testutil::RawWorkerCall(stub, request, {{kProofMetadata, proof}});
 }
 
 uint64_t IdentityRefusals(const GrpcAgent& agent) {
@@ -321,17 +310,9 @@ class TlsSpoof : public testing::Test {
     tls.require_client_cert = true;
     return tls;
   }
-  static std::string Read(const std::string& path) {
-    std::ifstream in(path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
   static std::shared_ptr<grpc::ChannelCredentials> Credentials(
       const testutil::TestIdentity& id) {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = Read(pki_->ca);
-    o.pem_cert_chain = Read(id.cert);
-    o.pem_private_key = Read(id.key);
-    return grpc::SslCredentials(o);
+    return testutil::ClientTlsCredentials(pki_->ca, id.cert, id.key);
   }
   static std::string* dir_;
   static testutil::TestPki* pki_;
