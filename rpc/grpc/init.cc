@@ -8,8 +8,8 @@
 #include "ferry/common/host_address.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
-#include "ferry/store/store_auth.h"
 #include "ferry/store/init_method.h"
+#include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store.h"
 
 namespace ferry::rpc {

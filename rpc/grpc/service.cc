@@ -1,5 +1,6 @@
 #include "ferry/rpc/grpc/service.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,7 +124,9 @@ absl::Status WorkerService::CheckCaller(
   absl::Status s = verifier.CheckCaller(
       proven, type, header.caller_name(),
       [this](const std::string& n) { return agent_->GetWorkerInfo(n).ok(); });
-  if (s.ok() && type != MessageType::kCall) {
+  const auto& names = proven.names;
+  if (s.ok() && std::find(names.begin(), names.end(), header.caller_name()) !=
+                    names.end()) {
     // The declared id is the proven name's (a joiner is not known yet).
     absl::StatusOr<WorkerInfo> w =
         agent_->GetWorkerInfo(static_cast<int>(header.caller_id()));

@@ -1,45 +1,31 @@
 // The same-host channel of a GrpcAgent: tensor payloads between two workers
-// on one host skip TCP. Envelopes (metadata, control, errors) still travel
-// over gRPC; a payload that qualifies stays in the sender's memory, and the
-// envelope carries a SameHostPayload (proto/rpc.proto) describing where its
-// bytes are. The receiver copies them once, with cross-memory attach
-// (process_vm_readv), into aligned storage that becomes the tensors'
-// storage: 0 bytes copied on send, 1 copy on receive, no shared segment, no
-// file descriptor. Receive buffers come from the agent's ReceiveBufferPool
-// (buffer_pool.h): memory already faulted in.
+// on one host stay in the sender's memory; the gRPC envelope carries a
+// SameHostPayload (proto/rpc.proto) and the receiver copies the bytes once
+// with process_vm_readv into buffers of the agent's ReceiveBufferPool (0
+// copies on send, 1 on receive, no shared segment, no file descriptor).
 //
-// Negotiation, per pair of workers, at rendezvous (before the group is
-// used): every worker publishes whether its channel is on, its host identity
-// (common/same_host.h: boot id, /dev/shm, network namespace), its pid, the
-// address of its secret and a commitment to it, and its lease table. After
-// the join each worker tries to read the secret of every worker with its
-// identity (this is what the kernel's
-// ptrace access rules, e.g. Yama's ptrace_scope, allow or refuse) and
-// publishes which workers it can read. A worker that joins the running group
-// (rpc/agent.h, Membership) does the same pair by pair with the members
-// (ProbeMembers below). A pair uses the channel only if both
-// are on and each can read the other; everything else (other
-// hosts or namespaces, a refused probe, the channel turned off on either
-// side, payloads under `min_bytes`, no free lease slot) goes over gRPC as
-// before. The channel is off when FERRY_RPC_SAME_HOST=0.
+// Negotiation at rendezvous (Publish, Negotiate; joiners: ProbeMembers,
+// AddJoiner, SettleJoin): each worker publishes its host identity, pid, the
+// address of a random secret and a commitment to it, and its lease table;
+// each reads the secret of every worker with its identity (what ptrace
+// rules allow) and answers which it could read. A pair uses the channel
+// only if both are on and each read the other; everything else (other hosts,
+// a refused probe, FERRY_RPC_SAME_HOST=0, payloads under `min_bytes`, no
+// free lease slot) goes over gRPC.
 //
-// Leases: a sent payload's tensors are held in a slot of the sender's lease
-// table (at an address the pair learned at negotiation) that lists the
-// payload's regions under a fresh nonce. A request's lease ends when its
-// call completes; a reply's when the sender sees the caller's
-// acknowledgement (a word in the caller's own memory that the sender
-// polls), or after `lease_timeout`. A reader of a dead sender fails with
-// Unavailable naming the worker; nothing is left behind.
+// Leases: a payload's tensors are held in a slot of the sender's lease table
+// that lists its regions under a fresh nonce. A request's lease ends with
+// its call; a reply's when the sender sees the caller's acknowledgement (a
+// word in the caller's own memory, polled by the sender) or after
+// `lease_timeout`. A reader of a dead sender fails with Unavailable naming it.
 //
-// Trust (docs/design/same_host_security.md): every pair has a key that
-// only processes able to read both workers' memory can derive (each reads
-// the other's secret half through the probe; the store holds only
-// commitments). Fetch refuses a descriptor whose MAC under that key fails
-// with PermissionDenied naming the worker it claimed to come from, before
-// reading anything; then it reads only the regions the sender's lease table
-// lists under the descriptor's nonce, from the pid the rendezvous published,
-// checks sizes against WireLimits, and never writes into another process.
-// Malformed input is an error, never a crash.
+// Trust (docs/design/same_host_security.md): the pair key is derived from
+// both secrets, so only processes able to read both workers learn it. Fetch
+// refuses a descriptor without a valid MAC under it (PermissionDenied naming
+// the claimed worker) before reading anything; then it reads only regions
+// the sender's lease table (found at the negotiated address) lists under the
+// nonce, checks sizes against WireLimits, and never writes into another
+// process. Malformed input is an error, never a crash.
 //
 // Thread safety: all methods may be called from any thread after Negotiate.
 #ifndef FERRY_RPC_GRPC_SHM_CHANNEL_H_
@@ -172,8 +158,9 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
   struct Lease;
   struct Exposed;
   // This worker's acknowledgements of one peer's reply leases, by the
-  // peer's slot: written here, polled by the peer. Lives as long as the
-  // channel (the peer may read it until it learns of a departure).
+  // peer's slot: written here, polled by the peer (which learned its
+  // address from this worker's negotiation answer). Held by the peer's
+  // record; a peer that left polls it no more.
   struct AckRow {
     explicit AckRow(uint32_t n)
         : size(n), words(std::make_unique<std::atomic<uint64_t>[]>(n)) {}
