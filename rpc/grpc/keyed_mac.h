@@ -1,7 +1,7 @@
 // HMAC-SHA256 under one fixed key, cheap to compute many times: the key's
 // inner and outer states are hashed once at construction, so a tag costs
-// the message's own compression rounds plus two (about 0.3 us for a
-// same-host descriptor, bench figures in docs/design/same_host_security.md).
+// the message's own compression rounds plus two (about 0.5 us for a
+// same-host descriptor; figures in docs/design/same_host_security.md).
 // Used for the same-host channel's per-pair descriptor tags and the
 // per-channel identity proofs (rpc/grpc/identity.h).
 //
