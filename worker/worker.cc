@@ -100,6 +100,7 @@ rpc::GrpcAgentOptions AgentOptions(const WorkerOptions& o) {
   a.tls.key_file = o.tls.key_file;
   a.tls.require_client_cert = o.tls.require_client_cert;
   a.tls.server_name = o.tls.server_name;
+  a.secret = o.store_secret;
   a.max_message_bytes = o.max_message_bytes;
   a.same_host.enabled = o.same_host;
   a.enable_admin_invoke = o.enable_admin_invoke;
@@ -200,6 +201,8 @@ WorkerStats Worker::stats() const {
   s.errors = r.total_errors();
   s.bytes_in = r.total_bytes_in();
   s.bytes_out = r.total_bytes_out();
+  s.identity_refusals =
+      g.identity_refusals() + g.same_host().stats().refused.load();
   s.calls_in_flight = static_cast<uint64_t>(g.calls_in_flight());
   s.executor_queue_depth = g.executor_queue_depth();
   s.same_host_payloads_sent = g.same_host().stats().payloads_sent.load();

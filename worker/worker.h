@@ -85,6 +85,10 @@ struct WorkerOptions {
   std::string listen_address;
   std::string advertise_address;
   WorkerTlsOptions tls;
+  // The job's shared secret (store/store_auth.h): authenticates the store
+  // and binds each worker's name to its connections (docs/security.md).
+  // Empty: FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET, else none.
+  std::string store_secret;
   // Largest message sent or received, in bytes.
   int max_message_bytes = 0x7fffffff;
   // Tensor payloads to workers on this host through cross-memory attach.
@@ -114,6 +118,9 @@ struct WorkerStats {
   uint64_t executor_queue_depth = 0;
   uint64_t same_host_payloads_sent = 0;
   uint64_t same_host_payloads_received = 0;
+  // Requests refused because the declared caller was not the connection's
+  // proven identity, and same-host descriptors refused (docs/security.md).
+  uint64_t identity_refusals = 0;
 };
 
 absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options);

@@ -83,6 +83,9 @@ grpc::ServerUnaryReactor* AdminService::GetStats(
     ferry::admin::v1::GetStatsResponse* out) {
   *out = agent_->stats().Snapshot();
   out->set_calls_in_flight(agent_->calls_in_flight());
+  out->set_identity_refusals(agent_->identity_refusals() +
+                             agent_->same_host().stats().refused.load(
+                                 std::memory_order_relaxed));
   out->set_executor_queue_depth(agent_->executor_queue_depth());
   for (const WorkerInfo& w : agent_->GetWorkerInfos()) {
     auto* peer = out->add_peers();

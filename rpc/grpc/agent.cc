@@ -20,6 +20,7 @@
 #include "ferry/proto/health.pb.h"
 #include "ferry/rpc/grpc/admin.h"
 #include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/identity.h"
 #include "ferry/rpc/grpc/membership.h"
 #include "ferry/rpc/grpc/rendezvous.h"
 #include "ferry/rpc/grpc/service.h"
@@ -75,6 +76,8 @@ struct GrpcAgent::Peer {
   WorkerInfo info;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<grpc::GenericStub> stub;
+  // This worker's name proof on the channel ("" without a secret).
+  std::string proof;
   std::atomic<bool> probing{false};  // One health probe at a time.
 };
 
@@ -293,6 +296,8 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
   if (!credentials.ok()) return credentials.status();
   credentials_ = *std::move(credentials);
   grpc_agent::WarnIfPlaintextExposed(grpc_options_.tls, listen, name);
+  verifier_ = std::make_unique<grpc_agent::CallerVerifier>(
+      name, grpc_options_.secret, grpc_options_.tls.enabled());
   worker_service_ = std::make_unique<grpc_agent::WorkerService>(this);
   admin_service_ = std::make_unique<grpc_agent::AdminService>(this);
   grpc::ServerBuilder builder;
@@ -346,6 +351,7 @@ std::shared_ptr<GrpcAgent::Peer> GrpcAgent::PeerFor(const WorkerInfo& to) {
   peer->channel =
       grpc::CreateCustomChannel(to.address, credentials_.channel, args);
   peer->stub = std::make_unique<grpc::GenericStub>(peer->channel);
+  peer->proof = verifier_->MakeProof(self().name, to.name);
   return peer;
 }
 
@@ -565,6 +571,9 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
     } else {
       unswept_.PushBack(call.release());
     }
+  }
+  if (!raw->peer->proof.empty()) {
+    raw->context.AddMetadata(grpc_agent::kProofMetadata, raw->peer->proof);
   }
   // Read before the hand-off: OnDone may delete `raw` once gRPC has it (the
   // stream's reactor stays alive until Start returns).

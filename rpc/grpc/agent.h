@@ -45,6 +45,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -96,8 +97,15 @@ struct GrpcAgentOptions : Agent::Options {
   // Empty: the listen host, which must then not be a wildcard (0.0.0.0, ::).
   std::string advertise_address;
   // TLS / mutual TLS (rpc/grpc/tls.h); plaintext when empty. Listening on a
-  // non-loopback address without TLS logs a warning.
+  // non-loopback address without TLS logs a warning. With client
+  // certificates, a request's declared caller must be named by its
+  // certificate (SAN or CN; rpc/grpc/identity.h, docs/security.md).
   TlsOptions tls;
+  // The store secret (store/store_auth.h), the same on every worker; InitRpc
+  // reads FERRY_STORE_SECRET(_FILE) when empty. Set: each worker proves its
+  // name on each channel and protocol messages from a caller that did not
+  // are refused (rpc/grpc/identity.h). Empty: no proof.
+  std::string secret;
   WireLimits wire_limits;
   // Bound of the health probe that confirms a peer failure.
   absl::Duration peer_probe_timeout = absl::Seconds(5);
@@ -125,6 +133,7 @@ struct GrpcAgentOptions : Agent::Options {
 namespace grpc_agent {
 class WorkerService;
 class AdminService;
+class CallerVerifier;
 }  // namespace grpc_agent
 
 class GrpcAgent final : public Agent {
@@ -157,6 +166,11 @@ class GrpcAgent final : public Agent {
   const std::string& address() const { return self().address; }
   const RpcStats& stats() const { return stats_; }
   const StreamStats& stream_stats() const { return stream_stats_; }
+  // Requests refused because their declared caller was not the identity
+  // their connection proved (see GrpcAgentOptions::tls and ::secret).
+  uint64_t identity_refusals() const {
+    return identity_refusals_.load(std::memory_order_relaxed);
+  }
   // Calls being served now (see max_inflight_calls).
   int64_t calls_in_flight() const;
   size_t executor_queue_depth() const { return ExecutorQueueDepth(); }
@@ -258,6 +272,10 @@ class GrpcAgent final : public Agent {
   // Created before the server; negotiated before the group is known.
   std::shared_ptr<grpc_agent::SameHostChannel> same_host_;
   StreamStats stream_stats_;
+  std::atomic<uint64_t> identity_refusals_{0};
+  // Proves this worker's name to peers and checks callers' (made in
+  // StartServer, before the service).
+  std::unique_ptr<grpc_agent::CallerVerifier> verifier_;
   std::unique_ptr<grpc_agent::WorkerService> worker_service_;
   std::unique_ptr<grpc_agent::AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

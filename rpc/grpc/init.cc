@@ -9,6 +9,7 @@
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 #include "ferry/store/init_method.h"
+#include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store.h"
 
 namespace ferry::rpc {
@@ -83,6 +84,18 @@ absl::StatusOr<std::shared_ptr<Store>> AgentStore(const InitMethod& method,
   return std::shared_ptr<Store>(std::move(store));
 }
 
+// TLS and the store secret from the environment, unless the options set
+// them.
+absl::Status SecurityFromEnv(GrpcAgentOptions* options) {
+  if (!options->tls.enabled()) {
+    ASSIGN_OR_RETURN(options->tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
+  }
+  if (options->secret.empty()) {
+    ASSIGN_OR_RETURN(options->secret, tcpstore::StoreSecretFromEnv());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
@@ -90,9 +103,7 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> InitRpc(
     int world_size, GrpcAgentOptions options,
     std::shared_ptr<FunctionRegistry> registry) {
   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod(init_method));
-  if (!options.tls.enabled()) {
-    ASSIGN_OR_RETURN(options.tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
-  }
+  RETURN_IF_ERROR(SecurityFromEnv(&options));
   ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
                    AgentStore(method, rank, world_size, options.join_timeout,
                               /*join=*/false));
@@ -107,9 +118,7 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> JoinRpc(
     const std::string& name, const std::string& init_method,
     GrpcAgentOptions options, std::shared_ptr<FunctionRegistry> registry) {
   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod(init_method));
-  if (!options.tls.enabled()) {
-    ASSIGN_OR_RETURN(options.tls, grpc_agent::TlsOptionsFromEnv(GetEnv));
-  }
+  RETURN_IF_ERROR(SecurityFromEnv(&options));
   ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
                    AgentStore(method, -1, -1, options.join_timeout,
                               /*join=*/true));

@@ -1,5 +1,6 @@
 #include "ferry/rpc/grpc/service.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,8 +93,7 @@ grpc::ServerUnaryReactor* WorkerService::Call(
         Annotate(split.status(), absl::StrCat("worker '", name(), "'"))));
     return reactor;
   }
-  absl::StatusOr<std::shared_ptr<void>> slot =
-      Admit(split->header, context->peer());
+  absl::StatusOr<std::shared_ptr<void>> slot = Admit(split->header, *context);
   if (!slot.ok()) {
     reactor->Reply(ToGrpcStatus(slot.status()));
     return reactor;
@@ -115,8 +115,40 @@ WorkerService::CallStream(grpc::CallbackServerContext* context) {
   return NewServerStream(this, context);
 }
 
+absl::Status WorkerService::CheckCaller(
+    const ferry::rpc::v1::RpcRequest& header,
+    const grpc::ServerContextBase& context) {
+  grpc_agent::CallerVerifier& verifier = *agent_->verifier_;
+  const MessageType type = static_cast<MessageType>(header.type());
+  const ProvenIdentity proven = verifier.Identify(context);
+  absl::Status s = verifier.CheckCaller(
+      proven, type, header.caller_name(),
+      [this](const std::string& n) { return agent_->GetWorkerInfo(n).ok(); });
+  const auto& names = proven.names;
+  if (s.ok() && std::find(names.begin(), names.end(), header.caller_name()) !=
+                    names.end()) {
+    // The declared id is the proven name's (a joiner is not known yet).
+    absl::StatusOr<WorkerInfo> w =
+        agent_->GetWorkerInfo(static_cast<int>(header.caller_id()));
+    if (w.ok() && w->name != header.caller_name()) {
+      s = absl::PermissionDeniedError(absl::StrCat(
+          "worker '", name(), "' refused ", MessageTypeName(type),
+          " from worker '", header.caller_name(), "' declaring the id ",
+          header.caller_id(), ", which is worker '", w->name, "''s"));
+    }
+  }
+  if (!s.ok()) {
+    agent_->identity_refusals_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return s;
+}
+
 absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
-    const ferry::rpc::v1::RpcRequest& header, const std::string& peer) {
+    const ferry::rpc::v1::RpcRequest& header,
+    const grpc::ServerContextBase& context) {
+  if (agent_->verifier_->enforcing()) {
+    RETURN_IF_ERROR(CheckCaller(header, context));
+  }
   const MessageType type = static_cast<MessageType>(header.type());
   // kCall's handler is built in (rpc/agent.h): no lookup for it.
   if (type != MessageType::kCall && !agent_->HasHandler(type)) {
@@ -124,7 +156,7 @@ absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
         "worker '", name(), "' does not serve message type ",
         MessageTypeName(type), " (", static_cast<uint32_t>(type), ")"));
   }
-  return limiter_.Acquire(peer, name());
+  return limiter_.Acquire(context.peer(), name());
 }
 
 namespace {

@@ -3,6 +3,9 @@
 // runs on gRPC's thread), and sends the encoded reply. Call takes one unary
 // message; CallStream a large payload in pieces (rpc/grpc/stream.h), then
 // runs it through the same Admit and Serve steps.
+// A request whose declared caller is not the identity its connection proved
+// is refused with PermissionDenied before anything else (rpc/grpc/identity.h;
+// counted in the agent's identity_refusals).
 // Malformed envelopes are refused with InvalidArgument naming the worker;
 // message types without a handler with Unimplemented; calls over the
 // in-flight caps (GrpcAgentOptions) with ResourceExhausted naming the limit.
@@ -24,6 +27,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rpc/grpc/call_limiter.h"
 #include "ferry/rpc/grpc/codec.h"
+#include "ferry/rpc/grpc/identity.h"
 
 namespace ferry::rpc::grpc_agent {
 
@@ -48,13 +52,15 @@ class WorkerService final
 
   const CallLimiter& limiter() const { return limiter_; }
 
-  // The steps both methods share. Admit checks a request's fields (a handler
-  // serves its type; a slot under the in-flight caps, held until the handle
-  // is dropped). Serve runs the admitted request and calls `reply` once, on
+  // The steps both methods share. Admit checks a request's fields (its
+  // declared caller against the connection's identity; a handler serves its
+  // type; a slot under the in-flight caps, held until the handle is
+  // dropped). Serve runs the admitted request and calls `reply` once, on
   // any thread, with the encoded reply (status OK) or the error to send.
   using Replier = std::function<void(grpc::Status, EncodedParts*)>;
   absl::StatusOr<std::shared_ptr<void>> Admit(
-      const ferry::rpc::v1::RpcRequest& header, const std::string& peer);
+      const ferry::rpc::v1::RpcRequest& header,
+      const grpc::ServerContextBase& context);
   void Serve(absl::Time start, ReceivedRequest received,
              std::shared_ptr<void> slot, Replier reply);
 
@@ -64,6 +70,10 @@ class WorkerService final
   ReceiveBufferPool* receive_pool() { return agent_->receive_pool_.get(); }
 
  private:
+  // Identity check of Admit (only when the agent enforces one).
+  absl::Status CheckCaller(const ferry::rpc::v1::RpcRequest& header,
+                           const grpc::ServerContextBase& context);
+
   GrpcAgent* const agent_;
   CallLimiter limiter_;
 };

@@ -1,5 +1,6 @@
 #include "ferry/rpc/grpc/shm_channel.h"
 
+#include <openssl/crypto.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -9,14 +10,17 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/same_host.h"
 #include "ferry/common/status.h"
 #include "ferry/store/prefix_store.h"
+#include "ferry/store/store_auth.h"
 #include "ferry/tensor/storage.h"
 
 namespace ferry::rpc::grpc_agent {
@@ -38,16 +42,13 @@ std::string PairKey(int reader, int target) {
   return absl::StrCat(kPrefix, "/pair/", reader, "/", target);
 }
 
-// Whether worker `reader` published that it can read `target`.
-absl::StatusOr<bool> Answered(Store& store, int reader, int target) {
+// What worker `reader` answered about `target` (its ack row's address when
+// it can read it); "" when it did not answer.
+absl::StatusOr<std::string> PairAnswer(Store& store, int reader, int target) {
   const std::string key = PairKey(reader, target);
   ASSIGN_OR_RETURN(bool there, store.Check({key}));
-  if (!there) return false;
-  // Not ASSIGN_OR_RETURN into a string: g++ 12 -O2 then warns
-  // (maybe-uninitialized, a false positive) on the comparison.
-  absl::StatusOr<std::string> answer = store.Get(key);
-  if (!answer.ok()) return answer.status();
-  return answer->size() == 1 && answer->front() == '1';
+  if (!there) return std::string();
+  return store.Get(key);
 }
 
 bool EnvDisabled() {
@@ -61,13 +62,52 @@ uint64_t RandomNonZero() {
   return v == 0 ? 1 : v;
 }
 
+// Record fields (Publish): on, host identity, pid, secret address, secret
+// commitment, lease table address, lease slots. Records of another format
+// (an older Ferry) are not candidates: that pair uses gRPC.
+constexpr size_t kRecordFields = 7;
+constexpr size_t kSecretBytes = tcpstore::kAuthNonceBytes;
+// Slots a peer's lease table may have (the ack row this worker keeps for
+// it has as many words).
+constexpr uint64_t kMaxSlots = uint64_t{1} << 16;
+constexpr char kCommitLabel[] = "ferry-same-host-commit-v1";
+constexpr char kPairLabel[] = "ferry-same-host-pair-v1";
+
+// What the store holds of a secret: a MAC keyed with it, which reveals
+// nothing of it, so a reader can tell it read the right word.
+std::string Commitment(absl::string_view secret) {
+  KeyedMac::Tag t = KeyedMac(secret).Begin().Add(kCommitLabel).Finish();
+  return absl::BytesToHexString(KeyedMac::ToString(t));
+}
+
+// The pair key of workers `a` and `b` from their secrets (symmetric).
+std::shared_ptr<const KeyedMac> PairKeyOf(int a, absl::string_view secret_a,
+                                          int b, absl::string_view secret_b) {
+  if (b < a) {
+    std::swap(a, b);
+    std::swap(secret_a, secret_b);
+  }
+  KeyedMac::Tag k = KeyedMac(kPairLabel)
+                        .Begin()
+                        .AddU64(static_cast<uint64_t>(a))
+                        .AddBytes(secret_a)
+                        .AddU64(static_cast<uint64_t>(b))
+                        .AddBytes(secret_b)
+                        .Finish();
+  return std::make_shared<const KeyedMac>(KeyedMac::ToString(k));
+}
+
 // Reads `size` bytes at `remote` in `pid` into `local`.
-absl::Status ReadWord(pid_t pid, uint64_t remote, uint64_t* local) {
-  iovec l{local, sizeof(*local)};
-  iovec r{reinterpret_cast<void*>(remote), sizeof(*local)};
+absl::Status ReadRemote(pid_t pid, uint64_t remote, void* local, size_t size) {
+  iovec l{local, size};
+  iovec r{reinterpret_cast<void*>(remote), size};
   ssize_t n = ::process_vm_readv(pid, &l, 1, &r, 1, 0);
-  if (n == static_cast<ssize_t>(sizeof(*local))) return absl::OkStatus();
+  if (n == static_cast<ssize_t>(size)) return absl::OkStatus();
   return absl::ErrnoToStatus(n < 0 ? errno : EFAULT, "process_vm_readv");
+}
+
+absl::Status ReadWord(pid_t pid, uint64_t remote, uint64_t* local) {
+  return ReadRemote(pid, remote, local, sizeof(*local));
 }
 
 absl::Status PeerError(const absl::Status& cause, const std::string& who,
@@ -88,16 +128,37 @@ absl::Status PeerError(const absl::Status& cause, const std::string& who,
       ") is gone (released before it was read): ", cause.message()));
 }
 
+// One entry of a lease's region list (what receivers read, 24 bytes).
+struct RegionEntry {
+  uint64_t address;
+  uint64_t size;
+  uint64_t padding;
+};
+// A lease slot as a receiver reads it (the first words of Slot).
+struct SlotView {
+  uint64_t token;
+  uint64_t regions;
+  uint64_t count;
+};
+
 }  // namespace
 
 struct alignas(64) SameHostChannel::Slot {
-  std::atomic<uint64_t> token{0};  // The live lease's nonce, 0 when free.
-  std::atomic<uint64_t> ack{0};    // Written by the reader (another process).
+  std::atomic<uint64_t> token{0};    // The live lease's nonce, 0 when free.
+  std::atomic<uint64_t> regions{0};  // Its RegionEntry list (this process).
+  std::atomic<uint64_t> count{0};    // Entries in the list.
+};
+static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t));
+
+struct SameHostChannel::Exposed {
+  char secret[kSecretBytes];
 };
 
 struct SameHostChannel::Lease {
   uint64_t nonce = 0;
+  int peer = -1;
   std::vector<Tensor> tensors;
+  std::vector<RegionEntry> regions;  // Read by the peer (Slot::regions).
   bool held_by_call = false;
   absl::Time expiry;
 };
@@ -106,12 +167,14 @@ SameHostChannel::SameHostChannel(SameHostOptions options, std::string self_name,
                                  std::shared_ptr<ReceiveBufferPool> pool)
     : options_(std::move(options)),
       self_name_(std::move(self_name)),
-      enabled_(options_.enabled && !EnvDisabled() && options_.max_leases > 0),
-      probe_value_(RandomNonZero()),
-      probe_word_(std::make_unique<uint64_t>(probe_value_)),
+      enabled_(options_.enabled && !EnvDisabled() && options_.max_leases > 0 &&
+               static_cast<uint64_t>(options_.max_leases) <= kMaxSlots),
+      exposed_(std::make_unique<Exposed>()),
       slots_(std::make_unique<Slot[]>(std::max(options_.max_leases, 1))),
       pool_(pool != nullptr ? std::move(pool) : ReceiveBufferPool::Create()),
       next_nonce_(RandomNonZero()) {
+  const std::string secret = tcpstore::RandomNonce();
+  std::memcpy(exposed_->secret, secret.data(), kSecretBytes);
   MutexLock lock(&mu_);
   leases_.resize(std::max(options_.max_leases, 1));
   for (int i = options_.max_leases - 1; i >= 0; --i) free_slots_.push_back(i);
@@ -132,14 +195,29 @@ SameHostChannel::~SameHostChannel() {
 // Negotiation.
 
 absl::Status SameHostChannel::Publish(Store& base, int rank) {
-  // Fields: on, identity, pid, probe address, probe value.
+  self_id_.store(rank, std::memory_order_relaxed);
+  const absl::string_view secret(exposed_->secret, kSecretBytes);
+  // The secret itself never leaves this process's memory.
   const std::string record = absl::StrJoin(
       {std::string(enabled_ ? "1" : "0"), enabled_ ? HostIdentity() : "",
        absl::StrCat(::getpid()),
-       absl::StrCat(reinterpret_cast<uintptr_t>(probe_word_.get())),
-       absl::StrCat(probe_value_)},
+       absl::StrCat(reinterpret_cast<uintptr_t>(exposed_.get())),
+       Commitment(secret),
+       absl::StrCat(reinterpret_cast<uintptr_t>(slots_.get())),
+       absl::StrCat(options_.max_leases)},
       "\n");
   return base.Set(absl::StrCat(kPrefix, "/", rank), record);
+}
+
+std::string SameHostChannel::Answer(const PeerRecord& p) {
+  return absl::StrCat(reinterpret_cast<uintptr_t>(p.acks->words.get()));
+}
+
+void SameHostChannel::Settle(PeerRecord& p, absl::string_view answer) {
+  uint64_t address = 0;
+  // Both ways or neither: a pair that can read only one way uses gRPC.
+  p.usable = p.can_read && absl::SimpleAtoi(answer, &address) && address != 0;
+  p.peer_acks = p.usable ? address : 0;
 }
 
 absl::Status SameHostChannel::Negotiate(Store& base,
@@ -156,20 +234,24 @@ absl::Status SameHostChannel::Negotiate(Store& base,
   RETURN_IF_ERROR(store.Wait(keys, timeout));
   ASSIGN_OR_RETURN(std::vector<std::string> records, store.MultiGet(keys));
   std::vector<PeerRecord> peers(n);
+  // "<rank>=<ack row address>" for each worker this one can read.
   std::vector<std::string> readable;
   for (int i = 0; i < n; ++i) {
     peers[i] = Probe(records[i], group[i].name, i);
-    if (peers[i].can_read) readable.push_back(absl::StrCat(i));
+    if (peers[i].can_read) {
+      readable.push_back(absl::StrCat(i, "=", Answer(peers[i])));
+    }
   }
   RETURN_IF_ERROR(store.Set(read_keys[rank], absl::StrJoin(readable, ",")));
   RETURN_IF_ERROR(store.Wait(read_keys, timeout));
   ASSIGN_OR_RETURN(std::vector<std::string> answers, store.MultiGet(read_keys));
-  const std::string me = absl::StrCat(rank);
+  const std::string me = absl::StrCat(rank, "=");
   for (int i = 0; i < n; ++i) {
+    absl::string_view mine;
     for (absl::string_view r : absl::StrSplit(answers[i], ',')) {
-      // Both ways or neither: a pair that can read only one way uses gRPC.
-      if (r == me && peers[i].can_read) peers[i].usable = true;
+      if (absl::ConsumePrefix(&r, me)) mine = r;
     }
+    Settle(peers[i], mine);
   }
   MutexLock lock(&mu_);
   // Joiners heard of meanwhile keep their records (ids above the group's).
@@ -185,26 +267,37 @@ SameHostChannel::PeerRecord SameHostChannel::Probe(const std::string& record,
   p.name = name;
   std::vector<std::string> f = absl::StrSplit(record, '\n');
   int64_t pid = 0;
-  uint64_t address = 0, value = 0;
-  if (f.size() != 5 || !absl::SimpleAtoi(f[2], &pid) ||
-      !absl::SimpleAtoi(f[3], &address) || !absl::SimpleAtoi(f[4], &value)) {
+  uint64_t address = 0, table = 0, slots = 0;
+  if (f.size() != kRecordFields || !absl::SimpleAtoi(f[2], &pid) ||
+      !absl::SimpleAtoi(f[3], &address) || !absl::SimpleAtoi(f[5], &table) ||
+      !absl::SimpleAtoi(f[6], &slots) || slots == 0 || slots > kMaxSlots) {
     FERRY_LOG(WARNING) << "worker '" << self_name_
-                       << "': malformed same-host record of worker " << id;
+                       << "': same-host record of worker " << id << " ('"
+                       << name << "') is malformed or of another version";
     return p;
   }
   const std::string mine = enabled_ ? HostIdentity() : "";
   p.pid = static_cast<pid_t>(pid);
   p.candidate = enabled_ && f[0] == "1" && !mine.empty() && f[1] == mine;
   if (!p.candidate) return p;
-  uint64_t seen = 0;
-  absl::Status probe = ReadWord(p.pid, address, &seen);
-  p.can_read = probe.ok() && seen == value;
+  char secret[kSecretBytes];
+  absl::Status probe = ReadRemote(p.pid, address, secret, sizeof(secret));
+  const absl::string_view theirs(secret, sizeof(secret));
+  p.can_read = probe.ok() && Commitment(theirs) == f[4];
   if (!p.can_read) {
     FERRY_LOG(INFO) << "worker '" << self_name_ << "': same-host channel to '"
                     << name << "' refused (cannot read pid " << pid << ": "
                     << (probe.ok() ? "probe mismatch" : probe.ToString())
                     << "); using gRPC";
+    return p;
   }
+  p.lease_table = table;
+  p.slots = static_cast<uint32_t>(slots);
+  p.key = PairKeyOf(self_id_.load(std::memory_order_relaxed),
+                    absl::string_view(exposed_->secret, kSecretBytes), id,
+                    theirs);
+  p.acks = std::make_shared<AckRow>(p.slots);
+  OPENSSL_cleanse(secret, sizeof(secret));
   return p;
 }
 
@@ -212,7 +305,11 @@ absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::ProbeWorker(
     Store& store, const WorkerInfo& w) const {
   const std::string key = absl::StrCat(kPrefix, "/", w.id);
   ASSIGN_OR_RETURN(bool there, store.Check({key}));
-  if (!there) return PeerRecord{.name = w.name};  // It published none.
+  if (!there) {  // It published none.
+    PeerRecord none;
+    none.name = w.name;
+    return none;
+  }
   ASSIGN_OR_RETURN(std::string record, store.Get(key));
   return Probe(record, w.name, w.id);
 }
@@ -229,10 +326,10 @@ absl::Status SameHostChannel::ProbeMembers(
   for (const WorkerInfo& w : members) {
     if (w.id == self) continue;
     ASSIGN_OR_RETURN(PeerRecord p, ProbeWorker(store, w));
-    const bool can_read = p.can_read;
+    const std::string answer = p.can_read ? Answer(p) : "";
     // Known before the member may read the answer and send.
     SetPeer(w.id, std::move(p));
-    if (can_read) RETURN_IF_ERROR(store.Set(PairKey(self, w.id), "1"));
+    if (!answer.empty()) RETURN_IF_ERROR(store.Set(PairKey(self, w.id), answer));
   }
   return absl::OkStatus();
 }
@@ -248,11 +345,13 @@ absl::Status SameHostChannel::AddJoiner(Store& base, const WorkerInfo& joiner,
   ASSIGN_OR_RETURN(PeerRecord p, ProbeWorker(store, joiner));
   if (p.can_read) {
     // The joiner answered before it announced itself.
-    ASSIGN_OR_RETURN(p.usable, Answered(store, joiner.id, self));
+    ASSIGN_OR_RETURN(std::string answer, PairAnswer(store, joiner.id, self));
+    Settle(p, answer);
   }
-  const bool can_read = p.can_read;
+  const std::string answer = p.can_read ? Answer(p) : "";
   SetPeer(joiner.id, std::move(p));
-  return can_read ? store.Set(PairKey(self, joiner.id), "1") : absl::OkStatus();
+  return answer.empty() ? absl::OkStatus()
+                        : store.Set(PairKey(self, joiner.id), answer);
 }
 
 absl::Status SameHostChannel::SettleJoin(Store& store,
@@ -261,9 +360,9 @@ absl::Status SameHostChannel::SettleJoin(Store& store,
   if (!enabled_) return absl::OkStatus();
   for (const WorkerInfo& w : members) {
     if (w.id == self || !Reader(w.id).ok()) continue;
-    ASSIGN_OR_RETURN(bool answered, Answered(store, w.id, self));
+    ASSIGN_OR_RETURN(std::string answer, PairAnswer(store, w.id, self));
     MutexLock lock(&mu_);
-    peers_[w.id].usable = answered && peers_[w.id].can_read;
+    Settle(peers_[w.id], answer);
   }
   return absl::OkStatus();
 }
@@ -271,7 +370,9 @@ absl::Status SameHostChannel::SettleJoin(Store& store,
 void SameHostChannel::RemovePeer(int id) {
   MutexLock lock(&mu_);
   if (id >= 0 && static_cast<size_t>(id) < peers_.size()) {
-    peers_[id] = PeerRecord{.name = peers_[id].name};
+    PeerRecord gone;
+    gone.name = peers_[id].name;
+    peers_[id] = std::move(gone);
   }
 }
 
@@ -291,6 +392,23 @@ int SameHostChannel::usable_peers() const {
 // ---------------------------------------------------------------------------
 // Sending.
 
+KeyedMac::Tag SameHostChannel::DescriptorTag(const KeyedMac& key, int from,
+                                             int to,
+                                             const v1::SameHostPayload& d) {
+  KeyedMac::Builder b = key.Begin();
+  b.AddU64(static_cast<uint32_t>(from))
+      .AddU64(static_cast<uint32_t>(to))
+      .AddU64(d.slot())
+      .AddU64(d.nonce())
+      .AddBytes(d.head())
+      .AddU64(static_cast<uint64_t>(d.regions_size()));
+  for (const auto& r : d.regions()) {
+    const uint64_t words[3] = {r.address(), r.size(), r.padding()};
+    b.Add(words, sizeof(words));
+  }
+  return b.Finish();
+}
+
 bool SameHostChannel::Offer(int peer, EncodedValue& payload,
                             v1::SameHostPayload* out,
                             std::shared_ptr<void>* end_with) {
@@ -298,12 +416,21 @@ bool SameHostChannel::Offer(int peer, EncodedValue& payload,
   size_t bytes = 0;
   for (const WirePayload& p : payload.payloads) bytes += p.size;
   if (bytes < options_.min_bytes || bytes == 0 ||
-      payload.payloads.size() > static_cast<size_t>(kMaxRegions) ||
-      !UsableTo(peer)) {
+      payload.payloads.size() > static_cast<size_t>(kMaxRegions)) {
     return false;
+  }
+  std::shared_ptr<const KeyedMac> key;
+  {
+    MutexLock lock(&mu_);
+    if (peer < 0 || peer >= static_cast<int>(peers_.size()) ||
+        !peers_[peer].usable) {
+      return false;
+    }
+    key = peers_[peer].key;
   }
   Sweep();
   auto lease = std::make_unique<Lease>();
+  lease->peer = peer;
   lease->held_by_call = end_with != nullptr;
   lease->expiry = absl::Now() + options_.lease_timeout;
   int slot;
@@ -319,24 +446,30 @@ bool SameHostChannel::Offer(int peer, EncodedValue& payload,
     if (lease->nonce == 0) lease->nonce = next_nonce_++;
   }
   out->set_head(std::move(payload.head));
+  lease->regions.reserve(payload.payloads.size());
   for (WirePayload& p : payload.payloads) {
     v1::SameHostPayload::Region* r = out->add_regions();
-    r->set_address(reinterpret_cast<uintptr_t>(p.data));
+    const uint64_t address = reinterpret_cast<uintptr_t>(p.data);
+    r->set_address(address);
     r->set_size(p.size);
     r->set_padding(p.padding);
+    lease->regions.push_back(RegionEntry{address, p.size, p.padding});
     lease->tensors.push_back(std::move(p.tensor));
   }
   payload.payloads.clear();
   payload.head.clear();
-  Slot& s = slots_[slot];
-  out->set_token_address(reinterpret_cast<uintptr_t>(&s.token));
-  // A request's lease ends with its call: no acknowledgement wanted (0
-  // spares the reader a write into this process).
-  out->set_ack_address(
-      end_with != nullptr ? 0 : reinterpret_cast<uintptr_t>(&s.ack));
-  out->set_nonce(lease->nonce);
   const uint64_t nonce = lease->nonce;
-  s.ack.store(0, std::memory_order_relaxed);
+  out->set_slot(static_cast<uint32_t>(slot));
+  out->set_nonce(nonce);
+  const KeyedMac::Tag tag =
+      DescriptorTag(*key, self_id_.load(std::memory_order_relaxed), peer, *out);
+  out->set_mac(tag.data(), tag.size());
+  // The list is published before the nonce: a reader that sees the nonce
+  // sees the list (and the final token check covers any torn read).
+  Slot& s = slots_[slot];
+  s.regions.store(reinterpret_cast<uintptr_t>(lease->regions.data()),
+                  std::memory_order_relaxed);
+  s.count.store(lease->regions.size(), std::memory_order_relaxed);
   s.token.store(nonce, std::memory_order_seq_cst);
   {
     MutexLock lock(&mu_);
@@ -354,36 +487,83 @@ bool SameHostChannel::Offer(int peer, EncodedValue& payload,
   return true;
 }
 
-void SameHostChannel::EndLease(int slot, uint64_t nonce) {
-  std::unique_ptr<Lease> ending;
+void SameHostChannel::SignForTesting(int peer, v1::SameHostPayload* d) const {
+  std::shared_ptr<const KeyedMac> key;
   {
     MutexLock lock(&mu_);
-    if (!leases_[slot] || leases_[slot]->nonce != nonce) return;
-    if (!leases_[slot]->held_by_call) --reply_leases_;
-    // A reader that checks the token after this sees the lease is over
-    // before the tensors' memory can be reused.
-    slots_[slot].token.store(0, std::memory_order_seq_cst);
-    ending = std::move(leases_[slot]);
-    free_slots_.push_back(slot);
+    if (peer < 0 || peer >= static_cast<int>(peers_.size())) return;
+    key = peers_[peer].key;
   }
-  // Tensors released outside the lock.
+  if (key == nullptr) return;
+  d->clear_mac();
+  const KeyedMac::Tag tag =
+      DescriptorTag(*key, self_id_.load(std::memory_order_relaxed), peer, *d);
+  d->set_mac(tag.data(), tag.size());
+}
+
+void SameHostChannel::TakeLease(int slot,
+                                std::vector<std::unique_ptr<Lease>>& ending) {
+  if (!leases_[slot]->held_by_call) --reply_leases_;
+  // A reader that checks the token after this sees the lease is over
+  // before the tensors' memory (and the region list) can be reused.
+  slots_[slot].token.store(0, std::memory_order_seq_cst);
+  ending.push_back(std::move(leases_[slot]));
+  free_slots_.push_back(slot);
+}
+
+void SameHostChannel::EndLease(int slot, uint64_t nonce) {
+  std::vector<std::unique_ptr<Lease>> ending;  // Released after the lock.
+  MutexLock lock(&mu_);
+  if (!leases_[slot] || leases_[slot]->nonce != nonce) return;
+  TakeLease(slot, ending);
 }
 
 void SameHostChannel::Sweep() {
+  // Reply leases to poll: the peer acknowledges in its own memory.
+  struct Poll {
+    int slot;
+    uint64_t nonce;
+    pid_t pid;
+    uint64_t word;
+  };
+  std::vector<Poll> polls;
   std::vector<std::unique_ptr<Lease>> ending;  // Released after the lock.
+  {
+    MutexLock lock(&mu_);
+    if (reply_leases_ == 0) return;  // Requests' leases end with their calls.
+    const absl::Time now = absl::Now();
+    int left = reply_leases_;
+    for (size_t i = 0; i < leases_.size() && left > 0; ++i) {
+      Lease* l = leases_[i].get();
+      if (l == nullptr || l->held_by_call) continue;
+      --left;
+      const PeerRecord* p =
+          l->peer < static_cast<int>(peers_.size()) ? &peers_[l->peer] : nullptr;
+      if (now >= l->expiry || p == nullptr || !p->usable) {
+        // Timed out, or the peer left (it acknowledges nothing more).
+        TakeLease(static_cast<int>(i), ending);
+        continue;
+      }
+      polls.push_back(Poll{static_cast<int>(i), l->nonce, p->pid,
+                           p->peer_acks + i * sizeof(uint64_t)});
+    }
+  }
+  if (polls.empty()) return;
+  std::vector<Poll> acked;
+  for (const Poll& poll : polls) {
+    uint64_t seen = 0;
+    absl::Status read = ReadWord(poll.pid, poll.word, &seen);
+    // A peer that exited reads nothing more: its leases end now.
+    if (read.ok() ? seen == poll.nonce
+                  : absl::IsNotFound(read) || !ProcessAlive(poll.pid)) {
+      acked.push_back(poll);
+    }
+  }
   MutexLock lock(&mu_);
-  if (reply_leases_ == 0) return;  // Requests' leases end with their calls.
-  const absl::Time now = absl::Now();
-  for (size_t i = 0; i < leases_.size() && reply_leases_ > 0; ++i) {
-    Lease* l = leases_[i].get();
-    if (l == nullptr || l->held_by_call) continue;
-    const bool acked =
-        slots_[i].ack.load(std::memory_order_acquire) == l->nonce;
-    if (!acked && now < l->expiry) continue;
-    slots_[i].token.store(0, std::memory_order_seq_cst);
-    ending.push_back(std::move(leases_[i]));
-    free_slots_.push_back(static_cast<int>(i));
-    --reply_leases_;
+  for (const Poll& poll : acked) {
+    if (leases_[poll.slot] && leases_[poll.slot]->nonce == poll.nonce) {
+      TakeLease(poll.slot, ending);
+    }
   }
 }
 
@@ -401,9 +581,15 @@ absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::Reader(
   MutexLock lock(&mu_);
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) ||
       !peers_[peer].can_read) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker '", self_name_, "': a same-host payload from rank ", peer,
-        ", which has no same-host channel to this worker"));
+    const std::string who =
+        peer >= 0 && peer < static_cast<int>(peers_.size()) &&
+                !peers_[peer].name.empty()
+            ? absl::StrCat("worker '", peers_[peer].name, "' (rank ", peer,
+                           ")")
+            : absl::StrCat("rank ", peer);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker '", self_name_, "': a same-host payload claiming to come from ",
+        who, ", which has no same-host channel (no pair key) to this worker"));
   }
   return peers_[peer];
 }
@@ -411,7 +597,12 @@ absl::StatusOr<SameHostChannel::PeerRecord> SameHostChannel::Reader(
 absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
                                                  const v1::SameHostPayload& d,
                                                  const WireLimits& limits) {
-  ASSIGN_OR_RETURN(PeerRecord from, Reader(peer));
+  absl::StatusOr<PeerRecord> reader = Reader(peer);
+  if (!reader.ok()) {
+    stats_.refused.fetch_add(1, std::memory_order_relaxed);
+    return reader.status();
+  }
+  const PeerRecord& from = *reader;
   const std::string who =
       absl::StrCat("same-host payload from worker '", from.name, "'");
   // A sender offers only payloads with tensors (Offer), so no region is as
@@ -455,22 +646,57 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
                      options_.max_message_bytes, " bytes of worker '",
                      self_name_, "' (max_message_bytes)"));
   }
+  // Nothing is read from the peer before its tag is checked.
+  const KeyedMac::Tag tag = DescriptorTag(
+      *from.key, peer, self_id_.load(std::memory_order_relaxed), d);
+  if (!KeyedMac::Equal(tag, d.mac())) {
+    stats_.refused.fetch_add(1, std::memory_order_relaxed);
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker '", self_name_, "' refused a ", who, " (rank ", peer,
+        "): its MAC is not the pair's (a descriptor that worker did not "
+        "make)"));
+  }
+  if (d.slot() >= from.slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": lease slot ", d.slot(), " of ", from.slots));
+  }
+  // The lease as the sender's table lists it, at an address learned at
+  // negotiation.
+  const uint64_t slot_address = from.lease_table + d.slot() * sizeof(Slot);
+  SlotView view{};
+  if (absl::Status s = ReadRemote(from.pid, slot_address, &view, sizeof(view));
+      !s.ok()) {
+    return PeerError(s, from.name, from.pid);
+  }
+  if (view.token != d.nonce()) {
+    return PeerError(absl::AbortedError("lease ended"), from.name, from.pid);
+  }
+  if (view.count != static_cast<uint64_t>(d.regions_size())) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(who, ": its lease lists ", view.count, " regions, not ",
+                     d.regions_size()));
+  }
+  std::vector<RegionEntry> listed(view.count);
+  if (absl::Status s = ReadRemote(from.pid, view.regions, listed.data(),
+                                  listed.size() * sizeof(RegionEntry));
+      !s.ok()) {
+    return PeerError(s, from.name, from.pid);
+  }
+  for (int i = 0; i < d.regions_size(); ++i) {
+    const auto& r = d.regions(i);
+    if (listed[i].address != r.address() || listed[i].size != r.size() ||
+        listed[i].padding != r.padding()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          who, ": region ", i, " is not the one its lease lists"));
+    }
+  }
   Sweep();  // Replies acknowledged since: their buffers may be reused.
   ASSIGN_OR_RETURN(Storage storage, pool_->Get(total, limits.allocator));
   char* buffer = static_cast<char*>(storage.data());
   std::memcpy(buffer, d.head().data(), d.head().size());
 
-  auto check_token = [&]() -> absl::Status {
-    uint64_t token = 0;
-    absl::Status s = ReadWord(from.pid, d.token_address(), &token);
-    if (!s.ok()) return PeerError(s, from.name, from.pid);
-    if (token != d.nonce()) {
-      return PeerError(absl::AbortedError("lease ended"), from.name, from.pid);
-    }
-    return absl::OkStatus();
-  };
   // Pieces of at most kMaxCallBytes, batched kMaxIovecs per call. The token
-  // is checked once, after the copy: a lease that ended before or during it
+  // is checked again after the copy: a lease that ended before or during it
   // fails the check (a released region that is no longer mapped fails the
   // copy itself), so bytes the sender let go are never taken.
   std::vector<iovec> local, remote;
@@ -507,21 +733,18 @@ absl::StatusOr<WireChunk> SameHostChannel::Fetch(int peer,
     at += r.padding();
   }
   RETURN_IF_ERROR(flush());
-  RETURN_IF_ERROR(check_token());
-  // Let the sender drop a reply's payload now (a request's ends with its
-  // call: no ack address); if this fails, its lease times out.
-  if (d.ack_address() != 0) {
-    uint64_t nonce = d.nonce();
-    iovec l{&nonce, sizeof(nonce)};
-    iovec r{reinterpret_cast<void*>(d.ack_address()), sizeof(nonce)};
-    if (::process_vm_writev(from.pid, &l, 1, &r, 1, 0) != sizeof(nonce)) {
-      FERRY_LOG(DEBUG) << who
-                       << ": acknowledging failed: " << std::strerror(errno);
-    }
+  uint64_t token = 0;
+  if (absl::Status s = ReadWord(from.pid, slot_address, &token); !s.ok()) {
+    return PeerError(s, from.name, from.pid);
   }
+  if (token != d.nonce()) {
+    return PeerError(absl::AbortedError("lease ended"), from.name, from.pid);
+  }
+  // Acknowledged in this process's memory; the sender polls it for a
+  // reply's lease (a request's ends with its call).
+  from.acks->words[d.slot()].store(d.nonce(), std::memory_order_release);
   stats_.payloads_received.fetch_add(1, std::memory_order_relaxed);
   stats_.bytes_received.fetch_add(payload_bytes, std::memory_order_relaxed);
-  Sweep();
   auto keep = std::make_shared<Storage>(std::move(storage));
   return WireChunk{buffer, total, std::shared_ptr<const void>(keep, buffer)};
 }

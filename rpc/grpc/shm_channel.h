@@ -1,43 +1,31 @@
 // The same-host channel of a GrpcAgent: tensor payloads between two workers
-// on one host skip TCP. Envelopes (metadata, control, errors) still travel
-// over gRPC; a payload that qualifies stays in the sender's memory, and the
-// envelope carries a SameHostPayload (proto/rpc.proto) describing where its
-// bytes are. The receiver copies them once, with cross-memory attach
-// (process_vm_readv), into aligned storage that becomes the tensors'
-// storage: 0 bytes copied on send, 1 copy on receive, no shared segment, no
-// file descriptor. Receive buffers come from the agent's ReceiveBufferPool
-// (buffer_pool.h): memory already faulted in.
+// on one host stay in the sender's memory; the gRPC envelope carries a
+// SameHostPayload (proto/rpc.proto) and the receiver copies the bytes once
+// with process_vm_readv into buffers of the agent's ReceiveBufferPool (0
+// copies on send, 1 on receive, no shared segment, no file descriptor).
 //
-// Negotiation, per pair of workers, at rendezvous (before the group is
-// used): every worker publishes whether its channel is on, its host identity
-// (common/same_host.h: boot id, /dev/shm, network namespace), its pid and
-// the address of a probe word. After the join each worker tries to read the
-// probe word of every worker with its identity (this is what the kernel's
-// ptrace access rules, e.g. Yama's ptrace_scope, allow or refuse) and
-// publishes which workers it can read. A worker that joins the running group
-// (rpc/agent.h, Membership) does the same pair by pair with the members
-// (ProbeMembers below). A pair uses the channel only if both
-// are on and each can read the other; everything else (other
-// hosts or namespaces, a refused probe, the channel turned off on either
-// side, payloads under `min_bytes`, no free lease slot) goes over gRPC as
-// before. The channel is off when FERRY_RPC_SAME_HOST=0.
+// Negotiation at rendezvous (Publish, Negotiate; joiners: ProbeMembers,
+// AddJoiner, SettleJoin): each worker publishes its host identity, pid, the
+// address of a random secret and a commitment to it, and its lease table;
+// each reads the secret of every worker with its identity (what ptrace
+// rules allow) and answers which it could read. A pair uses the channel
+// only if both are on and each read the other; everything else (other hosts,
+// a refused probe, FERRY_RPC_SAME_HOST=0, payloads under `min_bytes`, no
+// free lease slot) goes over gRPC.
 //
-// Leases: a sent payload's tensors are held in a lease slot with a fresh
-// nonce in the slot's token word. The receiver checks the token after
-// copying, so bytes the sender has released already are never taken for the
-// payload (the call fails with Aborted instead); for a reply it then writes
-// the nonce into the slot's ack word (a request's descriptor has no ack
-// address). A request's lease ends when its call
-// completes; a reply's lease ends when the caller acknowledges it, or after
-// `lease_timeout` (a caller that died or gave up), checked whenever the
-// channel sends or receives. A dead peer leaves nothing behind: there is no
-// segment to unlink, and a reader of a dead sender fails with Unavailable
-// naming the worker.
+// Leases: a payload's tensors are held in a slot of the sender's lease table
+// that lists its regions under a fresh nonce. A request's lease ends with
+// its call; a reply's when the sender sees the caller's acknowledgement (a
+// word in the caller's own memory, polled by the sender) or after
+// `lease_timeout`. A reader of a dead sender fails with Unavailable naming it.
 //
-// Trust: the receiver reads only from the pid the rendezvous published for
-// the worker the envelope names, and checks every size against WireLimits;
-// a malformed descriptor is InvalidArgument, never a crash. Workers of one
-// group trust each other's envelopes as they already do over gRPC.
+// Trust (docs/design/same_host_security.md): the pair key is derived from
+// both secrets, so only processes able to read both workers learn it. Fetch
+// refuses a descriptor without a valid MAC under it (PermissionDenied naming
+// the claimed worker) before reading anything; then it reads only regions
+// the sender's lease table (found at the negotiated address) lists under the
+// nonce, checks sizes against WireLimits, and never writes into another
+// process. Malformed input is an error, never a crash.
 //
 // Thread safety: all methods may be called from any thread after Negotiate.
 #ifndef FERRY_RPC_GRPC_SHM_CHANNEL_H_
@@ -53,11 +41,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "ferry/common/sync.h"
 #include "ferry/proto/rpc.pb.h"
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/grpc/buffer_pool.h"
+#include "ferry/rpc/grpc/keyed_mac.h"
 #include "ferry/store/store.h"
 #include "ferry/tensor/storage.h"
 #include "ferry/tensor/wire.h"
@@ -88,6 +78,8 @@ struct SameHostStats {
   std::atomic<uint64_t> bytes_received{0};
   // Payloads that qualified but went over gRPC (no free lease slot).
   std::atomic<uint64_t> fallbacks{0};
+  // Descriptors refused before anything was read (no pair key, bad MAC).
+  std::atomic<uint64_t> refused{0};
 };
 
 // Owned through a shared_ptr: a request's lease handle keeps it alive.
@@ -148,22 +140,49 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
 
   // Receiver: copies the payload `d` from `peer`'s memory; the result is the
   // whole wire stream in one aligned chunk that owns its memory.
+  // PermissionDenied (naming `peer`'s worker) when `d`'s MAC is not the
+  // pair's or its lease does not list its regions; Aborted when the lease
+  // ended; InvalidArgument / ResourceExhausted for sizes over the limits.
   absl::StatusOr<WireChunk> Fetch(int peer, const v1::SameHostPayload& d,
                                   const WireLimits& limits);
 
   const SameHostStats& stats() const { return stats_; }
+  // Re-signs `d` as this worker's descriptor to `peer` (tests and the fuzz
+  // target, which change descriptors after Offer).
+  void SignForTesting(int peer, v1::SameHostPayload* d) const;
   // Leases not ended yet (after ending those acknowledged or timed out).
   int live_leases();
 
  private:
   struct Slot;
   struct Lease;
+  struct Exposed;
+  // This worker's acknowledgements of one peer's reply leases, by the
+  // peer's slot: written here, polled by the peer (which learned its
+  // address from this worker's negotiation answer). Held by the peer's
+  // record; a peer that left polls it no more.
+  struct AckRow {
+    explicit AckRow(uint32_t n)
+        : size(n), words(std::make_unique<std::atomic<uint64_t>[]>(n)) {}
+    const uint32_t size;
+    const std::unique_ptr<std::atomic<uint64_t>[]> words;
+  };
   struct PeerRecord {
     bool candidate = false;  // On, same identity: worth probing.
-    bool can_read = false;   // This worker can read the peer's memory.
-    bool usable = false;     // And the peer can read this worker's.
+    bool can_read = false;   // This worker read the peer's secret.
+    bool usable = false;     // And the peer read this worker's.
     pid_t pid = 0;
     std::string name;
+    // The peer's lease table (its address space) and slot count.
+    uint64_t lease_table = 0;
+    uint32_t slots = 0;
+    // The pair's key (set with can_read).
+    std::shared_ptr<const KeyedMac> key;
+    // Where this worker acknowledges the peer's replies (its own memory),
+    // and where the peer acknowledges this worker's (the peer's; 0 until
+    // the peer answered).
+    std::shared_ptr<AckRow> acks;
+    uint64_t peer_acks = 0;
   };
 
   // `record` (Publish's) of worker `id`, probed.
@@ -174,19 +193,33 @@ class SameHostChannel : public std::enable_shared_from_this<SameHostChannel> {
                                          const WorkerInfo& w) const;
   void SetPeer(int id, PeerRecord record);
   void EndLease(int slot, uint64_t nonce);
+  // Ends the lease in `slot`; its tensors go to `ending` (released by the
+  // caller after the lock).
+  void TakeLease(int slot, std::vector<std::unique_ptr<Lease>>& ending)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends acknowledged and timed-out reply leases.
   void Sweep();
   absl::StatusOr<PeerRecord> Reader(int peer) const;
+  // The tag of descriptor `d` sent by `from` to `to` under `key`.
+  static KeyedMac::Tag DescriptorTag(const KeyedMac& key, int from, int to,
+                                     const v1::SameHostPayload& d);
+  // Sets `p.usable` and `p.peer_acks` from the peer's answer ("" when it
+  // gave none).
+  static void Settle(PeerRecord& p, absl::string_view answer);
+  // This worker's answer to a peer it can read: its ack row's address.
+  static std::string Answer(const PeerRecord& p);
 
   const SameHostOptions options_;
   const std::string self_name_;
   const bool enabled_;
-  // Read by peers through cross-memory attach during negotiation.
-  const uint64_t probe_value_;
-  std::unique_ptr<uint64_t> probe_word_;
-  // Token and ack words of the lease slots, at fixed addresses peers read
-  // and write; lives as long as the channel.
+  // This worker's secret half of every pair key; read by peers through
+  // cross-memory attach during negotiation, never published.
+  std::unique_ptr<Exposed> exposed_;
+  // The lease table, at a fixed address peers read; lives as long as the
+  // channel.
   std::unique_ptr<Slot[]> slots_;
+  // This worker's id (Publish's rank), for the descriptors' tags.
+  std::atomic<int> self_id_{-1};
   const std::shared_ptr<ReceiveBufferPool> pool_;
   SameHostStats stats_;
 

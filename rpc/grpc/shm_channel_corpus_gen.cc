@@ -27,13 +27,13 @@ enum Settings : uint8_t {
   kLimit100 = 2 << 3,
   kCheckingAllocator = 32,
   kReleased = 64,
+  kResigned = 128,
 };
 constexpr uint64_t kLiveNonce = 1;     // The live lease's nonce.
-constexpr uint64_t kRealWord = 0;      // Token and ack: the real word.
-constexpr uint64_t kScratchAck = 1;    // Ack: a scratch word.
-constexpr uint64_t kNullAddress = 2;   // Token and ack: 0.
+constexpr uint32_t kNextSlot = 2;      // The live lease's slot + 1.
 constexpr uint64_t kKernelRegion = 4;  // Region: a kernel address.
 constexpr uint64_t kTopRegion = 5;     // Region: the top of memory.
+constexpr uint64_t kUnleased = 7;      // Region: a buffer not leased.
 constexpr uint64_t kEndOfFirstRegion = 2;
 
 // The descriptor w0 sends for the Value the target leases.
@@ -50,9 +50,7 @@ v1::SameHostPayload Real() {
     r->set_size(e.payloads[i].size);
     r->set_padding(e.payloads[i].padding);
   }
-  d.set_token_address(kRealWord);
-  d.set_ack_address(kRealWord);
-  d.set_nonce(kLiveNonce);
+  d.set_nonce(kLiveNonce);  // Slot 0: the live lease's; no mac: w0's.
   return d;
 }
 
@@ -68,11 +66,25 @@ fuzz::CorpusFiles Files() {
   files.emplace_back("real_checked_allocation",
                      Input(kRequest | kReaderW2 | kCheckingAllocator, real));
   files.emplace_back("real_to_self", Input(kReply | kPeerIsReader, real));
+  files.emplace_back("real_resigned", Input(kRequest | kResigned, real));
   v1::SameHostPayload d = real;
-  d.set_ack_address(kScratchAck);
-  files.emplace_back("ack_elsewhere", Input(kReply, d));
-  d.set_ack_address(kNullAddress);
-  files.emplace_back("ack_unwritable", Input(kReply, d));
+  d.set_mac(std::string(32, 'm'));
+  files.emplace_back("hostile_forged_mac", Input(kRequest, d));
+  d.set_mac("short");
+  files.emplace_back("hostile_short_mac", Input(kReply, d));
+  d = real;
+  d.mutable_regions(0)->set_address(kUnleased);
+  files.emplace_back("hostile_unleased_region", Input(kRequest, d));
+  files.emplace_back("hostile_signed_unleased_region",
+                     Input(kRequest | kResigned, d));
+  d = real;
+  d.set_slot(kNextSlot);
+  files.emplace_back("hostile_signed_other_slot",
+                     Input(kRequest | kResigned, d));
+  d = real;
+  d.mutable_regions(1)->set_size(8);
+  files.emplace_back("hostile_signed_shorter_region",
+                     Input(kReply | kResigned, d));
 
   files.emplace_back("hostile_released", Input(kRequest | kReleased, real));
   files.emplace_back("hostile_released_reply", Input(kReply | kReleased, real));
@@ -83,11 +95,10 @@ fuzz::CorpusFiles Files() {
   d = real;
   d.set_nonce(3);  // The live nonce + 1.
   files.emplace_back("hostile_stale_nonce", Input(kRequest, d));
+  files.emplace_back("hostile_signed_stale_nonce",
+                     Input(kRequest | kResigned, d));
   d.set_nonce(0);
   files.emplace_back("hostile_zero_nonce", Input(kRequest, d));
-  d = real;
-  d.set_token_address(kNullAddress);
-  files.emplace_back("hostile_null_token", Input(kRequest, d));
   d = real;
   d.mutable_regions(1)->set_address(kKernelRegion);
   files.emplace_back("hostile_kernel_region", Input(kRequest, d));

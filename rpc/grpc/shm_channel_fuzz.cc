@@ -7,31 +7,34 @@
 //
 // Addresses are symbolic, so the fuzzer can aim at real objects: a region
 // address is a base (w0's two leased tensors, the end of the first, 0, a
-// kernel address, the top of the address space, an absolute value, the
-// lease's token word) plus a signed offset; the token address is the real
-// token or ack word, 0 or absolute, plus an offset; the nonce is the live
-// lease's plus an offset, or absolute. The ack address (which Fetch writes)
-// is one of: the real ack word, a scratch word, 0, a kernel address: a
-// descriptor may write only where its sender could.
+// kernel address, the top of the address space, an absolute value, a
+// buffer that is not leased) plus a signed offset; the slot is the live
+// lease's plus a signed offset; the nonce is the live lease's plus an
+// offset, or absolute. The MAC is the one w0 made for its real descriptor
+// (an empty `mac` in the input), the input's bytes (a forgery), or, with
+// settings bit 7, w0's MAC over the changed descriptor (a sender that signs
+// what its lease does not hold: the lease table must refuse it).
 //
 // Input: byte 0 settings (bit 0 reply lease, bits 1-2 reader and peer,
 // bits 3-4 limits, bit 5 checking allocator, bit 6 lease released before
-// the read), then the serialized descriptor.
+// the read, bit 7 re-signed), then the serialized descriptor.
 //
 // Checks, for any input:
-//  * errors are InvalidArgument, Aborted (no live lease at that token), or
-//    ResourceExhausted over the reader's max_message_bytes, and name the
-//    worker; never a crash, never an out-of-bounds write (ASan checks the
-//    kernel's writes into the receive buffer);
+//  * errors are InvalidArgument, Aborted (no live lease under that nonce),
+//    PermissionDenied (MAC or lease table) or ResourceExhausted over the
+//    reader's max_message_bytes, and name the worker; never a crash, never
+//    an out-of-bounds write (ASan checks the kernel's writes into the
+//    receive buffer);
+//  * a descriptor without a valid MAC is never read: it fails, and not with
+//    Aborted (which would mean the sender's lease was looked at); w0's own
+//    descriptor is never refused as forged;
 //  * an allocation is never over WireLimits::max_total_bytes or the
 //    reader's max_message_bytes;
-//  * a fetch succeeds only for the live lease's token and nonce, and then
-//    holds the head, each region's bytes (where it lies in a known object)
-//    and zeroed padding, acknowledges the lease where the descriptor's ack
-//    word is the real one, and decodes (or is InvalidArgument); the real
-//    descriptor decodes to the Value sent;
-//  * only a reply's descriptor has an ack address (a request's lease ends
-//    with its call);
+//  * a fetch succeeds only for a valid MAC, the live lease's slot and nonce
+//    and exactly the regions its lease lists, and then holds the head, each
+//    region's bytes and zeroed padding, and decodes (or is InvalidArgument);
+//    the real descriptor decodes to the Value sent;
+//  * the sender's memory (its tensors, the unleased buffer) never changes;
 //  * no lease outlives its call (request) or its timeout (reply).
 #include <cstdint>
 #include <cstring>
@@ -46,6 +49,7 @@
 #include "absl/time/time.h"
 #include "ferry/proto/rpc.pb.h"
 #include "ferry/rpc/grpc/fuzz_support.h"
+#include "ferry/rpc/grpc/keyed_mac.h"
 #include "ferry/rpc/grpc/shm_channel.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/storage.h"
@@ -130,13 +134,14 @@ struct Known {  // An object of this process a region may lie in.
 // The descriptor as the fuzzer described it, with real addresses.
 struct Aimed {
   v1::SameHostPayload d;
-  bool real_token = false;
-  bool real_ack = false;
   bool real_nonce = false;
+  bool real_slot = false;
+  bool real_regions = false;
+  bool real_fields = false;  // Every signed field as w0 signed it.
 };
 
 Aimed Aim(const v1::SameHostPayload& in, const v1::SameHostPayload& real,
-          uint64_t* scratch) {
+          const std::string& unleased) {
   Aimed out;
   out.d = in;
   const uint64_t a0 = real.regions(0).address();
@@ -147,25 +152,28 @@ Aimed Aim(const v1::SameHostPayload& in, const v1::SameHostPayload& real,
                              kKernelAddress,
                              ~uint64_t{0},
                              0,
-                             real.token_address()};
+                             reinterpret_cast<uintptr_t>(unleased.data())};
   for (v1::SameHostPayload::Region& r : *out.d.mutable_regions()) {
     const uint64_t v = r.address();
     r.set_address((v % 8 == 6 ? v / 8 : bases[v % 8]) + Signed(v / 8));
   }
-  const uint64_t t = in.token_address();
-  const uint64_t token_bases[4] = {real.token_address(), real.ack_address(), 0,
-                                   t / 4};
-  out.d.set_token_address(token_bases[t % 4] + Signed(t / 4));
-  out.real_token = out.d.token_address() == real.token_address();
-  const uint64_t ack_choices[4] = {real.ack_address(),
-                                   reinterpret_cast<uintptr_t>(scratch), 0,
-                                   kKernelAddress};
-  out.d.set_ack_address(ack_choices[in.ack_address() % 4]);
-  // A request's descriptor has no ack address (its lease ends with the call).
-  out.real_ack = in.ack_address() % 4 == 0 && real.ack_address() != 0;
+  out.d.set_slot(static_cast<uint32_t>(real.slot() + Signed(in.slot())));
+  out.real_slot = out.d.slot() == real.slot();
   const uint64_t n = in.nonce();
   out.d.set_nonce((n & 1) ? real.nonce() + (n >> 1) : n >> 1);
   out.real_nonce = out.d.nonce() == real.nonce();
+  v1::SameHostPayload signed_fields = out.d;
+  signed_fields.clear_mac();
+  v1::SameHostPayload real_fields = real;
+  real_fields.clear_mac();
+  out.real_fields =
+      signed_fields.SerializeAsString() == real_fields.SerializeAsString();
+  out.real_regions = out.d.regions_size() == real.regions_size();
+  for (int i = 0; out.real_regions && i < real.regions_size(); ++i) {
+    out.real_regions = out.d.regions(i).SerializeAsString() ==
+                       real.regions(i).SerializeAsString();
+  }
+  if (in.mac().empty()) out.d.set_mac(real.mac());
   return out;
 }
 
@@ -217,9 +225,11 @@ void FuzzOne(const uint8_t* data, size_t size) {
   }
   if (settings & 32) limits.allocator = &allocator;
   const bool released = (settings & 64) != 0;
+  const bool resigned = (settings & 128) != 0;
 
   SameHostChannel& sender = *group->c[0];
   Sent sent;
+  static const std::string* const unleased = new std::string(4096, 'u');
   absl::StatusOr<EncodedValue> encoded = EncodeValue(sent.value);
   if (!encoded.ok()) Fail("encode", encoded.status());
   v1::SameHostPayload real;
@@ -227,57 +237,67 @@ void FuzzOne(const uint8_t* data, size_t size) {
   if (!sender.Offer(reader, *encoded, &real, reply ? nullptr : &lease)) {
     Fail("w0 did not lease the payload");
   }
-  if ((real.ack_address() != 0) != reply) {
-    Fail("only a reply's descriptor asks for an acknowledgement");
-  }
+  if (real.mac().size() != KeyedMac::kTagBytes) Fail("w0 signed nothing");
   if (released) {
     lease.reset();
     (void)sender.live_leases();  // Ends a reply lease (timeout 0).
   }
-  static uint64_t scratch = 0;
-  const Aimed aimed = Aim(in, real, &scratch);
+  Aimed aimed = Aim(in, real, *unleased);
+  if (resigned) sender.SignForTesting(reader, &aimed.d);
   const v1::SameHostPayload& d = aimed.d;
+  // w0's key for this reader is the pair's only when w0 is the claimed peer.
+  const bool valid_mac =
+      peer == 0 && (resigned || (in.mac().empty() && aimed.real_fields));
   const std::vector<Known> known = {
       {reinterpret_cast<uintptr_t>(sent.a.data_ptr()),
        reinterpret_cast<uintptr_t>(sent.a.data_ptr()) + sent.a.nbytes()},
       {reinterpret_cast<uintptr_t>(sent.b.data_ptr()),
        reinterpret_cast<uintptr_t>(sent.b.data_ptr()) + sent.b.nbytes()}};
+  const std::string sent_bytes = Encoded(sent.value);
 
   absl::StatusOr<WireChunk> got = group->c[reader]->Fetch(peer, d, limits);
-  const std::string named = peer == 7 ? absl::StrCat("worker 'w", reader, "'")
+  const std::string named = peer == 7 ? "rank 7"
                                       : absl::StrCat("worker 'w", peer, "'");
   if (!got.ok()) {
     const absl::StatusCode code = got.status().code();
     const bool allowed =
         code == absl::StatusCode::kInvalidArgument ||
         code == absl::StatusCode::kAborted ||
+        code == absl::StatusCode::kPermissionDenied ||
         (code == absl::StatusCode::kResourceExhausted && reader == 2);
     if (!allowed) Fail("unexpected error code", got.status());
+    if (valid_mac && aimed.real_fields &&
+        code == absl::StatusCode::kPermissionDenied) {
+      Fail("w0's own descriptor was refused", got.status());
+    }
+    if (!valid_mac && code == absl::StatusCode::kAborted) {
+      Fail("a descriptor without a valid MAC was looked up", got.status());
+    }
     if (!absl::StrContains(got.status().message(), named)) {
       Fail("the error does not name " + named, got.status());
     }
   } else {
-    if (peer == 7 || released || !aimed.real_token || !aimed.real_nonce) {
+    if (!valid_mac) Fail("fetched a descriptor without a valid MAC");
+    if (released || !aimed.real_slot || !aimed.real_nonce) {
       Fail("fetched without a live lease");
     }
+    if (!aimed.real_regions) Fail("read regions the lease does not list");
     if (got->size > allocator.limit) Fail("fetched more than the limit");
     CheckFetched(*got, d, known);
-    if (aimed.real_ack) {
-      uint64_t ack = 0;
-      std::memcpy(&ack, reinterpret_cast<const void*>(real.ack_address()),
-                  sizeof ack);
-      if (ack != real.nonce()) Fail("the real ack word was not written");
-    }
     WireStats stats;
     absl::StatusOr<Value> v =
         DecodeValue(absl::MakeConstSpan(&*got, 1), limits, &stats);
     if (!v.ok() && v.status().code() != absl::StatusCode::kInvalidArgument) {
       Fail("decoding: unexpected error code", v.status());
     }
-    if (d.SerializeAsString() == real.SerializeAsString()) {
+    if (aimed.real_fields) {
       if (!v.ok()) Fail("the real descriptor does not decode", v.status());
-      if (Encoded(*v) != Encoded(sent.value)) Fail("decoded a different Value");
+      if (Encoded(*v) != sent_bytes) Fail("decoded a different Value");
     }
+  }
+  if (Encoded(sent.value) != sent_bytes ||
+      *unleased != std::string(4096, 'u')) {
+    Fail("the sender's memory changed");
   }
   lease.reset();
   if (sender.live_leases() != 0) Fail("a lease outlived its call or timeout");

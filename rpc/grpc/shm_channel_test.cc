@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -157,28 +158,34 @@ TEST(SameHostChannel, EnvironmentTurnsItOff) {
 }
 
 TEST(SameHostChannel, RefusedProbeFallsBackForThatPair) {
-  // Rank 1's record names a probe word whose value is not what it claims, as
-  // when the kernel refuses or a different process answers.
+  // Rank 1's record names a secret whose commitment is not what it claims,
+  // as when the kernel refuses or a different process answers.
   auto store = std::make_shared<HashStore>();
   auto c0 = std::make_shared<SameHostChannel>(SameHostOptions{}, "w0");
   ASSERT_TRUE(c0->Publish(*store, 0).ok());
-  uint64_t word = 1;
+  char secret[32] = {1};
   std::string mine = *store->Get("rpc/same_host/0");
   std::vector<std::string> f = absl::StrSplit(mine, '\n');
-  ASSERT_EQ(f.size(), 5u);
-  f[3] = absl::StrCat(reinterpret_cast<uintptr_t>(&word));
-  f[4] = "2";
+  ASSERT_EQ(f.size(), 7u);
+  // The store holds a commitment, never the secret itself.
+  EXPECT_EQ(f[4].size(), 64u);
+  f[3] = absl::StrCat(reinterpret_cast<uintptr_t>(secret));
   ASSERT_TRUE(store->Set("rpc/same_host/1", absl::StrJoin(f, "\n")).ok());
-  ASSERT_TRUE(store->Set("rpc/same_host/readable/1", "0,1").ok());
+  ASSERT_TRUE(store->Set("rpc/same_host/readable/1", "0=8,1=8").ok());
   ASSERT_TRUE(c0->Negotiate(*store, Group(2), 0, absl::Seconds(10)).ok());
   EXPECT_FALSE(c0->UsableTo(1));
   EXPECT_TRUE(c0->UsableTo(0));
-  EXPECT_EQ(*store->Get("rpc/same_host/readable/0"), "0");
+  std::string readable = *store->Get("rpc/same_host/readable/0");
+  EXPECT_TRUE(absl::StartsWith(readable, "0=")) << readable;
+  EXPECT_FALSE(absl::StrContains(readable, "1=")) << readable;
   // And a payload claiming to come from rank 1 is refused, not read.
   v1::SameHostPayload d;
   d.set_nonce(1);
-  EXPECT_EQ(c0->Fetch(1, d, WireLimits{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<WireChunk> r = c0->Fetch(1, d, WireLimits{});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "'w1'")) << r.status();
+  EXPECT_EQ(c0->stats().refused.load(), 1u);
 }
 
 TEST(SameHostChannel, MalformedDescriptorsAreRefused) {
@@ -196,13 +203,76 @@ TEST(SameHostChannel, MalformedDescriptorsAreRefused) {
   absl::StatusOr<WireChunk> over = p.c[1]->Fetch(0, d, small);
   EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(over.status().message().find("limit"), std::string::npos);
-  // A token address that is not the sender's lease: nothing is trusted.
+  // Well formed but not made by the sender (no MAC): nothing is trusted.
   d.mutable_regions(0)->set_size(64);
-  d.set_token_address(8);
   EXPECT_EQ(p.c[1]->Fetch(0, d, WireLimits{}).status().code(),
-            absl::StatusCode::kAborted);
+            absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(p.c[1]->Fetch(7, d, WireLimits{}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kPermissionDenied);
+}
+
+// A descriptor changed in any field after its sender signed it is refused
+// before anything is read from the sender, naming the sender; the real one
+// still reads.
+TEST(SameHostChannel, TamperedDescriptorsAreRefusedBeforeAnyRead) {
+  Pair p;
+  ASSERT_TRUE(p.c[0]->UsableTo(1));
+  Tensor t = full({kMiB / 4}, 4.0);
+  std::string elsewhere(kMiB, 'x');  // What a forger would aim at.
+  EncodedValue e = Encode(Value::FromTensor(t));
+  v1::SameHostPayload real;
+  std::shared_ptr<void> lease;
+  ASSERT_TRUE(p.c[0]->Offer(1, e, &real, &lease));
+  EXPECT_EQ(real.mac().size(), 32u);
+  std::vector<v1::SameHostPayload> forged(6, real);
+  forged[0].mutable_regions(0)->set_address(
+      reinterpret_cast<uintptr_t>(elsewhere.data()));
+  forged[1].set_nonce(real.nonce() + 1);
+  forged[2].set_slot(real.slot() + 1);
+  forged[3].mutable_head()->push_back('\0');
+  forged[4].clear_mac();
+  forged[5].mutable_regions(0)->set_size(real.regions(0).size() / 2);
+  for (size_t i = 0; i < forged.size(); ++i) {
+    absl::StatusOr<WireChunk> r = p.c[1]->Fetch(0, forged[i], WireLimits{});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << i << ": " << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "'w0'"))
+        << r.status();
+  }
+  EXPECT_EQ(p.c[1]->stats().refused.load(), forged.size());
+  EXPECT_EQ(p.c[1]->stats().payloads_received.load(), 0u);
+  // Signed for another receiver (w0 to itself): refused by w1.
+  EncodedValue e2 = Encode(Value::FromTensor(t));
+  v1::SameHostPayload to_self;
+  std::shared_ptr<void> lease2;
+  ASSERT_TRUE(p.c[0]->Offer(0, e2, &to_self, &lease2));
+  EXPECT_EQ(p.c[1]->Fetch(0, to_self, WireLimits{}).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<WireChunk> good = p.c[1]->Fetch(0, real, WireLimits{});
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(p.c[1]->stats().payloads_received.load(), 1u);
+}
+
+// Signed by the sender but listing regions its lease does not (a sender's
+// bug, or a key shared further than the pair): refused from the table.
+TEST(SameHostChannel, RegionsOutsideTheLeaseAreRefused) {
+  Pair p;
+  ASSERT_TRUE(p.c[0]->UsableTo(1));
+  Tensor t = full({kMiB / 4}, 4.0);
+  std::string elsewhere(kMiB, 'x');
+  EncodedValue e = Encode(Value::FromTensor(t));
+  v1::SameHostPayload d;
+  std::shared_ptr<void> lease;
+  ASSERT_TRUE(p.c[0]->Offer(1, e, &d, &lease));
+  d.mutable_regions(0)->set_address(
+      reinterpret_cast<uintptr_t>(elsewhere.data()));
+  p.c[0]->SignForTesting(1, &d);
+  absl::StatusOr<WireChunk> r = p.c[1]->Fetch(0, d, WireLimits{});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "lease lists"))
+      << r.status();
+  EXPECT_EQ(p.c[1]->stats().payloads_received.load(), 0u);
 }
 
 // A registry serving "twice" (t + t).

@@ -129,7 +129,7 @@ class ServerStream final
                       : std::string("payload"));
             },
             [this](const v1::RpcRequest& h) {
-              ASSIGN_OR_RETURN(slot_, service_->Admit(h, context_->peer()));
+              ASSIGN_OR_RETURN(slot_, service_->Admit(h, *context_));
               return absl::OkStatus();
             }) {}
 

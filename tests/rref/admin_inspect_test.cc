@@ -14,6 +14,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rref/rref.h"
 #include "ferry/store/hash_store.h"
+#include "ferry/tests/rref/layered_worker.h"
 
 namespace ferry {
 namespace {
@@ -24,11 +25,7 @@ using admin::v1::InspectResponse;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
-struct Worker {
-  std::unique_ptr<rpc::GrpcAgent> agent;
-  std::shared_ptr<rref::RRefContext> rrefs;
-  std::shared_ptr<autograd::dist::DistAutogradContainer> dist;
-};
+using Worker = testutil::LayeredWorker;
 
 absl::StatusOr<std::vector<Worker>> StartWorkers() {
   auto store = std::make_shared<HashStore>();
@@ -44,15 +41,7 @@ absl::StatusOr<std::vector<Worker>> StartWorkers() {
     threads.emplace_back([&, i] {
       Worker& w = workers[i];
       rpc::GrpcAgentOptions o;
-      o.before_serving = [&w](rpc::Agent& agent) -> absl::Status {
-        auto rrefs = rref::RRefContext::Install(agent);
-        if (!rrefs.ok()) return rrefs.status();
-        auto dist = autograd::dist::DistAutogradContainer::Install(agent);
-        if (!dist.ok()) return dist.status();
-        w.rrefs = *rrefs;
-        w.dist = *dist;
-        return absl::OkStatus();
-      };
+      o.before_serving = testutil::InstallLayers(w);
       auto agent =
           rpc::GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store, o, registry);
       status[i] = agent.status();

@@ -35,12 +35,14 @@ absl::Status MakeCa(const std::string& dir, const std::string& name) {
 
 absl::StatusOr<TestIdentity> MakeLeaf(const std::string& dir,
                                       const std::string& name,
-                                      const std::string& ca) {
+                                      const std::string& ca,
+                                      const std::string& extra_san = "") {
   TestIdentity id{absl::StrCat(dir, "/", name, ".pem"),
                   absl::StrCat(dir, "/", name, ".key")};
   const std::string csr = absl::StrCat(dir, "/", name, ".csr");
   const std::string ext = absl::StrCat(dir, "/", name, ".ext");
-  std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+  std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost"
+                     << extra_san << "\n"
                         "basicConstraints=critical,CA:FALSE\n"
                         "keyUsage=critical,digitalSignature,keyEncipherment\n"
                         "extendedKeyUsage=serverAuth,clientAuth\n";
@@ -77,6 +79,12 @@ absl::StatusOr<TestPki> MakeTestPki(const std::string& dir) {
   pki.bob = *bob;
   pki.rogue = *rogue;
   return pki;
+}
+
+absl::StatusOr<TestIdentity> MakeWorkerIdentity(const std::string& dir,
+                                                const std::string& worker) {
+  return MakeLeaf(dir, absl::StrCat("worker_", worker), "ca",
+                  absl::StrCat(",DNS:", worker));
 }
 
 }  // namespace ferry::testutil

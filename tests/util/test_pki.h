@@ -32,6 +32,12 @@ struct TestPki {
 // fails (its output in the message).
 absl::StatusOr<TestPki> MakeTestPki(const std::string& dir);
 
+// A certificate signed by `ca` of the TestPki made in `dir` that names
+// worker `worker` (SAN DNS:<worker>, besides the usual names; CN
+// worker_<worker>), as a job's certificates name its workers.
+absl::StatusOr<TestIdentity> MakeWorkerIdentity(const std::string& dir,
+                                                const std::string& worker);
+
 }  // namespace ferry::testutil
 
 #endif  // FERRY_TESTS_UTIL_TEST_PKI_H_
