@@ -25,11 +25,7 @@
 // no_sync: while a NoSyncGuard lives, Backward only accumulates locally;
 // the next synchronized Backward reduces the accumulated sum.
 //
-// Options (reducer.h): bucket caps, gradient_as_bucket_view,
-// find_unused_parameters, static_graph, comm_hook (AllreduceHook,
-// Fp16CompressHook, Bf16CompressHook or your own) and
-// optimizer_in_backward (optimizer_in_backward.h): with it, Backward also
-// performs the optimizer step, bucket by bucket as reductions complete.
+// Options: DdpOptions (reducer.h), listed in docs/guide/ddp.md.
 //
 // Errors: a failed or timed-out collective, or a parameter that got no
 // gradient while find_unused_parameters is off, makes Backward return an
@@ -39,6 +35,7 @@
 // Thread safety: one training thread drives a DDP (Forward/Backward/
 // NoSync); Create is collective. The DDP must outlive nothing in particular:
 // hooks left on the parameters hold the reducer weakly.
+// Design: docs/design/ddp.md
 #ifndef FERRY_DDP_DISTRIBUTED_DATA_PARALLEL_H_
 #define FERRY_DDP_DISTRIBUTED_DATA_PARALLEL_H_
 

@@ -1,31 +1,14 @@
 // Reducer: averages gradients across the ranks of a process group in
 // buckets, overlapping each bucket's all-reduce with the rest of backward.
-//
-// Parameters are grouped into buckets: flat, contiguous buffers of one dtype,
-// filled in reverse registration order (gradients of the last layers arrive
-// first), the first bucket capped small so communication starts early, the
-// rest at a larger cap. A post-accumulate hook on every parameter marks it
-// ready; when every parameter of bucket k is ready and buckets 0..k-1 have
-// been launched, bucket k's communication hook (by default an all-reduce of
-// the buffer divided by the world size) is launched at once, on the
-// backward thread, while backward continues. Launching strictly in bucket
-// order keeps every rank's collective sequence identical.
-//
-// A pass: Prepare(outputs) -> autograd backward (hooks fire) -> Finish().
-// Finish waits for every bucket and leaves the averaged gradient in each
-// parameter's .grad. With gradient_as_bucket_view the .grad tensors *are*
-// views into the bucket buffers, so nothing is copied in or out; otherwise
-// gradients are copied into the buckets when ready and out after.
-//
-// After the first pass the buckets are rebuilt in the order gradients
-// actually became ready (rank 0's order, broadcast so all ranks agree),
-// unless find_unused_parameters is on (the order may vary between passes).
+// A pass: Prepare(outputs) -> autograd backward (hooks fire) -> Finish();
+// Finish leaves the averaged gradient in each parameter's .grad. Buckets are
+// launched strictly in bucket order, so every rank's collective sequence is
+// identical.
 //
 // State machine (guarded by mu_):
 //   kIdle --Prepare--> kActive --Finish--> kIdle
 //   any error in Prepare/Finish (communication failure, timeout, a parameter
-//   that got no gradient) --> kBroken (terminal: the group's collective
-//   sequence is out of step; make a new group and DDP).
+//   that got no gradient) --> kBroken (terminal: make a new group and DDP).
 // Invariants:
 //   1. Hooks change state only in kActive; otherwise they return at once.
 //   2. In kActive, ready_[i] iff parameter i's gradient for this pass is in
@@ -36,13 +19,13 @@
 //   5. Buckets [0, next_complete_) have their averaged gradients in .grad
 //      (and, with optimizer_in_backward, their step done);
 //      next_complete_ <= next_launch_.
-//   6. Outside kActive no launched future is outstanding (Finish waited for
-//      all, or the reducer is kBroken).
+//   6. Outside kActive no launched future is outstanding.
 //
-// Thread safety: Prepare/Finish are called from the training thread;
-// hooks fire on the backward pass's thread. Communication hooks run under
-// the reducer's lock on the backward thread: they must only issue
-// collectives and return a future, never call back into the reducer.
+// Thread safety: Prepare/Finish are called from the training thread; hooks
+// fire on the backward pass's thread. Communication hooks run under the
+// reducer's lock on the backward thread: they must only issue collectives
+// and return a future, never call back into the reducer.
+// Design: docs/design/ddp.md
 #ifndef FERRY_DDP_REDUCER_H_
 #define FERRY_DDP_REDUCER_H_
 

@@ -73,10 +73,13 @@ struct DistOptimizerService::Owned {
 };
 
 absl::StatusOr<std::shared_ptr<DistOptimizerService>>
-DistOptimizerService::Install(
-    rpc::Agent& agent,
-    std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
-    Options options) {
+DistOptimizerService::Install(rpc::Agent& agent, Options options) {
+  if (options.dist == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent.self().name,
+        "': DistOptimizerService::Install needs Options::dist"));
+  }
+  std::shared_ptr<autograd::dist::DistAutogradContainer> dist = options.dist;
   std::shared_ptr<DistOptimizerService> s(
       new DistOptimizerService(agent, std::move(dist), std::move(options)));
   std::weak_ptr<DistOptimizerService> weak = s;

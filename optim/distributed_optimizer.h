@@ -3,7 +3,8 @@
 // torch.distributed.optim.DistributedOptimizer).
 //
 //   // On every worker, after distributed autograd and RRefs:
-//   auto service = *DistOptimizerService::Install(agent, dist_container);
+//   auto service =
+//       *DistOptimizerService::Install(agent, {.param_mutex = nullptr, .dist = dist_container});
 //   // On the trainer:
 //   auto opt = *DistributedOptimizer::Create(agent, SgdOptions{.lr = 0.05},
 //                                            param_rrefs);
@@ -66,17 +67,15 @@ class DistOptimizerService {
     // that reads those parameters concurrently (a forward pass served for
     // another trainer) holds it too, so it never sees a half-done update.
     std::shared_ptr<Mutex> param_mutex;
+    // The worker's distributed autograd (required): steps read the
+    // gradients of its contexts.
+    std::shared_ptr<autograd::dist::DistAutogradContainer> dist;
   };
 
+  // The layers' one install signature (as RRefContext and
+  // DistAutogradContainer). InvalidArgument without `options.dist`.
   static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
-      rpc::Agent& agent,
-      std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
-      Options options);
-  static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
-      rpc::Agent& agent,
-      std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
-    return Install(agent, std::move(dist), Options());
-  }
+      rpc::Agent& agent, Options options);
 
   size_t num_optimizers() const;
 

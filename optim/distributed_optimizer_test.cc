@@ -5,8 +5,8 @@
 
 #include "ferry/autograd/engine.h"
 #include "ferry/autograd/ops.h"
-#include "gtest/gtest.h"
 #include "ferry/rpc/testing/in_process.h"
+#include "gtest/gtest.h"
 
 namespace ferry::optim {
 namespace {
@@ -66,10 +66,11 @@ class DistOptimizerTest : public ::testing::TestWithParam<int> {
       auto d = DistAutogradContainer::Install(net_->agent(i));
       ASSERT_TRUE(d.ok()) << d.status();
       dist_.push_back(*d);
-      auto r = RRefContext::Create(&net_->agent(i));
+      auto r = RRefContext::Install(net_->agent(i));
       ASSERT_TRUE(r.ok()) << r.status();
       rrefs_.push_back(*r);
-      auto s = DistOptimizerService::Install(net_->agent(i), dist_[i]);
+      auto s = DistOptimizerService::Install(
+          net_->agent(i), {.param_mutex = nullptr, .dist = dist_[i]});
       ASSERT_TRUE(s.ok()) << s.status();
       services_.push_back(*s);
     }

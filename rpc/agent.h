@@ -3,77 +3,32 @@
 // in-process test agent (rpc/testing/) implement it; rref/, autograd/ and
 // user code see only this header.
 //
-// Sending: Send(to, message, timeout) delivers a request and completes with
-// the peer's reply. Receiving: RegisterHandler(type, handler) serves one
-// MessageType. Handlers run on the agent's executor (never on a transport
-// thread), may block (e.g. in a nested rpc_sync), and may reply later by
-// returning a pending Future. kCall is served by the built-in handler that
-// runs FunctionRegistry functions: rpc_sync / rpc_async are a client of Send.
-// The one exception: a function registered with RegisterNonBlocking may run
-// on the transport thread that received its request (Dispatch with the
-// function's name), skipping the executor hop. It promises never to block, so
-// nested calls stay deadlock-free: every function that may block still runs
-// on the executor, and replies still complete on transport threads (below).
-//
-// Interceptors see every message in both directions, with its tensors, and
-// may edit it or fail it; distributed autograd records send/recv nodes there.
-// The thread-local context (rpc/context.h) travels with every Send and is
-// installed while the handler runs.
-//
-// Futures returned by Send / rpc_async complete on a transport thread: a
-// continuation attached with Then or OnComplete must not block; hand blocking
-// work to an executor.
-//
-// Deadlines: Send's timeout (default Options::rpc_timeout) bounds the whole
-// exchange. The transport sends the remaining time; the callee's deadline
-// (Message::deadline, CallContext::deadline) is its receive time plus that.
-// A handler whose deadline passed before it started is not run.
+// Handlers (RegisterHandler) run on the agent's executor, may block and may
+// reply later with a pending Future; functions registered with
+// RegisterNonBlocking may run on a transport thread and must never block.
+// Futures returned by Send / rpc_async complete on a transport thread:
+// continuations must not block. Interceptors see every message both ways.
+// Send's timeout bounds the whole exchange; a handler whose deadline passed
+// before it started is not run.
 //
 // Errors are values naming the worker and function (or message type):
 //   NotFound          unknown function / worker name or id
 //   InvalidArgument   wrong argument count or types, malformed message
 //   Unimplemented     the peer has no handler for the message type
 //   DeadlineExceeded  the timeout passed
-//   Unavailable       the peer is unreachable, dead, or this agent shut down
+//   Unavailable       the peer is unreachable, dead, left, or this agent
+//                     shut down
 //   Cancelled         non-graceful shutdown with the call in flight
+//   FailedPrecondition  a join the group cannot take (shutting down)
 //   <any>             the handler's / function's own error, with its code
 //
-// Peer failures: a transport that finds a peer dead or unreachable reports
-// it once; AddPeerFailureListener subscribes a layer (RRef, distributed
-// autograd) to those reports. The gRPC agent finds a failure when a call to
-// the peer fails with Unavailable and a health probe of the peer fails too;
-// the in-process agent when the test kills a worker. Nothing is reported once
-// this agent's Shutdown began (peers leaving then are not failures).
-//
-// Early requests: a request that arrives before this worker knows its group
-// (a fast peer; the transport serves while the group forms) waits on the
-// executor until the group is known, its deadline passes (DeadlineExceeded),
-// or the agent stops (Unavailable), so handlers always see the group.
-//
-// Membership (elastic groups, like PyTorch's init_rpc(world_size=None)): a
-// worker may join a running group (GrpcAgent::Join, InProcessNetwork::Join)
-// and leave it with Leave(). Ids are never reused. Every member learns of a
-// join before the joiner's Join returns, and of a leave before the leaver's
-// Leave returns (members it cannot reach excepted: they are logged). A
-// member waiting in the shutdown barrier still serves and takes joiners; one
-// that began to stop refuses them at once (FailedPrecondition naming it and
-// its state), and a join once the group's shutdown barrier completed fails
-// fast with FailedPrecondition ("the group is shutting down"). A
-// departed worker stays known by id and name, so a message to it fails at
-// once with Unavailable naming it ("worker 'x' (id 5) left the group"); its
-// name may be taken by a later joiner, with a new id. world_size() and
-// GetWorkerInfos() describe the present members. Membership listeners
-// (AddMembershipListener) hear each join and leave once. Leaving is not a
-// failure: peer-failure listeners are not told.
-//
-// Shutdown(graceful=true) is collective: every worker of the group calls it
-// (each from its own thread or process). It waits for this worker's outgoing
-// calls, meets every worker, then stops serving. Shutdown(graceful=false)
-// fails outgoing calls with Cancelled and stops at once. Idempotent.
-//
+// Lifecycle: Shutdown(graceful=true) is collective (every worker calls it);
+// Shutdown(false) cancels outgoing calls and stops at once; idempotent.
+// Ids are never reused; a departed worker stays known by id and name.
 // Several agents may live in one process; nothing is process-wide.
-// Thread safety: every public method is safe from any thread, including from
-// handlers the agent is running.
+// Thread safety: every public method is safe from any thread, including
+// from handlers the agent is running.
+// Design: docs/design/grpc_agent.md
 #ifndef FERRY_RPC_AGENT_H_
 #define FERRY_RPC_AGENT_H_
 
@@ -286,6 +241,40 @@ class Agent {
                          const std::string& function, A&&... args) {
     return TypedResult<R>(CallSync(
         to, function, Value::List{ToValue(std::forward<A>(args))...}, timeout));
+  }
+
+  // Typed calls through a RemoteFunction handle (rpc/remote_function.h):
+  // arguments and result checked at compile time; `timeout` nullopt means
+  // Options::rpc_timeout.
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Future<R> rpc_async(const WorkerRef& to, const RemoteFunction<R(P...)>& f,
+                      A&&... args) {
+    return Typed<R>(
+        CallAsync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Result<R> rpc_sync(const WorkerRef& to, const RemoteFunction<R(P...)>& f,
+                     A&&... args) {
+    return TypedResult<R>(
+        CallSync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Future<R> rpc_async_for(absl::Duration timeout, const WorkerRef& to,
+                          const RemoteFunction<R(P...)>& f, A&&... args) {
+    return Typed<R>(CallAsync(
+        to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...},
+        timeout));
+  }
+  template <typename R, typename... P, typename... A>
+    requires CallableWith<RemoteFunction<R(P...)>, A...>
+  Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
+                         const RemoteFunction<R(P...)>& f, A&&... args) {
+    return TypedResult<R>(CallSync(
+        to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...},
+        timeout));
   }
 
   // See the header comment. `timeout` bounds the whole shutdown.

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "ferry/common/future.h"
 #include "ferry/common/sync.h"
+#include "ferry/rpc/remote_function.h"
 #include "ferry/tensor/value.h"
 
 namespace ferry::rpc {
@@ -182,6 +183,32 @@ std::string ResultName() {
   }
 }
 
+// The value a remote call of a function returning R produces: R itself, or
+// what a StatusOr / Future carries (absl::Status: none, void).
+template <typename R>
+struct Produced {
+  using type = R;
+};
+template <typename T>
+struct Produced<absl::StatusOr<T>> {
+  using type = T;
+};
+template <typename T>
+struct Produced<Future<T>> {
+  using type = T;
+};
+template <>
+struct Produced<absl::Status> {
+  using type = void;
+};
+
+template <typename R, typename Tuple>
+struct HandleFor;
+template <typename R, typename... P>
+struct HandleFor<R, std::tuple<P...>> {
+  using type = RemoteFunction<R(P...)>;
+};
+
 }  // namespace registry_internal
 
 class FunctionRegistry {
@@ -207,6 +234,56 @@ class FunctionRegistry {
     return RegisterRaw(std::move(entry));
   }
 
+  // Registers `f` as the implementation of `handle` (remote_function.h):
+  // a compile error unless `f` takes the handle's parameters (optionally
+  // after a `const CallContext&`) and produces its result. Arguments are
+  // converted to the handle's parameter types, whatever `f` takes them as.
+  template <typename R, typename... P, typename F>
+  absl::Status Register(const RemoteFunction<R(P...)>& handle, F f,
+                        std::string doc = "") {
+    constexpr bool kContext =
+        std::is_invocable_v<F&, const CallContext&, P&&...>;
+    static_assert(kContext || std::is_invocable_v<F&, P&&...>,
+                  "the implementation does not take the remote function's "
+                  "parameters");
+    if constexpr (kContext) {
+      using Out = std::invoke_result_t<F&, const CallContext&, P&&...>;
+      CheckProduces<Out, R>();
+      return Register(
+          handle.name(),
+          [f = std::move(f)](const CallContext& ctx, P... p) mutable -> Out {
+            return f(ctx, std::move(p)...);
+          },
+          std::move(doc));
+    } else {
+      using Out = std::invoke_result_t<F&, P&&...>;
+      CheckProduces<Out, R>();
+      return Register(
+          handle.name(),
+          [f = std::move(f)](P... p) mutable -> Out {
+            return f(std::move(p)...);
+          },
+          std::move(doc));
+    }
+  }
+
+  // Registers `f` under `name` and returns its typed handle, whose
+  // signature is `f`'s (parameters decayed, a leading CallContext dropped,
+  // the result unwrapped from StatusOr / Future). Errors as Register.
+  template <typename F>
+  auto Define(std::string name, F f, std::string doc = "") {
+    using Sig = registry_internal::CallableSignature<std::decay_t<F>>;
+    using Drop = registry_internal::DropContext<typename Sig::Args>;
+    using Handle = typename registry_internal::HandleFor<
+        typename registry_internal::Produced<
+            std::decay_t<typename Sig::Result>>::type,
+        typename registry_internal::DecayAll<typename Drop::Args>::type>::type;
+    Handle handle(name);
+    absl::Status s = Register(std::move(name), std::move(f), std::move(doc));
+    return s.ok() ? absl::StatusOr<Handle>(std::move(handle))
+                  : absl::StatusOr<Handle>(std::move(s));
+  }
+
   absl::Status RegisterRaw(FunctionEntry entry);
 
   // nullptr when absent.
@@ -216,6 +293,15 @@ class FunctionRegistry {
   std::vector<std::shared_ptr<const FunctionEntry>> List() const;
 
  private:
+  template <typename Out, typename R>
+  static constexpr void CheckProduces() {
+    static_assert(
+        std::is_same_v<typename registry_internal::Produced<
+                           std::decay_t<Out>>::type,
+                       R>,
+        "the implementation's result is not the remote function's result "
+        "type (R, absl::StatusOr<R> or Future<R>)");
+  }
   template <typename F>
   static FunctionEntry MakeEntry(std::string name, F f, std::string doc);
 

@@ -1,7 +1,7 @@
 // RRef<T>: a reference to a value (or a remote object) that lives on one
 // worker, its owner, usable from any worker of the group.
 //
-//   auto ctx = *RRefContext::Create(&agent);              // one per agent
+//   auto ctx = *RRefContext::Install(agent);              // one per agent
 //   RRef<Tensor> r = remote<Tensor>(*ctx, "ps", "make", 4);  // returns at once
 //   absl::StatusOr<Tensor> t = r.to_here(absl::Seconds(5));
 //   agent.rpc_sync("trainer", "use", r);                  // RRefs travel

@@ -147,9 +147,9 @@ RRefContext::~RRefContext() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Create(
-    rpc::Agent* agent, Options options) {
-  if (agent == nullptr) return absl::InvalidArgumentError("null agent");
+absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Install(
+    rpc::Agent& agent_ref, Options options) {
+  rpc::Agent* agent = &agent_ref;
   if (agent->self().id < 0) {
     return absl::FailedPreconditionError(
         "RRefContext needs a joined agent (self() unknown)");

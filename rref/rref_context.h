@@ -2,93 +2,31 @@
 // with distributed reference counting), on top of the transport-free Agent
 // (rpc/agent.h). One context per agent; several may share a process. Typed
 // use goes through rref.h (RRef<T>, remote<T>); this header is the protocol.
+// The OWNER holds the value; every other holder is a USER, known to the
+// owner by a fork id. Messages: REMOTE_CALL, RREF_FETCH, RREF_FORK_REQUEST,
+// RREF_CHILD_ACCEPT, RREF_USER_DELETE (batched, piggybacked), RREF_METHOD;
+// all are idempotent requests with a reply.
 //
-// Vocabulary (PyTorch's rref.md): the OWNER holds the value; every other
-// worker holding the RRef is a USER, known to the owner by a fork id. The
-// owner also counts its own local handles.
+// Invariants (the design note explains each):
+//  I1 (G1) a user deletes a fork only after the owner confirmed it;
+//  I2 (G2) a parent's reference lives while a child fork is pending;
+//  I3 the owner deletes R once its value exists (or failed), with no fork
+//     and no local handle;
+//  I4 deleted fork and RRef ids are remembered: nothing resurrects;
+//  I5 internal messages are retried on Unavailable / DeadlineExceeded;
+//  I6 a queued deletion is never lost.
 //
-// Protocol (messages are requests with a reply; all are idempotent):
-//   REMOTE_CALL(R, F)     user -> owner: run a function / construct an object,
-//                         keep the result as R, register fork F of the caller.
-//                         Replied when the value exists (or failed); a small
-//                         plain value rides along (Options::inline_value_bytes)
-//                         and serves the to_here() calls issued before the
-//                         reply arrived, so remote()+to_here() costs one round
-//                         trip instead of a REMOTE_CALL and an RREF_FETCH.
-//   RREF_FETCH(R)         any -> owner: reply with a copy of the value.
-//   RREF_FORK_REQUEST(R,F) new user -> owner: register fork F (sent by a user
-//                         that received R from another user).
-//   RREF_CHILD_ACCEPT(F)  receiver -> parent: the owner knows F; the parent
-//                         may drop the reference it kept for F.
-//   RREF_USER_DELETE(R,F) user -> owner: fork F is gone. Batched: at most one
-//                         is in flight per owner; forks dropped meanwhile go
-//                         together in the next one (pairs in the payload).
-//                         Piggybacked: a deletion first waits (at most
-//                         Options::delete_flush_delay) for a REMOTE_CALL,
-//                         RREF_FETCH or RREF_METHOD this worker sends to the
-//                         owner, and rides in its context entry
-//                         kPiggybackedDeletesKey (sender and receiver ids,
-//                         then the pairs); the owner applies it on receipt,
-//                         before the handler. A carrier counts as the batch
-//                         in flight; when it fails (for whatever reason) the
-//                         batch goes again as a USER_DELETE. Only when the
-//                         delay passes with no carrier does USER_DELETE go.
-//   RREF_METHOD(R)        any -> owner: run a method of the object R holds.
-// Sending an RRef (an RRefHandle inside any message's payload) forks it:
-//   owner -> W : the owner registers the fork at once (holder W); W is a
-//                confirmed user on arrival, no further message.
-//   user U -> W: U keeps the fork as a pending child (holding U's own
-//                reference) until W sends CHILD_ACCEPT; W, unless it is the
-//                owner, first gets the owner's reply to FORK_REQUEST.
-//   any -> owner: the owner takes a local handle; the fork is never
-//                registered (owner -> itself removes the early registration).
+// Errors: owner death fails to_here, proxies and pending creations with the
+// transport's error (Unavailable naming the owner) or their timeout,
+// annotated with the RRef id and owner; once the owner is known dead they
+// fail at once. A known-dead worker's forks are dropped by its owners.
 //
-// Invariants:
-//  I1 (G1) A user sends USER_DELETE for its fork only after the owner has
-//     confirmed that fork (reply to REMOTE_CALL / FORK_REQUEST, or the fork
-//     came from the owner), so the owner always registers a fork before it
-//     can see its deletion: it learns of every user deletion.
-//  I2 (G2) A parent user's reference stays alive while a child fork is
-//     pending, and the child accepts only after the owner confirmed it, so
-//     the owner never reaches zero forks while a fork is in flight.
-//  I3 The owner deletes R when R's value exists (or failed), it has no
-//     registered fork and no local handle. Handles inside a stored value are
-//     released outside the context's lock.
-//  I4 Every deleted fork id is remembered (8 bytes each, for the context's
-//     life), as is every deleted RRef id: a late or duplicated REMOTE_CALL,
-//     FORK_REQUEST or USER_DELETE can neither resurrect nor double-count.
-//  I5 Internal messages are retried (Options::max_attempts, each bounded by
-//     Options::internal_timeout) on Unavailable and DeadlineExceeded.
-//  I6 A queued deletion is never lost: it is handed to a carrier or to a
-//     USER_DELETE within delete_flush_delay of its queueing (or of the end of
-//     the batch in flight before it), and counts in AwaitSettled until the
-//     owner answered the message that carried it (or is known dead).
-//
-// Failures (beyond PyTorch):
-//  - Owner death: to_here, proxies and pending creations on holders fail with
-//    the transport's error (Unavailable naming the owner) or their timeout,
-//    annotated with the RRef id and owner; after the owner is known dead
-//    (below) they fail at once.
-//  - A worker that leaves the group (rpc/agent.h, Membership) releases its
-//    user references first (Leave below); its peers then treat it as known
-//    dead (next item) when their agent reports the departure, which drops
-//    any fork it still held.
-//  - A worker becomes KNOWN DEAD when the agent reports it failed
-//    (Agent::AddPeerFailureListener: the gRPC agent's probe after a failed
-//    call, the in-process agent's Kill), when NotifyWorkerFailed(id) is
-//    called (by another failure detector, e.g. the launcher seeing a process
-//    exit), or when an internal message to it still fails with Unavailable
-//    after every retry. Then the owner drops every fork held
-//    by that worker, pending children sent to it are released, and nothing
-//    more is sent to it.
-//
-// Lifetime: created by Create(), which registers the handlers and the
-// interceptor on the agent; they hold only a weak reference, so the context
-// may be destroyed before the agent (they then answer Unavailable). Handles
-// (RRefState) hold a weak reference too. Shutdown(): see below.
-//
+// Lifetime: Create() registers handlers and an interceptor on the agent that
+// hold the context weakly, so it may die before the agent (they then answer
+// Unavailable); handles (RRefState) hold it weakly too.
 // Thread safety: every method is safe from any thread. Completion callbacks
 // run on transport threads and never block.
+// Design: docs/design/rref_protocol.md
 #ifndef FERRY_RREF_RREF_CONTEXT_H_
 #define FERRY_RREF_RREF_CONTEXT_H_
 
@@ -198,12 +136,13 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // Registers the RRef handlers and interceptor on `agent` (which must
   // outlive the context, and must be joined: self() known). AlreadyExists if
-  // the agent already has RRef handlers.
-  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(rpc::Agent* agent,
-                                                             Options options);
-  static absl::StatusOr<std::shared_ptr<RRefContext>> Create(
-      rpc::Agent* agent) {
-    return Create(agent, Options());
+  // the agent already has RRef handlers. The layers' one install signature
+  // (as DistAutogradContainer and DistOptimizerService).
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
+      rpc::Agent& agent, Options options);
+  static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
+      rpc::Agent& agent) {
+    return Install(agent, Options());
   }
   ~RRefContext();
 

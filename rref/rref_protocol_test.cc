@@ -34,7 +34,7 @@ class ProtocolTest : public ::testing::Test {
     o.max_attempts = 5;
     o.inline_value_bytes = inline_value_bytes;
     for (const char* n : {"a", "b", "c"}) {
-      auto ctx = RRefContext::Create(&net_.agent(n), o);
+      auto ctx = RRefContext::Install(net_.agent(n), o);
       EXPECT_TRUE(ctx.ok()) << ctx.status();
       ctx_[n] = *ctx;
       rpc::Agent& agent = net_.agent(n);

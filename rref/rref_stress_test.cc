@@ -59,7 +59,7 @@ TEST(RRefStressTest, RandomOpsLeaveNothingBehind) {
   std::vector<std::shared_ptr<RRefContext>> ctx(kWorkers);
   std::vector<Pool> pools(kWorkers);
   for (int i = 0; i < kWorkers; ++i) {
-    auto c = RRefContext::Create(&net.agent(i));
+    auto c = RRefContext::Install(net.agent(i));
     ASSERT_TRUE(c.ok()) << c.status();
     ctx[i] = *c;
     rpc::Agent& agent = net.agent(i);

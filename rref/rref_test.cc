@@ -45,7 +45,7 @@ class RRefTest : public ::testing::Test {
  protected:
   RRefTest() : net_({"a", "b", "c"}) {
     for (const char* n : {"a", "b", "c"}) {
-      auto ctx = RRefContext::Create(&net_.agent(n));
+      auto ctx = RRefContext::Install(net_.agent(n));
       EXPECT_TRUE(ctx.ok()) << ctx.status();
       ctx_[n] = *ctx;
     }
@@ -383,7 +383,7 @@ class ElasticRRefTest : public RRefTest {
     absl::StatusOr<rpc::testing::InProcessAgent*> t = net_.Join("t");
     ASSERT_TRUE(t.ok()) << t.status();
     t_ = *t;
-    absl::StatusOr<std::shared_ptr<RRefContext>> ctx = RRefContext::Create(t_);
+    absl::StatusOr<std::shared_ptr<RRefContext>> ctx = RRefContext::Install(*t_);
     ASSERT_TRUE(ctx.ok()) << ctx.status();
     tctx_ = *ctx;
   }

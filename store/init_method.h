@@ -22,19 +22,10 @@
 // Query parameters take precedence over RANK/WORLD_SIZE. The environment is
 // read through an EnvLookup so tests (and embedders) can supply their own.
 //
-// CreateStore turns a parsed InitMethod into a Store. TCPStore lives in its
-// own library, so the TCP case goes through a TcpStoreFactory that the
-// caller provides in StoreFactories (no global registry: several jobs can
-// live in one process with different factories). Wiring, once TCPStore
-// exists:
-//
-//   StoreFactories factories;
-//   factories.tcp = [](const std::string& host, int port, bool is_server,
-//                      int world_size, absl::Duration timeout)
-//       -> absl::StatusOr<std::unique_ptr<Store>> { ... make a TCPStore ... };
-//   ASSIGN_OR_RETURN(InitMethod method, ParseInitMethod("env://"));
-//   ASSIGN_OR_RETURN(auto store, CreateStore(method, -1, -1, timeout,
-//                                            factories));
+// CreateStore turns a parsed InitMethod into a Store. The TCP case goes
+// through a TcpStoreFactory the caller provides in StoreFactories (TCPStore
+// lives in its own library; no global registry, so several jobs can live in
+// one process with different factories); docs/guide/store.md has an example.
 //
 // Thread safety: the functions are stateless; ParseInitMethod with the
 // default lookup reads the process environment (getenv).

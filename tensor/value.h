@@ -11,9 +11,10 @@
 //       FromValue<std::tuple<int, std::string, Tensor>>(v);
 // Supported: Value, bool, every integral type, float, double, std::string
 // (also from const char* / absl::string_view), Bytes, Tensor, RRefHandle,
-// MessageValue, protobuf messages, std::optional<T> (none when empty),
-// std::vector<T>, std::map<std::string, T>, std::pair, std::tuple. Add your
-// own by specializing ValueConverter<T>.
+// MessageValue, std::optional<T> (none when empty), std::vector<T>,
+// std::map<std::string, T>, std::pair, std::tuple; generated protobuf
+// messages with ferry/tensor/proto_value.h. Add your own by specializing
+// ValueConverter<T>.
 //
 // Errors: FromValue returns InvalidArgument naming the expected and actual
 // kinds and where in the value the mismatch is ("[2]: ['w']: expected tensor,
@@ -42,7 +43,6 @@
 #include "absl/strings/string_view.h"
 #include "ferry/common/ids.h"
 #include "ferry/common/status.h"
-#include "google/protobuf/message.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry {
@@ -283,34 +283,6 @@ struct ValueConverter<MessageValue> {
   static absl::StatusOr<MessageValue> From(const Value& v) {
     if (const MessageValue* m = v.if_message()) return *m;
     return KindMismatch("message", v);
-  }
-};
-
-// Protobuf messages travel serialized, tagged with their full type name;
-// FromValue checks the name before parsing.
-template <typename T>
-struct ValueConverter<
-    T, std::enable_if_t<std::is_base_of_v<google::protobuf::Message, T>>> {
-  static Value To(const T& m) {
-    return Value::FromMessage(
-        MessageValue{m.GetDescriptor()->full_name(), m.SerializeAsString()});
-  }
-  static absl::StatusOr<T> From(const Value& v) {
-    const MessageValue* m = v.if_message();
-    if (m == nullptr)
-      return KindMismatch(
-          absl::StrCat("message ", T::descriptor()->full_name()), v);
-    if (m->type_name != T::descriptor()->full_name()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expected message ", T::descriptor()->full_name(),
-                       ", got message ", m->type_name));
-    }
-    T out;
-    if (!out.ParseFromString(m->data)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("message ", m->type_name, " does not parse"));
-    }
-    return out;
   }
 };
 

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/proto/tensor.pb.h"
+#include "ferry/tensor/proto_value.h"
 
 namespace ferry {
 namespace {

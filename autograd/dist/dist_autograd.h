@@ -4,73 +4,31 @@
 //   {
 //     ContextScope ctx(**dist);                 // thread's current context
 //     Tensor y = *agent.rpc_sync<Tensor>("b", "forward", x);
-//     Tensor loss = autograd::sum(y);
-//     RETURN_IF_ERROR((*dist)->Backward(ctx.id(), {loss}));
-//     GradientMap g = *(*dist)->GetGradients(ctx.id());   // here; each worker
-//   }                                           // has its own map
-//   // Scope exit released the context on every worker it touched.
+//     RETURN_IF_ERROR((*dist)->Backward(ctx.id(), {autograd::sum(y)}));
+//     GradientMap g = *(*dist)->GetGradients(ctx.id());   // this worker's
+//   }                          // scope exit released the context everywhere
 //
-// Recording. While a context is current on a thread (its id is the rpc
-// context entry kContextKey, so it travels with every message and is current
-// again in the callee's handler), every message that carries tensors
-// requiring grad — call arguments, return values, any layer's message type —
-// is recorded by the agent interceptors: the sender adds a SendNode whose
-// edges are those tensors' gradient edges, the receiver gives the arriving
-// tensors a RecvNode as grad_fn (so they require grad there), and both are
-// keyed by a fresh message id. Which tensors required grad travels with the
-// message: in a request's context entry kGradTensorsKey; in a reply (whose
-// envelope has no context) as the payload wrapped in [marker, payload],
-// which the receiving interceptor unwraps before the caller sees it. Every
-// worker of a job must therefore install distributed autograd. Outside a
-// context, tensors travel without autograd state. A worker sends a context
-// id only while it knows the context: once released there, the id is
-// dropped from its messages, so it cannot revive the context elsewhere.
-//
-// Backward (FAST mode, as PyTorch's): on the initiator, dependencies are
-// counted from the roots and every SendNode of the context on that worker;
-// on another worker, from its SendNodes, when the pass's first gradients
-// arrive. A node runs once all of its dependencies delivered. A RecvNode
-// sends its gradients to its peer (kBackward), whose runner starts at the
-// matching SendNode. A worker answers a kBackward once the work it ran and
-// the kBackward messages that work sent are answered, so the initiator's
-// Backward returns when every worker the pass reached is done, or with the
-// first error (naming worker, context and op). FAST mode's assumption: every
-// SendNode of the context receives a gradient in the pass; nodes that also
-// depend on one that does not, never run (their gradients are missing).
-// Gradients of leaves accumulate in the context (GetGradients), never in
-// .grad.
-//
-// Release. ContextScope's end (or Release) removes the context here and
-// sends kCleanupAutogradContext to every worker it exchanged messages with
-// in the context; each does the same (skipping the sender), so the release
-// reaches every worker the context touched, transitively, and frees their
-// graph pieces. A worker that does not know the id answers OK. A scope made
-// with ContextScope::OnExit::kReleaseInBackground sends the same messages
-// but its end does not wait for their answers.
+// Every worker of a job must install distributed autograd: messages sent in
+// a context carry autograd state that only its interceptors read. Backward
+// runs in FAST mode: every SendNode of the context must receive a gradient
+// in the pass, or nodes that depend on it never run. Gradients of leaves
+// accumulate in the context (GetGradients), never in .grad. Backward returns
+// when every worker the pass reached is done, or with the first error
+// (naming worker, context and op).
 //
 // Invariants of the context map (DistAutogradContainer::contexts_):
 //  1. An id maps to at most one live context per worker; ids are minted by
-//     the creating worker (16-bit worker id + 48-bit counter), so contexts
-//     of different workers never collide.
-//  2. A context is in the map from creation (scope, or first message
-//     received or sent in it) until its release; after release no graph
-//     piece of it is reachable from the container.
-//  3. Every SendNode / RecvNode of a context is in that context's tables,
-//     keyed by its message id; the peer of each is in the context's
-//     workers (so release reaches it).
-//  4. reply_contexts_ holds (caller, request id) for requests received in a
-//     context whose reply is not yet sent; each key is also in its
-//     context's pending_replies, and release erases both.
-//  5. A context has at most one pass; a pass runs its nodes on at most one
-//     thread at a time (Pass::running).
-//  6. An id released here (or whose release arrived before the context
-//     did) is never created again by a received message, as long as it is
-//     among the last kMaxReleasedIds released: a request overtaken by its
-//     context's release is served outside any context instead.
-//
+//     the creating worker (16-bit worker id + 48-bit counter).
+//  2. A context is in the map from creation until its release; after
+//     release no graph piece of it is reachable from the container.
+//  3. Every Send/RecvNode is in its context's tables; its peer is in the
+//     context's workers (so release reaches it).
+//  4. reply_contexts_ and each context's pending_replies hold the same keys.
+//  5. A context has at most one pass, run on one thread at a time.
+//  6. A released id (among the last kMaxReleasedIds) is never re-created.
 // Thread safety: every public method is safe from any thread. The agent must
-// outlive every use of the container; the handlers and interceptors it
-// installs hold it weakly and fail (Unavailable) once it is gone.
+// outlive every use of the container; its handlers hold it weakly.
+// Design: docs/design/dist_autograd.md
 #ifndef FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 

@@ -58,7 +58,7 @@ struct Workers {
     for (int i = 0; i < net.size(); ++i) {
       ASSIGN_OR_RETURN(auto d, DistAutogradContainer::Install(net.agent(i)));
       dist.push_back(d);
-      ASSIGN_OR_RETURN(auto r, RRefContext::Create(&net.agent(i)));
+      ASSIGN_OR_RETURN(auto r, RRefContext::Install(net.agent(i)));
       rrefs.push_back(r);
       r->classes()
           .RegisterClass<Net>("Net")

@@ -81,9 +81,10 @@ absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
   w->requests = bench::RequestCounter::Install(agent);
   ASSIGN_OR_RETURN(w->dist,
                    autograd::dist::DistAutogradContainer::Install(agent));
-  ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Create(&agent));
+  ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Install(agent));
   ASSIGN_OR_RETURN(w->optimizers,
-                   optim::DistOptimizerService::Install(agent, w->dist));
+                   optim::DistOptimizerService::Install(
+                       agent, {.param_mutex = nullptr, .dist = w->dist}));
   RETURN_IF_ERROR(agent.Register("noop", [] {}));
   RETURN_IF_ERROR(
       agent.Register("forward", [w](Tensor x) -> absl::StatusOr<Tensor> {

@@ -63,7 +63,7 @@ absl::Status Install(rpc::Agent& agent,
   rref::RRefContext::Options o;
   o.delete_flush_delay =
       absl::Microseconds(absl::GetFlag(FLAGS_delete_flush_delay_us));
-  auto ctx = rref::RRefContext::Create(&agent, o);
+  auto ctx = rref::RRefContext::Install(agent, o);
   if (!ctx.ok()) return ctx.status();
   (*ctx)->classes().RegisterClass<Acc>("Acc").Constructor<int64_t>().Method(
       "noop", &Acc::Noop);

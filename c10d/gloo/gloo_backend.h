@@ -1,82 +1,33 @@
 // GlooBackend: c10d collectives over Gloo's TCP transport, for CPU tensors.
 //
-// Rendezvous: Create() builds a Gloo TCP device bound to `hostname`
-// (127.0.0.1 by default) and connects a full mesh of pairs, exchanging
-// addresses through the given Store (keys "0".."size-1"; give every backend
-// instance its own namespace, e.g. a PrefixStore). A rank that does not
-// arrive within the timeout makes Create fail with DeadlineExceeded.
+// Create() connects a full mesh through the given Store (keys "0".."size-1":
+// give every backend instance its own namespace, e.g. a PrefixStore); a rank
+// that does not arrive within the timeout fails it with DeadlineExceeded.
 //
-// Execution: collectives run one at a time on a background worker thread,
-// in issue order (one FIFO queue per backend), so ranks that issue the same
-// sequence match up. Before each collective every rank sends every other
-// rank (directly, all at once) a 72-byte header (operation, dtype, element
-// count, root, ReduceOp and whether its local arguments were valid); the
-// receives for call k+1 are posted while call k runs, so the headers travel
-// one way only. If they differ, or any rank's arguments are invalid, every
-// rank fails that call with InvalidArgument naming the call, its sequence
-// number, the ranks and what differs, and the group stays usable. (Without
-// this check Gloo aborts the process on a size mismatch.) A small payload
-// rides behind the header (up to InlineBytes(): 1 MiB per rank for 2 or 3
-// ranks, 8 MiB / (n (n-1)) for n ranks, at least 4 KiB; the backend keeps
-// two receive areas of n times that): a small Allreduce, Broadcast,
-// Allgather or ReduceScatter (per-rank chunk up to InlineBytes()) completes
-// within the exchange itself (Allreduce and ReduceScatter then reduce in
-// rank order, so every rank gets identical bits; ReduceScatter sends each
-// peer only that peer's chunk), and Barrier is the exchange alone. Larger
-// calls run Ferry's own algorithms over Gloo's transport (ring.h): ring
-// all-reduce, pipelined chain broadcast, ring reduce-scatter and all-gather
-// (segmented, receiving straight into the destination), and AlltoallSingle
-// at every size as one direct message between every two ranks. Their first
-// receives are posted before the exchange, so the check adds no network hop
-// to them, and no payload moves before every header (and every rank's
-// split sizes) agreed.
-// Set check_args = false to skip the exchange: Gloo's algorithms for
-// all-reduce and broadcast, the same Ferry algorithms (started after no
-// check) for reduce-scatter, all-gather and AlltoallSingle, and undefined
-// behaviour on mismatched calls.
+// Collectives run one at a time on a background thread in issue order.
+// With check_args (the default) every call's arguments are compared across
+// ranks before any payload moves: a mismatch fails every rank with
+// InvalidArgument naming the call's sequence number, the ranks and what
+// differs, and the group stays usable. check_args = false skips the check:
+// mismatched calls are then undefined behaviour.
 //
-// Memory: the backend keeps its outgoing header messages and a scratch area
-// (one output chunk for reduce-scatter at 3 or more ranks, one more when the
-// output aliases the input) between calls, grown to the largest call seen,
-// so calls neither allocate nor fault in fresh pages.
+// Send/Recv are posted at once on the calling thread and matched by
+// (peer, tag) in issue order. A Recv whose dtype/size differ from the Send's
+// fails with InvalidArgument; treat that (peer, tag) as out of step after.
 //
-// Send/Recv are posted at once on the calling thread (they do not queue
-// behind collectives) and matched by (peer, tag) in issue order. A payload
-// travels on a slot derived from its size, after a small header: when the
-// sender's dtype/size differ from the receiver's, the Recv drains the
-// payload and fails with InvalidArgument naming both, the Send succeeds, and
-// the receiver's own posted buffer stays registered with Gloo (Gloo cannot
-// withdraw it), so a later Send of that size and tag from that peer lands
-// there: after a mismatch, treat that (peer, tag) as out of step.
+// Errors: an operation past its timeout fails with DeadlineExceeded naming
+// the operation, sequence number, rank and timeout. After a timeout or a
+// transport error every later collective fails with FailedPrecondition
+// quoting the first failure: make a new group. Gloo's exceptions never leave
+// this class. Dtypes: all nine for data movement; reductions as CheckReduceOp
+// accepts (Float16/BFloat16 reduce in float).
 //
-// Timeouts and failures: an operation that does not finish within its
-// timeout fails with DeadlineExceeded naming the operation, its sequence
-// number, the rank and the timeout. Gloo closes every pair of the context
-// when a wait times out, and after a transport error pairs may hold
-// half-finished transfers, so after either (collective or Send/Recv) the
-// backend refuses every later collective with FailedPrecondition quoting the
-// first failure; make a new group to continue. Gloo's exceptions never leave
-// this class.
-//
-// Dtypes: all nine for data movement; every (dtype, ReduceOp) pair that
-// CheckReduceOp accepts for reductions. Float16/BFloat16 reduce in float
-// with rounding after each step (exact for small integers).
-//
-// ReduceScatter and ReduceScatterTensor: rank r ends with chunk r; the
-// inputs are read in place (the list form is not copied into one tensor).
-// Allgather and AllgatherIntoTensor write straight into the outputs (the
-// list form needs no flat copy). AlltoallSingle (uneven splits): with
-// check_args every rank's split sizes ride in the argument exchange (groups
-// of up to 255 ranks) and a split that does not match its peer's fails
-// every rank with InvalidArgument. Both all-to-all forms run Ferry's pairwise
-// exchange (ring.h), which sends from a copy when an output overlaps an
-// input; the list form needs equal chunk sizes. RecvAnysource
-// posts the header receive for every peer and the payload receive once the
-// sender is known.
-//
+// Memory: header and scratch buffers are kept between calls, grown to the
+// largest call seen.
 // Thread safety: all methods may be called from any thread (see backend.h
 // on ordering). The destructor fails queued operations with Cancelled and
 // waits for the running one (bounded by its timeout).
+// Design: docs/design/c10d_shm_and_gloo.md
 #ifndef FERRY_C10D_GLOO_GLOO_BACKEND_H_
 #define FERRY_C10D_GLOO_GLOO_BACKEND_H_
 

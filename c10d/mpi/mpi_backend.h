@@ -1,49 +1,30 @@
 // MpiBackend: c10d collectives over MPI (Debian's Open MPI), CPU tensors.
 //
 // Registered as "mpi" in the default registry where libopenmpi-dev is
-// installed. Each process is one MPI rank, started by mpirun (or any
-// launcher that starts MPI ranks); the c10d rank and size come from the
-// caller (env:// reads OMPI_COMM_WORLD_RANK / _SIZE), and may differ from the
-// MPI world's: ranks publish their MPI world rank through the store and the
-// backend builds a communicator ordered by c10d rank. That rendezvous is
-// bounded by the timeout: a rank that never arrives fails Create with
-// DeadlineExceeded on the others.
+// installed. Each process is one MPI rank, started by mpirun (or another MPI
+// launcher); the c10d rank and size come from the caller (env:// reads
+// OMPI_COMM_WORLD_RANK / _SIZE). A rank that never arrives at the rendezvous
+// fails Create with DeadlineExceeded on the others.
 //
-// MPI is process-wide: the first Create initializes it (MPI_Init_thread with
-// MPI_THREAD_MULTIPLE, or uses the program's own MPI if already initialized;
-// anything below THREAD_MULTIPLE fails Create with FailedPrecondition) and
-// finalizes it at exit when it initialized it. MPI_COMM_WORLD and every
-// communicator here use MPI_ERRORS_RETURN: an MPI error is a Status naming
-// the operation and rank, never an abort.
+// MPI is process-wide: the first Create initializes it with
+// MPI_THREAD_MULTIPLE (or uses the program's own MPI; anything below
+// THREAD_MULTIPLE fails Create with FailedPrecondition) and finalizes it at
+// exit when it initialized it. MPI errors are Statuses naming the operation
+// and rank, never an abort (MPI_ERRORS_RETURN).
 //
-// Operations: all of backend.h's except MonitoredBarrier's own (the default,
-// over Send/Recv, applies). Data moves as bytes (every dtype). Reductions
-// use MPI's built-in types and operations for float32/64 and the integer
-// dtypes, and Ferry's reduce kernels (c10d/reduce.h) as MPI user operations
-// for float16, bfloat16 and bool, so every (dtype, ReduceOp) pair behaves as
-// in the other CPU backends (AVG divides the sum afterwards).
+// Operations: all of backend.h's; every (dtype, ReduceOp) pair behaves as in
+// the other CPU backends. Argument check (on unless option "mpi_check_args"
+// is "false"): a mismatch fails every rank with InvalidArgument naming the
+// ranks and what differs, and the group stays usable.
 //
-// Argument check (on unless option "mpi_check_args" is "false"): before
-// moving data, ranks all-gather a small signature of the call (operation,
-// dtype, element count, root, ReduceOp, sequence number, whether local
-// arguments were valid, and for AlltoallSingle the split sizes); any
-// difference fails every rank with InvalidArgument naming the ranks and what
-// differs, and the group stays usable. It costs one small MPI round per
-// collective (MPI's collectives have no side channel to carry it).
-//
-// Progress: one thread per backend posts operations as non-blocking MPI
-// calls in issue order (collectives one at a time, point-to-point at once,
-// so a Recv waiting for a peer never delays a Send) and tests them until
-// they complete or their timeout passes. Open MPI moves data only inside
-// MPI calls, so that thread polls without pause for a second after anything
-// was posted or completed, then every 50 us. A timed-out receive is cancelled;
-// a timed-out collective cannot be cancelled in MPI, so it fails with
-// DeadlineExceeded and every later collective fails with FailedPrecondition
-// quoting it (its buffers are kept alive until the process exits).
+// Timeouts: a timed-out receive is cancelled; a timed-out collective cannot
+// be, so it fails with DeadlineExceeded and every later collective fails
+// with FailedPrecondition quoting it.
 //
 // Thread safety: calls may come from any thread (backend.h's ordering
 // rules). The destructor fails queued operations with Cancelled and waits
 // for the running ones (bounded by their timeouts).
+// Design: docs/design/c10d_nccl_and_mpi.md
 #ifndef FERRY_C10D_MPI_MPI_BACKEND_H_
 #define FERRY_C10D_MPI_MPI_BACKEND_H_
 

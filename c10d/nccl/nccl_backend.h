@@ -1,59 +1,33 @@
 // NcclBackend: c10d collectives on CUDA tensors through NCCL.
 //
-// Communicator: created lazily by the first operation (like PyTorch), on
-// the device of that operation's tensors: rank 0 makes an ncclUniqueId and
-// publishes it through the Store ("nccl/unique_id"); the others wait for it
-// (up to the timeout). Initialization is non-blocking, so a rank that never
-// arrives fails the first operation with DeadlineExceeded (the communicator
-// is aborted) instead of hanging. Later operations must use tensors on the
-// same device (InvalidArgument otherwise). Creating the backend needs no GPU;
-// without one, the first operation fails with FailedPrecondition.
+// The communicator is created by the first operation (which must be a
+// collective every rank calls), on the device of its tensors, rendezvousing
+// through the Store ("nccl/unique_id"). Later operations must use tensors on
+// the same device (InvalidArgument otherwise). Creating the backend needs no
+// GPU; without one, the first operation fails with FailedPrecondition.
 //
-// Execution: operations queue to one worker thread that enqueues them, in
-// issue order, on the backend's own CUDA stream (a blocking stream, so it
-// orders after work on the legacy default stream, e.g. cudaMemcpy). Each
-// NCCL call waits until its work is on the stream (a non-blocking
-// communicator may still be enqueueing it when the call returns) before the
-// next call or copy is issued. A host callback at the end of each operation
-// marks it finished; the Work completes (on the watchdog thread) only then, so
-// Work::Wait returning OK means the results are in device memory and visible to
-// the host. Wait first polls an event recorded after the operation for up to
-// 200 us, so a short call completes on the waiting thread without those two
-// hand-offs. The tensors an operation kept alive are released on a third
-// thread (a cudaFree there waits for the device; the watchdog must not).
+// Work::Wait returning OK means the results are in device memory and visible
+// to the host. Operations run in issue order on the backend's own CUDA stream.
 //
-// Watchdog: a thread tracks every operation in flight against its deadline
-// (enqueue time + timeout; an operation NCCL is still enqueueing at its
-// deadline, e.g. connecting to a rank that never calls, counts as in
-// flight). When one passes, it aborts the communicator
-// (ncclCommAbort, which makes the kernels return), fails that operation
-// with DeadlineExceeded naming the collective, its sequence number, the rank
-// and the timeout, fails every other operation in flight, and marks the
-// backend unusable (later calls: FailedPrecondition quoting the failure).
+// Errors: an operation past its deadline (enqueue time + timeout) makes the
+// watchdog abort the communicator, fail it with DeadlineExceeded naming the
+// collective, sequence number, rank and timeout, fail every other operation
+// in flight, and mark the backend unusable (later calls: FailedPrecondition
+// quoting the failure). Mismatched calls between ranks are not detected
+// (undefined, as in NCCL).
 //
 // Supported: Allreduce, Broadcast, Reduce, Allgather, Gather, Scatter,
-// ReduceScatter, Alltoall, Barrier, Send, Recv, BatchIsendIrecv. ReduceOps:
-// SUM, AVG (floating dtypes; NCCL multiplies each input by 1/N before
-// summing, so AVG may differ from sum / N in the last bits), PRODUCT, MIN, MAX;
-// BAND/BOR/BXOR are InvalidArgument (NCCL has no bitwise reductions). Bool
-// travels as uint8 with SUM/MAX -> max and PRODUCT/MIN -> min. Mismatched calls
-// between ranks are not detected (undefined, as in NCCL itself).
-//
-// Point to point (ncclSend / ncclRecv, as bytes) runs on the same stream and
-// communicator as the collectives, in issue order. NCCL has no tags: the
-// tag is validated but messages between two ranks match in issue order,
-// so both sides must issue them in the same order (a receive posted for
-// tag 1 before one for tag 0 takes whatever is sent first). A Send waits on
-// the stream until its Recv is posted, so two ranks that each Send before
-// they Recv deadlock (until the watchdog's timeout): exchange with
-// BatchIsendIrecv, which posts all of its operations as one NCCL group (one
-// Work, returned for every entry). The communicator spans the whole group
-// and is created by the first operation, so that first operation must be
-// one every rank calls (a collective). RecvAnysource is Unimplemented.
+// ReduceScatter, Alltoall, Barrier, Send, Recv, BatchIsendIrecv; ReduceOps
+// SUM, AVG (floating dtypes; may differ from sum / N in the last bits),
+// PRODUCT, MIN, MAX; bitwise ops are InvalidArgument. Point to point matches
+// in issue order (NCCL has no tags): two ranks that each Send before they
+// Recv deadlock until the timeout; exchange with BatchIsendIrecv.
+// RecvAnysource is Unimplemented.
 //
 // Thread safety: as Backend. The destructor cancels queued operations,
 // aborts the communicator if anything is still in flight, and joins its
 // threads.
+// Design: docs/design/c10d_nccl_and_mpi.md
 #ifndef FERRY_C10D_NCCL_NCCL_BACKEND_H_
 #define FERRY_C10D_NCCL_NCCL_BACKEND_H_
 

@@ -2,90 +2,30 @@
 //
 // Allreduce, Broadcast, Allgather, AllgatherIntoTensor, ReduceScatter,
 // ReduceScatterTensor, AlltoallSingle (uneven splits), Alltoall (list form)
-// and Barrier run here;
-// every other operation goes to the `fallback` backend given at creation (gloo
-// in the registered factories), or fails Unimplemented when there is none.
+// and Barrier run here; every other operation goes to the `fallback` backend
+// given at creation (gloo in the registered factories), or fails
+// Unimplemented when there is none.
 //
-// Rendezvous (Create): every rank publishes a host identity (boot id, the
-// device/inode of /dev/shm and of its network namespace) through the store;
-// unless all are equal, Create returns FailedPrecondition (the "auto" factory
-// then uses gloo alone; every rank reads the same identities, so all decide
-// alike). Rank 0 creates a segment with shm_open (name
-// "<prefix>-<pid>-<random>", mode 0600), the others open it; the last rank to
-// attach unlinks the name, so once Create returns nothing is left in /dev/shm,
-// whatever later happens to a rank. A rank that does not arrive within the
-// timeout fails Create with DeadlineExceeded (the name is unlinked then too).
+// Create: FailedPrecondition unless every rank shares the host (boot id,
+// /dev/shm, network namespace), so the "auto" factory uses gloo alone;
+// DeadlineExceeded when a rank does not arrive within the timeout. Once
+// Create returns, the segment's name is unlinked: nothing is left in
+// /dev/shm whatever later happens to a rank.
 //
-// Algorithm: the segment holds two buffer sets of a slot per rank (see
-// "Cores" below for the slot's size).
-// Each round a rank writes its piece into its slot of set (round % 2) and
-// arrives at a barrier; then it reads what it needs. Allreduce splits the
-// piece into `size` element ranges; rank r reduces range r (so all ranks'
-// cores reduce in parallel, each range by one rank: identical bits
-// everywhere), reading its own part of it straight from its tensor (so it
-// publishes only the other ranges) and the others' from their slots, a
-// cache-sized block at a time into range r of its own slot; a second
-// barrier follows and every rank copies the result out. Per rank and byte:
-// (n-1)/n copied in, one reduce pass, one copy out. ReduceScatter reduces
-// its own chunk straight from its input into its output. Tensors larger
-// than a slot take several rounds. Alternating sets make one barrier per
-// round enough.
-//
-// Broadcast larger than a slot, with a core per rank (sched_getaffinity of
-// rank 0, which decides for all; option shm_broadcast forces either way),
-// streams: after the first (signature) round, the root's two slots are a
-// ring of 256 KiB chunks; the root publishes how far it has copied in, each
-// reader how far it has copied out (a per-rank progress counter), so copy-in
-// and copy-out overlap with no barrier per piece; the root reuses ring space
-// once every reader is past it and returns once all have copied everything.
-// Readers sleep on one futex word (the root's progress), the root on
-// another, bumped only by the reader that completes what it waits for. With
-// more ranks than cores it runs in rounds of a slot instead (one barrier
-// each, like the other collectives), which measured faster there (4 ranks on
-// 2 CPUs, quiet host). Broadcast and all-to-all copy-outs of 8 MiB or more
-// use non-temporal stores when every rank has a core; not with more ranks
-// than cores, where the 4-rank 64 MiB all-to-all measured slower with them
-// (shm_streaming_store_bytes overrides).
-// (Cross-memory attach, process_vm_readv from the root's tensor, would save
-// the copy-in but measured 2-4x slower than memcpy on the 2-CPU VM this was
-// tuned on, so it is not used.)
-//
-// Cores: every bulk copy and reduction of a rank (copy-in, its reduce range,
-// copy-out) is split over its copy team (copy_team.h): the runner thread and
-// `threads - 1` helpers, by default the cores this process may use divided by
-// the ranks, less one (at least 1, at most 16), so with cores to spare a
-// rank is not limited to
-// what one thread copies (bench/c10d/memcpy_floor: on a 16-core VM one
-// thread copies 7.6 GB/s, four 46 GB/s). Parts are disjoint ranges, so
-// results are bitwise the same for any team. With a team, rank 0 scales the
-// slot by its team size (a slot of work per thread per round, fewer
-// barriers), keeping the segment within 32 MiB; it writes the slot's size in
-// the segment header, where the others read it, so only shm_slot_bytes must
-// match across ranks. One core per rank or fewer: no helpers, as before.
-//
-// Barrier: each rank bumps its own counter (for diagnostics) and a shared
-// arrival count; a waiter spins briefly (longer when every rank has a core
-// of its own, a few pauses when ranks outnumber cores, where spinning would
-// take the core of the rank it waits for), then sleeps on the count with a
-// process-shared futex; the last rank to arrive wakes the sleepers.
-//
-// Argument check at no cost: each operation's first round carries a
-// signature (operation, dtype, element count, root, ReduceOp, sequence
-// number, whether local arguments were valid) beside the data; after the
-// barrier every rank compares all signatures before reading anything, so a
-// mismatch fails every rank with InvalidArgument naming the ranks and what
-// differs (no rank reads a byte), and the backend stays usable.
+// Results are bitwise identical on every rank and for any copy team size.
+// Mismatched arguments (operation, dtype, count, root, ReduceOp) fail every
+// rank with InvalidArgument naming the ranks, before any rank reads data;
+// the backend stays usable.
 //
 // Failures: a rank that does not arrive within the operation's timeout, or
-// whose process has exited (checked through its pid while waiting), makes
-// the waiting ranks fail (DeadlineExceeded / Unavailable naming the rank);
-// the first rank to see a dead peer raises a flag in the segment so the
-// others stop waiting at once (Unavailable). After such a failure every later
-// call fails with FailedPrecondition quoting it.
+// whose process exited, fails the waiting ranks (DeadlineExceeded /
+// Unavailable naming the rank); after that every later call fails with
+// FailedPrecondition quoting the first failure.
 //
 // Thread safety: calls may come from any thread; collectives run one at a
 // time on a worker thread in issue order (backend.h). The destructor cancels
 // queued operations and waits for the running one (bounded by its timeout).
+// Design: docs/design/c10d_shm_and_gloo.md
 #ifndef FERRY_C10D_SHM_SHM_BACKEND_H_
 #define FERRY_C10D_SHM_SHM_BACKEND_H_
 

@@ -62,7 +62,8 @@
 #include "ferry/autograd/ops.h"
 #include "ferry/common/status.h"
 #include "ferry/common/sync.h"
-#include "ferry/examples/parameter_server/worker.h"
+#include "ferry/ferry.h"
+#include "ferry/store.h"
 
 ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
 ABSL_FLAG(int, trainers, 2, "N: trainers (ranks M..M+N-1)");
@@ -220,9 +221,11 @@ class ServerView {
       : me_(std::move(me)), static_size_(static_size) {}
 
   // Subscribes to `agent` (before it serves); `w`'s layers are installed.
-  void Install(rpc::Agent& agent, const Worker& w) {
-    std::weak_ptr<rref::RRefContext> rrefs = w.rrefs;
-    std::weak_ptr<autograd::dist::DistAutogradContainer> dist = w.dist;
+  void Install(Worker& w) {
+    rpc::Agent& agent = w.agent();
+    std::weak_ptr<rref::RRefContext> rrefs = w.rrefs().weak_from_this();
+    std::weak_ptr<autograd::dist::DistAutogradContainer> dist =
+        w.dist_autograd_ptr();
     agent.AddInterceptor([this, dist](rpc::InterceptPoint point,
                                       const rpc::WorkerInfo& peer,
                                       rpc::Message& message) {
@@ -370,7 +373,8 @@ absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
           absl::StrCat(me, ": fewer than ", c.join_after,
                        " forward passes served within --timeout_s"));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenJobStore(Timeout()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                     OpenGroupStore("env://", Timeout()));
     RETURN_IF_ERROR(store->Set(kJoinsOpenKey, "1"));
     std::printf("%s: elastic trainers may join (%d forward passes served)\n",
                 me.c_str(), c.join_after);
@@ -388,8 +392,9 @@ absl::Status Serve(const Config& c, int m) {
   const Shard shard = MakeShard(c, m);
   ServerView view(me, c.servers + c.trainers);  // Outlives the agent.
   ServerView* vp = &view;
-  Worker w;
-  Worker* wp = &w;
+  // Set before the worker serves (the functions below run only then).
+  Worker* wp = nullptr;
+  Worker** wpp = &wp;
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   const Shard* sp = &shard;
   RETURN_IF_ERROR(registry->Register(
@@ -404,29 +409,35 @@ absl::Status Serve(const Config& c, int m) {
       "the dense head (ps0)"));
   RETURN_IF_ERROR(registry->Register(
       "param_rrefs",
-      [sp, wp] {
+      [sp, wpp] {
+        rref::RRefContext& rrefs = (*wpp)->rrefs();
         std::vector<RRef<Tensor>> out = {
-            rref::MakeLocalRRef<Tensor>(*wp->rrefs, sp->embedding)};
+            rref::MakeLocalRRef<Tensor>(rrefs, sp->embedding)};
         for (const Tensor& t : sp->head) {
-          out.push_back(rref::MakeLocalRRef<Tensor>(*wp->rrefs, t));
+          out.push_back(rref::MakeLocalRRef<Tensor>(rrefs, t));
         }
         return out;
       },
       "RRefs to this server's parameters"));
-  JoinOptions options;
-  options.optimizer.param_mutex = shard.mu;
+  WorkerOptions options;
+  options.name = me;
+  options.registry = registry;
+  options.optimizer_param_mutex = shard.mu;
+  // The static group: elastic trainers join it later.
   options.world_size = c.servers + c.trainers;
-  options.setup = [vp](rpc::Agent& agent, Worker& w) {
-    vp->Install(agent, w);
+  options.join_timeout = absl::Seconds(120);
+  options.before_serving = [vp, wpp](Worker& w) {
+    *wpp = &w;
+    vp->Install(w);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(JoinJob(me, registry, options, w));
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
   absl::Status hosted = HostElasticTrainers(c, m, view);
   // Serves until every trainer has finished and joined the shutdown.
-  absl::Status left = LeaveJob(w, Timeout());
+  absl::Status left = w->Shutdown(Timeout());
   RETURN_IF_ERROR(hosted);
   return left;
 }
@@ -538,7 +549,7 @@ struct TrainerRun {
 // One trainer's whole run, from the optimizer's creation to the held-out
 // check; its optimizer and RRefs are gone when it returns.
 absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
-  rpc::Agent& agent = *w.agent;
+  rpc::Agent& agent = w.agent();
   const std::string& me = run.me;
   std::vector<RRef<Tensor>> params;
   for (int m = 0; m < c.servers; ++m) {
@@ -557,10 +568,10 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   int64_t correct = 0, seen = 0;
   for (int it = 1; it <= run.iterations; ++it) {
     Batch batch = task.Next(c.batch);
-    ContextScope ctx(*w.dist);
+    ContextScope ctx(w.dist_autograd());
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
     Tensor loss = autograd::cross_entropy(logits, batch.labels);
-    RETURN_IF_ERROR(w.dist->Backward(ctx.id(), {loss}));
+    RETURN_IF_ERROR(w.dist_autograd().Backward(ctx.id(), {loss}));
     RETURN_IF_ERROR(opt->Step(ctx.id()));
     RETURN_IF_ERROR(ctx.Release());
     loss_sum += loss.item();
@@ -599,17 +610,17 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
 }
 
 absl::Status Train(const Config& c, int t) {
-  Worker w;
-  JoinOptions options;
-  options.world_size = c.servers + c.trainers;
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
                        static_cast<uint64_t>(t), /*check_accuracy=*/true};
-  RETURN_IF_ERROR(
-      JoinJob(run.me, std::make_shared<rpc::FunctionRegistry>(), options, w));
-  absl::Status trained = TrainerLoop(w, c, run);
+  WorkerOptions options;
+  options.name = run.me;
+  options.world_size = c.servers + c.trainers;
+  options.join_timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
+  absl::Status trained = TrainerLoop(*w, c, run);
   // Joins the shutdown even after an error, so the others are not left
   // waiting for this trainer.
-  absl::Status left = LeaveJob(w, Timeout());
+  absl::Status left = w->Shutdown(Timeout());
   RETURN_IF_ERROR(trained);
   return left;
 }
@@ -619,35 +630,37 @@ absl::Status TrainElastic(const Config& c, int k) {
   const TrainerRun run{absl::StrCat("elastic", k), c.elastic_iterations,
                        static_cast<uint64_t>(c.trainers + k),
                        /*check_accuracy=*/false};
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenJobStore(Timeout()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                   OpenGroupStore("env://", Timeout()));
   absl::Status open = store->Wait({kJoinsOpenKey}, Timeout());
   if (!open.ok()) {
     return Annotate(open, absl::StrCat(run.me,
                                        ": waiting for ps0 to open "
                                        "the job to elastic trainers"));
   }
-  Worker w;
-  RETURN_IF_ERROR(
-      JoinRunningJob(run.me, std::make_shared<rpc::FunctionRegistry>(), {}, w));
+  WorkerOptions options;
+  options.name = run.me;
+  options.join = true;
+  options.join_timeout = absl::Seconds(120);
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
   std::printf("%s: joined the running job as worker %d (world size %d)\n",
-              run.me.c_str(), w.agent->self().id, w.agent->world_size());
-  absl::Status trained = TrainerLoop(w, c, run);
+              run.me.c_str(), w->rank(), w->world_size());
+  absl::Status trained = TrainerLoop(*w, c, run);
   // Leaves even after an error, so the servers are not left waiting.
-  absl::Status left = LeaveRunningJob(w, Timeout());
+  absl::Status left = w->Leave(Timeout());
   if (left.ok()) std::printf("%s: left the job\n", run.me.c_str());
   RETURN_IF_ERROR(trained);
   return left;
 }
 
-absl::Status Validate(const Config& c) {
-  const char* world_env = std::getenv("WORLD_SIZE");
-  int world = -1;
+absl::Status Validate(const Config& c, const InitMethod& launch) {
+  const int world = launch.world_size.value_or(-1);
   const int need = c.servers + c.trainers + c.elastic;
-  if (world_env == nullptr || !absl::SimpleAtoi(world_env, &world) ||
-      world != need) {
+  if (world != need) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "WORLD_SIZE is ", world_env ? world_env : "unset",
-        ", --servers=", c.servers, " --trainers=", c.trainers,
+        "the launcher's world size is ",
+        world < 0 ? "unset" : absl::StrCat(world), ", --servers=", c.servers,
+        " --trainers=", c.trainers,
         c.elastic > 0 ? absl::StrCat(" --elastic_trainers=", c.elastic) : "",
         " need ", need, " (ferry_run --nproc ", need, ")"));
   }
@@ -671,9 +684,12 @@ absl::Status Validate(const Config& c) {
 
 absl::Status Run() {
   const Config c = FromFlags();
-  RETURN_IF_ERROR(Validate(c));
-  const int rank = EnvRank();
-  if (rank < 0) return absl::InvalidArgumentError("RANK is unset");
+  // Rank and world size as env:// reads them (RANK/WORLD_SIZE, Open MPI's
+  // or Slurm's variables): the same binary runs under ferry_run and mpirun.
+  ASSIGN_OR_RETURN(InitMethod launch, ParseInitMethod("env://"));
+  RETURN_IF_ERROR(Validate(c, launch));
+  const int rank = launch.rank.value_or(-1);
+  if (rank < 0) return absl::InvalidArgumentError("the launcher set no rank");
   if (rank < c.servers) return Serve(c, rank);
   if (rank < c.servers + c.trainers) return Train(c, rank - c.servers);
   return TrainElastic(c, rank - c.servers - c.trainers);

@@ -26,10 +26,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "ferry/autograd/nn.h"
-#include "ferry/autograd/ops.h"
-#include "ferry/common/status.h"
-#include "ferry/examples/parameter_server/worker.h"
+#include "ferry/ferry.h"
+#include "ferry/store.h"
 
 ABSL_FLAG(int, iterations, 30, "training iterations on node A");
 ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
@@ -60,8 +58,9 @@ class Net {
   nn::Linear fc1_, fc2_;
 };
 
-absl::Status RegisterNet(rpc::Agent&, Worker& w) {
-  w.rrefs->classes()
+absl::Status RegisterNet(Worker& w) {
+  w.rrefs()
+      .classes()
       .RegisterClass<Net>("Net")
       .Constructor<int64_t>()
       .Method("forward", &Net::Forward)
@@ -70,39 +69,43 @@ absl::Status RegisterNet(rpc::Agent&, Worker& w) {
 }
 
 // On B: RRefs to the parameters of the Net behind `net`.
+// parameter_rrefs(net) -> RRefs to net's parameters, a typed remote function.
+const rpc::RemoteFunction<std::vector<RRef<Tensor>>(RRef<Net>)> kParameterRRefs(
+    "parameter_rrefs");
+
 absl::StatusOr<std::vector<RRef<Tensor>>> ParameterRRefs(Worker& w,
                                                          RRef<Net> net) {
   ASSIGN_OR_RETURN(std::shared_ptr<Net> model, net.local_value());
   std::vector<RRef<Tensor>> out;
   for (const Tensor& p : model->parameters()) {
-    out.push_back(rref::MakeLocalRRef<Tensor>(*w.rrefs, p));
+    out.push_back(rref::MakeLocalRRef<Tensor>(w.rrefs(), p));
   }
   return out;
 }
 
 absl::Status Train(Worker& w) {
-  rpc::Agent& agent = *w.agent;
   // net = rpc.remote("B", Net)
-  RRef<Net> net = rref::remote<Net>(*w.rrefs, "B", "Net", int64_t{1});
+  RRef<Net> net = w.remote<Net>("B", "Net", int64_t{1});
   // param_rrefs = net's parameters, as RRefs
-  ASSIGN_OR_RETURN(
-      std::vector<RRef<Tensor>> param_rrefs,
-      agent.rpc_sync<std::vector<RRef<Tensor>>>("B", "parameter_rrefs", net));
+  ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> param_rrefs,
+                   w.rpc_sync("B", kParameterRRefs, net));
   // opt = DistributedOptimizer(optim.SGD, param_rrefs, lr=...)
-  ASSIGN_OR_RETURN(std::unique_ptr<optim::DistributedOptimizer> opt,
-                   optim::DistributedOptimizer::Create(
-                       agent, optim::SgdOptions{.lr = absl::GetFlag(FLAGS_lr)},
-                       param_rrefs));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<optim::DistributedOptimizer> opt,
+      optim::DistributedOptimizer::Create(
+          w.agent(), optim::SgdOptions{.lr = absl::GetFlag(FLAGS_lr)},
+          param_rrefs));
   // A fixed regression task: target = x @ w_true.
   const Tensor x = randn({kBatch, kIn}, 3);
   const Tensor target = x.matmul(randn({kIn, 1}, 4));
   double first = 0, last = 0;
   const int iterations = absl::GetFlag(FLAGS_iterations);
   for (int it = 1; it <= iterations; ++it) {
-    ContextScope ctx(*w.dist);  // with dist_autograd.context() as context_id
+    // with dist_autograd.context() as context_id
+    ContextScope ctx(w.dist_autograd());
     ASSIGN_OR_RETURN(Tensor y, net.rpc_sync().call<Tensor>("forward", x));
     Tensor loss = autograd::mse_loss(y, target);
-    RETURN_IF_ERROR(w.dist->Backward(ctx.id(), {loss}));
+    RETURN_IF_ERROR(w.dist_autograd().Backward(ctx.id(), {loss}));
     RETURN_IF_ERROR(opt->Step(ctx.id()));
     last = loss.item();
     if (it == 1) first = last;
@@ -117,24 +120,30 @@ absl::Status Train(Worker& w) {
 }
 
 absl::Status Run() {
-  const int rank = EnvRank();
-  if (rank != 0 && rank != 1) {
+  // Rank and world size as env:// reads them (ferry_run, mpirun, srun).
+  ASSIGN_OR_RETURN(InitMethod launch, ParseInitMethod("env://"));
+  const int rank = launch.rank.value_or(-1);
+  if (launch.world_size.value_or(-1) != 2) {
     return absl::InvalidArgumentError(
-        "run with ferry_run --nproc 2 (RANK 0 is node A, 1 is node B)");
+        "run with 2 processes (ferry_run --nproc 2): rank 0 is node A, 1 is B");
   }
-  Worker w;  // Outlives the agent it holds, so handlers may point to it.
-  Worker* wp = &w;
+  Worker* self = nullptr;  // Set before the worker serves.
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   RETURN_IF_ERROR(registry->Register(
-      "parameter_rrefs",
-      [wp](RRef<Net> net) { return ParameterRRefs(*wp, net); },
+      kParameterRRefs,
+      [&self](RRef<Net> net) { return ParameterRRefs(*self, net); },
       "RRefs to the parameters of a Net this worker owns"));
-  JoinOptions options;
-  options.setup = RegisterNet;
-  RETURN_IF_ERROR(JoinJob(rank == 0 ? "A" : "B", registry, options, w));
-  absl::Status trained = rank == 0 ? Train(w) : absl::OkStatus();
+  WorkerOptions options;
+  options.name = rank == 0 ? "A" : "B";
+  options.registry = registry;
+  options.before_serving = [&self](Worker& w) {
+    self = &w;
+    return RegisterNet(w);
+  };
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
+  absl::Status trained = rank == 0 ? Train(*w) : absl::OkStatus();
   // Node B waits here, serving, until A is done too.
-  absl::Status left = LeaveJob(w, absl::Seconds(300));
+  absl::Status left = w->Shutdown(absl::Seconds(300));
   RETURN_IF_ERROR(trained);
   return left;
 }

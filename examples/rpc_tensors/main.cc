@@ -17,15 +17,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "ferry/common/status.h"
-#include "ferry/rpc/grpc/init.h"
-#include "ferry/tensor/tensor.h"
+#include "ferry/ferry.h"
+#include "ferry/store.h"
 
 namespace {
 
-using ferry::DType;
 using ferry::Tensor;
-using ferry::rpc::Agent;
+using ferry::rpc::RemoteFunction;
+
+const RemoteFunction<Tensor(Tensor)> kMatmul("matmul");
+const RemoteFunction<std::string(std::string, Tensor)> kGreet("greet");
 
 constexpr int kIn = 8, kShard = 4, kBatch = 2;
 
@@ -34,35 +35,39 @@ Tensor ShardWeights(int rank) {
 }
 
 absl::Status Run() {
-  const char* rank_env = std::getenv("RANK");
-  const int rank = rank_env ? std::atoi(rank_env) : 0;
+  // The rank as env:// reads it (ferry_run, mpirun, srun).
+  ASSIGN_OR_RETURN(ferry::InitMethod launch, ferry::ParseInitMethod("env://"));
+  const int rank = launch.rank.value_or(0);
   const std::string name = absl::StrCat("worker", rank);
 
   auto registry = std::make_shared<ferry::rpc::FunctionRegistry>();
   const Tensor w = ShardWeights(rank);
   RETURN_IF_ERROR(registry->Register(
-      "matmul", [w](Tensor x) { return x.matmul(w); },
+      kMatmul, [w](Tensor x) { return x.matmul(w); },
       "x @ this worker's weight shard"));
   RETURN_IF_ERROR(registry->Register(
-      "greet",
+      kGreet,
       [name](std::string from, Tensor t) {
         return absl::StrFormat("%s got %s's tensor %s (sum=%.1f)", name, from,
                                t.ToString(), t.sum().item<double>());
       },
       "acknowledges a tensor from another worker"));
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Agent> agent,
-                   ferry::rpc::InitRpc(name, "env://", -1, -1, {}, registry));
-  const int world = agent->world_size();
+  ferry::WorkerOptions options;
+  options.name = name;
+  options.registry = registry;
+  ASSIGN_OR_RETURN(std::unique_ptr<ferry::Worker> worker,
+                   ferry::InitWorker(options));
+  const int world = worker->world_size();
   std::printf("%s: up at %s, %d workers\n", name.c_str(),
-              agent->self().address.c_str(), world);
+              worker->address().c_str(), world);
 
   absl::Status job;
   if (rank == 0) {
     Tensor x = ferry::randn({kBatch, kIn}, 7);
     std::vector<ferry::Future<Tensor>> parts;
     for (int r = 0; r < world; ++r)
-      parts.push_back(agent->rpc_async<Tensor>(r, "matmul", x));
+      parts.push_back(worker->rpc_async(r, kMatmul, x));
     for (int r = 0; r < world && job.ok(); ++r) {
       ferry::Result<Tensor> y = parts[r].Get();
       if (!y.ok()) {
@@ -80,7 +85,7 @@ absl::Status Run() {
     const int next = (rank + 1) % world;
     Tensor mine = ferry::full({3}, rank + 1.0);
     ferry::Result<std::string> reply =
-        agent->rpc_sync<std::string>(next, "greet", name, mine);
+        worker->rpc_sync(next, kGreet, name, mine);
     if (reply.ok()) {
       std::printf("%s -> worker%d: %s\n", name.c_str(), next, reply->c_str());
     } else {
@@ -88,7 +93,7 @@ absl::Status Run() {
     }
   }
   // Shut down with everyone even after an error, so peers are not left waiting.
-  absl::Status down = agent->Shutdown();
+  absl::Status down = worker->Shutdown();
   RETURN_IF_ERROR(job);
   RETURN_IF_ERROR(down);
   std::printf("%s: done\n", name.c_str());

@@ -32,7 +32,7 @@ class Group {
     rpc::GrpcAgentOptions options;
     options.before_serving = [this](rpc::Agent& agent) -> absl::Status {
       ASSIGN_OR_RETURN(dist_, DistAutogradContainer::Install(agent));
-      ASSIGN_OR_RETURN(rrefs_, rref::RRefContext::Create(&agent));
+      ASSIGN_OR_RETURN(rrefs_, rref::RRefContext::Install(agent));
       return absl::OkStatus();
     };
     return procs_.Start(world, "tests/dist_autograd/worker_main",

@@ -77,9 +77,10 @@ int Main() {
     w->agent = &agent;
     ASSIGN_OR_RETURN(w->dist,
                      autograd::dist::DistAutogradContainer::Install(agent));
-    ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Create(&agent));
+    ASSIGN_OR_RETURN(w->rrefs, rref::RRefContext::Install(agent));
     ASSIGN_OR_RETURN(w->optimizers,
-                     optim::DistOptimizerService::Install(agent, w->dist));
+                     optim::DistOptimizerService::Install(
+                         agent, {.param_mutex = nullptr, .dist = w->dist}));
     return absl::OkStatus();
   };
   auto agent = rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1, -1,

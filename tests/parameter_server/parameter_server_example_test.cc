@@ -3,6 +3,8 @@
 // distributed autograd, DistributedOptimizer) reaches its held-out accuracy
 // at a small size, as tools/run_job runs it at full size, also with an
 // elastic trainer that joins the running job and leaves before its end.
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,11 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
+#include "ferry/tests/util/held_port.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
 namespace {
 
+using testutil::HeldPort;
 using testutil::RunCommand;
 using testutil::RunfilePath;
 
@@ -150,5 +154,39 @@ TEST(ParameterServerExample, WorldSizeMismatchIsAClearError) {
       << elastic_out;
 }
 
+// The same job under Open MPI's mpirun, unchanged: rank and world size come
+// from env://, which reads OMPI_COMM_WORLD_RANK / _SIZE (no RANK set), and
+// rank 0 serves the store at MASTER_ADDR:MASTER_PORT.
+TEST(ParameterServerExample, RunsUnderMpirun) {
+  std::string mpirun;
+  for (const char* p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun"}) {
+    if (access(p, X_OK) == 0) mpirun = p;
+  }
+  if (mpirun.empty()) {
+    GTEST_SKIP() << "mpirun not installed (Debian package openmpi-bin; "
+                    "tools/setup installs it)";
+  }
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  // Root in CI: mpirun refuses root without --allow-run-as-root.
+  auto [code, out] = RunCommand(
+      {mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+       "-np", "3", "-x", "MASTER_ADDR=127.0.0.1", "-x",
+       absl::StrCat("MASTER_PORT=", port.port()),
+       RunfilePath("examples/parameter_server/parameter_server"),
+       "--servers=1", "--trainers=2", "--iterations=60", "--log_every=30",
+       "--vocab=100", "--target_accuracy=0.5"},
+      {}, absl::Minutes(4));
+  ASSERT_EQ(code, 0) << out;
+  for (int t = 0; t < 2; ++t) {
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("trainer", t, " done: 60 iterations")))
+        << out;
+  }
+  EXPECT_TRUE(absl::StrContains(out, "ps0: owns embedding rows [0, 100)"))
+      << out;
+}
+
 }  // namespace
 }  // namespace ferry
+

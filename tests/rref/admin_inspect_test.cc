@@ -45,7 +45,7 @@ absl::StatusOr<std::vector<Worker>> StartWorkers() {
       Worker& w = workers[i];
       rpc::GrpcAgentOptions o;
       o.before_serving = [&w](rpc::Agent& agent) -> absl::Status {
-        auto rrefs = rref::RRefContext::Create(&agent);
+        auto rrefs = rref::RRefContext::Install(agent);
         if (!rrefs.ok()) return rrefs.status();
         auto dist = autograd::dist::DistAutogradContainer::Install(agent);
         if (!dist.ok()) return dist.status();

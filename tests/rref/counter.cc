@@ -9,7 +9,7 @@ namespace ferry::rref::testing {
 absl::Status InstallRRefTestLayer(rpc::Agent& agent,
                                   std::shared_ptr<RRefContext>* out) {
   ASSIGN_OR_RETURN(std::shared_ptr<RRefContext> ctx,
-                   RRefContext::Create(&agent));
+                   RRefContext::Install(agent));
   ctx->classes()
       .RegisterClass<Counter>("Counter")
       .Constructor<int64_t>()

@@ -1,0 +1,203 @@
+// InitWorker: the one way to start a Ferry worker (PyTorch's init_rpc).
+//
+//   ferry::WorkerOptions o;
+//   o.name = "trainer0";                 // init_method "env://" by default
+//   ASSIGN_OR_RETURN(std::unique_ptr<ferry::Worker> w, ferry::InitWorker(o));
+//   ASSIGN_OR_RETURN(int64_t sum, w->rpc_sync("ps0", kAdd, 2, 3));
+//   RETURN_IF_ERROR(w->Shutdown());      // collective, as rpc.shutdown()
+//
+// The worker comes with its layers installed, in the order they need, before
+// it serves: the gRPC agent, the RRef context, distributed autograd and the
+// DistributedOptimizer's owner service. Rank, world size and the store come
+// from the init method alone (env:// reads RANK/WORLD_SIZE, Open MPI's and
+// Slurm's variables: store/init_method.h), so one program runs unchanged
+// under ferry_run, mpirun and srun. `join` starts an elastic worker that
+// joins a running group instead (world_size=None in PyTorch).
+//
+// Vocabulary: Shutdown ends a static group's worker (collective: every
+// static worker calls it); Leave ends an elastic one (not collective).
+//
+// Errors: InitWorker returns InvalidArgument naming the option and its value
+// (empty name, malformed init method, rank outside the world size, join with
+// a rank or world size); the agent's errors name the worker (AlreadyExists
+// for a name taken, DeadlineExceeded when the group does not form). A
+// failed InitWorker leaves no thread running and no port bound.
+//
+// Thread safety: every method may be called from any thread once InitWorker
+// returned; Shutdown/Leave once. The Worker owns its layers and must outlive
+// every RRef, context and optimizer made through it.
+// Design: docs/design/worker.md.
+#ifndef FERRY_WORKER_WORKER_H_
+#define FERRY_WORKER_WORKER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/common/sync.h"
+#include "ferry/optim/distributed_optimizer.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/rpc/remote_function.h"
+#include "ferry/rref/rref.h"
+#include "ferry/rref/rref_context.h"
+#include "ferry/store/store.h"
+
+namespace ferry {
+
+class Worker;
+
+// TLS / mutual TLS; plaintext when all three files are empty (then the
+// FERRY_TLS_* variables apply, as rpc/grpc/tls.h).
+struct WorkerTlsOptions {
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  bool require_client_cert = false;
+  // Name checked in servers' certificates instead of the dialled host.
+  std::string server_name;
+};
+
+struct WorkerOptions {
+  std::string name;  // Required; unique in the group.
+  // env://, tcp://host:port, file:///path (store/init_method.h).
+  std::string init_method = "env://";
+  // < 0: from the init method. world_size may be set alone (a job with
+  // elastic workers launches more processes than its static group).
+  int rank = -1;
+  int world_size = -1;
+  // Join the running group as an elastic worker (rank and world_size must
+  // stay -1: the group gives the id).
+  bool join = false;
+  // How long to wait for the group to form (or, joining, to exist).
+  absl::Duration join_timeout = absl::Seconds(300);
+  // Default timeout of calls, RRef and autograd messages.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  int num_worker_threads = 16;
+  // host:port to bind and to publish; empty: chosen as rpc/grpc/init.h says
+  // (FERRY_LISTEN_ADDR, FERRY_ADVERTISE_ADDR, the store's route).
+  std::string listen_address;
+  std::string advertise_address;
+  WorkerTlsOptions tls;
+  // Largest message sent or received, in bytes.
+  int max_message_bytes = 0x7fffffff;
+  // Tensor payloads to workers on this host through cross-memory attach.
+  bool same_host = true;
+  // Serve the admin Invoke method (operators run functions with grpcurl).
+  bool enable_admin_invoke = false;
+  // The functions this worker serves; null: a new registry. Register what
+  // peers may call at once before InitWorker (or in before_serving).
+  std::shared_ptr<rpc::FunctionRegistry> registry;
+  // Held while an optimizer of this worker steps (parameter servers share
+  // it with the code that reads parameters); may be null.
+  std::shared_ptr<Mutex> optimizer_param_mutex;
+  // Runs once the layers are installed and before the worker serves:
+  // register remote classes, interceptors, membership listeners. An error
+  // fails InitWorker.
+  std::function<absl::Status(Worker&)> before_serving;
+};
+
+// Counters of a worker's traffic (monotonic) and its load now.
+struct WorkerStats {
+  uint64_t calls_in = 0;
+  uint64_t calls_out = 0;
+  uint64_t errors = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t calls_in_flight = 0;
+  uint64_t executor_queue_depth = 0;
+  uint64_t same_host_payloads_sent = 0;
+  uint64_t same_host_payloads_received = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options);
+
+// A client of the store of the group `init_method` names (served by its
+// rank 0 or by ferry_run), for a job's own keys, before or without a
+// worker; under ferry_run in the attempt's key space, as the agents' keys.
+// Errors: the init method's (InvalidArgument) and the store's.
+absl::StatusOr<std::unique_ptr<Store>> OpenGroupStore(
+    const std::string& init_method = "env://",
+    absl::Duration timeout = absl::Seconds(300));
+
+class Worker {
+ public:
+  ~Worker();  // Stops the agent abruptly if Shutdown/Leave did not run.
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  const std::string& name() const;
+  int rank() const;        // This worker's id in the group.
+  int world_size() const;  // Present members.
+  // The address peers reach this worker's gRPC server at ("host:port").
+  const std::string& address() const;
+
+  rpc::Agent& agent() const;
+  rpc::FunctionRegistry& registry() const;
+  rref::RRefContext& rrefs() const;
+  autograd::dist::DistAutogradContainer& dist_autograd() const;
+  const std::shared_ptr<autograd::dist::DistAutogradContainer>&
+  dist_autograd_ptr() const;
+  optim::DistOptimizerService& optimizer_service() const;
+  WorkerStats stats() const;
+
+  // rpc_sync / rpc_async through a typed handle (rpc/remote_function.h) or
+  // by name (rpc/agent.h); remote() returns an RRef the callee owns.
+  template <typename... A>
+  auto rpc_sync(const rpc::WorkerRef& to, A&&... args) const {
+    return agent().rpc_sync(to, std::forward<A>(args)...);
+  }
+  template <typename R, typename... A>
+  Result<R> rpc_sync(const rpc::WorkerRef& to, const std::string& function,
+                     A&&... args) const {
+    return agent().rpc_sync<R>(to, function, std::forward<A>(args)...);
+  }
+  template <typename... A>
+  auto rpc_async(const rpc::WorkerRef& to, A&&... args) const {
+    return agent().rpc_async(to, std::forward<A>(args)...);
+  }
+  template <typename R, typename... A>
+  Future<R> rpc_async(const rpc::WorkerRef& to, const std::string& function,
+                      A&&... args) const {
+    return agent().rpc_async<R>(to, function, std::forward<A>(args)...);
+  }
+  template <typename R, typename... P, typename... A>
+  requires rpc::CallableWith<rpc::RemoteFunction<R(P...)>, A...> rref::RRef<R>
+  remote(const rpc::WorkerRef& to, const rpc::RemoteFunction<R(P...)>& f,
+         A&&... args)
+  const {
+    return rref::remote<R>(rrefs(), to, f.name(), P{std::forward<A>(args)}...);
+  }
+  template <typename T, typename... A>
+  rref::RRef<T> remote(const rpc::WorkerRef& to, const std::string& function,
+                       A&&... args) const {
+    return rref::remote<T>(rrefs(), to, function, std::forward<A>(args)...);
+  }
+
+  // OpenGroupStore of this worker's init method.
+  absl::StatusOr<std::unique_ptr<Store>> OpenStore() const;
+
+  // A static worker's graceful, collective end: releases its RRefs, waits
+  // for every static worker, stops serving. `timeout` bounds each step.
+  absl::Status Shutdown(absl::Duration timeout = absl::Seconds(60));
+  // An elastic (or static) worker's departure, not collective: releases its
+  // RRefs and waits for their owners, then leaves the group; the others go
+  // on. Release its autograd contexts and optimizers first.
+  absl::Status Leave(absl::Duration timeout = absl::Seconds(60));
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions);
+  struct Impl;
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_WORKER_WORKER_H_
