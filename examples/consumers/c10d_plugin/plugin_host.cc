@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ferry/c10d.h"
+#include "ferry/ferry.h"  // ASSIGN_OR_RETURN, RETURN_IF_ERROR
 
 namespace {
 
