@@ -1,6 +1,7 @@
 #include "ferry/c10d/default_registry.h"
 
 #include "ferry/c10d/gloo/gloo_backend.h"
+#include "ferry/c10d/plugin.h"
 #include "ferry/c10d/shm/shm_backend.h"
 #include "ferry/common/logging.h"
 #ifdef FERRY_C10D_WITH_NCCL
@@ -35,6 +36,10 @@ std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry() {
                                 {DeviceType::kCUDA});
   if (!s.ok()) FERRY_LOG(ERROR) << s;
 #endif
+  // Out-of-tree backends (plugin.h). A plugin that fails is logged with its
+  // file; creating a group on its backend then fails as an unknown name.
+  s = LoadBackendPluginsFromEnv(*registry);
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
   return registry;
 }
 

@@ -1,7 +1,9 @@
 // The registry Ferry's own backends come in: "gloo" and "shm" (cpu), "mpi"
 // (cpu) where Open MPI is installed and, where CUDA
-// is built, "nccl" (cuda). Each call returns a new, independent registry;
-// add your own backends to it with RegisterBackend.
+// is built, "nccl" (cuda), then the out-of-tree backends of the plugins
+// listed in FERRY_C10D_PLUGINS (plugin.h; one that fails to load is logged
+// as an error naming its file). Each call returns a new, independent
+// registry; add your own backends to it with RegisterBackend.
 //
 // Thread safety: stateless.
 #ifndef FERRY_C10D_DEFAULT_REGISTRY_H_

@@ -23,10 +23,23 @@ def ferry_proto_library(name, srcs, deps = [], grpc = False, visibility = None):
             outs += [base + ".grpc.pb.h", base + ".grpc.pb.cc"]
 
     pkg = native.package_name()
-    files = " ".join([(pkg + "/" if pkg else "") + s for s in srcs])
-    cmd = "{protoc} -I. -I$(GENDIR) -I/usr/include --cpp_out=$(GENDIR)".format(protoc = PROTOC)
+    # Where this repository's files are, relative to the execution root: "."
+    # in Ferry's own workspace, external/ferry where a consumer's workspace
+    # brings Ferry in (tools/deps.bzl); generated files go under $(GENDIR)/root.
+    repo = native.repository_name().lstrip("@")
+    root = "external/" + repo if repo else "."
+    files = " ".join([(root + "/" if repo else "") + (pkg + "/" if pkg else "") + s for s in srcs])
+    gendir = "$(GENDIR)/" + root if repo else "$(GENDIR)"
+    cmd = "{protoc} -I{root} -I{gendir} -I/usr/include --cpp_out={gendir}".format(
+        protoc = PROTOC,
+        root = root,
+        gendir = gendir,
+    )
     if grpc:
-        cmd += " --plugin=protoc-gen-grpc={plugin} --grpc_out=$(GENDIR)".format(plugin = GRPC_CPP_PLUGIN)
+        cmd += " --plugin=protoc-gen-grpc={plugin} --grpc_out={gendir}".format(
+            plugin = GRPC_CPP_PLUGIN,
+            gendir = gendir,
+        )
     cmd += " " + files
     native.genrule(
         name = name + "_gen",

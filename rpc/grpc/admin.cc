@@ -8,12 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/common/grpc_status.h"
 #include "ferry/common/status.h"
+#include "ferry/common/version.h"
 #include "ferry/rpc/grpc/admin_json.h"
 
 namespace ferry::rpc::grpc_agent {
 namespace {
-
-constexpr char kVersion[] = "ferry 0.1";
 
 grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
                                grpc::Status status = grpc::Status::OK) {
@@ -37,7 +36,7 @@ void AdminService::Fill(const WorkerInfo& w,
   out->set_rank(w.id);
   out->set_world_size(agent_->world_size());
   out->set_address(w.address);
-  out->set_version(kVersion);
+  out->set_version(absl::StrCat("ferry ", ferry::kVersion));
 }
 
 grpc::ServerUnaryReactor* AdminService::GetWorkerInfo(
