@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/utility/utility.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "ferry/common/proto_wire.h"
 #include "ferry/common/status.h"
 
@@ -136,14 +138,20 @@ void AppendRequestScalars(const Message& m, int64_t remaining_us,
 }
 
 // Fields 7-9 of RpcRequest, when set, through the generated code; they
-// follow fields 1-6 on the wire as protobuf orders them.
+// follow fields 1-6 on the wire as protobuf orders them. Deterministic:
+// the context map's entries in key order (a protobuf map's own order
+// depends on its hash table), so one message always encodes to the same
+// bytes.
 void AppendRequestMessages(const Message& m, std::string* out) {
   if (!m.rref && !m.autograd && m.context.empty()) return;
   v1::RpcRequest header;
   if (m.rref) ToProto(*m.rref, header.mutable_rref());
   if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
-  header.AppendToString(out);
+  google::protobuf::io::StringOutputStream raw(out);  // Appends to *out.
+  google::protobuf::io::CodedOutputStream coded(&raw);
+  coded.SetSerializationDeterministic(true);
+  header.SerializeToCodedStream(&coded);
 }
 
 }  // namespace
