@@ -280,8 +280,8 @@ class Future {
   }
 
   // Chains a continuation and returns the future of its result. `f` receives
-  // `const Result<T>&` and returns U, StatusOr<U>, Status (-> Future<void>)
-  // or Future<U> (flattened).
+  // `const Result<T>&` and returns `U`, `StatusOr<U>`, `Status` (->
+  // `Future<void>`) or `Future<U>` (flattened).
   template <typename F>
   auto Then(F f) const {
     using R = future_internal::CallResult<F, const Result<T>&>;

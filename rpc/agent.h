@@ -25,9 +25,8 @@
 // Lifecycle: Shutdown(graceful=true) is collective (every worker calls it);
 // Shutdown(false) cancels outgoing calls and stops at once; idempotent.
 // Ids are never reused; a departed worker stays known by id and name.
-// Several agents may live in one process; nothing is process-wide.
-// Thread safety: every public method is safe from any thread, including
-// from handlers the agent is running.
+// Several agents may live in one process; nothing is process-wide. Thread
+// safety: every public method is safe from any thread, handlers included.
 // Design: docs/design/grpc_agent.md
 #ifndef FERRY_RPC_AGENT_H_
 #define FERRY_RPC_AGENT_H_

@@ -9,9 +9,8 @@
 // read-modify-write operations (Add, CompareSet, QueuePop) are atomic across
 // processes.
 //
-// Blocking operations re-check the file with bounded exponential backoff
-// (1 ms doubling to 10 ms): file changes are not observable portably, so a
-// waiter sees a change from another handle at most ~10 ms late.
+// Blocking operations re-check the file every 1 ms doubling to 10 ms (file
+// changes are not observable portably): a waiter sees a change ~10 ms late.
 //
 // Lifetime and cleanup: Open() records a join, Clone() a new reference, and
 // destruction a leave. The handle whose leave brings the live count to zero

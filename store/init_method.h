@@ -21,7 +21,6 @@
 //
 // Query parameters take precedence over RANK/WORLD_SIZE. The environment is
 // read through an EnvLookup so tests (and embedders) can supply their own.
-//
 // CreateStore turns a parsed InitMethod into a Store. The TCP case goes
 // through a TcpStoreFactory the caller provides in StoreFactories (TCPStore
 // lives in its own library; no global registry, so several jobs can live in
@@ -108,8 +107,8 @@ absl::StatusOr<std::unique_ptr<Store>> CreateStore(
     const StoreFactories& factories = {});
 
 // ferry_run's restart generations. Under ferry_run (FERRY_USE_AGENT_STORE=1
-// and FERRY_RUN_GENERATION=<g>), each attempt of the job gets its own key
-// namespace "ferry_run/attempt_<g>/..." in the launcher's store, so keys of an
+// and `FERRY_RUN_GENERATION=<g>`), each attempt of the job gets its own key
+// namespace `ferry_run/attempt_<g>/...` in the launcher's store, so keys of an
 // earlier attempt never satisfy this attempt's waits. A worker whose
 // generation is older than the job's ("ferry_run/generation", set by the
 // launchers) is refused with FailedPrecondition naming both generations.

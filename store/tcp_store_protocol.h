@@ -16,9 +16,8 @@
 //
 // Ferry extension, in both generations: AUTH_CHALLENGE (0xF0, one byte
 // vector: the client's nonce) and AUTH_PROOF (0xF1, one byte vector: the
-// client's proof), for stores with a shared secret (store_auth.h). Their
-// responses: AUTH_CHALLENGE: the server's nonce and proof (two byte
-// vectors); AUTH_PROOF: one byte (0 accepted, 1 refused).
+// client's proof), for stores with a shared secret (store_auth.h); answers:
+// the server's nonce and proof (two byte vectors); one byte (0 = accepted).
 //
 // Responses: SET, APPEND, MULTI_SET, QUEUE_PUSH: none. GET, COMPARE_SET: a
 // byte vector. ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN: int64. CHECK: one byte

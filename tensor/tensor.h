@@ -255,7 +255,7 @@ Tensor arange(int64_t end, DType dtype = DType::kInt64);
 // start, start + step, ... while < end (> end for negative step).
 Tensor arange(double start, double end, double step, DType dtype);
 // Uniform in [0, 1) / standard normal, deterministic for a given seed on
-// every platform (own generator, not <random>'s distributions).
+// every platform (own generator, not `<random>`'s distributions).
 Tensor rand(const std::vector<int64_t>& sizes, uint64_t seed,
             DType dtype = DType::kFloat32);
 Tensor randn(const std::vector<int64_t>& sizes, uint64_t seed,

@@ -15,10 +15,10 @@
 // accumulate in the context (GetGradients), never in .grad. Backward returns
 // when every worker the pass reached is done, or with the first error
 // (naming worker, context and op).
-//
-// Invariants of the context map (DistAutogradContainer::contexts_):
-//  1. An id maps to at most one live context per worker; ids are minted by
-//     the creating worker (16-bit worker id + 48-bit counter).
+// Invariants of the context map (DistAutogradContainer::contexts_; why:
+// docs/design/dist_autograd.md):
+//  1. An id maps to at most one live context per worker; the creating
+//     worker mints it (16-bit worker id, 48-bit counter).
 //  2. A context is in the map from creation until its release; after
 //     release no graph piece of it is reachable from the container.
 //  3. Every Send/RecvNode is in its context's tables; its peer is in the
@@ -27,8 +27,7 @@
 //  5. A context has at most one pass, run on one thread at a time.
 //  6. A released id (among the last kMaxReleasedIds) is never re-created.
 // Thread safety: every public method is safe from any thread. The agent must
-// outlive every use of the container; its handlers hold it weakly.
-// Design: docs/design/dist_autograd.md
+// outlive the container's use (handlers hold it weakly).
 #ifndef FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 

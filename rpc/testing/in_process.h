@@ -17,13 +17,10 @@
 // it is queued, on the queuing thread, so ordinary tests need no stepping;
 // Hold(predicate) keeps matching messages queued (delayed) meanwhile.
 //
-// Failure switches: Kill(worker) makes it dead at once: its queued messages
-// vanish, calls it made and calls made to it fail with Unavailable naming it,
-// later sends to or from it fail the same way, and every live worker reports
-// it failed to its peer-failure listeners (rpc/agent.h), on Kill's thread.
-// Timeouts hold in both modes: a call whose message was dropped or never
-// delivered fails with DeadlineExceeded at its deadline (a timer thread
-// enforces it), so no test hangs on a lost message.
+// Failure switches: Kill(worker) (see there). Timeouts hold in both modes:
+// a call whose message was dropped or never delivered fails with
+// DeadlineExceeded at its deadline (a timer thread enforces it), so no test
+// hangs on a lost message.
 //
 // Replies complete the caller's future on the thread that delivers them
 // (the test's thread in manual mode, the callee's executor in auto mode).
@@ -162,8 +159,13 @@ class InProcessNetwork {
 
   // --- Failures. ---
 
-  // NotFound for an unknown worker.
+  // Makes `worker` dead at once: its queued messages vanish, calls it made
+  // and calls made to it fail with Unavailable naming it, later sends to or
+  // from it fail the same way, and every live worker reports it failed to
+  // its peer-failure listeners (rpc/agent.h), on Kill's thread. NotFound for
+  // an unknown worker.
   absl::Status Kill(const std::string& worker);
+  // Whether Kill(worker) was called.
   bool IsDead(const std::string& worker) const;
 
   // --- Membership (rpc/agent.h). ---
