@@ -51,6 +51,7 @@
 
 namespace ferry {
 
+// A Store in a file shared by processes of one host (see above).
 class FileStore : public Store {
  public:
   // Opens (creating if absent) the store file at `path` and joins it as one
@@ -94,7 +95,7 @@ class FileStore : public Store {
   // "file://<path>".
   std::string Describe() const override;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // The store file.
 
   // Calls on this handle that have found their keys (or queue item) missing
   // at least once and are still polling. A write made after this count
