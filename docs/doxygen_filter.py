@@ -9,7 +9,9 @@ prints a header with, line for line (so Doxygen's file:line stay right):
   not blank, not `#...`, not `}` nor an access label) turned into `///` lines,
   the declaration's documentation;
 - a trailing `// ...` after a declaration ending in `;` or `,` (a member, an
-  enumerator) turned into `///<`; the aligned `//` lines that continue it stay
+  enumerator) or after a one-line inline function (`f() { ... }`) turned
+  into `///<` (unless it is a tool's marker: NOLINT, IWYU pragma,
+  clang-format); the aligned `//` lines that continue it stay
   plain comments;
 - in those blocks, a run of example lines (indented by three spaces or more
   after `//`) marked as a code block (`\\code` ... `\\endcode`, at the ends
@@ -22,7 +24,10 @@ import re
 import sys
 
 COMMENT = re.compile(r"^(\s*)//(?![/!])(.*)$")
-TRAILING = re.compile(r'^(\s*[^\s/][^"/]*?[;,])(\s+)//(?![/!<])(.*)$')
+TRAILING = re.compile(
+    r'^(\s*[^\s/}][^"/]*?(?:[;,]|\)[^"/]*\{[^"/]*\}))(\s+)//(?![/!<])(.*)$')
+# Tool markers, not documentation.
+LINT = re.compile(r"^\s*(NOLINT|IWYU pragma|clang-format)")
 EXAMPLE = re.compile(r"^\s*///   ")
 NOT_DOCUMENTED = re.compile(r"^\s*($|#|}|(public|private|protected)\s*:|//)")
 
@@ -55,7 +60,7 @@ def convert(lines, name):
         m = COMMENT.match(lines[i])
         if not m:
             t = TRAILING.match(lines[i])
-            if t:
+            if t and not LINT.match(t.group(3)):
                 out[i] = "%s%s///<%s" % (t.group(1), t.group(2), t.group(3))
                 trailing_col = len(t.group(1)) + len(t.group(2))
             else:
