@@ -5,9 +5,9 @@ Ferry's headers document with plain `//` comments (no `///`). This filter
 prints a header with, line for line (so Doxygen's file:line stay right):
 - the comment block at the top of the file turned into the file's
   documentation (`///` lines, the last one ending in `\\file`);
-- a block of `//` lines directly above a declaration (the next line is code,
-  not blank, not `#...`, not `}` nor an access label) turned into `///` lines,
-  the declaration's documentation;
+- a block of `//` lines directly above a declaration or a `#define` (the
+  next line is code, not blank, not another `#...`, not `}` nor an access
+  label) turned into `///` lines, the declaration's documentation;
 - a trailing `// ...` after a declaration ending in `;` or `,` (a member, an
   enumerator) or after a one-line inline function (`f() { ... }`) turned
   into `///<` (unless it is a tool's marker: NOLINT, IWYU pragma,
@@ -29,7 +29,8 @@ TRAILING = re.compile(
 # Tool markers, not documentation.
 LINT = re.compile(r"^\s*(NOLINT|IWYU pragma|clang-format)")
 EXAMPLE = re.compile(r"^\s*///   ")
-NOT_DOCUMENTED = re.compile(r"^\s*($|#|}|(public|private|protected)\s*:|//)")
+NOT_DOCUMENTED = re.compile(
+    r"^\s*($|#(?!\s*define\b)|}|(public|private|protected)\s*:|//)")
 
 
 def mark_code(out, start, end):
