@@ -7,7 +7,8 @@ prints a header with, line for line (so Doxygen's file:line stay right):
   documentation (`///` lines, the last one ending in `\\file`);
 - a block of `//` lines directly above a declaration or a `#define` (the
   next line is code, not blank, not another `#...`, not `}` nor an access
-  label) turned into `///` lines, the declaration's documentation;
+  label) turned into `///` lines, the declaration's documentation, except
+  section banners (`// --- Shapes ---`);
 - a trailing `// ...` after a declaration ending in `;` or `,` (a member, an
   enumerator) or after a one-line inline function (`f() { ... }`) turned
   into `///<` (unless it is a tool's marker: NOLINT, IWYU pragma,
@@ -26,6 +27,8 @@ import sys
 COMMENT = re.compile(r"^(\s*)//(?![/!])(.*)$")
 TRAILING = re.compile(
     r'^(\s*[^\s/}][^"/]*?(?:[;,]|\)[^"/]*\{[^"/]*\}))(\s+)//(?![/!<])(.*)$')
+# Section banners ("// --- Shapes ---"), not documentation.
+BANNER = re.compile(r"^\s*-{3}.*$")
 # Tool markers, not documentation.
 LINT = re.compile(r"^\s*(NOLINT|IWYU pragma|clang-format)")
 EXAMPLE = re.compile(r"^\s*///   ")
@@ -81,7 +84,8 @@ def convert(lines, name):
             continue
         for k in range(start, i):
             c = COMMENT.match(lines[k])
-            out[k] = "%s///%s" % (c.group(1), c.group(2))
+            if not BANNER.match(c.group(2)):
+                out[k] = "%s///%s" % (c.group(1), c.group(2))
         mark_code(out, start, i)
         if top:  # on its last line, so that no line is added
             out[i - 1] += " \\file " + name

@@ -214,9 +214,11 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::Status Leave(absl::Duration timeout = absl::Seconds(60));
 
   // --- Inspection (tests, admin). ---
+  // The RRefs this worker owns and has not deleted.
   std::vector<OwnedInfo> Owned() const;
-  size_t num_owned() const;
+  size_t num_owned() const;  // Owned().size()
   size_t num_users() const;  // Live user forks on this worker.
+  // Forks this worker sent that the owner has not yet accepted.
   size_t num_pending_children() const;
   int num_in_flight() const;
   // Rows of the "rref" inspector (rpc/inspect.h), registered on the agent:
