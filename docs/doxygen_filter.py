@@ -25,8 +25,42 @@ import re
 import sys
 
 COMMENT = re.compile(r"^(\s*)//(?![/!])(.*)$")
-TRAILING = re.compile(
-    r'^(\s*[^\s/}][^"/]*?(?:[;,]|\)[^"/]*\{[^"/]*\}))(\s+)//(?![/!<])(.*)$')
+DECLARATION_END = re.compile(r"(?:[;,]|\).*\{.*\})$")
+
+
+def split_trailing(line):
+    """(code, gap, text) when `line` is code followed by a `// text` comment
+    (the first `//` outside string and character literals), else None."""
+    quote = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif line.startswith("//", i):
+            code = line[:i].rstrip()
+            if line[i:].startswith(("///", "//!")):
+                return None
+            return code, line[len(code):i], line[i + 2:]
+        i += 1
+    return None
+
+
+def trailing(line):
+    """split_trailing's parts when the code is a declaration ending in `;`
+    or `,`, or a one-line inline function, and does not start with `}`."""
+    parts = split_trailing(line)
+    if parts is None:
+        return None
+    code = parts[0]
+    if not code.strip() or code.lstrip().startswith(("}", "#")):
+        return None
+    return parts if DECLARATION_END.search(code) else None
 # Section banners ("// --- Shapes ---"), not documentation.
 BANNER = re.compile(r"^\s*-{3}.*$")
 # Tool markers, not documentation.
@@ -63,10 +97,10 @@ def convert(lines, name):
     while i < len(lines):
         m = COMMENT.match(lines[i])
         if not m:
-            t = TRAILING.match(lines[i])
-            if t and not LINT.match(t.group(3)):
-                out[i] = "%s%s///<%s" % (t.group(1), t.group(2), t.group(3))
-                trailing_col = len(t.group(1)) + len(t.group(2))
+            t = trailing(lines[i])
+            if t and not LINT.match(t[2]):
+                out[i] = "%s%s///<%s" % t
+                trailing_col = len(t[0]) + len(t[1])
             else:
                 trailing_col = None
             i += 1
