@@ -143,7 +143,8 @@ struct RecvOptions {
 
 // One entry of a batched point-to-point call (torch.distributed.P2POp).
 struct P2POp {
-  enum class Kind { kSend, kRecv };  // Which operation.
+  // Which operation.
+  enum class Kind { kSend, kRecv };
   Kind kind = Kind::kSend;           // Which operation.
   Tensor tensor;                     // Sent, or received into.
   int peer = 0;                      // The other rank.

@@ -61,7 +61,8 @@ class ThreadPoolExecutor final : public Executor {
     std::string log_label;       // Label for the threads' log lines.
   };
 
-  enum class ShutdownMode { kDrain, kCancelPending };  // See Shutdown.
+  // See Shutdown.
+  enum class ShutdownMode { kDrain, kCancelPending };
 
   // Starts options.num_threads threads.
   explicit ThreadPoolExecutor(Options options);

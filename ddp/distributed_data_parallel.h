@@ -85,6 +85,7 @@ class DistributedDataParallel {
   // synchronized Backward reduces the accumulated sum. Not thread-safe.
   class NoSyncGuard {
    public:
+    // Turns synchronization off for `ddp` until destroyed.
     explicit NoSyncGuard(DistributedDataParallel* ddp)
         : ddp_(ddp), prev_(ddp->sync_) {
       ddp_->sync_ = false;

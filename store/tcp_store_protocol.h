@@ -123,7 +123,8 @@ struct Request {
 // prefix fails at once.
 class FrameParser {
  public:
-  enum class Result { kFrame, kNeedMore, kError };  // What Parse found.
+  // What Parse found.
+  enum class Result { kFrame, kNeedMore, kError };
 
   // Enforces `limits`.
   explicit FrameParser(const Limits& limits) : limits_(limits) {}

@@ -23,7 +23,8 @@
 
 namespace ferry {
 
-enum class DeviceType : int8_t { kCPU = 0, kCUDA = 1 };  // Kinds of device.
+// Kinds of device.
+enum class DeviceType : int8_t { kCPU = 0, kCUDA = 1 };
 
 // A device: its type and, for CUDA, its index.
 struct Device {
