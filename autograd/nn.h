@@ -149,14 +149,17 @@ class Sequential : public Module {
 // Losses (mean reduction), as in torch.nn.
 // Mean squared error: mse_loss (autograd/ops.h).
 struct MSELoss {
+  // mse_loss(input, target).
   Tensor operator()(const Tensor& input, const Tensor& target) const;
 };
 // cross_entropy (autograd/ops.h): logits [N, C], int64 targets [N].
 struct CrossEntropyLoss {
+  // cross_entropy(logits, target).
   Tensor operator()(const Tensor& logits, const Tensor& target) const;
 };
 // nll_loss (autograd/ops.h): log-probabilities [N, C], int64 targets [N].
 struct NLLLoss {
+  // nll_loss(log_probs, target).
   Tensor operator()(const Tensor& log_probs, const Tensor& target) const;
 };
 

@@ -284,9 +284,12 @@ namespace ferry {
 // it carries the reference the interceptor created.
 template <typename T>
 struct ValueConverter<rref::RRef<T>> {
+  // The handle, carrying this worker's reference.
   static Value To(const rref::RRef<T>& r) {
     return Value::FromRRef(rref::RRefContext::MakeHandle(r.state()));
   }
+  // The RRef a received handle carries; FailedPrecondition when it holds
+  // none here, InvalidArgument for another kind or type.
   static absl::StatusOr<rref::RRef<T>> From(const Value& v) {
     const RRefHandle* h = v.if_rref();
     if (h == nullptr) return KindMismatch("rref", v);

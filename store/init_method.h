@@ -43,19 +43,20 @@
 
 namespace ferry {
 
+// A parsed init_method URL (ParseInitMethod).
 struct InitMethod {
-  enum class Scheme { kTcp, kFile, kEnv };
+  enum class Scheme { kTcp, kFile, kEnv };  // tcp://, file://, env://.
 
-  Scheme scheme = Scheme::kTcp;
+  Scheme scheme = Scheme::kTcp;  // The URL's scheme.
   // kTcp and kEnv: the server's host (brackets removed from IPv6 literals)
   // and port (0..65535; 0 lets a server pick a free port).
   std::string host;
-  int port = 0;
+  int port = 0;  // See host.
   // kFile: the absolute path of the store file.
   std::string path;
   // From the query string or RANK / WORLD_SIZE when present.
   std::optional<int> rank;
-  std::optional<int> world_size;
+  std::optional<int> world_size;  // See rank.
   // env://: the rank within this host, when the launcher gives one
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID).
   std::optional<int> local_rank;
@@ -93,7 +94,7 @@ using TcpStoreFactory = std::function<absl::StatusOr<std::unique_ptr<Store>>(
 // The constructors CreateStore may call for schemes whose implementation is
 // not linked into this library.
 struct StoreFactories {
-  TcpStoreFactory tcp;
+  TcpStoreFactory tcp;  // tcp://, env://; null: FailedPrecondition.
 };
 
 // Creates the store `method` names, for process `rank` of `world_size`.
