@@ -224,6 +224,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   size_t num_users() const;  // Live user forks on this worker.
   // Forks this worker sent that the owner has not yet accepted.
   size_t num_pending_children() const;
+  // Internal messages (fork, accept, delete) sent and not yet answered.
   int num_in_flight() const;
   // Rows of the "rref" inspector (rpc/inspect.h), registered on the agent:
   // rref_context (counts), owned_rref (id, type, holders as worker/fork,

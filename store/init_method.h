@@ -45,7 +45,8 @@ namespace ferry {
 
 // A parsed init_method URL (ParseInitMethod).
 struct InitMethod {
-  enum class Scheme { kTcp, kFile, kEnv };  // tcp://, file://, env://.
+  // tcp://, file://, env://.
+  enum class Scheme { kTcp, kFile, kEnv };
 
   Scheme scheme = Scheme::kTcp;  // The URL's scheme.
   // kTcp and kEnv: the server's host (brackets removed from IPv6 literals)
