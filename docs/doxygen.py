@@ -46,8 +46,8 @@ def run_doxygen(out_dir, html):
         try:
             headers = public_headers.public_headers(ROOT)
         except FileNotFoundError as e:
-            sys.exit("a public header is missing: %s; in the test, add it to "
-                     "the data of //docs:doxygen_test" % e)
+            sys.exit("a public header is missing: %s; in the test, add its "
+                     "library to //tests/docs:library_headers" % e)
         for rel in headers:
             dest = scratch / "ferry" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
