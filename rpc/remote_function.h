@@ -35,9 +35,9 @@ namespace ferry::rpc {
 template <typename Sig>
 class RemoteFunction;
 
-template <typename R, typename... P>
 // The handle of a function taking P... and returning R (see the top of
 // this file).
+template <typename R, typename... P>
 class RemoteFunction<R(P...)> {
   static_assert(!std::is_reference_v<R> && (!std::is_reference_v<P> && ...),
                 "a remote function's parameters and result are values: "
