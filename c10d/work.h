@@ -71,7 +71,7 @@ class Work {
   // RecvAnysource: the rank the message came from, set by the backend
   // before it completes the work; -1 otherwise.
   int source_rank() const { return source_rank_.load(); }
-  void set_source_rank(int rank) { source_rank_.store(rank); }  // Backends'.
+  void set_source_rank(int rank) { source_rank_.store(rank); }  // For backends.
 
  protected:
   // Called by Wait, on the waiting thread, before it blocks: a backend may
