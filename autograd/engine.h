@@ -32,15 +32,18 @@ namespace ferry::autograd {
 class GradientSink {
  public:
   virtual ~GradientSink() = default;
+  // Takes `grad` for `leaf`; an error ends the pass.
   virtual absl::Status Deliver(const Tensor& leaf, const Tensor& grad) = 0;
 };
 
 // Accumulates into .grad and runs post-accumulate hooks.
 class AccumulateSink final : public GradientSink {
  public:
+  // AccumulateIntoGrad (node.h).
   absl::Status Deliver(const Tensor& leaf, const Tensor& grad) override;
 };
 
+// One backward pass: where leaf gradients go and what it captures.
 class GraphTask {
  public:
   // `sink` must outlive Execute. With `retain_graph` false every executed
@@ -48,13 +51,13 @@ class GraphTask {
   GraphTask(GradientSink* sink, bool retain_graph)
       : sink_(sink), retain_graph_(retain_graph) {}
 
-  GradientSink& sink() { return *sink_; }
-  bool retain_graph() const { return retain_graph_; }
+  GradientSink& sink() { return *sink_; }  // As constructed.
+  bool retain_graph() const { return retain_graph_; }  // As constructed.
 
   // Records the gradient arriving at `edge` (after hooks) into captured()
   // slot `slot` instead of requiring it to reach a leaf; used by Grad().
   void Capture(const Edge& edge, int slot);
-  const std::vector<Tensor>& captured() const { return captured_; }
+  const std::vector<Tensor>& captured() const { return captured_; }  // By slot.
 
   // Runs the pass from `roots`: each edge receives its gradient (summed
   // when an edge appears twice). Call once per GraphTask.

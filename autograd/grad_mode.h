@@ -8,10 +8,11 @@
 
 namespace ferry::autograd {
 
+// This thread's grad mode (enabled by default).
 class GradMode {
  public:
-  static bool IsEnabled();
-  static void SetEnabled(bool enabled);
+  static bool IsEnabled();  // Whether ops record graphs here.
+  static void SetEnabled(bool enabled);  // Sets it for this thread.
 };
 
 // RAII: disables grad mode on this thread for its lifetime, then restores

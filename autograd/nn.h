@@ -28,14 +28,19 @@
 
 namespace ferry::nn {
 
+// A layer or model: named parameters and submodules (see the top of this
+// file).
 class Module {
  public:
   virtual ~Module() = default;
+  // The module's output for `input`, recorded for autograd.
   virtual Tensor Forward(const Tensor& input) = 0;
 
   // Own parameters first (registration order), then each submodule's.
   std::vector<Tensor> parameters() const;
+  // parameters() with dotted names ("0.weight").
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  // The submodules, by name, in registration order.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children()
       const {
     return children_;
@@ -43,7 +48,8 @@ class Module {
 
   // Sets training mode here and in every submodule (dropout reads it).
   void train(bool on = true);
-  void eval() { train(false); }
+  void eval() { train(false); }  // train(false).
+  // Training mode (the default).
   bool is_training() const { return training_; }
   // Clears every parameter's .grad.
   void ZeroGrad();
@@ -56,6 +62,7 @@ class Module {
  protected:
   // Registers `t` as parameter `name` (makes it a leaf requiring grad).
   Tensor RegisterParameter(std::string name, Tensor t);
+  // Registers `m` as submodule `name`; returns it.
   template <typename M>
   std::shared_ptr<M> RegisterModule(std::string name, std::shared_ptr<M> m) {
     children_.emplace_back(std::move(name), m);
@@ -74,35 +81,41 @@ class Module {
 // y = x W^T + b, W [out, in]. Init as PyTorch: W and b uniform in
 // [-1/sqrt(in), 1/sqrt(in)] (kaiming_uniform_ with a = sqrt(5)), drawn
 // from `seed` (W) and `seed + 1` (b).
+// A fully connected layer (see above).
 class Linear : public Module {
  public:
+  // Initialized from `seed`; `bias` false: no b.
   Linear(int64_t in_features, int64_t out_features, uint64_t seed,
          bool bias = true, DType dtype = DType::kFloat32);
   Tensor Forward(const Tensor& input) override;
-  const Tensor& weight() const { return weight_; }
-  const Tensor& bias() const { return bias_; }
+  const Tensor& weight() const { return weight_; }  // W [out, in]
+  const Tensor& bias() const { return bias_; }      // b [out], or undefined
 
  private:
   Tensor weight_, bias_;
 };
 
 // Lookup table [num, dim], init N(0, 1) from `seed`; input int64 indices.
+// An embedding table (see above).
 class Embedding : public Module {
  public:
+  // num_embeddings rows of `dim`, initialized from `seed`.
   Embedding(int64_t num_embeddings, int64_t dim, uint64_t seed,
             DType dtype = DType::kFloat32);
   Tensor Forward(const Tensor& indices) override;
-  const Tensor& weight() const { return weight_; }
+  const Tensor& weight() const { return weight_; }  // The table [num, dim].
 
  private:
   Tensor weight_;
 };
 
+// relu (autograd/ops.h) as a module.
 class ReLU : public Module {
  public:
   Tensor Forward(const Tensor& input) override;
 };
 
+// tanh (autograd/ops.h) as a module.
 class Tanh : public Module {
  public:
   Tensor Forward(const Tensor& input) override;
@@ -112,6 +125,7 @@ class Tanh : public Module {
 // seed + k, so a run is reproducible. Identity in eval mode.
 class Dropout : public Module {
  public:
+  // Drops with probability `p`.
   Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {}
   Tensor Forward(const Tensor& input) override;
 
@@ -124,21 +138,28 @@ class Dropout : public Module {
 // Runs its modules in order; they are named "0", "1", ...
 class Sequential : public Module {
  public:
-  Sequential() = default;
+  Sequential() = default;  // Empty; Append adds modules.
+  // The modules, in order.
   explicit Sequential(std::vector<std::shared_ptr<Module>> modules);
-  void Append(std::shared_ptr<Module> module);
+  void Append(std::shared_ptr<Module> module);  // Adds `module` at the end.
   Tensor Forward(const Tensor& input) override;
-  size_t size() const { return children().size(); }
+  size_t size() const { return children().size(); }  // The number of modules.
 };
 
 // Losses (mean reduction), as in torch.nn.
+// Mean squared error: mse_loss (autograd/ops.h).
 struct MSELoss {
+  // mse_loss(input, target).
   Tensor operator()(const Tensor& input, const Tensor& target) const;
 };
+// cross_entropy (autograd/ops.h): logits [N, C], int64 targets [N].
 struct CrossEntropyLoss {
+  // cross_entropy(logits, target).
   Tensor operator()(const Tensor& logits, const Tensor& target) const;
 };
+// nll_loss (autograd/ops.h): log-probabilities [N, C], int64 targets [N].
 struct NLLLoss {
+  // nll_loss(log_probs, target).
   Tensor operator()(const Tensor& log_probs, const Tensor& target) const;
 };
 

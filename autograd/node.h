@@ -46,9 +46,9 @@ class GraphTask;
 // Where a gradient flows: input `input_nr` of `node`. Invalid (null node)
 // for inputs that need no gradient.
 struct Edge {
-  std::shared_ptr<Node> node;
-  int input_nr = 0;
-  bool valid() const { return node != nullptr; }
+  std::shared_ptr<Node> node;  // Null: no gradient needed.
+  int input_nr = 0;  // Which of node's inputs.
+  bool valid() const { return node != nullptr; }  // node is set.
 };
 
 // Called with a gradient; returns a replacement gradient, or an undefined
@@ -57,6 +57,8 @@ using GradHook = std::function<Tensor(const Tensor& grad)>;
 // Called after a leaf's gradient was accumulated into its .grad.
 using PostAccumulateHook = std::function<void(const Tensor& leaf)>;
 
+// A backward function of the graph (see the top of this file); subclass it
+// for new kinds of nodes.
 class Node : public std::enable_shared_from_this<Node> {
  public:
   // `name` names the op in errors ("MulBackward"); `num_inputs` is how many
@@ -66,14 +68,17 @@ class Node : public std::enable_shared_from_this<Node> {
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  const std::string& name() const { return name_; }
-  int num_inputs() const { return num_inputs_; }
+  const std::string& name() const { return name_; }  // As constructed.
+  int num_inputs() const { return num_inputs_; }  // As constructed.
+  // Toward the inputs.
   const std::vector<Edge>& next_edges() const { return next_edges_; }
+  // Sets next_edges() (while the graph is built).
   void set_next_edges(std::vector<Edge> edges) {
     next_edges_ = std::move(edges);
   }
   // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
   std::string shapes() const;
+  // Records the forward inputs' shapes (see shapes()).
   void set_input_shapes(const std::vector<std::vector<int64_t>>& shapes);
   // Appends one input's shape (ops record them without extra allocations).
   void AddInputShape(const std::vector<int64_t>& shape);
@@ -108,11 +113,12 @@ class Node : public std::enable_shared_from_this<Node> {
 class SavedTensor {
  public:
   SavedTensor() = default;
+  // Saves `t` now; `name` appears in errors.
   SavedTensor(const Tensor& t, std::string name);
   // The saved tensor, or FailedPrecondition naming `name` and `op` when it
   // was modified in place since it was saved.
   absl::StatusOr<Tensor> Unpack(const std::string& op) const;
-  bool defined() const { return data_.defined(); }
+  bool defined() const { return data_.defined(); }  // A tensor was saved.
 
  private:
   Tensor data_;
@@ -127,9 +133,11 @@ class SavedTensor {
 // reports the freed graph.
 class FunctionNode : public Node {
  public:
+  // The backward: (output gradient, saved tensors, needs) -> input gradients.
   using Fn = std::function<absl::StatusOr<std::vector<Tensor>>(
       const Tensor& grad, const std::vector<Tensor>& saved,
       const std::vector<bool>& needs)>;
+  // A node named `name` running `fn` over `saved`.
   FunctionNode(std::string name, std::vector<SavedTensor> saved, Fn fn);
 
   absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
@@ -146,8 +154,8 @@ class FunctionNode : public Node {
 // running GraphTask's sink (by default accumulated into the leaf's .grad).
 class AccumulateGrad final : public Node {
  public:
-  explicit AccumulateGrad(Tensor variable);
-  const Tensor& variable() const { return variable_; }
+  explicit AccumulateGrad(Tensor variable);  // The node of leaf `variable`.
+  const Tensor& variable() const { return variable_; }  // The leaf.
   absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
                                             std::vector<Tensor> grads) override;
   // The leaf tensor's own hooks (RegisterHook on a leaf).
@@ -162,12 +170,14 @@ class AutogradMeta final : public AutogradMetaInterface {
  public:
   bool requires_grad = false;     // Set on leaves by SetRequiresGrad.
   std::shared_ptr<Node> grad_fn;  // Null for leaves.
-  int output_nr = 0;
+  int output_nr = 0;  // Which output of grad_fn.
 
-  Mutex mu;
-  Tensor grad ABSL_GUARDED_BY(mu);
+  Mutex mu;  // Guards the members below.
+  Tensor grad ABSL_GUARDED_BY(mu);  // The accumulated gradient (.grad).
+  // A leaf's node, held weakly.
   std::weak_ptr<AccumulateGrad> accumulator ABSL_GUARDED_BY(mu);
   std::vector<GradHook> hooks ABSL_GUARDED_BY(mu);  // Leaves only.
+  // Leaves only.
   std::vector<PostAccumulateHook> post_hooks ABSL_GUARDED_BY(mu);
 };
 
@@ -178,7 +188,8 @@ bool RequiresGrad(const Tensor& t);
 // requires_grad_: only on leaves (aborts on a non-leaf, or a non-floating
 // dtype when `requires_grad` is true). Returns `t`.
 const Tensor& SetRequiresGrad(const Tensor& t, bool requires_grad = true);
-bool IsLeaf(const Tensor& t);
+bool IsLeaf(const Tensor& t);  // No grad_fn (not made by a recorded op).
+// The node that made `t`; null for leaves.
 std::shared_ptr<Node> GradFn(const Tensor& t);
 // The accumulated gradient (undefined until a backward reaches `t`).
 Tensor GradOf(const Tensor& t);

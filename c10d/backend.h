@@ -7,32 +7,10 @@
 // the same order; backends match them by issue order.
 //
 // Tensor conventions (torch.distributed's): tensors are contiguous and live
-// on a device the backend supports; outputs are written in place.
-//   Allreduce(t)              t = op over ranks of t
-//   Broadcast(t, root)        t = root's t
-//   Reduce(t, root, op)       root's t = op over ranks; others' t unchanged
-//   Allgather(outs, in)       outs[r] = rank r's in (outs.size() == size)
-//   Gather(outs, in, root)    at root outs[r] = rank r's in; outs empty
-//                             elsewhere
-//   Scatter(out, ins, root)   out = root's ins[rank]; ins empty off root
-//   ReduceScatter(out, ins)   out = op over ranks r of r's ins[rank]
-//   Alltoall(outs, ins)       outs[r] = rank r's ins[rank]
-//   Barrier()                 completes once every rank has called it
-//   Send(t, dst) / Recv(t, src)  point to point, matched by tag
-//   AllgatherIntoTensor(out, in)  out = concat over ranks r of r's in
-//                             (out.numel() == size * in.numel())
-//   ReduceScatterTensor(out, in)  out = op over ranks of chunk `rank` of in
-//                             (in.numel() == size * out.numel())
-//   AlltoallSingle(out, in, splits)  rows of in go to ranks by
-//                             input_split_sizes; out's rows come from ranks
-//                             by output_split_sizes (uneven allowed)
-//   RecvAnysource(t)          like Recv from whichever rank sends first
-//                             with that tag; the Work's source_rank() names it
-//   BatchIsendIrecv(ops)      posts every Send/Recv of `ops`, one Work each
-//   MonitoredBarrier()        blocking barrier through rank 0 that names
-//                             the ranks that did not arrive in time
-// The caller must keep the tensors' elements untouched until the Work
-// completes (the backend holds references, so they stay alive).
+// on a device the backend supports; outputs are written in place. Each
+// method's comment below says what it computes. The caller must keep the
+// tensors' elements untouched until the Work completes (the backend holds
+// references, so they stay alive).
 //
 // A backend that lacks an operation returns a Work failed with Unimplemented
 // naming the backend and the operation (the default for every method here).
@@ -40,6 +18,9 @@
 // Thread safety: implementations must accept calls from any thread; calls
 // from several threads are ordered by the moment they enter the backend, so
 // a program issuing from several threads must order them itself.
+//
+// Writing a backend: docs/guide/c10d.md. Design of Ferry's own:
+// docs/design/c10d_shm_and_gloo.md, docs/design/c10d_nccl_and_mpi.md.
 #ifndef FERRY_C10D_BACKEND_H_
 #define FERRY_C10D_BACKEND_H_
 
@@ -59,6 +40,8 @@
 namespace ferry {
 namespace c10d {
 
+// The collectives of one group, as one implementation provides them; the
+// base class fails every operation with Unimplemented.
 class Backend {
  public:
   // `name` is the registered name ("gloo"); rank in [0, size).
@@ -68,47 +51,70 @@ class Backend {
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
+  // The registered name ("gloo").
   const std::string& name() const { return name_; }
+  // This process's rank in [0, size()).
   int rank() const { return rank_; }
+  // The number of ranks in the group.
   int size() const { return size_; }
   // The default timeout of operations whose options leave it unset.
   absl::Duration timeout() const { return timeout_; }
 
+  // t = options.op over ranks of t.
   virtual std::shared_ptr<Work> Allreduce(Tensor tensor,
                                           const AllreduceOptions& options = {});
+  // t = root's t.
   virtual std::shared_ptr<Work> Broadcast(Tensor tensor,
                                           const BroadcastOptions& options = {});
+  // root's t = op over ranks of t; the others' t unchanged.
   virtual std::shared_ptr<Work> Reduce(Tensor tensor,
                                        const ReduceOptions& options = {});
+  // outputs[r] = rank r's input (outputs.size() == size()).
   virtual std::shared_ptr<Work> Allgather(std::vector<Tensor> outputs,
                                           Tensor input,
                                           const AllgatherOptions& options = {});
+  // At root, outputs[r] = rank r's input; outputs is empty elsewhere.
   virtual std::shared_ptr<Work> Gather(std::vector<Tensor> outputs,
                                        Tensor input,
                                        const GatherOptions& options = {});
+  // output = root's inputs[rank]; inputs is empty off root.
   virtual std::shared_ptr<Work> Scatter(Tensor output,
                                         std::vector<Tensor> inputs,
                                         const ScatterOptions& options = {});
+  // output = op over ranks r of r's inputs[rank].
   virtual std::shared_ptr<Work> ReduceScatter(
       Tensor output, std::vector<Tensor> inputs,
       const ReduceScatterOptions& options = {});
+  // outputs[r] = rank r's inputs[rank].
   virtual std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
                                          std::vector<Tensor> inputs,
                                          const AlltoallOptions& options = {});
+  // Completes once every rank has called it.
   virtual std::shared_ptr<Work> Barrier(const BarrierOptions& options = {});
+  // Sends t to dst_rank, matched with its Recv by options.tag.
   virtual std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
                                      const SendOptions& options = {});
+  // Receives into t from src_rank's Send with the same tag.
   virtual std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                                      const RecvOptions& options = {});
+  // output = concatenation over ranks r of r's input
+  // (output.numel() == size() * input.numel()).
   virtual std::shared_ptr<Work> AllgatherIntoTensor(
       Tensor output, Tensor input, const AllgatherOptions& options = {});
+  // output = op over ranks of chunk `rank` of input
+  // (input.numel() == size() * output.numel()).
   virtual std::shared_ptr<Work> ReduceScatterTensor(
       Tensor output, Tensor input, const ReduceScatterOptions& options = {});
+  // Rows of input go to ranks by options.input_split_sizes; output's rows
+  // come from ranks by output_split_sizes (uneven splits allowed).
   virtual std::shared_ptr<Work> AlltoallSingle(
       Tensor output, Tensor input, const AlltoallSingleOptions& options = {});
+  // Like Recv, from whichever rank sends first with that tag; the Work's
+  // source_rank() names it.
   virtual std::shared_ptr<Work> RecvAnysource(Tensor tensor,
                                               const RecvOptions& options = {});
-  // Default: Send / Recv for each entry, in order. Backends that can group
+  // Posts every Send / Recv of `ops`, one Work each. Default: Send / Recv
+  // for each entry, in order. Backends that can group
   // them (NCCL) override it.
   virtual std::vector<std::shared_ptr<Work>> BatchIsendIrecv(
       std::vector<P2POp> ops);
@@ -154,14 +160,14 @@ class Backend {
 // element count, root, ReduceOp, the call's sequence number and whether its
 // local arguments were valid; -1 where a field does not apply.
 struct CallSignature {
-  int64_t op = -1;
-  int64_t dtype = -1;
-  int64_t count = -1;
-  int64_t root = -1;
-  int64_t reduce_op = -1;
-  int64_t seq = -1;
-  int64_t valid = 1;
-  int64_t pad = 0;
+  int64_t op = -1;         // OpType
+  int64_t dtype = -1;      // DType
+  int64_t count = -1;      // element count
+  int64_t root = -1;       // root rank
+  int64_t reduce_op = -1;  // ReduceOp
+  int64_t seq = -1;        // the call's sequence number in the group
+  int64_t valid = 1;       // 1 if the local arguments were valid, else 0
+  int64_t pad = 0;         // padding, always 0; not compared
 };
 
 // --- Argument checks shared by backends ---------------------------------

@@ -16,6 +16,7 @@
 namespace ferry {
 namespace c10d {
 
+// A new registry with the backends and plugins above.
 std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry();
 
 }  // namespace c10d

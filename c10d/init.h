@@ -33,12 +33,13 @@
 namespace ferry {
 namespace c10d {
 
+// InitProcessGroup's arguments (see the top of this file).
 struct InitProcessGroupOptions {
-  std::string init_method;
-  std::shared_ptr<Store> store;
-  int rank = -1;
-  int world_size = -1;
-  ProcessGroupOptions group;
+  std::string init_method;  // tcp://, file:// or env://.
+  std::shared_ptr<Store> store;  // Instead of init_method.
+  int rank = -1;  // < 0: from init_method.
+  int world_size = -1;  // < 0: from init_method.
+  ProcessGroupOptions group;  // Backend spec, timeout...
   // Null: MakeDefaultBackendRegistry().
   std::shared_ptr<const BackendRegistry> registry;
 };

@@ -43,6 +43,7 @@
 // it to its registration's result.
 #define FERRY_C10D_PLUGIN_ENTRY_NAME "ferry_c10d_plugin_init"
 extern "C" {
+// The entry point's type (see FERRY_C10D_PLUGIN_ENTRY_NAME).
 typedef void (*FerryC10dPluginInit)(ferry::c10d::BackendRegistry* registry,
                                     absl::Status* status);
 }

@@ -45,6 +45,7 @@
 namespace ferry {
 namespace c10d {
 
+// How ProcessGroup::Create builds the group.
 struct ProcessGroupOptions {
   // Backend spec (see above).
   std::string backend = "gloo";
@@ -66,6 +67,7 @@ struct ProcessGroupOptions {
 absl::StatusOr<std::map<DeviceType, std::string>> ParseBackendSpec(
     absl::string_view spec, const BackendRegistry& registry);
 
+// A group of ranks and its backends (see the top of this file).
 class ProcessGroup {
  public:
   // `store` is shared by the group's backends (through prefixes); `registry`
@@ -79,8 +81,9 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return rank_; }  // This process's rank in the group.
+  int size() const { return size_; }  // The number of ranks.
+  // The group's store namespace (ProcessGroupOptions::name).
   const std::string& name() const { return options_.name; }
   // "cpu:gloo,cuda:nccl".
   std::string BackendSpec() const;
@@ -92,41 +95,60 @@ class ProcessGroup {
   // when there is none.
   absl::StatusOr<Backend*> GetBackend(DeviceType device) const;
 
+  // The collectives: the Backend method of the same name (backend.h), on
+  // the backend of the tensors' device type.
   std::shared_ptr<Work> Allreduce(Tensor tensor,
                                   const AllreduceOptions& options = {});
+  // Backend::Broadcast on the tensors' backend.
   std::shared_ptr<Work> Broadcast(Tensor tensor,
                                   const BroadcastOptions& options = {});
+  // Backend::Reduce on the tensors' backend.
   std::shared_ptr<Work> Reduce(Tensor tensor,
                                const ReduceOptions& options = {});
+  // Backend::Allgather on the tensors' backend.
   std::shared_ptr<Work> Allgather(std::vector<Tensor> outputs, Tensor input,
                                   const AllgatherOptions& options = {});
+  // Backend::Gather on the tensors' backend.
   std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input,
                                const GatherOptions& options = {});
+  // Backend::Scatter on the tensors' backend.
   std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs,
                                 const ScatterOptions& options = {});
+  // Backend::ReduceScatter on the tensors' backend.
   std::shared_ptr<Work> ReduceScatter(Tensor output, std::vector<Tensor> inputs,
                                       const ReduceScatterOptions& options = {});
+  // Backend::Alltoall on the tensors' backend.
   std::shared_ptr<Work> Alltoall(std::vector<Tensor> outputs,
                                  std::vector<Tensor> inputs,
                                  const AlltoallOptions& options = {});
+  // Backend::Barrier, on the CPU backend when there is one.
   std::shared_ptr<Work> Barrier(const BarrierOptions& options = {});
+  // Backend::Send on the tensors' backend.
   std::shared_ptr<Work> Send(Tensor tensor, int dst_rank,
                              const SendOptions& options = {});
+  // Backend::Recv on the tensors' backend.
   std::shared_ptr<Work> Recv(Tensor tensor, int src_rank,
                              const RecvOptions& options = {});
   // The flat and uneven forms, any-source receive, batched point-to-point
   // and the monitored barrier, as in backend.h. BatchIsendIrecv dispatches
   // on its tensors' device type (all must share it; an empty batch returns
   // no Works); MonitoredBarrier uses the CPU backend when there is one.
+  //
+  // Backend::AllgatherIntoTensor on the tensors' backend.
   std::shared_ptr<Work> AllgatherIntoTensor(
       Tensor output, Tensor input, const AllgatherOptions& options = {});
+  // Backend::ReduceScatterTensor on the tensors' backend.
   std::shared_ptr<Work> ReduceScatterTensor(
       Tensor output, Tensor input, const ReduceScatterOptions& options = {});
+  // Backend::AlltoallSingle on the tensors' backend.
   std::shared_ptr<Work> AlltoallSingle(
       Tensor output, Tensor input, const AlltoallSingleOptions& options = {});
+  // Backend::RecvAnysource on the tensors' backend.
   std::shared_ptr<Work> RecvAnysource(Tensor tensor,
                                       const RecvOptions& options = {});
+  // Backend::BatchIsendIrecv on the tensors' backend (see above).
   std::vector<std::shared_ptr<Work>> BatchIsendIrecv(std::vector<P2POp> ops);
+  // Backend::MonitoredBarrier (see above).
   absl::Status MonitoredBarrier(const MonitoredBarrierOptions& options = {});
 
   // torch.distributed.new_group: a group of `ranks` (ranks of this group;

@@ -43,8 +43,8 @@ struct BackendConfig {
   // A store namespace private to this backend instance (already prefixed);
   // the backend may keep it.
   std::shared_ptr<Store> store;
-  int rank = 0;
-  int size = 1;
+  int rank = 0;  // This process's rank.
+  int size = 1;  // The group's size.
   // Default timeout for rendezvous and operations.
   absl::Duration timeout = absl::Minutes(30);
   // Free-form, backend-specific settings (e.g. gloo's "hostname").
@@ -55,9 +55,11 @@ struct BackendConfig {
   std::string rendezvous_host;
 };
 
+// Makes one backend instance for a process group.
 using BackendFactory = std::function<absl::StatusOr<std::unique_ptr<Backend>>(
     const BackendConfig&)>;
 
+// Backend factories by name: what process groups are built from.
 class BackendRegistry {
  public:
   BackendRegistry();
@@ -74,6 +76,7 @@ class BackendRegistry {
                                std::vector<DeviceType> devices = {
                                    DeviceType::kCPU});
 
+  // Whether `name` has a factory.
   bool IsRegistered(absl::string_view name) const;
   // Registered names, sorted.
   std::vector<std::string> Names() const;

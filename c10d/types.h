@@ -34,6 +34,7 @@ enum class ReduceOp : int {
   kBxor = 7,
 };
 
+// Every ReduceOp, in value order (for tests and loops over them).
 inline constexpr ReduceOp kAllReduceOps[] = {
     ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,
     ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor,
@@ -66,82 +67,93 @@ enum class OpType : int {
 // "Allreduce", "Broadcast", ... (the method names).
 absl::string_view OpTypeName(OpType op);
 
+// Backend::Allreduce's options.
 struct AllreduceOptions {
-  ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  ReduceOp op = ReduceOp::kSum;  // How values combine.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Broadcast's options.
 struct BroadcastOptions {
-  int root = 0;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int root = 0;  // The rank whose tensor every rank gets.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Reduce's options.
 struct ReduceOptions {
-  int root = 0;
-  ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int root = 0;                  // The rank that gets the result.
+  ReduceOp op = ReduceOp::kSum;  // How values combine.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Allgather's and AllgatherIntoTensor's options.
 struct AllgatherOptions {
-  std::optional<absl::Duration> timeout = std::nullopt;
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Gather's options.
 struct GatherOptions {
-  int root = 0;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int root = 0;  // The rank that gathers.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Scatter's options.
 struct ScatterOptions {
-  int root = 0;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int root = 0;  // The rank that scatters.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::ReduceScatter's and ReduceScatterTensor's options.
 struct ReduceScatterOptions {
-  ReduceOp op = ReduceOp::kSum;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  ReduceOp op = ReduceOp::kSum;  // How values combine.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Alltoall's options.
 struct AlltoallOptions {
-  std::optional<absl::Duration> timeout = std::nullopt;
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
 // torch.distributed.all_to_all_single: splits count rows (dim 0) sent to /
 // received from each rank; empty means dim 0 divided equally by the group
 // size.
 struct AlltoallSingleOptions {
-  std::vector<int64_t> output_split_sizes;
-  std::vector<int64_t> input_split_sizes;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  std::vector<int64_t> output_split_sizes;  // Rows received from each rank.
+  std::vector<int64_t> input_split_sizes;   // Rows sent to each rank.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Barrier's options.
 struct BarrierOptions {
-  std::optional<absl::Duration> timeout = std::nullopt;
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
 // Point-to-point: a Send matches the Recv on the peer with the same tag
 // (>= 0); several with the same (peer, tag) match in issue order.
 struct SendOptions {
-  int tag = 0;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int tag = 0;  // Matches the Recv with the same tag.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
+// Backend::Recv's and RecvAnysource's options (see SendOptions).
 struct RecvOptions {
-  int tag = 0;
-  std::optional<absl::Duration> timeout = std::nullopt;
+  int tag = 0;  // Matches the Send with the same tag.
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
 };
 
 // One entry of a batched point-to-point call (torch.distributed.P2POp).
 struct P2POp {
+  // Which operation.
   enum class Kind { kSend, kRecv };
-  Kind kind = Kind::kSend;
-  Tensor tensor;
-  int peer = 0;
-  int tag = 0;
+  Kind kind = Kind::kSend;           // Which operation.
+  Tensor tensor;                     // Sent, or received into.
+  int peer = 0;                      // The other rank.
+  int tag = 0;                       // As SendOptions::tag.
 };
 
 // torch.distributed.monitored_barrier.
 struct MonitoredBarrierOptions {
-  std::optional<absl::Duration> timeout = std::nullopt;
+  std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
   // Rank 0 waits for every rank (naming all late ones) rather than failing
   // at the first that is late.
   bool wait_all_ranks = false;

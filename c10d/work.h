@@ -33,6 +33,7 @@
 namespace ferry {
 namespace c10d {
 
+// The handle of one asynchronous collective: wait on it, or its future.
 class Work {
  public:
   // `description` names the operation in errors, e.g.
@@ -48,9 +49,9 @@ class Work {
   static std::shared_ptr<Work> Completed(std::string description,
                                          absl::Status status);
 
-  const std::string& description() const { return description_; }
+  const std::string& description() const { return description_; }  // As given.
 
-  bool IsCompleted() const;
+  bool IsCompleted() const;  // Completed, with any status.
   // Completed with OK.
   bool IsSuccess() const;
   // The error the work completed with; OK while pending or on success.
@@ -70,7 +71,7 @@ class Work {
   // RecvAnysource: the rank the message came from, set by the backend
   // before it completes the work; -1 otherwise.
   int source_rank() const { return source_rank_.load(); }
-  void set_source_rank(int rank) { source_rank_.store(rank); }
+  void set_source_rank(int rank) { source_rank_.store(rank); }  // For backends.
 
  protected:
   // Called by Wait, on the waiting thread, before it blocks: a backend may

@@ -33,10 +33,11 @@
 
 namespace ferry {
 
-using Task = absl::AnyInvocable<void()>;
+using Task = absl::AnyInvocable<void()>;  // Work an executor runs once.
 // Called instead of a task that was accepted but will never run.
 using CancelCallback = absl::AnyInvocable<void(const absl::Status&)>;
 
+// Runs submitted tasks somewhere else than the caller's thread.
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -48,17 +49,22 @@ class Executor {
                               CancelCallback on_cancel = nullptr) = 0;
 };
 
+// A fixed pool of threads over a bounded FIFO queue (see the top of this
+// file).
 class ThreadPoolExecutor final : public Executor {
  public:
+  // The pool's size and names.
   struct Options {
     std::string name = "executor";  // Appears in errors and log labels.
-    int num_threads = 4;
+    int num_threads = 4;  // Threads started by the constructor.
     size_t max_queue = 1 << 16;  // Tasks waiting (not running).
     std::string log_label;       // Label for the threads' log lines.
   };
 
+  // See Shutdown.
   enum class ShutdownMode { kDrain, kCancelPending };
 
+  // Starts options.num_threads threads.
   explicit ThreadPoolExecutor(Options options);
   ~ThreadPoolExecutor() override;
 
@@ -68,15 +74,18 @@ class ThreadPoolExecutor final : public Executor {
   absl::Status Submit(Task task, CancelCallback on_cancel = nullptr) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Stops accepting tasks, runs (kDrain) or cancels (kCancelPending) the
+  // queued ones, and joins the threads (see the top of this file).
   absl::Status Shutdown(ShutdownMode mode = ShutdownMode::kDrain)
       ABSL_LOCKS_EXCLUDED(mu_, join_mu_);
 
   // True if the calling thread is one of this pool's threads.
   bool InPool() const;
 
+  // Tasks waiting now (not running).
   size_t QueueSize() const ABSL_LOCKS_EXCLUDED(mu_);
-  int num_threads() const { return options_.num_threads; }
-  const std::string& name() const { return options_.name; }
+  int num_threads() const { return options_.num_threads; }  // As configured.
+  const std::string& name() const { return options_.name; }  // As configured.
 
  private:
   struct Entry {

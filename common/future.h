@@ -234,15 +234,16 @@ struct ContinuationValue<Future<U>> {
 
 }  // namespace future_internal
 
+// The reading end of an asynchronous result (see the top of this file).
 template <typename T>
 class Future {
  public:
-  using ValueType = T;
+  using ValueType = T;  // The T of Future<T>.
 
   // An invalid future (no state); only assignment and valid() may be used.
   Future() = default;
 
-  bool valid() const { return state_ != nullptr; }
+  bool valid() const { return state_ != nullptr; }  // Has a state.
 
   // True once the promise has been completed.
   bool IsReady() const { return state_->IsReady(); }
@@ -280,8 +281,8 @@ class Future {
   }
 
   // Chains a continuation and returns the future of its result. `f` receives
-  // `const Result<T>&` and returns U, StatusOr<U>, Status (-> Future<void>)
-  // or Future<U> (flattened).
+  // `const Result<T>&` and returns `U`, `StatusOr<U>`, `Status` (->
+  // `Future<void>`) or `Future<U>` (flattened).
   template <typename F>
   auto Then(F f) const {
     using R = future_internal::CallResult<F, const Result<T>&>;
@@ -320,16 +321,21 @@ class Future {
   std::shared_ptr<future_internal::State<T>> state_;
 };
 
+// The writing end: completes the shared state once (see the top of this
+// file).
 template <typename T>
 class Promise {
  public:
   Promise() : state_(std::make_shared<future_internal::State<T>>()) {
     state_->AddPromise();
   }
+  // Another promise of the same state (the state is abandoned only when
+  // the last one goes without completing it).
   Promise(const Promise& other) : state_(other.state_) {
     if (state_ != nullptr) state_->AddPromise();
   }
-  Promise(Promise&& other) noexcept = default;
+  Promise(Promise&& other) noexcept = default;  // Leaves `other` empty.
+  // Takes `other`'s state, dropping this one's (which may abandon it).
   Promise& operator=(Promise other) noexcept {
     std::swap(state_, other.state_);
     return *this;
@@ -338,16 +344,19 @@ class Promise {
     if (state_ != nullptr) state_->DropPromise();
   }
 
+  // A future of this promise's state; any number may be taken.
   Future<T> GetFuture() const { return Future<T>(state_); }
 
   // Each returns true if this call completed the state, false if it was
   // already complete (the result is then unchanged).
   bool Set(Result<T> result) { return state_->Complete(std::move(result)); }
 
+  // Set(value); for Promise<void>, SetValue() sets OK.
   template <typename U = T, typename = std::enable_if_t<!std::is_void_v<U>>>
   bool SetValue(U value) {
     return Set(Result<T>(std::move(value)));
   }
+  // Set(OK), for Promise<void>.
   template <typename U = T, typename = std::enable_if_t<std::is_void_v<U>>>
   bool SetValue() {
     return Set(absl::OkStatus());
@@ -360,23 +369,26 @@ class Promise {
     return Set(Result<T>(std::move(error)));
   }
 
-  bool IsReady() const { return state_->IsReady(); }
+  bool IsReady() const { return state_->IsReady(); }  // Completed already.
 
  private:
   // A moved-from Promise holds none (and may only be destroyed or assigned).
   std::shared_ptr<future_internal::State<T>> state_;
 };
 
+// A future already complete with `result`.
 template <typename T>
 Future<T> MakeReadyFuture(Result<T> result) {
   return future_internal::Access::Make(
       std::make_shared<future_internal::State<T>>(std::move(result)));
 }
 
+// A Future<void> already complete with OK.
 inline Future<void> MakeReadyFuture() {
   return MakeReadyFuture<void>(absl::OkStatus());
 }
 
+// A future already complete with `error` (not OK; see Promise::SetError).
 template <typename T>
 Future<T> MakeErrorFuture(absl::Status error) {
   Promise<T> p;

@@ -18,25 +18,31 @@
 
 namespace ferry {
 
+// A worker id and a 48-bit local id in one 64-bit value (see above).
 class GlobalId {
  public:
-  static constexpr int kLocalBits = 48;
+  static constexpr int kLocalBits = 48;  // Bits of the local id.
+  // Largest local id.
   static constexpr uint64_t kMaxLocal = (uint64_t{1} << kLocalBits) - 1;
-  static constexpr uint64_t kMaxWorker = 0xFFFF;
+  static constexpr uint64_t kMaxWorker = 0xFFFF;  // Largest worker id.
 
   constexpr GlobalId() = default;
+  // `local_id` is cut to kLocalBits.
   constexpr GlobalId(uint16_t worker_id, uint64_t local_id)
       : value_((uint64_t{worker_id} << kLocalBits) | (local_id & kMaxLocal)) {}
+  // The id whose value() is `value`.
   static constexpr GlobalId FromValue(uint64_t value) {
     GlobalId id;
     id.value_ = value;
     return id;
   }
 
-  constexpr uint64_t value() const { return value_; }
+  constexpr uint64_t value() const { return value_; }  // Both parts.
+  // The minting worker.
   constexpr uint16_t worker_id() const {
     return static_cast<uint16_t>(value_ >> kLocalBits);
   }
+  // The counter part.
   constexpr uint64_t local_id() const { return value_ & kMaxLocal; }
 
   std::string ToString() const;  // "GlobalId(worker=3, local=17)"
@@ -57,6 +63,7 @@ class GlobalId {
   uint64_t value_ = 0;
 };
 
+// Mints one worker's GlobalIds.
 class IdGenerator {
  public:
   // Ids start at local id `first_local` (default 0).
@@ -67,7 +74,7 @@ class IdGenerator {
   // been minted, rather than wrapping into ids already in use.
   absl::StatusOr<GlobalId> Next();
 
-  uint16_t worker_id() const { return worker_id_; }
+  uint16_t worker_id() const { return worker_id_; }  // As constructed.
 
  private:
   const uint16_t worker_id_;

@@ -42,9 +42,11 @@
 
 // Short names, as used throughout Ferry's sources.
 #ifndef RETURN_IF_ERROR
+// FERRY_RETURN_IF_ERROR (unless a RETURN_IF_ERROR is defined already).
 #define RETURN_IF_ERROR(expr) FERRY_RETURN_IF_ERROR(expr)
 #endif
 #ifndef ASSIGN_OR_RETURN
+// FERRY_ASSIGN_OR_RETURN (unless an ASSIGN_OR_RETURN is defined already).
 #define ASSIGN_OR_RETURN(lhs, rexpr) FERRY_ASSIGN_OR_RETURN(lhs, rexpr)
 #endif
 

@@ -28,13 +28,17 @@
 
 namespace ferry {
 
+// A mutex with absl::Mutex's API subset (Lock, Await, ...) on std::mutex
+// (see the top of this file). Not recursive.
 class ABSL_LOCKABLE Mutex {
  public:
   Mutex() = default;
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
+  // Blocks until held.
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  // Takes the lock if free; whether it did.
   bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
     return mu_.try_lock();
   }
@@ -46,6 +50,7 @@ class ABSL_LOCKABLE Mutex {
     if (awaiters_ > 0) changed_.notify_all();
     mu_.unlock();
   }
+  // For the analysis only.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {}
 
   // Requires the lock. Releases it until `cond` holds, then returns holding it.
@@ -58,6 +63,7 @@ class ABSL_LOCKABLE Mutex {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
     return AwaitUntil(cond, absl::Now() + timeout);
   }
+  // AwaitWithTimeout with an absolute deadline.
   bool AwaitWithDeadline(const absl::Condition& cond, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
     return AwaitUntil(cond, deadline);
@@ -74,8 +80,10 @@ class ABSL_LOCKABLE Mutex {
   int awaiters_ = 0;  // Guarded by mu_ (not annotatable: it is the lock).
 };
 
+// Holds a Mutex for its scope.
 class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
+  // Locks `mu` (not null) until destroyed.
   explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
     mu_->Lock();
   }
@@ -90,6 +98,7 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 // A condition variable used with ferry::Mutex (explicit Signal/SignalAll).
 class CondVar {
  public:
+  // Releases `mu` until signalled (or woken spuriously), then retakes it.
   void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     cv_.wait(lock);
@@ -100,6 +109,7 @@ class CondVar {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return WaitWithDeadline(mu, absl::Now() + timeout);
   }
+  // WaitWithTimeout with an absolute deadline.
   bool WaitWithDeadline(Mutex* mu, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
@@ -108,8 +118,8 @@ class CondVar {
     lock.release();
     return timed_out;
   }
-  void Signal() { cv_.notify_one(); }
-  void SignalAll() { cv_.notify_all(); }
+  void Signal() { cv_.notify_one(); }  // Wakes one waiter.
+  void SignalAll() { cv_.notify_all(); }  // Wakes every waiter.
 
  private:
   std::condition_variable cv_;
@@ -118,18 +128,22 @@ class CondVar {
 // A one-shot event: Notify() once, any number of waiters.
 class Notification {
  public:
+  // Sets the event and wakes the waiters; idempotent.
   void Notify() {
     MutexLock lock(&mu_);
     notified_ = true;
   }
+  // Whether Notify ran.
   bool HasBeenNotified() {
     MutexLock lock(&mu_);
     return notified_;
   }
+  // Blocks until Notify ran.
   void WaitForNotification() {
     MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&notified_));
   }
+  // Waits up to `timeout`; whether Notify ran.
   bool WaitForNotificationWithTimeout(absl::Duration timeout) {
     MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(absl::Condition(&notified_), timeout);

@@ -8,23 +8,6 @@
 //     optimizer step on model->parameters();
 //   }
 //
-// Construction (collective: every rank calls Create with the same group):
-// all-gathers every rank's parameter count, dtypes and shapes; on any
-// difference every rank fails with InvalidArgument naming the first
-// differing parameter (by index and this rank's name) and the first rank
-// that differs from rank 0. Then rank 0's parameter values are broadcast.
-// (Modules have no buffers yet, so there are none to broadcast.)
-//
-// Backward(loss) runs the autograd pass with the Reducer's hooks active
-// (see reducer.h: bucketed all-reduce overlapped with backward) and returns
-// once every parameter's .grad holds the average over ranks. After a
-// synchronized pass every parameter has a .grad (zeros from ranks where it
-// was unused). Custom loops may call PrepareForBackward, any autograd
-// backward over the loss, then FinishBackward.
-//
-// no_sync: while a NoSyncGuard lives, Backward only accumulates locally;
-// the next synchronized Backward reduces the accumulated sum.
-//
 // Options: DdpOptions (reducer.h), listed in docs/guide/ddp.md.
 //
 // Errors: a failed or timed-out collective, or a parameter that got no
@@ -53,6 +36,7 @@
 
 namespace ferry::ddp {
 
+// DDP's options are the Reducer's (reducer.h).
 using DdpOptions = ReducerOptions;
 
 // Checks that every rank of `pg` holds parameters of the same count, dtypes
@@ -62,8 +46,17 @@ absl::Status VerifyParameters(
     const std::vector<std::pair<std::string, Tensor>>& named_params,
     absl::Duration timeout);
 
+// Averages the gradients of a model's replicas over the ranks of a group
+// during backward (see the top of this file).
 class DistributedDataParallel {
  public:
+  // Collective: every rank calls Create with the same group. All-gathers
+  // every rank's parameter count, dtypes and shapes; on any difference every
+  // rank fails with InvalidArgument naming the first differing parameter (by
+  // index and this rank's name) and the first rank that differs from rank 0.
+  // Then rank 0's parameter values are broadcast. (Modules have no buffers
+  // yet, so there are none to broadcast.)
+  //
   // Wraps a module (Forward runs it) ...
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       std::shared_ptr<nn::Module> module,
@@ -76,12 +69,23 @@ class DistributedDataParallel {
   // The wrapped module's forward. Aborts when created from parameters.
   Tensor Forward(const Tensor& input);
 
+  // Runs the autograd pass from `loss` with the Reducer's hooks active
+  // (reducer.h: bucketed all-reduce overlapped with backward) and returns
+  // once every parameter's .grad holds the average over ranks. After a
+  // synchronized pass every parameter has a .grad (zeros from ranks where it
+  // was unused). Errors: see the top of this file.
   absl::Status Backward(const Tensor& loss);
+  // For custom loops: PrepareForBackward(outputs), any autograd backward
+  // over the loss, then FinishBackward, which waits for the reductions.
   absl::Status PrepareForBackward(const std::vector<Tensor>& outputs);
+  // Ends a pass begun with PrepareForBackward (see there).
   absl::Status FinishBackward();
 
+  // While a NoSyncGuard lives, Backward only accumulates locally; the next
+  // synchronized Backward reduces the accumulated sum. Not thread-safe.
   class NoSyncGuard {
    public:
+    // Turns synchronization off for `ddp` until destroyed.
     explicit NoSyncGuard(DistributedDataParallel* ddp)
         : ddp_(ddp), prev_(ddp->sync_) {
       ddp_->sync_ = false;
@@ -96,9 +100,12 @@ class DistributedDataParallel {
   };
   // Local accumulation only while the guard lives.
   [[nodiscard]] NoSyncGuard NoSync() { return NoSyncGuard(this); }
+  // False while a NoSyncGuard lives.
   bool require_grad_sync() const { return sync_; }
 
+  // The Reducer that buckets and all-reduces the gradients.
   Reducer& reducer() { return *reducer_; }
+  // The group the gradients are averaged over.
   c10d::ProcessGroup& process_group() { return *pg_; }
 
  private:

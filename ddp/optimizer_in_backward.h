@@ -21,6 +21,7 @@ namespace ferry::ddp {
 
 // `num_params`: how many parameters the DDP holds.
 BucketOptimizer SgdInBackward(optim::SgdOptions options, size_t num_params);
+// Adam per bucket (AdamW with `decoupled_weight_decay`).
 BucketOptimizer AdamInBackward(optim::AdamOptions options, size_t num_params,
                                bool decoupled_weight_decay = false);
 

@@ -50,13 +50,13 @@ namespace ferry::ddp {
 
 // One bucket as a communication hook sees it.
 struct GradBucket {
-  int index = 0;
+  int index = 0;  // The bucket's position in launch order.
   // Flat, contiguous, one dtype: the local gradients of `parameters`
   // (summed over any no_sync passes), each at its offset.
   Tensor buffer;
   // Indices (registration order) of the parameters in this bucket.
   std::vector<int> parameters;
-  int world_size = 1;
+  int world_size = 1;  // The group's size.
 };
 
 // Returns a future of the bucket's *averaged* gradients: a flat tensor with
@@ -70,7 +70,7 @@ CommHook AllreduceHook();
 // Same in float16 / bfloat16: compress, all-reduce, decompress into the
 // buffer (half the bytes on the wire for float32 gradients).
 CommHook Fp16CompressHook();
-CommHook Bf16CompressHook();
+CommHook Bf16CompressHook();  // The same in bfloat16.
 
 // An optimizer step over one bucket's parameters, run as soon as the
 // bucket's averaged gradients are in place (optimizer overlapped with
@@ -82,11 +82,12 @@ using BucketOptimizer = std::function<absl::Status(
     const std::vector<int>& indices, const std::vector<Tensor>& params,
     const std::vector<Tensor>& grads)>;
 
+// How the Reducer buckets and reduces (docs/guide/ddp.md lists them).
 struct ReducerOptions {
-  int64_t first_bucket_bytes = int64_t{1} << 20;
-  int64_t bucket_cap_bytes = int64_t{25} << 20;
-  bool gradient_as_bucket_view = false;
-  bool find_unused_parameters = false;
+  int64_t first_bucket_bytes = int64_t{1} << 20;  // Cap of the first bucket.
+  int64_t bucket_cap_bytes = int64_t{25} << 20;  // Cap of the others.
+  bool gradient_as_bucket_view = false;  // .grad is a view into the bucket.
+  bool find_unused_parameters = false;  // See Prepare.
   // Rebuild buckets in ready order after the first pass (see above).
   bool rebuild_buckets = true;
   // The graph (which parameters are used, and their ready order) is the
@@ -110,6 +111,7 @@ std::vector<std::vector<int>> AssignBuckets(const std::vector<Tensor>& params,
                                             const std::vector<int>& order,
                                             int64_t first_cap, int64_t cap);
 
+// Buckets and averages one model's gradients (see the top of this file).
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   // `params` are leaves that require grad, identical in shape, dtype and

@@ -60,6 +60,7 @@ using FunctionalOptions =
 // another agent that installs it too).
 class DistOptimizerService {
  public:
+  // Install's settings.
   struct Options {
     // When set, held while any optimizer of this service updates its
     // parameters. Steps of optimizers sharing parameters (one per trainer,
@@ -77,6 +78,7 @@ class DistOptimizerService {
   static absl::StatusOr<std::shared_ptr<DistOptimizerService>> Install(
       rpc::Agent& agent, Options options);
 
+  // Optimizers created here and not yet released.
   size_t num_optimizers() const;
 
  private:

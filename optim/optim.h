@@ -25,49 +25,60 @@
 
 namespace ferry::optim {
 
+// torch.optim.SGD's hyperparameters.
 struct SgdOptions {
-  double lr = 0.01;
-  double momentum = 0;
-  double dampening = 0;
-  bool nesterov = false;
-  double weight_decay = 0;
+  double lr = 0.01;          // learning rate
+  double momentum = 0;       // momentum factor; 0: none
+  double dampening = 0;      // dampening of the momentum
+  bool nesterov = false;     // Nesterov momentum
+  double weight_decay = 0;   // L2 penalty
 };
+// SGD's state across steps.
 struct SgdState {
   std::vector<Tensor> momentum_buffer;  // Per parameter; undefined at start.
 };
+// One SGD step over `params` with `grads` (see the top of this file).
 absl::Status SgdStep(const std::vector<Tensor>& params,
                      const std::vector<Tensor>& grads, SgdState& state,
                      const SgdOptions& options);
 
+// torch.optim.Adam's (and AdamW's) hyperparameters.
 struct AdamOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double lr = 1e-3;         // learning rate
+  double beta1 = 0.9;       // decay of the first moment estimate
+  double beta2 = 0.999;     // decay of the second moment estimate
+  double eps = 1e-8;        // added to the denominator
   double weight_decay = 0;  // L2 for Adam, decoupled for AdamW.
 };
+// Adam's state across steps, per parameter (empty at start).
 struct AdamState {
-  std::vector<int64_t> step;
+  std::vector<int64_t> step;  // steps taken
+  // First and second moment estimates.
   std::vector<Tensor> exp_avg, exp_avg_sq;
 };
+// One Adam step (weight decay as an L2 term added to the gradient).
 absl::Status AdamStep(const std::vector<Tensor>& params,
                       const std::vector<Tensor>& grads, AdamState& state,
                       const AdamOptions& options);
+// One AdamW step (weight decay decoupled from the gradient).
 absl::Status AdamWStep(const std::vector<Tensor>& params,
                        const std::vector<Tensor>& grads, AdamState& state,
                        const AdamOptions& options);
 
+// torch.optim.Adagrad's hyperparameters.
 struct AdagradOptions {
-  double lr = 0.01;
-  double lr_decay = 0;
-  double weight_decay = 0;
-  double initial_accumulator_value = 0;
-  double eps = 1e-10;
+  double lr = 0.01;                      // learning rate
+  double lr_decay = 0;                   // lr / (1 + (step - 1) * lr_decay)
+  double weight_decay = 0;               // L2 penalty
+  double initial_accumulator_value = 0;  // where each sum starts
+  double eps = 1e-10;                    // added to the denominator
 };
+// Adagrad's state across steps, per parameter (empty at start).
 struct AdagradState {
-  std::vector<int64_t> step;
-  std::vector<Tensor> sum;
+  std::vector<int64_t> step;  // steps taken
+  std::vector<Tensor> sum;    // sums of squared gradients
 };
+// One Adagrad step.
 absl::Status AdagradStep(const std::vector<Tensor>& params,
                          const std::vector<Tensor>& grads, AdagradState& state,
                          const AdagradOptions& options);
@@ -76,23 +87,31 @@ absl::Status AdagradStep(const std::vector<Tensor>& params,
 // current .grad; ZeroGrad() clears them.
 class Optimizer {
  public:
+  // Steps `params`, in this order.
   explicit Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {}
   virtual ~Optimizer() = default;
+  // Steps the parameters with their current .grad (undefined: skipped).
   absl::Status Step();
+  // Clears every parameter's .grad (leaves it undefined).
   void ZeroGrad();
+  // The parameters, in the order given.
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
+  // The step over params() with `grads` (one per parameter, in order).
   virtual absl::Status StepWith(const std::vector<Tensor>& grads) = 0;
 
  private:
   std::vector<Tensor> params_;
 };
 
+// torch.optim.SGD: SgdStep over the parameters' .grad.
 class SGD : public Optimizer {
  public:
+  // Steps `params` with `options`.
   SGD(std::vector<Tensor> params, SgdOptions options)
       : Optimizer(std::move(params)), options_(options) {}
+  // The momentum buffers.
   const SgdState& state() const { return state_; }
 
  private:
@@ -103,8 +122,11 @@ class SGD : public Optimizer {
   SgdState state_;
 };
 
+// torch.optim.Adam: AdamStep (AdamWStep when `decoupled`) over the
+// parameters' .grad.
 class Adam : public Optimizer {
  public:
+  // Steps `params` with `options`; `decoupled`: AdamW's weight decay.
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled = false)
       : Optimizer(std::move(params)),
         options_(options),
@@ -120,14 +142,18 @@ class Adam : public Optimizer {
   AdamState state_;
 };
 
+// torch.optim.AdamW: Adam with decoupled weight decay.
 class AdamW : public Adam {
  public:
+  // Steps `params` with `options`.
   AdamW(std::vector<Tensor> params, AdamOptions options)
       : Adam(std::move(params), options, /*decoupled=*/true) {}
 };
 
+// torch.optim.Adagrad: AdagradStep over the parameters' .grad.
 class Adagrad : public Optimizer {
  public:
+  // Steps `params` with `options`.
   Adagrad(std::vector<Tensor> params, AdagradOptions options)
       : Optimizer(std::move(params)), options_(options) {}
 

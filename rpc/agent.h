@@ -25,9 +25,8 @@
 // Lifecycle: Shutdown(graceful=true) is collective (every worker calls it);
 // Shutdown(false) cancels outgoing calls and stops at once; idempotent.
 // Ids are never reused; a departed worker stays known by id and name.
-// Several agents may live in one process; nothing is process-wide.
-// Thread safety: every public method is safe from any thread, including
-// from handlers the agent is running.
+// Several agents may live in one process; nothing is process-wide. Thread
+// safety: every public method is safe from any thread, handlers included.
 // Design: docs/design/grpc_agent.md
 #ifndef FERRY_RPC_AGENT_H_
 #define FERRY_RPC_AGENT_H_
@@ -61,8 +60,9 @@
 
 namespace ferry::rpc {
 
+// A member of the group as the agent knows it.
 struct WorkerInfo {
-  std::string name;
+  std::string name;     // Unique in the group.
   int id = -1;          // The rank.
   std::string address;  // Transport-specific ("127.0.0.1:port" for gRPC).
 };
@@ -70,10 +70,16 @@ struct WorkerInfo {
 // Names a peer: by name, id (rank) or WorkerInfo.
 class WorkerRef {
  public:
+  // Implicit, so that a name, an id or a WorkerInfo is accepted where a
+  // WorkerRef is expected.
   WorkerRef(const char* name) : ref_(std::string(name)) {}  // NOLINT
+  // By name.
   WorkerRef(std::string name) : ref_(std::move(name)) {}    // NOLINT
+  // By id (the rank).
   WorkerRef(int id) : ref_(id) {}                           // NOLINT
+  // By the member's id.
   WorkerRef(const WorkerInfo& info) : ref_(info.id) {}      // NOLINT
+  // The name or the id.
   const std::variant<std::string, int>& ref() const { return ref_; }
 
  private:
@@ -104,6 +110,7 @@ using Interceptor = std::function<absl::Status(
 using PeerFailureListener =
     std::function<void(const WorkerInfo& peer, const absl::Status& why)>;
 
+// What happened to a member (MembershipListener).
 enum class MembershipChange { kJoined = 1, kLeft = 2 };
 // Told that `worker` joined or left the group. Runs on the thread that
 // applied the change (the agent's executor or the caller of Join / Leave),
@@ -111,10 +118,14 @@ enum class MembershipChange { kJoined = 1, kLeft = 2 };
 using MembershipListener =
     std::function<void(const WorkerInfo& worker, MembershipChange change)>;
 
+// A named worker of a group (see the top of this file); transports derive
+// from it.
 class Agent {
  public:
+  // The transport-independent settings.
   struct Options {
-    int num_worker_threads = 16;
+    int num_worker_threads = 16;  // Threads of the executor running handlers.
+    // Default timeout of Send and calls.
     absl::Duration rpc_timeout = absl::Seconds(60);
     // Queue bound of the executor running handlers.
     size_t max_pending_calls = 1 << 16;
@@ -137,6 +148,7 @@ class Agent {
   // A present member; NotFound for an unknown name or id, Unavailable naming
   // the worker for one that left.
   absl::StatusOr<WorkerInfo> GetWorkerInfo(const WorkerRef& ref) const;
+  // Every present member, by id.
   std::vector<WorkerInfo> GetWorkerInfos() const;
 
   // --- Membership (see the header comment). ---
@@ -166,6 +178,7 @@ class Agent {
   // Serves `type`. AlreadyExists if taken (kCall is built in); InvalidArgument
   // for kUnspecified. Register before peers send that type.
   absl::Status RegisterHandler(MessageType type, Handler handler);
+  // Whether `type` has a handler (RegisterHandler, or built in).
   bool HasHandler(MessageType type) const;
 
   // Adds an interceptor; interceptors run in the order added.
@@ -186,12 +199,14 @@ class Agent {
 
   // Layers' inspectors (rpc/inspect.h), exposed by the transport's admin
   // service.
-  InspectorRegistry& inspectors() { return inspectors_; }
-  const InspectorRegistry& inspectors() const { return inspectors_; }
+  InspectorRegistry& inspectors() { return inspectors_; }  // See above.
+  const InspectorRegistry& inspectors() const { return inspectors_; }  // Same.
 
   // --- Functions (the kCall client). ---
 
+  // The functions this agent serves (shared with whoever passed it).
   FunctionRegistry& registry() { return *registry_; }
+  // registry().Register: serves `f` as `name` (rpc/function_registry.h).
   template <typename F>
   absl::Status Register(std::string name, F f, std::string doc = "") {
     return registry_->Register(std::move(name), std::move(f), std::move(doc));
@@ -223,6 +238,7 @@ class Agent {
                          Value::List args,
                          std::optional<absl::Duration> timeout = std::nullopt);
 
+  // rpc_sync(to, "fn", args...) -> Result<R>: waits for the result.
   template <typename R = Value, typename... A>
   Result<R> rpc_sync(const WorkerRef& to, const std::string& function,
                      A&&... args) {
@@ -236,6 +252,7 @@ class Agent {
     return Typed<R>(CallAsync(
         to, function, Value::List{ToValue(std::forward<A>(args))...}, timeout));
   }
+  // rpc_sync with a per-call timeout.
   template <typename R = Value, typename... A>
   Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
                          const std::string& function, A&&... args) {
@@ -253,6 +270,7 @@ class Agent {
     return Typed<R>(
         CallAsync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
   }
+  // Typed rpc_sync: waits for the result.
   template <typename R, typename... P, typename... A>
     requires CallableWith<RemoteFunction<R(P...)>, A...>
   Result<R> rpc_sync(const WorkerRef& to, const RemoteFunction<R(P...)>& f,
@@ -260,6 +278,7 @@ class Agent {
     return TypedResult<R>(
         CallSync(to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...}));
   }
+  // Typed rpc_async with a per-call timeout.
   template <typename R, typename... P, typename... A>
     requires CallableWith<RemoteFunction<R(P...)>, A...>
   Future<R> rpc_async_for(absl::Duration timeout, const WorkerRef& to,
@@ -268,6 +287,7 @@ class Agent {
         to, f.name(), Value::List{ToValue(P{std::forward<A>(args)})...},
         timeout));
   }
+  // Typed rpc_sync with a per-call timeout.
   template <typename R, typename... P, typename... A>
     requires CallableWith<RemoteFunction<R(P...)>, A...>
   Result<R> rpc_sync_for(absl::Duration timeout, const WorkerRef& to,
@@ -312,6 +332,7 @@ class Agent {
   // decoding bytes off a transport thread). An error from `receive` is the
   // reply. `type` selects the handler (Unimplemented when there is none).
   using Receiver = absl::AnyInvocable<absl::StatusOr<Message>()>;
+  // (Dispatch with a Receiver: see above.)
   Future<Message> Dispatch(MessageType type, Receiver receive);
   // The same, for a transport that knows the called function's name before
   // decoding (kCall): when that function is registered non-blocking, `receive`
@@ -325,6 +346,7 @@ class Agent {
   // function whose result is ready, so a transport's per-call path pays for
   // none.
   using ReplyCallback = absl::AnyInvocable<void(Result<Message>)>;
+  // (Dispatch with a ReplyCallback: see above.)
   void Dispatch(MessageType type, const std::string& function, Receiver receive,
                 ReplyCallback done);
 
@@ -347,7 +369,7 @@ class Agent {
   // repeats, self, unknown ids and reports after BeginStop are ignored.
   void ReportPeerFailure(int id, const absl::Status& why);
 
-  const Options& options() const { return options_; }
+  const Options& options() const { return options_; }  // As constructed.
 
   // --- Membership, for transports (rpc/agent_membership.cc). ---
 

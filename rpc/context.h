@@ -28,6 +28,7 @@ std::optional<std::string> CurrentContextValue(const std::string& key);
 // Replaces the whole context for its scope, then restores the previous one.
 class ScopedContext {
  public:
+  // Installs `entries` on this thread.
   explicit ScopedContext(ContextEntries entries);
   ~ScopedContext();
   ScopedContext(const ScopedContext&) = delete;
@@ -40,6 +41,7 @@ class ScopedContext {
 // Sets one entry for its scope, then restores the previous context.
 class ScopedContextEntry {
  public:
+  // Sets `key` to `value` on this thread.
   ScopedContextEntry(const std::string& key, std::string value);
   ~ScopedContextEntry();
   ScopedContextEntry(const ScopedContextEntry&) = delete;

@@ -53,10 +53,11 @@ namespace ferry::rpc {
 
 // What a served function knows about its call.
 struct CallContext {
-  std::string caller_name;
-  int caller_id = -1;
-  std::string function;
-  uint64_t request_id = 0;
+  std::string caller_name;  // The calling worker's name.
+  int caller_id = -1;  // Its id (rank).
+  std::string function;  // The name called.
+  uint64_t request_id = 0;  // The request's id from the caller.
+  // When the caller stops waiting.
   absl::Time deadline = absl::InfiniteFuture();
 };
 
@@ -64,20 +65,21 @@ struct CallContext {
 using RawFunction =
     std::function<Future<Value>(const CallContext&, const Value& args)>;
 
+// A registered function and what is known about it.
 struct FunctionEntry {
-  std::string name;
+  std::string name;  // The name callers use.
   std::string signature;  // "(Tensor, int64) -> Tensor"
-  std::string doc;
+  std::string doc;  // Free text (admin listing).
   bool is_async = false;  // Returns a Future.
   // Never blocks: may run on a transport thread (RegisterNonBlocking).
   bool non_blocking = false;
-  RawFunction fn;
+  RawFunction fn;  // The implementation.
 };
 
 // Readable names of argument and result types, for signatures.
 template <typename T, typename = void>
 struct TypeName {
-  static std::string Get() { return "value"; }
+  static std::string Get() { return "value"; }  // The name.
 };
 
 namespace registry_internal {
@@ -211,6 +213,7 @@ struct HandleFor<R, std::tuple<P...>> {
 
 }  // namespace registry_internal
 
+// The functions a worker serves, by name (see the top of this file).
 class FunctionRegistry {
  public:
   FunctionRegistry() = default;
@@ -284,6 +287,7 @@ class FunctionRegistry {
                   : absl::StatusOr<Handle>(std::move(s));
   }
 
+  // Registers a type-erased entry (errors as Register).
   absl::Status RegisterRaw(FunctionEntry entry);
 
   // nullptr when absent.
@@ -355,7 +359,7 @@ FunctionEntry FunctionRegistry::MakeEntry(std::string name, F f,
 // TypeName specializations for the types Value converts.
 template <>
 struct TypeName<bool> {
-  static std::string Get() { return "bool"; }
+  static std::string Get() { return "bool"; }  // The name.
 };
 template <typename T>
 struct TypeName<
@@ -370,17 +374,20 @@ template <>
 struct TypeName<std::string> {
   static std::string Get() { return "string"; }
 };
+// TypeName of Bytes.
 template <>
 struct TypeName<Bytes> {
-  static std::string Get() { return "bytes"; }
+  static std::string Get() { return "bytes"; }  // The name.
 };
+// TypeName of Tensor.
 template <>
 struct TypeName<Tensor> {
-  static std::string Get() { return "Tensor"; }
+  static std::string Get() { return "Tensor"; }  // The name.
 };
+// TypeName of Value.
 template <>
 struct TypeName<Value> {
-  static std::string Get() { return "value"; }
+  static std::string Get() { return "value"; }  // The name.
 };
 template <typename T>
 struct TypeName<std::vector<T>> {

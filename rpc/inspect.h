@@ -25,21 +25,24 @@
 
 namespace ferry::rpc {
 
+// One row of an inspector's table.
 struct InspectionRow {
-  std::string kind;
-  std::vector<std::pair<std::string, std::string>> fields;
+  std::string kind;  // What the row describes.
+  std::vector<std::pair<std::string, std::string>> fields;  // (key, value).
   // The value of field `key`, or "" when absent.
   std::string Get(const std::string& key) const;
 };
 
 // What one inspector returned.
 struct Inspection {
-  std::string name;
-  std::vector<InspectionRow> rows;
+  std::string name;  // The inspector's name.
+  std::vector<InspectionRow> rows;  // Its rows.
 };
 
+// Returns a layer's rows as they are now.
 using Inspector = std::function<std::vector<InspectionRow>()>;
 
+// The inspectors of one agent, by name.
 class InspectorRegistry {
  public:
   // AlreadyExists if `name` is taken; InvalidArgument for an empty name or a
@@ -47,7 +50,7 @@ class InspectorRegistry {
   absl::Status Register(const std::string& name, Inspector inspector);
   // No-op when absent.
   void Unregister(const std::string& name);
-  std::vector<std::string> Names() const;
+  std::vector<std::string> Names() const;  // Registered names, sorted.
   // Runs the inspector `name`, or every inspector (by name) when `name` is
   // empty. NotFound naming the registered inspectors for an unknown name.
   absl::StatusOr<std::vector<Inspection>> Inspect(

@@ -53,18 +53,18 @@ std::string MessageTypeName(MessageType type);
 
 // RRef identity carried by RRef messages; its meaning belongs to rref/.
 struct RRefFields {
-  GlobalId rref_id;
-  GlobalId fork_id;
-  int owner_id = -1;
+  GlobalId rref_id;  // The RRef's id.
+  GlobalId fork_id;  // The fork concerned.
+  int owner_id = -1;  // The owner's worker id.
   // Worker a fork is being shared with / accepted from.
   int peer_id = -1;
-  std::string type_name;
+  std::string type_name;  // The value's type name.
   friend bool operator==(const RRefFields&, const RRefFields&) = default;
 };
 
 // Distributed-autograd fields; their meaning belongs to autograd/.
 struct AutogradFields {
-  GlobalId context_id;
+  GlobalId context_id;  // The autograd context.
   // Pairs a send node with its recv node.
   GlobalId message_id;
   // BACKWARD: keep the graph after running it.
@@ -76,23 +76,25 @@ struct AutogradFields {
 // Key/value entries of the thread-local context (rpc/context.h).
 using ContextEntries = std::map<std::string, std::string>;
 
+// What agents exchange: a request or a reply, with its envelope fields
+// and its payload.
 struct Message {
-  MessageType type = MessageType::kUnspecified;
+  MessageType type = MessageType::kUnspecified;  // Selects the handler.
   // Set by Agent::Send (worker id + counter); a reply carries its request's.
   GlobalId id;
   // Registered function name (kCall, kRemoteCall); free for other types.
   std::string function;
   // Set by Agent::Send; on the callee, the worker that sent the request.
   std::string caller_name;
-  int caller_id = -1;
+  int caller_id = -1;  // Its id (see caller_name).
   // Absolute, in the local clock of whoever holds the message: the callee's
   // deadline is its receive time plus the caller's remaining time.
   absl::Time deadline = absl::InfiniteFuture();
-  std::optional<RRefFields> rref;
-  std::optional<AutogradFields> autograd;
+  std::optional<RRefFields> rref;  // RRef messages only.
+  std::optional<AutogradFields> autograd;  // Autograd messages only.
   // The sender's thread-local context (Agent::Send fills it in).
   ContextEntries context;
-  Value payload;
+  Value payload;  // Arguments, or the result.
 
   // Every tensor in the payload, depth first (shared handles, not copies).
   std::vector<Tensor> Tensors() const;

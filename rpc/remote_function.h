@@ -35,6 +35,8 @@ namespace ferry::rpc {
 template <typename Sig>
 class RemoteFunction;
 
+// The handle of a function taking P... and returning R (see the top of
+// this file).
 template <typename R, typename... P>
 class RemoteFunction<R(P...)> {
   static_assert(!std::is_reference_v<R> && (!std::is_reference_v<P> && ...),
@@ -44,12 +46,13 @@ class RemoteFunction<R(P...)> {
                 "declare remote function parameters without const");
 
  public:
-  using Result = R;
-  using Params = std::tuple<P...>;
+  using Result = R;  // What the function returns.
+  using Params = std::tuple<P...>;  // What it takes.
 
+  // Names it.
   explicit RemoteFunction(std::string name) : name_(std::move(name)) {}
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return name_; }  // The registered name.
 
  private:
   std::string name_;

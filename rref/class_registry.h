@@ -48,19 +48,22 @@ namespace ferry::rref {
 
 // A registered class in type-erased form.
 struct ClassInfo {
+  // Builds an object from the remote() call's arguments.
   using Constructor =
       std::function<absl::StatusOr<std::shared_ptr<void>>(const Value& args)>;
+  // Runs a method on an object with the call's arguments.
   using Method = std::function<Future<Value>(void* object, const Value& args)>;
 
-  std::string name;
-  std::type_index type = typeid(void);
-  Constructor construct;
-  std::map<std::string, Method> methods;
-  bool serialized = false;
+  std::string name;                        // The registered name.
+  std::type_index type = typeid(void);     // The C++ class.
+  Constructor construct;                   // Null until Constructor<A...>().
+  std::map<std::string, Method> methods;   // By name.
+  bool serialized = false;                 // See ClassBuilder::Serialized.
 };
 
 class ClassRegistry;
 
+// Adds a class's constructor and methods (ClassRegistry::RegisterClass).
 template <typename C>
 class ClassBuilder {
  public:
@@ -81,6 +84,8 @@ class ClassBuilder {
   std::string name_;
 };
 
+// The classes a worker can construct for remote() and run methods of, by
+// name.
 class ClassRegistry {
  public:
   // Registers (or, for a name already registered with the same C, extends)

@@ -50,6 +50,7 @@
 
 namespace ferry::rref {
 
+// The timeout of blocking RRef calls that are given none.
 inline constexpr absl::Duration kDefaultRRefTimeout = absl::Seconds(60);
 
 namespace rref_internal {
@@ -93,17 +94,23 @@ inline absl::Status NoContext(const RRefState& s) {
 
 }  // namespace rref_internal
 
+// A reference to a T owned by one worker (see the top of this file).
 template <typename T>
 class RRef {
  public:
   RRef() = default;  // Invalid: only assignment and valid() may be used.
+  // Wraps this worker's reference `state` (made by RRefContext).
   explicit RRef(std::shared_ptr<RRefState> state) : state_(std::move(state)) {}
 
-  bool valid() const { return state_ != nullptr; }
-  bool is_owner() const { return state_->is_owner(); }
+  bool valid() const { return state_ != nullptr; }  // Holds a reference.
+  bool is_owner() const { return state_->is_owner(); }  // This worker owns it.
+  // The worker that holds the value.
   const rpc::WorkerInfo& owner() const { return state_->owner(); }
+  // owner().name.
   const std::string& owner_name() const { return state_->owner().name; }
+  // The value's id, the same on every worker.
   GlobalId rref_id() const { return state_->rref_id(); }
+  // Users: this worker's fork id. Owners: none (GlobalId()).
   GlobalId fork_id() const { return state_->fork_id(); }
   // True once the owner has confirmed this worker's reference (and, for a
   // remote(), created the value).
@@ -113,6 +120,7 @@ class RRef {
   // Completes when the owner has the value / confirmed this reference, or
   // with the creation error.
   Future<void> creation() const { return state_->created(); }
+  // The shared reference state (rref_context.h).
   const std::shared_ptr<RRefState>& state() const { return state_; }
 
   // A copy of the value, fetched from the owner (or read locally there).
@@ -161,8 +169,10 @@ class RRef {
   }
 
   // --- Proxies: run a method of the remote object on its owner. ---
+  // From rpc_sync(): each call waits for the method's result.
   class SyncProxy {
    public:
+    // Runs `method` with `args` on the owner; its result as an R.
     template <typename R = Value, typename... A>
     Result<R> call(const std::string& method, A&&... args) const {
       return rref_->template Invoke<R>(timeout_, method,
@@ -176,8 +186,10 @@ class RRef {
     const RRef* rref_;
     absl::Duration timeout_;
   };
+  // From rpc_async(): each call returns the future of the method's result.
   class AsyncProxy {
    public:
+    // Runs `method` with `args` on the owner; the future of its result.
     template <typename R = Value, typename... A>
     Future<R> call(const std::string& method, A&&... args) const {
       return rref_.template Invoke<R>(timeout_, method,
@@ -190,8 +202,11 @@ class RRef {
     RRef rref_;
     absl::Duration timeout_;
   };
+  // From remote(): each call leaves the method's result on the owner.
   class RemoteProxy {
    public:
+    // Runs `method` with `args` on the owner, which keeps the result; an
+    // RRef to it (invalid if this worker's RRefContext is gone).
     template <typename R = Value, typename... A>
     RRef<R> call(const std::string& method, A&&... args) const {
       std::shared_ptr<RRefContext> ctx = rref_.state_->context();
@@ -211,9 +226,11 @@ class RRef {
   SyncProxy rpc_sync(absl::Duration timeout = kDefaultRRefTimeout) const {
     return SyncProxy(this, timeout);
   }
+  // A proxy whose calls return futures; it holds a copy of this RRef.
   AsyncProxy rpc_async(absl::Duration timeout = kDefaultRRefTimeout) const {
     return AsyncProxy(*this, timeout);
   }
+  // A proxy whose calls return RRefs owned by this RRef's owner.
   RemoteProxy remote(absl::Duration timeout = kDefaultRRefTimeout) const {
     return RemoteProxy(*this, timeout);
   }
@@ -244,6 +261,7 @@ RRef<T> remote_for(RRefContext& ctx, absl::Duration timeout,
                             Value::List{ToValue(std::forward<A>(args))...},
                             rref_internal::TypeNameFor<T>(function), timeout));
 }
+// remote_for with kDefaultRRefTimeout.
 template <typename T, typename... A>
 RRef<T> remote(RRefContext& ctx, const rpc::WorkerRef& to,
                const std::string& function, A&&... args) {
@@ -266,9 +284,12 @@ namespace ferry {
 // it carries the reference the interceptor created.
 template <typename T>
 struct ValueConverter<rref::RRef<T>> {
+  // The handle, carrying this worker's reference.
   static Value To(const rref::RRef<T>& r) {
     return Value::FromRRef(rref::RRefContext::MakeHandle(r.state()));
   }
+  // The RRef a received handle carries; FailedPrecondition when it holds
+  // none here, InvalidArgument for another kind or type.
   static absl::StatusOr<rref::RRef<T>> From(const Value& v) {
     const RRefHandle* h = v.if_rref();
     if (h == nullptr) return KindMismatch("rref", v);

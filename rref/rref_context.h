@@ -73,17 +73,18 @@ class RRefState {
   RRefState(const RRefState&) = delete;
   RRefState& operator=(const RRefState&) = delete;
 
-  bool is_owner() const { return is_owner_; }
-  const rpc::WorkerInfo& owner() const { return owner_; }
-  GlobalId rref_id() const { return rref_id_; }
+  bool is_owner() const { return is_owner_; }  // This worker owns the value.
+  const rpc::WorkerInfo& owner() const { return owner_; }  // The owner.
+  GlobalId rref_id() const { return rref_id_; }  // The value's id.
   // Users: this worker's fork id. Owners: none (GlobalId()).
   GlobalId fork_id() const { return fork_id_; }
-  const std::string& type_name() const { return type_name_; }
+  const std::string& type_name() const { return type_name_; }  // The value's.
   // Users: completes when the owner confirmed this fork, with the creation
   // error of a remote() whose function failed. Owners: when the value exists.
   const Future<void>& created() const { return created_; }
+  // Null once destroyed.
   std::shared_ptr<RRefContext> context() const { return ctx_.lock(); }
-  std::string DebugString() const;
+  std::string DebugString() const;  // One line, for logs and errors.
 
  private:
   friend class RRefContext;
@@ -106,12 +107,14 @@ class RRefState {
   std::atomic<bool> released_{false};
 };
 
+// One worker's side of the RRef protocol (see the top of this file).
 class RRefContext : public std::enable_shared_from_this<RRefContext> {
  public:
+  // Install's settings.
   struct Options {
     // Per attempt of an internal message (fork request, accept, delete).
     absl::Duration internal_timeout = absl::Seconds(10);
-    int max_attempts = 5;
+    int max_attempts = 5;  // Attempts per internal message.
     // Owner side: a REMOTE_CALL reply carries the created value when its
     // tensors, strings and bytes total at most this many bytes and it holds
     // no RRef, protobuf message or autograd state (those take RREF_FETCH,
@@ -126,12 +129,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // What an owner holds, for inspection and leak reports.
   struct OwnedInfo {
-    GlobalId rref_id;
-    std::string type_name;
+    GlobalId rref_id;  // The RRef.
+    std::string type_name;  // The value's.
     std::map<GlobalId, int> forks;  // fork id -> holder worker id
-    int local_handles = 0;
-    bool created = false;
-    std::string DebugString() const;
+    int local_handles = 0;  // This worker's own handles.
+    bool created = false;  // The value exists.
+    std::string DebugString() const;  // One line, for logs and errors.
   };
 
   // Registers the RRef handlers and interceptor on `agent` (which must
@@ -140,14 +143,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // (as DistAutogradContainer and DistOptimizerService).
   static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
       rpc::Agent& agent, Options options);
+  // Install with the default Options.
   static absl::StatusOr<std::shared_ptr<RRefContext>> Install(
       rpc::Agent& agent) {
     return Install(agent, Options());
   }
   ~RRefContext();
 
-  rpc::Agent& agent() const { return *agent_; }
-  ClassRegistry& classes() { return *classes_; }
+  rpc::Agent& agent() const { return *agent_; }  // As installed on.
+  ClassRegistry& classes() { return *classes_; }  // The remote classes.
 
   // --- Creation (rref.h wraps these). Never fail synchronously: errors
   // complete the state's created() future and surface at the next use. ---
@@ -189,7 +193,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
 
   // Makes worker `id` known dead (see header). Idempotent.
   void NotifyWorkerFailed(int id);
-  bool IsKnownDead(int id) const;
+  bool IsKnownDead(int id) const;  // Whether worker `id` was made known dead.
 
   // Waits until this worker has no internal message in flight, no pending
   // child and no deletion waiting for a confirmation. DeadlineExceeded
@@ -214,10 +218,13 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::Status Leave(absl::Duration timeout = absl::Seconds(60));
 
   // --- Inspection (tests, admin). ---
+  // The RRefs this worker owns and has not deleted.
   std::vector<OwnedInfo> Owned() const;
-  size_t num_owned() const;
+  size_t num_owned() const;  // Owned().size()
   size_t num_users() const;  // Live user forks on this worker.
+  // Forks this worker sent that the owner has not yet accepted.
   size_t num_pending_children() const;
+  // Internal messages (fork, accept, delete) sent and not yet answered.
   int num_in_flight() const;
   // Rows of the "rref" inspector (rpc/inspect.h), registered on the agent:
   // rref_context (counts), owned_rref (id, type, holders as worker/fork,

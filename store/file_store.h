@@ -9,9 +9,8 @@
 // read-modify-write operations (Add, CompareSet, QueuePop) are atomic across
 // processes.
 //
-// Blocking operations re-check the file with bounded exponential backoff
-// (1 ms doubling to 10 ms): file changes are not observable portably, so a
-// waiter sees a change from another handle at most ~10 ms late.
+// Blocking operations re-check the file every 1 ms doubling to 10 ms (file
+// changes are not observable portably): a waiter sees a change ~10 ms late.
 //
 // Lifetime and cleanup: Open() records a join, Clone() a new reference, and
 // destruction a leave. The handle whose leave brings the live count to zero
@@ -52,6 +51,7 @@
 
 namespace ferry {
 
+// A Store in a file shared by processes of one host (see above).
 class FileStore : public Store {
  public:
   // Opens (creating if absent) the store file at `path` and joins it as one
@@ -95,7 +95,7 @@ class FileStore : public Store {
   // "file://<path>".
   std::string Describe() const override;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // The store file.
 
   // Calls on this handle that have found their keys (or queue item) missing
   // at least once and are still polling. A write made after this count

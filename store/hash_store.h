@@ -26,6 +26,7 @@
 
 namespace ferry {
 
+// An in-memory Store for the threads of one process (see above).
 class HashStore : public Store {
  public:
   // A new, empty store.

@@ -21,7 +21,6 @@
 //
 // Query parameters take precedence over RANK/WORLD_SIZE. The environment is
 // read through an EnvLookup so tests (and embedders) can supply their own.
-//
 // CreateStore turns a parsed InitMethod into a Store. The TCP case goes
 // through a TcpStoreFactory the caller provides in StoreFactories (TCPStore
 // lives in its own library; no global registry, so several jobs can live in
@@ -44,19 +43,21 @@
 
 namespace ferry {
 
+// A parsed init_method URL (ParseInitMethod).
 struct InitMethod {
+  // tcp://, file://, env://.
   enum class Scheme { kTcp, kFile, kEnv };
 
-  Scheme scheme = Scheme::kTcp;
+  Scheme scheme = Scheme::kTcp;  // The URL's scheme.
   // kTcp and kEnv: the server's host (brackets removed from IPv6 literals)
   // and port (0..65535; 0 lets a server pick a free port).
   std::string host;
-  int port = 0;
+  int port = 0;  // See host.
   // kFile: the absolute path of the store file.
   std::string path;
   // From the query string or RANK / WORLD_SIZE when present.
   std::optional<int> rank;
-  std::optional<int> world_size;
+  std::optional<int> world_size;  // See rank.
   // env://: the rank within this host, when the launcher gives one
   // (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID).
   std::optional<int> local_rank;
@@ -94,7 +95,7 @@ using TcpStoreFactory = std::function<absl::StatusOr<std::unique_ptr<Store>>(
 // The constructors CreateStore may call for schemes whose implementation is
 // not linked into this library.
 struct StoreFactories {
-  TcpStoreFactory tcp;
+  TcpStoreFactory tcp;  // tcp://, env://; null: FailedPrecondition.
 };
 
 // Creates the store `method` names, for process `rank` of `world_size`.
@@ -108,8 +109,8 @@ absl::StatusOr<std::unique_ptr<Store>> CreateStore(
     const StoreFactories& factories = {});
 
 // ferry_run's restart generations. Under ferry_run (FERRY_USE_AGENT_STORE=1
-// and FERRY_RUN_GENERATION=<g>), each attempt of the job gets its own key
-// namespace "ferry_run/attempt_<g>/..." in the launcher's store, so keys of an
+// and `FERRY_RUN_GENERATION=<g>`), each attempt of the job gets its own key
+// namespace `ferry_run/attempt_<g>/...` in the launcher's store, so keys of an
 // earlier attempt never satisfy this attempt's waits. A worker whose
 // generation is older than the job's ("ferry_run/generation", set by the
 // launchers) is refused with FailedPrecondition naming both generations.

@@ -29,6 +29,7 @@
 
 namespace ferry {
 
+// A view of another Store whose keys all carry a prefix (see above).
 class PrefixStore : public Store {
  public:
   // `store` must not be null. The timeout starts as the underlying store's;
@@ -66,7 +67,8 @@ class PrefixStore : public Store {
   // "prefix 'pg0/' of <underlying Describe()>".
   std::string Describe() const override;
 
-  const std::string& prefix() const { return prefix_; }
+  const std::string& prefix() const { return prefix_; }  // As given.
+  // The store the keys go to, with the prefix.
   const std::shared_ptr<Store>& underlying() const { return store_; }
 
  private:

@@ -32,6 +32,8 @@
 
 namespace ferry {
 
+// The store interface; implementations: TcpStore, FileStore, HashStore,
+// PrefixStore (store.h at the repository's root includes them all).
 class Store {
  public:
   // PyTorch's default store timeout.
@@ -39,6 +41,7 @@ class Store {
 
   virtual ~Store() = default;
 
+  // Stores `value` at `key`, replacing any value there.
   virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
 
   // Waits (up to Timeout()) for `key` to exist, then returns its value.
@@ -62,6 +65,7 @@ class Store {
   // Waits until every key exists; `timeout` nullopt means Timeout().
   virtual absl::Status Wait(absl::Span<const std::string> keys,
                             std::optional<absl::Duration> timeout) = 0;
+  // Wait with Timeout().
   absl::Status Wait(absl::Span<const std::string> keys) {
     return Wait(keys, std::nullopt);
   }
@@ -69,23 +73,27 @@ class Store {
   // Returns true if the key existed.
   virtual absl::StatusOr<bool> DeleteKey(absl::string_view key) = 0;
 
+  // The number of keys (queues not counted).
   virtual absl::StatusOr<int64_t> NumKeys() = 0;
 
   // Waits (up to Timeout()) for all keys; values in the order of `keys`.
   virtual absl::StatusOr<std::vector<std::string>> MultiGet(
       absl::Span<const std::string> keys) = 0;
+  // Set for each key and value (same lengths, else InvalidArgument).
   virtual absl::Status MultiSet(absl::Span<const std::string> keys,
                                 absl::Span<const std::string> values) = 0;
 
   // Appends to the value at `key` (creating it).
   virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
 
+  // Appends `value` to the queue `key` (creating it).
   virtual absl::Status QueuePush(absl::string_view key, absl::string_view value) = 0;
   // Pops the oldest item. Blocking: waits up to `timeout` (nullopt:
   // Timeout()). Non-blocking on an empty queue: NotFound naming the key.
   virtual absl::StatusOr<std::string> QueuePop(
       absl::string_view key, bool block,
       std::optional<absl::Duration> timeout = std::nullopt) = 0;
+  // The number of items in the queue `key` (absent: 0).
   virtual absl::StatusOr<int64_t> QueueLen(absl::string_view key) = 0;
 
   // A new, independent handle to the same store.
@@ -97,6 +105,7 @@ class Store {
 
   // The default timeout of blocking operations on this handle.
   absl::Duration Timeout() const { return absl::Nanoseconds(timeout_ns_.load()); }
+  // Sets Timeout(); safe from any thread.
   void SetTimeout(absl::Duration timeout) {
     timeout_ns_.store(absl::ToInt64Nanoseconds(timeout));
   }

@@ -2,30 +2,12 @@
 // Store implementation must pass (store_conformance.cc holds the tests).
 //
 // To run it against an implementation, write a StoreFixture that brings up
-// an empty store and hands out handles, then instantiate the suite in your
-// test file (inside namespace ferry: the suite's name is unqualified):
-//
-//   #include "ferry/store/store_conformance.h"
-//
-//   namespace ferry {
-//   namespace {
-//   class TcpFixture : public StoreFixture {
-//    public:
-//     absl::StatusOr<std::unique_ptr<Store>> Connect() override { ... }
-//     int64_t BlockedCalls(Store& waiter) override { ... }
-//    private:
-//     ...  // e.g. the server, destroyed after every handle
-//   };
-//   INSTANTIATE_TEST_SUITE_P(
-//       TCPStore, StoreConformanceTest,
-//       ::testing::Values(StoreConformanceParam{
-//           "TCPStore", [] { return std::make_unique<TcpFixture>(); }}),
-//       StoreConformanceParamName);
-//   }  // namespace
-//   }  // namespace ferry
-//
-// and in BUILD: deps = ["//store:store_conformance", "@system//:gtest_main"]
-// (the library is alwayslink, so its TEST_Ps are linked in).
+// an empty store and hands out handles (Connect, BlockedCalls), and
+// instantiate StoreConformanceTest with it inside namespace ferry (the
+// suite's name is unqualified); store/hash_store_test.cc is the smallest
+// instance, store/tcp_store_test.cc one whose fixture owns a server. BUILD:
+// deps = ["//store:store_conformance", "@system//:gtest_main"] (the library
+// is alwayslink, so its TEST_Ps are linked in).
 //
 // What the suite requires beyond store.h:
 // - A timeout is DeadlineExceeded whose message contains every missing key

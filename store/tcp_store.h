@@ -48,16 +48,17 @@
 
 namespace ferry {
 
+// Where the store is and how to reach it; TcpStore::Create's argument.
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";
+  std::string host = "127.0.0.1";  // the server's host name or address
   // With is_server, 0 picks a free port (TcpStore::port() reports it).
   int port = 29500;
-  bool is_server = false;
+  bool is_server = false;  // This handle hosts the server in-process.
   // Number of handles expected to join (PyTorch's world_size); unset: no
   // join accounting.
   std::optional<int64_t> world_size;
-  bool wait_for_workers = true;
-  absl::Duration timeout = Store::kDefaultTimeout;
+  bool wait_for_workers = true;  // The server handle waits (see above).
+  absl::Duration timeout = Store::kDefaultTimeout;  // Timeout() at start.
   // Speak PyTorch 1.13's protocol (see above).
   bool legacy_protocol = false;
   // Client-side checks, and the server's limits when is_server.
@@ -72,8 +73,13 @@ struct TcpStoreOptions {
   std::string secret;
 };
 
+// A TCPStore client handle (see the top of this file).
 class TcpStore : public Store {
  public:
+  // Connects (hosting the server first when options.is_server). Errors: the
+  // server's bind failure; Unavailable when no connection succeeds before the
+  // timeout; PermissionDenied on a refused secret; DeadlineExceeded when the
+  // workers do not join in time (see above).
   static absl::StatusOr<std::unique_ptr<TcpStore>> Create(
       const TcpStoreOptions& options);
 
@@ -108,8 +114,8 @@ class TcpStore : public Store {
   // Round trip with a PING (current protocol only).
   absl::Status Ping();
 
-  int port() const { return port_; }
-  const std::string& host() const { return options_.host; }
+  int port() const { return port_; }  // The server's port (as bound).
+  const std::string& host() const { return options_.host; }  // As given.
   // The in-process server when this handle (or the handle it was cloned
   // from) hosts it; nullptr otherwise.
   TcpStoreServer* server() const { return server_.get(); }

@@ -16,9 +16,8 @@
 //
 // Ferry extension, in both generations: AUTH_CHALLENGE (0xF0, one byte
 // vector: the client's nonce) and AUTH_PROOF (0xF1, one byte vector: the
-// client's proof), for stores with a shared secret (store_auth.h). Their
-// responses: AUTH_CHALLENGE: the server's nonce and proof (two byte
-// vectors); AUTH_PROOF: one byte (0 accepted, 1 refused).
+// client's proof), for stores with a shared secret (store_auth.h); answers:
+// the server's nonce and proof (two byte vectors); one byte (0 = accepted).
 //
 // Responses: SET, APPEND, MULTI_SET, QUEUE_PUSH: none. GET, COMPARE_SET: a
 // byte vector. ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN: int64. CHECK: one byte
@@ -44,18 +43,19 @@
 namespace ferry {
 namespace tcpstore {
 
-inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;  // VALIDATE's payload.
 
 // The key workers Add 1 to on joining (PyTorch's initKey_, never prefixed).
 inline constexpr absl::string_view kInitKey = "init/";
 // PyTorch's client prefixes every user key with this.
 inline constexpr absl::string_view kKeyPrefix = "/";
 
-inline constexpr uint8_t kCheckReady = 0;
-inline constexpr uint8_t kCheckNotReady = 1;
-inline constexpr uint8_t kStopWaiting = 0;
-inline constexpr uint8_t kWaitCanceled = 1;
+inline constexpr uint8_t kCheckReady = 0;  // CHECK: every key exists.
+inline constexpr uint8_t kCheckNotReady = 1;  // CHECK: a key is missing.
+inline constexpr uint8_t kStopWaiting = 0;  // WAIT: every key exists.
+inline constexpr uint8_t kWaitCanceled = 1;  // CANCEL_WAIT's answer.
 
+// The protocol generations (see above); kUnknown before the first frame.
 enum class Generation { kUnknown, kCurrent, kLegacy };
 
 // Generation-independent operations.
@@ -82,33 +82,36 @@ enum class Op : uint8_t {
   kAuthProof,      // Ferry extension (both generations)
 };
 
+// AUTH_CHALLENGE's query type.
 inline constexpr uint8_t kAuthChallengeCode = 0xF0;
-inline constexpr uint8_t kAuthProofCode = 0xF1;
+inline constexpr uint8_t kAuthProofCode = 0xF1;  // AUTH_PROOF's query type.
 
-const char* OpName(Op op);
+const char* OpName(Op op);  // "SET", "GET", ... (the wire names above).
 
 // Wire byte of `op` in `generation`; nullopt when that generation lacks it.
 std::optional<uint8_t> WireCode(Generation generation, Op op);
+// The Op of wire byte `code` in `generation`; nullopt when unknown.
 std::optional<Op> OpFromWire(Generation generation, uint8_t code);
 
 // Limits enforced on every request (and checked by the client before
 // sending). Defaults follow PyTorch's libuv server.
 struct Limits {
-  uint64_t max_key_bytes = 8 * 1024;
-  uint64_t max_value_bytes = 8 * 1024 * 1024;
-  uint64_t max_keys_per_request = 128 * 1024;
+  uint64_t max_key_bytes = 8 * 1024;  // Longest key.
+  uint64_t max_value_bytes = 8 * 1024 * 1024;  // Longest value.
+  uint64_t max_keys_per_request = 128 * 1024;  // Most keys in one frame.
   // Bounds one frame in total (a MULTI_SET of many values).
   uint64_t max_frame_bytes = 64 * 1024 * 1024;
 };
 
+// One parsed frame.
 struct Request {
-  Op op = Op::kValidate;
+  Op op = Op::kValidate;  // The query.
   std::vector<std::string> keys;    // in frame order
   std::vector<std::string> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: 2
   int64_t delta = 0;                // ADD
   uint32_t nonce = 0;               // PING, VALIDATE (magic)
 
-  void Clear();
+  void Clear();  // Back to a default Request (the vectors keep their capacity).
 };
 
 // Incremental parser for the server side. Feed it the bytes received so far
@@ -120,16 +123,19 @@ struct Request {
 // prefix fails at once.
 class FrameParser {
  public:
+  // What Parse found.
   enum class Result { kFrame, kNeedMore, kError };
 
+  // Enforces `limits`.
   explicit FrameParser(const Limits& limits) : limits_(limits) {}
 
   // On kFrame: *out holds the frame and *consumed its size. On kError:
   // error() says why; the parser stays in the error state.
   Result Parse(absl::string_view data, Request* out, size_t* consumed);
 
+  // From the first frame.
   Generation generation() const { return generation_; }
-  const absl::Status& error() const { return error_; }
+  const absl::Status& error() const { return error_; }  // After kError.
 
  private:
   Result Fail(absl::Status status);
@@ -142,11 +148,11 @@ class FrameParser {
 
 // Client-side encoding helpers (append to *out).
 void PutU8(std::string* out, uint8_t v);
-void PutU32(std::string* out, uint32_t v);
-void PutU64(std::string* out, uint64_t v);
+void PutU32(std::string* out, uint32_t v);  // Little-endian.
+void PutU64(std::string* out, uint64_t v);  // Little-endian.
 void PutBytes(std::string* out, absl::string_view bytes);  // length + bytes
-uint32_t LoadU32(const char* p);
-uint64_t LoadU64(const char* p);
+uint32_t LoadU32(const char* p);  // Reads a little-endian uint32 at p.
+uint64_t LoadU64(const char* p);  // Reads a little-endian uint64 at p.
 
 }  // namespace tcpstore
 }  // namespace ferry

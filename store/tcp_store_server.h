@@ -43,8 +43,10 @@
 
 namespace ferry {
 
+// The TCPStore server: a libuv loop on a thread of its own.
 class TcpStoreServer {
  public:
+  // How Start binds and what it accepts.
   struct Options {
     // Address to bind. Empty: all interfaces, IPv6 dual-stack ("::") with
     // fallback to IPv4 ("0.0.0.0"). Otherwise a numeric IPv4/IPv6 address.
@@ -54,7 +56,7 @@ class TcpStoreServer {
     // Listen backlog, sized for a burst of thousands of connecting ranks
     // (the kernel caps it at net.core.somaxconn).
     int backlog = 65535;
-    tcpstore::Limits limits;
+    tcpstore::Limits limits;  // Sizes beyond which a client is dropped.
     // A client whose unread responses exceed this is dropped.
     size_t max_pending_write_bytes = 256 * 1024 * 1024;
     // Shared secret (store_auth.h). Non-empty: every connection must
@@ -63,11 +65,12 @@ class TcpStoreServer {
     std::string secret;
   };
 
+  // Counters of the server (GetStats).
   struct Stats {
     int64_t clients = 0;   // connected now
     int64_t accepted = 0;  // since start
     int64_t dropped = 0;   // disconnected for a protocol or limit violation
-    int64_t keys = 0;
+    int64_t keys = 0;  // keys stored now
     int64_t ops = 0;  // frames handled since start
     // Connections blocked in WAIT now (client Get, Wait, MultiGet and
     // blocking QueuePop all wait this way): tests read it to know a waiter
@@ -86,7 +89,7 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
-  int port() const { return port_; }
+  int port() const { return port_; }  // The port bound.
   // "host:port" as bound, e.g. "[::]:29500" or "127.0.0.1:41234".
   const std::string& address() const { return address_; }
 
@@ -94,6 +97,7 @@ class TcpStoreServer {
   // Idempotent; safe from any thread except the loop thread itself.
   void Stop();
 
+  // The counters now.
   Stats GetStats() const;
 
   // Blocks until the integer at tcpstore::kInitKey (the count of workers that
@@ -104,6 +108,7 @@ class TcpStoreServer {
 
   // Loop-thread internals (public so the .cc's C callbacks can reach them).
   struct Loop;
+  // Loop thread: the join count is now `count` (read by WaitForWorkers).
   void OnWorkersJoined(int64_t count) ABSL_LOCKS_EXCLUDED(workers_mu_);
 
  private:

@@ -32,6 +32,7 @@ enum class DType : int8_t {
   kBool = 8,
 };
 
+// Every DType, in value order (for tests and loops over them).
 inline constexpr DType kAllDTypes[] = {
     DType::kFloat32,  DType::kFloat64, DType::kFloat16,
     DType::kBFloat16, DType::kInt64,   DType::kInt32,
@@ -45,14 +46,15 @@ size_t ItemSize(DType dtype);
 absl::string_view DTypeName(DType dtype);
 // Inverse of DTypeName; nullopt for unknown names.
 std::optional<DType> DTypeFromName(absl::string_view name);
-bool IsFloatingPoint(DType dtype);
+bool IsFloatingPoint(DType dtype);  // float32, float64, float16 or bfloat16.
 
 // IEEE 754 binary16.
 struct Half {
-  uint16_t bits = 0;
+  uint16_t bits = 0;  // The binary16 encoding.
   Half() = default;
-  explicit Half(float value);
-  explicit operator float() const;
+  explicit Half(float value);  // `value` rounded to the nearest binary16.
+  explicit operator float() const;  // Exact.
+  // The Half whose bits are `b`.
   static Half FromBits(uint16_t b) {
     Half h;
     h.bits = b;
@@ -62,10 +64,11 @@ struct Half {
 
 // bfloat16: the upper half of a float32.
 struct BFloat16 {
-  uint16_t bits = 0;
+  uint16_t bits = 0;  // The upper 16 bits of a float32.
   BFloat16() = default;
-  explicit BFloat16(float value);
-  explicit operator float() const;
+  explicit BFloat16(float value);  // Rounded to nearest even; NaN stays NaN.
+  explicit operator float() const;  // Exact.
+  // The BFloat16 whose bits are `b`.
   static BFloat16 FromBits(uint16_t b) {
     BFloat16 h;
     h.bits = b;

@@ -23,16 +23,19 @@
 
 namespace ferry {
 
+// Kinds of device.
 enum class DeviceType : int8_t { kCPU = 0, kCUDA = 1 };
 
+// A device: its type and, for CUDA, its index.
 struct Device {
-  DeviceType type = DeviceType::kCPU;
-  int index = 0;
+  DeviceType type = DeviceType::kCPU;  // The kind.
+  int index = 0;  // The CUDA device; ignored for CPU.
 
-  static Device CPU() { return Device{}; }
+  static Device CPU() { return Device{}; }  // The CPU.
+  // CUDA device `index`.
   static Device CUDA(int index) { return Device{DeviceType::kCUDA, index}; }
-  bool is_cpu() const { return type == DeviceType::kCPU; }
-  bool is_cuda() const { return type == DeviceType::kCUDA; }
+  bool is_cpu() const { return type == DeviceType::kCPU; }  // type is kCPU.
+  bool is_cuda() const { return type == DeviceType::kCUDA; }  // type is kCUDA.
   // "cpu" or "cuda:N".
   std::string ToString() const;
 
@@ -46,6 +49,8 @@ struct Device {
 // Memory returned by Ferry's allocators starts on this boundary.
 inline constexpr size_t kStorageAlignment = 64;
 
+// Bytes on a device, shared by every Tensor and view over them; a cheap
+// shared handle (copies share the bytes).
 class Storage {
  public:
   // A null storage (no bytes, defined() is false).
@@ -58,12 +63,16 @@ class Storage {
   static Storage Wrap(void* data, size_t nbytes, Device device,
                       std::shared_ptr<const void> owner);
 
-  bool defined() const { return impl_ != nullptr; }
+  bool defined() const { return impl_ != nullptr; }  // Not null.
+  // The bytes; null if null.
   void* data() const { return impl_ ? impl_->data : nullptr; }
+  // Their count; 0 if null.
   size_t nbytes() const { return impl_ ? impl_->nbytes : 0; }
+  // Where; CPU if null.
   Device device() const { return impl_ ? impl_->device : Device{}; }
   // Number of handles sharing these bytes (for tests and diagnostics).
   long use_count() const { return impl_.use_count(); }
+  // Same bytes (not equal values).
   bool is_same(const Storage& other) const { return impl_ == other.impl_; }
 
   // Version counter shared by every tensor and view over these bytes:
@@ -73,6 +82,7 @@ class Storage {
   uint64_t version() const {
     return impl_ ? impl_->version.load(std::memory_order_acquire) : 0;
   }
+  // Adds 1 to version() (no-op on a null storage).
   void BumpVersion() const {
     if (impl_) impl_->version.fetch_add(1, std::memory_order_acq_rel);
   }
@@ -88,10 +98,11 @@ class Storage {
   std::shared_ptr<const Impl> impl_;
 };
 
+// Makes Storages on one device (GetCpuAllocator; c10d/nccl has a CUDA one).
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  virtual Device device() const = 0;
+  virtual Device device() const = 0;  // Where its storages live.
   // Returns `nbytes` uninitialized bytes aligned to kStorageAlignment, or
   // ResourceExhausted naming the size when the memory is not available.
   virtual absl::StatusOr<Storage> Allocate(size_t nbytes) = 0;

@@ -61,6 +61,8 @@ class AutogradMetaInterface {
 // Row-major (C order) strides for `sizes`.
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes);
 
+// An n-dimensional array: a cheap shared handle to typed, strided elements
+// in a Storage (see the top of this file for sharing and thread safety).
 class Tensor {
  public:
   // An undefined tensor (defined() is false). Only defined(), operator= and
@@ -79,21 +81,22 @@ class Tensor {
                                          DType dtype,
                                          Allocator* allocator = nullptr);
 
-  bool defined() const { return impl_ != nullptr; }
-  DType dtype() const;
-  Device device() const;
-  const std::vector<int64_t>& sizes() const;
+  bool defined() const { return impl_ != nullptr; }  // Not default-constructed.
+  DType dtype() const;  // The element type.
+  Device device() const;  // Where the elements live.
+  const std::vector<int64_t>& sizes() const;  // The shape.
+  // Elements to skip per dimension.
   const std::vector<int64_t>& strides() const;
-  int64_t dim() const;
+  int64_t dim() const;  // The number of dimensions.
   // Size of dimension `d`; negative `d` counts from the end.
   int64_t size(int64_t d) const;
-  int64_t numel() const;
-  size_t itemsize() const;
+  int64_t numel() const;  // The number of elements.
+  size_t itemsize() const;  // Bytes per element.
   // numel() * itemsize(): the bytes the elements occupy when contiguous.
   size_t nbytes() const;
-  int64_t storage_offset() const;
-  const Storage& storage() const;
-  bool is_contiguous() const;
+  int64_t storage_offset() const;  // In elements, into storage().
+  const Storage& storage() const;  // The memory the elements are in.
+  bool is_contiguous() const;  // Row-major without gaps.
   // Number of handles to this tensor object (0 when undefined); with
   // storage().use_count() it tells whether anything else can see the
   // elements (autograd reuses a gradient buffer only then).
@@ -113,7 +116,7 @@ class Tensor {
   // The single element of a one-element tensor, converted to T.
   template <typename T>
   T item() const;
-  double item() const { return item<double>(); }
+  double item() const { return item<double>(); }  // item<double>().
   // All elements in row-major order, converted to T.
   template <typename T>
   std::vector<T> to_vector() const;
@@ -121,14 +124,16 @@ class Tensor {
   // Abort with a message naming `op` unless defined / on CPU / of `expected`
   // dtype (used by ops, including ones outside this class).
   void CheckDefined(const char* op) const;
-  void CheckCpu(const char* op) const;
-  void CheckDType(DType expected, const char* op) const;
+  void CheckCpu(const char* op) const;  // See CheckDefined.
+  void CheckDType(DType expected, const char* op) const;  // See CheckDefined.
 
   // Autograd state of this tensor object (views and copies have their own);
   // null until a layer above sets it. Setting it is not synchronized: do it
   // before the tensor is shared between threads.
   AutogradMetaInterface* autograd_meta() const;
+  // autograd_meta(), shared.
   std::shared_ptr<AutogradMetaInterface> shared_autograd_meta() const;
+  // Sets autograd_meta() (see there).
   void set_autograd_meta(std::shared_ptr<AutogradMetaInterface> meta) const;
   // The storage's version counter (see Storage::version).
   uint64_t version() const;
@@ -139,8 +144,8 @@ class Tensor {
   Tensor to(DType dtype) const;  // *this when already `dtype`.
   // Copies `src` (same shape, any dtype) into this tensor's elements.
   Tensor& copy_(const Tensor& src);
-  Tensor& fill_(double value);
-  Tensor& zero_() { return fill_(0); }
+  Tensor& fill_(double value);  // Sets every element to `value`.
+  Tensor& zero_() { return fill_(0); }  // fill_(0).
 
   // --- Views --------------------------------------------------------------
   // Same elements with a new shape; one size may be -1 (inferred). Requires
@@ -157,7 +162,9 @@ class Tensor {
   }
   // Index `index` of dimension `dim`, dropping that dimension.
   Tensor select(int64_t dim, int64_t index) const;
+  // select(0, index).
   Tensor operator[](int64_t index) const { return select(0, index); }
+  // A view with d0 and d1 swapped.
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const;  // transpose(0, 1) of a 2-D tensor.
   // Dimensions reordered: result dim i is input dim dims[i].
@@ -172,22 +179,22 @@ class Tensor {
   // Integer division truncates toward zero; dividing an integer by zero
   // aborts. On bool, add is "or", mul is "and".
   Tensor add(const Tensor& other) const;
-  Tensor sub(const Tensor& other) const;
-  Tensor mul(const Tensor& other) const;
-  Tensor div(const Tensor& other) const;
-  Tensor add(double other) const;
-  Tensor sub(double other) const;
-  Tensor mul(double other) const;
-  Tensor div(double other) const;
-  Tensor& add_(const Tensor& other);
-  Tensor& sub_(const Tensor& other);
-  Tensor& mul_(const Tensor& other);
-  Tensor& div_(const Tensor& other);
-  Tensor& add_(double other);
-  Tensor& sub_(double other);
-  Tensor& mul_(double other);
-  Tensor& div_(double other);
-  Tensor neg() const { return mul(-1.0); }
+  Tensor sub(const Tensor& other) const;  // *this - other.
+  Tensor mul(const Tensor& other) const;  // *this * other.
+  Tensor div(const Tensor& other) const;  // *this / other.
+  Tensor add(double other) const;  // *this + other.
+  Tensor sub(double other) const;  // *this - other.
+  Tensor mul(double other) const;  // *this * other.
+  Tensor div(double other) const;  // *this / other.
+  Tensor& add_(const Tensor& other);  // In place: *this += other.
+  Tensor& sub_(const Tensor& other);  // In place: *this -= other.
+  Tensor& mul_(const Tensor& other);  // In place: *this *= other.
+  Tensor& div_(const Tensor& other);  // In place: *this /= other.
+  Tensor& add_(double other);  // In place: *this += other.
+  Tensor& sub_(double other);  // In place: *this -= other.
+  Tensor& mul_(double other);  // In place: *this *= other.
+  Tensor& div_(double other);  // In place: *this /= other.
+  Tensor neg() const { return mul(-1.0); }  // -*this.
 
   // Sum of all elements as a 0-d tensor: same dtype for floating types,
   // int64 for integral and bool.
@@ -227,37 +234,43 @@ class Tensor {
   friend Tensor empty(const std::vector<int64_t>&, DType, Allocator*);
 };
 
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);
-Tensor operator+(const Tensor& a, double b);
-Tensor operator-(const Tensor& a, double b);
-Tensor operator*(const Tensor& a, double b);
-Tensor operator/(const Tensor& a, double b);
+Tensor operator+(const Tensor& a, const Tensor& b);  // a.add(b).
+Tensor operator-(const Tensor& a, const Tensor& b);  // a.sub(b).
+Tensor operator*(const Tensor& a, const Tensor& b);  // a.mul(b).
+Tensor operator/(const Tensor& a, const Tensor& b);  // a.div(b).
+Tensor operator+(const Tensor& a, double b);  // a.add(b).
+Tensor operator-(const Tensor& a, double b);  // a.sub(b).
+Tensor operator*(const Tensor& a, double b);  // a.mul(b).
+Tensor operator/(const Tensor& a, double b);  // a.div(b).
+// Writes t.ToString().
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 // --- Factories (abort on a negative dimension or failed allocation) --------
 // `allocator` null means CPU; element-writing factories need a CPU allocator.
 Tensor empty(const std::vector<int64_t>& sizes, DType dtype = DType::kFloat32,
              Allocator* allocator = nullptr);
+// Filled with 0.
 Tensor zeros(const std::vector<int64_t>& sizes, DType dtype = DType::kFloat32);
+// Filled with 1.
 Tensor ones(const std::vector<int64_t>& sizes, DType dtype = DType::kFloat32);
+// Filled with `value`.
 Tensor full(const std::vector<int64_t>& sizes, double value,
             DType dtype = DType::kFloat32);
 // Same shape and dtype as `t` (contiguous, on CPU).
 Tensor empty_like(const Tensor& t);
-Tensor zeros_like(const Tensor& t);
-Tensor ones_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);  // zeros of t's shape and dtype.
+Tensor ones_like(const Tensor& t);  // ones of t's shape and dtype.
+// full of t's shape and dtype.
 Tensor full_like(const Tensor& t, double value);
 // 0, 1, ..., end - 1.
 Tensor arange(int64_t end, DType dtype = DType::kInt64);
 // start, start + step, ... while < end (> end for negative step).
 Tensor arange(double start, double end, double step, DType dtype);
 // Uniform in [0, 1) / standard normal, deterministic for a given seed on
-// every platform (own generator, not <random>'s distributions).
+// every platform (own generator, not `<random>`'s distributions).
 Tensor rand(const std::vector<int64_t>& sizes, uint64_t seed,
             DType dtype = DType::kFloat32);
+// Standard normal (see rand).
 Tensor randn(const std::vector<int64_t>& sizes, uint64_t seed,
              DType dtype = DType::kFloat32);
 // A tensor holding `values` (shape defaults to {values.size()}).

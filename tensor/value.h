@@ -49,7 +49,7 @@ namespace ferry {
 
 // Raw bytes (as opposed to text in a std::string Value).
 struct Bytes {
-  std::string data;
+  std::string data;  // The bytes.
   friend bool operator==(const Bytes& a, const Bytes& b) {
     return a.data == b.data;
   }
@@ -59,11 +59,11 @@ struct Bytes {
 // to the RRef layer; this layer only carries it. `extra` is free for that
 // layer's own fields.
 struct RRefHandle {
-  int64_t owner_id = 0;
+  int64_t owner_id = 0;  // The owner's worker id.
   GlobalId rref_id;  // common/ids.h: creating worker + counter.
-  GlobalId fork_id;
-  std::string type_name;
-  std::string extra;
+  GlobalId fork_id;       // The reference's fork (the RRef layer's).
+  std::string type_name;  // The type of the referenced value.
+  std::string extra;      // See above.
   // The RRef layer's reference held by this worker while the handle sits in
   // a Value (keeps the RRef alive until the handle is sent or dropped).
   // Never encoded, copied by sharing, ignored by ==.
@@ -77,15 +77,18 @@ struct RRefHandle {
 
 // A protobuf message of any type: full type name plus serialized bytes.
 struct MessageValue {
-  std::string type_name;
-  std::string data;
+  std::string type_name;  // Full name ("pkg.Msg").
+  std::string data;       // The serialized message.
   friend bool operator==(const MessageValue& a, const MessageValue& b) {
     return a.type_name == b.type_name && a.data == b.data;
   }
 };
 
+// A dynamically typed value: what remote functions take and return (see the
+// top of this file).
 class Value {
  public:
+  // Which alternative a Value holds.
   enum class Kind {
     kNone,
     kBool,
@@ -99,39 +102,55 @@ class Value {
     kRRef,
     kMessage,
   };
-  using List = std::vector<Value>;
-  using Dict = std::map<std::string, Value>;
+  using List = std::vector<Value>;           // A list Value's elements.
+  using Dict = std::map<std::string, Value>;  // A dict Value's entries.
 
   Value() = default;  // none
-  static Value None() { return Value(); }
-  static Value Bool(bool b) { return Make<1>(b); }
-  static Value Int(int64_t i) { return Make<2>(i); }
-  static Value Double(double d) { return Make<3>(d); }
-  static Value String(std::string s) { return Make<4>(std::move(s)); }
-  static Value FromBytes(Bytes b) { return Make<5>(std::move(b)); }
-  static Value FromTensor(Tensor t) { return Make<6>(std::move(t)); }
-  static Value FromList(List l) { return Make<7>(std::move(l)); }
-  static Value FromDict(Dict d) { return Make<8>(std::move(d)); }
-  static Value FromRRef(RRefHandle r) { return Make<9>(std::move(r)); }
+  // Factories, one per kind (named by the trailing comments).
+  static Value None() { return Value(); }  // none
+  static Value Bool(bool b) { return Make<1>(b); }  // bool
+  static Value Int(int64_t i) { return Make<2>(i); }  // int
+  static Value Double(double d) { return Make<3>(d); }  // double
+  static Value String(std::string s) { return Make<4>(std::move(s)); }  // text
+  static Value FromBytes(Bytes b) { return Make<5>(std::move(b)); }  // bytes
+  static Value FromTensor(Tensor t) { return Make<6>(std::move(t)); }  // tensor
+  static Value FromList(List l) { return Make<7>(std::move(l)); }  // list
+  static Value FromDict(Dict d) { return Make<8>(std::move(d)); }  // dict
+  static Value FromRRef(RRefHandle r) { return Make<9>(std::move(r)); }  // rref
+  // A message Value.
   static Value FromMessage(MessageValue m) { return Make<10>(std::move(m)); }
 
+  // What it holds.
   Kind kind() const { return static_cast<Kind>(data_.index()); }
-  bool is_none() const { return kind() == Kind::kNone; }
+  bool is_none() const { return kind() == Kind::kNone; }  // kind() is kNone.
 
   // Pointer to the held value, or nullptr when the Value is another kind.
   const bool* if_bool() const { return std::get_if<1>(&data_); }
+  // The int held, or nullptr.
   const int64_t* if_int() const { return std::get_if<2>(&data_); }
+  // The double held, or nullptr.
   const double* if_double() const { return std::get_if<3>(&data_); }
+  // The text held, or nullptr.
   const std::string* if_string() const { return std::get_if<4>(&data_); }
+  // The bytes held, or nullptr.
   const Bytes* if_bytes() const { return std::get_if<5>(&data_); }
+  // The tensor held, or nullptr.
   const Tensor* if_tensor() const { return std::get_if<6>(&data_); }
+  // The list held, or nullptr.
   const List* if_list() const { return std::get_if<7>(&data_); }
+  // The dict held, or nullptr.
   const Dict* if_dict() const { return std::get_if<8>(&data_); }
+  // The RRef handle held, or nullptr.
   const RRefHandle* if_rref() const { return std::get_if<9>(&data_); }
+  // The message held, or nullptr.
   const MessageValue* if_message() const { return std::get_if<10>(&data_); }
+  // The tensor held, mutable, or nullptr.
   Tensor* mutable_tensor() { return std::get_if<6>(&data_); }
+  // The list held, mutable, or nullptr.
   List* mutable_list() { return std::get_if<7>(&data_); }
+  // The dict held, mutable, or nullptr.
   Dict* mutable_dict() { return std::get_if<8>(&data_); }
+  // The RRef handle held, mutable, or nullptr.
   RRefHandle* mutable_rref() { return std::get_if<9>(&data_); }
 
   // Short readable form: none, true, 3, 2.5, "text", b"\x01", [..], {..},
@@ -169,12 +188,14 @@ absl::Status KindMismatch(absl::string_view expected, const Value& actual);
 template <typename T, typename Enable = void>
 struct ValueConverter;
 
+// x as a Value, through ValueConverter<T>::To.
 template <typename T>
 Value ToValue(const T& x) {
   return ValueConverter<std::decay_t<T>>::To(x);
 }
-inline Value ToValue(const char* s) { return Value::String(s); }
+inline Value ToValue(const char* s) { return Value::String(s); }  // Text.
 
+// v as a T, through ValueConverter<T>::From (KindMismatch or range errors).
 template <typename T>
 absl::StatusOr<T> FromValue(const Value& v) {
   return ValueConverter<T>::From(v);
@@ -183,15 +204,19 @@ absl::StatusOr<T> FromValue(const Value& v) {
 // --- Converters
 // ---------------------------------------------------------------
 
+// A Value as itself.
 template <>
 struct ValueConverter<Value> {
-  static Value To(const Value& v) { return v; }
+  static Value To(const Value& v) { return v; }  // As a Value.
+  // Or KindMismatch.
   static absl::StatusOr<Value> From(const Value& v) { return v; }
 };
 
+// bool <-> a bool Value.
 template <>
 struct ValueConverter<bool> {
-  static Value To(bool b) { return Value::Bool(b); }
+  static Value To(bool b) { return Value::Bool(b); }  // As a Value.
+  // Or KindMismatch.
   static absl::StatusOr<bool> From(const Value& v) {
     if (const bool* b = v.if_bool()) return *b;
     return KindMismatch("bool", v);
@@ -203,7 +228,9 @@ struct ValueConverter<bool> {
 template <typename T>
 struct ValueConverter<
     T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  // As a Value.
   static Value To(T x) { return Value::Int(static_cast<int64_t>(x)); }
+  // Or KindMismatch.
   static absl::StatusOr<T> From(const Value& v) {
     const int64_t* i = v.if_int();
     if (i == nullptr) return KindMismatch("int", v);
@@ -223,7 +250,9 @@ struct ValueConverter<
 // Doubles; an int Value converts to floating point too.
 template <typename T>
 struct ValueConverter<T, std::enable_if_t<std::is_floating_point_v<T>>> {
+  // As a Value.
   static Value To(T x) { return Value::Double(static_cast<double>(x)); }
+  // Or KindMismatch.
   static absl::StatusOr<T> From(const Value& v) {
     if (const double* d = v.if_double()) return static_cast<T>(*d);
     if (const int64_t* i = v.if_int()) return static_cast<T>(*i);
@@ -233,53 +262,70 @@ struct ValueConverter<T, std::enable_if_t<std::is_floating_point_v<T>>> {
 
 template <>
 struct ValueConverter<std::string> {
+  // As a Value.
   static Value To(const std::string& s) { return Value::String(s); }
+  // Or KindMismatch.
   static absl::StatusOr<std::string> From(const Value& v) {
     if (const std::string* s = v.if_string()) return *s;
     return KindMismatch("string", v);
   }
 };
 
+// Text, To only (read it back as std::string).
 template <>
 struct ValueConverter<absl::string_view> {
+  // As a Value.
   static Value To(absl::string_view s) { return Value::String(std::string(s)); }
 };
 
+// Text, To only (read it back as std::string).
 template <>
 struct ValueConverter<const char*> {
-  static Value To(const char* s) { return Value::String(s); }
+  static Value To(const char* s) { return Value::String(s); }  // As a Value.
 };
 
+// Bytes <-> a bytes Value.
 template <>
 struct ValueConverter<Bytes> {
+  // As a Value.
   static Value To(const Bytes& b) { return Value::FromBytes(b); }
+  // Or KindMismatch.
   static absl::StatusOr<Bytes> From(const Value& v) {
     if (const Bytes* b = v.if_bytes()) return *b;
     return KindMismatch("bytes", v);
   }
 };
 
+// Tensor <-> a tensor Value (sharing its elements).
 template <>
 struct ValueConverter<Tensor> {
+  // As a Value.
   static Value To(const Tensor& t) { return Value::FromTensor(t); }
+  // Or KindMismatch.
   static absl::StatusOr<Tensor> From(const Value& v) {
     if (const Tensor* t = v.if_tensor()) return *t;
     return KindMismatch("tensor", v);
   }
 };
 
+// RRefHandle <-> an rref Value (used by the RRef layer).
 template <>
 struct ValueConverter<RRefHandle> {
+  // As a Value.
   static Value To(const RRefHandle& r) { return Value::FromRRef(r); }
+  // Or KindMismatch.
   static absl::StatusOr<RRefHandle> From(const Value& v) {
     if (const RRefHandle* r = v.if_rref()) return *r;
     return KindMismatch("rref", v);
   }
 };
 
+// MessageValue <-> a message Value.
 template <>
 struct ValueConverter<MessageValue> {
+  // As a Value.
   static Value To(const MessageValue& m) { return Value::FromMessage(m); }
+  // Or KindMismatch.
   static absl::StatusOr<MessageValue> From(const Value& v) {
     if (const MessageValue* m = v.if_message()) return *m;
     return KindMismatch("message", v);
@@ -288,6 +334,7 @@ struct ValueConverter<MessageValue> {
 
 template <typename T>
 struct ValueConverter<std::optional<T>> {
+  // As a Value.
   static Value To(const std::optional<T>& o) {
     return o ? ToValue(*o) : Value::None();
   }
@@ -301,6 +348,7 @@ struct ValueConverter<std::optional<T>> {
 
 template <typename T>
 struct ValueConverter<std::vector<T>> {
+  // As a Value.
   static Value To(const std::vector<T>& xs) {
     Value::List l;
     l.reserve(xs.size());
@@ -323,6 +371,7 @@ struct ValueConverter<std::vector<T>> {
 
 template <typename T>
 struct ValueConverter<std::map<std::string, T>> {
+  // As a Value.
   static Value To(const std::map<std::string, T>& xs) {
     Value::Dict d;
     for (const auto& [k, x] : xs) d.emplace(k, ToValue(x));
@@ -343,6 +392,7 @@ struct ValueConverter<std::map<std::string, T>> {
 
 template <typename... Ts>
 struct ValueConverter<std::tuple<Ts...>> {
+  // As a Value.
   static Value To(const std::tuple<Ts...>& t) {
     return std::apply(
         [](const auto&... xs) {
@@ -379,6 +429,7 @@ struct ValueConverter<std::tuple<Ts...>> {
 
 template <typename A, typename B>
 struct ValueConverter<std::pair<A, B>> {
+  // As a Value.
   static Value To(const std::pair<A, B>& p) {
     return ToValue(std::tuple<A, B>(p.first, p.second));
   }

@@ -56,14 +56,15 @@ class Worker;
 // TLS / mutual TLS; plaintext when all three files are empty (then the
 // FERRY_TLS_* variables apply, as rpc/grpc/tls.h).
 struct WorkerTlsOptions {
-  std::string ca_file;
-  std::string cert_file;
-  std::string key_file;
-  bool require_client_cert = false;
+  std::string ca_file;    // PEM file of the CA that signs peers' certificates
+  std::string cert_file;  // PEM file of this worker's certificate
+  std::string key_file;   // PEM file of this worker's private key
+  bool require_client_cert = false;  // Servers require clients' certificates.
   // Name checked in servers' certificates instead of the dialled host.
   std::string server_name;
 };
 
+// What InitWorker needs; only `name` is required.
 struct WorkerOptions {
   std::string name;  // Required; unique in the group.
   // env://, tcp://host:port, file:///path (store/init_method.h).
@@ -71,7 +72,7 @@ struct WorkerOptions {
   // < 0: from the init method. world_size may be set alone (a job with
   // elastic workers launches more processes than its static group).
   int rank = -1;
-  int world_size = -1;
+  int world_size = -1;  // < 0: from the init method (see rank).
   // Join the running group as an elastic worker (rank and world_size must
   // stay -1: the group gives the id).
   bool join = false;
@@ -79,12 +80,12 @@ struct WorkerOptions {
   absl::Duration join_timeout = absl::Seconds(300);
   // Default timeout of calls, RRef and autograd messages.
   absl::Duration rpc_timeout = absl::Seconds(60);
-  int num_worker_threads = 16;
+  int num_worker_threads = 16;  // Threads of the agent's executor.
   // host:port to bind and to publish; empty: chosen as rpc/grpc/init.h says
   // (FERRY_LISTEN_ADDR, FERRY_ADVERTISE_ADDR, the store's route).
   std::string listen_address;
-  std::string advertise_address;
-  WorkerTlsOptions tls;
+  std::string advertise_address;  // See listen_address.
+  WorkerTlsOptions tls;           // Plaintext by default.
   // The job's shared secret (store/store_auth.h): authenticates the store
   // and binds each worker's name to its connections (docs/security.md).
   // Empty: FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET, else none.
@@ -109,20 +110,22 @@ struct WorkerOptions {
 
 // Counters of a worker's traffic (monotonic) and its load now.
 struct WorkerStats {
-  uint64_t calls_in = 0;
-  uint64_t calls_out = 0;
-  uint64_t errors = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  uint64_t calls_in_flight = 0;
-  uint64_t executor_queue_depth = 0;
-  uint64_t same_host_payloads_sent = 0;
-  uint64_t same_host_payloads_received = 0;
+  uint64_t calls_in = 0;              // requests served
+  uint64_t calls_out = 0;             // requests sent
+  uint64_t errors = 0;                // calls in or out that failed
+  uint64_t bytes_in = 0;              // payload bytes received
+  uint64_t bytes_out = 0;             // payload bytes sent
+  uint64_t calls_in_flight = 0;       // requests being served now
+  uint64_t executor_queue_depth = 0;  // handler runs waiting for a thread now
+  uint64_t same_host_payloads_sent = 0;      // through cross-memory attach
+  uint64_t same_host_payloads_received = 0;  // through cross-memory attach
   // Requests refused because the declared caller was not the connection's
   // proven identity, and same-host descriptors refused (docs/security.md).
   uint64_t identity_refusals = 0;
 };
 
+// Starts a worker as the top of this file says: its layers installed, the
+// group formed (or joined), serving. Errors: see the top of this file.
 absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options);
 
 // A client of the store of the group `init_method` names (served by its
@@ -133,25 +136,35 @@ absl::StatusOr<std::unique_ptr<Store>> OpenGroupStore(
     const std::string& init_method = "env://",
     absl::Duration timeout = absl::Seconds(300));
 
+// A running worker of a group, made by InitWorker: its agent and the layers
+// installed on it, and the calls user code makes through them.
 class Worker {
  public:
   ~Worker();  // Stops the agent abruptly if Shutdown/Leave did not run.
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  const std::string& name() const;
+  const std::string& name() const;  // WorkerOptions::name.
   int rank() const;        // This worker's id in the group.
   int world_size() const;  // Present members.
   // The address peers reach this worker's gRPC server at ("host:port").
   const std::string& address() const;
 
+  // The agent (rpc/agent.h). Each layer below is owned by the worker and
+  // valid while it lives.
   rpc::Agent& agent() const;
+  // The functions this worker serves (WorkerOptions::registry).
   rpc::FunctionRegistry& registry() const;
+  // The RRef context (rref/rref_context.h).
   rref::RRefContext& rrefs() const;
+  // Distributed autograd's container (autograd/dist/dist_autograd.h).
   autograd::dist::DistAutogradContainer& dist_autograd() const;
+  // The same container, shared (for DistributedOptimizer::Create).
   const std::shared_ptr<autograd::dist::DistAutogradContainer>&
   dist_autograd_ptr() const;
+  // The owner side of DistributedOptimizer (optim/distributed_optimizer.h).
   optim::DistOptimizerService& optimizer_service() const;
+  // The traffic counters now.
   WorkerStats stats() const;
 
   // rpc_sync / rpc_async through a typed handle (rpc/remote_function.h) or
@@ -160,20 +173,24 @@ class Worker {
   auto rpc_sync(const rpc::WorkerRef& to, A&&... args) const {
     return agent().rpc_sync(to, std::forward<A>(args)...);
   }
+  // By name: the result converted to R.
   template <typename R, typename... A>
   Result<R> rpc_sync(const rpc::WorkerRef& to, const std::string& function,
                      A&&... args) const {
     return agent().rpc_sync<R>(to, function, std::forward<A>(args)...);
   }
+  // Agent::rpc_async (typed or by name): the future of the result.
   template <typename... A>
   auto rpc_async(const rpc::WorkerRef& to, A&&... args) const {
     return agent().rpc_async(to, std::forward<A>(args)...);
   }
+  // By name: the future of the result converted to R.
   template <typename R, typename... A>
   Future<R> rpc_async(const rpc::WorkerRef& to, const std::string& function,
                       A&&... args) const {
     return agent().rpc_async<R>(to, function, std::forward<A>(args)...);
   }
+  // Runs `f` on `to`, which keeps the result: an RRef to it, owned by `to`.
   template <typename R, typename... P, typename... A>
   requires rpc::CallableWith<rpc::RemoteFunction<R(P...)>, A...> rref::RRef<R>
   remote(const rpc::WorkerRef& to, const rpc::RemoteFunction<R(P...)>& f,
@@ -181,6 +198,7 @@ class Worker {
   const {
     return rref::remote<R>(rrefs(), to, f.name(), P{std::forward<A>(args)}...);
   }
+  // By name: an RRef to the result, a T, owned by `to`.
   template <typename T, typename... A>
   rref::RRef<T> remote(const rpc::WorkerRef& to, const std::string& function,
                        A&&... args) const {

@@ -15,10 +15,10 @@
 // accumulate in the context (GetGradients), never in .grad. Backward returns
 // when every worker the pass reached is done, or with the first error
 // (naming worker, context and op).
-//
-// Invariants of the context map (DistAutogradContainer::contexts_):
-//  1. An id maps to at most one live context per worker; ids are minted by
-//     the creating worker (16-bit worker id + 48-bit counter).
+// Invariants of the context map (DistAutogradContainer::contexts_; why:
+// docs/design/dist_autograd.md):
+//  1. An id maps to at most one live context per worker; the creating
+//     worker mints it (16-bit worker id, 48-bit counter).
 //  2. A context is in the map from creation until its release; after
 //     release no graph piece of it is reachable from the container.
 //  3. Every Send/RecvNode is in its context's tables; its peer is in the
@@ -27,8 +27,7 @@
 //  5. A context has at most one pass, run on one thread at a time.
 //  6. A released id (among the last kMaxReleasedIds) is never re-created.
 // Thread safety: every public method is safe from any thread. The agent must
-// outlive every use of the container; its handlers hold it weakly.
-// Design: docs/design/dist_autograd.md
+// outlive the container's use (handlers hold it weakly).
 #ifndef FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 
@@ -65,7 +64,7 @@ class GradientMap {
  public:
   // The gradient of `leaf` (the same tensor object), or undefined.
   Tensor Get(const Tensor& leaf) const;
-  size_t size() const { return entries_.size(); }
+  size_t size() const { return entries_.size(); }  // Leaves with a gradient.
   // (leaf, gradient) in first-arrival order.
   const std::vector<std::pair<Tensor, Tensor>>& entries() const {
     return entries_;
@@ -86,12 +85,13 @@ class ContextSink;
 // tables are the container's business (see the invariants above).
 class DistAutogradContext {
  public:
+  // Context `id` (the container creates them).
   explicit DistAutogradContext(GlobalId id) : id_(id) {}
-  GlobalId id() const { return id_; }
+  GlobalId id() const { return id_; }  // Same on every worker.
 
-  GradientMap gradients() const;
-  size_t num_send_nodes() const;
-  size_t num_recv_nodes() const;
+  GradientMap gradients() const;  // The gradients accumulated here so far.
+  size_t num_send_nodes() const;  // SendNodes recorded here.
+  size_t num_recv_nodes() const;  // RecvNodes recorded here.
   // Workers this one exchanged messages with in the context.
   std::set<int> workers() const;
 
@@ -113,9 +113,12 @@ class DistAutogradContext {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// One worker's distributed autograd: its contexts and the pass runner (see
+// the top of this file).
 class DistAutogradContainer
     : public std::enable_shared_from_this<DistAutogradContainer> {
  public:
+  // Install's settings.
   struct Options {
     // Timeout of each kBackward and kCleanupAutogradContext message.
     absl::Duration rpc_timeout = absl::Seconds(60);
@@ -126,6 +129,7 @@ class DistAutogradContainer
   // (AlreadyExists otherwise), on every worker, before messages flow.
   static absl::StatusOr<std::shared_ptr<DistAutogradContainer>> Install(
       rpc::Agent& agent, Options options);
+  // Install with the default Options.
   static absl::StatusOr<std::shared_ptr<DistAutogradContainer>> Install(
       rpc::Agent& agent) {
     return Install(agent, Options());
@@ -138,8 +142,8 @@ class DistAutogradContainer
   absl::StatusOr<GlobalId> NewContext();
   // Null when the id is unknown here.
   std::shared_ptr<DistAutogradContext> Find(GlobalId id) const;
-  size_t NumContexts() const;
-  std::vector<GlobalId> ContextIds() const;
+  size_t NumContexts() const;  // Live contexts on this worker.
+  std::vector<GlobalId> ContextIds() const;  // Their ids.
 
   // Runs the distributed backward pass of `roots` (one-element tensors,
   // each seeded with a gradient of one) in context `context_id`, whose
@@ -158,7 +162,7 @@ class DistAutogradContainer
   // either way). OK when the id is unknown.
   Future<void> Release(GlobalId context_id);
 
-  const rpc::WorkerInfo& self() const { return agent_.self(); }
+  const rpc::WorkerInfo& self() const { return agent_.self(); }  // This worker.
 
   // Rows of the "dist_autograd" inspector (rpc/inspect.h): one per live
   // context (id, peer workers, send/recv nodes, gradients, pending replies).
@@ -243,13 +247,14 @@ class ContextScope {
     // arrives; failures are logged then. Release() still waits.
     kReleaseInBackground,
   };
+  // Creates the context in `container` and makes it current on this thread.
   explicit ContextScope(DistAutogradContainer& container,
                         OnExit on_exit = OnExit::kWaitForRelease);
   ~ContextScope();
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
 
-  GlobalId id() const { return id_; }
+  GlobalId id() const { return id_; }  // The context's id.
   // Releases now (idempotent) and restores the previous rpc context entry;
   // waits up to `timeout` for every worker. On the scope's thread.
   absl::Status Release(absl::Duration timeout = absl::Seconds(60));

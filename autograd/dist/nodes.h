@@ -31,8 +31,8 @@ namespace ferry::autograd::dist {
 
 // Shape and dtype of one tensor that crossed a worker boundary.
 struct TensorSpec {
-  std::vector<int64_t> sizes;
-  DType dtype = DType::kFloat32;
+  std::vector<int64_t> sizes;  // The shape.
+  DType dtype = DType::kFloat32;  // The element type.
 };
 
 // Sender side: one input per sent tensor that required grad; passes the
@@ -43,8 +43,9 @@ class SendNode final : public Node {
   SendNode(int peer, GlobalId message_id, std::vector<Edge> edges,
            std::vector<TensorSpec> specs);
 
-  int peer() const { return peer_; }
-  GlobalId message_id() const { return message_id_; }
+  int peer() const { return peer_; }  // The receiving worker's id.
+  GlobalId message_id() const { return message_id_; }  // The message sent.
+  // The sent tensors' shapes and dtypes.
   const std::vector<TensorSpec>& specs() const { return specs_; }
 
   absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
@@ -60,12 +61,15 @@ class SendNode final : public Node {
 // i for the i-th of them). Has no next edges: its gradients leave the worker.
 class RecvNode final : public Node {
  public:
+  // Tensors received from `peer` in message `message_id`, as `specs`.
   RecvNode(int peer, std::string peer_name, GlobalId message_id,
            std::vector<TensorSpec> specs);
 
-  int peer() const { return peer_; }
+  int peer() const { return peer_; }  // The sending worker's id.
+  // The sender's name.
   const std::string& peer_name() const { return peer_name_; }
-  GlobalId message_id() const { return message_id_; }
+  GlobalId message_id() const { return message_id_; }  // The message.
+  // The received tensors' shapes and dtypes.
   const std::vector<TensorSpec>& specs() const { return specs_; }
 
   // Always FailedPrecondition: only the distributed runner may run it.

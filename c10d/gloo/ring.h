@@ -3,21 +3,12 @@
 // used by GlooBackend (all-reduce and broadcast when the argument check is
 // on; reduce-scatter, all-gather and all-to-all always).
 //
-// Why not Gloo's: with the check on, every rank learns every rank's argument
-// header before any payload moves (see gloo_backend.h). Gloo's algorithms
-// post their receives only when called, so they would start one network hop
-// after the check. This ring posts its first receives from the left
-// neighbour before the check (PostEarlyReceives), so the check and the first
-// receive's "ready" notice cross the network together and the data of the
-// first step flows as soon as the headers agree: no hop is added.
-//
-// Safety: Gloo's TCP pair moves a payload only after the receiver posted a
-// receive for its slot, and aborts the process when the payload is longer
-// than the posted receive. Here a rank sends a payload only after it has
-// seen its right neighbour's header equal its own (so the neighbour posted
-// exactly the sizes this rank sends); when headers differ it sends only
-// zero-byte messages, which fit any posted receive (Abandon), so early
-// receives always complete and no stale receive is left behind.
+// Contract: the first receives are posted before the argument check
+// (PostEarlyReceives), so the check adds no network hop; a rank sends a
+// payload only after its right neighbour's header equals its own, and when
+// headers differ it sends only zero-byte messages (Abandon), so every early
+// receive completes and none is left behind. Why: docs/design/
+// c10d_shm_and_gloo.md ("Ferry's ring over Gloo's transport").
 //
 // Algorithm: the tensor is split into `size` chunks, each into segments of
 // at most kMaxSegmentBytes (at least two per chunk). Reduce-scatter: n-1

@@ -14,32 +14,17 @@
 //
 // Shutdown and errors follow rpc/agent.h; transport errors add the peer's
 // address (Unavailable) or the message limit (ResourceExhausted).
-//
-// Membership (rpc/agent.h; the store log is rpc/grpc/membership.h): Join
-// adds a worker to a running group (one started with Start), with a fresh id
-// (the static world size or more); Leave announces its departure and stops.
-// A joined worker's graceful Shutdown is its Leave; a static member that
-// leaves counts as arrived at the static group's shutdown barrier. Workers
-// still joined when the static group shuts down are not waited for: leave
-// first. A member waiting in the shutdown barrier still serves and takes
-// joiners (on a store connection of its own, since its own waits in the
-// barrier); once the barrier completed, Join fails at once with
-// FailedPrecondition ("the group is shutting down"), before it or after its
-// notices (a member that began to stop refuses them, naming its state).
-//
-// Deadlines: a call whose timeout is the default (Options::rpc_timeout) sets
-// no gRPC deadline (which arms a timer per call on both ends); the agent's
-// sweeper thread cancels it once its deadline passes, and it fails with
-// DeadlineExceeded as a gRPC deadline would. Calls with their own timeout
-// keep a gRPC deadline. Either way the callee's deadline is the caller's
-// remaining time (rpc/agent.h).
-//
-// Peer failures (rpc/agent.h): when a call fails with Unavailable, the agent
-// probes the peer's gRPC health service (peer_probe_timeout); if the probe
-// fails at the transport too, the peer is reported failed. A peer that
-// answers the probe (even "not serving", while it shuts down) is not.
+// Membership: see Join (the store log is rpc/grpc/membership.h); a static
+// member that leaves counts as arrived at the shutdown barrier. Deadlines:
+// a call with the default timeout fails with DeadlineExceeded at its
+// deadline, as with a gRPC deadline; the callee's deadline is the caller's
+// remaining time.
+// Peer failures: a peer is reported failed only if, after a call failed
+// with Unavailable, a probe of its health service fails at the transport.
 //
 // Thread safety: as rpc/agent.h.
+// Design: docs/design/grpc_agent.md ("Membership, deadlines and peer
+// failures" has the details this comment leaves out).
 #ifndef FERRY_RPC_GRPC_AGENT_H_
 #define FERRY_RPC_GRPC_AGENT_H_
 
@@ -150,7 +135,11 @@ class GrpcAgent final : public Agent {
   // Joins the running group whose store is `store` (waiting up to
   // options.join_timeout for it to form) as a new worker named `name`.
   // Returns once every present member knows it. AlreadyExists when a present
-  // member has the name; DeadlineExceeded when no group runs.
+  // member has the name; DeadlineExceeded when no group runs;
+  // FailedPrecondition once the static group's shutdown barrier completed.
+  // The joined worker gets a fresh id (the static world size or more); its
+  // graceful Shutdown is its Leave. The static group's shutdown does not wait
+  // for workers still joined: leave first.
   static absl::StatusOr<std::unique_ptr<GrpcAgent>> Join(
       std::string name, std::shared_ptr<Store> store,
       GrpcAgentOptions options = {},

@@ -1,26 +1,17 @@
 // Streamed calls of the gRPC agent: payloads at or above
 // StreamOptions::threshold_bytes travel through the Worker service's
 // CallStream method (proto/rpc.proto) as pieces of about `piece_bytes`,
-// instead of one unary message.
+// instead of one unary message. Replies to a streamed request come back the
+// same way when they are at or above the callee's threshold, else as one
+// message; replies to unary requests stay unary (see StreamOptions).
 //
-// Sending: the first message carries the envelope fields and payload_bytes
-// (the payload's length), every message one piece of the payload. Pieces are
-// sub-slices of the encoded Value (tensor/wire_grpc.h): no tensor byte is
-// copied. One write is outstanding per call, so gRPC's HTTP/2 flow control
-// holds a sender back while its receiver is slow.
-//
-// Receiving: payload_bytes is checked against the limits (max_message_bytes,
-// WireLimits::max_total_bytes) before anything is allocated; then one
-// 64-byte aligned buffer of that size is allocated and each piece is copied
-// into it as it arrives (the one copy on receive, as on the unary path), and
-// the next piece is read only after that. The decoded tensors live in that
-// buffer (no further copy). Ferry holds at most one received piece outside
-// it at a time (StreamStats::max_piece_bytes shows it).
-//
-// Replies to a streamed request come back the same way when they are at or
-// above the callee's threshold, else as one message. Replies to unary
-// requests stay unary (a small request with a large result: see
-// StreamOptions).
+// Contract: no tensor byte is copied on send; on receive, payload_bytes is
+// checked against the limits (max_message_bytes, WireLimits::max_total_bytes)
+// before anything is allocated, each piece is copied once into one aligned
+// buffer that the decoded tensors then live in, and at most one received
+// piece is held outside it (StreamStats::max_piece_bytes shows it). One
+// write is outstanding per call, so HTTP/2 flow control holds back a sender
+// whose receiver is slow.
 //
 // Errors are those of the unary path: oversize payloads are
 // ResourceExhausted naming the worker, function and limit; a peer that goes
@@ -30,6 +21,7 @@
 // Thread safety: StreamStats counters are atomics. The reactors follow
 // gRPC's callback rules (one read and one write outstanding, sequential
 // callbacks per direction).
+// Design: docs/design/grpc_agent.md ("Streamed calls").
 #ifndef FERRY_RPC_GRPC_STREAM_H_
 #define FERRY_RPC_GRPC_STREAM_H_
 

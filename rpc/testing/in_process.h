@@ -17,13 +17,10 @@
 // it is queued, on the queuing thread, so ordinary tests need no stepping;
 // Hold(predicate) keeps matching messages queued (delayed) meanwhile.
 //
-// Failure switches: Kill(worker) makes it dead at once: its queued messages
-// vanish, calls it made and calls made to it fail with Unavailable naming it,
-// later sends to or from it fail the same way, and every live worker reports
-// it failed to its peer-failure listeners (rpc/agent.h), on Kill's thread.
-// Timeouts hold in both modes: a call whose message was dropped or never
-// delivered fails with DeadlineExceeded at its deadline (a timer thread
-// enforces it), so no test hangs on a lost message.
+// Failure switches: Kill(worker) (see there). Timeouts hold in both modes:
+// a call whose message was dropped or never delivered fails with
+// DeadlineExceeded at its deadline (a timer thread enforces it), so no test
+// hangs on a lost message.
 //
 // Replies complete the caller's future on the thread that delivers them
 // (the test's thread in manual mode, the callee's executor in auto mode).
@@ -90,33 +87,37 @@ class InProcessAgent final : public Agent {
 
 // A message waiting in the network's queue.
 struct QueuedMessage {
-  uint64_t seq = 0;
-  std::string from;
-  std::string to;
-  bool is_reply = false;
-  MessageType type = MessageType::kUnspecified;
-  std::string function;
+  uint64_t seq = 0;  // Its number in the queue (Deliver, Drop...).
+  std::string from;  // The sender's name.
+  std::string to;  // The receiver's name.
+  bool is_reply = false;  // A reply, else a request.
+  MessageType type = MessageType::kUnspecified;  // The request's type.
+  std::string function;  // kCall: the function called.
   GlobalId id;         // The request's id (a reply carries its request's).
   absl::Status error;  // Replies only: the handler's error, if any.
-  std::string DebugString() const;
+  std::string DebugString() const;  // One line naming the fields, for failures.
 };
 
+// Selects queued messages (AwaitQueued, Hold).
 using MessagePredicate = std::function<bool(const QueuedMessage&)>;
 // Requests (not replies) from `from` to `to`; "" matches any worker.
 MessagePredicate Matching(const std::string& from, const std::string& to);
 // Replies travelling to `to`.
 MessagePredicate RepliesTo(const std::string& to);
 
+// How InProcessNetwork runs.
 struct InProcessOptions {
-  bool auto_deliver = true;
-  Agent::Options agent;
+  bool auto_deliver = true;  // See the top of this file.
+  Agent::Options agent;  // Every worker's agent options.
   // Shared by every worker; null gives each worker its own registry.
   std::shared_ptr<FunctionRegistry> registry;
 };
 
+// Agents in one process and the queue between them (see the top of this
+// file).
 class InProcessNetwork {
  public:
-  using Options = InProcessOptions;
+  using Options = InProcessOptions;  // See InProcessOptions.
 
   // Workers get ids 0..n-1 in the order of `names`, which must be unique and
   // non-empty (the process aborts otherwise: a test bug).
@@ -128,19 +129,21 @@ class InProcessNetwork {
 
   // The worker named `name` / with id `id`; aborts when absent (a test bug).
   InProcessAgent& agent(const std::string& name);
-  InProcessAgent& agent(int id);
+  InProcessAgent& agent(int id);  // By id.
   // Ids handed out (departed workers included).
   int size() const { return size_.load(std::memory_order_acquire); }
 
   // --- Queue control. Errors: NotFound for a seq no longer queued. ---
 
+  // What is queued now, in queue order.
   std::vector<QueuedMessage> Queued() const;
   // Waits until a queued message satisfies `match` and returns it;
   // DeadlineExceeded (listing the queue) after `timeout`.
   absl::StatusOr<QueuedMessage> AwaitQueued(const MessagePredicate& match,
                                             absl::Duration timeout) const;
+  // Delivers message `seq` now (replies complete on this thread).
   absl::Status Deliver(uint64_t seq);
-  absl::Status Drop(uint64_t seq);
+  absl::Status Drop(uint64_t seq);  // Removes message `seq` (never delivered).
   // Queues a copy of message `seq`; returns the copy's seq. A duplicated
   // request runs its handler again; a duplicated reply is ignored by the
   // caller (counted in ignored_replies()).
@@ -150,7 +153,7 @@ class InProcessNetwork {
   // Replies of handlers still running on an executor are queued later: use
   // AwaitQueued to wait for them.
   int DeliverAll(int max_messages = 10000);
-  void SetAutoDeliver(bool on);
+  void SetAutoDeliver(bool on);  // Switches between auto and manual mode.
   // Delay in auto mode: messages matching `hold` stay queued (for Deliver,
   // Drop, Duplicate) while the others flow. Hold(nullptr) stops holding and
   // delivers what was held.
@@ -162,8 +165,13 @@ class InProcessNetwork {
 
   // --- Failures. ---
 
-  // NotFound for an unknown worker.
+  // Makes `worker` dead at once: its queued messages vanish, calls it made
+  // and calls made to it fail with Unavailable naming it, later sends to or
+  // from it fail the same way, and every live worker reports it failed to
+  // its peer-failure listeners (rpc/agent.h), on Kill's thread. NotFound for
+  // an unknown worker.
   absl::Status Kill(const std::string& worker);
+  // Whether Kill(worker) was called.
   bool IsDead(const std::string& worker) const;
 
   // --- Membership (rpc/agent.h). ---
@@ -179,7 +187,7 @@ class InProcessNetwork {
   // barrier then waits for the joiner too (it leaves or shuts down).
   absl::StatusOr<InProcessAgent*> Join(
       const std::string& name, absl::Duration timeout = absl::Seconds(60));
-  static constexpr int kMaxWorkers = 1024;
+  static constexpr int kMaxWorkers = 1024;  // Ids a network hands out at most.
 
  private:
   friend class InProcessAgent;
