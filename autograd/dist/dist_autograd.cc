@@ -28,14 +28,15 @@ Tensor GradientMap::Get(const Tensor& leaf) const {
   return it == index_.end() ? Tensor() : entries_[it->second].second;
 }
 
-void GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
+Tensor GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
   auto [it, fresh] = index_.emplace(leaf.autograd_meta(), entries_.size());
   if (fresh) {
     entries_.emplace_back(leaf, grad);
-  } else {
-    Tensor& slot = entries_[it->second].second;
-    slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+    return grad;
   }
+  Tensor& slot = entries_[it->second].second;
+  slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+  return slot;
 }
 
 GradientMap DistAutogradContext::gradients() const {
@@ -61,19 +62,40 @@ std::set<int> DistAutogradContext::workers() const {
 // ---------------------------------------------------------------------------
 // A pass on one worker: FAST-mode dependency counts and ready queue.
 
-// Delivers leaf gradients into the context's map.
+// The fused optimizer steps of one pass (BackwardOptions::fused_optimizer).
+struct FusedPlan {
+  std::string entry;          // kFusedStepKey, forwarded on this pass's BACKWARDs.
+  std::set<int> owners;       // Workers whose BACKWARD replies must confirm.
+  std::vector<int64_t> mine;  // This worker's step ids.
+  std::shared_ptr<const FusedStepHandler> handler;  // Set when `mine` is not.
+};
+
+// Delivers leaf gradients into the context's map; with fused steps for this
+// worker, steps the leaf then: its accumulation node runs once per pass,
+// after every gradient of the pass reached it, so the sum is final.
 class ContextSink final : public GradientSink {
  public:
-  explicit ContextSink(DistAutogradContext* ctx) : ctx_(ctx) {}
+  ContextSink(DistAutogradContext* ctx, const FusedPlan* plan)
+      : ctx_(ctx), plan_(plan) {}
   absl::Status Deliver(const Tensor& leaf, const Tensor& grad) override {
-    MutexLock l(&ctx_->mu_);
-    // A released context keeps no gradients (invariant 2).
-    if (!ctx_->released_) ctx_->grads_.Accumulate(leaf, grad);
+    Tensor total;
+    {
+      MutexLock l(&ctx_->mu_);
+      // A released context keeps no gradients (invariant 2).
+      if (ctx_->released_) return absl::OkStatus();
+      total = ctx_->grads_.Accumulate(leaf, grad);
+    }
+    for (int64_t id : plan_->mine) {
+      if (absl::Status s = (*plan_->handler)(id, leaf, total); !s.ok()) {
+        return s;
+      }
+    }
     return absl::OkStatus();
   }
 
  private:
   DistAutogradContext* const ctx_;
+  const FusedPlan* const plan_;
 };
 
 namespace {
@@ -114,11 +136,16 @@ std::unordered_map<Node*, int> CountDependencies(
 // Fields below `running` are guarded by the owning context's mu_ (not
 // expressible as an annotation across objects).
 struct Pass {
-  Pass(GlobalId pass_id, bool retain, DistAutogradContext* ctx)
-      : id(pass_id), retain_graph(retain), sink(ctx), task(&sink, retain) {}
+  Pass(GlobalId pass_id, bool retain, DistAutogradContext* ctx, FusedPlan plan)
+      : id(pass_id),
+        retain_graph(retain),
+        fused(std::move(plan)),
+        sink(ctx, &fused),
+        task(&sink, retain) {}
 
   const GlobalId id;
   const bool retain_graph;
+  const FusedPlan fused;
   ContextSink sink;
   GraphTask task;  // Carries the sink and retain flag into Node::Apply.
   bool local_initiator = false;
@@ -610,10 +637,54 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
 // ---------------------------------------------------------------------------
 // Backward.
 
+absl::Status DistAutogradContainer::SetFusedStepHandler(
+    FusedStepHandler handler) {
+  MutexLock l(&mu_);
+  if (fused_handler_ != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker '", agent_.self().name, "' already has a fused step handler"));
+  }
+  fused_handler_ =
+      std::make_shared<const FusedStepHandler>(std::move(handler));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FusedPlan> DistAutogradContainer::PlanFusedSteps(
+    const std::string& entry) const {
+  FusedPlan plan;
+  if (entry.empty()) return plan;
+  plan.entry = entry;
+  for (absl::string_view part : absl::StrSplit(entry, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    int worker = 0;
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(kv.first, &worker) ||
+        !absl::SimpleAtoi(kv.second, &step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker '", agent_.self().name, "': malformed ", kFusedStepKey,
+          " entry '", entry, "'"));
+    }
+    plan.owners.insert(worker);
+    if (worker == agent_.self().id) plan.mine.push_back(step);
+  }
+  if (plan.mine.empty()) return plan;
+  MutexLock l(&mu_);
+  plan.handler = fused_handler_;
+  if (plan.handler == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_.self().name,
+        "': a fused optimizer step was requested but this worker steps no "
+        "optimizer (is DistOptimizerService installed here?)"));
+  }
+  return plan;
+}
+
 std::shared_ptr<Pass> DistAutogradContainer::NewPass(
     DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
-    const std::vector<std::pair<Edge, Tensor>>& roots) {
-  auto pass = std::make_shared<Pass>(pass_id, retain_graph, &ctx);
+    const std::vector<std::pair<Edge, Tensor>>& roots, FusedPlan fused) {
+  auto pass = std::make_shared<Pass>(pass_id, retain_graph, &ctx,
+                                     std::move(fused));
   std::vector<Node*> starts;
   for (const auto& [edge, grad] : roots) starts.push_back(edge.node.get());
   for (const auto& [id, send] : ctx.sends_) starts.push_back(send.get());
@@ -629,7 +700,7 @@ std::shared_ptr<Pass> DistAutogradContainer::NewPass(
 
 absl::Status DistAutogradContainer::Backward(GlobalId context_id,
                                              const std::vector<Tensor>& roots,
-                                             bool retain_graph) {
+                                             const BackwardOptions& options) {
   std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
   if (ctx == nullptr) {
     return absl::NotFoundError(
@@ -639,6 +710,14 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
   if (!edges.ok()) return Annotate(edges.status(), Where(context_id));
   absl::StatusOr<GlobalId> pass_id = ids_.Next();
   if (!pass_id.ok()) return Annotate(pass_id.status(), Where(context_id));
+  std::string entry;
+  if (options.fused_optimizer != nullptr) {
+    for (const auto& [worker, step] : options.fused_optimizer->FusedSteps()) {
+      absl::StrAppend(&entry, entry.empty() ? "" : ",", worker, ":", step);
+    }
+  }
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  if (!fused.ok()) return Annotate(fused.status(), Where(context_id));
   std::shared_ptr<Pass> pass;
   {
     MutexLock l(&ctx->mu_);
@@ -651,7 +730,8 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
       return absl::FailedPreconditionError(absl::StrCat(
           Where(context_id), ": a backward pass is already running"));
     }
-    pass = NewPass(*ctx, *pass_id, retain_graph, *edges);
+    pass = NewPass(*ctx, *pass_id, options.retain_graph, *edges,
+                   *std::move(fused));
     pass->local_initiator = true;
     pass->running = true;
     ctx->pass_ = pass;
@@ -749,13 +829,26 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
   m.payload =
       Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
                        Value::FromList(std::move(list))});
+  // Always set: an entry installed on this (handler) thread must not leak.
+  if (!pass.fused.entry.empty() || rpc::CurrentContextValue(kFusedStepKey)) {
+    m.context[kFusedStepKey] = pass.fused.entry;
+  }
+  const bool confirm = pass.fused.owners.count(node.peer()) > 0;
   std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
                                   node.message_id().ToString(), " to worker '",
                                   node.peer_name(), "'");
-  rpcs.Add(agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
-               .Then([what](const Result<Message>& r) -> absl::Status {
-                 return Annotate(r.status(), what);
-               }));
+  rpcs.Add(
+      agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
+          .Then([what, confirm](const Result<Message>& r) -> absl::Status {
+            if (!r.ok()) return Annotate(r.status(), what);
+            const std::string* done = r->payload.if_string();
+            if (confirm && (done == nullptr || *done != kFusedStepDone)) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  what, ": the reply does not confirm the fused optimizer "
+                        "step (a worker without fused steps?)"));
+            }
+            return absl::OkStatus();
+          }));
 }
 
 Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
@@ -778,6 +871,18 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
                                                  " is unknown (backward from '",
                                                  m.caller_name, "')")));
   }
+  std::string entry;
+  if (auto e = m.context.find(kFusedStepKey); e != m.context.end()) {
+    entry = e->second;
+  }
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  if (!fused.ok()) return fail(Annotate(fused.status(), Where(context_id)));
+  const bool confirm = !fused->mine.empty();
+  auto reply = [confirm] {
+    Message r;
+    if (confirm) r.payload = Value::String(kFusedStepDone);
+    return r;
+  };
   std::shared_ptr<Pass> pass;
   {
     MutexLock l(&ctx->mu_);
@@ -816,7 +921,8 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
             absl::StrCat(Where(context_id),
                          ": the previous backward pass is still running")));
       }
-      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {});
+      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {},
+                           *std::move(fused));
     }
     pass = ctx->pass_;
     if (!pass->error.ok()) return fail(pass->error);
@@ -829,7 +935,8 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
       pass->Feed(send, static_cast<int>(i), *(*grad_values)[i].if_tensor());
     }
     pass->ready.push_back(send.get());
-    if (pass->running) return MakeReadyFuture<Message>(Message());
+    // The running thread's reply covers this message's work (and steps).
+    if (pass->running) return MakeReadyFuture<Message>(reply());
     pass->running = true;
   }
   // This thread runs the pass; the reply waits for what that work sent.
@@ -837,9 +944,9 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
   Drain(ctx, *pass, rpcs);
   rpcs.Seal();
   return rpcs.future().Then(
-      [](const absl::Status& s) -> absl::StatusOr<Message> {
+      [reply](const absl::Status& s) -> absl::StatusOr<Message> {
         if (!s.ok()) return s;
-        return Message();
+        return reply();
       });
 }
 

@@ -33,6 +33,7 @@
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,6 +61,43 @@ inline constexpr char kContextKey[] = "autograd/context";
 // comma-separated) required grad on the sender.
 inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
 
+// Request context entry of a BACKWARD naming the owner-side optimizer steps
+// fused into the pass: "worker:step_id,worker:step_id,..." (decimal).
+inline constexpr char kFusedStepKey[] = "autograd/fused_step";
+// The payload of a BACKWARD reply from a worker named in kFusedStepKey: its
+// fused steps of the pass are done (an older worker replies with nothing,
+// which fails the pass rather than skip the step silently).
+inline constexpr char kFusedStepDone[] = "fused_step_done";
+
+// An optimizer whose owner-side steps can run inside a distributed backward
+// pass (optim::DistributedOptimizer; see BackwardOptions).
+class FusedOptimizer {
+ public:
+  virtual ~FusedOptimizer() = default;
+  // (owner worker id, the owner-side step id) for every owner it steps.
+  virtual const std::vector<std::pair<int, int64_t>>& FusedSteps() const = 0;
+};
+
+// Owner side of a fused step (optim::DistOptimizerService installs it):
+// steps parameter `leaf` of owner-side optimizer `step_id` with `grad`, the
+// context's final gradient of it. OK when `leaf` is not one of its
+// parameters; an error names the worker and parameter.
+using FusedStepHandler = std::function<absl::Status(
+    int64_t step_id, const Tensor& leaf, const Tensor& grad)>;
+
+struct BackwardOptions {
+  // Keep the graph pieces after the pass.
+  bool retain_graph = false;
+  // When set, every owner of its parameters steps each parameter as soon as
+  // that parameter's gradient of the pass is final (its accumulation node
+  // ran), before its BACKWARD reply; Backward returns once every step is
+  // done and fails with the first failed step (naming owner and parameter).
+  // The result is bit-identical to Backward then opt.Step(context) (which
+  // stays available; do not call both for one context). Must outlive the
+  // call.
+  const FusedOptimizer* fused_optimizer = nullptr;
+};
+
 // Leaf tensor -> accumulated gradient, for one context on one worker.
 class GradientMap {
  public:
@@ -70,8 +108,8 @@ class GradientMap {
   const std::vector<std::pair<Tensor, Tensor>>& entries() const {
     return entries_;
   }
-  // Adds `grad` to `leaf`'s gradient (out of place).
-  void Accumulate(const Tensor& leaf, const Tensor& grad);
+  // Adds `grad` to `leaf`'s gradient (out of place); returns the sum.
+  Tensor Accumulate(const Tensor& leaf, const Tensor& grad);
 
  private:
   std::vector<std::pair<Tensor, Tensor>> entries_;
@@ -80,6 +118,7 @@ class GradientMap {
 
 struct Pass;
 struct GradTensors;
+struct FusedPlan;
 class ContextSink;
 
 // The state of one context on one worker. Obtained from the container; its
@@ -148,7 +187,18 @@ class DistAutogradContainer
   // grad), FailedPrecondition (a pass of this context already running from
   // this worker), the first node or transport error of any worker reached.
   absl::Status Backward(GlobalId context_id, const std::vector<Tensor>& roots,
-                        bool retain_graph = false);
+                        bool retain_graph = false) {
+    return Backward(context_id, roots, BackwardOptions{.retain_graph = retain_graph});
+  }
+  // The same with options (a fused optimizer step: BackwardOptions).
+  // FailedPrecondition when a fused step names this worker and no handler
+  // is set here.
+  absl::Status Backward(GlobalId context_id, const std::vector<Tensor>& roots,
+                        const BackwardOptions& options);
+
+  // Sets this worker's owner side of fused optimizer steps (once;
+  // AlreadyExists otherwise).
+  absl::Status SetFusedStepHandler(FusedStepHandler handler);
 
   // The gradients accumulated in the context on this worker.
   absl::StatusOr<GradientMap> GetGradients(GlobalId context_id) const;
@@ -196,8 +246,12 @@ class DistAutogradContainer
   // Pass runner.
   std::shared_ptr<Pass> NewPass(
       DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
-      const std::vector<std::pair<Edge, Tensor>>& roots)
+      const std::vector<std::pair<Edge, Tensor>>& roots, FusedPlan fused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu_);
+  // The fused steps a kFusedStepKey entry (or an optimizer) asks of this
+  // pass; FailedPrecondition when they name this worker and no handler is
+  // set, InvalidArgument for a malformed entry.
+  absl::StatusOr<FusedPlan> PlanFusedSteps(const std::string& entry) const;
   // Runs ready nodes until none is left; kBackward futures go to `rpcs`.
   void Drain(const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,
              Outstanding& rpcs);
@@ -222,6 +276,7 @@ class DistAutogradContainer
   static constexpr size_t kMaxReleasedIds = 1 << 14;
   std::set<GlobalId> released_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<GlobalId> released_order_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const FusedStepHandler> fused_handler_ ABSL_GUARDED_BY(mu_);
 };
 
 // Makes a new context current on this thread for its scope (the rpc context
