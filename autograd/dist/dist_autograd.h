@@ -14,7 +14,9 @@
 // in the pass, or nodes that depend on it never run. Gradients of leaves
 // accumulate in the context (GetGradients), never in .grad. Backward returns
 // when every worker the pass reached is done, or with the first error
-// (naming worker, context and op).
+// (naming worker, context and op). With BackwardOptions::fused_optimizer the
+// owners also step each parameter in the pass (no round trip of its own).
+// Background releases ride on the next request to each worker.
 //
 // Invariants of the context map (DistAutogradContainer::contexts_):
 //  1. An id maps to at most one live context per worker; ids are minted by
@@ -39,6 +41,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -60,6 +63,10 @@ inline constexpr char kContextKey[] = "autograd/context";
 // Request context entry listing which payload tensors (depth-first indices,
 // comma-separated) required grad on the sender.
 inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
+// Request context entry carrying background releases (ReleaseInBackground)
+// to the receiver: "sender,receiver,context,context,..." (decimal ids).
+// Honoured only by the receiver named, from the sender named.
+inline constexpr char kReleaseKey[] = "autograd/release";
 
 // Request context entry of a BACKWARD naming the owner-side optimizer steps
 // fused into the pass: "worker:step_id,worker:step_id,..." (decimal).
@@ -158,6 +165,10 @@ class DistAutogradContainer
   struct Options {
     // Timeout of each kBackward and kCleanupAutogradContext message.
     absl::Duration rpc_timeout = absl::Seconds(60);
+    // A background release rides on the next request this worker sends to
+    // each worker it must reach (kReleaseKey); one that finds none within
+    // this delay goes alone. Zero: alone at once.
+    absl::Duration release_delay = absl::Milliseconds(5);
   };
 
   // Installs distributed autograd on `agent`: handlers for kBackward and
@@ -170,6 +181,7 @@ class DistAutogradContainer
     return Install(agent, Options());
   }
 
+  ~DistAutogradContainer();
   DistAutogradContainer(const DistAutogradContainer&) = delete;
   DistAutogradContainer& operator=(const DistAutogradContainer&) = delete;
 
@@ -207,6 +219,18 @@ class DistAutogradContainer
   // they all answered (the first error otherwise; local state is gone
   // either way). OK when the id is unknown.
   Future<void> Release(GlobalId context_id);
+  // Removes the context here at once; the other workers it touched learn it
+  // on the next request sent to each (or alone after Options::release_delay).
+  // Never lost: a carrier that gets no reply is followed by the release
+  // alone (releases are idempotent). Failures (a dead worker) are logged.
+  void ReleaseInBackground(GlobalId context_id);
+  // Sends every background release not yet confirmed alone now, and waits
+  // until none is pending (DeadlineExceeded after `timeout`). Call before the
+  // agent shuts down (Worker::Shutdown does).
+  absl::Status FlushReleases(absl::Duration timeout = absl::Seconds(60));
+  // Background releases not yet confirmed (queued, or on a request in
+  // flight, or sent alone and unanswered).
+  size_t NumPendingReleases() const;
 
   const rpc::WorkerInfo& self() const { return agent_.self(); }
 
@@ -222,6 +246,25 @@ class DistAutogradContainer
 
   std::shared_ptr<DistAutogradContext> GetOrCreate(GlobalId id);
   Future<void> ReleaseExcept(GlobalId id, int skip_worker);
+  // The local part of a release: the context leaves the map; returns the
+  // other workers it touched.
+  std::set<int> Forget(GlobalId id);
+  // kCleanupAutogradContext to each of `workers` (but `skip_worker`).
+  Future<void> SendReleases(GlobalId id, const std::set<int>& workers,
+                            int skip_worker);
+
+  // Background releases (kReleaseKey).
+  void AttachReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
+  absl::Status ApplyReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
+  void ConfirmCarried(const rpc::WorkerInfo& peer, const rpc::Message& m);
+  // Sends `ids` to `worker` alone, one kCleanupAutogradContext each.
+  void SendReleasesAlone(int worker, const std::vector<GlobalId>& ids);
+  using DueReleases = std::vector<std::pair<int, std::vector<GlobalId>>>;
+  void ReleaseLoop(const std::weak_ptr<DistAutogradContainer>& weak);
+  // Waits until releases are due (moved into `due`): true; false once the
+  // loop must stop.
+  bool AwaitDueReleases(DueReleases& due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(release_mu_);
   void RememberReleased(GlobalId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Interceptor and handlers.
@@ -277,6 +320,25 @@ class DistAutogradContainer
   std::set<GlobalId> released_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<GlobalId> released_order_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const FusedStepHandler> fused_handler_ ABSL_GUARDED_BY(mu_);
+
+  // Background releases: per worker, those waiting for a carrier; those on
+  // a request in flight, by (worker, request id); the count sent alone and
+  // unanswered. release_mu_ is never held while taking another lock.
+  struct ReleaseQueue {
+    std::vector<GlobalId> queued;
+    absl::Time flush_at = absl::InfiniteFuture();
+  };
+  struct Carried {
+    std::vector<GlobalId> ids;
+    absl::Time resend_at;  // The carrier's deadline: then it goes alone.
+  };
+  mutable Mutex release_mu_;
+  std::map<int, ReleaseQueue> releases_ ABSL_GUARDED_BY(release_mu_);
+  std::map<ReplyKey, Carried> carried_ ABSL_GUARDED_BY(release_mu_);
+  size_t sending_alone_ ABSL_GUARDED_BY(release_mu_) = 0;
+  uint64_t release_changes_ ABSL_GUARDED_BY(release_mu_) = 0;
+  bool stop_releases_ ABSL_GUARDED_BY(release_mu_) = false;
+  std::thread release_loop_;
 };
 
 // Makes a new context current on this thread for its scope (the rpc context
@@ -291,11 +353,11 @@ class ContextScope {
     // Every worker the context touched answered its release (bounded by the
     // container's rpc_timeout per worker).
     kWaitForRelease,
-    // Nothing: the context is gone here at once and its release messages
-    // are sent without waiting for their answers (PyTorch's context exit
-    // does the same), so a training loop's next step does not pay that
-    // round trip. The other workers free the context when the release
-    // arrives; failures are logged then. Release() still waits.
+    // Nothing: the context is gone here at once and its release travels on
+    // the next request to each worker (ReleaseInBackground; PyTorch's
+    // context exit sends it alone), so a training loop's next step does not
+    // pay that round trip. The other workers free the context when the
+    // release arrives; failures are logged then. Release() still waits.
     kReleaseInBackground,
   };
   explicit ContextScope(DistAutogradContainer& container,
