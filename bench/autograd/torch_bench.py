@@ -66,6 +66,27 @@ def chain_add(repeats, threads):
                       "per_op_us": round(sec * 1e6 / ops, 3)}), flush=True)
 
 
+def linear_step(repeats, threads):
+    dim, batch = 64, 64
+    model = torch.nn.Linear(dim, dim)
+    torch.manual_seed(7)
+    x = torch.randn(batch, dim)
+    target = torch.randn(batch, dim)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.MSELoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), target).backward()
+        opt.step()
+
+    sec = best_seconds(repeats, 2000, step)
+    print(json.dumps({"bench": "autograd", "impl": "pytorch-1.13",
+                      "figure": "linear_step", "dim": dim, "batch": batch,
+                      "threads": threads, "time_us": round(sec * 1e6, 2)}),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mlps", default="784-256-10,1024-1024-1024-10")
@@ -77,6 +98,7 @@ def main():
     for spec in a.mlps.split(","):
         mlp_step(spec, a.batch, a.repeats, a.threads)
     chain_add(a.repeats, a.threads)
+    linear_step(a.repeats, a.threads)
 
 
 if __name__ == "__main__":
