@@ -37,6 +37,10 @@ ABSL_FLAG(int, repeats, 3, "timed loops per figure (best is reported)");
 ABSL_FLAG(int, threads, 1, "threads (reported; set via the environment)");
 ABSL_FLAG(std::string, figures, "mlp_step,chain_add,linear_step",
           "figures to run, comma-separated");
+ABSL_FLAG(bool, zero_grad_in_place, false,
+          "mlp_step: zero the gradients in place and accumulate into them "
+          "(bench/ddp's single row; PyTorch's zero_grad(set_to_none=False)) "
+          "instead of dropping them");
 ABSL_FLAG(int, profile_steps, 0, "untimed steps of the first figure (callgrind)");
 
 namespace ferry {
@@ -95,8 +99,16 @@ void MlpStep(const std::string& spec) {
   for (int64_t i = 0; i < batch; ++i) labels[i] = i % widths.back();
   Tensor y = from_vector<int64_t>(labels, {batch});
   optim::SGD sgd(model.parameters(), {.lr = 0.01});
+  const bool in_place = absl::GetFlag(FLAGS_zero_grad_in_place);
   auto step = [&] {
-    sgd.ZeroGrad();
+    if (in_place) {
+      for (const Tensor& p : model.parameters()) {
+        Tensor g = ag::GradOf(p);
+        if (g.defined()) g.zero_();
+      }
+    } else {
+      sgd.ZeroGrad();
+    }
     Tensor loss = ag::cross_entropy(model.Forward(x), y);
     Check(ag::Backward({loss}));
     Check(sgd.Step());
@@ -106,10 +118,10 @@ void MlpStep(const std::string& spec) {
   std::printf(
       "{\"bench\": \"autograd\", \"impl\": \"%s\", \"figure\": \"mlp_step\", "
       "\"mlp\": \"%s\", \"batch\": %lld, \"params\": %lld, \"threads\": %d, "
-      "\"time_us\": %.1f}\n",
+      "\"zero_grad\": \"%s\", \"time_us\": %.1f}\n",
       absl::GetFlag(FLAGS_impl).c_str(), spec.c_str(),
       static_cast<long long>(batch), static_cast<long long>(params),
-      absl::GetFlag(FLAGS_threads), sec * 1e6);
+      absl::GetFlag(FLAGS_threads), in_place ? "in_place" : "none", sec * 1e6);
 }
 
 void ChainAdd() {
