@@ -8,15 +8,14 @@
 //     GradientMap g = *(*dist)->GetGradients(ctx.id());   // this worker's
 //   }                          // scope exit released the context everywhere
 //
-// Every worker of a job must install distributed autograd: messages sent in
-// a context carry autograd state that only its interceptors read. Backward
-// runs in FAST mode: every SendNode of the context must receive a gradient
-// in the pass, or nodes that depend on it never run. Gradients of leaves
+// Every worker of a job must install distributed autograd (its interceptors
+// read the state messages carry). Backward runs in FAST mode: every SendNode
+// of the context must receive a gradient in the pass. Gradients of leaves
 // accumulate in the context (GetGradients), never in .grad. Backward returns
 // when every worker the pass reached is done, or with the first error
-// (naming worker, context and op). With BackwardOptions::fused_optimizer the
-// owners also step each parameter in the pass (no round trip of its own).
-// Background releases ride on the next request to each worker.
+// (naming worker, context and op); BackwardOptions::fused_optimizer also
+// steps each parameter on its owner in the pass. Background releases ride
+// on the next request to each worker.
 //
 // Invariants of the context map (DistAutogradContainer::contexts_):
 //  1. An id maps to at most one live context per worker; ids are minted by
