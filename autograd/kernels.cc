@@ -48,6 +48,15 @@ std::vector<int64_t> BroadcastShape(const std::vector<int64_t>& a,
 Tensor Materialize(const Tensor& t, const std::vector<int64_t>& shape) {
   const int64_t lead = static_cast<int64_t>(shape.size()) - t.dim();
   if (lead < 0) TensorFail("Materialize: target has fewer dims");
+  if (t.numel() == 1 && (t.dtype() == DType::kFloat32 ||
+                         t.dtype() == DType::kFloat64)) {
+    // One value (a reduction's gradient): a plain fill.
+    Tensor out = empty(shape, t.dtype());
+    FloatDispatch(t.dtype(), "Materialize", [&]<typename T>() {
+      std::fill_n(out.data<T>(), out.numel(), t.to_vector<T>()[0]);
+    });
+    return out;
+  }
   std::vector<int64_t> strides(shape.size(), 0);
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.size(d) == shape[lead + d]) {

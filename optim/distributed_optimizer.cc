@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ferry/autograd/node.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 
@@ -105,6 +106,11 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
       self->Destroy(id);
     }
   }));
+  RETURN_IF_ERROR(s->dist_->SetFusedStepHandler(
+      [weak, gone](int64_t id, const Tensor& leaf, const Tensor& grad) {
+        std::shared_ptr<DistOptimizerService> self = weak.lock();
+        return self ? self->StepOne(id, leaf, grad) : gone();
+      }));
   return s;
 }
 
@@ -140,13 +146,43 @@ absl::StatusOr<int64_t> DistOptimizerService::Create(
   return id;
 }
 
-absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
-  std::shared_ptr<Owned> owned;
-  {
-    MutexLock l(&mu_);
-    auto it = optimizers_.find(id);
-    if (it != optimizers_.end()) owned = it->second;
+std::shared_ptr<DistOptimizerService::Owned> DistOptimizerService::Find(
+    int64_t id) const {
+  MutexLock l(&mu_);
+  auto it = optimizers_.find(id);
+  return it == optimizers_.end() ? nullptr : it->second;
+}
+
+absl::Status DistOptimizerService::StepOne(int64_t id, const Tensor& leaf,
+                                           const Tensor& grad) {
+  std::shared_ptr<Owned> owned = Find(id);
+  if (owned == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker '", agent_.self().name,
+        "' fused optimizer step: unknown optimizer ", id));
   }
+  const std::vector<Tensor>& params = owned->params;
+  size_t i = 0;
+  while (i < params.size() &&
+         params[i].autograd_meta() != leaf.autograd_meta()) {
+    ++i;
+  }
+  if (i == params.size()) return absl::OkStatus();  // Another's parameter.
+  // Only parameter i has a gradient: the functional steps skip the others
+  // and keep per-parameter state, so this is Step's update of parameter i.
+  std::vector<Tensor> g(params.size());
+  g[i] = grad;
+  const std::string where = absl::StrCat(
+      "worker '", agent_.self().name, "' fused optimizer step, parameter ", i,
+      " of ", params.size(), " (", autograd::ShapeString(params[i]), ")");
+  MutexLock l(&owned->mu);
+  if (options_.param_mutex == nullptr) return Annotate(owned->Apply(g), where);
+  MutexLock p(options_.param_mutex.get());
+  return Annotate(owned->Apply(g), where);
+}
+
+absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
+  std::shared_ptr<Owned> owned = Find(id);
   const std::string where =
       absl::StrCat("worker '", agent_.self().name, "' optimizer step");
   if (owned == nullptr) {

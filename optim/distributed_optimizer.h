@@ -3,25 +3,25 @@
 // torch.distributed.optim.DistributedOptimizer).
 //
 //   // On every worker, after distributed autograd and RRefs:
-//   auto service =
-//       *DistOptimizerService::Install(agent, {.param_mutex = nullptr, .dist = dist_container});
+//   DistOptimizerService::Install(agent, {.param_mutex = m, .dist = dist});
 //   // On the trainer:
-//   auto opt = *DistributedOptimizer::Create(agent, SgdOptions{.lr = 0.05},
-//                                            param_rrefs);
-//   { ContextScope ctx(*dist); ...forward...; dist->Backward(ctx.id(), {loss});
-//     RETURN_IF_ERROR(opt->Step(ctx.id())); }
+//   auto opt = *DistributedOptimizer::Create(agent, SgdOptions{}, params);
+//   { ContextScope ctx(*dist); ...forward...;
+//     RETURN_IF_ERROR(dist->Backward(ctx.id(), {loss},
+//                                    {.fused_optimizer = opt.get()})); }
+//   // or Backward(ctx.id(), {loss}) then opt->Step(ctx.id()).
 //
-// Create groups the parameters by owner and creates one functional
-// optimizer per owner (a DistOptimizerService call, which answers with the
-// id it gave that optimizer: ids are per service, so several workers, or
-// several optimizers, in one process stay independent); Step asks every owner
-// in parallel to apply the context's gradients (GetGradients there) with
-// optim.h's functional step, and returns the first error, naming the owner.
-// A parameter without a gradient in the context is skipped. Steps of one
-// owner-side optimizer are serialized (a mutex), as in PyTorch; different
-// optimizers on one owner step concurrently. Destroying the
-// DistributedOptimizer frees its owner-side state (waiting up to the
-// timeout per owner; failures are logged).
+// Create makes one functional optimizer per owner of the parameters (ids are
+// per service, so several workers or optimizers in one process stay
+// independent). Step asks every owner in parallel to apply the context's
+// gradients with optim.h's functional step and returns the first error,
+// naming the owner; a parameter without a gradient is skipped. Fused
+// (BackwardOptions::fused_optimizer): each owner steps a parameter as soon
+// as its gradient of the pass is final, with the same step on the same
+// gradient (bit-identical to Backward then Step); a failed step fails the
+// pass naming owner and parameter. Steps of one owner-side optimizer are
+// serialized, as in PyTorch. Destroying the DistributedOptimizer frees its
+// owner-side state (waiting up to the timeout per owner; failures logged).
 //
 // Thread safety: Step may be called from several threads (each with its own
 // context). The agent and the service must outlive the optimizer's use.
@@ -93,6 +93,9 @@ class DistOptimizerService {
                                  const std::vector<double>& options,
                                  const std::vector<rref::RRef<Tensor>>& params);
   absl::Status Step(int64_t id, int64_t context_id);
+  // The fused step of one parameter (FusedStepHandler).
+  absl::Status StepOne(int64_t id, const Tensor& leaf, const Tensor& grad);
+  std::shared_ptr<Owned> Find(int64_t id) const;
   void Destroy(int64_t id);
 
   rpc::Agent& agent_;
@@ -104,7 +107,7 @@ class DistOptimizerService {
 };
 
 // Trainer side.
-class DistributedOptimizer {
+class DistributedOptimizer : public autograd::dist::FusedOptimizer {
  public:
   // Creates one optimizer per owner of `params` (all RRefs to tensors that
   // require grad). Errors name the owner that refused.
@@ -112,12 +115,17 @@ class DistributedOptimizer {
       rpc::Agent& agent, FunctionalOptions options,
       const std::vector<rref::RRef<Tensor>>& params,
       absl::Duration timeout = absl::Seconds(60));
-  ~DistributedOptimizer();
+  ~DistributedOptimizer() override;
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
   // Applies context `context_id`'s gradients on every owner, in parallel.
   absl::Status Step(GlobalId context_id);
+
+  // FusedOptimizer: (owner, its optimizer id there) per owner.
+  const std::vector<std::pair<int, int64_t>>& FusedSteps() const override {
+    return owners_;
+  }
 
  private:
   // (owner worker id, the optimizer's id on that owner).

@@ -1,5 +1,6 @@
 #include "ferry/optim/distributed_optimizer.h"
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -141,6 +142,134 @@ TEST_P(DistOptimizerTest, StepsEqualTheLocalOptimizerOnTheSameGradients) {
   opt->reset();
   EXPECT_EQ(services_[1]->num_optimizers(), 0u);
   for (int i = 0; i < 2; ++i) EXPECT_EQ(dist_[i]->NumContexts(), 0u);
+}
+
+// The step fused into the backward pass equals Backward then Step bit for
+// bit, over several iterations (optimizer state carries): two copies of the
+// parameters, one stepped each way, stay equal. The fused pass sends only
+// the forward and the backward to the owner (no optimizer-step request).
+TEST_P(DistOptimizerTest, FusedStepIsBitIdenticalToBackwardThenStep) {
+  const FunctionalOptions options = Options(GetParam());
+  Tensor w2 = autograd::Detach(w_).clone(), v2 = autograd::Detach(v_).clone();
+  autograd::SetRequiresGrad(w2);
+  autograd::SetRequiresGrad(v2);
+  RRefContext* ps = rrefs_[1].get();
+  ASSERT_TRUE(net_->agent(1)
+                  .Register("params2",
+                            [w2, v2, ps] {
+                              return std::vector<RRef<Tensor>>{
+                                  rref::MakeLocalRRef<Tensor>(*ps, w2),
+                                  rref::MakeLocalRRef<Tensor>(*ps, v2)};
+                            })
+                  .ok());
+  ASSERT_TRUE(net_->agent(1)
+                  .Register("forward2",
+                            [w2, v2](Tensor x) {
+                              return autograd::add(autograd::matmul(x, w2), v2);
+                            })
+                  .ok());
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  auto params2 =
+      trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params2");
+  ASSERT_TRUE(params.ok() && params2.ok());
+  auto separate = DistributedOptimizer::Create(trainer(), options, *params);
+  auto fused = DistributedOptimizer::Create(trainer(), options, *params2);
+  ASSERT_TRUE(separate.ok() && fused.ok());
+  // Shared: the interceptor outlives this test's body.
+  auto steps = std::make_shared<std::atomic<int>>(0);
+  std::atomic<int>& step_requests = *steps;
+  net_->agent(1).AddInterceptor([steps](rpc::InterceptPoint point,
+                                        const rpc::WorkerInfo&,
+                                        rpc::Message& m) {
+    if (point == rpc::InterceptPoint::kReceiveRequest &&
+        m.function == "ferry.optim.step") {
+      ++*steps;
+    }
+    return absl::OkStatus();
+  });
+  for (int it = 0; it < 4; ++it) {
+    Tensor x = randn({4, 3}, 180 + it, DType::kFloat64);
+    Tensor before = autograd::Detach(w2).clone();
+    {
+      ContextScope ctx(*dist_[0]);
+      auto y = trainer().rpc_sync<Tensor>("ps", "forward", x);
+      ASSERT_TRUE(y.ok()) << y.status();
+      ASSERT_TRUE(
+          dist_[0]->Backward(ctx.id(), {autograd::sum(autograd::mul(*y, *y))})
+              .ok());
+      absl::Status s = (*separate)->Step(ctx.id());
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    const int separate_steps = step_requests.load();
+    {
+      ContextScope ctx(*dist_[0]);
+      auto y = trainer().rpc_sync<Tensor>("ps", "forward2", x);
+      ASSERT_TRUE(y.ok()) << y.status();
+      absl::Status s = dist_[0]->Backward(
+          ctx.id(), {autograd::sum(autograd::mul(*y, *y))},
+          {.fused_optimizer = fused->get()});
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(step_requests.load(), separate_steps);
+    EXPECT_TRUE(w_.equal(w2)) << "iteration " << it;
+    EXPECT_TRUE(v_.equal(v2)) << "iteration " << it;
+    EXPECT_FALSE(w2.equal(before)) << "the fused step left w unchanged";
+  }
+  EXPECT_EQ(step_requests.load(), 4);
+}
+
+// A step that fails on the owner fails the backward pass, naming the owner
+// and the parameter: here a hook on v returns a gradient of the wrong shape,
+// which the functional step refuses.
+TEST_F(DistOptimizerTest, FailedFusedStepFailsTheBackwardNamingOwnerAndParam) {
+  autograd::RegisterHook(v_, [](const Tensor&) {
+    return zeros({5}, DType::kFloat64);
+  });
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto opt = DistributedOptimizer::Create(trainer(), SgdOptions{}, *params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  Tensor before = autograd::Detach(v_).clone();
+  ContextScope ctx(*dist_[0]);
+  auto y = trainer().rpc_sync<Tensor>("ps", "forward",
+                                      randn({4, 3}, 7, DType::kFloat64));
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::Status s = dist_[0]->Backward(ctx.id(), {autograd::sum(*y)},
+                                      {.fused_optimizer = opt->get()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("worker 'ps' fused optimizer step, parameter 1 "
+                             "of 2 ([2])"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(v_.equal(before));
+}
+
+// An owner without DistOptimizerService refuses a fused step instead of
+// skipping it.
+TEST(DistOptimizerFusedTest, OwnerWithoutTheServiceFailsTheFusedPass) {
+  rpc::testing::InProcessNetwork net({"trainer", "ps"});
+  auto d0 = DistAutogradContainer::Install(net.agent(0));
+  auto d1 = DistAutogradContainer::Install(net.agent(1));
+  ASSERT_TRUE(d0.ok() && d1.ok());
+  Tensor w = Param({3, 2}, 5);
+  ASSERT_TRUE(net.agent(1)
+                  .Register("forward",
+                            [w](Tensor x) { return autograd::matmul(x, w); })
+                  .ok());
+  struct OneStep : autograd::dist::FusedOptimizer {
+    const std::vector<std::pair<int, int64_t>>& FusedSteps() const override {
+      return steps;
+    }
+    std::vector<std::pair<int, int64_t>> steps = {{1, 1}};
+  } opt;
+  ContextScope ctx(**d0);
+  auto y = net.agent(0).rpc_sync<Tensor>("ps", "forward",
+                                         randn({4, 3}, 7, DType::kFloat64));
+  ASSERT_TRUE(y.ok()) << y.status();
+  absl::Status s = (*d0)->Backward(ctx.id(), {autograd::sum(*y)},
+                                   {.fused_optimizer = &opt});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("worker 'ps'"), std::string::npos) << s;
 }
 
 // 0 SGD with momentum, 1 Adam, 2 AdamW, 3 Adagrad.

@@ -37,11 +37,18 @@ void ForEachElement2(const std::vector<int64_t>& sizes,
   for (int64_t s : sizes) n *= s;
   if (n == 0) return;
   const int nd = static_cast<int>(sizes.size());
+  if (nd == 0) {
+    f(0, 0);
+    return;
+  }
+  // The innermost dimension as a plain loop (the same order as stepping
+  // the full index, at a fraction of the per-element cost).
+  const int64_t inner = sizes[nd - 1], ia = sa[nd - 1], ib = sb[nd - 1];
   std::vector<int64_t> idx(nd, 0);
   int64_t oa = 0, ob = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    f(oa, ob);
-    for (int d = nd - 1; d >= 0; --d) {
+  for (int64_t i = 0; i < n; i += inner) {
+    for (int64_t j = 0; j < inner; ++j) f(oa + j * ia, ob + j * ib);
+    for (int d = nd - 2; d >= 0; --d) {
       if (++idx[d] < sizes[d]) {
         oa += sa[d];
         ob += sb[d];

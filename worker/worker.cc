@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 #include "ferry/proto/admin.pb.h"
 #include "ferry/rpc/grpc/agent.h"
@@ -241,6 +242,10 @@ absl::Status Worker::Shutdown(absl::Duration timeout) {
         absl::StrCat("worker '", name(), "' already ended"));
   }
   impl_->ended = true;
+  // Background context releases still queued go before the group ends.
+  if (absl::Status s = impl_->dist->FlushReleases(timeout); !s.ok()) {
+    FERRY_LOG(WARNING) << s;
+  }
   return impl_->rrefs->Shutdown(timeout);
 }
 
@@ -250,6 +255,9 @@ absl::Status Worker::Leave(absl::Duration timeout) {
         absl::StrCat("worker '", name(), "' already ended"));
   }
   impl_->ended = true;
+  if (absl::Status s = impl_->dist->FlushReleases(timeout); !s.ok()) {
+    FERRY_LOG(WARNING) << s;
+  }
   return impl_->rrefs->Leave(timeout);
 }
 

@@ -1,6 +1,7 @@
 #include "ferry/autograd/dist/dist_autograd.h"
 
 #include <cstdlib>
+#include <algorithm>
 #include <deque>
 #include <unordered_map>
 
@@ -28,14 +29,15 @@ Tensor GradientMap::Get(const Tensor& leaf) const {
   return it == index_.end() ? Tensor() : entries_[it->second].second;
 }
 
-void GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
+Tensor GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
   auto [it, fresh] = index_.emplace(leaf.autograd_meta(), entries_.size());
   if (fresh) {
     entries_.emplace_back(leaf, grad);
-  } else {
-    Tensor& slot = entries_[it->second].second;
-    slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+    return grad;
   }
+  Tensor& slot = entries_[it->second].second;
+  slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+  return slot;
 }
 
 GradientMap DistAutogradContext::gradients() const {
@@ -61,19 +63,40 @@ std::set<int> DistAutogradContext::workers() const {
 // ---------------------------------------------------------------------------
 // A pass on one worker: FAST-mode dependency counts and ready queue.
 
-// Delivers leaf gradients into the context's map.
+// The fused optimizer steps of one pass (BackwardOptions::fused_optimizer).
+struct FusedPlan {
+  std::string entry;          // kFusedStepKey, forwarded on this pass's BACKWARDs.
+  std::set<int> owners;       // Workers whose BACKWARD replies must confirm.
+  std::vector<int64_t> mine;  // This worker's step ids.
+  std::shared_ptr<const FusedStepHandler> handler;  // Set when `mine` is not.
+};
+
+// Delivers leaf gradients into the context's map; with fused steps for this
+// worker, steps the leaf then: its accumulation node runs once per pass,
+// after every gradient of the pass reached it, so the sum is final.
 class ContextSink final : public GradientSink {
  public:
-  explicit ContextSink(DistAutogradContext* ctx) : ctx_(ctx) {}
+  ContextSink(DistAutogradContext* ctx, const FusedPlan* plan)
+      : ctx_(ctx), plan_(plan) {}
   absl::Status Deliver(const Tensor& leaf, const Tensor& grad) override {
-    MutexLock l(&ctx_->mu_);
-    // A released context keeps no gradients (invariant 2).
-    if (!ctx_->released_) ctx_->grads_.Accumulate(leaf, grad);
+    Tensor total;
+    {
+      MutexLock l(&ctx_->mu_);
+      // A released context keeps no gradients (invariant 2).
+      if (ctx_->released_) return absl::OkStatus();
+      total = ctx_->grads_.Accumulate(leaf, grad);
+    }
+    for (int64_t id : plan_->mine) {
+      if (absl::Status s = (*plan_->handler)(id, leaf, total); !s.ok()) {
+        return s;
+      }
+    }
     return absl::OkStatus();
   }
 
  private:
   DistAutogradContext* const ctx_;
+  const FusedPlan* const plan_;
 };
 
 namespace {
@@ -114,11 +137,16 @@ std::unordered_map<Node*, int> CountDependencies(
 // Fields below `running` are guarded by the owning context's mu_ (not
 // expressible as an annotation across objects).
 struct Pass {
-  Pass(GlobalId pass_id, bool retain, DistAutogradContext* ctx)
-      : id(pass_id), retain_graph(retain), sink(ctx), task(&sink, retain) {}
+  Pass(GlobalId pass_id, bool retain, DistAutogradContext* ctx, FusedPlan plan)
+      : id(pass_id),
+        retain_graph(retain),
+        fused(std::move(plan)),
+        sink(ctx, &fused),
+        task(&sink, retain) {}
 
   const GlobalId id;
   const bool retain_graph;
+  const FusedPlan fused;
   ContextSink sink;
   GraphTask task;  // Carries the sink and retain flag into Node::Apply.
   bool local_initiator = false;
@@ -320,6 +348,13 @@ DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
         std::shared_ptr<DistAutogradContainer> self = weak.lock();
         return self ? self->Intercept(point, peer, m) : absl::OkStatus();
       });
+  c->release_loop_ = std::thread([weak] {
+    if (std::shared_ptr<DistAutogradContainer> self = weak.lock()) {
+      DistAutogradContainer* raw = self.get();
+      self.reset();
+      raw->ReleaseLoop(weak);
+    }
+  });
   // A container installed again after the first was destroyed replaces it.
   agent.inspectors().Unregister("dist_autograd");
   RETURN_IF_ERROR(agent.inspectors().Register("dist_autograd", [weak] {
@@ -430,6 +465,7 @@ absl::Status DistAutogradContainer::Intercept(InterceptPoint point,
 
 absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
                                                   Message& m) {
+  AttachReleases(peer, m);
   // The entry may have come from the handler thread's installed context.
   m.context.erase(kGradTensorsKey);
   if (IsOwnType(m.type)) return absl::OkStatus();
@@ -456,6 +492,7 @@ absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
 
 absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
                                                      Message& m) {
+  RETURN_IF_ERROR(ApplyReleases(peer, m));
   if (IsOwnType(m.type)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
   if (!id.has_value()) return absl::OkStatus();
@@ -510,6 +547,7 @@ absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
 
 absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
                                                    Message& m) {
+  ConfirmCarried(peer, m);
   if (IsOwnType(m.type) || !m.autograd.has_value()) return absl::OkStatus();
   // Unwrap what OnSendReply wrapped: [marker, payload].
   const Value::List* parts = m.payload.if_list();
@@ -610,10 +648,54 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
 // ---------------------------------------------------------------------------
 // Backward.
 
+absl::Status DistAutogradContainer::SetFusedStepHandler(
+    FusedStepHandler handler) {
+  MutexLock l(&mu_);
+  if (fused_handler_ != nullptr) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker '", agent_.self().name, "' already has a fused step handler"));
+  }
+  fused_handler_ =
+      std::make_shared<const FusedStepHandler>(std::move(handler));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FusedPlan> DistAutogradContainer::PlanFusedSteps(
+    const std::string& entry) const {
+  FusedPlan plan;
+  if (entry.empty()) return plan;
+  plan.entry = entry;
+  for (absl::string_view part : absl::StrSplit(entry, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits(':', 1));
+    int worker = 0;
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(kv.first, &worker) ||
+        !absl::SimpleAtoi(kv.second, &step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker '", agent_.self().name, "': malformed ", kFusedStepKey,
+          " entry '", entry, "'"));
+    }
+    plan.owners.insert(worker);
+    if (worker == agent_.self().id) plan.mine.push_back(step);
+  }
+  if (plan.mine.empty()) return plan;
+  MutexLock l(&mu_);
+  plan.handler = fused_handler_;
+  if (plan.handler == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_.self().name,
+        "': a fused optimizer step was requested but this worker steps no "
+        "optimizer (is DistOptimizerService installed here?)"));
+  }
+  return plan;
+}
+
 std::shared_ptr<Pass> DistAutogradContainer::NewPass(
     DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
-    const std::vector<std::pair<Edge, Tensor>>& roots) {
-  auto pass = std::make_shared<Pass>(pass_id, retain_graph, &ctx);
+    const std::vector<std::pair<Edge, Tensor>>& roots, FusedPlan fused) {
+  auto pass = std::make_shared<Pass>(pass_id, retain_graph, &ctx,
+                                     std::move(fused));
   std::vector<Node*> starts;
   for (const auto& [edge, grad] : roots) starts.push_back(edge.node.get());
   for (const auto& [id, send] : ctx.sends_) starts.push_back(send.get());
@@ -629,7 +711,7 @@ std::shared_ptr<Pass> DistAutogradContainer::NewPass(
 
 absl::Status DistAutogradContainer::Backward(GlobalId context_id,
                                              const std::vector<Tensor>& roots,
-                                             bool retain_graph) {
+                                             const BackwardOptions& options) {
   std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
   if (ctx == nullptr) {
     return absl::NotFoundError(
@@ -639,6 +721,14 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
   if (!edges.ok()) return Annotate(edges.status(), Where(context_id));
   absl::StatusOr<GlobalId> pass_id = ids_.Next();
   if (!pass_id.ok()) return Annotate(pass_id.status(), Where(context_id));
+  std::string entry;
+  if (options.fused_optimizer != nullptr) {
+    for (const auto& [worker, step] : options.fused_optimizer->FusedSteps()) {
+      absl::StrAppend(&entry, entry.empty() ? "" : ",", worker, ":", step);
+    }
+  }
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  if (!fused.ok()) return Annotate(fused.status(), Where(context_id));
   std::shared_ptr<Pass> pass;
   {
     MutexLock l(&ctx->mu_);
@@ -651,7 +741,8 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
       return absl::FailedPreconditionError(absl::StrCat(
           Where(context_id), ": a backward pass is already running"));
     }
-    pass = NewPass(*ctx, *pass_id, retain_graph, *edges);
+    pass = NewPass(*ctx, *pass_id, options.retain_graph, *edges,
+                   *std::move(fused));
     pass->local_initiator = true;
     pass->running = true;
     ctx->pass_ = pass;
@@ -749,13 +840,26 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
   m.payload =
       Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
                        Value::FromList(std::move(list))});
+  // Always set: an entry installed on this (handler) thread must not leak.
+  if (!pass.fused.entry.empty() || rpc::CurrentContextValue(kFusedStepKey)) {
+    m.context[kFusedStepKey] = pass.fused.entry;
+  }
+  const bool confirm = pass.fused.owners.count(node.peer()) > 0;
   std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
                                   node.message_id().ToString(), " to worker '",
                                   node.peer_name(), "'");
-  rpcs.Add(agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
-               .Then([what](const Result<Message>& r) -> absl::Status {
-                 return Annotate(r.status(), what);
-               }));
+  rpcs.Add(
+      agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
+          .Then([what, confirm](const Result<Message>& r) -> absl::Status {
+            if (!r.ok()) return Annotate(r.status(), what);
+            const std::string* done = r->payload.if_string();
+            if (confirm && (done == nullptr || *done != kFusedStepDone)) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  what, ": the reply does not confirm the fused optimizer "
+                        "step (a worker without fused steps?)"));
+            }
+            return absl::OkStatus();
+          }));
 }
 
 Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
@@ -778,6 +882,18 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
                                                  " is unknown (backward from '",
                                                  m.caller_name, "')")));
   }
+  std::string entry;
+  if (auto e = m.context.find(kFusedStepKey); e != m.context.end()) {
+    entry = e->second;
+  }
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  if (!fused.ok()) return fail(Annotate(fused.status(), Where(context_id)));
+  const bool confirm = !fused->mine.empty();
+  auto reply = [confirm] {
+    Message r;
+    if (confirm) r.payload = Value::String(kFusedStepDone);
+    return r;
+  };
   std::shared_ptr<Pass> pass;
   {
     MutexLock l(&ctx->mu_);
@@ -816,7 +932,8 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
             absl::StrCat(Where(context_id),
                          ": the previous backward pass is still running")));
       }
-      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {});
+      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {},
+                           *std::move(fused));
     }
     pass = ctx->pass_;
     if (!pass->error.ok()) return fail(pass->error);
@@ -829,7 +946,8 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
       pass->Feed(send, static_cast<int>(i), *(*grad_values)[i].if_tensor());
     }
     pass->ready.push_back(send.get());
-    if (pass->running) return MakeReadyFuture<Message>(Message());
+    // The running thread's reply covers this message's work (and steps).
+    if (pass->running) return MakeReadyFuture<Message>(reply());
     pass->running = true;
   }
   // This thread runs the pass; the reply waits for what that work sent.
@@ -837,9 +955,9 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
   Drain(ctx, *pass, rpcs);
   rpcs.Seal();
   return rpcs.future().Then(
-      [](const absl::Status& s) -> absl::StatusOr<Message> {
+      [reply](const absl::Status& s) -> absl::StatusOr<Message> {
         if (!s.ok()) return s;
-        return Message();
+        return reply();
       });
 }
 
@@ -861,13 +979,17 @@ void DistAutogradContainer::RememberReleased(GlobalId id) {
 
 Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
                                                   int skip_worker) {
+  return SendReleases(id, Forget(id), skip_worker);
+}
+
+std::set<int> DistAutogradContainer::Forget(GlobalId id) {
   std::shared_ptr<DistAutogradContext> ctx;
   std::set<int> workers;
   {
     MutexLock l(&mu_);
     RememberReleased(id);
     auto it = contexts_.find(id);
-    if (it == contexts_.end()) return MakeReadyFuture();
+    if (it == contexts_.end()) return workers;
     ctx = std::move(it->second);
     contexts_.erase(it);
     MutexLock cl(&ctx->mu_);
@@ -882,6 +1004,12 @@ Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
     ctx->grads_ = GradientMap();
     ctx->pass_.reset();
   }
+  return workers;
+}
+
+Future<void> DistAutogradContainer::SendReleases(GlobalId id,
+                                                 const std::set<int>& workers,
+                                                 int skip_worker) {
   Outstanding out;
   for (int w : workers) {
     if (w == agent_.self().id || w == skip_worker) continue;
@@ -896,6 +1024,235 @@ Future<void> DistAutogradContainer::ReleaseExcept(GlobalId id,
   }
   out.Seal();
   return out.future();
+}
+
+// ---------------------------------------------------------------------------
+// Background releases: queued per worker, carried by the next request there
+// (kReleaseKey), or sent alone by the release loop.
+
+void DistAutogradContainer::ReleaseInBackground(GlobalId context_id) {
+  std::set<int> workers = Forget(context_id);
+  workers.erase(agent_.self().id);
+  if (workers.empty()) return;
+  if (options_.release_delay <= absl::ZeroDuration()) {
+    SendReleases(context_id, workers, agent_.self().id)
+        .OnComplete([id = context_id.ToString()](const absl::Status& s) {
+          if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id << ": " << s;
+        });
+    return;
+  }
+  MutexLock l(&release_mu_);
+  for (int w : workers) {
+    ReleaseQueue& q = releases_[w];
+    q.queued.push_back(context_id);
+    if (q.flush_at == absl::InfiniteFuture()) {
+      q.flush_at = absl::Now() + options_.release_delay;
+      ++release_changes_;
+    }
+  }
+}
+
+void DistAutogradContainer::AttachReleases(const WorkerInfo& peer, Message& m) {
+  // An entry installed on this (handler) thread was addressed to this
+  // worker; only one made for this message travels.
+  m.context.erase(kReleaseKey);
+  std::vector<GlobalId> ids;
+  {
+    MutexLock l(&release_mu_);
+    auto it = releases_.find(peer.id);
+    if (it == releases_.end()) return;
+    ids = std::move(it->second.queued);
+    releases_.erase(it);
+    const absl::Time resend_at =
+        m.deadline != absl::InfiniteFuture()
+            ? m.deadline
+            : absl::Now() + options_.rpc_timeout;
+    carried_[ReplyKey{peer.id, m.id.value()}] = Carried{ids, resend_at};
+    ++release_changes_;  // The loop's next wake-up may be this deadline.
+  }
+  std::string entry = absl::StrCat(agent_.self().id, ",", peer.id);
+  for (GlobalId id : ids) absl::StrAppend(&entry, ",", id.value());
+  m.context[kReleaseKey] = std::move(entry);
+}
+
+void DistAutogradContainer::ConfirmCarried(const WorkerInfo& peer,
+                                           const Message& m) {
+  MutexLock l(&release_mu_);
+  if (!carried_.empty()) carried_.erase(ReplyKey{peer.id, m.id.value()});
+}
+
+absl::Status DistAutogradContainer::ApplyReleases(const WorkerInfo& peer,
+                                                  Message& m) {
+  auto it = m.context.find(kReleaseKey);
+  if (it == m.context.end()) return absl::OkStatus();
+  std::vector<uint64_t> values;
+  bool ok = true;
+  for (absl::string_view part : absl::StrSplit(it->second, ',')) {
+    uint64_t v = 0;
+    ok = ok && absl::SimpleAtoi(part, &v);
+    values.push_back(v);
+  }
+  m.context.erase(it);
+  if (!ok || values.size() < 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker '", agent_.self().name, "': malformed ", kReleaseKey,
+        " entry on ", m.DebugString(), " from '", peer.name, "'"));
+  }
+  if (values[0] != static_cast<uint64_t>(peer.id) ||
+      values[1] != static_cast<uint64_t>(agent_.self().id)) {
+    return absl::OkStatus();  // Addressed to another worker.
+  }
+  for (size_t i = 2; i < values.size(); ++i) {
+    const GlobalId id = GlobalId::FromValue(values[i]);
+    ReleaseExcept(id, peer.id).OnComplete([id](const absl::Status& s) {
+      if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id.ToString() << ": " << s;
+    });
+  }
+  return absl::OkStatus();
+}
+
+void DistAutogradContainer::SendReleasesAlone(int worker,
+                                              const std::vector<GlobalId>& ids) {
+  {
+    MutexLock l(&release_mu_);
+    sending_alone_ += ids.size();
+  }
+  std::weak_ptr<DistAutogradContainer> weak = weak_from_this();
+  for (GlobalId id : ids) {
+    Message m;
+    m.type = MessageType::kCleanupAutogradContext;
+    m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+    agent_.Send(worker, std::move(m), options_.rpc_timeout)
+        .OnComplete([weak, worker, id](const Result<Message>& r) {
+          if (!r.ok()) {
+            FERRY_LOG(WARNING) << "releasing " << id.ToString()
+                               << " on worker " << worker << ": "
+                               << r.status();
+          }
+          if (std::shared_ptr<DistAutogradContainer> self = weak.lock()) {
+            MutexLock l(&self->release_mu_);
+            --self->sending_alone_;
+          }
+        });
+  }
+}
+
+bool DistAutogradContainer::AwaitDueReleases(DueReleases& due) {
+  while (!stop_releases_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const auto& [w, q] : releases_) next = std::min(next, q.flush_at);
+    for (const auto& [key, c] : carried_) next = std::min(next, c.resend_at);
+    const uint64_t seen = release_changes_;
+    auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(release_mu_) {
+      return stop_releases_ || release_changes_ != seen;
+    };
+    if (release_mu_.AwaitWithDeadline(absl::Condition(&changed), next)) {
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    for (auto it = releases_.begin(); it != releases_.end();) {
+      if (it->second.flush_at > now) {
+        ++it;
+        continue;
+      }
+      due.emplace_back(it->first, std::move(it->second.queued));
+      it = releases_.erase(it);
+    }
+    for (auto it = carried_.begin(); it != carried_.end();) {
+      if (it->second.resend_at > now) {
+        ++it;
+        continue;
+      }
+      // No reply by the carrier's deadline: delivered or not, alone again.
+      due.emplace_back(it->first.first, std::move(it->second.ids));
+      it = carried_.erase(it);
+    }
+    if (!due.empty()) return true;
+  }
+  return false;
+}
+
+void DistAutogradContainer::ReleaseLoop(
+    const std::weak_ptr<DistAutogradContainer>& weak) {
+  // `this` stays valid while the destructor has not begun elsewhere (it
+  // joins this thread). Releasing `self` may run the destructor here (it then
+  // detaches this thread); `weak` tells, without touching `this`.
+  for (;;) {
+    DueReleases due;
+    {
+      MutexLock l(&release_mu_);
+      if (!AwaitDueReleases(due)) return;
+    }
+    std::shared_ptr<DistAutogradContainer> self = weak.lock();
+    for (const auto& [worker, ids] : due) SendReleasesAlone(worker, ids);
+    self.reset();
+    if (weak.expired()) return;
+  }
+}
+
+absl::Status DistAutogradContainer::FlushReleases(absl::Duration timeout) {
+  DueReleases due;
+  {
+    MutexLock l(&release_mu_);
+    for (auto& [w, q] : releases_) due.emplace_back(w, std::move(q.queued));
+    releases_.clear();
+    // A carrier still in flight may be lost with the shutdown: alone too.
+    for (auto& [key, c] : carried_) due.emplace_back(key.first, std::move(c.ids));
+    carried_.clear();
+  }
+  for (const auto& [worker, ids] : due) SendReleasesAlone(worker, ids);
+  MutexLock l(&release_mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(release_mu_) {
+    return releases_.empty() && carried_.empty() && sending_alone_ == 0;
+  };
+  if (release_mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "worker '", agent_.self().name, "': ",
+      releases_.size() + carried_.size() + sending_alone_,
+      " autograd context releases still pending after ",
+      absl::FormatDuration(timeout)));
+}
+
+size_t DistAutogradContainer::NumPendingReleases() const {
+  MutexLock l(&release_mu_);
+  size_t n = sending_alone_;
+  for (const auto& [w, q] : releases_) n += q.queued.size();
+  for (const auto& [key, c] : carried_) n += c.ids.size();
+  return n;
+}
+
+DistAutogradContainer::~DistAutogradContainer() {
+  DueReleases due;
+  {
+    MutexLock l(&release_mu_);
+    stop_releases_ = true;
+    for (auto& [w, q] : releases_) due.emplace_back(w, std::move(q.queued));
+    releases_.clear();
+  }
+  if (release_loop_.joinable()) {
+    if (release_loop_.get_id() == std::this_thread::get_id()) {
+      release_loop_.detach();  // The loop dropped the last reference.
+    } else {
+      release_loop_.join();
+    }
+  }
+  // Best effort: the agent outlives the container; nothing waits.
+  for (const auto& [worker, ids] : due) {
+    for (GlobalId id : ids) {
+      Message m;
+      m.type = MessageType::kCleanupAutogradContext;
+      m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+      agent_.Send(worker, std::move(m), options_.rpc_timeout)
+          .OnComplete([id](const Result<Message>& r) {
+            if (!r.ok()) {
+              FERRY_LOG(WARNING) << "releasing " << id.ToString() << ": "
+                                 << r.status();
+            }
+          });
+    }
+  }
 }
 
 Future<Message> DistAutogradContainer::OnCleanup(const Message& m) {
@@ -928,10 +1285,7 @@ ContextScope::~ContextScope() {
   if (on_exit_ == OnExit::kReleaseInBackground && !released_) {
     released_ = true;
     entry_.reset();
-    container_.Release(id_).OnComplete(
-        [id = id_.ToString()](const absl::Status& s) {
-          if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id << ": " << s;
-        });
+    container_.ReleaseInBackground(id_);
     return;
   }
   absl::Status s = Release();

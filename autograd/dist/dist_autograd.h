@@ -8,13 +8,14 @@
 //     GradientMap g = *(*dist)->GetGradients(ctx.id());   // this worker's
 //   }                          // scope exit released the context everywhere
 //
-// Every worker of a job must install distributed autograd: messages sent in
-// a context carry autograd state that only its interceptors read. Backward
-// runs in FAST mode: every SendNode of the context must receive a gradient
-// in the pass, or nodes that depend on it never run. Gradients of leaves
-// accumulate in the context (GetGradients), never in .grad. Backward returns
-// when every worker the pass reached is done, or with the first error
-// (naming worker, context and op).
+// Every worker of a job must install distributed autograd. Backward runs in
+// FAST mode: every SendNode of the context must receive a gradient in the
+// pass. Gradients of leaves accumulate in the context (GetGradients), never
+// in .grad. Backward returns when every worker the pass reached is done, or
+// with the first error
+// (naming worker, context and op); BackwardOptions::fused_optimizer steps
+// each parameter on its owner in the pass; background releases ride on the
+// next request to each worker.
 // Invariants of the context map (DistAutogradContainer::contexts_; why:
 // docs/design/dist_autograd.md):
 //  1. An id maps to at most one live context per worker; the creating
@@ -32,11 +33,13 @@
 #define FERRY_AUTOGRAD_DIST_DIST_AUTOGRAD_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -58,6 +61,47 @@ inline constexpr char kContextKey[] = "autograd/context";
 // Request context entry listing which payload tensors (depth-first indices,
 // comma-separated) required grad on the sender.
 inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
+// Request context entry carrying background releases (ReleaseInBackground)
+// to the receiver: "sender,receiver,context,context,..." (decimal ids).
+// Honoured only by the receiver named, from the sender named.
+inline constexpr char kReleaseKey[] = "autograd/release";
+
+// Request context entry of a BACKWARD naming the owner-side optimizer steps
+// fused into the pass: "worker:step_id,worker:step_id,..." (decimal).
+inline constexpr char kFusedStepKey[] = "autograd/fused_step";
+// The payload of a BACKWARD reply from a worker named in kFusedStepKey: its
+// fused steps of the pass are done (an older worker replies with nothing,
+// which fails the pass rather than skip the step silently).
+inline constexpr char kFusedStepDone[] = "fused_step_done";
+
+// An optimizer whose owner-side steps can run inside a distributed backward
+// pass (optim::DistributedOptimizer; see BackwardOptions).
+class FusedOptimizer {
+ public:
+  virtual ~FusedOptimizer() = default;
+  // (owner worker id, the owner-side step id) for every owner it steps.
+  virtual const std::vector<std::pair<int, int64_t>>& FusedSteps() const = 0;
+};
+
+// Owner side of a fused step (optim::DistOptimizerService installs it):
+// steps parameter `leaf` of owner-side optimizer `step_id` with `grad`, the
+// context's final gradient of it. OK when `leaf` is not one of its
+// parameters; an error names the worker and parameter.
+using FusedStepHandler = std::function<absl::Status(
+    int64_t step_id, const Tensor& leaf, const Tensor& grad)>;
+
+struct BackwardOptions {
+  // Keep the graph pieces after the pass.
+  bool retain_graph = false;
+  // When set, every owner of its parameters steps each parameter as soon as
+  // that parameter's gradient of the pass is final (its accumulation node
+  // ran), before its BACKWARD reply; Backward returns once every step is
+  // done and fails with the first failed step (naming owner and parameter).
+  // The result is bit-identical to Backward then opt.Step(context) (which
+  // stays available; do not call both for one context). Must outlive the
+  // call.
+  const FusedOptimizer* fused_optimizer = nullptr;
+};
 
 // Leaf tensor -> accumulated gradient, for one context on one worker.
 class GradientMap {
@@ -69,8 +113,8 @@ class GradientMap {
   const std::vector<std::pair<Tensor, Tensor>>& entries() const {
     return entries_;
   }
-  // Adds `grad` to `leaf`'s gradient (out of place).
-  void Accumulate(const Tensor& leaf, const Tensor& grad);
+  // Adds `grad` to `leaf`'s gradient (out of place); returns the sum.
+  Tensor Accumulate(const Tensor& leaf, const Tensor& grad);
 
  private:
   std::vector<std::pair<Tensor, Tensor>> entries_;
@@ -79,6 +123,7 @@ class GradientMap {
 
 struct Pass;
 struct GradTensors;
+struct FusedPlan;
 class ContextSink;
 
 // The state of one context on one worker. Obtained from the container; its
@@ -122,6 +167,10 @@ class DistAutogradContainer
   struct Options {
     // Timeout of each kBackward and kCleanupAutogradContext message.
     absl::Duration rpc_timeout = absl::Seconds(60);
+    // A background release rides on the next request this worker sends to
+    // each worker it must reach (kReleaseKey); one that finds none within
+    // this delay goes alone. Zero: alone at once.
+    absl::Duration release_delay = absl::Milliseconds(5);
   };
 
   // Installs distributed autograd on `agent`: handlers for kBackward and
@@ -135,6 +184,7 @@ class DistAutogradContainer
     return Install(agent, Options());
   }
 
+  ~DistAutogradContainer();
   DistAutogradContainer(const DistAutogradContainer&) = delete;
   DistAutogradContainer& operator=(const DistAutogradContainer&) = delete;
 
@@ -152,7 +202,18 @@ class DistAutogradContainer
   // grad), FailedPrecondition (a pass of this context already running from
   // this worker), the first node or transport error of any worker reached.
   absl::Status Backward(GlobalId context_id, const std::vector<Tensor>& roots,
-                        bool retain_graph = false);
+                        bool retain_graph = false) {
+    return Backward(context_id, roots, BackwardOptions{.retain_graph = retain_graph});
+  }
+  // The same with options (a fused optimizer step: BackwardOptions).
+  // FailedPrecondition when a fused step names this worker and no handler
+  // is set here.
+  absl::Status Backward(GlobalId context_id, const std::vector<Tensor>& roots,
+                        const BackwardOptions& options);
+
+  // Sets this worker's owner side of fused optimizer steps (once;
+  // AlreadyExists otherwise).
+  absl::Status SetFusedStepHandler(FusedStepHandler handler);
 
   // The gradients accumulated in the context on this worker.
   absl::StatusOr<GradientMap> GetGradients(GlobalId context_id) const;
@@ -161,6 +222,18 @@ class DistAutogradContainer
   // they all answered (the first error otherwise; local state is gone
   // either way). OK when the id is unknown.
   Future<void> Release(GlobalId context_id);
+  // Removes the context here at once; the other workers it touched learn it
+  // on the next request sent to each (or alone after Options::release_delay).
+  // Never lost: a carrier that gets no reply is followed by the release
+  // alone (releases are idempotent). Failures (a dead worker) are logged.
+  void ReleaseInBackground(GlobalId context_id);
+  // Sends every background release not yet confirmed alone now, and waits
+  // until none is pending (DeadlineExceeded after `timeout`). Call before the
+  // agent shuts down (Worker::Shutdown does).
+  absl::Status FlushReleases(absl::Duration timeout = absl::Seconds(60));
+  // Background releases not yet confirmed (queued, or on a request in
+  // flight, or sent alone and unanswered).
+  size_t NumPendingReleases() const;
 
   const rpc::WorkerInfo& self() const { return agent_.self(); }  // This worker.
 
@@ -176,6 +249,25 @@ class DistAutogradContainer
 
   std::shared_ptr<DistAutogradContext> GetOrCreate(GlobalId id);
   Future<void> ReleaseExcept(GlobalId id, int skip_worker);
+  // The local part of a release: the context leaves the map; returns the
+  // other workers it touched.
+  std::set<int> Forget(GlobalId id);
+  // kCleanupAutogradContext to each of `workers` (but `skip_worker`).
+  Future<void> SendReleases(GlobalId id, const std::set<int>& workers,
+                            int skip_worker);
+
+  // Background releases (kReleaseKey).
+  void AttachReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
+  absl::Status ApplyReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
+  void ConfirmCarried(const rpc::WorkerInfo& peer, const rpc::Message& m);
+  // Sends `ids` to `worker` alone, one kCleanupAutogradContext each.
+  void SendReleasesAlone(int worker, const std::vector<GlobalId>& ids);
+  using DueReleases = std::vector<std::pair<int, std::vector<GlobalId>>>;
+  void ReleaseLoop(const std::weak_ptr<DistAutogradContainer>& weak);
+  // Waits until releases are due (moved into `due`): true; false once the
+  // loop must stop.
+  bool AwaitDueReleases(DueReleases& due)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(release_mu_);
   void RememberReleased(GlobalId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Interceptor and handlers.
@@ -200,8 +292,12 @@ class DistAutogradContainer
   // Pass runner.
   std::shared_ptr<Pass> NewPass(
       DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
-      const std::vector<std::pair<Edge, Tensor>>& roots)
+      const std::vector<std::pair<Edge, Tensor>>& roots, FusedPlan fused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu_);
+  // The fused steps a kFusedStepKey entry (or an optimizer) asks of this
+  // pass; FailedPrecondition when they name this worker and no handler is
+  // set, InvalidArgument for a malformed entry.
+  absl::StatusOr<FusedPlan> PlanFusedSteps(const std::string& entry) const;
   // Runs ready nodes until none is left; kBackward futures go to `rpcs`.
   void Drain(const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,
              Outstanding& rpcs);
@@ -226,6 +322,26 @@ class DistAutogradContainer
   static constexpr size_t kMaxReleasedIds = 1 << 14;
   std::set<GlobalId> released_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<GlobalId> released_order_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const FusedStepHandler> fused_handler_ ABSL_GUARDED_BY(mu_);
+
+  // Background releases: per worker, those waiting for a carrier; those on
+  // a request in flight, by (worker, request id); the count sent alone and
+  // unanswered. release_mu_ is never held while taking another lock.
+  struct ReleaseQueue {
+    std::vector<GlobalId> queued;
+    absl::Time flush_at = absl::InfiniteFuture();
+  };
+  struct Carried {
+    std::vector<GlobalId> ids;
+    absl::Time resend_at;  // The carrier's deadline: then it goes alone.
+  };
+  mutable Mutex release_mu_;
+  std::map<int, ReleaseQueue> releases_ ABSL_GUARDED_BY(release_mu_);
+  std::map<ReplyKey, Carried> carried_ ABSL_GUARDED_BY(release_mu_);
+  size_t sending_alone_ ABSL_GUARDED_BY(release_mu_) = 0;
+  uint64_t release_changes_ ABSL_GUARDED_BY(release_mu_) = 0;
+  bool stop_releases_ ABSL_GUARDED_BY(release_mu_) = false;
+  std::thread release_loop_;
 };
 
 // Makes a new context current on this thread for its scope (the rpc context
@@ -240,11 +356,11 @@ class ContextScope {
     // Every worker the context touched answered its release (bounded by the
     // container's rpc_timeout per worker).
     kWaitForRelease,
-    // Nothing: the context is gone here at once and its release messages
-    // are sent without waiting for their answers (PyTorch's context exit
-    // does the same), so a training loop's next step does not pay that
-    // round trip. The other workers free the context when the release
-    // arrives; failures are logged then. Release() still waits.
+    // Nothing: the context is gone here at once and its release travels on
+    // the next request to each worker (ReleaseInBackground; PyTorch's
+    // context exit sends it alone), so a training loop's next step does not
+    // pay that round trip. The other workers free the context when the
+    // release arrives; failures are logged then. Release() still waits.
     kReleaseInBackground,
   };
   // Creates the context in `container` and makes it current on this thread.

@@ -1,11 +1,15 @@
 #include "ferry/autograd/dist/dist_autograd.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "ferry/autograd/engine.h"
+#include "ferry/common/poll.h"
+#include "ferry/common/sync.h"
 #include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/testing/in_process.h"
@@ -627,6 +631,136 @@ TEST_F(DistAutogradTest, RequestOvertakenByItsReleaseDoesNotReviveIt) {
   ASSERT_TRUE(requires_grad.ok()) << requires_grad.status();
   EXPECT_FALSE(*requires_grad);
   ExpectNoContexts();
+}
+
+// Background releases (ReleaseInBackground): "a" runs a context through "b"
+// and ends it in the background; "b" counts, before its container sees
+// them, every release of the context that reaches it, carried on a request
+// (kReleaseKey) or alone (CLEANUP).
+class BackgroundReleaseTest : public ::testing::Test {
+ protected:
+  void Start(absl::Duration release_delay) {
+    net_ = std::make_unique<InProcessNetwork>(std::vector<std::string>{"a", "b"});
+    // Added before the container's interceptor, so it sees the entry first.
+    net_->agent(1).AddInterceptor([counts = counts_](rpc::InterceptPoint point,
+                                                     const rpc::WorkerInfo&,
+                                                     rpc::Message& m) {
+      if (point != rpc::InterceptPoint::kReceiveRequest) return absl::OkStatus();
+      MutexLock l(&counts->mu);
+      if (m.type == MessageType::kCleanupAutogradContext && m.autograd) {
+        ++counts->alone[m.autograd->context_id.value()];
+      }
+      auto it = m.context.find(kReleaseKey);
+      if (it != m.context.end()) {
+        std::vector<std::string> parts = absl::StrSplit(it->second, ',');
+        for (size_t i = 2; i < parts.size(); ++i) {
+          ++counts->carried[std::stoull(parts[i])];
+        }
+      }
+      return absl::OkStatus();
+    });
+    for (int i = 0; i < 2; ++i) {
+      auto c = DistAutogradContainer::Install(
+          net_->agent(i), {.rpc_timeout = absl::Seconds(30),
+                           .release_delay = release_delay});
+      ASSERT_TRUE(c.ok()) << c.status();
+      dist_.push_back(*c);
+    }
+    ASSERT_TRUE(net_->agent(1).Register("twice", [](Tensor t) {
+      return mul(t, 2.0);
+    }).ok());
+    ASSERT_TRUE(net_->agent(1).Register("noop", [] {}).ok());
+  }
+  // A context that reached "b", ended in the background; returns its id.
+  GlobalId RunContext() {
+    ContextScope ctx(*dist_[0], ContextScope::OnExit::kReleaseInBackground);
+    auto y = net_->agent(0).rpc_sync<Tensor>("b", "twice", Param({2}, 3));
+    EXPECT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(dist_[1]->NumContexts(), 1u);
+    return ctx.id();
+  }
+  std::pair<int, int> Counts(GlobalId id) {
+    MutexLock l(&counts_->mu);
+    return {counts_->carried[id.value()], counts_->alone[id.value()]};
+  }
+
+  struct Counts_ {
+    Mutex mu;
+    std::map<uint64_t, int> carried ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, int> alone ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<Counts_> counts_ = std::make_shared<Counts_>();
+  std::unique_ptr<InProcessNetwork> net_;
+  std::vector<std::shared_ptr<DistAutogradContainer>> dist_;
+};
+
+// The next request to "b" carries the release: delivered once, no CLEANUP.
+TEST_F(BackgroundReleaseTest, RidesOnTheNextRequestExactlyOnce) {
+  Start(absl::Hours(1));  // Never alone within the test.
+  const GlobalId id = RunContext();
+  EXPECT_EQ(dist_[0]->NumContexts(), 0u);
+  EXPECT_EQ(dist_[1]->NumContexts(), 1u);
+  EXPECT_EQ(dist_[0]->NumPendingReleases(), 1u);
+  ASSERT_TRUE(net_->agent(0).rpc_sync<void>("b", "noop").ok());
+  EXPECT_EQ(dist_[1]->NumContexts(), 0u);
+  EXPECT_EQ(dist_[0]->NumPendingReleases(), 0u);  // Its reply confirmed it.
+  // Later requests carry nothing more.
+  ASSERT_TRUE(net_->agent(0).rpc_sync<void>("b", "noop").ok());
+  ASSERT_TRUE(dist_[0]->FlushReleases(absl::Seconds(10)).ok());
+  EXPECT_EQ(Counts(id), std::make_pair(1, 0));
+}
+
+// Nothing goes to "b": the release goes alone after the delay, once.
+TEST_F(BackgroundReleaseTest, GoesAloneAfterTheDelayExactlyOnce) {
+  Start(absl::Milliseconds(1));
+  const GlobalId id = RunContext();
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return dist_[1]->NumContexts() == 0 &&
+               dist_[0]->NumPendingReleases() == 0;
+      },
+      absl::Seconds(20)));
+  ASSERT_TRUE(net_->agent(0).rpc_sync<void>("b", "noop").ok());
+  EXPECT_EQ(Counts(id), std::make_pair(0, 1));
+}
+
+// FlushReleases (shutdown) sends what is queued alone, once, and waits.
+TEST_F(BackgroundReleaseTest, FlushOnShutdownDeliversExactlyOnce) {
+  Start(absl::Hours(1));
+  const GlobalId id = RunContext();
+  EXPECT_EQ(dist_[1]->NumContexts(), 1u);
+  ASSERT_TRUE(dist_[0]->FlushReleases(absl::Seconds(20)).ok());
+  EXPECT_EQ(dist_[0]->NumPendingReleases(), 0u);
+  EXPECT_EQ(dist_[1]->NumContexts(), 0u);
+  ASSERT_TRUE(net_->agent(0).rpc_sync<void>("b", "noop").ok());
+  EXPECT_EQ(Counts(id), std::make_pair(0, 1));
+}
+
+// A carrier that is lost (dropped; its call times out) is followed by the
+// release alone: never lost.
+TEST_F(BackgroundReleaseTest, LostCarrierIsFollowedByTheReleaseAlone) {
+  Start(absl::Hours(1));
+  const GlobalId id = RunContext();
+  net_->Hold([](const QueuedMessage& q) {
+    return !q.is_reply && q.function == "noop";
+  });
+  Future<void> call = net_->agent(0).rpc_async_for<void>(
+      absl::Milliseconds(200), "b", "noop");
+  absl::StatusOr<QueuedMessage> carrier = net_->AwaitQueued(
+      [](const QueuedMessage& q) { return q.function == "noop"; },
+      absl::Seconds(20));
+  ASSERT_TRUE(carrier.ok()) << carrier.status();
+  ASSERT_TRUE(net_->Drop(carrier->seq).ok());
+  EXPECT_EQ(call.Get(absl::Seconds(20)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return dist_[1]->NumContexts() == 0 &&
+               dist_[0]->NumPendingReleases() == 0;
+      },
+      absl::Seconds(20)));
+  EXPECT_EQ(Counts(id), std::make_pair(0, 1));
+  net_->Hold(nullptr);
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 #   bench/autograd/run.sh [--threads=N] [--rounds=R]   (defaults: 1, 3)
 #
 # Figures (see autograd_bench.cc): MLP training step 784-256-10 and
-# 1024-1024-1024-10 at batch 64; 100 chained adds on 4 elements, forward +
-# backward. BLAS and PyTorch use N threads (OPENBLAS_NUM_THREADS,
+# 1024-1024-1024-10 at batch 64, with the gradients dropped between steps
+# (zero_grad(set_to_none=True)) and zeroed in place (set_to_none=False, as
+# bench/ddp's single row: PyTorch then reuses its gradient buffers instead of
+# faulting fresh 4 MB pages in each step); 100 chained adds on 4 elements,
+# forward + backward; the dist bench's local step (linear_step). BLAS and PyTorch use N threads (OPENBLAS_NUM_THREADS,
 # torch.set_num_threads). Installs python3-torch if missing (root). Prints
 # the JSON lines, then a table with Ferry/PyTorch ratios (< 1: Ferry faster).
 # The three programs run in turn R times (interleaved, so a load change on a
@@ -37,8 +40,12 @@ cp "$bin_dir/autograd_bench" "$tmp/bench_openblas"
 export OPENBLAS_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads"
 for ((r = 0; r < rounds; ++r)); do
   "$tmp/bench_openblas" --impl=ferry-openblas --threads="$threads"
+  "$tmp/bench_openblas" --impl=ferry-openblas --threads="$threads" \
+    --figures=mlp_step --zero_grad_in_place
   "$tmp/bench_reference" --impl=ferry-refblas --threads="$threads"
   /usr/bin/python3 bench/autograd/torch_bench.py --threads="$threads"
+  /usr/bin/python3 bench/autograd/torch_bench.py --threads="$threads" \
+    --figures=mlp_step --zero_grad_in_place
 done | tee "$tmp/lines"
 echo
 /usr/bin/python3 bench/autograd/report.py < "$tmp/lines"

@@ -19,7 +19,7 @@ def best_seconds(repeats, iters, fn):
     return best
 
 
-def mlp_step(spec, batch, repeats, threads):
+def mlp_step(spec, batch, repeats, threads, in_place=False):
     widths = [int(w) for w in spec.split("-")]
     layers = []
     for i in range(len(widths) - 1):
@@ -35,7 +35,7 @@ def mlp_step(spec, batch, repeats, threads):
     loss_fn = torch.nn.CrossEntropyLoss()
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=not in_place)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
@@ -45,6 +45,7 @@ def mlp_step(spec, batch, repeats, threads):
     print(json.dumps({"bench": "autograd", "impl": "pytorch-1.13",
                       "figure": "mlp_step", "mlp": spec, "batch": batch,
                       "params": params, "threads": threads,
+                      "zero_grad": "in_place" if in_place else "none",
                       "time_us": round(sec * 1e6, 1)}), flush=True)
 
 
@@ -66,17 +67,46 @@ def chain_add(repeats, threads):
                       "per_op_us": round(sec * 1e6 / ops, 3)}), flush=True)
 
 
+def linear_step(repeats, threads):
+    dim, batch = 64, 64
+    model = torch.nn.Linear(dim, dim)
+    torch.manual_seed(7)
+    x = torch.randn(batch, dim)
+    target = torch.randn(batch, dim)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.MSELoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), target).backward()
+        opt.step()
+
+    sec = best_seconds(repeats, 2000, step)
+    print(json.dumps({"bench": "autograd", "impl": "pytorch-1.13",
+                      "figure": "linear_step", "dim": dim, "batch": batch,
+                      "threads": threads, "time_us": round(sec * 1e6, 2)}),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mlps", default="784-256-10,1024-1024-1024-10")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--zero_grad_in_place", action="store_true")
+    ap.add_argument("--figures", default="mlp_step,chain_add,linear_step")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    for spec in a.mlps.split(","):
-        mlp_step(spec, a.batch, a.repeats, a.threads)
-    chain_add(a.repeats, a.threads)
+    figures = a.figures.split(",")
+    if "mlp_step" in figures:
+        for spec in a.mlps.split(","):
+            mlp_step(spec, a.batch, a.repeats, a.threads,
+                     a.zero_grad_in_place)
+    if "chain_add" in figures:
+        chain_add(a.repeats, a.threads)
+    if "linear_step" in figures:
+        linear_step(a.repeats, a.threads)
 
 
 if __name__ == "__main__":

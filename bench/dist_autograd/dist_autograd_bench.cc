@@ -6,11 +6,13 @@
 // Two jobs, each in its own processes meeting through a TcpStore:
 //  step  (2 ranks): a trainer whose Linear 64->64 lives on "ps". Per step:
 //        a distributed autograd context, forward through an RPC, MSE loss
-//        here, distributed backward, DistributedOptimizer (SGD) step, the
-//        context released in the background (the scope's end does not wait
-//        for the server's answer, as PyTorch's context exit does not).
-//        Also: requests sent per step by type, and each phase's median. Beside
-//        it: the same model's local step and the rpc_sync no-op round trip.
+//        here, distributed backward with the DistributedOptimizer's (SGD)
+//        step fused into it (BackwardOptions::fused_optimizer), the context
+//        released in the background (its release rides on the next step's
+//        forward). Also: requests sent per step by type, and each phase's
+//        median; and the same with the step as its own round trip
+//        (dist_step_separate_step, PyTorch's protocol). Beside it: the same
+//        model's local step and the rpc_sync no-op round trip.
 //        Reported: p50 per step and the overhead (distributed - local).
 //  ps    (4 ranks): 2 trainers, 2 parameter servers (ps0: Linear 64->64,
 //        ps1: Linear 64->10); each trainer steps asynchronously through both
@@ -116,11 +118,12 @@ absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
 
 // A distributed SGD step through `servers` in order (relu between).
 // With `phases`, records each phase's time in w.phases.
+// With `fused`, the optimizer step runs inside the backward pass.
 std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
                                std::vector<std::string> servers,
                                const Tensor& x, const Tensor& target,
-                               bool phases = false) {
-  return [&w, &opt, servers, x, target, phases] {
+                               bool fused, bool phases = false) {
+  return [&w, &opt, servers, x, target, fused, phases] {
     absl::Time t = absl::Now();
     std::vector<std::pair<const char*, double>> times;
     auto lap = [&](const char* name) {
@@ -130,8 +133,8 @@ std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
       t = now;
     };
     {
-      // Like PyTorch's `with dist_autograd.context()`, whose exit sends the
-      // release without waiting for it.
+      // Like PyTorch's `with dist_autograd.context()`, whose exit does not
+      // wait for the release (here it rides on the next request).
       autograd::dist::ContextScope ctx(
           *w.dist, autograd::dist::ContextScope::OnExit::kReleaseInBackground);
       Tensor h = x;
@@ -142,9 +145,12 @@ std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
       }
       Tensor loss = autograd::mse_loss(h, target);
       lap("forward");
-      OrDie(w.dist->Backward(ctx.id(), {loss}), "distributed backward");
+      autograd::dist::BackwardOptions options;
+      if (fused) options.fused_optimizer = &opt;
+      OrDie(w.dist->Backward(ctx.id(), {loss}, options),
+            "distributed backward");
       lap("backward");
-      OrDie(opt.Step(ctx.id()), "optimizer step");
+      if (!fused) OrDie(opt.Step(ctx.id()), "optimizer step");
       lap("optimizer_step");
     }
     lap("release");
@@ -209,13 +215,20 @@ void StepJob(Worker& w) {
       steps);
   Report("local_step", l);
   std::unique_ptr<optim::DistributedOptimizer> opt = MakeOptimizer(w, {"ps"});
-  const auto before = w.requests->Snapshot();
-  const Stats d = bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target), steps);
-  Report("dist_step", d);
-  bench::PrintRequests("dist_autograd", "dist_step_messages", "step", before,
-                       w.requests->Snapshot(), steps + 10);  // + warm-up.
-  bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target, /*phases=*/true), steps,
-                   0);
+  Stats dist;
+  for (const bool fused : {false, true}) {
+    const std::string name = fused ? "dist_step" : "dist_step_separate_step";
+    const auto before = w.requests->Snapshot();
+    const Stats d =
+        bench::TimeIters(DistStep(w, *opt, {"ps"}, x, target, fused), steps);
+    Report(name, d);
+    bench::PrintRequests("dist_autograd", name + "_messages", "step", before,
+                         w.requests->Snapshot(), steps + 10);  // + warm-up.
+    if (fused) dist = d;
+  }
+  bench::TimeIters(
+      DistStep(w, *opt, {"ps"}, x, target, /*fused=*/true, /*phases=*/true),
+      steps, 0);
   {
     MutexLock lock(&w.mu);
     for (const char* phase :
@@ -228,6 +241,7 @@ void StepJob(Worker& w) {
           phase, p50);
     }
   }
+  const Stats& d = dist;
   std::printf("%-22s p50 %9.1f us\n", "dist_step_overhead", d.p50 - l.p50);
   std::printf(
       "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "
@@ -243,7 +257,8 @@ void PsJob(Worker& w, int rank) {
   const Tensor target = randn({batch, 10}, 200 + rank);
   std::unique_ptr<optim::DistributedOptimizer> opt =
       MakeOptimizer(w, {"ps0", "ps1"});
-  std::function<void()> step = DistStep(w, *opt, {"ps0", "ps1"}, x, target);
+  std::function<void()> step =
+      DistStep(w, *opt, {"ps0", "ps1"}, x, target, /*fused=*/true);
   for (int i = 0; i < 10; ++i) step();
   const absl::Time t0 = absl::Now();
   for (int i = 0; i < steps; ++i) step();

@@ -31,7 +31,7 @@ def main():
     print(f"{'figure':<20} {'Ferry':>9} {'PT shm':>9} {'PT tcp':>9} "
           f"{'Ferry/PT shm':>12} {'Ferry/PT tcp':>12}")
     for name in ("rpc_sync_noop", "local_step", "dist_step",
-                 "dist_step_overhead"):
+                 "dist_step_separate_step", "dist_step_overhead"):
         f, p, pt = (get(i, name, "p50_us") for i in IMPLS)
         row = dict(figure=name, ferry_over_pytorch=ratio(f, p),
                    ferry_over_pytorch_tcp=ratio(f, pt))
@@ -49,14 +49,25 @@ def main():
           f"{fmt(pt, '8.0f')}  Ferry/PT shm "
           f"{fmt(row['ferry_over_pytorch'], '5.2f')}  Ferry/PT tcp "
           f"{fmt(row['ferry_over_pytorch_tcp'], '5.2f')}")
+    print("\n## Ferry requests per step (trainer -> server)")
+    for name in ("dist_step_separate_step_messages", "dist_step_messages"):
+        print(f"{name:<34} {fmt(get('ferry', name, 'requests_per_op'), '6.2f')}"
+              f"  {get('ferry', name, 'by_type')}")
     print("\n## Issue goals (same run)")
     goals = [
         ("step overhead <= 0.3x PyTorch's (shared memory)",
          ratio(get("ferry", "dist_step_overhead", "p50_us"),
                get("pytorch", "dist_step_overhead", "p50_us")),
          lambda r: r <= 0.3),
-        ("parameter-server throughput >= 2x PyTorch (shared memory)",
-         ratio(f, p), lambda r: r >= 2),
+        ("local step <= 1.0x PyTorch's",
+         ratio(get("ferry", "local_step", "p50_us"),
+               get("pytorch", "local_step", "p50_us")),
+         lambda r: r <= 1.0),
+        ("parameter-server throughput >= 3x PyTorch (shared memory)",
+         ratio(f, p), lambda r: r >= 3),
+        ("requests per step == 2",
+         get("ferry", "dist_step_messages", "requests_per_op"),
+         lambda r: r <= 2.0 + 1e-9),
     ]
     print_goals(goals, ratios, width=58)
     print()

@@ -229,9 +229,17 @@ class ServerView {
     agent.AddInterceptor([this, dist](rpc::InterceptPoint point,
                                       const rpc::WorkerInfo& peer,
                                       rpc::Message& message) {
-      if (point == rpc::InterceptPoint::kReceiveRequest &&
-          message.type == rpc::MessageType::kCall) {
+      if (point != rpc::InterceptPoint::kReceiveRequest) {
+        return absl::OkStatus();
+      }
+      if (message.type == rpc::MessageType::kCall) {
         Count(peer.id, message, dist.lock());
+      } else if (message.type == rpc::MessageType::kBackward &&
+                 message.autograd.has_value()) {
+        auto fused = message.context.find(autograd::dist::kFusedStepKey);
+        if (fused != message.context.end() && !fused->second.empty()) {
+          CountFused(peer.id, message);
+        }
       }
       return absl::OkStatus();
     });
@@ -284,7 +292,34 @@ class ServerView {
     // this server's parameters (so the step changes them); optimizers
     // created minus destroyed.
     int64_t steps = 0, changing_steps = 0, optimizers = 0;
+    // Fused steps: the last context counted (a pass may send several
+    // BACKWARDs here), and the last counted as changing.
+    uint64_t fused_context = 0, changed_context = 0;
   };
+
+  // A BACKWARD whose pass steps this server's parameters (fused): one step
+  // per context; changing when a gradient it carries is non-zero (checked
+  // for joiners only, as in Count).
+  void CountFused(int id, const rpc::Message& m) {
+    bool changes = false;
+    if (id >= static_size_) {
+      Value payload = m.payload;  // Shared tensor handles, not copies.
+      rpc::ForEachTensor(payload, [&](Tensor& t) {
+        for (float g : t.to_vector<float>()) changes = changes || g != 0;
+      });
+    }
+    const uint64_t ctx = m.autograd->context_id.value();
+    MutexLock l(&mu_);
+    Did& d = did_[id];
+    if (d.fused_context != ctx) {
+      d.fused_context = ctx;
+      ++d.steps;
+    }
+    if (changes && d.changed_context != ctx) {
+      d.changed_context = ctx;
+      ++d.changing_steps;
+    }
+  }
 
   // For a call of the optimizer service (its arguments: optimizer id,
   // context id), what the worker `id` asked of it. Only a joiner's steps
@@ -568,12 +603,15 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   int64_t correct = 0, seen = 0;
   for (int it = 1; it <= run.iterations; ++it) {
     Batch batch = task.Next(c.batch);
-    ContextScope ctx(w.dist_autograd());
+    // Two requests per server and step: the forward (which also carries
+    // the previous context's release) and the backward, whose owners step
+    // the optimizer as each parameter's gradient is final.
+    ContextScope ctx(w.dist_autograd(),
+                     ContextScope::OnExit::kReleaseInBackground);
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
     Tensor loss = autograd::cross_entropy(logits, batch.labels);
-    RETURN_IF_ERROR(w.dist_autograd().Backward(ctx.id(), {loss}));
-    RETURN_IF_ERROR(opt->Step(ctx.id()));
-    RETURN_IF_ERROR(ctx.Release());
+    RETURN_IF_ERROR(w.dist_autograd().Backward(
+        ctx.id(), {loss}, {.fused_optimizer = opt.get()}));
     loss_sum += loss.item();
     correct += Correct(logits, batch.labels);
     seen += c.batch;
