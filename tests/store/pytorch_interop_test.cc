@@ -104,6 +104,35 @@ TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
   EXPECT_EQ((*server)->GetStats().dropped, 0);
 }
 
+// PyTorch 1.13's timed wait() abandons its WAIT on the connection; the next
+// WAIT replaces it on a Ferry server, and no stale reply follows when the
+// abandoned keys appear (the python side checks every later response).
+TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
+  SKIP_WITHOUT_TORCH();
+  TcpStoreServer::Options so;
+  so.host = "127.0.0.1";
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Python py({"timed_waits", absl::StrCat((*server)->port())});
+  ASSERT_TRUE(py.started());
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = (*server)->port();
+  o.timeout = absl::Seconds(60);
+  auto store = TcpStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->Wait({"py_polled"}).ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE((*store)->Set(absl::StrCat("late", i), "v").ok());
+  }
+  ASSERT_TRUE((*store)->Set("marker", "m").ok());
+  ASSERT_TRUE((*store)->Wait({"py_done"}).ok());
+  std::string out;
+  EXPECT_EQ(py.Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK num_keys in step")) << out;
+  EXPECT_EQ((*server)->GetStats().dropped, 0);
+}
+
 TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {
   SKIP_WITHOUT_TORCH();
   Python py({"server"});
