@@ -32,6 +32,8 @@ using tcpstore::Op;
 namespace {
 
 constexpr int64_t kAddSentinel = std::numeric_limits<int64_t>::min();
+// Bytes a receive may read beyond the response being read.
+constexpr size_t kReadAhead = 2048;
 // How long to wait for the server to answer CANCEL_WAIT.
 constexpr absl::Duration kCancelGrace = absl::Seconds(10);
 
@@ -334,14 +336,18 @@ absl::Status TcpStore::SendFrame(const std::string& frame) {
 
 absl::Status TcpStore::Recv(size_t n, absl::Time deadline, std::string* out) {
   if (rend_ - rpos_ < n) {
-    // Make room for n bytes at the end of the buffer.
-    if (rbuf_.size() - rpos_ < n + 4096 && rpos_ > 0) {
+    // Make room for n bytes (and some read-ahead) at the end of the buffer.
+    if (rbuf_.size() - rpos_ < n + kReadAhead && rpos_ > 0) {
       std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
       rend_ -= rpos_;
       rpos_ = 0;
     }
-    if (rbuf_.size() < n + 4096)
-      rbuf_.resize(std::max<size_t>(n + 4096, 64 * 1024));
+    // Grown on demand, doubling: a handle that only ever reads small answers
+    // keeps one small buffer. (A fixed 64 KiB, zero-filled and faulted in by
+    // every new handle, was most of a client's cost in a 16384-rank init.)
+    if (rbuf_.size() < n + kReadAhead) {
+      rbuf_.resize(std::max(n + kReadAhead, 2 * rbuf_.size()));
+    }
   }
   bool got_any = false;
   while (rend_ - rpos_ < n) {

@@ -303,6 +303,29 @@ TEST(TcpStoreTest, TimedWaitsInALoopStayInStep) {
   EXPECT_EQ((*server)->GetStats().dropped, 0);
 }
 
+// The receive buffer starts small and grows on demand: values from a byte to
+// megabytes, alone and several in one response, then small answers again.
+TEST(TcpStoreTest, ValuesOfEverySizeThroughTheGrowingReceiveBuffer) {
+  TcpStoreOptions so = ClientOptions(0);
+  so.is_server = true;
+  auto store = TcpStore::Create(so);
+  ASSERT_TRUE(store.ok());
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  for (size_t size : {size_t{1}, size_t{2047}, size_t{2049}, size_t{5000},
+                      size_t{100000}, size_t{3} << 20}) {
+    keys.push_back(absl::StrCat("size/", size));
+    values.push_back(std::string(size, static_cast<char>('a' + keys.size())));
+    ASSERT_TRUE((*store)->Set(keys.back(), values.back()).ok());
+    EXPECT_EQ((*store)->Get(keys.back()).value_or("?"), values.back());
+  }
+  auto all = (*store)->MultiGet(keys);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, values);
+  EXPECT_EQ((*store)->Add("size/n", 1).value_or(-1), 1);
+  EXPECT_EQ((*store)->Get(keys.front()).value_or("?"), values.front());
+}
+
 TEST(TcpStoreTest, FactoryMakesServerAndClients) {
   auto factory = MakeTcpStoreFactory();
   testutil::HeldPort held;  // Reserved; nothing listens until a server does.
