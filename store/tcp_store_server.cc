@@ -230,6 +230,14 @@ void TcpStoreServer::Loop::OnRead(Conn* c, ssize_t nread) {
     }
     offset += consumed;
     ops.fetch_add(1, std::memory_order_relaxed);
+    // A legacy (PyTorch 1.13) client has no CANCEL_WAIT and sends nothing
+    // while it waits: any query on a connection with a pending WAIT means its
+    // wait() timed out, so the wait is dropped before it can answer out of
+    // turn. (Current clients cancel with CANCEL_WAIT and may pipeline.)
+    if (c->wait_remaining > 0 &&
+        c->parser.generation() == tcpstore::Generation::kLegacy) {
+      ClearWait(c);
+    }
     if (Authenticate(c, request)) Handle(c, request);
   }
   if (c->closing) return;
@@ -430,10 +438,11 @@ void TcpStoreServer::Loop::Handle(Conn* c, const Request& r) {
       return;
     }
     case Op::kWait: {
-      if (c->wait_remaining > 0) {
-        Drop(c, "WAIT sent while another WAIT is pending");
-        return;
-      }
+      // A WAIT while one is pending: the client gave up on the first (a
+      // PyTorch 1.13 wait() that timed out sends its next WAIT on the same
+      // connection). The newer one replaces it, and the abandoned one never
+      // answers.
+      ClearWait(c);
       for (const std::string& k : r.keys) {
         if (Exists(k)) continue;
         waiters[k].push_back(c->id);

@@ -7,6 +7,12 @@
 // WAIT a client sends before a blocking GET or queue pop) are woken by SET,
 // ADD, COMPARE_SET, APPEND, MULTI_SET and QUEUE_PUSH without polling.
 //
+// A WAIT on a connection that already has one pending replaces it (the
+// client gave up on the first: PyTorch 1.13's timed wait() does so on the
+// same connection); on a legacy connection any query does, since 1.13 has no
+// CANCEL_WAIT. An abandoned wait never answers.
+// Design: docs/design/tcp_store_scaling.md
+//
 // A client that breaks the protocol or a limit (garbage, wrong magic, an
 // oversized length prefix, an unknown query type, a non-integer ADD from a
 // non-Ferry client...) is logged in one line and disconnected; every other

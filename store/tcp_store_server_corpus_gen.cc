@@ -67,6 +67,11 @@ fuzz::CorpusFiles Files() {
       {"open_wait_twice", Mode(0) + Validate() +
                               KeysFrame(kCur, Op::kWait, {"/x"}) +
                               KeysFrame(kCur, Op::kWait, {"/y"})},
+      // A 1.13 client whose timed wait() gave up: the next query drops it.
+      {"open_legacy_wait_abandoned",
+       Mode(0) + KeysFrame(kLeg, Op::kWait, {"/x"}) +
+           KeysFrame(kLeg, Op::kWait, {"/y"}) + AddFrame(kLeg, "/n", 1) +
+           SetFrame(kLeg, "/y", "1") + KeysFrame(kLeg, Op::kWait, {"/x"})},
       {"open_legacy_watch_key", Mode(0) + KeyFrame(kLeg, Op::kWatchKey, "/a")},
       {"open_append_past_limit",
        Mode(0) + Validate() +

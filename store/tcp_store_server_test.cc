@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/sync.h"
@@ -377,12 +378,64 @@ TEST_F(HostileTest, WatchKeyIsRefusedByName) {
   ExpectDropped(c, "WATCH_KEY");
 }
 
-TEST_F(HostileTest, SecondWaitWhileWaiting) {
+// A second WAIT while one is pending (the first abandoned by a client whose
+// wait timed out) replaces it: only the newer one answers, and setting the
+// abandoned key later sends nothing.
+TEST_F(HostileTest, SecondWaitReplacesAbandonedWait) {
   RawClient c = Connect(kCur);
+  RawClient setter = Connect(kCur);
   ASSERT_TRUE(c.Send(KeysFrame(kCur, Op::kWait, {"/x"}) +
-                     KeysFrame(kCur, Op::kWait, {"/y"}))
+                     KeysFrame(kCur, Op::kWait, {"/y"}) +
+                     BareFrame(kCur, Op::kGetNumKeys))
                   .ok());
-  ExpectDropped(c, "another WAIT");
+  EXPECT_EQ(c.RecvI64().value_or(-1), 0);  // both WAITs handled
+  EXPECT_EQ(server_->GetStats().waiting, 1);
+  ASSERT_TRUE(setter.Send(SetFrame(kCur, "/x", "1") +
+                          BareFrame(kCur, Op::kGetNumKeys))
+                  .ok());
+  EXPECT_EQ(setter.RecvI64().value_or(-1), 1);  // /x set: no reply to c
+  ASSERT_TRUE(setter.Send(SetFrame(kCur, "/y", "1")).ok());
+  EXPECT_EQ(c.RecvU8().value_or(9), tcpstore::kStopWaiting);
+  // In step: the next response is exactly the next query's.
+  ASSERT_TRUE(c.Send(AddFrame(kCur, "/n", 7)).ok());
+  EXPECT_EQ(c.RecvI64().value_or(-1), 7);
+  EXPECT_TRUE(c.Quiet(absl::Milliseconds(20)));
+  const TcpStoreServer::Stats stats = server_->GetStats();
+  EXPECT_EQ(stats.dropped, 0);
+  EXPECT_EQ(stats.waiting, 0);
+}
+
+// PyTorch 1.13's timed wait() in a loop, then other queries, as elastic
+// rendezvous polls: every abandoned WAIT is dropped (a legacy client has no
+// CANCEL_WAIT and sends nothing while it really waits), so setting the
+// abandoned keys afterwards never sends a stale STOP_WAITING.
+TEST_F(HostileTest, LegacyTimedWaitsInALoopStayInStep) {
+  RawClient c = Connect(kLeg);
+  ASSERT_TRUE(c.Send(AddFrame(kLeg, "init/", 1)).ok());
+  EXPECT_EQ(c.RecvI64().value_or(-1), 1);
+  constexpr int kWaits = 5;
+  for (int i = 0; i < kWaits; ++i) {
+    ASSERT_TRUE(
+        c.Send(KeysFrame(kLeg, Op::kWait, {absl::StrCat("/late", i)})).ok());
+  }
+  // The last WAIT is abandoned by the next non-WAIT query.
+  ASSERT_TRUE(c.Send(AddFrame(kLeg, "/polls", 1)).ok());
+  EXPECT_EQ(c.RecvI64().value_or(-1), 1);
+  EXPECT_EQ(server_->GetStats().waiting, 0);
+  RawClient setter = Connect(kCur);
+  std::string sets;
+  for (int i = 0; i < kWaits; ++i) {
+    sets += SetFrame(kCur, absl::StrCat("/late", i), "v");
+  }
+  ASSERT_TRUE(setter.Send(sets + BareFrame(kCur, Op::kGetNumKeys)).ok());
+  EXPECT_EQ(setter.RecvI64().value_or(-1), kWaits + 2);
+  // A stale STOP_WAITING would shift every later response by one byte.
+  ASSERT_TRUE(c.Send(KeysFrame(kLeg, Op::kWait, {"/late0"})).ok());
+  EXPECT_EQ(c.RecvU8().value_or(9), tcpstore::kStopWaiting);
+  ASSERT_TRUE(c.Send(GetFrame(kLeg, "/late4")).ok());
+  EXPECT_EQ(c.RecvBytes().value_or("?"), "v");
+  EXPECT_TRUE(c.Quiet(absl::Milliseconds(20)));
+  EXPECT_EQ(server_->GetStats().dropped, 0);
 }
 
 TEST_F(HostileTest, NonIntegerAddAnswersSentinelAndKeepsValue) {

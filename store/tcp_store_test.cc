@@ -271,6 +271,61 @@ TEST(TcpStoreTest, LegacyClientOption) {
   EXPECT_EQ((*server)->GetStats().dropped, 0);
 }
 
+// Timed waits in a loop (how elastic rendezvous polls), then the keys
+// appear: with either protocol the handle stays in step, the server drops
+// nobody and holds no abandoned wait.
+TEST(TcpStoreTest, TimedWaitsInALoopStayInStep) {
+  TcpStoreServer::Options so;
+  so.host = "127.0.0.1";
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok());
+  for (bool legacy : {false, true}) {
+    SCOPED_TRACE(legacy ? "legacy" : "current");
+    TcpStoreOptions o = ClientOptions((*server)->port());
+    o.legacy_protocol = legacy;
+    auto poller = TcpStore::Create(o);
+    auto setter = TcpStore::Create(o);
+    ASSERT_TRUE(poller.ok() && setter.ok());
+    const std::string p = legacy ? "leg/" : "cur/";
+    for (int i = 0; i < 5; ++i) {
+      absl::Status w =
+          (*poller)->Wait({absl::StrCat(p, i)}, absl::Milliseconds(20));
+      EXPECT_EQ(w.code(), absl::StatusCode::kDeadlineExceeded) << w;
+    }
+    EXPECT_EQ((*server)->GetStats().waiting, 0);
+    for (int i = 0; i < 5; ++i) {
+      ASSERT_TRUE((*setter)->Set(absl::StrCat(p, i), "v").ok());
+    }
+    EXPECT_EQ((*poller)->Add(p + "n", 2).value_or(-1), 2);
+    EXPECT_EQ((*poller)->Get(p + "4").value_or("?"), "v");
+    EXPECT_TRUE((*poller)->Check({p + "0", p + "n"}).value_or(false));
+  }
+  EXPECT_EQ((*server)->GetStats().dropped, 0);
+}
+
+// The receive buffer starts small and grows on demand: values from a byte to
+// megabytes, alone and several in one response, then small answers again.
+TEST(TcpStoreTest, ValuesOfEverySizeThroughTheGrowingReceiveBuffer) {
+  TcpStoreOptions so = ClientOptions(0);
+  so.is_server = true;
+  auto store = TcpStore::Create(so);
+  ASSERT_TRUE(store.ok());
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  for (size_t size : {size_t{1}, size_t{2047}, size_t{2049}, size_t{5000},
+                      size_t{100000}, size_t{3} << 20}) {
+    keys.push_back(absl::StrCat("size/", size));
+    values.push_back(std::string(size, static_cast<char>('a' + keys.size())));
+    ASSERT_TRUE((*store)->Set(keys.back(), values.back()).ok());
+    EXPECT_EQ((*store)->Get(keys.back()).value_or("?"), values.back());
+  }
+  auto all = (*store)->MultiGet(keys);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, values);
+  EXPECT_EQ((*store)->Add("size/n", 1).value_or(-1), 1);
+  EXPECT_EQ((*store)->Get(keys.front()).value_or("?"), values.front());
+}
+
 TEST(TcpStoreTest, FactoryMakesServerAndClients) {
   auto factory = MakeTcpStoreFactory();
   testutil::HeldPort held;  // Reserved; nothing listens until a server does.

@@ -168,9 +168,11 @@ def bench_throughput(kind, clients, procs, seconds, limit):
 
 
 def rtt(iters):
+    """(same-process echo, echo in another process in epoll_wait) in us."""
     out = subprocess.run([BIN, "rtt", f"--iters={iters}"], capture_output=True,
                          text=True, check=True).stdout
-    return float(out.split()[1])
+    vals = dict(line.split() for line in out.splitlines())
+    return float(vals["RTT"]), float(vals["RTT_EPOLL"])
 
 
 def emit(record):
@@ -249,23 +251,30 @@ def main():
     print("\n## 3a. single-client latency, median (us)")
     # Interleaved repeats, best median of each: the 2 cores are shared, and
     # a burst of other load during one measurement would skew the ratio.
-    runs = {"rtt": [], "ferry": [], "pytorch": []}
+    runs = {"rtt": [], "rtt_epoll": [], "ferry": [], "pytorch": []}
     for _ in range(a.latency_repeats):
-        runs["rtt"].append(rtt(a.iters))
+        same, cross = rtt(a.iters)
+        runs["rtt"].append(same)
+        runs["rtt_epoll"].append(cross)
         runs["ferry"].append(bench_latency("ferry", a.iters, a.limit))
         runs["pytorch"].append(bench_latency("pytorch", a.iters, a.limit))
     r = min(runs["rtt"])
+    re = min(runs["rtt_epoll"])
     fl = {op: min(x[op] for x in runs["ferry"]) for op in ("set", "get", "add")}
     pl = {op: min(x[op] for x in runs["pytorch"]) for op in ("set", "get", "add")}
     print(f"raw TCP round trip (C++, same run): {r:.1f} us "
           f"(best of {a.latency_repeats} interleaved runs, as are the ops)")
-    print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9}")
+    print(f"raw TCP round trip to another process in epoll_wait: {re:.1f} us")
+    print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9} {'ferry/rtt_epoll':>15}")
     for op in ("set", "get", "add"):
-        print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f}")
+        print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f} "
+              f"{fl[op] / re:>15.2f}")
     emit({"figure": "raw_tcp_rtt_us", "value": r})
+    emit({"figure": "raw_tcp_rtt_epoll_process_us", "value": re})
     for op in ("set", "get", "add"):
         emit({"figure": "store_latency_us", "op": op, "ferry": fl[op],
-              "pytorch": pl[op], "ferry_over_rtt": fl[op] / r})
+              "pytorch": pl[op], "ferry_over_rtt": fl[op] / r,
+              "ferry_over_rtt_epoll": fl[op] / re})
 
     print(f"\n## 3b. aggregate add ops/s (best of {a.tp_repeats} interleaved runs)")
     print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6}")

@@ -17,11 +17,16 @@
 //   throughput   --port --count --seconds   `count` clients (threads) doing
 //                add in a loop; prints "OPS <total ops> <seconds>".
 //   rtt          --iters   raw loopback TCP ping-pong (1 byte each way) with
-//                blocking sockets; prints "RTT <median us>".
+//                blocking sockets; prints "RTT <median us>" (echo in a
+//                thread of this process), then "RTT_EPOLL <median us>" (echo
+//                in a forked process waiting in epoll_wait, as the store
+//                server's loop does: the floor for a server process).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -219,29 +224,30 @@ int Throughput() {
   return 0;
 }
 
-int Rtt() {
+int Listener(sockaddr_in* a) {
   int ls = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(ls, reinterpret_cast<sockaddr*>(&a), &len);
+  *a = sockaddr_in{};
+  a->sin_family = AF_INET;
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(ls, reinterpret_cast<sockaddr*>(a), sizeof(*a));
+  socklen_t len = sizeof(*a);
+  getsockname(ls, reinterpret_cast<sockaddr*>(a), &len);
   listen(ls, 1);
-  const int iters = absl::GetFlag(FLAGS_iters);
+  return ls;
+}
+
+int AcceptNoDelay(int ls) {
+  int c = accept(ls, nullptr, nullptr);
+  int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return c;
+}
+
+// Median round trip of `rounds` 1-byte ping-pongs to `a` (after a warm-up).
+double PingPong(const sockaddr_in& a, int iters) {
   const int warm = iters / 10;
-  std::thread echo([&] {
-    int c = accept(ls, nullptr, nullptr);
-    int one = 1;
-    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    char b;
-    for (int i = 0; i < iters + warm; ++i) {
-      if (recv(c, &b, 1, 0) != 1 || send(c, &b, 1, 0) != 1) break;
-    }
-    close(c);
-  });
   int c = socket(AF_INET, SOCK_STREAM, 0);
-  connect(c, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  connect(c, reinterpret_cast<const sockaddr*>(&a), sizeof(a));
   int one = 1;
   setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   std::vector<double> t(iters);
@@ -252,10 +258,48 @@ int Rtt() {
     recv(c, &b, 1, 0);
     if (i >= warm) t[i - warm] = absl::ToDoubleMicroseconds(absl::Now() - s);
   }
-  echo.join();
   close(c);
+  return MedianUs(t);
+}
+
+int Rtt() {
+  const int iters = absl::GetFlag(FLAGS_iters);
+  const int rounds = iters + iters / 10;
+  sockaddr_in a;
+  int ls = Listener(&a);
+  std::thread echo([&] {
+    int c = AcceptNoDelay(ls);
+    char b;
+    for (int i = 0; i < rounds; ++i) {
+      if (recv(c, &b, 1, 0) != 1 || send(c, &b, 1, 0) != 1) break;
+    }
+    close(c);
+  });
+  const double same_process = PingPong(a, iters);
+  echo.join();
   close(ls);
-  std::printf("RTT %.2f\n", MedianUs(t));
+  std::printf("RTT %.2f\n", same_process);
+  std::fflush(stdout);
+  // The echo in another process, parked in epoll_wait between requests.
+  ls = Listener(&a);
+  const pid_t child = fork();
+  if (child == 0) {
+    int c = AcceptNoDelay(ls);
+    int ep = epoll_create1(0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    epoll_ctl(ep, EPOLL_CTL_ADD, c, &ev);
+    char b;
+    for (int i = 0; i < rounds; ++i) {
+      if (epoll_wait(ep, &ev, 1, 60000) != 1) break;
+      if (recv(c, &b, 1, MSG_DONTWAIT) != 1 || send(c, &b, 1, 0) != 1) break;
+    }
+    _exit(0);
+  }
+  const double cross_process = PingPong(a, iters);
+  close(ls);
+  waitpid(child, nullptr, 0);
+  std::printf("RTT_EPOLL %.2f\n", cross_process);
   return 0;
 }
 

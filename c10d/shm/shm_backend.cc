@@ -533,9 +533,10 @@ absl::Status CheckSameHost(Store& store, int rank, int size,
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(absl::StrCat("host/", r));
   RETURN_IF_ERROR(store.Wait(keys, timeout));
+  // Every rank's identity in one round trip, not one Get per rank.
+  ASSIGN_OR_RETURN(std::vector<std::string> others, store.MultiGet(keys));
   for (int r = 0; r < size; ++r) {
-    ASSIGN_OR_RETURN(std::string other, store.Get(keys[r]));
-    if (mine.empty() || other != mine) {
+    if (mine.empty() || others[r] != mine) {
       return absl::FailedPreconditionError(
           absl::StrCat("shm: rank ", r,
                        " is not on the host (shared-memory namespace) of "

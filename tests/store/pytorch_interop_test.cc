@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,29 +80,66 @@ void FerrySide(Store& s) {
   EXPECT_TRUE(s.Check({"py_key", "ferry_key"}).value_or(false));
 }
 
-TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
-  SKIP_WITHOUT_TORCH();
-  // The server binds port 0 first; PyTorch learns the bound port.
+// A Ferry server on port 0 (PyTorch learns the bound port), the python half
+// in `mode` given that port, and a Ferry client handle.
+struct FerryServerAndPython {
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<Python> py;
+  std::unique_ptr<TcpStore> store;
+};
+
+void StartFerryServerAndPython(const std::string& mode,
+                               std::optional<int64_t> world_size,
+                               FerryServerAndPython* out) {
   TcpStoreServer::Options so;
   so.host = "127.0.0.1";
   auto server = TcpStoreServer::Start(so);
   ASSERT_TRUE(server.ok()) << server.status();
-  Python py({"client", absl::StrCat((*server)->port())});
-  ASSERT_TRUE(py.started());
+  out->server = *std::move(server);
+  out->py = std::make_unique<Python>(
+      std::vector<std::string>{mode, absl::StrCat(out->server->port())});
+  ASSERT_TRUE(out->py->started());
   TcpStoreOptions o;
   o.host = "127.0.0.1";
-  o.port = (*server)->port();
-  o.world_size = 2;
+  o.port = out->server->port();
+  o.world_size = world_size;
   o.timeout = absl::Seconds(60);
   auto store = TcpStore::Create(o);
   ASSERT_TRUE(store.ok()) << store.status();
+  out->store = *std::move(store);
+}
+
+TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
+  SKIP_WITHOUT_TORCH();
+  FerryServerAndPython s;
+  ASSERT_NO_FATAL_FAILURE(StartFerryServerAndPython("client", 2, &s));
   // Both Ferry's handle and the PyTorch client have joined through init/.
-  ASSERT_TRUE((*server)->WaitForWorkers(2, absl::Seconds(60)).ok());
-  FerrySide(**store);
+  ASSERT_TRUE(s.server->WaitForWorkers(2, absl::Seconds(60)).ok());
+  FerrySide(*s.store);
   std::string out;
-  EXPECT_EQ(py.Wait(&out), 0) << out;
+  EXPECT_EQ(s.py->Wait(&out), 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "OK delete_key")) << out;
-  EXPECT_EQ((*server)->GetStats().dropped, 0);
+  EXPECT_EQ(s.server->GetStats().dropped, 0);
+}
+
+// PyTorch 1.13's timed wait() abandons its WAIT on the connection; the next
+// WAIT replaces it on a Ferry server, and no stale reply follows when the
+// abandoned keys appear (the python side checks every later response).
+TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
+  SKIP_WITHOUT_TORCH();
+  FerryServerAndPython s;
+  ASSERT_NO_FATAL_FAILURE(
+      StartFerryServerAndPython("timed_waits", std::nullopt, &s));
+  ASSERT_TRUE(s.store->Wait({"py_polled"}).ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(s.store->Set(absl::StrCat("late", i), "v").ok());
+  }
+  ASSERT_TRUE(s.store->Set("marker", "m").ok());
+  ASSERT_TRUE(s.store->Wait({"py_done"}).ok());
+  std::string out;
+  EXPECT_EQ(s.py->Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK num_keys in step")) << out;
+  EXPECT_EQ(s.server->GetStats().dropped, 0);
 }
 
 TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {
