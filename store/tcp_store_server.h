@@ -10,9 +10,8 @@
 // A WAIT on a connection that already has one pending replaces it (the
 // client gave up on the first: PyTorch 1.13's timed wait() does so on the
 // same connection); on a legacy connection any query does, since 1.13 has no
-// CANCEL_WAIT. An abandoned wait never answers.
-// Design: docs/design/tcp_store_scaling.md
-//
+// CANCEL_WAIT. An abandoned wait never answers. Design:
+// docs/design/tcp_store_scaling.md.
 // A client that breaks the protocol or a limit (garbage, wrong magic, an
 // oversized length prefix, an unknown query type, a non-integer ADD from a
 // non-Ferry client...) is logged in one line and disconnected; every other
@@ -23,7 +22,6 @@
 // an ADD on a non-integer value, or one that overflows, leaves the value
 // unchanged and answers INT64_MIN instead of dropping the client; the Ferry
 // client then reads the value to build a precise error.
-//
 // Start sets SIGPIPE to SIG_IGN when it still has the default disposition
 // (libuv writes without MSG_NOSIGNAL; a client hanging up mid-response must
 // not kill the process).

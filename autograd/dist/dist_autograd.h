@@ -12,14 +12,12 @@
 // FAST mode: every SendNode of the context must receive a gradient in the
 // pass. Gradients of leaves accumulate in the context (GetGradients), never
 // in .grad. Backward returns when every worker the pass reached is done, or
-// with the first error
-// (naming worker, context and op); BackwardOptions::fused_optimizer steps
-// each parameter on its owner in the pass; background releases ride on the
-// next request to each worker.
-// Invariants of the context map (DistAutogradContainer::contexts_; why:
-// docs/design/dist_autograd.md):
-//  1. An id maps to at most one live context per worker; the creating
-//     worker mints it (16-bit worker id, 48-bit counter).
+// with the first error (naming worker, context and op);
+// BackwardOptions::fused_optimizer steps each parameter on its owner in the
+// pass. Invariants of the context map
+// (DistAutogradContainer::contexts_; why: docs/design/dist_autograd.md):
+//  1. An id maps to at most one live context per worker (minted by its
+//     creator: 16-bit worker id, 48-bit counter).
 //  2. A context is in the map from creation until its release; after
 //     release no graph piece of it is reachable from the container.
 //  3. Every Send/RecvNode is in its context's tables; its peer is in the
