@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <functional>
-#include <latch>
 #include <map>
 #include <memory>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -63,21 +63,18 @@ void RunRanks(int n, std::shared_ptr<const BackendRegistry> registry,
               const std::string& spec,
               const std::function<void(int, ProcessGroup&)>& body) {
   auto store = std::make_shared<HashStore>();
-  std::latch done(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      ProcessGroupOptions o;
-      o.backend = spec;
-      o.timeout = kTimeout;
-      auto pg = ProcessGroup::Create(store, r, n, registry, o);
-      EXPECT_TRUE(pg.ok()) << pg.status();
-      if (pg.ok()) body(r, **pg);
-      done.count_down();
-      done.wait();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(
+      n,
+      [&](int r) {
+        ProcessGroupOptions o;
+        o.backend = spec;
+        o.timeout = kTimeout;
+        return ProcessGroup::Create(store, r, n, registry, o);
+      },
+      [&](int r, auto& pg) {
+        ASSERT_TRUE(pg.ok()) << pg.status();
+        body(r, **pg);
+      });
 }
 
 TEST(BackendSpecTest, ParsesSingleNamesAndLists) {

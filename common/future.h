@@ -127,7 +127,7 @@ class State {
     // mu_ while this thread still holds it. The caller's promise keeps this
     // state alive. result_ is immutable from here on: read unlocked.
     if (wake) done_.SignalAll();
-    for (Callback& cb : callbacks) cb(*result_);
+    for (Callback& cb : callbacks) cb(this->result());
     return true;
   }
 

@@ -104,8 +104,11 @@ TEST(Mutex, AwaitWithTimeoutReturnsFalseHoldingLock) {
   // Still held: TryLock from another thread fails.
   bool other_got_it = true;
   std::thread([&] {
-    other_got_it = mu.TryLock();
-    if (other_got_it) mu.Unlock();
+    if (mu.TryLock()) {
+      mu.Unlock();
+    } else {
+      other_got_it = false;
+    }
   }).join();
   EXPECT_FALSE(other_got_it);
 }

@@ -3,10 +3,8 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
-#include <latch>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ferry/autograd/engine.h"
@@ -24,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "ferry/optim/optim.h"
 #include "ferry/store/hash_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry::ddp {
 namespace {
@@ -43,18 +42,18 @@ void RunRanks(int n, const Body& body, absl::Duration timeout = kTimeout,
               const std::string& spec = "gloo") {
   if (registry == nullptr) registry = c10d::MakeDefaultBackendRegistry();
   auto store = std::make_shared<HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      c10d::ProcessGroupOptions o;
-      o.backend = spec;
-      o.timeout = timeout;
-      auto pg = c10d::ProcessGroup::Create(store, r, n, registry, o);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      body(r, *pg);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(
+      n,
+      [&](int r) {
+        c10d::ProcessGroupOptions o;
+        o.backend = spec;
+        o.timeout = timeout;
+        return c10d::ProcessGroup::Create(store, r, n, registry, o);
+      },
+      [&](int r, auto& pg) {
+        ASSERT_TRUE(pg.ok()) << pg.status();
+        body(r, *pg);
+      });
 }
 
 // A small MLP; `seed` differs per rank so construction must broadcast.

@@ -6,7 +6,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/prefix_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -28,18 +28,18 @@ constexpr absl::Duration kTimeout = absl::Seconds(60);
 void RunGroup(int n, const std::function<void(int, GlooBackend&)>& fn,
               bool check_args = true) {
   auto store = std::make_shared<HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      GlooBackendOptions o;
-      o.check_args = check_args;
-      auto b = GlooBackend::Create(std::make_shared<PrefixStore>("g", store), r,
-                                   n, kTimeout, o);
-      ASSERT_TRUE(b.ok()) << b.status();
-      fn(r, **b);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testutil::RunRanks(
+      n,
+      [&](int r) {
+        GlooBackendOptions o;
+        o.check_args = check_args;
+        return GlooBackend::Create(std::make_shared<PrefixStore>("g", store),
+                                   r, n, kTimeout, o);
+      },
+      [&](int r, auto& b) {
+        ASSERT_TRUE(b.ok()) << b.status();
+        fn(r, **b);
+      });
 }
 
 // RunGroup at 2, 3 and 4 ranks, with the check on and off.

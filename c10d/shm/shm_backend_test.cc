@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <sched.h>
 
-#include <latch>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/prefix_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -110,18 +110,12 @@ void RunRanks(int n,
                   std::shared_ptr<Store>, int)>& make,
               const std::function<void(int, Backend&)>& body) {
   auto store = std::make_shared<HashStore>();
-  std::latch done(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      auto b = make(std::make_shared<PrefixStore>("t", store), r);
-      EXPECT_TRUE(b.ok()) << b.status();
-      if (b.ok()) body(r, **b);
-      done.count_down();
-      done.wait();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(
+      n, [&](int r) { return make(std::make_shared<PrefixStore>("t", store), r); },
+      [&](int r, auto& b) {
+        ASSERT_TRUE(b.ok()) << b.status();
+        body(r, **b);
+      });
 }
 
 TEST(ShmBackendTest, SegmentIsUnlinkedOnceEveryRankAttached) {

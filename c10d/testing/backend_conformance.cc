@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <latch>
 #include <thread>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/prefix_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -116,24 +116,18 @@ void RunGroup(const BackendUnderTest& p, int n, absl::Duration timeout,
   }
   auto store = std::make_shared<HashStore>();
   store->SetTimeout(timeout);
-  std::latch done(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      if (r == absent) {
-        done.count_down();
-        return;
-      }
-      auto prefixed = std::make_shared<PrefixStore>("conformance", store);
-      absl::StatusOr<std::unique_ptr<Backend>> b =
-          p.create(prefixed, r, n, timeout);
-      EXPECT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
-      if (b.ok()) body(r, **b);
-      done.count_down();
-      done.wait();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(
+      n,
+      [&](int r) -> absl::StatusOr<std::unique_ptr<Backend>> {
+        if (r == absent) return nullptr;
+        return p.create(std::make_shared<PrefixStore>("conformance", store), r,
+                        n, timeout);
+      },
+      [&](int r, absl::StatusOr<std::unique_ptr<Backend>>& b) {
+        if (r == absent) return;
+        ASSERT_TRUE(b.ok()) << "rank " << r << ": " << b.status();
+        body(r, **b);
+      });
 }
 
 // Small values whose reductions are exact in every dtype (int8 included).

@@ -1,9 +1,7 @@
 #include "ferry/examples/custom_backend/store_backend.h"
 
 #include <atomic>
-#include <latch>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "ferry/c10d/default_registry.h"
@@ -12,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -42,16 +41,7 @@ INSTANTIATE_TEST_SUITE_P(Example, BackendConformanceTest,
 void RunRanks(int n,
               const std::function<void(int, std::shared_ptr<Store>)>& body) {
   auto store = std::make_shared<HashStore>();
-  std::latch done(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      body(r, store);
-      done.count_down();
-      done.wait();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(n, [&](int r) { body(r, store); });
 }
 
 ProcessGroupOptions Options(const std::string& spec) {

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 
@@ -36,15 +37,11 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
                              })
                   .ok());
   auto store = std::make_shared<HashStore>();
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(2);
-  std::vector<std::thread> ts;
-  for (int i = 0; i < 2; ++i) {
-    ts.emplace_back([&, i] {
-      agents[i] = GrpcAgent::Start(i == 0 ? "sender" : "receiver", i, 2, store,
-                                   options, registry);
-    });
-  }
-  for (auto& t : ts) t.join();
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents =
+      grpc_agent::StartGrpcAgents({.names = {"sender", "receiver"},
+                                   .registry = registry,
+                                   .options = [&](int) { return options; },
+                                   .store = store});
   ASSERT_TRUE(agents[0].ok()) << agents[0].status();
   ASSERT_TRUE(agents[1].ok()) << agents[1].status();
   if (same_host && (*agents[0])->same_host().usable_peers() != 2) {

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/proto/rpc.pb.h"
+#include "ferry/rpc/grpc/cluster.h"
 #include "ferry/rpc/grpc/codec.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/prefix_store.h"
@@ -28,37 +29,21 @@ namespace {
 
 using Agents = std::vector<std::unique_ptr<GrpcAgent>>;
 
-// Starts `names.size()` agents concurrently (Start blocks until all join).
+// Starts a group of `names` sharing `registry`, all with `options`.
 absl::StatusOr<Agents> StartGroup(const std::vector<std::string>& names,
                                   std::shared_ptr<FunctionRegistry> registry,
                                   GrpcAgentOptions options = {},
                                   std::shared_ptr<Store> store = nullptr) {
-  if (!store) store = std::make_shared<HashStore>();
-  const int n = static_cast<int>(names.size());
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] = GrpcAgent::Start(names[i], i, n, store, options, registry);
-    });
-  }
-  for (auto& t : threads) t.join();
-  Agents agents;
-  for (auto& r : results) {
-    if (!r.ok()) return r.status();
-    agents.push_back(*std::move(r));
-  }
-  return agents;
+  return grpc_agent::StartGrpcGroup(
+      {.names = names,
+       .registry = std::move(registry),
+       .options = [&](int) { return options; },
+       .store = std::move(store)});
 }
 
-// Graceful shutdown is collective (a barrier), so every agent shuts down at
-// once, each from its own thread.
 void ShutdownAll(Agents& agents) {
-  std::vector<std::thread> ts;
-  for (auto& a : agents) {
-    if (a) ts.emplace_back([&a] { EXPECT_TRUE(a->Shutdown().ok()); });
-  }
-  for (auto& t : ts) t.join();
+  absl::Status s = grpc_agent::ShutdownGrpcGroup(agents);
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 std::shared_ptr<FunctionRegistry> BasicRegistry() {

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "ferry/common/status.h"
 #include "ferry/common/sync.h"
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rpc/grpc/rendezvous.h"
@@ -73,27 +75,66 @@ class GrpcCluster final : public testing::AgentCluster {
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
     const testing::ClusterSpec& spec, GrpcAgentOptions options) {
   auto store = std::make_shared<HashStore>();
-  const int n = static_cast<int>(spec.names.size());
   static_cast<Agent::Options&>(options) = spec.options;
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      results[i] =
-          GrpcAgent::Start(spec.names[i], i, n, store, options, spec.registry);
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::vector<std::unique_ptr<GrpcAgent>> agents;
-  for (auto& r : results) {
-    if (!r.ok()) return r.status();
-    agents.push_back(*std::move(r));
-  }
+  ASSIGN_OR_RETURN(
+      std::vector<std::unique_ptr<GrpcAgent>> agents,
+      StartGrpcGroup({.names = spec.names,
+                      .registry = spec.registry,
+                      .options = [&](int) { return options; },
+                      .store = store}));
   return std::make_unique<GrpcCluster>(std::move(agents), store, options,
                                        spec.registry);
 }
 
 }  // namespace
+
+std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
+    const GrpcGroupSpec& spec) {
+  std::shared_ptr<Store> store = spec.store;
+  if (store == nullptr) store = std::make_shared<HashStore>();
+  const int n = static_cast<int>(spec.names.size());
+  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = GrpcAgent::Start(
+          spec.names[i], i, n, store,
+          spec.options ? spec.options(i) : GrpcAgentOptions{}, spec.registry);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
+    const GrpcGroupSpec& spec) {
+  std::vector<std::unique_ptr<GrpcAgent>> agents;
+  for (auto& r : StartGrpcAgents(spec)) {
+    if (!r.ok()) return r.status();
+    agents.push_back(*std::move(r));
+  }
+  return agents;
+}
+
+absl::Status ShutdownGrpcGroup(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
+  std::vector<absl::Status> status(agents.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (agents[i] == nullptr) continue;
+    threads.emplace_back([&, i] {
+      absl::Status s = agents[i]->Shutdown();
+      if (!s.ok()) {
+        status[i] = absl::Status(
+            s.code(), absl::StrCat("shutting down worker '",
+                                   agents[i]->self().name, "': ", s.message()));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
     const testing::ClusterSpec& spec) {

@@ -1,14 +1,43 @@
-// A started group of GrpcAgents in this process (over a HashStore), for the
-// agent conformance suite (rpc/testing/agent_cluster.h).
+// Test support for groups of GrpcAgents in one process: StartGrpcGroup and
+// ShutdownGrpcGroup for the gRPC agent's own tests, and the AgentCluster
+// implementations the agent conformance suite runs against
+// (rpc/testing/agent_cluster.h). Not thread-safe: one test drives a group.
 #ifndef FERRY_RPC_GRPC_CLUSTER_H_
 #define FERRY_RPC_GRPC_CLUSTER_H_
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "ferry/rpc/grpc/agent.h"
 #include "ferry/rpc/testing/agent_cluster.h"
+#include "ferry/store/store.h"
 
 namespace ferry::rpc::grpc_agent {
+
+struct GrpcGroupSpec {
+  std::vector<std::string> names;  // Worker i has rank i.
+  std::shared_ptr<FunctionRegistry> registry;  // Shared; null: empty.
+  // Worker i's options; unset: defaults.
+  std::function<GrpcAgentOptions(int rank)> options;
+  std::shared_ptr<Store> store;  // Null: a fresh HashStore.
+};
+
+// Starts every worker at once, each on its own thread (GrpcAgent::Start
+// returns only when the whole group has formed), and returns each worker's
+// result in rank order.
+std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
+    const GrpcGroupSpec& spec);
+// Every agent, or the first failure.
+absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
+    const GrpcGroupSpec& spec);
+// Graceful shutdown is collective (a barrier), so every non-null agent shuts
+// down at once, each on its own thread. Returns the first error, naming the
+// worker.
+absl::Status ShutdownGrpcGroup(std::vector<std::unique_ptr<GrpcAgent>>& agents);
 
 // Payloads travel in the gRPC envelopes (the same-host channel is off).
 absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tensor/wire.h"
@@ -288,18 +289,16 @@ std::shared_ptr<FunctionRegistry> Twice() {
 std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartTwo(
     std::shared_ptr<Store> store, std::shared_ptr<FunctionRegistry> registry,
     bool second_on) {
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(2);
-  std::vector<std::thread> ts;
-  for (int i = 0; i < 2; ++i) {
-    ts.emplace_back([&, i] {
-      GrpcAgentOptions o;
-      o.same_host.enabled = i == 0 || second_on;
-      agents[i] =
-          GrpcAgent::Start(absl::StrCat("w", i), i, 2, store, o, registry);
-    });
-  }
-  for (auto& t : ts) t.join();
-  return agents;
+  return grpc_agent::StartGrpcAgents(
+      {.names = {"w0", "w1"},
+       .registry = std::move(registry),
+       .options =
+           [&](int i) {
+             GrpcAgentOptions o;
+             o.same_host.enabled = i == 0 || second_on;
+             return o;
+           },
+       .store = std::move(store)});
 }
 
 // Through two agents: calls carry tensors over the channel both ways, and an

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tensor/wire_grpc.h"
@@ -44,19 +45,13 @@ GrpcAgentOptions Streamed() {
 std::vector<std::unique_ptr<GrpcAgent>> StartPair(
     std::shared_ptr<FunctionRegistry> registry, GrpcAgentOptions a,
     GrpcAgentOptions b) {
-  auto store = std::make_shared<HashStore>();
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> started(2);
-  std::vector<std::thread> ts;
   const GrpcAgentOptions options[2] = {std::move(a), std::move(b)};
-  for (int i = 0; i < 2; ++i) {
-    ts.emplace_back([&, i] {
-      started[i] = GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store, options[i],
-                                    registry);
-    });
-  }
-  for (auto& t : ts) t.join();
   std::vector<std::unique_ptr<GrpcAgent>> agents;
-  for (auto& s : started) {
+  for (auto& s : grpc_agent::StartGrpcAgents(
+           {.names = {"a", "b"},
+            .registry = std::move(registry),
+            .options = [&](int i) { return options[i]; },
+            .store = nullptr})) {
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) agents.push_back(*std::move(s));
   }

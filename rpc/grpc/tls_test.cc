@@ -7,13 +7,14 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/grpc/cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tests/util/test_pki.h"
 
@@ -23,10 +24,10 @@ namespace {
 using testutil::TestIdentity;
 using testutil::TestPki;
 
-class TlsTest : public testing::Test {
+class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto pki = testutil::MakeTestPki(testing::TempDir() + "/pki");
+    auto pki = testutil::MakeTestPki(::testing::TempDir() + "/pki");
     ASSERT_TRUE(pki.ok()) << pki.status();
     pki_ = new TestPki(*std::move(pki));
   }
@@ -52,21 +53,23 @@ class TlsTest : public testing::Test {
             ->Register("whoami",
                        [](const CallContext& ctx) { return ctx.caller_name; })
             .ok());
-    const int n = static_cast<int>(tls.size());
-    std::vector<std::unique_ptr<GrpcAgent>> agents(n);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        GrpcAgentOptions options;
-        options.tls = tls[i];
-        options.join_timeout = absl::Seconds(30);
-        auto agent = GrpcAgent::Start("w" + std::to_string(i), i, n, store,
-                                      options, registry);
-        EXPECT_TRUE(agent.ok()) << agent.status();
-        if (agent.ok()) agents[i] = *std::move(agent);
-      });
+    std::vector<std::string> names;
+    for (size_t i = 0; i < tls.size(); ++i) names.push_back(absl::StrCat("w", i));
+    std::vector<std::unique_ptr<GrpcAgent>> agents;
+    for (auto& agent : grpc_agent::StartGrpcAgents(
+             {.names = names,
+              .registry = registry,
+              .options =
+                  [&](int i) {
+                    GrpcAgentOptions options;
+                    options.tls = tls[i];
+                    options.join_timeout = absl::Seconds(30);
+                    return options;
+                  },
+              .store = store})) {
+      EXPECT_TRUE(agent.ok()) << agent.status();
+      agents.push_back(agent.ok() ? *std::move(agent) : nullptr);
     }
-    for (auto& t : threads) t.join();
     return agents;
   }
 
@@ -179,7 +182,7 @@ TEST_F(TlsTest, BadOptionsFailStartNamingTheProblem) {
   TlsOptions no_key = Tls(pki_->alice, false);
   no_key.key_file.clear();
   TlsOptions missing = Tls(pki_->alice, false);
-  missing.cert_file = testing::TempDir() + "/no-such.pem";
+  missing.cert_file = ::testing::TempDir() + "/no-such.pem";
   TlsOptions not_pem = Tls(pki_->alice, false);
   not_pem.ca_file = "/proc/self/cmdline";
   TlsOptions no_tls;

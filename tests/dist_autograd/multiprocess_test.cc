@@ -15,7 +15,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rref/rref.h"
 #include "ferry/tests/dist_autograd/model.h"
-#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/worker_processes.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry::dist_autograd_test {
@@ -51,7 +51,7 @@ class Group {
  private:
   std::shared_ptr<DistAutogradContainer> dist_;
   std::shared_ptr<rref::RRefContext> rrefs_;
-  testutil::ProcessGroup procs_;  // Shuts the agent down first.
+  testutil::WorkerProcesses procs_;  // Shuts the agent down first.
 };
 
 void ExpectClose(const Tensor& got, const Tensor& want,

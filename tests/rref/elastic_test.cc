@@ -21,7 +21,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rref/rref.h"
 #include "ferry/tests/rref/counter.h"
-#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/worker_processes.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry::rref {
@@ -140,7 +140,7 @@ class ElasticGroup : public ::testing::Test {
   Heard heard_;
   // Worker1 beside this worker0; declared last, so its agent stops before
   // the members its listeners use go.
-  testutil::ProcessGroup procs_;
+  testutil::WorkerProcesses procs_;
 };
 
 TEST_F(ElasticGroup, TrainersJoinWorkAndLeaveWhileTheGroupRuns) {

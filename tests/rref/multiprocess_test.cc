@@ -12,7 +12,7 @@
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rref/rref.h"
 #include "ferry/tests/rref/counter.h"
-#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/worker_processes.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry::rref {
@@ -44,7 +44,7 @@ class Group {
 
  private:
   std::shared_ptr<RRefContext> ctx_;
-  testutil::ProcessGroup procs_;
+  testutil::WorkerProcesses procs_;
 };
 
 TEST(MultiProcessRRef, RemoteObjectsAndForksAcrossProcesses) {

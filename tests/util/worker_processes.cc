@@ -1,4 +1,4 @@
-#include "ferry/tests/util/process_group.h"
+#include "ferry/tests/util/worker_processes.h"
 
 #include <cstdlib>
 #include <utility>
@@ -9,7 +9,7 @@
 
 namespace ferry::testutil {
 
-absl::Status ProcessGroup::Start(int world, const std::string& worker,
+absl::Status WorkerProcesses::Start(int world, const std::string& worker,
                                  rpc::GrpcAgentOptions options) {
   TcpStoreServer::Options so;
   so.host = "127.0.0.1";  // Port 0: the server picks one.
@@ -34,7 +34,7 @@ absl::Status ProcessGroup::Start(int world, const std::string& worker,
   return absl::OkStatus();
 }
 
-ProcessGroup::~ProcessGroup() {
+WorkerProcesses::~WorkerProcesses() {
   if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
   // Workers still running are killed by their Subprocess destructors.
 }

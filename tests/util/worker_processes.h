@@ -4,14 +4,14 @@
 // the group through RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
 // FERRY_USE_AGENT_STORE=1 (the env:// rendezvous of rpc/grpc/init.h).
 //
-//   ProcessGroup g;
+//   WorkerProcesses g;
 //   ASSERT_OK(g.Start(3, "tests/rref/worker_main", options));
 //   g.agent().rpc_sync<...>("worker1", ...);
 //
 // Destruction shuts the agent down without waiting for peers, then kills
 // workers still running (Subprocess). Not thread-safe; one per test.
-#ifndef FERRY_TESTS_UTIL_PROCESS_GROUP_H_
-#define FERRY_TESTS_UTIL_PROCESS_GROUP_H_
+#ifndef FERRY_TESTS_UTIL_WORKER_PROCESSES_H_
+#define FERRY_TESTS_UTIL_WORKER_PROCESSES_H_
 
 #include <cstddef>
 #include <memory>
@@ -27,12 +27,12 @@
 
 namespace ferry::testutil {
 
-class ProcessGroup {
+class WorkerProcesses {
  public:
-  ProcessGroup() = default;
-  ~ProcessGroup();
-  ProcessGroup(const ProcessGroup&) = delete;
-  ProcessGroup& operator=(const ProcessGroup&) = delete;
+  WorkerProcesses() = default;
+  ~WorkerProcesses();
+  WorkerProcesses(const WorkerProcesses&) = delete;
+  WorkerProcesses& operator=(const WorkerProcesses&) = delete;
 
   // Starts the store, ranks 1..world-1 (`worker`: a runfile path, e.g.
   // "tests/rref/worker_main") and this process's agent with `options`
@@ -60,4 +60,4 @@ class ProcessGroup {
 
 }  // namespace ferry::testutil
 
-#endif  // FERRY_TESTS_UTIL_PROCESS_GROUP_H_
+#endif  // FERRY_TESTS_UTIL_WORKER_PROCESSES_H_
