@@ -14,6 +14,13 @@
 //        (dist_step_separate_step, PyTorch's protocol). Beside it: the same
 //        model's local step and the rpc_sync no-op round trip.
 //        Reported: p50 per step and the overhead (distributed - local).
+//        Last, the server's handler cost: 1024 no-op calls, 1024 echoes of
+//        the forward's input (its payloads without autograd) and 1024 fused
+//        steps (the admin stats' window per function), then the server's
+//        p50 per function from its agent's stats (GrpcAgent::stats(), what
+//        the admin service's GetStats shows: from the request's arrival in
+//        the gRPC handler to its reply encoded), beside the round trips and
+//        the forward function's own body (timed inside it).
 //  ps    (4 ranks): 2 trainers, 2 parameter servers (ps0: Linear 64->64,
 //        ps1: Linear 64->10); each trainer steps asynchronously through both
 //        (relu between, MSE loss); reported: samples/s of both trainers.
@@ -37,6 +44,7 @@
 #include "ferry/bench/util/requests.h"
 #include "ferry/optim/distributed_optimizer.h"
 #include "ferry/optim/optim.h"
+#include "ferry/rpc/grpc/agent.h"
 #include "ferry/rpc/grpc/init.h"
 #include "ferry/rref/rref.h"
 #include "ferry/tensor/tensor.h"
@@ -71,11 +79,19 @@ struct Worker {
   std::shared_ptr<bench::RequestCounter> requests;
   // Per-phase times of the step job's distributed steps (us).
   std::map<std::string, std::vector<double>> phases ABSL_GUARDED_BY(mu);
+  // Servers: the forward function's body per call (us).
+  std::vector<double> forward_body ABSL_GUARDED_BY(mu);
 };
 
 std::vector<std::string> Names(const std::string& job) {
   if (job == "step") return {"trainer", "ps"};
   return {"trainer0", "trainer1", "ps0", "ps1"};
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
 }
 
 absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
@@ -88,6 +104,8 @@ absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
                    optim::DistOptimizerService::Install(
                        agent, {.param_mutex = nullptr, .dist = w->dist}));
   RETURN_IF_ERROR(agent.Register("noop", [] {}));
+  // The forward's payloads (a batch x 64 tensor each way) without autograd.
+  RETURN_IF_ERROR(agent.Register("echo", [](Tensor x) { return x; }));
   RETURN_IF_ERROR(
       agent.Register("forward", [w](Tensor x) -> absl::StatusOr<Tensor> {
         if (w->model == nullptr)
@@ -97,10 +115,38 @@ absl::Status Serve(const std::shared_ptr<Worker>& w, rpc::Agent& agent) {
         // step would otherwise bump the version of a weight this pass saved,
         // and backward refuses it. Gradients still reach the parameters
         // (hogwild); torch_dist_autograd_bench.py does the same.
+        const absl::Time t0 = absl::Now();
         const Tensor weight = autograd::mul(w->model->weight(), 1.0);
-        return autograd::add(
+        Tensor y = autograd::add(
             autograd::matmul(x, autograd::transpose(weight, 0, 1)),
             autograd::mul(w->model->bias(), 1.0));
+        const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+        MutexLock lock(&w->mu);
+        w->forward_body.push_back(us);
+        return y;
+      }));
+  // The server's handler p50 (us) of "noop", "forward", BACKWARD and "echo"
+  // from its agent's stats, and the forward body's p50 over its last 1024
+  // calls; 0 for a figure without calls.
+  auto* grpc_agent = dynamic_cast<rpc::GrpcAgent*>(&agent);
+  RETURN_IF_ERROR(
+      agent.Register("handler_stats", [w, grpc_agent]() -> std::vector<double> {
+        std::vector<double> out;
+        const auto snapshot = grpc_agent == nullptr
+                                  ? admin::v1::GetStatsResponse()
+                                  : grpc_agent->stats().Snapshot();
+        for (const char* key : {"noop", "forward", "BACKWARD", "echo"}) {
+          double p50 = 0;
+          for (const auto& f : snapshot.functions()) {
+            if (f.function() == key) p50 = f.latency_in_p50_us();
+          }
+          out.push_back(p50);
+        }
+        MutexLock lock(&w->mu);
+        const size_t n = std::min<size_t>(w->forward_body.size(), 1024);
+        out.push_back(Median(std::vector<double>(w->forward_body.end() - n,
+                                                 w->forward_body.end())));
+        return out;
       }));
   RETURN_IF_ERROR(agent.Register("param_rrefs", [w] {
     std::vector<RRef<Tensor>> out;
@@ -160,12 +206,6 @@ std::function<void()> DistStep(Worker& w, optim::DistributedOptimizer& opt,
   };
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 std::unique_ptr<optim::DistributedOptimizer> MakeOptimizer(
     Worker& w, const std::vector<std::string>& servers) {
   std::vector<RRef<Tensor>> params;
@@ -190,6 +230,47 @@ void Report(const std::string& name, const Stats& s) {
       "\"p50_us\": %.2f, \"mean_us\": %.2f, \"p99_us\": %.2f, \"iters\": "
       "%zu}\n",
       name.c_str(), s.p50, s.mean, s.p99, s.iters);
+}
+
+void Figure(const char* name, double p50, const char* what) {
+  std::printf("  %-32s p50 %9.1f us  %s\n", name, p50, what);
+  std::printf(
+      "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "
+      "\"%s\", \"p50_us\": %.2f}\n",
+      name, p50);
+}
+
+// The server's handler cost next to a no-op round trip: kCalls no-op calls,
+// echoes and fused steps, so that the agent's stats window (the last 1024
+// calls per function) holds only these, then the server's p50s.
+void ServerHandlerCost(Worker& w, optim::DistributedOptimizer& opt,
+                       const Tensor& x, const Tensor& target) {
+  constexpr size_t kCalls = 1024;
+  const Stats noop = bench::TimeIters(
+      [&] { OrDie(w.agent->rpc_sync<void>("ps", "noop"), "noop"); }, kCalls);
+  const Stats echo = bench::TimeIters(
+      [&] { OrDie(w.agent->rpc_sync<Tensor>("ps", "echo", x), "echo"); },
+      kCalls);
+  bench::TimeIters(DistStep(w, opt, {"ps"}, x, target, /*fused=*/true), kCalls);
+  const std::vector<double> s =
+      OrDie(w.agent->rpc_sync<std::vector<double>>("ps", "handler_stats"),
+            "handler_stats");
+  if (s.size() != 5) Die("handler_stats: 5 figures expected");
+  std::printf("server handlers, p50 over the last %zu calls each:\n", kCalls);
+  Figure("noop_rtt", noop.p50, "(trainer: rpc_sync no-op round trip)");
+  Figure("echo_rtt", echo.p50,
+         "(trainer: rpc_sync of the forward's input, returned)");
+  Figure("server_noop_handler", s[0], "(server: arrival to reply encoded)");
+  Figure("server_echo_handler", s[3],
+         "(server: the forward's payloads, no autograd)");
+  Figure("server_forward_handler", s[1], "(server: CALL forward)");
+  Figure("server_forward_body", s[4],
+         "(server: the forward function's body, matmul + add)");
+  Figure("server_backward_handler", s[2], "(server: BACKWARD, SGD step fused)");
+  Figure("server_forward_over_echo", s[1] - s[3] - s[4],
+         "(forward - echo handler - forward body: dist autograd, release)");
+  Figure("server_forward_over_noop", s[1] - s[0], "(forward - noop handler)");
+  Figure("server_backward_over_noop", s[2] - s[0], "(backward - noop handler)");
 }
 
 void StepJob(Worker& w) {
@@ -247,6 +328,7 @@ void StepJob(Worker& w) {
       "{\"bench\": \"dist_autograd\", \"impl\": \"ferry\", \"name\": "
       "\"dist_step_overhead\", \"p50_us\": %.2f}\n",
       d.p50 - l.p50);
+  ServerHandlerCost(w, *opt, x, target);
   opt.reset();
 }
 

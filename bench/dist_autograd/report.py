@@ -1,7 +1,7 @@
 """Side-by-side table of the distributed-autograd benchmark's JSON lines
 (bench/dist_autograd/run.sh): per-step medians, the step overhead
-(distributed - local), parameter-server throughput, ratios and the issue's
-goals, then one JSON line per ratio.
+(distributed - local), parameter-server throughput, Ferry's server handler
+p50s, ratios and the issue's goals, then one JSON line per ratio.
 
     python3 bench/dist_autograd/report.py FILE...
 """
@@ -53,6 +53,11 @@ def main():
     for name in ("dist_step_separate_step_messages", "dist_step_messages"):
         print(f"{name:<34} {fmt(get('ferry', name, 'requests_per_op'), '6.2f')}"
               f"  {get('ferry', name, 'by_type')}")
+    print("\n## Ferry server handlers, p50 (us; agent stats, last 1024 calls)")
+    for name in ("noop_rtt", "echo_rtt", "server_noop_handler",
+                 "server_echo_handler", "server_forward_handler",
+                 "server_forward_body", "server_backward_handler"):
+        print(f"{name:<34} {fmt(get('ferry', name, 'p50_us'), '9.1f')}")
     print("\n## Issue goals (same run)")
     goals = [
         ("step overhead <= 0.3x PyTorch's (shared memory)",

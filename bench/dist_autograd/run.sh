@@ -25,6 +25,7 @@ done
 bench/install_torch.sh
 bazel build -c opt //bench/dist_autograd:dist_autograd_bench
 BIN="$(bazel info -c opt bazel-bin)/bench/dist_autograd/dist_autograd_bench"
+cpus="$(nproc)"  # Before OMP_NUM_THREADS, which nproc honors.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 out="$(mktemp -d)"
@@ -41,5 +42,5 @@ for transport in default tcp; do
     2> >(quiet) | tee "$out/torch_$transport.txt"
 done
 echo
-echo "== Side by side ($(nproc) CPUs, loopback; whole run $((SECONDS - start)) s)"
+echo "== Side by side ($cpus CPUs, loopback; whole run $((SECONDS - start)) s)"
 /usr/bin/python3 bench/dist_autograd/report.py "$out"/*.txt
