@@ -88,6 +88,7 @@ class FusedOptimizer {
 using FusedStepHandler = std::function<absl::Status(
     int64_t step_id, const Tensor& leaf, const Tensor& grad)>;
 
+// Options of one backward pass (DistAutogradContainer::Backward).
 struct BackwardOptions {
   // Keep the graph pieces after the pass.
   bool retain_graph = false;
