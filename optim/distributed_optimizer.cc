@@ -172,13 +172,21 @@ absl::Status DistOptimizerService::StepOne(int64_t id, const Tensor& leaf,
   // and keep per-parameter state, so this is Step's update of parameter i.
   std::vector<Tensor> g(params.size());
   g[i] = grad;
-  const std::string where = absl::StrCat(
-      "worker '", agent_.self().name, "' fused optimizer step, parameter ", i,
-      " of ", params.size(), " (", autograd::ShapeString(params[i]), ")");
-  MutexLock l(&owned->mu);
-  if (options_.param_mutex == nullptr) return Annotate(owned->Apply(g), where);
-  MutexLock p(options_.param_mutex.get());
-  return Annotate(owned->Apply(g), where);
+  absl::Status s;
+  {
+    MutexLock l(&owned->mu);
+    if (options_.param_mutex == nullptr) {
+      s = owned->Apply(g);
+    } else {
+      MutexLock p(options_.param_mutex.get());
+      s = owned->Apply(g);
+    }
+  }
+  if (s.ok()) return s;  // The message is built only for a failure.
+  return Annotate(s, absl::StrCat("worker '", agent_.self().name,
+                                  "' fused optimizer step, parameter ", i,
+                                  " of ", params.size(), " (",
+                                  autograd::ShapeString(params[i]), ")"));
 }
 
 absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
