@@ -1,0 +1,131 @@
+#include "ferry/tensor/cuda/cuda_device_api.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ferry {
+namespace cuda {
+namespace {
+
+absl::Status Failed(cudaError_t err, int device, absl::string_view call) {
+  const std::string msg = absl::StrCat("cuda:", device, ": ", call, ": ",
+                                       cudaGetErrorName(err), " (",
+                                       cudaGetErrorString(err), ")");
+  if (err == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(msg);
+  }
+  if (err == cudaErrorInvalidDevice || err == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(msg);
+  }
+  return absl::InternalError(msg);
+}
+
+// Makes `device` current for the scope and restores the previous one.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess &&
+        now != previous_) {
+      cudaSetDevice(previous_);
+    }
+  }
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<CudaDeviceApi>> CudaDeviceApi::Create() {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA: no usable device: cudaGetDeviceCount: ",
+                     cudaGetErrorName(err), " (", cudaGetErrorString(err),
+                     ")"));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError("CUDA: no device is visible");
+  }
+  return std::shared_ptr<CudaDeviceApi>(new CudaDeviceApi(count));
+}
+
+absl::StatusOr<void*> CudaDeviceApi::Malloc(int device, size_t nbytes) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, nbytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Out of memory is not sticky: clear it.
+    return Failed(err, device, absl::StrCat("cudaMalloc of ", nbytes, " bytes"));
+  }
+  return p;
+}
+
+absl::Status CudaDeviceApi::Free(int device, void* ptr) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaError_t err = cudaFree(ptr);
+  if (err != cudaSuccess) {
+    return Failed(err, device, absl::StrFormat("cudaFree(%p)", ptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EventHandle> CudaDeviceApi::RecordEvent(int device,
+                                                       StreamHandle stream) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaEvent_t ev = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventCreate");
+  err = cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    cudaEventDestroy(ev);
+    return Failed(err, device, "cudaEventRecord");
+  }
+  return reinterpret_cast<EventHandle>(ev);
+}
+
+absl::StatusOr<bool> CudaDeviceApi::EventDone(int device, EventHandle event) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  cudaError_t err = cudaEventQuery(reinterpret_cast<cudaEvent_t>(event));
+  if (err == cudaSuccess) return true;
+  if (err == cudaErrorNotReady) return false;
+  return Failed(err, device, "cudaEventQuery");
+}
+
+absl::Status CudaDeviceApi::DestroyEvent(int device, EventHandle event) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  cudaError_t err = cudaEventDestroy(reinterpret_cast<cudaEvent_t>(event));
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventDestroy");
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace ferry

@@ -1,0 +1,65 @@
+// DeviceMemoryApi: the few device calls a caching allocator needs (allocate,
+// free, and events that say when the work queued on a stream has finished).
+// CudaDeviceApi (cuda_device_api.h) implements it with the CUDA runtime;
+// FakeDeviceApi (fake_device_api.h) with host memory and streams that a test
+// advances by hand, so the allocator's bookkeeping is tested without a GPU.
+// Both pass one conformance suite (device_api_conformance.h).
+//
+// Streams and events are small opaque handles: a StreamHandle is the
+// implementation's stream (a cudaStream_t for CUDA; 0 is the device's
+// default stream), an EventHandle is owned by whoever recorded it until
+// DestroyEvent.
+//
+// Errors: a device index out of range is InvalidArgument naming it and the
+// number of devices; out of memory is ResourceExhausted naming the device and
+// the size; other failures name the call. Never aborts on a failed call.
+//
+// Thread safety: implementations are safe to call from any thread.
+// Design: docs/design/cuda_allocator.md.
+#ifndef FERRY_TENSOR_CUDA_DEVICE_API_H_
+#define FERRY_TENSOR_CUDA_DEVICE_API_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ferry {
+namespace cuda {
+
+/// A stream of one device: work on it runs in the order it was queued.
+using StreamHandle = uintptr_t;
+/// A marker recorded on a stream; done once the work queued before it is.
+using EventHandle = uintptr_t;
+
+/// The device calls a caching allocator makes (see the top of the file).
+class DeviceMemoryApi {
+ public:
+  virtual ~DeviceMemoryApi() = default;
+  /// "cuda" or "fake": for messages.
+  virtual std::string name() const = 0;
+  /// Number of devices; indices are 0..DeviceCount()-1.
+  virtual int DeviceCount() const = 0;
+  /// `nbytes` (> 0) uninitialized bytes on `device`, aligned to at least 256.
+  virtual absl::StatusOr<void*> Malloc(int device, size_t nbytes) = 0;
+  /// Returns memory from Malloc on the same device. The device may still be
+  /// using it: the caller orders the release (CUDA's cudaFree waits).
+  virtual absl::Status Free(int device, void* ptr) = 0;
+  /// Records an event after the work queued so far on `stream`.
+  virtual absl::StatusOr<EventHandle> RecordEvent(int device,
+                                                  StreamHandle stream) = 0;
+  /// Whether the work before `event` has finished (never blocks).
+  virtual absl::StatusOr<bool> EventDone(int device, EventHandle event) = 0;
+  /// Releases `event` (done or not).
+  virtual absl::Status DestroyEvent(int device, EventHandle event) = 0;
+};
+
+/// OK if 0 <= device < api.DeviceCount(); else InvalidArgument naming both.
+absl::Status CheckDevice(const DeviceMemoryApi& api, int device);
+
+}  // namespace cuda
+}  // namespace ferry
+
+#endif  // FERRY_TENSOR_CUDA_DEVICE_API_H_

@@ -1,0 +1,186 @@
+#include "ferry/tensor/cuda/device_api_conformance.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "ferry/tensor/cuda/caching_allocator.h"
+#include "gmock/gmock.h"
+
+namespace ferry {
+namespace cuda {
+
+using ::testing::HasSubstr;
+
+void DeviceApiConformanceTest::SetUp() {
+  absl::StatusOr<std::unique_ptr<DeviceApiFixture>> made = GetParam().make();
+  if (absl::IsFailedPrecondition(made.status())) {
+    GTEST_SKIP() << made.status();
+  }
+  ASSERT_TRUE(made.ok()) << made.status();
+  fixture_ = std::move(*made);
+}
+
+namespace {
+
+std::unique_ptr<CachingDeviceAllocator> NewAllocator(
+    DeviceApiFixture& f, uint64_t limit = 0) {
+  absl::StatusOr<std::unique_ptr<CachingDeviceAllocator>> a =
+      CachingDeviceAllocator::Create(f.api(), {.limit_bytes = limit});
+  EXPECT_TRUE(a.ok()) << a.status();
+  return a.ok() ? std::move(*a) : nullptr;
+}
+
+TEST_P(DeviceApiConformanceTest, CountsDevices) {
+  EXPECT_GE(fixture_->api()->DeviceCount(), 1);
+}
+
+TEST_P(DeviceApiConformanceTest, MallocIsAlignedAndFreeable) {
+  DeviceMemoryApi& api = *fixture_->api();
+  for (size_t n : {size_t{1}, size_t{512}, size_t{1} << 20,
+                   (size_t{3} << 20) + 7}) {
+    absl::StatusOr<void*> p = api.Malloc(0, n);
+    ASSERT_TRUE(p.ok()) << n << ": " << p.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 256, 0u) << n;
+    EXPECT_TRUE(api.Free(0, *p).ok()) << n;
+  }
+}
+
+TEST_P(DeviceApiConformanceTest, UnknownDeviceIsInvalidArgumentNamingIt) {
+  DeviceMemoryApi& api = *fixture_->api();
+  const int count = api.DeviceCount();
+  for (int bad : {count, -1}) {
+    absl::StatusOr<void*> p = api.Malloc(bad, 64);
+    EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
+    EXPECT_THAT(p.status().message(),
+                HasSubstr(absl::StrCat(api.name(), ":", bad)));
+    EXPECT_TRUE(absl::IsInvalidArgument(api.RecordEvent(bad, 0).status()));
+  }
+}
+
+TEST_P(DeviceApiConformanceTest, ImpossibleMallocIsOutOfMemoryAndHarmless) {
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<void*> huge = api.Malloc(0, size_t{1} << 50);
+  EXPECT_TRUE(absl::IsResourceExhausted(huge.status())) << huge.status();
+  EXPECT_THAT(huge.status().message(), HasSubstr(api.name() + ":0"));
+  absl::StatusOr<void*> small = api.Malloc(0, 4096);
+  ASSERT_TRUE(small.ok()) << "after a failed Malloc: " << small.status();
+  EXPECT_TRUE(api.Free(0, *small).ok());
+}
+
+TEST_P(DeviceApiConformanceTest, EventIsDoneOnceItsStreamDrained) {
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<StreamHandle> s = fixture_->NewStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<EventHandle> ev = api.RecordEvent(0, *s);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_TRUE(fixture_->Drain(0, *s).ok());
+  absl::StatusOr<bool> done = api.EventDone(0, *ev);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(*done);
+  EXPECT_TRUE(api.DestroyEvent(0, *ev).ok());
+}
+
+TEST_P(DeviceApiConformanceTest, AllocatorReusesABlockOnItsStream) {
+  auto alloc = NewAllocator(*fixture_);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<StreamHandle> s = fixture_->NewStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  void* first = nullptr;
+  {
+    absl::StatusOr<Storage> a = alloc->Allocate(0, 1000, *s);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(a->device().is_cuda());
+    EXPECT_EQ(a->nbytes(), 1000u);
+    first = a->data();
+  }
+  absl::StatusOr<Storage> b = alloc->Allocate(0, 900, *s);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->data(), first);
+  AllocatorStats st = alloc->Stats(0);
+  EXPECT_EQ(st.device_mallocs, 1u);
+  EXPECT_EQ(st.cache_hits, 1u);
+  EXPECT_EQ(st.allocated_bytes, 1024u);
+}
+
+TEST_P(DeviceApiConformanceTest, AllocatorKeepsStreamsApart) {
+  auto alloc = NewAllocator(*fixture_);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<StreamHandle> s1 = fixture_->NewStream(0);
+  absl::StatusOr<StreamHandle> s2 = fixture_->NewStream(0);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  void* first = nullptr;
+  {
+    absl::StatusOr<Storage> a = alloc->Allocate(0, 4096, *s1);
+    ASSERT_TRUE(a.ok()) << a.status();
+    first = a->data();
+  }
+  absl::StatusOr<Storage> b = alloc->Allocate(0, 4096, *s2);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(b->data(), first);
+  EXPECT_EQ(alloc->Stats(0).device_mallocs, 2u);
+}
+
+TEST_P(DeviceApiConformanceTest, RecordedStreamReleasesTheBlockOnceDrained) {
+  auto alloc = NewAllocator(*fixture_);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<StreamHandle> s1 = fixture_->NewStream(0);
+  absl::StatusOr<StreamHandle> s2 = fixture_->NewStream(0);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  void* first = nullptr;
+  {
+    absl::StatusOr<Storage> a = alloc->Allocate(0, 1 << 16, *s1);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(alloc->RecordStream(*a, *s2).ok());
+    first = a->data();
+  }
+  ASSERT_TRUE(fixture_->Drain(0, *s2).ok());
+  AllocatorStats st = alloc->Stats(0);
+  EXPECT_EQ(st.pending_bytes, 0u);
+  EXPECT_EQ(st.cached_bytes, uint64_t{1} << 16);
+  absl::StatusOr<Storage> b = alloc->Allocate(0, 1 << 16, *s1);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->data(), first);
+}
+
+TEST_P(DeviceApiConformanceTest, LimitRefusesNamingTheRequestAndTheCache) {
+  const uint64_t mib = uint64_t{1} << 20;
+  auto alloc = NewAllocator(*fixture_, 4 * mib);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<Storage> a = alloc->Allocate(0, 3 * mib, 0);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<Storage> b = alloc->Allocate(0, 2 * mib, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr(":0: out of memory"));
+  EXPECT_THAT(b.status().message(), HasSubstr("requested 2097152 bytes"));
+  EXPECT_THAT(b.status().message(), HasSubstr("3145728 bytes in use"));
+  EXPECT_THAT(b.status().message(), HasSubstr("limit 4194304"));
+  *a = Storage();  // Cached now: the next request evicts it to fit.
+  absl::StatusOr<Storage> c = alloc->Allocate(0, 2 * mib, 0);
+  ASSERT_TRUE(c.ok()) << c.status();
+  AllocatorStats st = alloc->Stats(0);
+  EXPECT_EQ(st.out_of_memory, 1u);
+  EXPECT_EQ(st.device_frees, 1u);
+  EXPECT_LE(st.reserved_bytes, 4 * mib);
+}
+
+TEST_P(DeviceApiConformanceTest, EmptyCacheReturnsCachedBlocks) {
+  auto alloc = NewAllocator(*fixture_);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<Storage> kept = alloc->Allocate(0, 2048, 0);
+  ASSERT_TRUE(kept.ok());
+  ASSERT_TRUE(alloc->Allocate(0, 1 << 20, 0).ok());  // Dropped: cached.
+  EXPECT_EQ(alloc->Stats(0).cached_bytes, uint64_t{1} << 20);
+  ASSERT_TRUE(alloc->EmptyCache().ok());
+  AllocatorStats st = alloc->Stats(0);
+  EXPECT_EQ(st.cached_bytes, 0u);
+  EXPECT_EQ(st.device_frees, 1u);
+  EXPECT_EQ(st.allocated_bytes, 2048u);
+  EXPECT_EQ(st.reserved_bytes, 2048u);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace ferry

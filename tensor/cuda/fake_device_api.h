@@ -1,0 +1,82 @@
+// FakeDeviceApi: a DeviceMemoryApi over host memory for tests of what sits
+// on a device API (the caching allocator) on machines without a GPU.
+//
+// Each device has a capacity: Malloc past it is ResourceExhausted, as a full
+// GPU would answer. Streams do no work on their own: an event recorded on a
+// stream is done only once the test calls CompleteStream for that stream
+// (the stream "finished everything queued so far"), so a test decides when
+// a stream's work ends and can check what may be reused before and after.
+// FailRecordEvent makes the next RecordEvent calls fail, for error paths.
+//
+// Thread safety: every call is safe from any thread (one annotated mutex).
+// Design: docs/design/cuda_allocator.md.
+#ifndef FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
+#define FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "ferry/tensor/cuda/device_api.h"
+
+namespace ferry {
+namespace cuda {
+
+/// Host-memory devices with hand-driven streams (see the top of the file).
+class FakeDeviceApi : public DeviceMemoryApi {
+ public:
+  /// `devices` devices of `capacity_bytes` each.
+  FakeDeviceApi(int devices, uint64_t capacity_bytes);
+  ~FakeDeviceApi() override;
+
+  std::string name() const override { return "fake"; }
+  int DeviceCount() const override { return devices_; }
+  absl::StatusOr<void*> Malloc(int device, size_t nbytes) override;
+  absl::Status Free(int device, void* ptr) override;
+  absl::StatusOr<EventHandle> RecordEvent(int device,
+                                          StreamHandle stream) override;
+  absl::StatusOr<bool> EventDone(int device, EventHandle event) override;
+  absl::Status DestroyEvent(int device, EventHandle event) override;
+
+  /// Marks everything queued on `stream` of `device` so far as finished.
+  void CompleteStream(int device, StreamHandle stream);
+  /// The next `n` RecordEvent calls fail with Internal.
+  void FailRecordEvent(int n);
+
+  /// Bytes now allocated on `device`.
+  uint64_t in_use_bytes(int device);
+  /// Malloc calls that succeeded, Free calls that succeeded, and events not
+  /// yet destroyed, over every device.
+  uint64_t mallocs();
+  uint64_t frees();   ///< See mallocs().
+  uint64_t live_events();  ///< See mallocs().
+
+ private:
+  struct Event {
+    int device;
+    StreamHandle stream;
+    uint64_t seq;  // Done once the stream's completed count reaches it.
+  };
+  const int devices_;
+  const uint64_t capacity_;
+  absl::Mutex mu_;
+  std::map<void*, std::pair<int, size_t>> blocks_ ABSL_GUARDED_BY(mu_);
+  std::map<int, uint64_t> in_use_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int, StreamHandle>, uint64_t> recorded_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<int, StreamHandle>, uint64_t> completed_
+      ABSL_GUARDED_BY(mu_);
+  std::map<EventHandle, Event> events_ ABSL_GUARDED_BY(mu_);
+  EventHandle next_event_ ABSL_GUARDED_BY(mu_) = 1;
+  int fail_events_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t mallocs_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace cuda
+}  // namespace ferry
+
+#endif  // FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
