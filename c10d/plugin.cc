@@ -1,4 +1,5 @@
 #include "ferry/c10d/plugin.h"
+#include "ferry/common/env.h"
 
 #include <dlfcn.h>
 
@@ -73,9 +74,9 @@ absl::Status LoadBackendPlugins(absl::string_view paths,
 }
 
 absl::Status LoadBackendPluginsFromEnv(BackendRegistry& registry) {
-  const char* paths = std::getenv("FERRY_C10D_PLUGINS");
-  if (paths == nullptr) return absl::OkStatus();
-  return LoadBackendPlugins(paths, registry, "FERRY_C10D_PLUGINS");
+  std::optional<std::string> paths = GetEnv("FERRY_C10D_PLUGINS");
+  if (!paths.has_value()) return absl::OkStatus();
+  return LoadBackendPlugins(*paths, registry, "FERRY_C10D_PLUGINS");
 }
 
 }  // namespace c10d

@@ -58,12 +58,6 @@ absl::StatusOr<AddrList> Resolve(const std::string& host, int socktype) {
 
 }  // namespace
 
-std::optional<std::string> ProcessEnv(absl::string_view name) {
-  const char* value = std::getenv(std::string(name).c_str());
-  if (value == nullptr) return std::nullopt;
-  return std::string(value);
-}
-
 absl::StatusOr<std::string> InterfaceAddress(absl::string_view name) {
   ifaddrs* list = nullptr;
   if (getifaddrs(&list) != 0) {
@@ -140,7 +134,7 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer) {
 }
 
 absl::StatusOr<HostChoice> ChooseWorkerHost(absl::string_view peer,
-                                            const HostEnvLookup& env) {
+                                            const EnvLookup& env) {
   if (std::optional<std::string> a = env("FERRY_ADVERTISE_ADDR");
       a.has_value() && !a->empty()) {
     return HostChoice{Unbracket(*a), "FERRY_ADVERTISE_ADDR"};

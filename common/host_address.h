@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "ferry/common/env.h"
 
 namespace ferry {
 
@@ -30,13 +31,6 @@ struct HostChoice {
   std::string host;
   std::string source;
 };
-
-// Returns the variable's value, or nullopt when unset.
-using HostEnvLookup =
-    std::function<std::optional<std::string>(absl::string_view)>;
-
-// The process environment (getenv).
-std::optional<std::string> ProcessEnv(absl::string_view name);
 
 // The numeric address of interface `name`. NotFound naming the interface and
 // listing the interfaces that have an address.
@@ -54,7 +48,7 @@ absl::StatusOr<std::string> LocalAddressToward(absl::string_view peer);
 // See the file comment. `peer` empty means loopback. Errors name the
 // variable or peer that could not be used.
 absl::StatusOr<HostChoice> ChooseWorkerHost(
-    absl::string_view peer, const HostEnvLookup& env = ProcessEnv);
+    absl::string_view peer, const EnvLookup& env = GetEnv);
 
 // "host:port", bracketing IPv6 literals ("[::1]:80").
 std::string JoinHostPort(absl::string_view host, int port);

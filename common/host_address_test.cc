@@ -8,7 +8,7 @@
 namespace ferry {
 namespace {
 
-HostEnvLookup Env(std::map<std::string, std::string> vars) {
+EnvLookup Env(std::map<std::string, std::string> vars) {
   return [vars](absl::string_view name) -> std::optional<std::string> {
     auto it = vars.find(std::string(name));
     if (it == vars.end()) return std::nullopt;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "ferry/common/env.h"
 #include "ferry/common/sync.h"
 
 namespace ferry {
@@ -20,8 +21,8 @@ namespace logging_internal {
 
 namespace {
 int InitialThreshold() {
-  const char* env = std::getenv("FERRY_LOG_LEVEL");
-  return static_cast<int>(ParseLogLevel(env ? env : "", LogLevel::kWarning));
+  return static_cast<int>(ParseLogLevel(
+      GetEnv("FERRY_LOG_LEVEL").value_or(""), LogLevel::kWarning));
 }
 }  // namespace
 

@@ -218,12 +218,6 @@ absl::StatusOr<std::string> FirstSlurmHost(absl::string_view nodelist) {
   return host;
 }
 
-std::optional<std::string> GetEnv(absl::string_view name) {
-  const char* value = std::getenv(std::string(name).c_str());
-  if (value == nullptr) return std::nullopt;
-  return std::string(value);
-}
-
 std::string InitMethod::ToString() const {
   std::string url;
   switch (scheme) {

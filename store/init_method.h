@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "ferry/common/env.h"
 #include "ferry/store/store.h"
 
 namespace ferry {
@@ -68,12 +69,6 @@ struct InitMethod {
   // The canonical URL ("tcp://host:port", "file:///path", "env://").
   std::string ToString() const;
 };
-
-// Returns the variable's value, or nullopt when unset.
-using EnvLookup = std::function<std::optional<std::string>(absl::string_view)>;
-
-// The process environment.
-std::optional<std::string> GetEnv(absl::string_view name);
 
 // Parses `url`. InvalidArgument (naming the URL and the problem: unknown
 // scheme, missing or bad port, relative path, unknown query parameter,

@@ -52,7 +52,7 @@ bool ProofsEqual(absl::string_view a, absl::string_view b) {
          CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-absl::StatusOr<std::string> StoreSecretFromEnv(const SecretEnvLookup& env) {
+absl::StatusOr<std::string> StoreSecretFromEnv(const EnvLookup& env) {
   std::optional<std::string> file = env("FERRY_STORE_SECRET_FILE");
   if (file.has_value() && !file->empty()) {
     std::ifstream in(*file, std::ios::binary);
@@ -77,12 +77,7 @@ absl::StatusOr<std::string> StoreSecretFromEnv(const SecretEnvLookup& env) {
 }
 
 absl::StatusOr<std::string> StoreSecretFromEnv() {
-  return StoreSecretFromEnv(
-      [](absl::string_view name) -> std::optional<std::string> {
-        const char* v = std::getenv(std::string(name).c_str());
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      });
+  return StoreSecretFromEnv(GetEnv);
 }
 
 }  // namespace ferry::tcpstore

@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "ferry/common/env.h"
 
 namespace ferry::tcpstore {
 
@@ -49,9 +50,7 @@ bool ProofsEqual(absl::string_view a, absl::string_view b);
 // The store secret from FERRY_STORE_SECRET_FILE (a file's contents, trailing
 // newline stripped) or else FERRY_STORE_SECRET; "" when neither is set (no
 // authentication). InvalidArgument when the file cannot be read or is empty.
-using SecretEnvLookup =
-    std::function<std::optional<std::string>(absl::string_view name)>;
-absl::StatusOr<std::string> StoreSecretFromEnv(const SecretEnvLookup& env);
+absl::StatusOr<std::string> StoreSecretFromEnv(const EnvLookup& env);
 // The same from this process's environment.
 absl::StatusOr<std::string> StoreSecretFromEnv();
 

@@ -14,6 +14,7 @@
 #include "ferry/c10d/gloo/ring.h"
 #include "ferry/c10d/gloo/store_adapter.h"
 #include "ferry/c10d/reduce.h"
+#include "ferry/common/env.h"
 #include "ferry/common/host_address.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
@@ -178,20 +179,16 @@ absl::StatusOr<GlooBackendOptions> GlooBackendOptions::FromMap(
 BackendFactory GlooBackend::Factory() {
   return [](const BackendConfig& config)
              -> absl::StatusOr<std::unique_ptr<Backend>> {
-    const char* level = std::getenv("FERRY_DISTRIBUTED_DEBUG");
     ASSIGN_OR_RETURN(GlooBackendOptions options,
                      GlooBackendOptions::FromMap(
-                         config.options,
-                         level == nullptr ? std::nullopt
-                                          : std::optional<std::string>(level)));
+                         config.options, GetEnv("FERRY_DISTRIBUTED_DEBUG")));
     if (config.options.count("hostname") == 0) {
       // Across hosts the pairs must listen where peers can reach them: the
       // same choice as the RPC agent's (common/host_address.h), routing
       // toward the store's host (tcp:// or env://), else MASTER_ADDR.
       std::string toward = config.rendezvous_host;
       if (toward.empty()) {
-        const char* master = std::getenv("MASTER_ADDR");
-        if (master != nullptr) toward = master;
+        toward = GetEnv("MASTER_ADDR").value_or("");
       }
       ASSIGN_OR_RETURN(HostChoice host, ChooseWorkerHost(toward));
       options.hostname = host.host;

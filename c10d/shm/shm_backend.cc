@@ -24,6 +24,7 @@
 #include "ferry/c10d/gloo/gloo_backend.h"
 #include "ferry/c10d/reduce.h"
 #include "ferry/c10d/shm/copy_team.h"
+#include "ferry/common/env.h"
 #include "ferry/common/executor.h"
 #include "ferry/common/same_host.h"
 #include "ferry/common/status.h"
@@ -765,8 +766,7 @@ BackendFactory ShmBackend::AutoFactory() {
             return absl::InvalidArgumentError(absl::StrCat(
                 "option shm: '", it->second, "' is not a boolean"));
           }
-        } else if (const char* env = std::getenv("FERRY_C10D_SHM");
-                   env != nullptr && std::string(env) == "0") {
+        } else if (GetEnv("FERRY_C10D_SHM") == "0") {
           use_shm = false;
         }
         if (!use_shm || c.size < 2) return MakeGloo(c);

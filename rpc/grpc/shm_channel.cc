@@ -1,3 +1,4 @@
+#include "ferry/common/env.h"
 #include "ferry/rpc/grpc/shm_channel.h"
 
 #include <openssl/crypto.h>
@@ -52,8 +53,7 @@ absl::StatusOr<std::string> PairAnswer(Store& store, int reader, int target) {
 }
 
 bool EnvDisabled() {
-  const char* v = std::getenv("FERRY_RPC_SAME_HOST");
-  return v != nullptr && std::string(v) == "0";
+  return GetEnv("FERRY_RPC_SAME_HOST") == "0";
 }
 
 uint64_t RandomNonZero() {

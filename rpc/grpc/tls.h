@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "ferry/common/env.h"
 
 namespace ferry::rpc {
 
@@ -62,8 +63,6 @@ absl::StatusOr<Credentials> LoadCredentials(const TlsOptions& tls,
 // TlsOptions from FERRY_TLS_CA, FERRY_TLS_CERT, FERRY_TLS_KEY,
 // FERRY_TLS_REQUIRE_CLIENT_CERT (1/true) and FERRY_TLS_SERVER_NAME, through
 // `env` (name -> value or nullopt). InvalidArgument for a bad boolean.
-using EnvLookup =
-    std::function<std::optional<std::string>(absl::string_view name)>;
 absl::StatusOr<TlsOptions> TlsOptionsFromEnv(const EnvLookup& env);
 
 // True for 127.0.0.0/8, ::1 and localhost listen addresses ("host:port").
