@@ -1,0 +1,117 @@
+// The parameter-server job's fault-tolerant mode (--fault_tolerant) under
+// ferry_run --elastic_ranks: in each trial one trainer SIGKILLs itself
+// (kill(getpid(), SIGKILL), --kill_trainer/--kill_at_step) at a step drawn
+// from a seeded generator, between its forward and backward passes; the
+// launcher reports it and goes on, both servers find it dead and release its
+// autograd contexts, optimizer and RRef forks (their log line names the
+// trainer, its last step and what was released), the other trainer reaches
+// the target accuracy and the job exits 0. Real processes; every wait is on
+// a process's exit (ferry_run's --timeout_s and RunCommand's limit bound it).
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "ferry/tests/util/subprocess.h"
+
+namespace ferry {
+namespace {
+
+using testutil::RunCommand;
+using testutil::RunfilePath;
+
+constexpr int kTrials = 10;
+constexpr int kIterations = 150;
+
+std::pair<int, std::string> RunTrial(int victim, int step) {
+  std::vector<std::string> argv = {
+      RunfilePath("tools/launcher/ferry_run"),
+      "--nproc=4",
+      "--timeout_s=100",
+      "--elastic_ranks=2-3",  // The trainers.
+      "--",
+      RunfilePath("examples/parameter_server/parameter_server"),
+      "--servers=2",
+      "--trainers=2",
+      absl::StrCat("--iterations=", kIterations),
+      "--log_every=50",
+      "--vocab=200",
+      "--target_accuracy=0.85",
+      "--fault_tolerant",
+      absl::StrCat("--kill_trainer=", victim),
+      absl::StrCat("--kill_at_step=", step)};
+  return RunCommand(std::move(argv), {}, absl::Minutes(2));
+}
+
+TEST(TrainerKill, AKilledTrainerIsReleasedAndTheJobReachesItsAccuracy) {
+  std::mt19937 rng(20261127);  // The trials' seed: the same draws each run.
+  std::uniform_int_distribution<int> pick_victim(0, 1);
+  std::uniform_int_distribution<int> pick_step(1, kIterations - 10);
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const int victim = pick_victim(rng);
+    const int step = pick_step(rng);
+    const int survivor = 1 - victim;
+    SCOPED_TRACE(absl::StrCat("trial ", trial, ": trainer", victim,
+                              " killed in iteration ", step));
+    auto [code, out] = RunTrial(victim, step);
+    ASSERT_EQ(code, 0) << out;
+    const std::string dead = absl::StrCat("trainer", victim);
+    // The kill happened (a real SIGKILL, seen by the launcher)...
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("]: ", dead, ": killing itself (SIGKILL) in "
+                          "iteration ", step, " at unix_us ")))
+        << out;
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat("rank ", 2 + victim, " (pid ")))
+        << out;
+    EXPECT_TRUE(absl::StrContains(out, ") died with signal 9 (Killed) at "))
+        << out;
+    EXPECT_TRUE(absl::StrContains(
+        out, "all 4 workers finished (1 failure(s) handled by the policy)"))
+        << out;
+    EXPECT_FALSE(absl::StrContains(out, absl::StrCat(dead, " done:"))) << out;
+    // ...each server released what it held of the dead trainer: its step
+    // count there is exactly the iterations it completed, its context of
+    // the interrupted step and its optimizer went, nothing of it is left.
+    for (int m = 0; m < 2; ++m) {
+      const std::string prefix =
+          absl::StrCat("[", m, "]: ps", m, ": ", dead, " (id ");
+      const size_t at = out.find(prefix);
+      ASSERT_NE(at, std::string::npos) << prefix << "\n" << out;
+      const std::string line = out.substr(at, out.find('\n', at) - at);
+      EXPECT_TRUE(absl::StrContains(
+          line, absl::StrCat(") died at its step ", step - 1, " here, "
+                             "detected ")))
+          << line;
+      EXPECT_TRUE(absl::StrContains(line, " autograd contexts, 1 optimizers"))
+          << line;
+      EXPECT_FALSE(absl::StrContains(line, "released 0 autograd contexts"))
+          << line;
+      EXPECT_TRUE(absl::StrContains(
+          line,
+          "it still holds here: 0 RRef forks, 0 autograd contexts, "
+          "0 optimizers"))
+          << line;
+      EXPECT_TRUE(absl::StrContains(
+          out, absl::StrCat("[", m, "]: ps", m,
+                            ": all 2 trainers are gone (1 left, 1 died)")))
+          << out;
+    }
+    // The other trainer did not notice (it finished every step) and
+    // reached the target.
+    const std::string alive = absl::StrCat("trainer", survivor);
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat(alive, " done: ", kIterations, " iterations")))
+        << out;
+    EXPECT_TRUE(absl::StrContains(out, "target 0.85 reached")) << out;
+    EXPECT_FALSE(absl::StrContains(out, "NOT reached")) << out;
+    if (HasFailure()) return;  // One trial's output is enough to read.
+  }
+}
+
+}  // namespace
+}  // namespace ferry
