@@ -553,6 +553,9 @@ absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
     std::printf("%s: elastic trainers may join (%d forward passes served)\n",
                 me.c_str(), c.join_after);
   }
+  // --fault_tolerant: AwaitTrainers waits for every trainer, elastic ones
+  // included, to leave or die.
+  if (c.fault_tolerant) return absl::OkStatus();
   if (!view.AwaitLeft(c.elastic, deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat(me, ": ", view.joiners_left(), " of ", c.elastic,
@@ -675,14 +678,16 @@ absl::Status Serve(const Config& c, int m) {
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (c.fault_tolerant) {
+    heartbeat = std::make_unique<Heartbeat>(
+        w->agent(), c.servers, absl::Milliseconds(c.heartbeat_ms));
+  }
   absl::Status hosted = HostElasticTrainers(c, m, view);
   if (c.fault_tolerant) {
-    {
-      Heartbeat heartbeat(w->agent(), c.servers,
-                          absl::Milliseconds(c.heartbeat_ms));
-      absl::Status gone = AwaitTrainers(c, m, view);
-      if (hosted.ok()) hosted = gone;
-    }
+    absl::Status gone = AwaitTrainers(c, m, view);
+    if (hosted.ok()) hosted = gone;
+    heartbeat.reset();  // Stopped before the shutdown.
   }
   // Serves until every trainer has finished and joined the shutdown (with
   // --fault_tolerant: every other server; the trainers are gone).
