@@ -12,6 +12,9 @@ and backward pass) in iteration --kill_at_step. Figures per run:
                   own view: heartbeat period + probe)
   gap_ms          the other trainers' largest gap between consecutive step
                   ends in [kill - 1 s, kill + 2 s]
+  gap_end_after_kill_ms  where that gap ended, relative to the kill
+  near_gap_ms     their largest step that overlapped [kill, kill + 300 ms]
+                  (detection and release happen there)
   median_step_ms  their median step time over the whole run
 Each "base" run is the same job without a kill; its gap is taken in the same
 window (at the time trainer0 reached the same iteration), the noise floor.
@@ -60,15 +63,22 @@ def run(bin_dir, iterations, kill_at, kill):
     else:
         t0 = steps["trainer0"][kill_at - 1]
     others = [t for t in ("trainer1", "trainer2")]
-    gaps, medians = [], []
+    gaps, medians, near = [], [], []
     for t in others:
         ends = steps[t]
         d = [(b - a) / 1000 for a, b in zip(ends, ends[1:])]
         medians.append(statistics.median(d))
-        w = [(b - a) / 1000 for a, b in zip(ends, ends[1:])
+        # (gap, where it ended relative to the kill), in the window.
+        w = [((b - a) / 1000, (b - t0) / 1000) for a, b in zip(ends, ends[1:])
              if t0 - 1_000_000 <= b <= t0 + 2_000_000]
-        gaps.append(max(w) if w else None)
-    r = dict(gap_ms=max(g for g in gaps if g is not None),
+        if w:
+            gaps.append(max(w))
+        # The step in flight at the kill up to the release (+ 300 ms).
+        near.append(max([(b - a) / 1000 for a, b in zip(ends, ends[1:])
+                         if t0 <= b and a <= t0 + 300_000] or [0]))
+    gap, at = max(gaps)
+    r = dict(gap_ms=gap, gap_end_after_kill_ms=at,
+             near_gap_ms=max(near),
              median_step_ms=statistics.median(medians))
     if kill:
         r["release_ms"] = (max(released) - t0) / 1000
@@ -96,8 +106,10 @@ def main():
     print(f"{'figure':<34}{'kind':<6}{'median':>9}{'max':>9}{'n':>4}")
     figures = []
     for kind, names in (("kill", ("release_ms", "detect_ms", "gap_ms",
+                                  "gap_end_after_kill_ms", "near_gap_ms",
                                   "median_step_ms")),
-                        ("base", ("gap_ms", "median_step_ms"))):
+                        ("base", ("gap_ms", "gap_end_after_kill_ms",
+                                  "near_gap_ms", "median_step_ms"))):
         for name in names:
             v = [r[name] for r in rows if r["kind"] == kind]
             f = dict(bench="fault/trainer_kill", impl="ferry", kind=kind,
