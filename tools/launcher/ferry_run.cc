@@ -344,7 +344,7 @@ struct Child {
   bool exited = false;
   int status = 0;
   int restarts = 0;  // FERRY_RUN_RESTART of this process.
-  bool lost = false;  // Lost under the policy: counts as finished.
+  bool lost = false;  // Its death was reported (--elastic_ranks).
 };
 
 // One output pipe of a child (kept after the child's restart until EOF).
@@ -465,7 +465,7 @@ class LocalGroup {
   }
   bool AllExited() const {
     for (const Child& c : children_) {
-      if (!c.exited) return false;
+      if (c.pid > 0 && !c.exited) return false;  // pid -1: never started.
     }
     return streams_.empty();
   }
