@@ -417,6 +417,49 @@ TEST(FailurePolicy, FailuresOutsideThePolicyStillStopTheJob) {
       << e.out;
 }
 
+// Across two nodes: node 1's elastic rank 3 is lost, node 1's launcher
+// reports it, and both nodes finish with 0 (the attempt is done once every
+// other worker of both nodes exited 0).
+TEST(FailurePolicy, AnElasticRankLostOnAnotherNodeDoesNotStopTheJob) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    auto p = Subprocess::Spawn(
+        {RunfilePath("tools/launcher/ferry_run"), "--nnodes=2",
+         absl::StrCat("--node_rank=", n), "--nproc_per_node=2",
+         absl::StrCat("--master_port=", port.port()), "--elastic_ranks=2-3",
+         "--grace_s=2", "--timeout_s=60", "--",
+         RunfilePath("tests/multihost/policy_worker"), "--die_ranks=3"},
+        SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+    ASSERT_TRUE(p.ok()) << p.status();
+    nodes.push_back(*std::move(p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  // Node 1 closes its workers' stdin once its loss is reported; node 0's
+  // once its workers run (they then finish: the order does not matter).
+  std::string out1 = nodes[1]->ReadUntil(deadline, [](const std::string& t) {
+    return absl::StrContains(t, "reported (elastic rank)");
+  });
+  nodes[1]->CloseStdin();
+  nodes[0]->CloseStdin();
+  std::string out0 = nodes[0]->ReadAll(deadline);
+  out1 += nodes[1]->ReadAll(deadline);
+  absl::StatusOr<int> code0 = nodes[0]->Wait(deadline);
+  absl::StatusOr<int> code1 = nodes[1]->Wait(deadline);
+  ASSERT_TRUE(code0.ok() && code1.ok()) << out0 << out1;
+  EXPECT_EQ(*code0, 0) << out0;
+  EXPECT_EQ(*code1, 0) << out1;
+  EXPECT_TRUE(absl::StrContains(out0, "[0]: rank 0 done")) << out0;
+  EXPECT_TRUE(absl::StrContains(out0, "[1]: rank 1 done")) << out0;
+  EXPECT_TRUE(absl::StrContains(out1, "[2]: rank 2 done")) << out1;
+  EXPECT_TRUE(absl::StrContains(
+      out1, "ferry_run: summary: node 1: rank 3 (pid "))
+      << out1;
+  EXPECT_FALSE(absl::StrContains(out0, "ferry_run: summary:")) << out0;
+  EXPECT_TRUE(absl::StrContains(out0, "all 4 workers finished")) << out0;
+}
+
 TEST(FailurePolicy, BadPolicyFlagsAreRefused) {
   struct Case {
     std::vector<std::string> args;
