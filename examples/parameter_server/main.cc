@@ -55,8 +55,9 @@
 // the death was detected, what was released. The servers end once every
 // trainer left or died; the job succeeds when the trainers that finished
 // reached the target. --kill_trainer=T --kill_at_step=K: trainer T SIGKILLs
-// itself in iteration K, between its forward pass and its backward pass
-// (fault injection for tests and bench/fault).
+// itself in iteration K, between its forward pass and its backward pass, or
+// --kill_after_us=U after the iteration began (fault injection for tests
+// and bench/fault).
 #include <signal.h>
 #include <unistd.h>
 
@@ -119,6 +120,9 @@ ABSL_FLAG(int, kill_trainer, -1,
           "fault injection: this trainer SIGKILLs itself (--kill_at_step)");
 ABSL_FLAG(int, kill_at_step, 0,
           "fault injection: the iteration in which --kill_trainer dies");
+ABSL_FLAG(int, kill_after_us, 0,
+          "fault injection: --kill_trainer dies this long after iteration "
+          "--kill_at_step began (0: between its forward and backward pass)");
 ABSL_FLAG(bool, print_step_times, false,
           "trainers end with a line of each step's end (unix us; bench/fault)");
 
@@ -134,7 +138,8 @@ struct Config {
   uint64_t seed;
   int elastic = 0, join_after = 0, elastic_iterations = 0;
   bool fault_tolerant = false;
-  int heartbeat_ms = 100, kill_trainer = -1, kill_at_step = 0;
+  int heartbeat_ms = 100, kill_trainer = -1, kill_at_step = 0,
+      kill_after_us = 0;
 };
 
 Config FromFlags() {
@@ -151,6 +156,7 @@ Config FromFlags() {
   c.heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_ms);
   c.kill_trainer = absl::GetFlag(FLAGS_kill_trainer);
   c.kill_at_step = absl::GetFlag(FLAGS_kill_at_step);
+  c.kill_after_us = absl::GetFlag(FLAGS_kill_after_us);
   return c;
 }
 
@@ -799,6 +805,8 @@ struct TrainerRun {
   uint64_t stream;      // Of the task's samples.
   bool check_accuracy;  // Against --target_accuracy.
   int kill_at_step = 0;  // Fault injection (--kill_at_step); 0: none.
+  int kill_after_us = 0;  // ... that long after the step began (0: after
+                          // its forward pass).
 };
 
 // One trainer's whole run, from the optimizer's creation to the held-out
@@ -831,8 +839,24 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
     // the optimizer as each parameter's gradient is final.
     ContextScope ctx(w.dist_autograd(),
                      ContextScope::OnExit::kReleaseInBackground);
+    if (run.kill_at_step == it && run.kill_after_us > 0) {
+      // Fault injection at a time rather than a point: the SIGKILL lands
+      // wherever the trainer is U us after this step began (its forward,
+      // its backward while the servers step, or a later step). The delay
+      // is the fault's timing, not a synchronization.
+      std::thread([me, it, us = run.kill_after_us] {
+        absl::SleepFor(absl::Microseconds(us));
+        std::printf(
+            "%s: killing itself (SIGKILL) %d us into iteration %d at "
+            "unix_us %ld\n",
+            me.c_str(), us, it,
+            static_cast<long>(absl::ToUnixMicros(absl::Now())));
+        std::fflush(stdout);
+        kill(getpid(), SIGKILL);
+      }).detach();
+    }
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
-    if (run.kill_at_step == it) {
+    if (run.kill_at_step == it && run.kill_after_us == 0) {
       // Fault injection: a real SIGKILL, with this step's context alive on
       // the servers (forward done, backward not sent).
       std::printf("%s: killing itself (SIGKILL) in iteration %d at unix_us %ld\n",
@@ -898,7 +922,8 @@ std::shared_ptr<rpc::FunctionRegistry> TrainerRegistry() {
 absl::Status TrainJoined(const Config& c, int t) {
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
                        static_cast<uint64_t>(t), /*check_accuracy=*/true,
-                       c.kill_trainer == t ? c.kill_at_step : 0};
+                       c.kill_trainer == t ? c.kill_at_step : 0,
+                       c.kill_after_us};
   WorkerOptions options;
   options.name = run.me;
   options.join = true;
@@ -918,7 +943,8 @@ absl::Status Train(const Config& c, int t) {
   if (c.fault_tolerant) return TrainJoined(c, t);
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
                        static_cast<uint64_t>(t), /*check_accuracy=*/true,
-                       c.kill_trainer == t ? c.kill_at_step : 0};
+                       c.kill_trainer == t ? c.kill_at_step : 0,
+                       c.kill_after_us};
   WorkerOptions options;
   options.name = run.me;
   options.world_size = c.servers + c.trainers;
@@ -980,12 +1006,13 @@ absl::Status Validate(const Config& c, const InitMethod& launch) {
         "--join_after in [1, trainers * iterations = ",
         int64_t{c.trainers} * c.iterations, "]"));
   }
-  if (c.heartbeat_ms < 1 ||
+  if (c.heartbeat_ms < 1 || c.kill_after_us < 0 ||
       (c.kill_trainer >= 0 &&
        (c.kill_trainer >= c.trainers || c.kill_at_step < 1 ||
         c.kill_at_step > c.iterations))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "need --heartbeat_ms >= 1, and with --kill_trainer=T: T < --trainers "
+        "need --heartbeat_ms >= 1, --kill_after_us >= 0, and with "
+        "--kill_trainer=T: T < --trainers "
         "and --kill_at_step in [1, --iterations = ",
         c.iterations, "]"));
   }
