@@ -34,7 +34,7 @@ std::pair<int, std::string> RunTrial(int victim, int step, int after_us) {
   std::vector<std::string> argv = {
       RunfilePath("tools/launcher/ferry_run"),
       "--nproc=4",
-      "--timeout_s=100",
+      "--timeout_s=60",
       "--elastic_ranks=2-3",  // The trainers.
       "--",
       RunfilePath("examples/parameter_server/parameter_server"),
@@ -48,7 +48,7 @@ std::pair<int, std::string> RunTrial(int victim, int step, int after_us) {
       absl::StrCat("--kill_trainer=", victim),
       absl::StrCat("--kill_at_step=", step),
       absl::StrCat("--kill_after_us=", after_us)};
-  return RunCommand(std::move(argv), {}, absl::Minutes(2));
+  return RunCommand(std::move(argv), {}, absl::Seconds(90));
 }
 
 TEST(TrainerKill, AKilledTrainerIsReleasedAndTheJobReachesItsAccuracy) {
