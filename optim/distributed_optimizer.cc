@@ -50,6 +50,7 @@ std::optional<FunctionalOptions> Decode(const std::string& kind,
 
 // One owner-side optimizer: its parameters and functional state.
 struct DistOptimizerService::Owned {
+  int creator = -1;  // The worker that created it (its id).
   Mutex mu;  // Serializes steps (PyTorch's per-optimizer lock).
   std::vector<Tensor> params;
   FunctionalOptions options;
@@ -90,11 +91,12 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
   RETURN_IF_ERROR(agent.Register(
       kCreate,
       [weak, gone](
-          std::string kind, std::vector<double> options,
+          const rpc::CallContext& call, std::string kind,
+          std::vector<double> options,
           std::vector<rref::RRef<Tensor>> params) -> absl::StatusOr<int64_t> {
         std::shared_ptr<DistOptimizerService> self = weak.lock();
         if (self == nullptr) return gone();
-        return self->Create(kind, options, params);
+        return self->Create(call.caller_id, kind, options, params);
       }));
   RETURN_IF_ERROR(
       agent.Register(kStep, [weak, gone](int64_t id, int64_t context) {
@@ -106,6 +108,21 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
       self->Destroy(id);
     }
   }));
+  // A creator that died or left takes its optimizers' state with it (a
+  // departed worker destroyed them itself unless it failed first).
+  agent.AddPeerFailureListener(
+      [weak](const rpc::WorkerInfo& peer, const absl::Status&) {
+        if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
+          self->ReleaseWorker(peer.id);
+        }
+      });
+  agent.AddMembershipListener(
+      [weak](const rpc::WorkerInfo& worker, rpc::MembershipChange change) {
+        if (change != rpc::MembershipChange::kLeft) return;
+        if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
+          self->ReleaseWorker(worker.id);
+        }
+      });
   RETURN_IF_ERROR(s->dist_->SetFusedStepHandler(
       [weak, gone](int64_t id, const Tensor& leaf, const Tensor& grad) {
         std::shared_ptr<DistOptimizerService> self = weak.lock();
@@ -119,10 +136,39 @@ size_t DistOptimizerService::num_optimizers() const {
   return optimizers_.size();
 }
 
+size_t DistOptimizerService::num_optimizers_of(int worker_id) const {
+  MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [id, owned] : optimizers_) n += owned->creator == worker_id;
+  return n;
+}
+
+size_t DistOptimizerService::ReleaseWorker(int worker_id) {
+  std::vector<std::shared_ptr<Owned>> gone;  // Freed outside the lock.
+  MutexLock l(&mu_);
+  for (auto it = optimizers_.begin(); it != optimizers_.end();) {
+    if (it->second->creator == worker_id) {
+      gone.push_back(std::move(it->second));
+      it = optimizers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  released_of_[worker_id] += gone.size();
+  return gone.size();
+}
+
+size_t DistOptimizerService::released_of(int worker_id) const {
+  MutexLock l(&mu_);
+  auto it = released_of_.find(worker_id);
+  return it == released_of_.end() ? 0 : it->second;
+}
+
 absl::StatusOr<int64_t> DistOptimizerService::Create(
-    const std::string& kind, const std::vector<double>& o,
+    int creator, const std::string& kind, const std::vector<double>& o,
     const std::vector<rref::RRef<Tensor>>& params) {
   auto owned = std::make_shared<Owned>();
+  owned->creator = creator;
   std::optional<FunctionalOptions> options = Decode(kind, o);
   if (!options.has_value()) {
     return absl::InvalidArgumentError(

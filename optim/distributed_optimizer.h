@@ -21,7 +21,8 @@
 // gradient (bit-identical to Backward then Step); a failed step fails the
 // pass naming owner and parameter. Steps of one owner-side optimizer are
 // serialized, as in PyTorch. Destroying the DistributedOptimizer frees its
-// owner-side state (waiting up to the timeout per owner; failures logged).
+// owner-side state (waiting up to the timeout per owner; failures logged);
+// an owner frees the optimizers of a creator that died or left by itself.
 //
 // Thread safety: Step may be called from several threads (each with its own
 // context). The agent and the service must outlive the optimizer's use.
@@ -80,6 +81,14 @@ class DistOptimizerService {
 
   // Optimizers created here and not yet released.
   size_t num_optimizers() const;
+  // Of those, the ones worker `worker_id` created.
+  size_t num_optimizers_of(int worker_id) const;
+  // Frees the optimizers (and their state) worker `worker_id` created;
+  // returns how many. Called by the service itself when the agent reports
+  // the worker failed or left.
+  size_t ReleaseWorker(int worker_id);
+  // How many optimizers of `worker_id` ReleaseWorker freed so far.
+  size_t released_of(int worker_id) const;
 
  private:
   struct Owned;
@@ -89,7 +98,7 @@ class DistOptimizerService {
       : agent_(agent), dist_(std::move(d)), options_(std::move(options)) {}
 
   // Returns the new optimizer's id (unique within this service).
-  absl::StatusOr<int64_t> Create(const std::string& kind,
+  absl::StatusOr<int64_t> Create(int creator, const std::string& kind,
                                  const std::vector<double>& options,
                                  const std::vector<rref::RRef<Tensor>>& params);
   absl::Status Step(int64_t id, int64_t context_id);
@@ -104,6 +113,7 @@ class DistOptimizerService {
   mutable Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, std::shared_ptr<Owned>> optimizers_ ABSL_GUARDED_BY(mu_);
+  std::map<int, size_t> released_of_ ABSL_GUARDED_BY(mu_);
 };
 
 // Trainer side.

@@ -331,5 +331,38 @@ TEST_F(DistOptimizerTest, StepWithAnUnknownContextNamesTheOwner) {
   EXPECT_TRUE(w_.equal(before));
 }
 
+// A creator found dead takes its owner-side optimizers (and their state)
+// with it: the owner's service frees them on the agent's peer-failure
+// report, and only them.
+TEST_F(DistOptimizerTest, ADeadCreatorsOptimizersAreReleased) {
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto a = DistributedOptimizer::Create(trainer(), Options(1), *params);
+  auto b = DistributedOptimizer::Create(trainer(), Options(3), *params);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // One the owner made for itself: not the dead worker's.
+  auto own = DistributedOptimizer::Create(net_->agent(1), Options(0), *params);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const int trainer_id = trainer().self().id;
+  EXPECT_EQ(services_[1]->num_optimizers(), 3u);
+  EXPECT_EQ(services_[1]->num_optimizers_of(trainer_id), 2u);
+  ASSERT_TRUE(net_->Kill("trainer").ok());
+  EXPECT_EQ(services_[1]->num_optimizers_of(trainer_id), 0u);
+  EXPECT_EQ(services_[1]->released_of(trainer_id), 2u);
+  EXPECT_EQ(services_[1]->num_optimizers(), 1u);
+  // A second report (a departure after the failure) frees nothing more.
+  EXPECT_EQ(services_[1]->ReleaseWorker(trainer_id), 0u);
+  EXPECT_EQ(services_[1]->released_of(trainer_id), 2u);
+  own->reset();
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+  // The dead trainer's handles: destroying them asks a dead worker's agent
+  // to send, which fails at once (logged), and the owner has nothing left.
+  const absl::Time start = absl::Now();
+  a->reset();
+  b->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+}
+
 }  // namespace
 }  // namespace ferry::optim

@@ -41,18 +41,41 @@
 // there and what of it they still hold (RRef forks, autograd contexts,
 // optimizers: none once it left); they end the job only after every elastic
 // trainer has left.
+//
+// Fault-tolerant mode (--fault_tolerant; tools/run_job --fault_tolerant runs
+// it under ferry_run --elastic_ranks=<the trainers' ranks>; design:
+// docs/design/fault_tolerance.md): the servers alone form the static group;
+// every trainer joins it (JoinRpc), checks its accuracy and leaves, so a
+// dead trainer is never waited for in a collective shutdown. Each server
+// calls "ps_alive" on every joined trainer each --heartbeat_ms; a trainer
+// whose call fails and whose health probe fails too is reported dead by the
+// agent, and the servers then drop its RRef forks (the RRef context),
+// optimizers (the optimizer service) and autograd contexts (here), logging
+// one line: the trainer, its last step here, how long after its last request
+// the death was detected, what was released. The servers end once every
+// trainer left or died; the job succeeds when the trainers that finished
+// reached the target. --kill_trainer=T --kill_at_step=K: trainer T SIGKILLs
+// itself in iteration K, between its forward pass and its backward pass, or
+// --kill_after_us=U after the iteration began (fault injection for tests
+// and bench/fault).
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -88,6 +111,20 @@ ABSL_FLAG(int, join_after, 100,
           "elastic trainers join once ps0 served this many forward passes");
 ABSL_FLAG(int, elastic_iterations, 200,
           "iterations of each elastic trainer before it leaves");
+ABSL_FLAG(bool, fault_tolerant, false,
+          "servers form the static group, trainers join and leave; a dead "
+          "trainer's state is released and the job goes on");
+ABSL_FLAG(int, heartbeat_ms, 100,
+          "--fault_tolerant: servers call every trainer this often");
+ABSL_FLAG(int, kill_trainer, -1,
+          "fault injection: this trainer SIGKILLs itself (--kill_at_step)");
+ABSL_FLAG(int, kill_at_step, 0,
+          "fault injection: the iteration in which --kill_trainer dies");
+ABSL_FLAG(int, kill_after_us, 0,
+          "fault injection: --kill_trainer dies this long after iteration "
+          "--kill_at_step began (0: between its forward and backward pass)");
+ABSL_FLAG(bool, print_step_times, false,
+          "trainers end with a line of each step's end (unix us; bench/fault)");
 
 namespace ferry::ps_example {
 namespace {
@@ -100,6 +137,9 @@ struct Config {
       log_every, test_samples;
   uint64_t seed;
   int elastic = 0, join_after = 0, elastic_iterations = 0;
+  bool fault_tolerant = false;
+  int heartbeat_ms = 100, kill_trainer = -1, kill_at_step = 0,
+      kill_after_us = 0;
 };
 
 Config FromFlags() {
@@ -112,6 +152,11 @@ Config FromFlags() {
   c.elastic = absl::GetFlag(FLAGS_elastic_trainers);
   c.join_after = absl::GetFlag(FLAGS_join_after);
   c.elastic_iterations = absl::GetFlag(FLAGS_elastic_iterations);
+  c.fault_tolerant = absl::GetFlag(FLAGS_fault_tolerant);
+  c.heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_ms);
+  c.kill_trainer = absl::GetFlag(FLAGS_kill_trainer);
+  c.kill_at_step = absl::GetFlag(FLAGS_kill_at_step);
+  c.kill_after_us = absl::GetFlag(FLAGS_kill_after_us);
   return c;
 }
 
@@ -226,24 +271,79 @@ class ServerView {
     std::weak_ptr<rref::RRefContext> rrefs = w.rrefs().weak_from_this();
     std::weak_ptr<autograd::dist::DistAutogradContainer> dist =
         w.dist_autograd_ptr();
+    optim::DistOptimizerService* optimizers = &w.optimizer_service();
     agent.AddInterceptor([this, dist](rpc::InterceptPoint point,
                                       const rpc::WorkerInfo& peer,
                                       rpc::Message& message) {
       if (point != rpc::InterceptPoint::kReceiveRequest) {
         return absl::OkStatus();
       }
+      // Only the elastic trainers' steps are checked for gradients (they
+      // are reported when they leave): the others cost only the counting.
+      const bool check = absl::StartsWith(peer.name, "elastic");
       if (message.type == rpc::MessageType::kCall) {
-        Count(peer.id, message, dist.lock());
+        Count(peer.id, check, message, dist.lock());
       } else if (message.type == rpc::MessageType::kBackward &&
                  message.autograd.has_value()) {
         auto fused = message.context.find(autograd::dist::kFusedStepKey);
         if (fused != message.context.end() && !fused->second.empty()) {
-          CountFused(peer.id, message);
+          CountFused(peer.id, check, message);
         }
       }
+      MutexLock l(&mu_);
+      last_seen_[peer.id] = absl::Now();
       return absl::OkStatus();
     });
     rpc::Agent* ap = &agent;
+    // A trainer found dead (the heartbeat's call failed and so did the
+    // agent's health probe): the RRef context dropped its forks and the
+    // optimizer service its optimizers (their listeners came first); its
+    // autograd contexts go here. Runs on a transport thread: nothing here
+    // blocks (releases are sent, not awaited).
+    agent.AddPeerFailureListener([this, ap, rrefs, dist, optimizers](
+                                     const rpc::WorkerInfo& who,
+                                     const absl::Status& why) {
+      if (who.id < static_size_) {
+        std::printf("%s: static worker %s (id %d) failed: %s\n", me_.c_str(),
+                    who.name.c_str(), who.id, why.ToString().c_str());
+        return;
+      }
+      const absl::Time now = absl::Now();
+      int64_t contexts = 0;
+      if (std::shared_ptr<autograd::dist::DistAutogradContainer> d =
+              dist.lock()) {
+        for (GlobalId ctx : d->ContextIds()) {
+          if (ctx.worker_id() != who.id) continue;
+          // Its release to the dead trainer fails at once; nothing waits.
+          d->Release(ctx).OnComplete([](const absl::Status&) {});
+          ++contexts;
+        }
+      }
+      std::string detected = "no request from it here";
+      Did did;
+      {
+        MutexLock l(&mu_);
+        auto seen = last_seen_.find(who.id);
+        if (seen != last_seen_.end()) {
+          detected = absl::StrFormat(
+              "%.0f ms after its last request here",
+              absl::ToDoubleMilliseconds(now - seen->second));
+        }
+        did = did_[who.id];
+        ++joiners_dead_;
+        dead_at_[who.id] = now;
+      }
+      std::printf(
+          "%s: %s (id %d) died at its step %ld here, detected %s; released "
+          "%ld autograd contexts, %zu optimizers and its RRef forks at "
+          "unix_us %ld; %s; workers: %s\n",
+          me_.c_str(), who.name.c_str(), who.id, static_cast<long>(did.steps),
+          detected.c_str(), static_cast<long>(contexts),
+          optimizers->released_of(who.id),
+          static_cast<long>(absl::ToUnixMicros(absl::Now())),
+          Holds(who.id, rrefs.lock(), dist.lock(), optimizers).c_str(),
+          Table(*ap).c_str());
+    });
     agent.AddMembershipListener(
         [this, ap, rrefs, dist](const rpc::WorkerInfo& who,
                                 rpc::MembershipChange change) {
@@ -256,7 +356,9 @@ class ServerView {
           // added before this one) and dropped the forks the leaver held.
           std::printf("%s: %s (id %d) left after %s; workers: %s\n",
                       me_.c_str(), who.name.c_str(), who.id,
-                      Left(who.id, rrefs.lock(), dist.lock()).c_str(),
+                      Left(who.id, absl::StartsWith(who.name, "elastic"),
+                           rrefs.lock(), dist.lock())
+                          .c_str(),
                       Table(*ap).c_str());
         });
   }
@@ -285,6 +387,26 @@ class ServerView {
     MutexLock l(&mu_);
     return joiners_left_;
   }
+  // Whether `n` joined workers left or died by `deadline`.
+  bool AwaitGone(int n, absl::Time deadline) {
+    MutexLock l(&mu_);
+    auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return joiners_left_ + joiners_dead_ >= n;
+    };
+    return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+  }
+  // (left, dead) joined workers so far.
+  std::pair<int, int> gone() {
+    MutexLock l(&mu_);
+    return {joiners_left_, joiners_dead_};
+  }
+  // When worker `id` was found dead here (nullopt: it was not).
+  std::optional<absl::Time> dead_at(int id) {
+    MutexLock l(&mu_);
+    auto it = dead_at_.find(id);
+    if (it == dead_at_.end()) return std::nullopt;
+    return it->second;
+  }
 
  private:
   struct Did {
@@ -300,9 +422,9 @@ class ServerView {
   // A BACKWARD whose pass steps this server's parameters (fused): one step
   // per context; changing when a gradient it carries is non-zero (checked
   // for joiners only, as in Count).
-  void CountFused(int id, const rpc::Message& m) {
+  void CountFused(int id, bool check, const rpc::Message& m) {
     bool changes = false;
-    if (id >= static_size_) {
+    if (check) {
       Value payload = m.payload;  // Shared tensor handles, not copies.
       rpc::ForEachTensor(payload, [&](Tensor& t) {
         for (float g : t.to_vector<float>()) changes = changes || g != 0;
@@ -325,10 +447,10 @@ class ServerView {
   // context id), what the worker `id` asked of it. Only a joiner's steps
   // are checked for gradients (they are reported when it leaves), so the
   // static trainers' steps cost no more than the counting.
-  void Count(int id, const rpc::Message& call,
+  void Count(int id, bool check, const rpc::Message& call,
              std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
     const std::string& f = call.function;
-    const bool changes = f == "ferry.optim.step" && id >= static_size_ &&
+    const bool changes = f == "ferry.optim.step" && check &&
                          dist != nullptr && HasGradient(*dist, call.payload);
     MutexLock l(&mu_);
     if (f == "ferry.optim.step") ++did_[id].steps;
@@ -366,9 +488,9 @@ class ServerView {
   }
 
   // "N optimizer steps here (G with gradients); it still holds here: F RRef
-  // forks, ..." for worker `id`, which just left.
+  // forks, ..." for worker `id`, which just left (G for a `checked` one).
   std::string Left(
-      int id, std::shared_ptr<rref::RRefContext> rrefs,
+      int id, bool checked, std::shared_ptr<rref::RRefContext> rrefs,
       std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
     int64_t forks = 0, contexts = 0;
     for (const rref::RRefContext::OwnedInfo& o :
@@ -382,9 +504,29 @@ class ServerView {
     if (id >= static_size_) ++joiners_left_;
     const Did did = did_[id];
     return absl::StrCat(
-        did.steps, " optimizer steps here (", did.changing_steps,
-        " with gradients); it still holds here: ", forks, " RRef forks, ",
+        did.steps, " optimizer steps here",
+        checked ? absl::StrCat(" (", did.changing_steps, " with gradients)")
+                : "",
+        "; it still holds here: ", forks, " RRef forks, ",
         contexts, " autograd contexts, ", did.optimizers, " optimizers");
+  }
+
+  // "it still holds here: F RRef forks, C autograd contexts, O optimizers".
+  static std::string Holds(
+      int id, std::shared_ptr<rref::RRefContext> rrefs,
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
+      const optim::DistOptimizerService* optimizers) {
+    int64_t forks = 0, contexts = 0;
+    for (const rref::RRefContext::OwnedInfo& o :
+         rrefs ? rrefs->Owned() : std::vector<rref::RRefContext::OwnedInfo>{}) {
+      for (const auto& [fork, holder] : o.forks) forks += holder == id;
+    }
+    for (GlobalId ctx : dist ? dist->ContextIds() : std::vector<GlobalId>{}) {
+      contexts += ctx.worker_id() == id;
+    }
+    return absl::StrCat("it still holds here: ", forks, " RRef forks, ",
+                        contexts, " autograd contexts, ",
+                        optimizers->num_optimizers_of(id), " optimizers");
   }
 
   const std::string me_;
@@ -392,7 +534,10 @@ class ServerView {
   Mutex mu_;
   int64_t forwards_ ABSL_GUARDED_BY(mu_) = 0;
   int joiners_left_ ABSL_GUARDED_BY(mu_) = 0;
+  int joiners_dead_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, Did> did_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Time> dead_at_ ABSL_GUARDED_BY(mu_);
 };
 
 // With elastic trainers: ps0 opens the job to them once it served
@@ -414,6 +559,9 @@ absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
     std::printf("%s: elastic trainers may join (%d forward passes served)\n",
                 me.c_str(), c.join_after);
   }
+  // --fault_tolerant: AwaitTrainers waits for every trainer, elastic ones
+  // included, to leave or die.
+  if (c.fault_tolerant) return absl::OkStatus();
   if (!view.AwaitLeft(c.elastic, deadline)) {
     return absl::DeadlineExceededError(
         absl::StrCat(me, ": ", view.joiners_left(), " of ", c.elastic,
@@ -422,10 +570,75 @@ absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
   return absl::OkStatus();
 }
 
+// --fault_tolerant: calls "ps_alive" on every joined trainer every
+// --heartbeat_ms (at most one call outstanding per trainer), so that a dead
+// one is found by the agent (a failed call, then a failed health probe)
+// even when it sent nothing. Stops when destroyed.
+class Heartbeat {
+ public:
+  Heartbeat(rpc::Agent& agent, int servers, absl::Duration every)
+      : agent_(agent), servers_(servers), every_(every) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Heartbeat() {
+    {
+      MutexLock l(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::map<int, Future<int64_t>> outstanding;
+    // Bounded by the server's life: stop_ is set before Shutdown.
+    while (true) {
+      for (const rpc::WorkerInfo& w : agent_.GetWorkerInfos()) {
+        if (w.id < servers_ || agent_.IsPeerFailed(w.id)) continue;
+        auto it = outstanding.find(w.id);
+        if (it != outstanding.end() && !it->second.IsReady()) continue;
+        outstanding.insert_or_assign(
+            w.id, agent_.rpc_async_for<int64_t>(absl::Seconds(10), w.id,
+                                                "ps_alive"));
+      }
+      MutexLock l(&mu_);
+      auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_;
+      };
+      // A timed wait for the stop flag: the heartbeat's period.
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopped), every_)) return;
+    }
+  }
+
+  rpc::Agent& agent_;
+  const int servers_;
+  const absl::Duration every_;
+  Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// --fault_tolerant: every trainer (fixed and elastic) joins; the servers
+// serve until each of them left or died.
+absl::Status AwaitTrainers(const Config& c, int m, ServerView& view) {
+  const int all = c.trainers + c.elastic;
+  if (!view.AwaitGone(all, absl::Now() + Timeout())) {
+    auto [left, dead] = view.gone();
+    return absl::DeadlineExceededError(
+        absl::StrCat(ServerName(m), ": of ", all, " trainers ", left,
+                     " left and ", dead, " died within --timeout_s"));
+  }
+  auto [left, dead] = view.gone();
+  std::printf("%s: all %d trainers are gone (%d left, %d died)\n",
+              ServerName(m).c_str(), all, left, dead);
+  return absl::OkStatus();
+}
+
 absl::Status Serve(const Config& c, int m) {
   const std::string me = ServerName(m);
   const Shard shard = MakeShard(c, m);
-  ServerView view(me, c.servers + c.trainers);  // Outlives the agent.
+  // Outlives the agent. With --fault_tolerant the servers alone are static.
+  ServerView view(me, c.fault_tolerant ? c.servers : c.servers + c.trainers);
   ServerView* vp = &view;
   // Set before the worker serves (the functions below run only then).
   Worker* wp = nullptr;
@@ -458,8 +671,9 @@ absl::Status Serve(const Config& c, int m) {
   options.name = me;
   options.registry = registry;
   options.optimizer_param_mutex = shard.mu;
-  // The static group: elastic trainers join it later.
-  options.world_size = c.servers + c.trainers;
+  // The static group: elastic trainers (all trainers with
+  // --fault_tolerant) join it later.
+  options.world_size = c.fault_tolerant ? c.servers : c.servers + c.trainers;
   options.join_timeout = absl::Seconds(120);
   options.before_serving = [vp, wpp](Worker& w) {
     *wpp = &w;
@@ -470,8 +684,19 @@ absl::Status Serve(const Config& c, int m) {
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (c.fault_tolerant) {
+    heartbeat = std::make_unique<Heartbeat>(
+        w->agent(), c.servers, absl::Milliseconds(c.heartbeat_ms));
+  }
   absl::Status hosted = HostElasticTrainers(c, m, view);
-  // Serves until every trainer has finished and joined the shutdown.
+  if (c.fault_tolerant) {
+    absl::Status gone = AwaitTrainers(c, m, view);
+    if (hosted.ok()) hosted = gone;
+    heartbeat.reset();  // Stopped before the shutdown.
+  }
+  // Serves until every trainer has finished and joined the shutdown (with
+  // --fault_tolerant: every other server; the trainers are gone).
   absl::Status left = w->Shutdown(Timeout());
   RETURN_IF_ERROR(hosted);
   return left;
@@ -579,6 +804,9 @@ struct TrainerRun {
   int iterations;
   uint64_t stream;      // Of the task's samples.
   bool check_accuracy;  // Against --target_accuracy.
+  int kill_at_step = 0;  // Fault injection (--kill_at_step); 0: none.
+  int kill_after_us = 0;  // ... that long after the step began (0: after
+                          // its forward pass).
 };
 
 // One trainer's whole run, from the optimizer's creation to the held-out
@@ -601,6 +829,9 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   absl::Time window = start;
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
+  const bool print_steps = absl::GetFlag(FLAGS_print_step_times);
+  std::vector<int64_t> step_ends;
+  if (print_steps) step_ends.reserve(run.iterations);
   for (int it = 1; it <= run.iterations; ++it) {
     Batch batch = task.Next(c.batch);
     // Two requests per server and step: the forward (which also carries
@@ -608,10 +839,35 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
     // the optimizer as each parameter's gradient is final.
     ContextScope ctx(w.dist_autograd(),
                      ContextScope::OnExit::kReleaseInBackground);
+    if (run.kill_at_step == it && run.kill_after_us > 0) {
+      // Fault injection at a time rather than a point: the SIGKILL lands
+      // wherever the trainer is U us after this step began (its forward,
+      // its backward while the servers step, or a later step). The delay
+      // is the fault's timing, not a synchronization.
+      std::thread([me, it, us = run.kill_after_us] {
+        absl::SleepFor(absl::Microseconds(us));
+        std::printf(
+            "%s: killing itself (SIGKILL) %d us into iteration %d at "
+            "unix_us %ld\n",
+            me.c_str(), us, it,
+            static_cast<long>(absl::ToUnixMicros(absl::Now())));
+        std::fflush(stdout);
+        kill(getpid(), SIGKILL);
+      }).detach();
+    }
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
+    if (run.kill_at_step == it && run.kill_after_us == 0) {
+      // Fault injection: a real SIGKILL, with this step's context alive on
+      // the servers (forward done, backward not sent).
+      std::printf("%s: killing itself (SIGKILL) in iteration %d at unix_us %ld\n",
+                  me.c_str(), it, static_cast<long>(absl::ToUnixMicros(absl::Now())));
+      std::fflush(stdout);
+      kill(getpid(), SIGKILL);
+    }
     Tensor loss = autograd::cross_entropy(logits, batch.labels);
     RETURN_IF_ERROR(w.dist_autograd().Backward(
         ctx.id(), {loss}, {.fused_optimizer = opt.get()}));
+    if (print_steps) step_ends.push_back(absl::ToUnixMicros(absl::Now()));
     loss_sum += loss.item();
     correct += Correct(logits, batch.labels);
     seen += c.batch;
@@ -628,6 +884,10 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
     }
   }
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  if (print_steps) {
+    std::printf("%s step_end_unix_us: %s\n", me.c_str(),
+                absl::StrJoin(step_ends, ",").c_str());
+  }
   ASSIGN_OR_RETURN(double accuracy, HeldOutAccuracy(agent, c));
   const double target = absl::GetFlag(FLAGS_target_accuracy);
   const std::string verdict =
@@ -647,9 +907,44 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   return absl::OkStatus();
 }
 
-absl::Status Train(const Config& c, int t) {
+// --fault_tolerant: trainers serve "ps_alive" (the servers' heartbeat).
+std::shared_ptr<rpc::FunctionRegistry> TrainerRegistry() {
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  registry
+      ->Register(
+          "ps_alive", []() -> int64_t { return 1; },
+          "answers the servers' heartbeat (--fault_tolerant)")
+      .IgnoreError();  // A fresh registry: the name is free.
+  return registry;
+}
+
+// --fault_tolerant trainer `t`: joins the servers' group, trains, leaves.
+absl::Status TrainJoined(const Config& c, int t) {
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
-                       static_cast<uint64_t>(t), /*check_accuracy=*/true};
+                       static_cast<uint64_t>(t), /*check_accuracy=*/true,
+                       c.kill_trainer == t ? c.kill_at_step : 0,
+                       c.kill_after_us};
+  WorkerOptions options;
+  options.name = run.me;
+  options.join = true;
+  options.join_timeout = absl::Seconds(120);
+  options.registry = TrainerRegistry();
+  ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
+  std::printf("%s: joined the servers' group as worker %d\n", run.me.c_str(),
+              w->rank());
+  absl::Status trained = TrainerLoop(*w, c, run);
+  // Leaves even after an error, so the servers are not left waiting.
+  absl::Status left = w->Leave(Timeout());
+  RETURN_IF_ERROR(trained);
+  return left;
+}
+
+absl::Status Train(const Config& c, int t) {
+  if (c.fault_tolerant) return TrainJoined(c, t);
+  const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
+                       static_cast<uint64_t>(t), /*check_accuracy=*/true,
+                       c.kill_trainer == t ? c.kill_at_step : 0,
+                       c.kill_after_us};
   WorkerOptions options;
   options.name = run.me;
   options.world_size = c.servers + c.trainers;
@@ -680,6 +975,7 @@ absl::Status TrainElastic(const Config& c, int k) {
   options.name = run.me;
   options.join = true;
   options.join_timeout = absl::Seconds(120);
+  if (c.fault_tolerant) options.registry = TrainerRegistry();
   ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
   std::printf("%s: joined the running job as worker %d (world size %d)\n",
               run.me.c_str(), w->rank(), w->world_size());
@@ -709,6 +1005,16 @@ absl::Status Validate(const Config& c, const InitMethod& launch) {
         "need --elastic_trainers >= 0, --elastic_iterations >= 1 and "
         "--join_after in [1, trainers * iterations = ",
         int64_t{c.trainers} * c.iterations, "]"));
+  }
+  if (c.heartbeat_ms < 1 || c.kill_after_us < 0 ||
+      (c.kill_trainer >= 0 &&
+       (c.kill_trainer >= c.trainers || c.kill_at_step < 1 ||
+        c.kill_at_step > c.iterations))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "need --heartbeat_ms >= 1, --kill_after_us >= 0, and with "
+        "--kill_trainer=T: T < --trainers "
+        "and --kill_at_step in [1, --iterations = ",
+        c.iterations, "]"));
   }
   if (c.servers < 1 || c.trainers < 1 || c.vocab < c.servers ||
       c.iterations < 1 || c.batch < 1 || c.tokens < 1 || c.dim < 1 ||

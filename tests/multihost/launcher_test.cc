@@ -1,7 +1,9 @@
 // ferry_run as a multi-node launcher: two ferry_run "nodes" on loopback
 // meet through node 0's store, give their workers torchrun's variables, run
 // a Ferry job (RPC + Gloo all-reduce + store) across both, restart it after
-// a failure (--max_restarts) and stop every node when it cannot.
+// a failure (--max_restarts) and stop every node when it cannot; the failure
+// policy (--elastic_ranks, --restart_ranks) on one node with policy_worker:
+// every wait is on the launcher's output lines or a process's exit.
 #include <map>
 #include <memory>
 #include <string>
@@ -282,6 +284,202 @@ TEST(MultiNodeLaunch, SeveralWorkersGetOneBlasThreadUnlessSet) {
   std::tie(code, out) = run("1", {});
   EXPECT_EQ(code, 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "[0]: o=unset b=unset")) << out;
+}
+
+// --- The failure policy ------------------------------------------------------
+
+struct PolicyRun {
+  int code = -1;
+  std::string out;  // The launcher's output (its workers' lines included).
+};
+
+// ferry_run --standalone --nproc=3 `flags` -- policy_worker `args`; once the
+// launcher printed every string of `markers` (in any order), its stdin is
+// closed, which tells the surviving workers to finish (policy_worker).
+PolicyRun RunPolicy(std::vector<std::string> flags,
+                    std::vector<std::string> args,
+                    std::vector<std::string> markers) {
+  std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run"),
+                                   "--standalone", "--nproc=3", "--grace_s=2",
+                                   "--timeout_s=60"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.push_back("--");
+  argv.push_back(RunfilePath("tests/multihost/policy_worker"));
+  argv.insert(argv.end(), args.begin(), args.end());
+  PolicyRun r;
+  auto p = Subprocess::Spawn(
+      argv, SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (!p.ok()) return r;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  r.out = (*p)->ReadUntil(deadline, [&](const std::string& text) {
+    for (const std::string& m : markers) {
+      if (!absl::StrContains(text, m)) return false;
+    }
+    return true;
+  });
+  (*p)->CloseStdin();
+  r.out += (*p)->ReadAll(deadline);
+  absl::StatusOr<int> code = (*p)->Wait(deadline);
+  r.code = code.ok() ? *code : -1;
+  return r;
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos;
+       at = text.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+// A SIGKILLed worker of an elastic rank is reported; the others go on and
+// the job succeeds, its summary naming the rank, the signal and the time.
+TEST(FailurePolicy, AnElasticRankLostIsReportedAndTheJobGoesOn) {
+  PolicyRun r =
+      RunPolicy({"--elastic-ranks=1-2"}, {"--die_ranks=1"},
+                {"reported (elastic rank), the job goes on",
+                 "[0]: rank 0 restart 0", "[2]: rank 2 restart 0"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "[0]: rank 0 done")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "[2]: rank 2 done")) << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "[1]: rank 1 done")) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, "all 3 workers finished (1 failure(s) handled by the policy)"))
+      << r.out;
+  const size_t at = r.out.find("ferry_run: summary: node 0: rank 1 (pid ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+  EXPECT_TRUE(absl::StrContains(line, ") died with signal 9 (Killed) at "))
+      << line;
+  EXPECT_TRUE(absl::StrContains(line, " s: reported (elastic rank)")) << line;
+  EXPECT_EQ(Count(r.out, "ferry_run: summary:"), 1) << r.out;
+}
+
+// A worker of a restart rank is started again alone, with the same RANK and
+// FERRY_RUN_RESTART=k, until it stays up; the other workers are the same
+// processes throughout (each printed its start line once).
+TEST(FailurePolicy, ARestartRankIsRestartedAloneWithinItsBudget) {
+  PolicyRun r = RunPolicy({"--restart_ranks=1", "--rank-restarts=3"},
+                          {"--die_ranks=1", "--die_times=2"},
+                          {"[1]: rank 1 restart 2 pid", "[0]: rank 0 restart 0",
+                           "[2]: rank 2 restart 0"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(Count(r.out, "[0]: rank 0 restart"), 1) << r.out;
+  EXPECT_EQ(Count(r.out, "[2]: rank 2 restart"), 1) << r.out;
+  for (int k = 0; k <= 2; ++k) {
+    EXPECT_TRUE(
+        absl::StrContains(r.out, absl::StrCat("[1]: rank 1 restart ", k)))
+        << r.out;
+  }
+  EXPECT_TRUE(absl::StrContains(r.out, "[1]: rank 1 done")) << r.out;
+  EXPECT_EQ(Count(r.out, "ferry_run: summary: node 0: rank 1 (pid "), 2)
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, ": restarted 1 of 3 (new pid ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, ": restarted 2 of 3 (new pid ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "FERRY_RUN_RESTART=2)")) << r.out;
+}
+
+// Past its budget a restart rank's failure stops the job, as a rank without
+// a policy does; the summary says so and lists the restarts before it.
+TEST(FailurePolicy, ASpentRestartBudgetStopsTheJob) {
+  PolicyRun r = RunPolicy({"--restart_ranks=1-2", "--rank_restarts=1"},
+                          {"--die_ranks=2", "--die_exit=5"}, {"job failed"});
+  EXPECT_EQ(r.code, 5) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "died with exit code 5 at ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, ": restarted 1 of 1 (new pid ")) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, ": job stopped (restart budget of 1 spent)")) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, "job failed (node 0 rank 2 failed with exit code 5)")) << r.out;
+  EXPECT_EQ(Count(r.out, "ferry_run: summary: node 0: rank 2 (pid "), 2)
+      << r.out;
+  EXPECT_FALSE(absl::StrContains(r.out, "rank 0 done")) << r.out;
+}
+
+// Outside the policy's ranks (and, for an elastic rank, an exit code rather
+// than a signal: the worker's own verdict) a failure still stops the job.
+TEST(FailurePolicy, FailuresOutsideThePolicyStillStopTheJob) {
+  PolicyRun r = RunPolicy({"--elastic_ranks=1-2"}, {"--die_ranks=0"},
+                          {"job failed"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(absl::StrContains(
+      r.out, "job failed (node 0 rank 0 failed with signal 9 (Killed))"))
+      << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "s: job stopped\n")) << r.out;
+  PolicyRun e = RunPolicy({"--elastic_ranks=1-2"},
+                          {"--die_ranks=1", "--die_exit=3"}, {"job failed"});
+  EXPECT_EQ(e.code, 3) << e.out;
+  EXPECT_TRUE(absl::StrContains(
+      e.out,
+      "job stopped (an elastic rank that exited with an error, not a signal)"))
+      << e.out;
+}
+
+// Across two nodes: node 1's elastic rank 3 is lost, node 1's launcher
+// reports it, and both nodes finish with 0 (the attempt is done once every
+// other worker of both nodes exited 0).
+TEST(FailurePolicy, AnElasticRankLostOnAnotherNodeDoesNotStopTheJob) {
+  HeldPort port;
+  ASSERT_NE(port.port(), 0);
+  std::vector<std::unique_ptr<Subprocess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    auto p = Subprocess::Spawn(
+        {RunfilePath("tools/launcher/ferry_run"), "--nnodes=2",
+         absl::StrCat("--node_rank=", n), "--nproc_per_node=2",
+         absl::StrCat("--master_port=", port.port()), "--elastic_ranks=2-3",
+         "--grace_s=2", "--timeout_s=60", "--",
+         RunfilePath("tests/multihost/policy_worker"), "--die_ranks=3"},
+        SpawnOptions().PipeStdin().CaptureStdout().MergeStderr());
+    ASSERT_TRUE(p.ok()) << p.status();
+    nodes.push_back(*std::move(p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  // Node 1 closes its workers' stdin once its loss is reported; node 0's
+  // once its workers run (they then finish: the order does not matter).
+  std::string out1 = nodes[1]->ReadUntil(deadline, [](const std::string& t) {
+    return absl::StrContains(t, "reported (elastic rank)");
+  });
+  nodes[1]->CloseStdin();
+  nodes[0]->CloseStdin();
+  std::string out0 = nodes[0]->ReadAll(deadline);
+  out1 += nodes[1]->ReadAll(deadline);
+  absl::StatusOr<int> code0 = nodes[0]->Wait(deadline);
+  absl::StatusOr<int> code1 = nodes[1]->Wait(deadline);
+  ASSERT_TRUE(code0.ok() && code1.ok()) << out0 << out1;
+  EXPECT_EQ(*code0, 0) << out0;
+  EXPECT_EQ(*code1, 0) << out1;
+  EXPECT_TRUE(absl::StrContains(out0, "[0]: rank 0 done")) << out0;
+  EXPECT_TRUE(absl::StrContains(out0, "[1]: rank 1 done")) << out0;
+  EXPECT_TRUE(absl::StrContains(out1, "[2]: rank 2 done")) << out1;
+  EXPECT_TRUE(absl::StrContains(
+      out1, "ferry_run: summary: node 1: rank 3 (pid "))
+      << out1;
+  EXPECT_FALSE(absl::StrContains(out0, "ferry_run: summary:")) << out0;
+  EXPECT_TRUE(absl::StrContains(out0, "all 4 workers finished")) << out0;
+}
+
+TEST(FailurePolicy, BadPolicyFlagsAreRefused) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {{"--elastic_ranks=1-x", "--", "/bin/true"}, "is not a rank or a range"},
+      {{"--elastic_ranks=3-1", "--", "/bin/true"}, "is not a rank or a range"},
+      {{"--elastic_ranks=1-2", "--restart_ranks=2", "--rank_restarts=1", "--",
+        "/bin/true"},
+       "rank 2 is in both"},
+      {{"--rank_restarts=1", "--", "/bin/true"}, "needs --restart_ranks"},
+      {{"--restart-ranks=0", "--", "/bin/true"}, "needs --rank_restarts"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run")};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto [code, out] = RunCommand(argv, {}, absl::Seconds(20));
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_TRUE(absl::StrContains(out, c.says)) << out;
+  }
 }
 
 }  // namespace

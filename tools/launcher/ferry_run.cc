@@ -3,10 +3,13 @@
 //   ferry_run [--nnodes N --node_rank K] --nproc_per_node P
 //             [--master_addr H --master_port PORT | --rdzv_endpoint H:PORT |
 //              --standalone] [--max_restarts R] [--timeout_s S]
-//             [--grace_s G] [--rdzv_timeout_s T] [--] program [args...]
+//             [--grace_s G] [--rdzv_timeout_s T]
+//             [--elastic_ranks A-B[,C...]]
+//             [--restart_ranks A-B[,C...] --rank_restarts N]
+//             [--] program [args...]
 //
 // torchrun's spellings work too (--nproc-per-node, --node-rank,
-// --master-addr, --max-restarts...), --nproc is the old name of
+// --master-addr, --max-restarts, --elastic-ranks...), --nproc is the old name of
 // --nproc_per_node, and the "--" before the program may be left out.
 //
 // Node 0 hosts the job's TCPStore (libuv server) on master_addr:master_port
@@ -39,6 +42,25 @@
 //   - --timeout_s passes or the launcher gets SIGINT/SIGTERM: "fail" (no
 //     restart); the store host lost: the launcher stops its workers and
 //     exits 1 naming the store.
+//
+// Failure policy (docs/design/fault_tolerance.md), per global rank; ranks
+// are lists of A or A-B, comma-separated; the two lists must not overlap:
+//   - --elastic_ranks: a worker there killed by a signal is "lost": the
+//     launcher reports it (a line naming rank, signal and the seconds since
+//     the launcher started) and the job goes on without it; the attempt is
+//     "done" when every other worker exited 0. A non-zero exit code is the
+//     worker's own verdict (e.g. a target not reached) and still stops all.
+//   - --restart_ranks with --rank_restarts N: a worker there that fails
+//     (signal or non-zero exit) is started again alone, with the same RANK
+//     and environment plus FERRY_RUN_RESTART=k (k-th restart of that rank
+//     in this generation; 0 at first start), up to N times; the others keep
+//     running. After N restarts its next failure stops all, as today.
+//   - every other rank: a failure stops all (or restarts the job with
+//     --max_restarts), as above.
+// Each launcher ends with one "ferry_run: summary: ..." line per failure
+// of its workers (rank, signal or exit code, seconds since start, what was
+// done: "reported", "restarted k of N", "job stopped"). The exit status is
+// 0 when the job succeeded (lost elastic workers included), else as above.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -52,6 +74,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,7 +86,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ferry/common/host_address.h"
@@ -91,6 +116,13 @@ ABSL_FLAG(int, timeout_s, 0, "kill the job after this many seconds (0: never)");
 ABSL_FLAG(int, grace_s, 5, "seconds between SIGTERM and SIGKILL when stopping");
 ABSL_FLAG(int, rdzv_timeout_s, 300,
           "seconds to wait for every node to join an attempt");
+ABSL_FLAG(std::string, elastic_ranks, "",
+          "ranks (A-B[,C...]) whose death by a signal is reported, not fatal");
+ABSL_FLAG(std::string, restart_ranks, "",
+          "ranks (A-B[,C...]) restarted alone when they fail "
+          "(--rank_restarts times)");
+ABSL_FLAG(int, rank_restarts, 0,
+          "restarts of each --restart_ranks worker per generation");
 
 namespace ferry {
 namespace {
@@ -101,7 +133,8 @@ void OnSignal(int sig) { g_signal = sig; }
 constexpr char kUsage[] =
     "usage: ferry_run [--nnodes N --node_rank K] --nproc_per_node P "
     "[--master_addr H --master_port PORT | --rdzv_endpoint H:PORT | "
-    "--standalone] [--max_restarts R] [--] program [args...]";
+    "--standalone] [--max_restarts R] [--elastic_ranks A-B[,C]] "
+    "[--restart_ranks A-B[,C] --rank_restarts N] [--] program [args...]";
 
 struct Config {
   int nnodes = 1;
@@ -113,6 +146,9 @@ struct Config {
   absl::Duration timeout = absl::InfiniteDuration();
   absl::Duration grace;
   absl::Duration rdzv_timeout;
+  std::set<int> elastic_ranks;  // Lost by a signal: reported.
+  std::set<int> restart_ranks;  // Failed: restarted alone, rank_restarts times.
+  int rank_restarts = 0;
   std::vector<char*> program;  // Null-terminated.
 };
 
@@ -182,6 +218,26 @@ absl::Status ParseEndpoint(absl::string_view endpoint, Config* c) {
   return absl::OkStatus();
 }
 
+// "1-3,5" -> {1, 2, 3, 5}.
+absl::StatusOr<std::set<int>> ParseRanks(absl::string_view flag,
+                                         absl::string_view text) {
+  std::set<int> ranks;
+  if (text.empty()) return ranks;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
+    int lo = -1, hi = -1;
+    bool ok = ends.size() <= 2 && absl::SimpleAtoi(ends.front(), &lo) &&
+              absl::SimpleAtoi(ends.back(), &hi);
+    ok = ok && lo >= 0 && lo <= hi && hi - lo <= 1000000;
+    if (!ok) {
+      return Usage(absl::StrCat("--", flag, " '", text, "': '", part,
+                                "' is not a rank or a range A-B of ranks"));
+    }
+    for (int r = lo; r <= hi; ++r) ranks.insert(r);
+  }
+  return ranks;
+}
+
 absl::StatusOr<Config> ReadConfig(std::vector<char*> program) {
   Config c;
   c.program = std::move(program);
@@ -234,6 +290,29 @@ absl::StatusOr<Config> ReadConfig(std::vector<char*> program) {
   if (timeout_s > 0) c.timeout = absl::Seconds(timeout_s);
   c.grace = absl::Seconds(absl::GetFlag(FLAGS_grace_s));
   c.rdzv_timeout = absl::Seconds(absl::GetFlag(FLAGS_rdzv_timeout_s));
+  absl::StatusOr<std::set<int>> elastic =
+      ParseRanks("elastic_ranks", absl::GetFlag(FLAGS_elastic_ranks));
+  if (!elastic.ok()) return elastic.status();
+  absl::StatusOr<std::set<int>> restart =
+      ParseRanks("restart_ranks", absl::GetFlag(FLAGS_restart_ranks));
+  if (!restart.ok()) return restart.status();
+  c.elastic_ranks = *std::move(elastic);
+  c.restart_ranks = *std::move(restart);
+  c.rank_restarts = absl::GetFlag(FLAGS_rank_restarts);
+  for (int r : c.elastic_ranks) {
+    if (c.restart_ranks.count(r) > 0) {
+      return Usage(absl::StrCat("rank ", r,
+                                " is in both --elastic_ranks and "
+                                "--restart_ranks"));
+    }
+  }
+  if (c.rank_restarts < 0) return Usage("--rank_restarts must be >= 0");
+  if (c.rank_restarts > 0 && c.restart_ranks.empty()) {
+    return Usage("--rank_restarts needs --restart_ranks");
+  }
+  if (!c.restart_ranks.empty() && c.rank_restarts == 0) {
+    return Usage("--restart_ranks needs --rank_restarts N (N >= 1)");
+  }
   return c;
 }
 
@@ -262,11 +341,18 @@ std::string Describe(int status) {
 struct Child {
   int rank = 0;
   pid_t pid = -1;
-  int out_fd = -1;
-  int err_fd = -1;
-  std::string out_buf, err_buf;
   bool exited = false;
   int status = 0;
+  int restarts = 0;  // FERRY_RUN_RESTART of this process.
+  bool lost = false;  // Its death was reported (--elastic_ranks).
+};
+
+// One output pipe of a child (kept after the child's restart until EOF).
+struct Stream {
+  int rank = 0;
+  int fd = -1;
+  bool is_err = false;
+  std::string buf;
 };
 
 // Forwards complete lines from `buf`, prefixed; `flush` forwards the rest.
@@ -299,94 +385,65 @@ class LocalGroup {
       : config_(config), assignment_(a) {}
   ~LocalGroup() {
     for (Child& c : children_) {
-      if (!c.exited) {
+      if (!c.exited && c.pid > 0) {
         kill(c.pid, SIGKILL);
         waitpid(c.pid, nullptr, 0);
       }
-      if (c.out_fd >= 0) close(c.out_fd);
-      if (c.err_fd >= 0) close(c.err_fd);
+    }
+    for (Stream& s : streams_) {
+      if (s.fd >= 0) close(s.fd);
     }
   }
 
   absl::Status Spawn(int port) {
+    port_ = port;
     children_.resize(config_.nproc);
     for (int l = 0; l < config_.nproc; ++l) {
-      // Built before fork: the child of a threaded process only execs.
-      std::vector<std::string> env =
-          ChildEnv(assignment_.first_rank + l, l, port);
-      std::vector<char*> envp;
-      for (std::string& e : env) envp.push_back(e.data());
-      envp.push_back(nullptr);
-      int out[2], err[2];
-      if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-        return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-      }
-      const int rank = assignment_.first_rank + l;
-      pid_t pid = fork();
-      if (pid < 0) {
-        return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-      }
-      if (pid == 0) {
-        dup2(out[1], STDOUT_FILENO);
-        dup2(err[1], STDERR_FILENO);
-        execvpe(config_.program[0], config_.program.data(), envp.data());
-        std::fprintf(stderr, "ferry_run: cannot exec %s: %s\n",
-                     config_.program[0], strerror(errno));
-        _exit(127);
-      }
-      close(out[1]);
-      close(err[1]);
-      Child& c = children_[l];
-      c.rank = rank;
-      c.pid = pid;
-      c.out_fd = out[0];
-      c.err_fd = err[0];
+      children_[l].rank = assignment_.first_rank + l;
+      absl::Status s = SpawnOne(l, /*restarts=*/0);
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
+  // Starts the worker of `child` (an exited failed one) again alone, as
+  // FERRY_RUN_RESTART=restarts + 1. Its old pipes drain until EOF.
+  absl::Status Restart(const Child& child) {
+    const int l = child.rank - assignment_.first_rank;
+    return SpawnOne(l, children_[l].restarts + 1);
+  }
+
   // Forwards output for up to `wait` and reaps exited children. Returns the
-  // first child that failed in this call, if any.
-  const Child* Pump(absl::Duration wait) {
+  // children that failed in this call, in rank order.
+  std::vector<Child*> Pump(absl::Duration wait) {
     std::vector<pollfd> fds;
-    std::vector<std::pair<Child*, bool>> owners;  // (child, is_stderr)
-    for (Child& c : children_) {
-      if (c.out_fd >= 0) {
-        fds.push_back({c.out_fd, POLLIN, 0});
-        owners.push_back({&c, false});
-      }
-      if (c.err_fd >= 0) {
-        fds.push_back({c.err_fd, POLLIN, 0});
-        owners.push_back({&c, true});
-      }
-    }
+    for (Stream& s : streams_) fds.push_back({s.fd, POLLIN, 0});
     poll(fds.data(), fds.size(), absl::ToInt64Milliseconds(wait));
     for (size_t i = 0; i < fds.size(); ++i) {
       if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-      Child* c = owners[i].first;
-      const bool is_err = owners[i].second;
-      int& fd = is_err ? c->err_fd : c->out_fd;
-      std::string& buf = is_err ? c->err_buf : c->out_buf;
-      const int to = is_err ? STDERR_FILENO : STDOUT_FILENO;
+      Stream& s = streams_[i];
+      const int to = s.is_err ? STDERR_FILENO : STDOUT_FILENO;
       char chunk[65536];
-      ssize_t n = read(fd, chunk, sizeof(chunk));
+      ssize_t n = read(s.fd, chunk, sizeof(chunk));
       if (n > 0) {
-        buf.append(chunk, static_cast<size_t>(n));
-        EmitLines(c->rank, &buf, to, false);
+        s.buf.append(chunk, static_cast<size_t>(n));
+        EmitLines(s.rank, &s.buf, to, false);
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        EmitLines(c->rank, &buf, to, true);
-        close(fd);
-        fd = -1;
+        EmitLines(s.rank, &s.buf, to, true);
+        close(s.fd);
+        s.fd = -1;
       }
     }
-    const Child* failed = nullptr;
+    std::erase_if(streams_, [](const Stream& s) { return s.fd < 0; });
+    std::vector<Child*> failed;
     for (Child& c : children_) {
       int status;
-      if (c.exited || waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      if (c.exited || c.pid <= 0 || waitpid(c.pid, &status, WNOHANG) != c.pid)
+        continue;
       c.exited = true;
       c.status = status;
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) {
-        failed = &c;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        failed.push_back(&c);
       }
     }
     return failed;
@@ -408,19 +465,66 @@ class LocalGroup {
   }
   bool AllExited() const {
     for (const Child& c : children_) {
-      if (!c.exited || c.out_fd >= 0 || c.err_fd >= 0) return false;
+      if (c.pid > 0 && !c.exited) return false;  // pid -1: never started.
     }
-    return true;
+    return streams_.empty();
   }
 
  private:
+  absl::Status SpawnOne(int l, int restarts) {
+    const int rank = assignment_.first_rank + l;
+    // Built before fork: the child of a threaded process only execs.
+    std::vector<std::string> env = ChildEnv(rank, l, port_, restarts);
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank, ": pipe: ", strerror(errno)));
+    }
+    if (pipe2(err, O_CLOEXEC) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return absl::InternalError(
+          absl::StrCat("rank ", rank, ": pipe: ", strerror(errno)));
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+      return absl::InternalError(
+          absl::StrCat("rank ", rank, ": fork: ", strerror(errno)));
+    }
+    if (pid == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+      execvpe(config_.program[0], config_.program.data(), envp.data());
+      std::fprintf(stderr, "ferry_run: cannot exec %s: %s\n",
+                   config_.program[0], strerror(errno));
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    Child& c = children_[l];
+    c.rank = rank;
+    c.pid = pid;
+    c.exited = false;
+    c.status = 0;
+    c.restarts = restarts;
+    c.lost = false;
+    streams_.push_back({rank, out[0], false, ""});
+    streams_.push_back({rank, err[0], true, ""});
+    return absl::OkStatus();
+  }
+
   // Thread pools that default to a thread per core: one each per worker
   // when several share the node (see the top of this file).
   static constexpr const char* kOneThreadVars[] = {"OMP_NUM_THREADS",
                                                    "OPENBLAS_NUM_THREADS"};
 
   // The launcher's environment with the job's variables set.
-  std::vector<std::string> ChildEnv(int rank, int local_rank, int port) const {
+  std::vector<std::string> ChildEnv(int rank, int local_rank, int port,
+                                    int restarts) const {
     const std::pair<const char*, std::string> vars[] = {
         {"RANK", std::to_string(rank)},
         {"LOCAL_RANK", std::to_string(local_rank)},
@@ -432,6 +536,7 @@ class LocalGroup {
         {"MASTER_PORT", std::to_string(port)},
         {"FERRY_USE_AGENT_STORE", "1"},
         {"FERRY_RUN_GENERATION", std::to_string(assignment_.generation)},
+        {"FERRY_RUN_RESTART", std::to_string(restarts)},
     };
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -456,6 +561,8 @@ class LocalGroup {
   const Config& config_;
   const Assignment assignment_;
   std::vector<Child> children_;
+  std::vector<Stream> streams_;  // Open output pipes, of children old and new.
+  int port_ = 0;
   absl::Time kill_at_ = absl::InfiniteFuture();
 };
 
@@ -615,17 +722,79 @@ class Launcher {
       }
       Acknowledge(generation);
       if (e.kind == Ending::kDone) {
-        std::fprintf(stderr, "ferry_run: all %d workers finished\n",
-                     a->world_size);
+        std::fprintf(stderr, "ferry_run: all %d workers finished%s\n",
+                     a->world_size,
+                     summary_.empty()
+                         ? ""
+                         : absl::StrCat(" (", summary_.size(),
+                                        " failure(s) handled by the policy)")
+                               .c_str());
+        PrintSummary();
         return 0;
       }
       std::fprintf(stderr, "ferry_run: job failed (%s)\n", e.why.c_str());
+      PrintSummary();
       return e.exit_code;
     }
     return Die("restarted more often than --max_restarts allows");
   }
 
  private:
+  // Seconds since this launcher started.
+  double Since() const { return absl::ToDoubleSeconds(absl::Now() - start_); }
+
+  // An event of the failure policy: printed now and in the summary.
+  void Record(const std::string& event) {
+    std::fprintf(stderr, "ferry_run: node %d: %s\n", c_.node_rank,
+                 event.c_str());
+    summary_.push_back(event);
+  }
+  void PrintSummary() const {
+    for (const std::string& e : summary_) {
+      std::fprintf(stderr, "ferry_run: summary: node %d: %s\n", c_.node_rank,
+                   e.c_str());
+    }
+  }
+
+  // Why a failure of `child` was not covered by the policy ("" when its
+  // rank has none).
+  std::string PolicyNote(const Child& child) const {
+    if (c_.elastic_ranks.count(child.rank) > 0) {
+      return " (an elastic rank that exited with an error, not a signal)";
+    }
+    if (c_.restart_ranks.count(child.rank) > 0) {
+      return absl::StrCat(" (restart budget of ", c_.rank_restarts,
+                          " spent)");
+    }
+    return "";
+  }
+
+  // Applies --elastic_ranks / --restart_ranks to `failed` (`what` describes
+  // its death); false when the policy does not cover it (stop-all).
+  bool ApplyPolicy(LocalGroup& group, Child& failed, const std::string& what) {
+    if (c_.elastic_ranks.count(failed.rank) > 0 &&
+        WIFSIGNALED(failed.status)) {
+      failed.lost = true;
+      Record(absl::StrCat(what, ": reported (elastic rank), the job goes on"));
+      return true;
+    }
+    if (c_.restart_ranks.count(failed.rank) > 0 &&
+        failed.restarts < c_.rank_restarts) {
+      const int k = failed.restarts + 1;
+      absl::Status s = group.Restart(failed);
+      if (!s.ok()) {
+        Record(absl::StrCat(what, ": restart ", k, " of ", c_.rank_restarts,
+                            " failed: ", s.ToString()));
+        return false;
+      }
+      Record(absl::StrCat(what, ": restarted ", k, " of ", c_.rank_restarts,
+                          " (new pid ", failed.pid, ", FERRY_RUN_RESTART=", k,
+                          ")"));
+      return true;
+    }
+    return false;
+  }
+
   int Die(const std::string& why) {
     std::fprintf(stderr, "ferry_run: node %d: %s\n", c_.node_rank, why.c_str());
     return 1;
@@ -663,12 +832,21 @@ class Launcher {
     bool published = false;
     // Bounded: the job's deadline, then grace_s until SIGKILL of every child.
     while (true) {
-      if (const Child* failed = group.Pump(absl::Milliseconds(100));
-          failed != nullptr && !local_failure.has_value()) {
+      for (Child* failed : group.Pump(absl::Milliseconds(100))) {
+        // Deaths after the attempt's end was decided are its consequence.
+        if (local_failure.has_value() || watcher.Get().has_value()) break;
+        const std::string what =
+            absl::StrCat("rank ", failed->rank, " (pid ", failed->pid,
+                         ") died with ", Describe(failed->status), " at ",
+                         absl::StrFormat("%.3f", Since()), " s");
+        if (ApplyPolicy(group, *failed, what)) continue;
         const bool restart = generation < c_.max_restarts;
         local_failure = absl::StrCat(restart ? "restart " : "fail ", "node ",
                                      c_.node_rank, " rank ", failed->rank,
                                      " failed with ", Describe(failed->status));
+        Record(absl::StrCat(what, ": ",
+                            restart ? "job restarted" : "job stopped",
+                            PolicyNote(*failed)));
         if (WIFEXITED(failed->status)) local_code = WEXITSTATUS(failed->status);
         group.Terminate();
       }
@@ -733,6 +911,8 @@ class Launcher {
 
   const Config c_;
   const int port_;
+  const absl::Time start_ = absl::Now();
+  std::vector<std::string> summary_;  // Policy events, in order.
   std::unique_ptr<TcpStore> store_;
 };
 
