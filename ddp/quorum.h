@@ -68,6 +68,7 @@ struct QuorumView {
   int rank = -1;                     // This member's index in `members`.
   // Members that were not in the previous generation (joiners).
   std::vector<std::string> joined;
+  // The number of members.
   int size() const { return static_cast<int>(members.size()); }
 };
 
