@@ -8,9 +8,13 @@ them raises SIGKILL inside backward at --die_at_step. Every worker prints
 each trial reports:
 
   detect_ms   kill -> first survivor's failed step (collective error)
+  form_ms     kill -> last survivor's FORMED (generation 2 committed: the
+              dead member's heartbeat went stale)
   reform_ms   kill -> last survivor's REFORMED (new generation, new group,
               parameters and optimizer state re-broadcast)
   first_ms    kill -> last survivor's first completed step after re-form
+  group_ms    the slowest survivor's creation of the new Gloo group (not
+              counted from the kill)
   steps_lost  steps applied before the kill that were lost (0: the step in
               flight is discarded on every member and redone)
 
@@ -93,6 +97,7 @@ def trial(args, hb_ms, coll_ms):
                                (i, outs[i][0], outs[i][1]))
     failed = [e[2] for e in events if e[0] == "STEP_FAILED"]
     reformed = [e for e in events if e[0] == "REFORMED" and e[3]["gen"] == "2"]
+    formed = [e for e in events if e[0] == "FORMED" and e[3]["gen"] == "2"]
     first = {}
     for name, who, t, f in events:
         if name == "STEP" and f.get("gen") == "2" and who not in first:
@@ -105,12 +110,16 @@ def trial(args, hb_ms, coll_ms):
             any(f[3]["identical"] != "1" for f in finals):
         raise RuntimeError("survivors' final state differs")
     resumed_at = int(reformed[0][3]["step"])
+    group_ms = max(int(e[3].get("group_ms", -1)) for e in reformed)
     return {
         "detect_ms": min(failed) - t_kill,
+        "form_ms": max(e[2] for e in formed) - t_kill,
         "reform_ms": max(e[2] for e in reformed) - t_kill,
         "first_ms": max(first.values()) - t_kill,
         # Steps completed before the kill: die_at_step - 1.
         "steps_lost": (args.die_at_step - 1) - resumed_at,
+        # The slowest survivor's new Gloo group (rendezvous + connect).
+        "group_ms": group_ms,
     }
 
 
@@ -130,7 +139,8 @@ def main():
     for hb in [int(x) for x in args.heartbeat_ms.split(",")]:
         results = [trial(args, hb, args.collective_ms)
                    for _ in range(args.trials)]
-        for key in ("detect_ms", "reform_ms", "first_ms", "steps_lost"):
+        for key in ("detect_ms", "form_ms", "group_ms", "reform_ms",
+                    "first_ms", "steps_lost"):
             vals = [r[key] for r in results]
             rows.append((hb, key, vals))
     print("%-14s %-11s %8s %8s %8s  %s" %

@@ -191,13 +191,13 @@ class Trainer {
     return all;
   }
 
-  void Announce(absl::string_view event) {
+  void Announce(absl::string_view event, absl::string_view extra = "") {
     const ddp::QuorumView& v = quorum_->view();
     Say(event, absl::StrCat("gen=", v.generation, " rank=", v.rank,
                             " size=", v.size(), " step=", step_,
                             " members=", absl::StrJoin(v.members, ","),
                             " joined=", absl::StrJoin(v.joined, ","),
-                            " hash=", Fingerprint(State())));
+                            " hash=", Fingerprint(State()), extra));
   }
 
   ddp::CommHook KillingHook() {
@@ -311,6 +311,8 @@ class Trainer {
       // Discard or a joiner waits: the next generation.
       absl::StatusOr<ddp::QuorumView> next = quorum_->Form(1);
       if (!next.ok()) return Refused(next.status());
+      Say("FORMED", absl::StrCat("gen=", next->generation,
+                                 " size=", next->size()));
       absl::Status s = Reform(*next);
       if (!s.ok()) {
         // The DDP keeps its broken reducer: the next step fails on every
@@ -319,7 +321,7 @@ class Trainer {
                                           " error=", s.ToString()));
         continue;
       }
-      Announce("REFORMED");
+      Announce("REFORMED", reform_timing_);
     }
     if (step_ < steps)
       return Fail(absl::DeadlineExceededError(absl::StrCat(
@@ -336,10 +338,17 @@ class Trainer {
   absl::Status Reform(const ddp::QuorumView& view) {
     // Drop our handle on the old group first: the DDP releases the rest.
     pg_.reset();
+    const absl::Time t0 = absl::Now();
     ASSIGN_OR_RETURN(std::shared_ptr<c10d::ProcessGroup> pg, MakeGroup(view));
+    const absl::Time t1 = absl::Now();
     RETURN_IF_ERROR(ddp_->Reconfigure(pg));
+    const absl::Time t2 = absl::Now();
     RETURN_IF_ERROR(SyncState(*pg));
     pg_ = std::move(pg);
+    reform_timing_ = absl::StrCat(
+        " group_ms=", absl::ToInt64Milliseconds(t1 - t0),
+        " reconfigure_ms=", absl::ToInt64Milliseconds(t2 - t1),
+        " state_ms=", absl::ToInt64Milliseconds(absl::Now() - t2));
     return absl::OkStatus();
   }
 
@@ -355,6 +364,7 @@ class Trainer {
   int64_t step_ = 0;
   std::atomic<int64_t> current_step_{0};
   bool stopped_ = false;
+  std::string reform_timing_;  // Where the last Reform's time went.
 };
 
 }  // namespace
