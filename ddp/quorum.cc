@@ -1,6 +1,15 @@
 #include "ferry/ddp/quorum.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -24,6 +33,62 @@ StepVerdict ParseVerdict(absl::string_view v) {
   if (v == kApply) return StepVerdict::kApply;
   if (v == kReform) return StepVerdict::kApplyAndReform;
   return StepVerdict::kDiscard;
+}
+
+// A non-blocking IPv4 TCP socket, or -1.
+int NonBlockingSocket() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return fd;
+}
+
+// Listens on host:0; returns the fd and sets *port.
+absl::StatusOr<int> Listen(const std::string& host, int* port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quorum: probe_host '", host, "' is not an IPv4 address"));
+  int fd = NonBlockingSocket();
+  if (fd < 0)
+    return absl::InternalError(
+        absl::StrCat("quorum: probe socket: ", std::strerror(errno)));
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd, 64) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat(
+        "quorum: probe listener on ", host, ": ", std::strerror(err)));
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+// Whether a connect() to host:port is refused within `timeout`.
+bool Refused(const std::string& host, int port, absl::Duration timeout) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;
+  int fd = NonBlockingSocket();
+  if (fd < 0) return false;
+  int err = 0;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+      if (poll(&p, 1, ms) == 1) {
+        socklen_t len = sizeof(err);
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = 0;
+      } else {
+        err = 0;  // No answer in time: decides nothing.
+      }
+    }
+  }
+  close(fd);
+  return err == ECONNREFUSED;
 }
 
 }  // namespace
@@ -56,6 +121,13 @@ absl::StatusOr<std::unique_ptr<Quorum>> Quorum::Create(
   RETURN_IF_ERROR(q->heartbeat_store_->Set(
       q->Key(absl::StrCat("hb/", q->id_)),
       absl::StrCat(absl::ToUnixMillis(absl::Now()))));
+  if (!q->options_.probe_host.empty()) {
+    int port = 0;
+    ASSIGN_OR_RETURN(q->probe_fd_, Listen(q->options_.probe_host, &port));
+    RETURN_IF_ERROR(q->store_->Set(q->Key(absl::StrCat("probe/", q->id_)),
+                                   absl::StrCat(q->options_.probe_host, ":",
+                                                port)));
+  }
   q->heartbeat_ = std::thread([raw = q.get()] { raw->HeartbeatLoop(); });
   return q;
 }
@@ -75,6 +147,31 @@ Quorum::~Quorum() {
     cv_.SignalAll();
   }
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (probe_fd_ >= 0) close(probe_fd_);
+}
+
+void Quorum::DrainProbe() {
+  if (probe_fd_ < 0) return;
+  for (int i = 0; i < 64; ++i) {  // Bounded: at most the backlog.
+    int c = accept4(probe_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;  // EAGAIN: none pending.
+    close(c);
+  }
+}
+
+absl::StatusOr<bool> Quorum::Gone(const std::string& member) {
+  if (options_.probe_host.empty()) return false;
+  const std::string key = Key(absl::StrCat("probe/", member));
+  ASSIGN_OR_RETURN(bool exists, store_->Check({key}));
+  if (!exists) return false;
+  ASSIGN_OR_RETURN(std::string v, store_->Get(key));
+  const size_t colon = v.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(v).substr(colon + 1), &port))
+    return absl::DataLossError(
+        absl::StrCat("quorum: probe key '", key, "' holds '", v, "'"));
+  return Refused(v.substr(0, colon), port, options_.probe_timeout);
 }
 
 void Quorum::HeartbeatLoop() {
@@ -86,6 +183,7 @@ void Quorum::HeartbeatLoop() {
       if (!stopping_) cv_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
       if (stopping_) return;
     }
+    DrainProbe();
     absl::Status s = heartbeat_store_->Set(
         key, absl::StrCat(absl::ToUnixMillis(absl::Now())));
     if (!s.ok()) {
@@ -189,9 +287,10 @@ absl::StatusOr<bool> Quorum::TryPropose(int64_t generation, int min_size,
     ASSIGN_OR_RETURN(bool wants, Wants(generation, m));
     if (wants) {
       list.push_back(m);
-    } else {
-      awaited->push_back(m);  // Alive, not there yet: wait for it.
+      continue;
     }
+    ASSIGN_OR_RETURN(bool gone, Gone(m));
+    if (!gone) awaited->push_back(m);  // Alive, not there yet: wait for it.
   }
   if (!awaited->empty()) return false;
   ASSIGN_OR_RETURN(std::vector<std::string> joiners, Joiners());
@@ -360,8 +459,11 @@ absl::StatusOr<StepVerdict> Quorum::Commit(int64_t step, bool ok) {
     ASSIGN_OR_RETURN(bool failed, store_->Check({fail_key}));
     if (failed) return decide(kDiscard);
     for (const std::string& m : view_.members) {
+      if (m == id_) continue;
       ASSIGN_OR_RETURN(bool alive, Alive(m));
       if (!alive) return decide(kDiscard);
+      ASSIGN_OR_RETURN(bool gone, Gone(m));
+      if (gone) return decide(kDiscard);
     }
     if (absl::Now() >= deadline)
       return absl::DeadlineExceededError(absl::StrCat(

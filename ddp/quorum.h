@@ -7,7 +7,8 @@
 //
 // Each member heartbeats (a thread sets "<prefix>hb/<id>" to its wall time
 // in ms every heartbeat_interval); a member whose heartbeat is older than
-// heartbeat_timeout is dead. Form(g+1): every participant posts
+// heartbeat_timeout, or whose probe refuses (probe_host), is dead.
+// Form(g+1): every participant posts
 // "want/<id>" under g+1; the proposer (the first live member of g in rank
 // order, else the first live joiner) waits until every live member of g has
 // posted, then commits the member list with CompareSet (first proposal
@@ -59,6 +60,15 @@ struct QuorumOptions {
   absl::Duration form_timeout = absl::Seconds(60);
   // Bounds one Commit call.
   absl::Duration commit_timeout = absl::Seconds(60);
+  // Liveness probe (off when empty): an IPv4 address this member's
+  // listening socket binds (port 0) and is published at, e.g. "127.0.0.1"
+  // for a job on one host. A peer whose connect() to it is refused has
+  // exited (the kernel closed the socket), so it is dead at once instead of
+  // after heartbeat_timeout. A stalled process still accepts: for it the
+  // heartbeat decides. Any other probe outcome decides nothing.
+  std::string probe_host;
+  // Bounds one probe's connect().
+  absl::Duration probe_timeout = absl::Milliseconds(200);
 };
 
 // One committed generation as a member sees it.
@@ -127,6 +137,10 @@ class Quorum {
   std::string GenKey(int64_t generation, absl::string_view suffix) const;
   // Whether `member`'s heartbeat is fresh (false when absent).
   absl::StatusOr<bool> Alive(const std::string& member);
+  // Whether `member`'s probe refused a connection (false without a probe).
+  absl::StatusOr<bool> Gone(const std::string& member);
+  // Accepts and closes pending probe connections (heartbeat thread).
+  void DrainProbe();
   // Registered joiners, in arrival order.
   absl::StatusOr<std::vector<std::string>> Joiners();
   // Members of committed generation g (NotFound when not committed).
@@ -144,6 +158,9 @@ class Quorum {
   const QuorumOptions options_;
   QuorumView view_;
   bool registered_as_joiner_ = false;
+  // The probe's listening socket (-1: none); set before the heartbeat
+  // thread starts, closed after it stops.
+  int probe_fd_ = -1;
 
   Mutex mu_;
   CondVar cv_;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -299,6 +300,69 @@ TEST(Quorum, JoinerAdmittedAtNextQuorumAfterAllRanks) {
   EXPECT_EQ(v2[0]->members, jv->members);
   EXPECT_EQ(v2[0]->members[2], "j");
   EXPECT_EQ(v2[0]->joined, (std::vector<std::string>{"j"}));
+}
+
+TEST(Quorum, ProbeFindsAnExitedMemberBeforeItsHeartbeatIsStale) {
+  auto store = std::make_shared<HashStore>();
+  QuorumOptions o = Fast();
+  o.heartbeat_timeout = absl::Seconds(60);  // Only the probe can be quick.
+  o.probe_host = "127.0.0.1";
+  auto a = Make(store, "a", o), b = Make(store, "b", o), c = Make(store, "c", o);
+  ASSERT_TRUE(FormAll({a.get(), b.get(), c.get()}, 3)[0].ok());
+  c.reset();  // Exits: its listener is closed.
+  const absl::Time start = absl::Now();
+  auto v = FormAll({a.get(), b.get()}, 1);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(v[0].ok()) << v[0].status();
+  EXPECT_EQ(v[0]->size(), 2);
+  EXPECT_LT(took, absl::Seconds(10)) << took;
+  // A step with a member gone is discarded at once too.
+  auto d = Make(store, "d", o);
+  auto jv = std::async(std::launch::async, [&] { return d->Form(); });
+  bool pending = false;
+  for (int i = 0; i < 2000 && !pending; ++i) {
+    auto p = a->JoinerPending();
+    ASSERT_TRUE(p.ok());
+    pending = *p;
+    if (!pending) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(pending);
+  ASSERT_TRUE(CommitAll({a.get(), b.get()}, 1, {true, true})[0].ok());
+  ASSERT_TRUE(FormAll({a.get(), b.get()}, 1)[0].ok());
+  ASSERT_TRUE(jv.get().ok());
+  d.reset();
+  const absl::Time t2 = absl::Now();
+  auto verdicts = CommitAll({a.get(), b.get()}, 2, {true, true});
+  for (const auto& x : verdicts) {
+    ASSERT_TRUE(x.ok()) << x.status();
+    EXPECT_EQ(*x, StepVerdict::kDiscard);
+  }
+  EXPECT_LT(absl::Now() - t2, absl::Seconds(10));
+}
+
+TEST(Quorum, ProbeLeavesAStalledMemberToTheHeartbeat) {
+  auto base = std::make_shared<HashStore>();
+  auto paused = std::make_shared<std::atomic<bool>>(false);
+  QuorumOptions o = Fast();
+  o.heartbeat_timeout = absl::Milliseconds(800);
+  o.probe_host = "127.0.0.1";
+  auto a = Make(base, "a", o), b = Make(base, "b", o);
+  auto c = Make(std::make_shared<PausableStore>(base, paused), "c", o);
+  ASSERT_TRUE(FormAll({a.get(), b.get(), c.get()}, 3)[0].ok());
+  *paused = true;  // Stalled, but its process (and listener) lives.
+  const absl::Time start = absl::Now();
+  auto v = FormAll({a.get(), b.get()}, 1);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(v[0].ok()) << v[0].status();
+  EXPECT_EQ(v[0]->size(), 2);
+  // Not before its heartbeat went stale (last beat <= 20 ms before).
+  EXPECT_GE(took, absl::Milliseconds(700)) << took;
+}
+
+TEST(Quorum, ProbeHostMustBeIpv4) {
+  QuorumOptions o = Fast();
+  o.probe_host = "localhost";
+  EXPECT_FALSE(Quorum::Create(std::make_shared<HashStore>(), "a", o).ok());
 }
 
 TEST(Quorum, FormIsBoundedAndNamesGeneration) {

@@ -62,7 +62,7 @@ def start_store(store_bin):
     raise RuntimeError("ferry_store did not report its port")
 
 
-def trial(args, hb_ms, coll_ms):
+def trial(args, hb_ms, coll_ms, probe):
     store, port = start_store(args.store)
     procs = []
     try:
@@ -70,7 +70,8 @@ def trial(args, hb_ms, coll_ms):
             argv = [args.worker, "--port=%d" % port, "--id=w%d" % i,
                     "--min_size=%d" % args.world, "--steps=%d" % args.steps,
                     "--heartbeat_timeout_ms=%d" % hb_ms,
-                    "--collective_timeout_ms=%d" % coll_ms]
+                    "--collective_timeout_ms=%d" % coll_ms,
+                    "--probe=%s" % ("true" if probe else "false")]
             if i == args.victim:
                 argv.append("--die_at_step=%d" % args.die_at_step)
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
@@ -132,26 +133,31 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--die_at_step", type=int, default=10)
     ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--heartbeat_ms", default="5000,2000,1000")
+    # Heartbeat timeouts; "+probe" adds the liveness probe (QuorumOptions::
+    # probe_host) to that configuration.
+    ap.add_argument("--heartbeat_ms", default="5000+probe,5000,2000,1000")
     ap.add_argument("--collective_ms", type=int, default=5000)
     args = ap.parse_args()
     rows = []
-    for hb in [int(x) for x in args.heartbeat_ms.split(",")]:
-        results = [trial(args, hb, args.collective_ms)
+    for conf in args.heartbeat_ms.split(","):
+        probe = conf.endswith("+probe")
+        hb = int(conf.replace("+probe", ""))
+        results = [trial(args, hb, args.collective_ms, probe)
                    for _ in range(args.trials)]
         for key in ("detect_ms", "form_ms", "group_ms", "reform_ms",
                     "first_ms", "steps_lost"):
             vals = [r[key] for r in results]
-            rows.append((hb, key, vals))
+            rows.append((conf, key, vals))
     print("%-14s %-11s %8s %8s %8s  %s" %
           ("heartbeat_ms", "figure", "median", "min", "max", "trials"))
     for hb, key, vals in rows:
-        print("%-14d %-11s %8d %8d %8d  %s" %
+        print("%-14s %-11s %8d %8d %8d  %s" %
               (hb, key, statistics.median(vals), min(vals), max(vals), vals))
     for hb, key, vals in rows:
         print(json.dumps({
             "bench": "ddp_reform", "world": args.world,
-            "heartbeat_timeout_ms": hb,
+            "heartbeat_timeout_ms": int(hb.replace("+probe", "")),
+            "probe": hb.endswith("+probe"),
             "collective_timeout_ms": args.collective_ms, "figure": key,
             "median": statistics.median(vals), "min": min(vals),
             "max": max(vals), "trials": vals}))

@@ -4,8 +4,11 @@
 //    finish the epoch with bit-identical state; a replacement joins at the
 //    next quorum, receives parameters and optimizer state from a live peer
 //    and matches them bit for bit.
-//  - a rank SIGSTOPped is treated as dead (heartbeat timeout); SIGCONTed it
-//    is refused as a stale member and the survivors' state is untouched.
+//  - the same with the liveness probe and a 60 s heartbeat timeout: the dead
+//    rank is found by the probe, long before its heartbeat goes stale.
+//  - a rank SIGSTOPped is treated as dead (heartbeat timeout; the probe is
+//    on and must not decide); SIGCONTed it is refused as a stale member and
+//    the survivors' state is untouched.
 #include <signal.h>
 
 #include <algorithm>
@@ -208,13 +211,49 @@ TEST_F(FtDdp, SigkillMidBackwardSurvivorsReformAndReplacementMatches) {
   EXPECT_NE(gen3_hash, final_hash);  // Training went on after the join.
 }
 
+// With the liveness probe, a SIGKILLed rank is known dead as soon as its
+// listener is gone: recovery long before a 60 s heartbeat timeout.
+TEST_F(FtDdp, SigkillWithProbeRecoversBeforeHeartbeatTimeout) {
+  constexpr int kSteps = 15;
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::string> extra = {"--min_size=4",
+                                      absl::StrCat("--steps=", kSteps),
+                                      "--probe", "--heartbeat_timeout_ms=60000"};
+    if (i == 3) extra.push_back("--die_at_step=4");
+    workers.push_back(Spawn(absl::StrCat("w", i), extra));
+    ASSERT_NE(workers.back(), nullptr);
+  }
+  const absl::Time start = absl::Now();
+  std::string final_hash;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<int> code = workers[i]->Wait(Deadline());
+    std::string out = workers[i]->ReadAll(Deadline());
+    ASSERT_TRUE(code.ok()) << code.status() << "\n" << out;
+    EXPECT_EQ(*code, 0) << out;
+    const std::vector<Event> ev = Parse(out);
+    const Event* g2 = Find(ev, "REFORMED", "gen", "2");
+    ASSERT_NE(g2, nullptr) << out;
+    EXPECT_EQ(g2->fields.at("size"), "3");
+    const Event* fin = Find(ev, "FINAL");
+    ASSERT_NE(fin, nullptr) << out;
+    EXPECT_EQ(fin->fields.at("identical"), "1");
+    if (final_hash.empty()) final_hash = fin->fields.at("hash");
+    EXPECT_EQ(fin->fields.at("hash"), final_hash) << out;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+  EXPECT_FALSE(workers[3]->Wait(Deadline()).ok());  // Killed.
+}
+
 TEST_F(FtDdp, SigstopStalledRankDeclaredDeadThenRefusedWhenResumed) {
   constexpr int kSteps = 40;
   std::vector<std::unique_ptr<Subprocess>> workers;
   std::vector<std::string> out(4);
   for (int i = 0; i < 4; ++i) {
-    std::vector<std::string> extra = {"--min_size=4",
-                                      absl::StrCat("--steps=", kSteps)};
+    // The probe is on: a stalled process still accepts connections, so
+    // only its heartbeat can show it dead.
+    std::vector<std::string> extra = {
+        "--min_size=4", absl::StrCat("--steps=", kSteps), "--probe"};
     if (i == 2) extra.push_back("--stop_at_step=4");
     workers.push_back(Spawn(absl::StrCat("w", i), extra));
     ASSERT_NE(workers.back(), nullptr);

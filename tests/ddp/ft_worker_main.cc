@@ -46,6 +46,9 @@ ABSL_FLAG(int, hold_until_size, 0, "see --hold_at_step");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 5000, "quorum heartbeat timeout");
 ABSL_FLAG(int64_t, collective_timeout_ms, 5000, "Gloo operation timeout");
 ABSL_FLAG(int64_t, hidden, 32, "hidden width of the MLP");
+ABSL_FLAG(bool, probe, false,
+          "quorum liveness probe on 127.0.0.1 (QuorumOptions::probe_host): "
+          "an exited peer is dead at once, not after the heartbeat timeout");
 ABSL_FLAG(bool, shm, false,
           "let the \"gloo\" backend put shared memory in front of Gloo "
           "(same host); off: Gloo's TCP pairs alone");
@@ -125,6 +128,7 @@ class Trainer {
     ddp::QuorumOptions qo;
     qo.heartbeat_timeout =
         absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
+    if (absl::GetFlag(FLAGS_probe)) qo.probe_host = "127.0.0.1";
     ASSIGN_OR_RETURN(quorum_, ddp::Quorum::Create(store_, g_id, qo));
     coll_timeout_ =
         absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
