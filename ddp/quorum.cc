@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 
 namespace ferry::ddp {
@@ -327,7 +328,8 @@ absl::StatusOr<QuorumView> Quorum::Form(int min_size) {
       registered_as_joiner_ = true;
     }
   }
-  const absl::Time deadline = absl::Now() + options_.form_timeout;
+  const absl::Time started = absl::Now();
+  const absl::Time deadline = started + options_.form_timeout;
   std::vector<std::string> awaited;
   std::string proposer;
   bool posted = false;
@@ -362,11 +364,13 @@ absl::StatusOr<QuorumView> Quorum::Form(int min_size) {
           posted = false;
           continue;
         }
-        return absl::FailedPreconditionError(absl::StrCat(
+        absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
             "quorum: member '", id_, "' of generation ", view_.generation,
             " was left out of generation ", generation, " (key '",
             GenKey(generation, "members"), "' = '", EncodeMembers(*committed),
             "'): stale member refused"));
+        FERRY_LOG(WARNING) << refused.message();
+        return refused;
       }
       QuorumView v;
       v.generation = generation;
@@ -378,6 +382,12 @@ absl::StatusOr<QuorumView> Quorum::Form(int min_size) {
       }
       for (const std::string& m : v.members)
         if (!Contains(prev, m)) v.joined.push_back(m);
+      FERRY_LOG(INFO) << "quorum: member '" << id_ << "' is rank " << v.rank
+                      << " of " << v.size() << " in generation "
+                      << generation << " (members "
+                      << EncodeMembers(v.members) << "; joined "
+                      << EncodeMembers(v.joined) << "; formed in "
+                      << absl::FormatDuration(absl::Now() - started) << ")";
       view_ = std::move(v);
       return view_;
     }
@@ -461,9 +471,18 @@ absl::StatusOr<StepVerdict> Quorum::Commit(int64_t step, bool ok) {
     for (const std::string& m : view_.members) {
       if (m == id_) continue;
       ASSIGN_OR_RETURN(bool alive, Alive(m));
-      if (!alive) return decide(kDiscard);
-      ASSIGN_OR_RETURN(bool gone, Gone(m));
-      if (gone) return decide(kDiscard);
+      bool gone = false;
+      if (alive) {
+        ASSIGN_OR_RETURN(gone, Gone(m));
+      }
+      if (!alive || gone) {
+        FERRY_LOG(WARNING) << "quorum: member '" << m << "' of generation "
+                           << g
+                           << (alive ? " has exited (probe refused)"
+                                     : " missed its heartbeat")
+                           << ": step " << step << " discarded";
+        return decide(kDiscard);
+      }
     }
     if (absl::Now() >= deadline)
       return absl::DeadlineExceededError(absl::StrCat(
