@@ -15,6 +15,9 @@ each trial reports:
   first_ms    kill -> last survivor's first completed step after re-form
   group_ms    the slowest survivor's creation of the new Gloo group (not
               counted from the kill)
+  commit_us   mean time a survivor spent per step in Quorum::Commit (the
+              per-step agreement through the store; includes waiting for
+              the slowest member to finish its backward)
   steps_lost  steps applied before the kill that were lost (0: the step in
               flight is discarded on every member and redone)
 
@@ -119,6 +122,9 @@ def trial(args, hb_ms, coll_ms, probe):
         "first_ms": max(first.values()) - t_kill,
         # Steps completed before the kill: die_at_step - 1.
         "steps_lost": (args.die_at_step - 1) - resumed_at,
+        # Mean time in Quorum::Commit per step, over the survivors.
+        "commit_us": int(statistics.mean(
+            int(f[3]["commit_us_mean"]) for f in finals)),
         # The slowest survivor's new Gloo group (rendezvous + connect).
         "group_ms": group_ms,
     }
@@ -145,7 +151,7 @@ def main():
         results = [trial(args, hb, args.collective_ms, probe)
                    for _ in range(args.trials)]
         for key in ("detect_ms", "form_ms", "group_ms", "reform_ms",
-                    "first_ms", "steps_lost"):
+                    "first_ms", "steps_lost", "commit_us"):
             vals = [r[key] for r in results]
             rows.append((conf, key, vals))
     print("%-14s %-11s %8s %8s %8s  %s" %

@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -288,8 +289,11 @@ class Trainer {
                                         step_ + 1, " error=",
                                         backward.ToString()));
       }
+      const absl::Time commit_start = absl::Now();
       absl::StatusOr<ddp::StepVerdict> verdict =
           quorum_->Commit(step_ + 1, backward.ok());
+      commit_time_ += absl::Now() - commit_start;
+      ++commits_;
       if (!verdict.ok()) return Refused(verdict.status());
       if (*verdict != ddp::StepVerdict::kDiscard) {
         std::vector<Tensor> grads;
@@ -335,6 +339,9 @@ class Trainer {
     const ddp::QuorumView& v = quorum_->view();
     Say("FINAL", absl::StrCat("gen=", v.generation, " size=", v.size(),
                               " step=", step_, " identical=", *same ? 1 : 0,
+                              " commit_us_mean=",
+                              absl::ToInt64Microseconds(commit_time_) /
+                                  std::max<int64_t>(commits_, 1),
                               " hash=", Fingerprint(State())));
     return *same ? 0 : 1;
   }
@@ -369,6 +376,9 @@ class Trainer {
   std::atomic<int64_t> current_step_{0};
   bool stopped_ = false;
   std::string reform_timing_;  // Where the last Reform's time went.
+  // Time spent in Quorum::Commit (the per-step agreement), and calls.
+  absl::Duration commit_time_;
+  int64_t commits_ = 0;
 };
 
 }  // namespace
