@@ -13,7 +13,8 @@
 // Errors: a failed or timed-out collective, or a parameter that got no
 // gradient while find_unused_parameters is off, makes Backward return an
 // error and leaves this DDP broken (every later Backward fails): the
-// ranks' collective sequences are out of step, so make a new group.
+// ranks' collective sequences are out of step, so make a new group and
+// Reconfigure onto it (fault tolerance: docs/design/ddp_quorum.md).
 //
 // Thread safety: one training thread drives a DDP (Forward/Backward/
 // NoSync); Create is collective. The DDP must outlive nothing in particular:
