@@ -5,7 +5,8 @@
 //    next quorum, receives parameters and optimizer state from a live peer
 //    and matches them bit for bit.
 //  - the same with the liveness probe and a 60 s heartbeat timeout: the dead
-//    rank is found by the probe, long before its heartbeat goes stale.
+//    rank is found by the probe, long before its heartbeat goes stale (over
+//    Gloo's TCP pairs, and over shared memory in front of Gloo).
 //  - a rank SIGSTOPped is treated as dead (heartbeat timeout; the probe is
 //    on and must not decide); SIGCONTed it is refused as a stale member and
 //    the survivors' state is untouched.
@@ -80,7 +81,7 @@ const Event* Find(const std::vector<Event>& events, const std::string& name,
 }
 
 class FtDdp : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     TcpStoreServer::Options o;
     o.host = "127.0.0.1";
@@ -104,6 +105,7 @@ class FtDdp : public ::testing::Test {
     return child.ok() ? std::move(*child) : nullptr;
   }
 
+ protected:
   std::unique_ptr<TcpStoreServer> server_;
 };
 
@@ -212,16 +214,18 @@ TEST_F(FtDdp, SigkillMidBackwardSurvivorsReformAndReplacementMatches) {
 }
 
 // With the liveness probe, a SIGKILLed rank is known dead as soon as its
-// listener is gone: recovery long before a 60 s heartbeat timeout.
-TEST_F(FtDdp, SigkillWithProbeRecoversBeforeHeartbeatTimeout) {
+// listener is gone: recovery long before a 60 s heartbeat timeout. `extra`
+// is passed to every worker (e.g. the shared-memory backend).
+void SigkillWithProbe(FtDdp* t, const std::vector<std::string>& extra_all) {
   constexpr int kSteps = 15;
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (int i = 0; i < 4; ++i) {
     std::vector<std::string> extra = {"--min_size=4",
                                       absl::StrCat("--steps=", kSteps),
                                       "--probe", "--heartbeat_timeout_ms=60000"};
+    extra.insert(extra.end(), extra_all.begin(), extra_all.end());
     if (i == 3) extra.push_back("--die_at_step=4");
-    workers.push_back(Spawn(absl::StrCat("w", i), extra));
+    workers.push_back(t->Spawn(absl::StrCat("w", i), extra));
     ASSERT_NE(workers.back(), nullptr);
   }
   const absl::Time start = absl::Now();
@@ -243,6 +247,15 @@ TEST_F(FtDdp, SigkillWithProbeRecoversBeforeHeartbeatTimeout) {
   }
   EXPECT_LT(absl::Now() - start, absl::Seconds(40));
   EXPECT_FALSE(workers[3]->Wait(Deadline()).ok());  // Killed.
+}
+
+TEST_F(FtDdp, SigkillWithProbeRecoversBeforeHeartbeatTimeout) {
+  SigkillWithProbe(this, {});
+}
+
+// The same over the default same-host path: shared memory in front of Gloo.
+TEST_F(FtDdp, SigkillWithProbeOverSharedMemory) {
+  SigkillWithProbe(this, {"--shm"});
 }
 
 TEST_F(FtDdp, SigstopStalledRankDeclaredDeadThenRefusedWhenResumed) {
