@@ -122,6 +122,15 @@ std::vector<absl::StatusOr<QuorumView>> FormAll(
   return out;
 }
 
+// FormAll, and how long it took.
+std::vector<absl::StatusOr<QuorumView>> TimedFormAll(
+    const std::vector<Quorum*>& qs, int min_size, absl::Duration* took) {
+  const absl::Time start = absl::Now();
+  auto views = FormAll(qs, min_size);
+  *took = absl::Now() - start;
+  return views;
+}
+
 std::vector<absl::StatusOr<StepVerdict>> CommitAll(
     const std::vector<Quorum*>& qs, int64_t step, std::vector<bool> ok) {
   std::vector<absl::StatusOr<StepVerdict>> out(qs.size(),
@@ -129,6 +138,21 @@ std::vector<absl::StatusOr<StepVerdict>> CommitAll(
   Parallel(static_cast<int>(qs.size()),
            [&](int i) { out[i] = qs[i]->Commit(step, ok[i]); });
   return out;
+}
+
+// Polls (bounded: 10 s) until `q` sees a joiner waiting for the next
+// generation; the members hold their step until then.
+bool AwaitJoiner(Quorum& q) {
+  for (int i = 0; i < 2000; ++i) {
+    absl::StatusOr<bool> p = q.JoinerPending();
+    if (!p.ok()) {
+      ADD_FAILURE() << p.status();
+      return false;
+    }
+    if (*p) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
 }
 
 TEST(Quorum, EncodeDecode) {
@@ -185,9 +209,8 @@ TEST(Quorum, DeadMemberLeftOutOldOrderKept) {
       survivors[k++] = q->get();
     }
   }
-  const absl::Time start = absl::Now();
-  auto v2 = FormAll({survivors[0], survivors[1]}, 1);
-  const absl::Duration took = absl::Now() - start;
+  absl::Duration took;
+  auto v2 = TimedFormAll({survivors[0], survivors[1]}, 1, &took);
   for (const auto& v : v2) {
     ASSERT_TRUE(v.ok()) << v.status();
     EXPECT_EQ(v->generation, 2);
@@ -275,16 +298,7 @@ TEST(Quorum, JoinerAdmittedAtNextQuorumAfterAllRanks) {
   auto j = Make(store, "j");
   absl::StatusOr<QuorumView> jv = absl::UnknownError("unset");
   std::thread joiner([&] { jv = j->Form(); });
-  // The members hold the step until the joiner's request is visible
-  // (bounded poll on an observable condition).
-  bool pending = false;
-  for (int i = 0; i < 2000 && !pending; ++i) {
-    auto p = a->JoinerPending();
-    ASSERT_TRUE(p.ok()) << p.status();
-    pending = *p;
-    if (!pending) absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(pending);
+  ASSERT_TRUE(AwaitJoiner(*a));
   auto verdicts = CommitAll({a.get(), b.get()}, 1, {true, true});
   for (const auto& v : verdicts) {
     ASSERT_TRUE(v.ok()) << v.status();
@@ -310,23 +324,15 @@ TEST(Quorum, ProbeFindsAnExitedMemberBeforeItsHeartbeatIsStale) {
   auto a = Make(store, "a", o), b = Make(store, "b", o), c = Make(store, "c", o);
   ASSERT_TRUE(FormAll({a.get(), b.get(), c.get()}, 3)[0].ok());
   c.reset();  // Exits: its listener is closed.
-  const absl::Time start = absl::Now();
-  auto v = FormAll({a.get(), b.get()}, 1);
-  const absl::Duration took = absl::Now() - start;
+  absl::Duration took;
+  auto v = TimedFormAll({a.get(), b.get()}, 1, &took);
   ASSERT_TRUE(v[0].ok()) << v[0].status();
   EXPECT_EQ(v[0]->size(), 2);
   EXPECT_LT(took, absl::Seconds(10)) << took;
   // A step with a member gone is discarded at once too.
   auto d = Make(store, "d", o);
   auto jv = std::async(std::launch::async, [&] { return d->Form(); });
-  bool pending = false;
-  for (int i = 0; i < 2000 && !pending; ++i) {
-    auto p = a->JoinerPending();
-    ASSERT_TRUE(p.ok());
-    pending = *p;
-    if (!pending) absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(pending);
+  ASSERT_TRUE(AwaitJoiner(*a));
   ASSERT_TRUE(CommitAll({a.get(), b.get()}, 1, {true, true})[0].ok());
   ASSERT_TRUE(FormAll({a.get(), b.get()}, 1)[0].ok());
   ASSERT_TRUE(jv.get().ok());
@@ -350,9 +356,8 @@ TEST(Quorum, ProbeLeavesAStalledMemberToTheHeartbeat) {
   auto c = Make(std::make_shared<PausableStore>(base, paused), "c", o);
   ASSERT_TRUE(FormAll({a.get(), b.get(), c.get()}, 3)[0].ok());
   *paused = true;  // Stalled, but its process (and listener) lives.
-  const absl::Time start = absl::Now();
-  auto v = FormAll({a.get(), b.get()}, 1);
-  const absl::Duration took = absl::Now() - start;
+  absl::Duration took;
+  auto v = TimedFormAll({a.get(), b.get()}, 1, &took);
   ASSERT_TRUE(v[0].ok()) << v[0].status();
   EXPECT_EQ(v[0]->size(), 2);
   // Not before its heartbeat went stale (last beat <= 20 ms before).

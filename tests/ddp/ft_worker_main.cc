@@ -71,13 +71,15 @@ void Say(absl::string_view event, absl::string_view fields) {
             << std::endl;
 }
 
+// Three linear layers with ReLU between (several DDP buckets).
 std::shared_ptr<nn::Sequential> Mlp(int64_t hidden, uint64_t seed) {
   auto m = std::make_shared<nn::Sequential>();
-  m->Append(std::make_shared<nn::Linear>(kDim, hidden, seed));
-  m->Append(std::make_shared<nn::ReLU>());
-  m->Append(std::make_shared<nn::Linear>(hidden, hidden, seed + 2));
-  m->Append(std::make_shared<nn::ReLU>());
-  m->Append(std::make_shared<nn::Linear>(hidden, kClasses, seed + 4));
+  const int64_t widths[] = {kDim, hidden, hidden, kClasses};
+  for (int i = 0; i < 3; ++i) {
+    if (i > 0) m->Append(std::make_shared<nn::ReLU>());
+    m->Append(
+        std::make_shared<nn::Linear>(widths[i], widths[i + 1], seed + 2 * i));
+  }
   return m;
 }
 
