@@ -491,6 +491,82 @@ TEST(DdpTest, RankDeathFailsTheOthersWithinTimeout) {
   }
 }
 
+// Fault tolerance (docs/design/ddp_quorum.md): after a rank dies, the
+// survivors move their DDP onto a new group of two and train on; the new
+// group's rank 0 parameters win.
+TEST(DdpTest, ReconfigureOntoSurvivorsGroupContinues) {
+  constexpr int kWorld = 3;
+  const absl::Duration timeout = absl::Seconds(3);
+  auto registry = c10d::MakeDefaultBackendRegistry();
+  auto second_store = std::make_shared<HashStore>();
+  absl::Status failed[kWorld], reconfigured[kWorld], again[kWorld];
+  std::vector<std::vector<double>> params(kWorld), grads(kWorld);
+  RunRanks(
+      kWorld,
+      [&](int rank, std::shared_ptr<c10d::ProcessGroup> pg) {
+        auto model = MakeMlp(100 + rank);
+        DdpOptions o;
+        o.timeout = timeout;
+        auto ddp = DistributedDataParallel::Create(model, pg, o);
+        ASSERT_TRUE(ddp.ok()) << ddp.status();
+        auto loss_of = [&](int step, int r, int world) {
+          return autograd::mse_loss(
+              model->Forward(
+                  Inputs(step, world).slice(0, r * kBatch, (r + 1) * kBatch)),
+              Targets(step, world).slice(0, r * kBatch, (r + 1) * kBatch));
+        };
+        if (rank == 2) {  // Dies: its group goes away.
+          ddp->reset();
+          pg.reset();
+          return;
+        }
+        failed[rank] = (*ddp)->Backward(loss_of(0, rank, kWorld));
+        // Rank 1's replica drifts: Reconfigure must restore rank 0's.
+        if (rank == 1) {
+          autograd::NoGradGuard no_grad;
+          for (Tensor p : model->parameters()) p.add_(ones_like(p));
+        }
+        c10d::ProcessGroupOptions po;
+        po.timeout = timeout;
+        po.name = "gen2";
+        auto pg2 = c10d::ProcessGroup::Create(second_store, rank, 2, registry,
+                                              po);
+        ASSERT_TRUE(pg2.ok()) << pg2.status();
+        reconfigured[rank] = (*ddp)->Reconfigure(*pg2);
+        for (const Tensor& p : model->parameters()) {
+          Tensor g = autograd::GradOf(p);
+          if (g.defined()) g.zero_();
+        }
+        again[rank] = (*ddp)->Backward(loss_of(1, rank, 2));
+        for (const Tensor& p : model->parameters()) {
+          for (double v : autograd::Detach(p).to_vector<double>())
+            params[rank].push_back(v);
+          for (double v : autograd::GradOf(p).to_vector<double>())
+            grads[rank].push_back(v);
+        }
+        EXPECT_EQ(&(*ddp)->process_group(), pg2->get());
+      },
+      timeout);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(failed[r].ok()) << "rank " << r;
+    EXPECT_TRUE(reconfigured[r].ok()) << "rank " << r << ": " << reconfigured[r];
+    EXPECT_TRUE(again[r].ok()) << "rank " << r << ": " << again[r];
+  }
+  ASSERT_FALSE(params[0].empty());
+  EXPECT_EQ(params[0], params[1]);  // Bit for bit: rank 0's broadcast.
+  EXPECT_EQ(grads[0], grads[1]);    // Averaged over the two survivors.
+}
+
+TEST(DdpTest, BroadcastTensorsFromRoot) {
+  RunRanks(2, [&](int rank, std::shared_ptr<c10d::ProcessGroup> pg) {
+    std::vector<Tensor> ts = {from_vector<double>({1.0 + rank, 2.0}),
+                              from_vector<int64_t>({10 * (rank + 1)})};
+    ASSERT_TRUE(BroadcastTensors(*pg, ts, 1, kTimeout).ok());
+    EXPECT_EQ(ts[0].to_vector<double>(), (std::vector<double>{2.0, 2.0}));
+    EXPECT_EQ(ts[1].to_vector<int64_t>(), (std::vector<int64_t>{20}));
+  });
+}
+
 TEST(DdpTest, ShapeMismatchIsAnErrorOnEveryRank) {
   constexpr int kWorld = 3;
   absl::Status status[kWorld];

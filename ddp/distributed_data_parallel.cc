@@ -80,6 +80,23 @@ absl::Status VerifyParameters(
   return absl::OkStatus();
 }
 
+absl::Status BroadcastTensors(c10d::ProcessGroup& pg,
+                              const std::vector<Tensor>& tensors, int root,
+                              absl::Duration timeout) {
+  std::vector<std::shared_ptr<c10d::Work>> works;
+  c10d::BroadcastOptions o;
+  o.root = root;
+  o.timeout = timeout;
+  for (const Tensor& t : tensors) works.push_back(pg.Broadcast(t, o));
+  for (size_t i = 0; i < works.size(); ++i) {
+    RETURN_IF_ERROR(Annotate(
+        works[i]->Wait(timeout),
+        absl::StrCat("broadcasting tensor ", i, " of ", works.size(),
+                     " from rank ", root, " of group '", pg.name(), "'")));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::Status BroadcastParameters(
@@ -117,10 +134,27 @@ DistributedDataParallel::Create(
   if (pg == nullptr) return absl::InvalidArgumentError("DDP: null group");
   RETURN_IF_ERROR(VerifyParameters(*pg, named_params, options.timeout));
   RETURN_IF_ERROR(BroadcastParameters(*pg, named_params, options.timeout));
-  ASSIGN_OR_RETURN(auto reducer, Reducer::Create(std::move(named_params), pg,
-                                                 std::move(options)));
-  return std::unique_ptr<DistributedDataParallel>(
-      new DistributedDataParallel(nullptr, std::move(pg), std::move(reducer)));
+  ASSIGN_OR_RETURN(auto reducer, Reducer::Create(named_params, pg, options));
+  return std::unique_ptr<DistributedDataParallel>(new DistributedDataParallel(
+      nullptr, std::move(named_params), std::move(options), std::move(pg),
+      std::move(reducer)));
+}
+
+absl::Status DistributedDataParallel::Reconfigure(
+    std::shared_ptr<c10d::ProcessGroup> pg) {
+  if (pg == nullptr) return absl::InvalidArgumentError("DDP: null group");
+  RETURN_IF_ERROR(Annotate(
+      VerifyParameters(*pg, named_params_, options_.timeout),
+      absl::StrCat("DDP reconfigure onto group '", pg->name(), "' as rank ",
+                   pg->rank(), " of ", pg->size())));
+  RETURN_IF_ERROR(Annotate(
+      BroadcastParameters(*pg, named_params_, options_.timeout),
+      absl::StrCat("DDP reconfigure onto group '", pg->name(), "'")));
+  ASSIGN_OR_RETURN(auto reducer, Reducer::Create(named_params_, pg, options_));
+  // The old reducer goes first: its buckets no longer own .grad views.
+  reducer_ = std::move(reducer);
+  pg_ = std::move(pg);
+  return absl::OkStatus();
 }
 
 Tensor DistributedDataParallel::Forward(const Tensor& input) {

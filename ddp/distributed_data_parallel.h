@@ -13,7 +13,8 @@
 // Errors: a failed or timed-out collective, or a parameter that got no
 // gradient while find_unused_parameters is off, makes Backward return an
 // error and leaves this DDP broken (every later Backward fails): the
-// ranks' collective sequences are out of step, so make a new group.
+// ranks' collective sequences are out of step, so make a new group and
+// Reconfigure onto it (fault tolerance: docs/design/ddp_quorum.md).
 //
 // Thread safety: one training thread drives a DDP (Forward/Backward/
 // NoSync); Create is collective. The DDP must outlive nothing in particular:
@@ -45,6 +46,13 @@ absl::Status VerifyParameters(
     c10d::ProcessGroup& pg,
     const std::vector<std::pair<std::string, Tensor>>& named_params,
     absl::Duration timeout);
+
+// Broadcasts each of `tensors` in place from `root` of `pg` (e.g. optimizer
+// state to a replacement rank after DistributedDataParallel::Reconfigure).
+// Collective; errors name the tensor index and the group.
+absl::Status BroadcastTensors(c10d::ProcessGroup& pg,
+                              const std::vector<Tensor>& tensors, int root,
+                              absl::Duration timeout);
 
 // Averages the gradients of a model's replicas over the ranks of a group
 // during backward (see the top of this file).
@@ -103,20 +111,37 @@ class DistributedDataParallel {
   // False while a NoSyncGuard lives.
   bool require_grad_sync() const { return sync_; }
 
+  // Moves this DDP onto a new group `pg` (fault tolerance after a failed
+  // collective; docs/design/ddp_quorum.md). Collective over `pg`, issuing
+  // exactly what Create issues, so survivors calling Reconfigure meet a
+  // replacement calling Create: parameters verified, then broadcast from
+  // rank 0 of `pg`, then a fresh Reducer (buckets in registration order,
+  // rebuilt after its first pass) replaces the old one, which may be broken.
+  // Not during a pass. This DDP drops its reference to the old group; the
+  // old Reducer's hooks stay on the parameters and return at once. Errors:
+  // Create's; the DDP keeps its old (broken) reducer then.
+  absl::Status Reconfigure(std::shared_ptr<c10d::ProcessGroup> pg);
+
   // The Reducer that buckets and all-reduces the gradients.
   Reducer& reducer() { return *reducer_; }
   // The group the gradients are averaged over.
   c10d::ProcessGroup& process_group() { return *pg_; }
 
  private:
-  DistributedDataParallel(std::shared_ptr<nn::Module> module,
-                          std::shared_ptr<c10d::ProcessGroup> pg,
-                          std::shared_ptr<Reducer> reducer)
+  DistributedDataParallel(
+      std::shared_ptr<nn::Module> module,
+      std::vector<std::pair<std::string, Tensor>> named_params,
+      DdpOptions options, std::shared_ptr<c10d::ProcessGroup> pg,
+      std::shared_ptr<Reducer> reducer)
       : module_(std::move(module)),
+        named_params_(std::move(named_params)),
+        options_(std::move(options)),
         pg_(std::move(pg)),
         reducer_(std::move(reducer)) {}
 
   std::shared_ptr<nn::Module> module_;
+  const std::vector<std::pair<std::string, Tensor>> named_params_;
+  const DdpOptions options_;
   std::shared_ptr<c10d::ProcessGroup> pg_;
   std::shared_ptr<Reducer> reducer_;
   bool sync_ = true;
