@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ferry/common/status.h"
+#include "ferry/rpc/grpc/rendezvous.h"
 #include "ferry/store/prefix_store.h"
 
 namespace ferry::rpc::grpc_agent {
@@ -105,6 +106,18 @@ absl::StatusOr<int64_t> AppendMembershipEvent(std::shared_ptr<Store> base,
       absl::StrCat(change == MembershipChange::kJoined ? "join" : "leave", "\n",
                    worker.id, "\n", worker.name, "\n", worker.address)));
   return slot;
+}
+
+absl::Status EvictDeadMember(std::shared_ptr<Store> base, int static_size,
+                             const WorkerInfo& dead) {
+  RETURN_IF_ERROR(
+      AppendMembershipEvent(base, MembershipChange::kLeft, dead).status());
+  if (dead.id >= static_size) return absl::OkStatus();
+  ASSIGN_OR_RETURN(int64_t n,
+                   PrefixStore("rpc/", base)
+                       .Add(absl::StrCat("members/evicted/", dead.id), 1));
+  if (n != 1) return absl::OkStatus();
+  return ArriveAtShutdownBarrier(std::move(base), static_size);
 }
 
 absl::StatusOr<std::vector<WorkerInfo>> ReadMembers(std::shared_ptr<Store> base,

@@ -8,6 +8,8 @@
 //                    never reused; at most 65535, the id space of GlobalId).
 //   members/count    counter; each event takes the next slot.
 //   members/<slot>   "join|leave\n<id>\n<name>\n<address>".
+//   members/evicted/<id>  counter; a dead member's evictions (the first
+//                    evictor counts it in at the shutdown barrier).
 //
 // The present members after slot S are the static ones (join/0..N-1) with
 // events 0..S-1 applied in order. Every reader applies the same rule, so
@@ -15,6 +17,8 @@
 // joiner fails with AlreadyExists). An event's writer reads the events before
 // its own slot and tells those members (a MEMBERSHIP notice); members whose
 // events come later read its event. So every pair learns of each other.
+// A joiner whose name a dead member holds writes a leave event for it, then
+// its own join again (GrpcAgent::Join; docs/design/checkpoints.md).
 #ifndef FERRY_RPC_GRPC_MEMBERSHIP_H_
 #define FERRY_RPC_GRPC_MEMBERSHIP_H_
 
@@ -48,6 +52,13 @@ absl::StatusOr<JoinerId> ReserveJoinerId(std::shared_ptr<Store> store,
 absl::StatusOr<int64_t> AppendMembershipEvent(std::shared_ptr<Store> store,
                                               MembershipChange change,
                                               const WorkerInfo& worker);
+
+// Records that `dead` (a present member whose health probe failed) left:
+// a leave event on its behalf and, for a static member, its arrival at the
+// shutdown barrier (once per id, however many joiners evict it), so the
+// static group's graceful shutdown does not wait for it.
+absl::Status EvictDeadMember(std::shared_ptr<Store> store, int static_size,
+                             const WorkerInfo& dead);
 
 // The present members before `slot` (by id), as described above. Errors name
 // `who` and the malformed record.
