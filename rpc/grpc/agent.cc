@@ -400,7 +400,8 @@ absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
     result = AwaitOutgoingCalls(deadline, timeout);
     // 2. Meet everyone: after this no worker issues new calls.
     if (result.ok()) {
-      result = grpc_agent::ShutdownBarrier(store_, self().name, static_size_,
+      result = grpc_agent::ShutdownBarrier(store_, self().name, self().id,
+                                           static_size_,
                                            deadline);
     }
   }

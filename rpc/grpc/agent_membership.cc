@@ -184,7 +184,8 @@ absl::Status GrpcAgent::AnnounceLeave(absl::Time deadline) {
       store_, MembershipChange::kLeft, self());
   if (!slot.ok()) return Annotate(slot.status(), who);
   if (self().id < static_size_) {
-    RETURN_IF_ERROR(grpc_agent::ArriveAtShutdownBarrier(store_, static_size_));
+    RETURN_IF_ERROR(grpc_agent::ArriveAtShutdownBarrier(store_, static_size_,
+                                                        self().id));
   }
   // Members whose join notice has not reached this worker yet are told too.
   absl::StatusOr<std::vector<WorkerInfo>> members = grpc_agent::ReadMembers(

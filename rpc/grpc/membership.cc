@@ -113,11 +113,7 @@ absl::Status EvictDeadMember(std::shared_ptr<Store> base, int static_size,
   RETURN_IF_ERROR(
       AppendMembershipEvent(base, MembershipChange::kLeft, dead).status());
   if (dead.id >= static_size) return absl::OkStatus();
-  ASSIGN_OR_RETURN(int64_t n,
-                   PrefixStore("rpc/", base)
-                       .Add(absl::StrCat("members/evicted/", dead.id), 1));
-  if (n != 1) return absl::OkStatus();
-  return ArriveAtShutdownBarrier(std::move(base), static_size);
+  return ArriveAtShutdownBarrier(std::move(base), static_size, dead.id);
 }
 
 absl::StatusOr<std::vector<WorkerInfo>> ReadMembers(std::shared_ptr<Store> base,

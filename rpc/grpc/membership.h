@@ -8,8 +8,6 @@
 //                    never reused; at most 65535, the id space of GlobalId).
 //   members/count    counter; each event takes the next slot.
 //   members/<slot>   "join|leave\n<id>\n<name>\n<address>".
-//   members/evicted/<id>  counter; a dead member's evictions (the first
-//                    evictor counts it in at the shutdown barrier).
 //
 // The present members after slot S are the static ones (join/0..N-1) with
 // events 0..S-1 applied in order. Every reader applies the same rule, so
@@ -55,8 +53,9 @@ absl::StatusOr<int64_t> AppendMembershipEvent(std::shared_ptr<Store> store,
 
 // Records that `dead` (a present member whose health probe failed) left:
 // a leave event on its behalf and, for a static member, its arrival at the
-// shutdown barrier (once per id, however many joiners evict it), so the
-// static group's graceful shutdown does not wait for it.
+// shutdown barrier (once per id: not again if it had arrived, however many
+// joiners evict it), so the static group's graceful shutdown does not wait
+// for it.
 absl::Status EvictDeadMember(std::shared_ptr<Store> store, int static_size,
                              const WorkerInfo& dead);
 
