@@ -108,6 +108,9 @@ struct CheckpointerOptions {
   int64_t every_steps = 0;
   // A snapshot once this long passed since the last one; zero: never.
   absl::Duration every = absl::ZeroDuration();
+  // The writer thread's nice increment (0-19; 0: unchanged): it yields the
+  // CPU to the server's threads.
+  int writer_nice = 10;
 };
 
 // Writes snapshots on a background thread (see the top of this file).

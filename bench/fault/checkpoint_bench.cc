@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -136,15 +137,6 @@ int Main(int argc, char** argv) {
     }));
   }
   rows.push_back({"write+fsync", Median(wr), Median(raw), "write+fsync"});
-  std::vector<double> enc;
-  for (int r = 0; r < f.reps; ++r) {
-    enc.push_back(TimeMs([&] {
-      absl::StatusOr<std::string> e = EncodeCheckpoint(shard);
-      if (!e.ok()) Die(e.status());
-    }));
-  }
-  rows.push_back({"encode (in write)", Median(enc), Median(copy), "memcpy"});
-
   // Restore vs raw read.
   std::vector<double> rd, rawrd;
   for (int r = 0; r < f.reps; ++r) {
@@ -200,8 +192,18 @@ int Main(int argc, char** argv) {
   const double step_base = Median(base) / f.steps;
   const double step_with = Median(with) / f.steps;
 
-  std::printf("shard: %lld MiB float32 in 10 tensors; dir %s; median of %d\n",
-              static_cast<long long>(f.mb), f.dir.c_str(), f.reps);
+  std::string load = "?";
+  if (FILE* lf = std::fopen("/proc/loadavg", "r")) {
+    char buf[128] = {0};
+    if (std::fgets(buf, sizeof(buf), lf) != nullptr) load = buf;
+    std::fclose(lf);
+    if (!load.empty() && load.back() == '\n') load.pop_back();
+  }
+  std::printf(
+      "shard: %lld MiB float32 in 10 tensors; dir %s; median of %d; %u cores, "
+      "loadavg after: %s\n",
+      static_cast<long long>(f.mb), f.dir.c_str(), f.reps,
+      std::thread::hardware_concurrency(), load.c_str());
   std::printf("%-20s %10s %10s %-12s %8s\n", "figure", "ms", "floor ms",
               "floor", "GB/s");
   for (const Row& r : rows) {
