@@ -109,5 +109,60 @@ TEST(RejoinRRef, RestartedOwnerTakesTheNameAndOldRRefsFailNamingTheDeadOne) {
   ctx.reset();
 }
 
+// A holder that stalls (SIGSTOP) does not answer its health probe either:
+// the joiner evicts it after peer_probe_timeout (5 s in the joiner) and
+// takes the name; the stalled process, woken, is no longer the name's owner.
+TEST(RejoinRRef, AStalledHolderIsEvictedLikeADeadOne) {
+  std::shared_ptr<RRefContext> ctx;
+  testutil::WorkerProcesses procs;
+  rpc::GrpcAgentOptions options;
+  options.before_serving = [&ctx](rpc::Agent& agent) {
+    return testing::InstallRRefTestLayer(agent, &ctx);
+  };
+  absl::Status started =
+      procs.Start(2, "tests/rref/worker_main", std::move(options));
+  ASSERT_TRUE(started.ok()) << started;
+  rpc::GrpcAgent& agent = procs.agent();
+  const int old_id = agent.GetWorkerInfo("worker1")->id;
+  ASSERT_TRUE(procs.worker(0).Signal(SIGSTOP).ok());
+
+  testutil::SpawnOptions spawn;
+  spawn.env = {{"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", procs.port()},
+               {"FERRY_USE_AGENT_STORE", "1"}};
+  spawn.PipeStdin().CaptureStdout();
+  absl::StatusOr<std::unique_ptr<testutil::Subprocess>> restarted =
+      testutil::Subprocess::Spawn(
+          {testutil::RunfilePath("tests/rref/elastic_trainer_main"),
+           "worker1"},
+          spawn);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  const std::string joined = (*restarted)->ReadLine(absl::Now() + kWait);
+  ASSERT_EQ(joined.rfind("joined ", 0), 0u) << joined;
+  absl::StatusOr<rpc::WorkerInfo> back =
+      agent.WaitForWorker("worker1", kWait, old_id);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_NE(back->id, old_id);
+  EXPECT_TRUE(agent.HasLeft(old_id));
+  absl::StatusOr<int64_t> sum = agent.rpc_sync<int64_t>("worker1", "add", 4, 4);
+  ASSERT_TRUE(sum.ok()) << sum.status();
+  EXPECT_EQ(*sum, 8);
+
+  // Woken, the old process does not get its name back: calls by name still
+  // reach the new one.
+  ASSERT_TRUE(procs.worker(0).Signal(SIGCONT).ok());
+  absl::StatusOr<rpc::WorkerInfo> still = agent.GetWorkerInfo("worker1");
+  ASSERT_TRUE(still.ok()) << still.status();
+  EXPECT_EQ(still->id, back->id);
+  ASSERT_TRUE(procs.worker(0).Signal(SIGKILL).ok());
+
+  ASSERT_TRUE((*restarted)->WriteStdin("leave\n").ok());
+  EXPECT_EQ((*restarted)->ReadLine(absl::Now() + kWait), "left");
+  absl::StatusOr<int> code = (*restarted)->Wait(absl::Now() + kWait);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  ctx.reset();
+}
+
 }  // namespace
 }  // namespace ferry::rref
