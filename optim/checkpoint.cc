@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -442,17 +443,54 @@ ShardCheckpoint SnapshotShard(int64_t step, const std::vector<Tensor>& params,
                               const Optimizer* optimizer,
                               const std::vector<std::string>& names) {
   ShardCheckpoint c;
-  c.step = step;
-  c.tensors.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    c.tensors.emplace_back(i < names.size() ? names[i] : absl::StrCat(i),
-                           params[i].clone());
-  }
-  if (optimizer != nullptr) {
-    c.optimizer_kind = optimizer->kind();
-    c.optimizer = optimizer->ExportStateDict();
-  }
+  SnapshotShardInto(c, step, params, optimizer, names);
   return c;
+}
+
+namespace {
+
+// A copy of `src` in `spare` when it fits (same dtype and shape), else a
+// fresh clone.
+Tensor CopyInto(Tensor spare, const Tensor& src) {
+  if (spare.defined() && src.defined() && spare.dtype() == src.dtype() &&
+      spare.sizes() == src.sizes() && spare.is_contiguous() &&
+      spare.use_count() == 1) {
+    spare.copy_(src);
+    return spare;
+  }
+  return src.defined() ? src.clone() : Tensor();
+}
+
+}  // namespace
+
+void SnapshotShardInto(ShardCheckpoint& out, int64_t step,
+                       const std::vector<Tensor>& params,
+                       const Optimizer* optimizer,
+                       const std::vector<std::string>& names) {
+  std::map<std::string, Tensor> spare;
+  for (auto& [k, t] : out.tensors) spare[k] = std::move(t);
+  out.tensors.clear();
+  out.step = step;
+  out.tensors.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::string name = i < names.size() ? names[i] : absl::StrCat(i);
+    auto it = spare.find(name);
+    Tensor t = CopyInto(it != spare.end() ? std::move(it->second) : Tensor(),
+                        params[i]);
+    out.tensors.emplace_back(std::move(name), std::move(t));
+  }
+  StateDict old = std::move(out.optimizer);
+  out.optimizer = StateDict();
+  out.optimizer_kind.clear();
+  if (optimizer == nullptr) return;
+  out.optimizer_kind = optimizer->kind();
+  StateDict live = optimizer->StateView();
+  out.optimizer.ints = std::move(live.ints);
+  for (auto& [k, t] : live.tensors) {
+    auto it = old.tensors.find(k);
+    out.optimizer.tensors[k] =
+        CopyInto(it != old.tensors.end() ? std::move(it->second) : Tensor(), t);
+  }
 }
 
 absl::StatusOr<std::string> EncodeCheckpoint(const ShardCheckpoint& c) {
@@ -625,10 +663,19 @@ void Checkpointer::Submit(ShardCheckpoint snapshot) {
   pending_ = std::move(snapshot);
 }
 
-bool Checkpointer::MaybeCheckpoint(int64_t step,
-                                   absl::FunctionRef<ShardCheckpoint()> copy) {
+bool Checkpointer::MaybeCheckpoint(
+    int64_t step, absl::FunctionRef<void(ShardCheckpoint&)> copy) {
   if (!Due(step)) return false;
-  Submit(copy());
+  ShardCheckpoint snapshot;
+  {
+    MutexLock lock(&mu_);
+    if (spare_) {
+      snapshot = *std::move(spare_);
+      spare_.reset();
+    }
+  }
+  copy(snapshot);
+  Submit(std::move(snapshot));
   return true;
 }
 
@@ -678,8 +725,8 @@ void Checkpointer::WriterLoop() {
         WriteCheckpoint(options_.dir, options_.name, snapshot);
     const absl::Duration took = absl::Now() - start;
     const int64_t step = snapshot.step;
-    snapshot = ShardCheckpoint();  // Frees the copy outside the lock.
     mu_.Lock();
+    spare_ = std::move(snapshot);  // Its buffers serve the next snapshot.
     if (written.ok()) {
       ++stats_.written;
       stats_.last_written_step = step;

@@ -60,10 +60,17 @@ struct ShardCheckpoint {
 };
 
 // A deep copy of `params` (named "0", "1", ... unless `names` is given) and
-// `optimizer`'s state at `step`: the cheap copy to take under the step lock.
+// `optimizer`'s state (may be null) at `step`: the copy to take under the
+// step lock.
 ShardCheckpoint SnapshotShard(int64_t step, const std::vector<Tensor>& params,
                               const Optimizer* optimizer,
                               const std::vector<std::string>& names = {});
+// SnapshotShard into `out`, copying into its tensors where name, dtype and
+// shape match (a spare from Checkpointer: warm memory, no page faults).
+void SnapshotShardInto(ShardCheckpoint& out, int64_t step,
+                       const std::vector<Tensor>& params,
+                       const Optimizer* optimizer,
+                       const std::vector<std::string>& names = {});
 
 // The file image of `checkpoint` (header and body).
 absl::StatusOr<std::string> EncodeCheckpoint(const ShardCheckpoint& checkpoint);
@@ -141,10 +148,11 @@ class Checkpointer {
   bool Due(int64_t step);
   // Hands `snapshot` to the writer and returns at once (see the top).
   void Submit(ShardCheckpoint snapshot);
-  // If Due(step): calls `copy` (on this thread, under the caller's lock) and
-  // submits its result. Returns whether it did.
+  // If Due(step): calls `copy` (on this thread, under the caller's lock) on
+  // a spare snapshot (the last one written, or empty) to fill, e.g. with
+  // SnapshotShardInto, and submits it. Returns whether it did.
   bool MaybeCheckpoint(int64_t step,
-                       absl::FunctionRef<ShardCheckpoint()> copy);
+                       absl::FunctionRef<void(ShardCheckpoint&)> copy);
   // Waits until every submitted snapshot was written or failed; the status
   // of the newest finished write, the error naming the shard and step
   // (DeadlineExceeded after `timeout`).
@@ -164,6 +172,8 @@ class Checkpointer {
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ShardCheckpoint> pending_ ABSL_GUARDED_BY(mu_);
+  // The last snapshot written, its buffers reused by MaybeCheckpoint.
+  std::optional<ShardCheckpoint> spare_ ABSL_GUARDED_BY(mu_);
   // Step and time of the last submitted snapshot (clocks for Due).
   std::optional<int64_t> last_step_ ABSL_GUARDED_BY(mu_);
   absl::Time last_time_ ABSL_GUARDED_BY(mu_);

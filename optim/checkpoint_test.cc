@@ -170,6 +170,39 @@ TEST(CheckpointTest, WrappersExportTheirKindAndState) {
   EXPECT_EQ(other.state().step[1], 1);
 }
 
+TEST(CheckpointTest, SnapshotIntoReusesMatchingBuffers) {
+  std::vector<Tensor> params = Params(11);
+  for (const Tensor& p : params) {
+    autograd::SetGrad(p, randn(p.sizes(), 12, p.dtype()));
+  }
+  Adagrad opt(params, AdagradOptions{});
+  ASSERT_TRUE(opt.Step().ok());
+  ShardCheckpoint c = SnapshotShard(1, params, &opt);
+  const void* p0 = c.tensors[0].second.data_ptr();
+  const void* s0 = c.optimizer.tensors["0/sum"].data_ptr();
+  ASSERT_TRUE(opt.Step().ok());
+  SnapshotShardInto(c, 2, params, &opt);
+  EXPECT_EQ(c.step, 2);
+  EXPECT_EQ(c.tensors[0].second.data_ptr(), p0);
+  EXPECT_EQ(c.optimizer.tensors["0/sum"].data_ptr(), s0);
+  // The contents are the new step's, and copies (not the live tensors).
+  ShardCheckpoint fresh = SnapshotShard(2, params, &opt);
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(SameBits(c.tensors[i].second, fresh.tensors[i].second));
+    EXPECT_FALSE(c.tensors[i].second.is_same(params[i]));
+  }
+  EXPECT_EQ(c.optimizer.ints, fresh.optimizer.ints);
+  for (const auto& [k, t] : fresh.optimizer.tensors) {
+    EXPECT_TRUE(SameBits(c.optimizer.tensors[k], t)) << k;
+  }
+  // A spare of another shape is not reused.
+  std::vector<Tensor> other = {zeros({7})};
+  SnapshotShardInto(c, 3, other, nullptr);
+  ASSERT_EQ(c.tensors.size(), 1u);
+  EXPECT_TRUE(SameBits(c.tensors[0].second, zeros({7})));
+  EXPECT_TRUE(c.optimizer.tensors.empty());
+}
+
 TEST(CheckpointTest, ImportRefusesUnknownKeysAndLeavesStateAlone) {
   SgdState s;
   s.momentum_buffer = {ones({2})};
@@ -321,6 +354,11 @@ TEST(CheckpointTest, EveryByteFlipIsRefused) {
 TEST(CheckpointTest, CheckpointerOptionsAreChecked) {
   EXPECT_EQ(Checkpointer::Create({.dir = "", .name = "a"}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Checkpointer::Create(
+                {.dir = TempDir("opt"), .name = "a", .writer_nice = 20})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Checkpointer::Create({.dir = TempDir("opt"), .name = "a/b"})
                 .status()
                 .code(),
@@ -391,7 +429,9 @@ TEST(CheckpointTest, WriterUnderConcurrentUpdates) {
     MutexLock lock(&step_mu);
     for (Tensor& p : params) p.add_(1.0);
     ++step;
-    (*ck)->MaybeCheckpoint(step, [&] { return SnapshotShard(step, params, nullptr); });
+    (*ck)->MaybeCheckpoint(step, [&](ShardCheckpoint& c) {
+      SnapshotShardInto(c, step, params, nullptr);
+    });
   }
   ASSERT_TRUE((*ck)->Flush(absl::Seconds(60)).ok());
   done = true;

@@ -192,9 +192,10 @@ namespace {
 
 std::string Key(size_t i, const char* name) { return absl::StrCat(i, "/", name); }
 
-void PutTensors(StateDict& d, const std::vector<Tensor>& v, const char* name) {
+void PutTensors(StateDict& d, const std::vector<Tensor>& v, const char* name,
+                bool copy) {
   for (size_t i = 0; i < v.size(); ++i) {
-    if (v[i].defined()) d.tensors[Key(i, name)] = v[i].clone();
+    if (v[i].defined()) d.tensors[Key(i, name)] = copy ? v[i].clone() : v[i];
   }
 }
 
@@ -256,28 +257,28 @@ absl::StatusOr<std::vector<int64_t>> TakeSteps(const StateDict& dict, size_t n,
 
 }  // namespace
 
-StateDict ExportState(const SgdState& state) {
+StateDict ExportState(const SgdState& state, bool copy) {
   StateDict d;
-  PutTensors(d, state.momentum_buffer, "momentum_buffer");
+  PutTensors(d, state.momentum_buffer, "momentum_buffer", copy);
   return d;
 }
 
-StateDict ExportState(const AdamState& state) {
+StateDict ExportState(const AdamState& state, bool copy) {
   StateDict d;
   for (size_t i = 0; i < state.step.size(); ++i) {
     d.ints[Key(i, "step")] = state.step[i];
   }
-  PutTensors(d, state.exp_avg, "exp_avg");
-  PutTensors(d, state.exp_avg_sq, "exp_avg_sq");
+  PutTensors(d, state.exp_avg, "exp_avg", copy);
+  PutTensors(d, state.exp_avg_sq, "exp_avg_sq", copy);
   return d;
 }
 
-StateDict ExportState(const AdagradState& state) {
+StateDict ExportState(const AdagradState& state, bool copy) {
   StateDict d;
   for (size_t i = 0; i < state.step.size(); ++i) {
     d.ints[Key(i, "step")] = state.step[i];
   }
-  PutTensors(d, state.sum, "sum");
+  PutTensors(d, state.sum, "sum", copy);
   return d;
 }
 
@@ -312,6 +313,12 @@ absl::Status ImportState(const StateDict& dict, size_t n,
   state.step = *std::move(steps);
   state.sum = std::move((*t)["sum"]);
   return absl::OkStatus();
+}
+
+absl::Status Optimizer::ImportStateDict(const StateDict& dict) {
+  if (dict.tensors.empty() && dict.ints.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "this optimizer does not import state (Optimizer::ImportStateDict)");
 }
 
 absl::Status Optimizer::Step() {

@@ -94,12 +94,13 @@ struct StateDict {
   std::map<std::string, Tensor> tensors;  // Deep copies, contiguous.
   std::map<std::string, int64_t> ints;    // Per-parameter step counters.
 };
-// SGD's momentum buffers as "<i>/momentum_buffer" (copied).
-StateDict ExportState(const SgdState& state);
-// Adam's / AdamW's "<i>/step", "<i>/exp_avg", "<i>/exp_avg_sq" (copied).
-StateDict ExportState(const AdamState& state);
-// Adagrad's "<i>/step" and "<i>/sum" (copied).
-StateDict ExportState(const AdagradState& state);
+// SGD's momentum buffers as "<i>/momentum_buffer": copies, or with `copy`
+// false the live tensors (to copy elsewhere before the next step).
+StateDict ExportState(const SgdState& state, bool copy = true);
+// Adam's / AdamW's "<i>/step", "<i>/exp_avg", "<i>/exp_avg_sq" (as above).
+StateDict ExportState(const AdamState& state, bool copy = true);
+// Adagrad's "<i>/step" and "<i>/sum" (as above).
+StateDict ExportState(const AdagradState& state, bool copy = true);
 // Replaces `state` with `dict`'s entries (copied) for `num_params`
 // parameters. InvalidArgument naming the key for an unknown key, an index
 // out of range or a non-contiguous tensor; `state` is untouched then.
@@ -125,12 +126,17 @@ class Optimizer {
   void ZeroGrad();
   // The parameters, in the order given.
   const std::vector<Tensor>& params() const { return params_; }
-  // The optimizer's kind ("sgd", "adam", "adamw", "adagrad").
-  virtual std::string kind() const = 0;
-  // A deep copy of the state (ExportState).
-  virtual StateDict ExportStateDict() const = 0;
-  // Replaces the state (ImportState); on error the state is untouched.
-  virtual absl::Status ImportStateDict(const StateDict& dict) = 0;
+  // The optimizer's kind ("sgd", "adam", "adamw", "adagrad"; the default,
+  // for optimizers defined elsewhere: "").
+  virtual std::string kind() const { return ""; }
+  // A deep copy of the state (ExportState); the default: empty.
+  virtual StateDict ExportStateDict() const { return {}; }
+  // Replaces the state (ImportState); on error the state is untouched. The
+  // default: Unimplemented unless `dict` is empty.
+  virtual absl::Status ImportStateDict(const StateDict& dict);
+  // ExportState without copying: the live tensors, valid until the next
+  // step (a snapshot copies them under the step lock); the default: empty.
+  virtual StateDict StateView() const { return {}; }
 
  protected:
   // The step over params() with `grads` (one per parameter, in order).
@@ -151,6 +157,8 @@ class SGD : public Optimizer {
   std::string kind() const override { return "sgd"; }  // "sgd".
   // ExportState(state()).
   StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
   // ImportState into the momentum buffers.
   absl::Status ImportStateDict(const StateDict& dict) override {
     return ImportState(dict, params().size(), state_);
@@ -179,6 +187,8 @@ class Adam : public Optimizer {
   std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
   // ExportState(state()).
   StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
   // ImportState into the moments and step counters.
   absl::Status ImportStateDict(const StateDict& dict) override {
     return ImportState(dict, params().size(), state_);
@@ -213,6 +223,8 @@ class Adagrad : public Optimizer {
   std::string kind() const override { return "adagrad"; }  // "adagrad".
   // ExportState(state()).
   StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
   // ImportState into the sums and step counters.
   absl::Status ImportStateDict(const StateDict& dict) override {
     return ImportState(dict, params().size(), state_);
