@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "ferry/common/sync.h"
@@ -75,9 +76,11 @@ int Run(bool join) {
           }
           shard.w.add_(1.0);
           ++shard.applied;
-          (*ck)->MaybeCheckpoint(shard.applied, [&](optim::ShardCheckpoint& c) {
-            optim::SnapshotShardInto(c, shard.applied, {shard.w}, nullptr,
-                                     {"w"});
+          // `copy` runs here, under the lock: the handles stay valid.
+          const int64_t now = shard.applied;
+          const std::vector<Tensor> params = {shard.w};
+          (*ck)->MaybeCheckpoint(now, [&](optim::ShardCheckpoint& c) {
+            optim::SnapshotShardInto(c, now, params, nullptr, {"w"});
           });
           return shard.applied;
         });
