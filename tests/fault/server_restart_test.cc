@@ -75,14 +75,8 @@ TEST(ServerRestart, KilledServerRestoresItsShardAndTheTrainerGoesOn) {
   EXPECT_NE(down.status().message().find("ps0"), std::string::npos)
       << down.status();
 
-  testutil::SpawnOptions spawn;
-  spawn.env = {{"MASTER_ADDR", "127.0.0.1"},
-               {"MASTER_PORT", procs.port()},
-               {"FERRY_USE_AGENT_STORE", "1"}};
-  spawn.PipeStdin().CaptureStdout();
   absl::StatusOr<std::unique_ptr<testutil::Subprocess>> restarted =
-      testutil::Subprocess::Spawn(
-          {testutil::RunfilePath("tests/fault/ps_shard_main"), "join"}, spawn);
+      procs.SpawnJoiner({"tests/fault/ps_shard_main", "join"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const std::string restored = (*restarted)->ReadLine(absl::Now() + kWait);
   std::vector<std::string> f = absl::StrSplit(restored, ' ');

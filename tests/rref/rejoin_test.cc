@@ -29,16 +29,21 @@ using testing::Counter;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
 
-TEST(RejoinRRef, RestartedOwnerTakesTheNameAndOldRRefsFailNamingTheDeadOne) {
-  std::shared_ptr<RRefContext> ctx;
-  testutil::WorkerProcesses procs;
+// This process as worker0 (with an RRef context in `ctx`) beside worker1, a
+// worker_main process.
+absl::Status StartGroup(testutil::WorkerProcesses& procs,
+                        std::shared_ptr<RRefContext>& ctx) {
   rpc::GrpcAgentOptions options;
-  options.peer_probe_timeout = absl::Seconds(5);
   options.before_serving = [&ctx](rpc::Agent& agent) {
     return testing::InstallRRefTestLayer(agent, &ctx);
   };
-  absl::Status started =
-      procs.Start(2, "tests/rref/worker_main", std::move(options));
+  return procs.Start(2, "tests/rref/worker_main", std::move(options));
+}
+
+TEST(RejoinRRef, RestartedOwnerTakesTheNameAndOldRRefsFailNamingTheDeadOne) {
+  std::shared_ptr<RRefContext> ctx;
+  testutil::WorkerProcesses procs;
+  absl::Status started = StartGroup(procs, ctx);
   ASSERT_TRUE(started.ok()) << started;
   rpc::GrpcAgent& agent = procs.agent();
   const int old_id = agent.GetWorkerInfo("worker1")->id;
@@ -51,16 +56,8 @@ TEST(RejoinRRef, RestartedOwnerTakesTheNameAndOldRRefsFailNamingTheDeadOne) {
   EXPECT_FALSE(procs.Wait(0, kWait).ok());  // Killed: no exit code.
 
   // The restarted process joins under the dead one's name.
-  testutil::SpawnOptions spawn;
-  spawn.env = {{"MASTER_ADDR", "127.0.0.1"},
-               {"MASTER_PORT", procs.port()},
-               {"FERRY_USE_AGENT_STORE", "1"}};
-  spawn.PipeStdin().CaptureStdout();
   absl::StatusOr<std::unique_ptr<testutil::Subprocess>> restarted =
-      testutil::Subprocess::Spawn(
-          {testutil::RunfilePath("tests/rref/elastic_trainer_main"),
-           "worker1"},
-          spawn);
+      procs.SpawnJoiner({"tests/rref/elastic_trainer_main", "worker1"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const std::string joined = (*restarted)->ReadLine(absl::Now() + kWait);
   std::vector<std::string> f = absl::StrSplit(joined, ' ');
@@ -115,27 +112,14 @@ TEST(RejoinRRef, RestartedOwnerTakesTheNameAndOldRRefsFailNamingTheDeadOne) {
 TEST(RejoinRRef, AStalledHolderIsEvictedLikeADeadOne) {
   std::shared_ptr<RRefContext> ctx;
   testutil::WorkerProcesses procs;
-  rpc::GrpcAgentOptions options;
-  options.before_serving = [&ctx](rpc::Agent& agent) {
-    return testing::InstallRRefTestLayer(agent, &ctx);
-  };
-  absl::Status started =
-      procs.Start(2, "tests/rref/worker_main", std::move(options));
+  absl::Status started = StartGroup(procs, ctx);
   ASSERT_TRUE(started.ok()) << started;
   rpc::GrpcAgent& agent = procs.agent();
   const int old_id = agent.GetWorkerInfo("worker1")->id;
   ASSERT_TRUE(procs.worker(0).Signal(SIGSTOP).ok());
 
-  testutil::SpawnOptions spawn;
-  spawn.env = {{"MASTER_ADDR", "127.0.0.1"},
-               {"MASTER_PORT", procs.port()},
-               {"FERRY_USE_AGENT_STORE", "1"}};
-  spawn.PipeStdin().CaptureStdout();
   absl::StatusOr<std::unique_ptr<testutil::Subprocess>> restarted =
-      testutil::Subprocess::Spawn(
-          {testutil::RunfilePath("tests/rref/elastic_trainer_main"),
-           "worker1"},
-          spawn);
+      procs.SpawnJoiner({"tests/rref/elastic_trainer_main", "worker1"});
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   const std::string joined = (*restarted)->ReadLine(absl::Now() + kWait);
   ASSERT_EQ(joined.rfind("joined ", 0), 0u) << joined;
