@@ -34,6 +34,20 @@ absl::Status WorkerProcesses::Start(int world, const std::string& worker,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<Subprocess>> WorkerProcesses::SpawnJoiner(
+    std::vector<std::string> args) const {
+  if (args.empty()) {
+    return absl::InvalidArgumentError("SpawnJoiner: no program");
+  }
+  SpawnOptions spawn;
+  spawn.env = {{"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", port_},
+               {"FERRY_USE_AGENT_STORE", "1"}};
+  spawn.PipeStdin().CaptureStdout();
+  args[0] = RunfilePath(args[0]);
+  return Subprocess::Spawn(args, spawn);
+}
+
 WorkerProcesses::~WorkerProcesses() {
   if (agent_) agent_->Shutdown(/*graceful=*/false).IgnoreError();
   // Workers still running are killed by their Subprocess destructors.

@@ -43,6 +43,11 @@ class WorkerProcesses {
   rpc::GrpcAgent& agent() { return *agent_; }
   // The store's port, for more processes to join through.
   const std::string& port() const { return port_; }
+  // Spawns `args` (args[0]: a runfile path) told the group's store through
+  // MASTER_ADDR / MASTER_PORT (a joiner: JoinRpc with env://), its stdin
+  // piped and stdout captured. Not kept here: the caller owns it.
+  absl::StatusOr<std::unique_ptr<Subprocess>> SpawnJoiner(
+      std::vector<std::string> args) const;
   size_t workers() const { return workers_.size(); }
   Subprocess& worker(size_t i) { return *workers_[i]; }
   // Worker i's (0-based: rank i + 1) exit code; an error if it was killed or
