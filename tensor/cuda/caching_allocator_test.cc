@@ -170,6 +170,22 @@ TEST(CachingAllocator, TensorsFromItsAllocatorLiveOnTheDevice) {
   EXPECT_EQ(alloc->Stats(0).allocations, 0u);
 }
 
+TEST(FakeDeviceApi, AQueuedCopyRunsOnlyWhenItsStreamDoes) {
+  FakeDeviceApi api(1, kMiB);
+  absl::StatusOr<void*> dev = api.Malloc(0, 64);
+  ASSERT_TRUE(dev.ok());
+  std::vector<char> host(64, 'a'), out(64, 'z');
+  ASSERT_TRUE(api.MemcpyAsync(0, *dev, host.data(), 64, /*stream=*/1).ok());
+  ASSERT_TRUE(api.MemcpyAsync(0, out.data(), *dev, 64, 1).ok());
+  EXPECT_EQ(out[0], 'z');  // Not run yet: a reader must wait for stream 1.
+  api.CompleteStream(0, 2);  // Another stream's progress changes nothing.
+  EXPECT_EQ(out[63], 'z');
+  ASSERT_TRUE(api.SynchronizeStream(0, 1).ok());
+  EXPECT_EQ(out, host);
+  EXPECT_TRUE(absl::IsInvalidArgument(api.MemcpyAsync(0, nullptr, host.data(), 1, 1)));
+  EXPECT_TRUE(api.Free(0, *dev).ok());
+}
+
 TEST(CachingAllocator, ThreadsAllocateAndReleaseConsistently) {
   auto api = std::make_shared<FakeDeviceApi>(1, 512 * kMiB);
   auto alloc = Make(api);

@@ -127,5 +127,36 @@ absl::Status CudaDeviceApi::DestroyEvent(int device, EventHandle event) {
   return absl::OkStatus();
 }
 
+absl::Status CudaDeviceApi::MemcpyAsync(int device, void* dst, const void* src,
+                                        size_t nbytes, StreamHandle stream) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaError_t err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
+                                    reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) {
+    return Failed(err, device,
+                  absl::StrCat("cudaMemcpyAsync of ", nbytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceApi::SynchronizeStream(int device,
+                                              StreamHandle stream) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaError_t err =
+      cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
 }  // namespace cuda
 }  // namespace ferry

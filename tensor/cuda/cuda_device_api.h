@@ -37,6 +37,9 @@ class CudaDeviceApi : public DeviceMemoryApi {
                                           StreamHandle stream) override;
   absl::StatusOr<bool> EventDone(int device, EventHandle event) override;
   absl::Status DestroyEvent(int device, EventHandle event) override;
+  absl::Status MemcpyAsync(int device, void* dst, const void* src,
+                           size_t nbytes, StreamHandle stream) override;
+  absl::Status SynchronizeStream(int device, StreamHandle stream) override;
 
  private:
   explicit CudaDeviceApi(int devices) : devices_(devices) {}

@@ -54,6 +54,13 @@ class DeviceMemoryApi {
   virtual absl::StatusOr<bool> EventDone(int device, EventHandle event) = 0;
   /// Releases `event` (done or not).
   virtual absl::Status DestroyEvent(int device, EventHandle event) = 0;
+  /// Queues a copy of `nbytes` from `src` to `dst` on `stream`; either side
+  /// may be host or device memory of `device`. Both must stay valid until
+  /// the stream has run it.
+  virtual absl::Status MemcpyAsync(int device, void* dst, const void* src,
+                                   size_t nbytes, StreamHandle stream) = 0;
+  /// Returns once the work queued on `stream` so far has finished.
+  virtual absl::Status SynchronizeStream(int device, StreamHandle stream) = 0;
 };
 
 /// OK if 0 <= device < api.DeviceCount(); else InvalidArgument naming both.

@@ -7,6 +7,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
+#include "ferry/tensor/cuda/copy.h"
+#include "ferry/tensor/tensor.h"
 #include "gmock/gmock.h"
 
 namespace ferry {
@@ -179,6 +181,37 @@ TEST_P(DeviceApiConformanceTest, EmptyCacheReturnsCachedBlocks) {
   EXPECT_EQ(st.device_frees, 1u);
   EXPECT_EQ(st.allocated_bytes, 2048u);
   EXPECT_EQ(st.reserved_bytes, 2048u);
+}
+
+TEST_P(DeviceApiConformanceTest, TensorsRoundTripThroughTheDevice) {
+  auto alloc = NewAllocator(*fixture_);
+  ASSERT_NE(alloc, nullptr);
+  absl::StatusOr<StreamHandle> s = fixture_->NewStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  DeviceMemoryApi& api = *fixture_->api();
+  // A strided source: the device copy is contiguous.
+  const Tensor src = arange(0.0, 15.0, 1.0, DType::kFloat32)
+                         .reshape({3, 5})
+                         .transpose(0, 1);
+  absl::StatusOr<Tensor> dev = CopyToDevice(src, 0, *s, *alloc, api);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_EQ(dev->device(), Device::CUDA(0));
+  EXPECT_EQ(dev->sizes(), (std::vector<int64_t>{5, 3}));
+  EXPECT_TRUE(dev->is_contiguous());
+  absl::StatusOr<Tensor> back = CopyToHost(*dev, *s, api);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->device().is_cpu());
+  EXPECT_TRUE(back->equal(src.contiguous())) << back->ToString();
+  // Wrong-side sources are refused, naming the op and the device.
+  absl::StatusOr<Tensor> twice = CopyToDevice(*dev, 0, *s, *alloc, api);
+  EXPECT_TRUE(absl::IsInvalidArgument(twice.status()));
+  EXPECT_THAT(twice.status().message(), HasSubstr("on cuda:0, not on cpu"));
+  absl::StatusOr<Tensor> host = CopyToHost(src, *s, api);
+  EXPECT_TRUE(absl::IsInvalidArgument(host.status()));
+  EXPECT_THAT(host.status().message(), HasSubstr("not a device tensor"));
+  absl::StatusOr<Tensor> strided = CopyToHost(dev->transpose(0, 1), *s, api);
+  EXPECT_TRUE(absl::IsInvalidArgument(strided.status()));
+  EXPECT_THAT(strided.status().message(), HasSubstr("not contiguous"));
 }
 
 }  // namespace

@@ -2,10 +2,11 @@
 // on a device API (the caching allocator) on machines without a GPU.
 //
 // Each device has a capacity: Malloc past it is ResourceExhausted, as a full
-// GPU would answer. Streams do no work on their own: an event recorded on a
-// stream is done only once the test calls CompleteStream for that stream
-// (the stream "finished everything queued so far"), so a test decides when
-// a stream's work ends and can check what may be reused before and after.
+// GPU would answer. Streams do no work on their own: copies queued on a
+// stream run, in order, and events recorded on it become done only when the
+// test calls CompleteStream for that stream (or code under test calls
+// SynchronizeStream), so a test decides when a stream's work ends, and a
+// reader that forgot to wait for a copy sees the old bytes.
 // FailRecordEvent makes the next RecordEvent calls fail, for error paths.
 //
 // Thread safety: every call is safe from any thread (one annotated mutex).
@@ -17,6 +18,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -40,8 +42,12 @@ class FakeDeviceApi : public DeviceMemoryApi {
                                           StreamHandle stream) override;
   absl::StatusOr<bool> EventDone(int device, EventHandle event) override;
   absl::Status DestroyEvent(int device, EventHandle event) override;
+  absl::Status MemcpyAsync(int device, void* dst, const void* src,
+                           size_t nbytes, StreamHandle stream) override;
+  absl::Status SynchronizeStream(int device, StreamHandle stream) override;
 
-  /// Marks everything queued on `stream` of `device` so far as finished.
+  /// Runs everything queued on `stream` of `device` so far (its copies, in
+  /// order) and marks its events done.
   void CompleteStream(int device, StreamHandle stream);
   /// The next `n` RecordEvent calls fail with Internal.
   void FailRecordEvent(int n);
@@ -70,6 +76,13 @@ class FakeDeviceApi : public DeviceMemoryApi {
   std::map<std::pair<int, StreamHandle>, uint64_t> completed_
       ABSL_GUARDED_BY(mu_);
   std::map<EventHandle, Event> events_ ABSL_GUARDED_BY(mu_);
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t nbytes;
+  };
+  std::map<std::pair<int, StreamHandle>, std::vector<Copy>> copies_
+      ABSL_GUARDED_BY(mu_);
   EventHandle next_event_ ABSL_GUARDED_BY(mu_) = 1;
   int fail_events_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t mallocs_ ABSL_GUARDED_BY(mu_) = 0;
