@@ -187,10 +187,10 @@ void Quorum::HeartbeatLoop() {
     DrainProbe();
     absl::Status s = heartbeat_store_->Set(
         key, absl::StrCat(absl::ToUnixMillis(absl::Now())));
-    if (!s.ok()) {
-      MutexLock l(&mu_);
-      if (heartbeat_error_.ok()) heartbeat_error_ = s;
-    }
+    // The latest heartbeat's outcome: a store error that passes (the next
+    // Set succeeds) does not keep failing Form.
+    MutexLock l(&mu_);
+    heartbeat_error_ = s;
   }
 }
 

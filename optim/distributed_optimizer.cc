@@ -146,6 +146,7 @@ size_t DistOptimizerService::num_optimizers_of(int worker_id) const {
 size_t DistOptimizerService::ReleaseWorker(int worker_id) {
   std::vector<std::shared_ptr<Owned>> gone;  // Freed outside the lock.
   MutexLock l(&mu_);
+  released_creators_.insert(worker_id);  // Ids are never reused.
   for (auto it = optimizers_.begin(); it != optimizers_.end();) {
     if (it->second->creator == worker_id) {
       gone.push_back(std::move(it->second));
@@ -187,6 +188,13 @@ absl::StatusOr<int64_t> DistOptimizerService::Create(
     owned->params.push_back(*t);  // The owner's tensor object itself.
   }
   MutexLock l(&mu_);
+  // A request that was still queued when its creator failed or left would
+  // otherwise leave an optimizer nobody releases.
+  if (released_creators_.count(creator) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker '", agent_.self().name, "': optimizer creator id ", creator,
+        " failed or left; its optimizers were released"));
+  }
   const int64_t id = next_id_++;
   optimizers_[id] = std::move(owned);
   return id;

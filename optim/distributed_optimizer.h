@@ -31,6 +31,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -113,6 +114,8 @@ class DistOptimizerService {
   mutable Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, std::shared_ptr<Owned>> optimizers_ ABSL_GUARDED_BY(mu_);
+  // Workers ReleaseWorker ran for: Create refuses them.
+  std::set<int> released_creators_ ABSL_GUARDED_BY(mu_);
   std::map<int, size_t> released_of_ ABSL_GUARDED_BY(mu_);
 };
 

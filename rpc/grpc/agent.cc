@@ -227,7 +227,13 @@ absl::StatusOr<std::string> GrpcAgent::Serve(const WorkerInfo& self) {
                                               "' installing handlers"));
     }
   }
-  return StartServer(self.name);
+  ASSIGN_OR_RETURN(std::string address, StartServer(self.name));
+  // Answers an identity probe (ProbeWorker with check_identity): another
+  // process at the same address does not know this service name.
+  if (auto* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(IdentityHealthService(self.id), true);
+  }
+  return address;
 }
 
 absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
@@ -718,7 +724,12 @@ void GrpcAgent::ProbePeer(int id, const absl::Status& why) {
       [this, raw](grpc::Status status) { ProbeDone(raw, status); });
 }
 
-absl::Status GrpcAgent::ProbeWorker(const WorkerInfo& worker) {
+std::string GrpcAgent::IdentityHealthService(int id) {
+  return absl::StrCat("ferry.rpc.v1.Worker/id/", id);
+}
+
+absl::Status GrpcAgent::ProbeWorker(const WorkerInfo& worker,
+                                    bool check_identity) {
   std::shared_ptr<Peer> peer;
   {
     MutexLock lock(&mu_);
@@ -732,8 +743,14 @@ absl::Status GrpcAgent::ProbeWorker(const WorkerInfo& worker) {
   grpc::ClientContext context;
   context.set_deadline(
       absl::ToChronoTime(absl::Now() + grpc_options_.peer_probe_timeout));
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1);
+  std::string bytes;
+  if (check_identity) {
+    grpc::health::v1::HealthCheckRequest asked;
+    asked.set_service(IdentityHealthService(worker.id));
+    asked.SerializeToString(&bytes);
+  }
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   Notification done;
   grpc::Status status;
@@ -755,6 +772,14 @@ absl::Status GrpcAgent::ProbeWorker(const WorkerInfo& worker) {
     return absl::UnavailableError(absl::StrCat(
         "worker '", worker.name, "' (id ", worker.id, ") at ", worker.address,
         ": health probe failed: ", FromGrpcStatus(status).ToString()));
+  }
+  // A server that does not know the worker's identity service is another
+  // process at its address (a restarted worker on a fixed port, a reused
+  // port): the worker itself is gone.
+  if (check_identity && status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", worker.name, "' (id ", worker.id, ") at ", worker.address,
+        ": another process answers there"));
   }
   return absl::OkStatus();
 }

@@ -205,8 +205,13 @@ class GrpcAgent final : public Agent {
   absl::StatusOr<std::string> Serve(const WorkerInfo& self);
   // Probes `worker`'s health service once (bounded by peer_probe_timeout):
   // OK when its server answers, Unavailable naming it when the transport
-  // fails (connection refused, no answer in time).
-  absl::Status ProbeWorker(const WorkerInfo& worker);
+  // fails (connection refused, no answer in time). With `check_identity`,
+  // asks for the worker's own service name (IdentityHealthService), so a
+  // different process at the same address counts as the worker gone.
+  absl::Status ProbeWorker(const WorkerInfo& worker,
+                           bool check_identity = false);
+  // The health service name only worker `id`'s server answers for.
+  static std::string IdentityHealthService(int id);
   // Returns the bound address.
   absl::StatusOr<std::string> StartServer(const std::string& name);
   void OpenChannels();

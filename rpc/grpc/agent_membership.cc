@@ -125,7 +125,7 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
           who, ": worker id ", holder->id, " at ", holder->address,
           " took that name again after ", kMaxEvictions, " evictions")));
     }
-    absl::Status alive = agent->ProbeWorker(*holder);
+    absl::Status alive = agent->ProbeWorker(*holder, /*check_identity=*/true);
     if (alive.ok()) {
       return fail(absl::AlreadyExistsError(absl::StrCat(
           who, ": worker id ", holder->id, " at ", holder->address,

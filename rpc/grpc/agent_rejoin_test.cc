@@ -110,6 +110,36 @@ TEST(GrpcRejoin, ARestartedWorkerTakesItsNameBack) {
   EXPECT_TRUE(down.ok()) << down;
 }
 
+// A restarted worker bound to its predecessor's fixed address must not take
+// its own health answer for the dead holder's: the eviction probe asks for
+// the holder's identity service, which only the holder's server knows.
+TEST(GrpcRejoin, ARestartedWorkerOnTheSameFixedAddressTakesItsNameBack) {
+  auto store = std::make_shared<HashStore>();
+  grpc_agent::GrpcGroupSpec spec;
+  spec.names = {"trainer", "ps0"};
+  spec.registry = Incarnation(1);
+  spec.store = store;
+  spec.options = [](int) { return Options(); };
+  absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> group =
+      grpc_agent::StartGrpcGroup(spec);
+  ASSERT_TRUE(group.ok()) << group.status();
+  GrpcAgent& trainer = *(*group)[0];
+  const std::string address = (*group)[1]->address();
+  ASSERT_TRUE((*group)[1]->Shutdown(/*graceful=*/false).ok());
+  (*group)[1].reset();
+  GrpcAgentOptions same = Options();
+  same.listen_address = address;
+  absl::StatusOr<std::unique_ptr<GrpcAgent>> restarted =
+      GrpcAgent::Join("ps0", store, same, Incarnation(2));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ((*restarted)->address(), address);
+  Result<int64_t> second = trainer.rpc_sync<int64_t>("ps0", "incarnation");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*second, 2);
+  EXPECT_TRUE((*restarted)->Leave(absl::Seconds(30)).ok());
+  EXPECT_TRUE(trainer.Shutdown(/*graceful=*/true, absl::Seconds(30)).ok());
+}
+
 TEST(GrpcRejoin, WaitForWorkerReturnsALiveWorkerAtOnce) {
   grpc_agent::GrpcGroupSpec spec;
   spec.names = {"a", "b"};

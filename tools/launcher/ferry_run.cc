@@ -453,14 +453,15 @@ class LocalGroup {
   void Terminate() {
     if (kill_at_ != absl::InfiniteFuture()) return;
     for (Child& c : children_) {
-      if (!c.exited) kill(c.pid, SIGTERM);
+      // pid -1: never started (kill(-1) would signal every process we own).
+      if (c.pid > 0 && !c.exited) kill(c.pid, SIGTERM);
     }
     kill_at_ = absl::Now() + config_.grace;
   }
   void KillOverdue() {
     if (absl::Now() < kill_at_) return;
     for (Child& c : children_) {
-      if (!c.exited) kill(c.pid, SIGKILL);
+      if (c.pid > 0 && !c.exited) kill(c.pid, SIGKILL);
     }
   }
   bool AllExited() const {
