@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/autograd/kernels.h"
@@ -182,6 +183,142 @@ absl::Status AdagradStep(const std::vector<Tensor>& params,
     });
   }
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// State export / import.
+
+namespace {
+
+std::string Key(size_t i, const char* name) { return absl::StrCat(i, "/", name); }
+
+void PutTensors(StateDict& d, const std::vector<Tensor>& v, const char* name,
+                bool copy) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i].defined()) d.tensors[Key(i, name)] = copy ? v[i].clone() : v[i];
+  }
+}
+
+// Splits "<i>/<name>"; InvalidArgument naming the key when malformed, out of
+// range or not one of `names`.
+absl::StatusOr<std::pair<size_t, std::string>> ParseKey(
+    const std::string& key, size_t num_params,
+    std::initializer_list<const char*> names, const char* what) {
+  const size_t slash = key.find('/');
+  size_t i = 0;
+  if (slash == std::string::npos ||
+      !absl::SimpleAtoi(key.substr(0, slash), &i)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " state: malformed key '", key, "'"));
+  }
+  if (i >= num_params) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " state: key '", key, "' names parameter ", i,
+                     " of ", num_params));
+  }
+  std::string name = key.substr(slash + 1);
+  for (const char* n : names) {
+    if (name == n) return std::make_pair(i, name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " state: unknown key '", key, "'"));
+}
+
+// The tensors of `dict` named `name`, one slot per parameter (copied).
+absl::StatusOr<std::map<std::string, std::vector<Tensor>>> TakeTensors(
+    const StateDict& dict, size_t n, std::initializer_list<const char*> names,
+    const char* what) {
+  std::map<std::string, std::vector<Tensor>> out;
+  for (const char* name : names) out[name].resize(n);
+  for (const auto& [key, t] : dict.tensors) {
+    absl::StatusOr<std::pair<size_t, std::string>> k =
+        ParseKey(key, n, names, what);
+    if (!k.ok()) return k.status();
+    if (!t.defined() || !t.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " state: tensor '", key, "' is undefined or not contiguous"));
+    }
+    out[k->second][k->first] = t.clone();
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> TakeSteps(const StateDict& dict, size_t n,
+                                               const char* what) {
+  std::vector<int64_t> steps(n, 0);
+  for (const auto& [key, v] : dict.ints) {
+    absl::StatusOr<std::pair<size_t, std::string>> k =
+        ParseKey(key, n, {"step"}, what);
+    if (!k.ok()) return k.status();
+    steps[k->first] = v;
+  }
+  return steps;
+}
+
+}  // namespace
+
+StateDict ExportState(const SgdState& state, bool copy) {
+  StateDict d;
+  PutTensors(d, state.momentum_buffer, "momentum_buffer", copy);
+  return d;
+}
+
+StateDict ExportState(const AdamState& state, bool copy) {
+  StateDict d;
+  for (size_t i = 0; i < state.step.size(); ++i) {
+    d.ints[Key(i, "step")] = state.step[i];
+  }
+  PutTensors(d, state.exp_avg, "exp_avg", copy);
+  PutTensors(d, state.exp_avg_sq, "exp_avg_sq", copy);
+  return d;
+}
+
+StateDict ExportState(const AdagradState& state, bool copy) {
+  StateDict d;
+  for (size_t i = 0; i < state.step.size(); ++i) {
+    d.ints[Key(i, "step")] = state.step[i];
+  }
+  PutTensors(d, state.sum, "sum", copy);
+  return d;
+}
+
+absl::Status ImportState(const StateDict& dict, size_t n, SgdState& state) {
+  if (!dict.ints.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SGD state: unexpected counter '", dict.ints.begin()->first, "'"));
+  }
+  auto t = TakeTensors(dict, n, {"momentum_buffer"}, "SGD");
+  if (!t.ok()) return t.status();
+  state.momentum_buffer = std::move((*t)["momentum_buffer"]);
+  return absl::OkStatus();
+}
+
+absl::Status ImportState(const StateDict& dict, size_t n, AdamState& state) {
+  auto t = TakeTensors(dict, n, {"exp_avg", "exp_avg_sq"}, "Adam");
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::vector<int64_t>> steps = TakeSteps(dict, n, "Adam");
+  if (!steps.ok()) return steps.status();
+  state.step = *std::move(steps);
+  state.exp_avg = std::move((*t)["exp_avg"]);
+  state.exp_avg_sq = std::move((*t)["exp_avg_sq"]);
+  return absl::OkStatus();
+}
+
+absl::Status ImportState(const StateDict& dict, size_t n,
+                         AdagradState& state) {
+  auto t = TakeTensors(dict, n, {"sum"}, "Adagrad");
+  if (!t.ok()) return t.status();
+  absl::StatusOr<std::vector<int64_t>> steps = TakeSteps(dict, n, "Adagrad");
+  if (!steps.ok()) return steps.status();
+  state.step = *std::move(steps);
+  state.sum = std::move((*t)["sum"]);
+  return absl::OkStatus();
+}
+
+absl::Status Optimizer::ImportStateDict(const StateDict& dict) {
+  if (dict.tensors.empty() && dict.ints.empty()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "this optimizer does not import state (Optimizer::ImportStateDict)");
 }
 
 absl::Status Optimizer::Step() {

@@ -14,10 +14,14 @@
 // lengths or a gradient's shape/dtype differs from its parameter's; nothing
 // is updated then. Parameters must be contiguous (aborts otherwise).
 // Thread safety: none; callers serialize steps on one parameter set.
+// State export (StateDict): deep copies, for checkpoints
+// (docs/design/checkpoints.md).
 #ifndef FERRY_OPTIM_OPTIM_H_
 #define FERRY_OPTIM_OPTIM_H_
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,6 +87,32 @@ absl::Status AdagradStep(const std::vector<Tensor>& params,
                          const std::vector<Tensor>& grads, AdagradState& state,
                          const AdagradOptions& options);
 
+// An optimizer's state as named entries (torch's state_dict()["state"]):
+// tensors keyed "<param index>/<buffer>" ("3/exp_avg") and counters keyed
+// "<param index>/step". Parameters without state have no entries.
+struct StateDict {
+  std::map<std::string, Tensor> tensors;  // Deep copies, contiguous.
+  std::map<std::string, int64_t> ints;    // Per-parameter step counters.
+};
+// SGD's momentum buffers as "<i>/momentum_buffer": copies, or with `copy`
+// false the live tensors (to copy elsewhere before the next step).
+StateDict ExportState(const SgdState& state, bool copy = true);
+// Adam's / AdamW's "<i>/step", "<i>/exp_avg", "<i>/exp_avg_sq" (as above).
+StateDict ExportState(const AdamState& state, bool copy = true);
+// Adagrad's "<i>/step" and "<i>/sum" (as above).
+StateDict ExportState(const AdagradState& state, bool copy = true);
+// Replaces `state` with `dict`'s entries (copied) for `num_params`
+// parameters. InvalidArgument naming the key for an unknown key, an index
+// out of range or a non-contiguous tensor; `state` is untouched then.
+absl::Status ImportState(const StateDict& dict, size_t num_params,
+                         SgdState& state);
+// ImportState for Adam / AdamW.
+absl::Status ImportState(const StateDict& dict, size_t num_params,
+                         AdamState& state);
+// ImportState for Adagrad.
+absl::Status ImportState(const StateDict& dict, size_t num_params,
+                         AdagradState& state);
+
 // Stateful wrappers: Step() applies the functional step to the parameters'
 // current .grad; ZeroGrad() clears them.
 class Optimizer {
@@ -96,6 +126,17 @@ class Optimizer {
   void ZeroGrad();
   // The parameters, in the order given.
   const std::vector<Tensor>& params() const { return params_; }
+  // The optimizer's kind ("sgd", "adam", "adamw", "adagrad"; the default,
+  // for optimizers defined elsewhere: "").
+  virtual std::string kind() const { return ""; }
+  // A deep copy of the state (ExportState); the default: empty.
+  virtual StateDict ExportStateDict() const { return {}; }
+  // Replaces the state (ImportState); on error the state is untouched. The
+  // default: Unimplemented unless `dict` is empty.
+  virtual absl::Status ImportStateDict(const StateDict& dict);
+  // ExportState without copying: the live tensors, valid until the next
+  // step (a snapshot copies them under the step lock); the default: empty.
+  virtual StateDict StateView() const { return {}; }
 
  protected:
   // The step over params() with `grads` (one per parameter, in order).
@@ -113,6 +154,15 @@ class SGD : public Optimizer {
       : Optimizer(std::move(params)), options_(options) {}
   // The momentum buffers.
   const SgdState& state() const { return state_; }
+  std::string kind() const override { return "sgd"; }  // "sgd".
+  // ExportState(state()).
+  StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
+  // ImportState into the momentum buffers.
+  absl::Status ImportStateDict(const StateDict& dict) override {
+    return ImportState(dict, params().size(), state_);
+  }
 
  private:
   absl::Status StepWith(const std::vector<Tensor>& grads) override {
@@ -131,6 +181,18 @@ class Adam : public Optimizer {
       : Optimizer(std::move(params)),
         options_(options),
         decoupled_(decoupled) {}
+  // The moments and step counters.
+  const AdamState& state() const { return state_; }
+  // "adam" or "adamw".
+  std::string kind() const override { return decoupled_ ? "adamw" : "adam"; }
+  // ExportState(state()).
+  StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
+  // ImportState into the moments and step counters.
+  absl::Status ImportStateDict(const StateDict& dict) override {
+    return ImportState(dict, params().size(), state_);
+  }
 
  private:
   absl::Status StepWith(const std::vector<Tensor>& grads) override {
@@ -156,6 +218,17 @@ class Adagrad : public Optimizer {
   // Steps `params` with `options`.
   Adagrad(std::vector<Tensor> params, AdagradOptions options)
       : Optimizer(std::move(params)), options_(options) {}
+  // The sums and step counters.
+  const AdagradState& state() const { return state_; }
+  std::string kind() const override { return "adagrad"; }  // "adagrad".
+  // ExportState(state()).
+  StateDict ExportStateDict() const override { return ExportState(state_); }
+  // ExportState(state(), false).
+  StateDict StateView() const override { return ExportState(state_, false); }
+  // ImportState into the sums and step counters.
+  absl::Status ImportStateDict(const StateDict& dict) override {
+    return ImportState(dict, params().size(), state_);
+  }
 
  private:
   absl::Status StepWith(const std::vector<Tensor>& grads) override {

@@ -192,6 +192,14 @@ class Agent {
   void AddPeerFailureListener(PeerFailureListener listener);
   // Whether worker `id` was reported failed.
   bool IsPeerFailed(int id) const;
+  // Waits until a present member named `name` is neither reported failed nor
+  // worker `stale_id` (the id whose call failed; -1: any), and returns it: a
+  // worker restarted under its name (a new id) is back. For a caller whose
+  // call failed with Unavailable naming that worker. DeadlineExceeded naming
+  // the worker after `timeout`; Unavailable once this agent stops.
+  absl::StatusOr<WorkerInfo> WaitForWorker(const std::string& name,
+                                           absl::Duration timeout,
+                                           int stale_id = -1) const;
 
   // Requests received before the group was known and still waiting for it
   // (inspection and tests).

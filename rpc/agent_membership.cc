@@ -165,6 +165,42 @@ void Agent::TellMembershipListeners(const WorkerInfo& worker,
   for (const MembershipListener& l : listeners) l(worker, change);
 }
 
+absl::StatusOr<WorkerInfo> Agent::WaitForWorker(const std::string& name,
+                                                absl::Duration timeout,
+                                                int stale_id) const {
+  std::optional<WorkerInfo> found;
+  bool stopped = false;
+  // Re-checked whenever mu_ is released: every table change tells the
+  // listeners under mu_, and failures are recorded under it.
+  auto back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopping_) {
+      stopped = true;
+      return true;
+    }
+    std::shared_ptr<const Group> g = group();
+    auto it = g->present_by_name.find(name);
+    if (it == g->present_by_name.end() || it->second == stale_id ||
+        failed_peers_.count(it->second) > 0) {
+      return false;
+    }
+    found = g->Find(it->second)->info;
+    return true;
+  };
+  MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&back), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "worker '", self_.name, "': no live worker named '", name,
+        "' came back within ", absl::FormatDuration(timeout),
+        stale_id >= 0 ? absl::StrCat(" (id ", stale_id, " failed)") : ""));
+  }
+  if (stopped) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", self_.name, "' is ", stop_state_,
+        ": stopped waiting for worker '", name, "'"));
+  }
+  return *found;
+}
+
 bool Agent::AddMember(const WorkerInfo& worker) {
   if (worker.id < 0 || worker.name.empty()) return false;
   std::optional<WorkerInfo> replaced;

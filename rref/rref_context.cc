@@ -40,6 +40,13 @@ struct RRefContext::OwnerEntry {
 
 namespace {
 
+// "the owner 'ps0' (id 1) is dead": the instance, as a worker restarted under
+// its name has another id (and does not hold the value).
+std::string DeadOwner(const WorkerInfo& owner) {
+  return absl::StrCat("the owner '", owner.name, "' (id ", owner.id,
+                      ") is dead");
+}
+
 void ForEachHandle(Value& v, const std::function<void(RRefHandle&)>& fn) {
   if (RRefHandle* h = v.mutable_rref()) {
     fn(*h);
@@ -1053,7 +1060,7 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
   }
   if (IsKnownDead(state->owner().id)) {
     return MakeErrorFuture<Value>(absl::UnavailableError(
-        absl::StrCat("to_here of ", what, ": the owner is dead")));
+        absl::StrCat("to_here of ", what, ": ", DeadOwner(state->owner()))));
   }
   if (state->created().IsReady() && !state->created().status().ok()) {
     return MakeErrorFuture<Value>(
@@ -1161,7 +1168,7 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
                    Describe(state->rref_id(), state->owner().name));
   if (IsKnownDead(state->owner().id)) {
     return MakeErrorFuture<Value>(
-        absl::UnavailableError(absl::StrCat(what, ": the owner is dead")));
+        absl::UnavailableError(absl::StrCat(what, ": ", DeadOwner(state->owner()))));
   }
   if (state->created().IsReady() && !state->created().status().ok()) {
     return MakeErrorFuture<Value>(Annotate(state->created().status(), what));

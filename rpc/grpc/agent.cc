@@ -400,7 +400,8 @@ absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
     result = AwaitOutgoingCalls(deadline, timeout);
     // 2. Meet everyone: after this no worker issues new calls.
     if (result.ok()) {
-      result = grpc_agent::ShutdownBarrier(store_, self().name, static_size_,
+      result = grpc_agent::ShutdownBarrier(store_, self().name, self().id,
+                                           static_size_,
                                            deadline);
     }
   }
@@ -715,6 +716,47 @@ void GrpcAgent::ProbePeer(int id, const absl::Status& why) {
       &raw->context, kHealthCheckMethod, grpc::StubOptions(), &raw->request,
       &raw->response,
       [this, raw](grpc::Status status) { ProbeDone(raw, status); });
+}
+
+absl::Status GrpcAgent::ProbeWorker(const WorkerInfo& worker) {
+  std::shared_ptr<Peer> peer;
+  {
+    MutexLock lock(&mu_);
+    if (shutting_down_) {
+      return absl::UnavailableError(absl::StrCat(
+          "worker '", self().name, "' is shutting down: not probing '",
+          worker.name, "'"));
+    }
+    peer = PeerFor(worker);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(
+      absl::ToChronoTime(absl::Now() + grpc_options_.peer_probe_timeout));
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  Notification done;
+  grpc::Status status;
+  peer->stub->UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(),
+                        &request, &response, [&](grpc::Status s) {
+                          status = std::move(s);
+                          done.Notify();
+                        });
+  // gRPC's deadline ends the call; the margin covers its timer. Cancelled
+  // otherwise, and gRPC then always runs the callback.
+  if (!done.WaitForNotificationWithTimeout(grpc_options_.peer_probe_timeout +
+                                           absl::Seconds(5))) {
+    context.TryCancel();
+    done.WaitForNotification();
+  }
+  // As ProbeDone: any answer shows the server is there.
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker '", worker.name, "' (id ", worker.id, ") at ", worker.address,
+        ": health probe failed: ", FromGrpcStatus(status).ToString()));
+  }
+  return absl::OkStatus();
 }
 
 void GrpcAgent::ProbeDone(Probe* raw, const grpc::Status& status) {

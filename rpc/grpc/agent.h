@@ -134,8 +134,11 @@ class GrpcAgent final : public Agent {
 
   // Joins the running group whose store is `store` (waiting up to
   // options.join_timeout for it to form) as a new worker named `name`.
-  // Returns once every present member knows it. AlreadyExists when a present
-  // member has the name; DeadlineExceeded when no group runs;
+  // Returns once every present member knows it. AlreadyExists when a live
+  // present member has the name; a present member of the name whose health
+  // probe fails (a dead process) is evicted and the joiner takes its name
+  // under a new id (members then route calls by name to the joiner, and see
+  // the dead one leave). DeadlineExceeded when no group runs;
   // FailedPrecondition once the static group's shutdown barrier completed.
   // The joined worker gets a fresh id (the static world size or more); its
   // graceful Shutdown is its Leave. The static group's shutdown does not wait
@@ -200,6 +203,10 @@ class GrpcAgent final : public Agent {
                                      const GrpcAgentOptions& options);
   // SetSelf and before_serving, then the server; returns the bound address.
   absl::StatusOr<std::string> Serve(const WorkerInfo& self);
+  // Probes `worker`'s health service once (bounded by peer_probe_timeout):
+  // OK when its server answers, Unavailable naming it when the transport
+  // fails (connection refused, no answer in time).
+  absl::Status ProbeWorker(const WorkerInfo& worker);
   // Returns the bound address.
   absl::StatusOr<std::string> StartServer(const std::string& name);
   void OpenChannels();

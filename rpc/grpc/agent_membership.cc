@@ -108,12 +108,41 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Join(
   absl::StatusOr<std::vector<WorkerInfo>> members = grpc_agent::ReadMembers(
       store, id.static_size, *slot, who, deadline - absl::Now());
   if (!members.ok()) return fail(members.status());
-  for (const WorkerInfo& w : *members) {
-    if (w.name == name) {
-      return fail(absl::AlreadyExistsError(
-          absl::StrCat(who, ": worker id ", w.id, " at ", w.address,
-                       " has that name and has not left")));
+  // A present member holding the name: alive, the join is refused; dead
+  // (its health probe fails at the transport), it is evicted (a leave event
+  // on its behalf) and this joiner records its join again after that event,
+  // so every reader of the log applies it. Bounded: another joiner may take
+  // the freed name first.
+  constexpr int kMaxEvictions = 3;
+  for (int attempt = 0;; ++attempt) {
+    const WorkerInfo* holder = nullptr;
+    for (const WorkerInfo& w : *members) {
+      if (w.name == name) holder = &w;
     }
+    if (holder == nullptr) break;
+    if (attempt == kMaxEvictions) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          who, ": worker id ", holder->id, " at ", holder->address,
+          " took that name again after ", kMaxEvictions, " evictions")));
+    }
+    absl::Status alive = agent->ProbeWorker(*holder);
+    if (alive.ok()) {
+      return fail(absl::AlreadyExistsError(absl::StrCat(
+          who, ": worker id ", holder->id, " at ", holder->address,
+          " has that name and has not left (it answers its health probe)")));
+    }
+    FERRY_LOG(WARNING) << who << ": worker '" << name << "' (id "
+                       << holder->id << ") at " << holder->address
+                       << " is dead (" << alive << "); taking its name";
+    absl::Status evicted = grpc_agent::EvictDeadMember(store, id.static_size,
+                                                       *holder);
+    if (!evicted.ok()) return fail(Annotate(evicted, who));
+    slot = grpc_agent::AppendMembershipEvent(store, MembershipChange::kJoined,
+                                             self);
+    if (!slot.ok()) return fail(Annotate(slot.status(), who));
+    members = grpc_agent::ReadMembers(store, id.static_size, *slot, who,
+                                      deadline - absl::Now());
+    if (!members.ok()) return fail(members.status());
   }
   absl::Status probed =
       agent->same_host_->ProbeMembers(*store, *members, id.id);
@@ -155,7 +184,8 @@ absl::Status GrpcAgent::AnnounceLeave(absl::Time deadline) {
       store_, MembershipChange::kLeft, self());
   if (!slot.ok()) return Annotate(slot.status(), who);
   if (self().id < static_size_) {
-    RETURN_IF_ERROR(grpc_agent::ArriveAtShutdownBarrier(store_, static_size_));
+    RETURN_IF_ERROR(grpc_agent::ArriveAtShutdownBarrier(store_, static_size_,
+                                                        self().id));
   }
   // Members whose join notice has not reached this worker yet are told too.
   absl::StatusOr<std::vector<WorkerInfo>> members = grpc_agent::ReadMembers(

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "ferry/common/status.h"
+#include "ferry/rpc/grpc/rendezvous.h"
 #include "ferry/store/prefix_store.h"
 
 namespace ferry::rpc::grpc_agent {
@@ -105,6 +106,14 @@ absl::StatusOr<int64_t> AppendMembershipEvent(std::shared_ptr<Store> base,
       absl::StrCat(change == MembershipChange::kJoined ? "join" : "leave", "\n",
                    worker.id, "\n", worker.name, "\n", worker.address)));
   return slot;
+}
+
+absl::Status EvictDeadMember(std::shared_ptr<Store> base, int static_size,
+                             const WorkerInfo& dead) {
+  RETURN_IF_ERROR(
+      AppendMembershipEvent(base, MembershipChange::kLeft, dead).status());
+  if (dead.id >= static_size) return absl::OkStatus();
+  return ArriveAtShutdownBarrier(std::move(base), static_size, dead.id);
 }
 
 absl::StatusOr<std::vector<WorkerInfo>> ReadMembers(std::shared_ptr<Store> base,

@@ -15,6 +15,8 @@
 // joiner fails with AlreadyExists). An event's writer reads the events before
 // its own slot and tells those members (a MEMBERSHIP notice); members whose
 // events come later read its event. So every pair learns of each other.
+// A joiner whose name a dead member holds writes a leave event for it, then
+// its own join again (GrpcAgent::Join; docs/design/checkpoints.md).
 #ifndef FERRY_RPC_GRPC_MEMBERSHIP_H_
 #define FERRY_RPC_GRPC_MEMBERSHIP_H_
 
@@ -48,6 +50,14 @@ absl::StatusOr<JoinerId> ReserveJoinerId(std::shared_ptr<Store> store,
 absl::StatusOr<int64_t> AppendMembershipEvent(std::shared_ptr<Store> store,
                                               MembershipChange change,
                                               const WorkerInfo& worker);
+
+// Records that `dead` (a present member whose health probe failed) left:
+// a leave event on its behalf and, for a static member, its arrival at the
+// shutdown barrier (once per id: not again if it had arrived, however many
+// joiners evict it), so the static group's graceful shutdown does not wait
+// for it.
+absl::Status EvictDeadMember(std::shared_ptr<Store> store, int static_size,
+                             const WorkerInfo& dead);
 
 // The present members before `slot` (by id), as described above. Errors name
 // `who` and the malformed record.

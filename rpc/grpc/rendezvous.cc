@@ -96,17 +96,21 @@ absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> base,
 }
 
 absl::Status ArriveAtShutdownBarrier(std::shared_ptr<Store> base,
-                                     int world_size) {
+                                     int world_size, int id) {
   PrefixStore store("rpc/", std::move(base));
+  absl::StatusOr<int64_t> once =
+      store.Add(absl::StrCat("shutdown_arrived/", id), 1);
+  if (!once.ok()) return once.status();
+  if (*once != 1) return absl::OkStatus();
   absl::StatusOr<int64_t> n = store.Add("shutdown_count", 1);
   if (n.ok() && *n == world_size) return store.Set("shutdown_done", "1");
   return n.status();
 }
 
 absl::Status ShutdownBarrier(std::shared_ptr<Store> base,
-                             const std::string& self_name, int world_size,
-                             absl::Time deadline) {
-  absl::Status s = ArriveAtShutdownBarrier(base, world_size);
+                             const std::string& self_name, int self_id,
+                             int world_size, absl::Time deadline) {
+  absl::Status s = ArriveAtShutdownBarrier(base, world_size, self_id);
   PrefixStore store("rpc/", std::move(base));
   if (s.ok())
     s = store.Wait({std::string("shutdown_done")}, deadline - absl::Now());

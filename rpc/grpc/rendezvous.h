@@ -27,16 +27,18 @@ absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> store,
                                                   int world_size,
                                                   absl::Duration timeout);
 
-// Counts this worker in at the shutdown barrier without waiting (a static
-// member that leaves the group early).
+// Counts static worker `id` in at the shutdown barrier without waiting (a
+// static member that leaves the group early, or a dead one evicted). Once
+// per id: a repeat (a dead worker that had arrived before it was evicted)
+// counts nothing.
 absl::Status ArriveAtShutdownBarrier(std::shared_ptr<Store> store,
-                                     int world_size);
+                                     int world_size, int id);
 
 // Returns once all `world_size` workers called it (or arrived), or an error
 // at `deadline`.
 absl::Status ShutdownBarrier(std::shared_ptr<Store> store,
-                             const std::string& self_name, int world_size,
-                             absl::Time deadline);
+                             const std::string& self_name, int self_id,
+                             int world_size, absl::Time deadline);
 
 // Whether every one of the static group's workers arrived at the shutdown
 // barrier (the group is shutting down: it takes no joiner).
