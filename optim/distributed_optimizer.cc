@@ -234,6 +234,7 @@ absl::Status DistOptimizerService::StepOne(int64_t id, const Tensor& leaf,
     } else {
       MutexLock p(options_.param_mutex.get());
       s = owned->Apply(g);
+      if (s.ok() && options_.after_update) options_.after_update(params[i]);
     }
   }
   if (s.ok()) return s;  // The message is built only for a failure.
@@ -258,7 +259,13 @@ absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
   MutexLock l(&owned->mu);
   if (options_.param_mutex == nullptr) return Annotate(owned->Apply(g), where);
   MutexLock params(options_.param_mutex.get());
-  return Annotate(owned->Apply(g), where);
+  absl::Status s = owned->Apply(g);
+  if (s.ok() && options_.after_update) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (g[i].defined()) options_.after_update(owned->params[i]);
+    }
+  }
+  return Annotate(s, where);
 }
 
 void DistOptimizerService::Destroy(int64_t id) {

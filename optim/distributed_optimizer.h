@@ -29,6 +29,7 @@
 #ifndef FERRY_OPTIM_DISTRIBUTED_OPTIMIZER_H_
 #define FERRY_OPTIM_DISTRIBUTED_OPTIMIZER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -70,6 +71,12 @@ class DistOptimizerService {
     // that reads those parameters concurrently (a forward pass served for
     // another trainer) holds it too, so it never sees a half-done update.
     std::shared_ptr<Mutex> param_mutex;
+    // When set (with param_mutex), called with param_mutex held after each
+    // parameter an optimizer updated (the tensor updated, as registered by
+    // the creator's RRef): a parameter server counts applied updates and
+    // snapshots its shard there. Must not block or call back into the
+    // service.
+    std::function<void(const Tensor& param)> after_update = nullptr;
     // The worker's distributed autograd (required): steps read the
     // gradients of its contexts.
     std::shared_ptr<autograd::dist::DistAutogradContainer> dist;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "ferry/autograd/engine.h"
@@ -270,6 +271,91 @@ TEST(DistOptimizerFusedTest, OwnerWithoutTheServiceFailsTheFusedPass) {
                                    {.fused_optimizer = &opt});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("worker 'ps'"), std::string::npos) << s;
+}
+
+// The after-update hook (a parameter server's applied-step counter and
+// checkpoint snapshot) runs once per updated parameter, after the update,
+// with the parameter mutex held, for fused and for separate steps.
+TEST(DistOptimizerHookTest, AfterUpdateRunsPerParameterUnderTheMutex) {
+  rpc::testing::InProcessNetwork net({"trainer", "ps"});
+  auto d0 = DistAutogradContainer::Install(net.agent(0));
+  auto d1 = DistAutogradContainer::Install(net.agent(1));
+  auto r0 = RRefContext::Install(net.agent(0));
+  auto r1 = RRefContext::Install(net.agent(1));
+  ASSERT_TRUE(d0.ok() && d1.ok() && r0.ok() && r1.ok());
+  Tensor w = Param({3, 2}, 5), v = Param({2}, 6);
+  auto mu = std::make_shared<Mutex>();
+  struct Seen {
+    int w = 0, v = 0, other = 0, unlocked = 0, unchanged = 0;
+  };
+  auto seen = std::make_shared<Seen>();
+  Tensor w_before = autograd::Detach(w).clone();
+  auto s0 = DistOptimizerService::Install(
+      net.agent(0), {.param_mutex = nullptr, .dist = *d0});
+  auto s1 = DistOptimizerService::Install(
+      net.agent(1),
+      {.param_mutex = mu,
+       .after_update =
+           [mu, seen, w, v, &w_before](const Tensor& p) {
+             // Held: another thread cannot take it.
+             bool free = false;
+             std::thread([&] {
+               free = mu->TryLock();
+               if (free) mu->Unlock();
+             }).join();
+             seen->unlocked += free;
+             if (p.is_same(w)) {
+               ++seen->w;
+               seen->unchanged += w.equal(w_before);  // Already updated.
+             } else if (p.is_same(v)) {
+               ++seen->v;
+             } else {
+               ++seen->other;
+             }
+           },
+       .dist = *d1});
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  RRefContext* ps = r1->get();
+  ASSERT_TRUE(net.agent(1)
+                  .Register("params",
+                            [w, v, ps] {
+                              return std::vector<RRef<Tensor>>{
+                                  rref::MakeLocalRRef<Tensor>(*ps, w),
+                                  rref::MakeLocalRRef<Tensor>(*ps, v)};
+                            })
+                  .ok());
+  ASSERT_TRUE(net.agent(1)
+                  .Register("forward",
+                            [w, v](Tensor x) {
+                              return autograd::add(autograd::matmul(x, w), v);
+                            })
+                  .ok());
+  auto params = net.agent(0).rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto opt = DistributedOptimizer::Create(net.agent(0), SgdOptions{.lr = 0.1},
+                                          *params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  for (int fused = 0; fused < 2; ++fused) {
+    w_before = autograd::Detach(w).clone();
+    ContextScope ctx(**d0);
+    auto y = net.agent(0).rpc_sync<Tensor>("ps", "forward",
+                                           randn({4, 3}, 9, DType::kFloat64));
+    ASSERT_TRUE(y.ok()) << y.status();
+    if (fused == 1) {
+      absl::Status s = (*d0)->Backward(ctx.id(), {autograd::sum(*y)},
+                                       {.fused_optimizer = opt->get()});
+      ASSERT_TRUE(s.ok()) << s;
+    } else {
+      ASSERT_TRUE((*d0)->Backward(ctx.id(), {autograd::sum(*y)}).ok());
+      absl::Status s = (*opt)->Step(ctx.id());
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(seen->w, fused + 1);
+    EXPECT_EQ(seen->v, fused + 1);
+  }
+  EXPECT_EQ(seen->other, 0);
+  EXPECT_EQ(seen->unlocked, 0);
+  EXPECT_EQ(seen->unchanged, 0);
 }
 
 // 0 SGD with momentum, 1 Adam, 2 AdamW, 3 Adagrad.

@@ -134,6 +134,8 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
     ASSIGN_OR_RETURN(w.optimizers,
                      optim::DistOptimizerService::Install(
                          agent, {.param_mutex = w.options.optimizer_param_mutex,
+                                 .after_update =
+                                     w.options.optimizer_after_update,
                                  .dist = w.dist}));
     return w.options.before_serving ? w.options.before_serving(*worker)
                                     : absl::OkStatus();

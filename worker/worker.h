@@ -102,6 +102,10 @@ struct WorkerOptions {
   // Held while an optimizer of this worker steps (parameter servers share
   // it with the code that reads parameters); may be null.
   std::shared_ptr<Mutex> optimizer_param_mutex;
+  // With optimizer_param_mutex: called under it after each parameter an
+  // optimizer of this worker updated (DistOptimizerService::Options::
+  // after_update); may be empty.
+  std::function<void(const Tensor& param)> optimizer_after_update;
   // Runs once the layers are installed and before the worker serves:
   // register remote classes, interceptors, membership listeners. An error
   // fails InitWorker.

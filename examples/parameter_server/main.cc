@@ -58,6 +58,23 @@
 // itself in iteration K, between its forward pass and its backward pass, or
 // --kill_after_us=U after the iteration began (fault injection for tests
 // and bench/fault).
+//
+// Server death (--checkpoint_dir=DIR, --checkpoint_every=K steps and/or
+// --checkpoint_secs=T; tools/run_job --fault_tolerant runs it under
+// ferry_run --restart_ranks=<the servers' ranks>): each server counts its
+// applied steps (updates of its embedding shard, under its step lock, from
+// the optimizer service's after-update hook) and snapshots its parameters
+// and that counter there with an optim::Checkpointer (a copy under the
+// lock; its own thread writes DIR/ps<m>.ckpt). A server restarted by
+// ferry_run (FERRY_RUN_RESTART >= 1) restores the newest valid checkpoint,
+// joins the running group under its name (the agent evicts its dead
+// instance), logs what it restored and serves; a trainer whose step fails
+// while a server is reported failed (or replaced) waits for it
+// (Agent::WaitForWorker, --server_wait_s), drops the failed step, fetches
+// that server's parameter RRefs and creates its optimizer there again (its
+// optimizers on the other servers keep their state) and goes on.
+// --kill_server=M --kill_server_at_step=S: ps<M> SIGKILLs itself right
+// after applying its step S (first start only; fault injection).
 #include <signal.h>
 #include <unistd.h>
 
@@ -65,6 +82,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -86,6 +104,7 @@
 #include "ferry/common/status.h"
 #include "ferry/common/sync.h"
 #include "ferry/ferry.h"
+#include "ferry/optim/checkpoint.h"
 #include "ferry/store.h"
 
 ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
@@ -123,6 +142,23 @@ ABSL_FLAG(int, kill_at_step, 0,
 ABSL_FLAG(int, kill_after_us, 0,
           "fault injection: --kill_trainer dies this long after iteration "
           "--kill_at_step began (0: between its forward and backward pass)");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "each server checkpoints its shard (parameters and applied-step "
+          "counter) into DIR/ps<m>.ckpt; a server restarted by ferry_run "
+          "(FERRY_RUN_RESTART >= 1) restores it and rejoins under its name");
+ABSL_FLAG(int, checkpoint_every, 100,
+          "--checkpoint_dir: a snapshot every K applied steps (0: by time only)");
+ABSL_FLAG(double, checkpoint_secs, 0,
+          "--checkpoint_dir: a snapshot every T seconds (0: by steps only)");
+ABSL_FLAG(int, kill_server, -1,
+          "fault injection: server ps<m> SIGKILLs itself at applied step "
+          "--kill_server_at_step (first start only)");
+ABSL_FLAG(int, kill_server_at_step, 0,
+          "fault injection: the applied-step counter at which --kill_server "
+          "dies (right after applying that step, before answering)");
+ABSL_FLAG(int, server_wait_s, 60,
+          "--fault_tolerant: how long a trainer waits for a dead server to "
+          "come back");
 ABSL_FLAG(bool, print_step_times, false,
           "trainers end with a line of each step's end (unix us; bench/fault)");
 
@@ -140,6 +176,12 @@ struct Config {
   bool fault_tolerant = false;
   int heartbeat_ms = 100, kill_trainer = -1, kill_at_step = 0,
       kill_after_us = 0;
+  std::string checkpoint_dir = "";
+  int checkpoint_every = 0;
+  double checkpoint_secs = 0;
+  int kill_server = -1, kill_server_at_step = 0, server_wait_s = 60;
+  // ferry_run's FERRY_RUN_RESTART: 0 at first start, k >= 1 on restarts.
+  int restart = 0;
 };
 
 Config FromFlags() {
@@ -157,10 +199,26 @@ Config FromFlags() {
   c.kill_trainer = absl::GetFlag(FLAGS_kill_trainer);
   c.kill_at_step = absl::GetFlag(FLAGS_kill_at_step);
   c.kill_after_us = absl::GetFlag(FLAGS_kill_after_us);
+  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  c.checkpoint_secs = absl::GetFlag(FLAGS_checkpoint_secs);
+  c.kill_server = absl::GetFlag(FLAGS_kill_server);
+  c.kill_server_at_step = absl::GetFlag(FLAGS_kill_server_at_step);
+  c.server_wait_s = absl::GetFlag(FLAGS_server_wait_s);
+  const char* restart = std::getenv("FERRY_RUN_RESTART");
+  if (restart == nullptr || !absl::SimpleAtoi(restart, &c.restart)) {
+    c.restart = 0;
+  }
   return c;
 }
 
 std::string ServerName(int m) { return absl::StrCat("ps", m); }
+// Servers are "ps<m>"; every other worker is a trainer. A restarted server
+// is a joined worker (its id is past the static group's), so roles go by
+// name, not by id.
+bool IsServerName(const std::string& name) {
+  return absl::StartsWith(name, "ps");
+}
 
 absl::Duration Timeout() {
   return absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
@@ -184,7 +242,31 @@ struct Shard {
   Tensor embedding;            // [end - begin, D]
   std::vector<Tensor> head;    // W1 [D, H], b1 [H], W2 [H, C], b2 [C]; ps0.
   std::shared_ptr<Mutex> mu = std::make_shared<Mutex>();
+  // Applied steps: updates of `embedding` (every trainer step updates it
+  // once), under *mu; restored from a checkpoint on a restart.
+  int64_t applied = 0;
+
+  std::vector<Tensor> Params() const {
+    std::vector<Tensor> p = {embedding};
+    p.insert(p.end(), head.begin(), head.end());
+    return p;
+  }
+  static std::vector<std::string> Names(size_t n) {
+    std::vector<std::string> names = {"embedding"};
+    for (size_t i = 1; i < n; ++i) names.push_back(absl::StrCat("head", i - 1));
+    return names;
+  }
 };
+
+// The sum of every element of `params` (a fingerprint logged at each
+// checkpoint and restore: a restored shard must show one written).
+double Fingerprint(const std::vector<Tensor>& params) {
+  double sum = 0;
+  for (const Tensor& t : params) {
+    for (float v : t.to_vector<float>()) sum += v;
+  }
+  return sum;
+}
 
 Shard MakeShard(const Config& c, int m) {
   Shard s;
@@ -303,8 +385,8 @@ class ServerView {
     agent.AddPeerFailureListener([this, ap, rrefs, dist, optimizers](
                                      const rpc::WorkerInfo& who,
                                      const absl::Status& why) {
-      if (who.id < static_size_) {
-        std::printf("%s: static worker %s (id %d) failed: %s\n", me_.c_str(),
+      if (who.id < static_size_ || IsServerName(who.name)) {
+        std::printf("%s: server %s (id %d) failed: %s\n", me_.c_str(),
                     who.name.c_str(), who.id, why.ToString().c_str());
         return;
       }
@@ -356,7 +438,8 @@ class ServerView {
           // added before this one) and dropped the forks the leaver held.
           std::printf("%s: %s (id %d) left after %s; workers: %s\n",
                       me_.c_str(), who.name.c_str(), who.id,
-                      Left(who.id, absl::StartsWith(who.name, "elastic"),
+                      Left(who.id, !IsServerName(who.name),
+                           absl::StartsWith(who.name, "elastic"),
                            rrefs.lock(), dist.lock())
                           .c_str(),
                       Table(*ap).c_str());
@@ -490,7 +573,7 @@ class ServerView {
   // "N optimizer steps here (G with gradients); it still holds here: F RRef
   // forks, ..." for worker `id`, which just left (G for a `checked` one).
   std::string Left(
-      int id, bool checked, std::shared_ptr<rref::RRefContext> rrefs,
+      int id, bool trainer, bool checked, std::shared_ptr<rref::RRefContext> rrefs,
       std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
     int64_t forks = 0, contexts = 0;
     for (const rref::RRefContext::OwnedInfo& o :
@@ -501,7 +584,7 @@ class ServerView {
       contexts += ctx.worker_id() == id;
     }
     MutexLock l(&mu_);
-    if (id >= static_size_) ++joiners_left_;
+    if (id >= static_size_ && trainer) ++joiners_left_;
     const Did did = did_[id];
     return absl::StrCat(
         did.steps, " optimizer steps here",
@@ -594,7 +677,10 @@ class Heartbeat {
     // Bounded by the server's life: stop_ is set before Shutdown.
     while (true) {
       for (const rpc::WorkerInfo& w : agent_.GetWorkerInfos()) {
-        if (w.id < servers_ || agent_.IsPeerFailed(w.id)) continue;
+        if (w.id < servers_ || IsServerName(w.name) ||
+            agent_.IsPeerFailed(w.id)) {
+          continue;
+        }
         auto it = outstanding.find(w.id);
         if (it != outstanding.end() && !it->second.IsReady()) continue;
         outstanding.insert_or_assign(
@@ -634,9 +720,180 @@ absl::Status AwaitTrainers(const Config& c, int m, ServerView& view) {
   return absl::OkStatus();
 }
 
+// Bounded polling of observable state (the agent's member table, which has
+// no "every trainer gone" notification): whether `cond` held within `limit`.
+bool PollTable(const std::function<bool()>& cond, absl::Duration limit) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// --fault_tolerant, a restarted server: it joined after the trainers, so it
+// cannot count them leaving; it serves until no trainer is present and
+// alive in its table (bounded polling of the agent's member table).
+absl::Status AwaitTrainersGoneFromTable(rpc::Agent& agent,
+                                        const std::string& me) {
+  const bool gone = PollTable(
+      [&] {
+        for (const rpc::WorkerInfo& w : agent.GetWorkerInfos()) {
+          if (!IsServerName(w.name) && !agent.IsPeerFailed(w.id)) return false;
+        }
+        return true;
+      },
+      Timeout());
+  if (!gone) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(me, ": trainers still present after --timeout_s"));
+  }
+  std::printf("%s: every trainer is gone\n", me.c_str());
+  return absl::OkStatus();
+}
+
+// --fault_tolerant, a static server: a restarted server is a joined member
+// and must leave before the static group's shutdown barrier completes, so
+// the static servers wait for it (bounded polling of the member table).
+absl::Status AwaitRestartedServersLeft(rpc::Agent& agent, const Config& c,
+                                       const std::string& me) {
+  const bool left = PollTable(
+      [&] {
+        for (const rpc::WorkerInfo& w : agent.GetWorkerInfos()) {
+          if (IsServerName(w.name) && w.id >= c.servers &&
+              !agent.IsPeerFailed(w.id)) {
+            return false;
+          }
+        }
+        return true;
+      },
+      Timeout());
+  return left ? absl::OkStatus()
+              : absl::DeadlineExceededError(absl::StrCat(
+                    me, ": a restarted server did not leave in --timeout_s"));
+}
+
+// --checkpoint_dir on a restart: the newest valid checkpoint of `me` into
+// `shard` (NotFound: the server starts from its seeded initial values).
+absl::Status Restore(const Config& c, const std::string& me, Shard& shard) {
+  absl::StatusOr<optim::LoadedCheckpoint> loaded =
+      optim::LoadLatest(c.checkpoint_dir, me);
+  if (absl::IsNotFound(loaded.status())) {
+    std::printf("%s: restarted (FERRY_RUN_RESTART=%d): no checkpoint in %s, "
+                "starting from the initial values (applied step 0)\n",
+                me.c_str(), c.restart, c.checkpoint_dir.c_str());
+    return absl::OkStatus();
+  }
+  if (!loaded.ok()) {
+    return Annotate(loaded.status(),
+                    absl::StrCat(me, ": restoring after a restart"));
+  }
+  for (const std::string& r : loaded->refused) {
+    std::printf("%s: refused checkpoint %s\n", me.c_str(), r.c_str());
+  }
+  std::vector<Tensor> params = shard.Params();
+  const std::vector<std::string> names = Shard::Names(params.size());
+  const auto& tensors = loaded->checkpoint.tensors;
+  if (tensors.size() != params.size()) {
+    return absl::DataLossError(absl::StrCat(
+        me, ": checkpoint ", loaded->path, " holds ", tensors.size(),
+        " tensors, the shard has ", params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (tensors[i].first != names[i] ||
+        tensors[i].second.sizes() != params[i].sizes() ||
+        tensors[i].second.dtype() != params[i].dtype()) {
+      return absl::DataLossError(
+          absl::StrCat(me, ": checkpoint ", loaded->path, " tensor ", i, " '",
+                       tensors[i].first, "' does not match the shard's '",
+                       names[i], "' (", autograd::ShapeString(params[i]), ")"));
+    }
+  }
+  MutexLock l(shard.mu.get());
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].copy_(tensors[i].second);  // Same storage: RRefs see it.
+  }
+  shard.applied = loaded->checkpoint.step;
+  std::printf(
+      "%s: restarted (FERRY_RUN_RESTART=%d): restored applied step %ld from "
+      "%s (fingerprint %.9g)\n",
+      me.c_str(), c.restart, static_cast<long>(shard.applied),
+      loaded->path.c_str(), Fingerprint(params));
+  return absl::OkStatus();
+}
+
 absl::Status Serve(const Config& c, int m) {
   const std::string me = ServerName(m);
-  const Shard shard = MakeShard(c, m);
+  Shard shard = MakeShard(c, m);
+  // A server restarted by ferry_run (--restart_ranks) in fault-tolerant
+  // mode joins the running group under its name (the static group formed
+  // without it, and its dead instance is evicted by the join).
+  const bool rejoin = c.fault_tolerant && c.restart > 0;
+  if (c.restart > 0 && !c.checkpoint_dir.empty()) {
+    RETURN_IF_ERROR(Restore(c, me, shard));
+  } else if (c.restart > 0) {
+    std::printf("%s: restarted (FERRY_RUN_RESTART=%d) without "
+                "--checkpoint_dir: starting from the initial values\n",
+                me.c_str(), c.restart);
+  }
+  const int64_t restored = shard.applied;
+  std::unique_ptr<optim::Checkpointer> ck;
+  if (!c.checkpoint_dir.empty()) {
+    ASSIGN_OR_RETURN(
+        ck, optim::Checkpointer::Create(
+                {.dir = c.checkpoint_dir,
+                 .name = me,
+                 .every_steps = c.checkpoint_every,
+                 .every = absl::Seconds(c.checkpoint_secs)}));
+    MutexLock l(shard.mu.get());
+    ck->Due(shard.applied);  // The step clock starts at the restored step.
+  }
+  const bool kill_here =
+      c.kill_server == m && c.restart == 0 && c.kill_server_at_step > 0;
+  int64_t logged_written = -1;  // Under *shard.mu.
+  Shard* shp = &shard;
+  optim::Checkpointer* ckp = ck.get();
+  // Runs under *shard.mu after each parameter update (the optimizer
+  // service's hook): counts the applied steps, snapshots the shard when a
+  // checkpoint is due (the copy is the only pause; the Checkpointer's
+  // thread writes), and injects the server's death.
+  auto after_update = [shp, ckp, me, kill_here, &c,
+                       &logged_written](const Tensor& param) {
+    if (!param.is_same(shp->embedding)) return;
+    const int64_t step = ++shp->applied;
+    if (ckp != nullptr) {
+      const int64_t written = ckp->stats().last_written_step;
+      if (written != logged_written) {
+        logged_written = written;
+        std::printf("%s: checkpoint of applied step %ld written to %s\n",
+                    me.c_str(), static_cast<long>(written),
+                    optim::LatestCheckpointPath(c.checkpoint_dir, me).c_str());
+      }
+      const std::vector<Tensor> params = shp->Params();
+      const std::vector<std::string> names = Shard::Names(params.size());
+      double fingerprint = 0;
+      const bool took =
+          ckp->MaybeCheckpoint(step, [&](optim::ShardCheckpoint& out) {
+            optim::SnapshotShardInto(out, step, params, nullptr, names);
+            fingerprint = Fingerprint(params);
+          });
+      if (took) {
+        std::printf("%s: checkpoint of applied step %ld taken (fingerprint "
+                    "%.9g)\n",
+                    me.c_str(), static_cast<long>(step), fingerprint);
+      }
+    }
+    if (kill_here && step == c.kill_server_at_step) {
+      std::printf(
+          "%s: killing itself (SIGKILL) at applied step %ld (newest "
+          "checkpoint written: step %ld) at unix_us %ld\n",
+          me.c_str(), static_cast<long>(step),
+          static_cast<long>(ckp ? ckp->stats().last_written_step : -1),
+          static_cast<long>(absl::ToUnixMicros(absl::Now())));
+      std::fflush(stdout);
+      kill(getpid(), SIGKILL);
+    }
+  };
   // Outlives the agent. With --fault_tolerant the servers alone are static.
   ServerView view(me, c.fault_tolerant ? c.servers : c.servers + c.trainers);
   ServerView* vp = &view;
@@ -656,6 +913,13 @@ absl::Status Serve(const Config& c, int m) {
       },
       "the dense head (ps0)"));
   RETURN_IF_ERROR(registry->Register(
+      "ps_applied",
+      [sp]() -> int64_t {
+        MutexLock l(sp->mu.get());
+        return sp->applied;
+      },
+      "this server's applied-step counter"));
+  RETURN_IF_ERROR(registry->Register(
       "param_rrefs",
       [sp, wpp] {
         rref::RRefContext& rrefs = (*wpp)->rrefs();
@@ -671,9 +935,14 @@ absl::Status Serve(const Config& c, int m) {
   options.name = me;
   options.registry = registry;
   options.optimizer_param_mutex = shard.mu;
+  options.optimizer_after_update = after_update;
   // The static group: elastic trainers (all trainers with
-  // --fault_tolerant) join it later.
-  options.world_size = c.fault_tolerant ? c.servers : c.servers + c.trainers;
+  // --fault_tolerant) join it later; a restarted server joins too.
+  if (rejoin) {
+    options.join = true;
+  } else {
+    options.world_size = c.fault_tolerant ? c.servers : c.servers + c.trainers;
+  }
   options.join_timeout = absl::Seconds(120);
   options.before_serving = [vp, wpp](Worker& w) {
     *wpp = &w;
@@ -681,6 +950,13 @@ absl::Status Serve(const Config& c, int m) {
     return absl::OkStatus();
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
+  if (rejoin) {
+    std::printf("%s: rejoined the group under its name as worker %d at "
+                "unix_us %ld, serving from applied step %ld\n",
+                me.c_str(), w->rank(),
+                static_cast<long>(absl::ToUnixMicros(absl::Now())),
+                static_cast<long>(restored));
+  }
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
@@ -689,11 +965,39 @@ absl::Status Serve(const Config& c, int m) {
     heartbeat = std::make_unique<Heartbeat>(
         w->agent(), c.servers, absl::Milliseconds(c.heartbeat_ms));
   }
-  absl::Status hosted = HostElasticTrainers(c, m, view);
+  absl::Status hosted =
+      rejoin ? absl::OkStatus() : HostElasticTrainers(c, m, view);
   if (c.fault_tolerant) {
-    absl::Status gone = AwaitTrainers(c, m, view);
+    absl::Status gone = rejoin ? AwaitTrainersGoneFromTable(w->agent(), me)
+                               : AwaitTrainers(c, m, view);
     if (hosted.ok()) hosted = gone;
+    if (!rejoin && hosted.ok()) {
+      hosted = AwaitRestartedServersLeft(w->agent(), c, me);
+    }
     heartbeat.reset();  // Stopped before the shutdown.
+  }
+  if (ck != nullptr) {
+    absl::Status flushed = ck->Flush(absl::Seconds(60));
+    if (!flushed.ok()) {
+      std::printf("%s: last checkpoint: %s\n", me.c_str(),
+                  flushed.ToString().c_str());
+    }
+  }
+  {
+    MutexLock l(shard.mu.get());
+    std::printf("%s: applied-step counter %ld at the end (%s%ld applied by "
+                "this process)\n",
+                me.c_str(), static_cast<long>(shard.applied),
+                c.restart > 0 ? absl::StrCat("restored ", restored, ", ").c_str()
+                              : "",
+                static_cast<long>(shard.applied - restored));
+  }
+  // A restarted server is a joined member: it leaves (the static group's
+  // barrier counted its dead instance in).
+  if (rejoin) {
+    absl::Status left = w->Leave(Timeout());
+    RETURN_IF_ERROR(hosted);
+    return left;
   }
   // Serves until every trainer has finished and joined the shutdown (with
   // --fault_tolerant: every other server; the trainers are gone).
@@ -809,21 +1113,137 @@ struct TrainerRun {
                           // its forward pass).
 };
 
+// A trainer's DistributedOptimizers, one per server, stepped as one fused
+// optimizer: a restarted server's is re-created alone, the others keep
+// their state (Adagrad sums, momentum) on their servers.
+class ServerOptimizers : public autograd::dist::FusedOptimizer {
+ public:
+  explicit ServerOptimizers(int servers)
+      : params_(servers), optimizers_(servers), ids_(servers, -1) {}
+
+  const std::vector<std::pair<int, int64_t>>& FusedSteps() const override {
+    return steps_;
+  }
+  int id(int m) const { return ids_[m]; }
+
+  // Fetches server m's parameter RRefs and creates this trainer's optimizer
+  // there (dropping the previous one, if any).
+  absl::Status Resolve(rpc::Agent& agent, int m) {
+    optimizers_[m].reset();  // Its destroy fails at once on a dead server.
+    const std::string name = ServerName(m);
+    ASSIGN_OR_RETURN(rpc::WorkerInfo info, agent.GetWorkerInfo(name));
+    ASSIGN_OR_RETURN(params_[m], agent.rpc_sync<std::vector<RRef<Tensor>>>(
+                                     name, "param_rrefs"));
+    ASSIGN_OR_RETURN(optim::FunctionalOptions options, OptimizerFromFlags());
+    ASSIGN_OR_RETURN(optimizers_[m], optim::DistributedOptimizer::Create(
+                                         agent, options, params_[m]));
+    ids_[m] = info.id;
+    steps_.clear();
+    for (const auto& o : optimizers_) {
+      if (o == nullptr) continue;
+      steps_.insert(steps_.end(), o->FusedSteps().begin(),
+                    o->FusedSteps().end());
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::vector<RRef<Tensor>>> params_;
+  std::vector<std::unique_ptr<optim::DistributedOptimizer>> optimizers_;
+  std::vector<int> ids_;  // Each server's worker id when resolved.
+  std::vector<std::pair<int, int64_t>> steps_;
+};
+
+// --fault_tolerant: what a trainer saw of server restarts.
+struct Recoveries {
+  int count = 0;
+  // Per server: the iteration it was recovered in (0: never) and the steps
+  // this trainer completed since (all on the restarted instance).
+  std::vector<int> at;
+  std::vector<int64_t> steps_since;
+};
+
+// --fault_tolerant: server m died (or was replaced) under this trainer:
+// waits for it to come back under its name (bounded by --server_wait_s),
+// re-creates what this trainer holds there (parameter RRefs, its optimizer)
+// and logs what the restarted server restored.
+absl::Status RecoverServer(rpc::Agent& agent, const Config& c,
+                           const std::string& me, int it, int m,
+                           const absl::Status& why, ServerOptimizers& opt,
+                           Recoveries& rec) {
+  const std::string name = ServerName(m);
+  const int stale = opt.id(m);
+  const absl::Time start = absl::Now();
+  std::printf("%s: iteration %d: %s (id %d) is gone (%s); waiting up to %d s "
+              "for it to come back\n",
+              me.c_str(), it, name.c_str(), stale,
+              why.ok() ? "replaced in the member table" : why.ToString().c_str(),
+              c.server_wait_s);
+  ASSIGN_OR_RETURN(rpc::WorkerInfo back,
+                   agent.WaitForWorker(name, absl::Seconds(c.server_wait_s),
+                                       stale));
+  absl::Status resolved = opt.Resolve(agent, m);
+  if (!resolved.ok()) {
+    return Annotate(resolved, absl::StrCat(me, ": re-creating its optimizer on ",
+                                           name, " (id ", back.id, ")"));
+  }
+  ASSIGN_OR_RETURN(int64_t applied,
+                   agent.rpc_sync<int64_t>(name, "ps_applied"));
+  rec.count++;
+  rec.at[m] = it;
+  rec.steps_since[m] = 0;
+  std::printf(
+      "%s: iteration %d: %s is back as worker %d after %.3f s, applied-step "
+      "counter %ld there; re-created this trainer's parameter RRefs and "
+      "optimizer on it (the failed step's context dropped) at unix_us %ld\n",
+      me.c_str(), it, name.c_str(), back.id,
+      absl::ToDoubleSeconds(absl::Now() - start), static_cast<long>(applied),
+      static_cast<long>(absl::ToUnixMicros(absl::Now())));
+  return absl::OkStatus();
+}
+
+// A server reported failed to this trainer's agent or replaced under its
+// name in the member table since `opt` resolved it; -1: none.
+int GoneServer(rpc::Agent& agent, const Config& c,
+               const ServerOptimizers& opt) {
+  for (int m = 0; m < c.servers; ++m) {
+    if (agent.IsPeerFailed(opt.id(m))) return m;
+    absl::StatusOr<rpc::WorkerInfo> now = agent.GetWorkerInfo(ServerName(m));
+    if (now.ok() && now->id != opt.id(m)) return m;
+  }
+  return -1;
+}
+
+// The server whose death failed a step (`why`): the error alone does not
+// say which (it may name the server that relayed the failure), so this
+// waits, bounded by --server_wait_s, until one is reported failed (the
+// agent probes a peer whose call failed with Unavailable) or replaced.
+// -1: none within the bound (the error was not a server's death).
+int DeadServer(rpc::Agent& agent, const Config& c, const ServerOptimizers& opt,
+               const absl::Status& why) {
+  if (!absl::IsUnavailable(why) && !absl::IsDeadlineExceeded(why) &&
+      !absl::IsAborted(why) && !absl::IsCancelled(why)) {
+    return -1;
+  }
+  int m = -1;
+  PollTable(
+      [&] {
+        m = GoneServer(agent, c, opt);
+        return m >= 0;
+      },
+      absl::Seconds(c.server_wait_s));
+  return m;
+}
+
 // One trainer's whole run, from the optimizer's creation to the held-out
 // check; its optimizer and RRefs are gone when it returns.
 absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   rpc::Agent& agent = w.agent();
   const std::string& me = run.me;
-  std::vector<RRef<Tensor>> params;
-  for (int m = 0; m < c.servers; ++m) {
-    ASSIGN_OR_RETURN(std::vector<RRef<Tensor>> p,
-                     agent.rpc_sync<std::vector<RRef<Tensor>>>(ServerName(m),
-                                                               "param_rrefs"));
-    params.insert(params.end(), p.begin(), p.end());
-  }
-  ASSIGN_OR_RETURN(optim::FunctionalOptions options, OptimizerFromFlags());
-  ASSIGN_OR_RETURN(std::unique_ptr<optim::DistributedOptimizer> opt,
-                   optim::DistributedOptimizer::Create(agent, options, params));
+  ServerOptimizers opt(c.servers);
+  for (int m = 0; m < c.servers; ++m) RETURN_IF_ERROR(opt.Resolve(agent, m));
+  Recoveries rec{0, std::vector<int>(c.servers, 0),
+                 std::vector<int64_t>(c.servers, 0)};
   Task task(c, run.stream);
   const absl::Time start = absl::Now();
   absl::Time window = start;
@@ -832,41 +1252,76 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   const bool print_steps = absl::GetFlag(FLAGS_print_step_times);
   std::vector<int64_t> step_ends;
   if (print_steps) step_ends.reserve(run.iterations);
-  for (int it = 1; it <= run.iterations; ++it) {
+  bool kill_armed = false;
+  // `it` counts completed steps: a step failed by a server's death is
+  // dropped (its context released, its batch not retried) and the
+  // iteration is run again with the next batch.
+  for (int it = 1; it <= run.iterations;) {
     Batch batch = task.Next(c.batch);
-    // Two requests per server and step: the forward (which also carries
-    // the previous context's release) and the backward, whose owners step
-    // the optimizer as each parameter's gradient is final.
-    ContextScope ctx(w.dist_autograd(),
-                     ContextScope::OnExit::kReleaseInBackground);
-    if (run.kill_at_step == it && run.kill_after_us > 0) {
-      // Fault injection at a time rather than a point: the SIGKILL lands
-      // wherever the trainer is U us after this step began (its forward,
-      // its backward while the servers step, or a later step). The delay
-      // is the fault's timing, not a synchronization.
-      std::thread([me, it, us = run.kill_after_us] {
-        absl::SleepFor(absl::Microseconds(us));
-        std::printf(
-            "%s: killing itself (SIGKILL) %d us into iteration %d at "
-            "unix_us %ld\n",
-            me.c_str(), us, it,
-            static_cast<long>(absl::ToUnixMicros(absl::Now())));
-        std::fflush(stdout);
-        kill(getpid(), SIGKILL);
-      }).detach();
+    if (c.fault_tolerant) {
+      // A server restarted since the last step (seen in the member table):
+      // re-resolve before sending to its new instance.
+      const int m = GoneServer(agent, c, opt);
+      if (m >= 0) {
+        RETURN_IF_ERROR(
+            RecoverServer(agent, c, me, it, m, absl::OkStatus(), opt, rec));
+      }
     }
-    ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
-    if (run.kill_at_step == it && run.kill_after_us == 0) {
-      // Fault injection: a real SIGKILL, with this step's context alive on
-      // the servers (forward done, backward not sent).
-      std::printf("%s: killing itself (SIGKILL) in iteration %d at unix_us %ld\n",
-                  me.c_str(), it, static_cast<long>(absl::ToUnixMicros(absl::Now())));
-      std::fflush(stdout);
-      kill(getpid(), SIGKILL);
+    Tensor logits, loss;
+    absl::Status failed;
+    {
+      // Two requests per server and step: the forward (which also carries
+      // the previous context's release) and the backward, whose owners step
+      // the optimizer as each parameter's gradient is final. A failed
+      // step's context is released here too.
+      ContextScope ctx(w.dist_autograd(),
+                       ContextScope::OnExit::kReleaseInBackground);
+      if (run.kill_at_step == it && run.kill_after_us > 0 && !kill_armed) {
+        kill_armed = true;
+        // Fault injection at a time rather than a point: the SIGKILL lands
+        // wherever the trainer is U us after this step began (its forward,
+        // its backward while the servers step, or a later step). The delay
+        // is the fault's timing, not a synchronization.
+        std::thread([me, it, us = run.kill_after_us] {
+          absl::SleepFor(absl::Microseconds(us));
+          std::printf(
+              "%s: killing itself (SIGKILL) %d us into iteration %d at "
+              "unix_us %ld\n",
+              me.c_str(), us, it,
+              static_cast<long>(absl::ToUnixMicros(absl::Now())));
+          std::fflush(stdout);
+          kill(getpid(), SIGKILL);
+        }).detach();
+      }
+      absl::StatusOr<Tensor> forward = Forward(agent, c, batch.ids);
+      if (forward.ok()) {
+        logits = *forward;
+        if (run.kill_at_step == it && run.kill_after_us == 0) {
+          // Fault injection: a real SIGKILL, with this step's context alive
+          // on the servers (forward done, backward not sent).
+          std::printf(
+              "%s: killing itself (SIGKILL) in iteration %d at unix_us %ld\n",
+              me.c_str(), it,
+              static_cast<long>(absl::ToUnixMicros(absl::Now())));
+          std::fflush(stdout);
+          kill(getpid(), SIGKILL);
+        }
+        loss = autograd::cross_entropy(logits, batch.labels);
+        failed = w.dist_autograd().Backward(ctx.id(), {loss},
+                                            {.fused_optimizer = &opt});
+      } else {
+        failed = forward.status();
+      }
     }
-    Tensor loss = autograd::cross_entropy(logits, batch.labels);
-    RETURN_IF_ERROR(w.dist_autograd().Backward(
-        ctx.id(), {loss}, {.fused_optimizer = opt.get()}));
+    if (!failed.ok()) {
+      const int m = c.fault_tolerant ? DeadServer(agent, c, opt, failed) : -1;
+      if (m < 0 || rec.count >= 4 * c.servers) {
+        return Annotate(failed, absl::StrCat(me, ": iteration ", it));
+      }
+      RETURN_IF_ERROR(RecoverServer(agent, c, me, it, m, failed, opt, rec));
+      continue;
+    }
+    for (int m = 0; m < c.servers; ++m) rec.steps_since[m] += rec.at[m] > 0;
     if (print_steps) step_ends.push_back(absl::ToUnixMicros(absl::Now()));
     loss_sum += loss.item();
     correct += Correct(logits, batch.labels);
@@ -882,11 +1337,19 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
       loss_sum = 0;
       correct = seen = 0;
     }
+    ++it;
   }
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   if (print_steps) {
     std::printf("%s step_end_unix_us: %s\n", me.c_str(),
                 absl::StrJoin(step_ends, ",").c_str());
+  }
+  for (int m = 0; m < c.servers; ++m) {
+    if (rec.at[m] == 0) continue;
+    std::printf("%s: %s restarted: recovered in iteration %d, %ld steps "
+                "completed on its new instance\n",
+                me.c_str(), ServerName(m).c_str(), rec.at[m],
+                static_cast<long>(rec.steps_since[m]));
   }
   ASSIGN_OR_RETURN(double accuracy, HeldOutAccuracy(agent, c));
   const double target = absl::GetFlag(FLAGS_target_accuracy);
@@ -1015,6 +1478,14 @@ absl::Status Validate(const Config& c, const InitMethod& launch) {
         "--kill_trainer=T: T < --trainers "
         "and --kill_at_step in [1, --iterations = ",
         c.iterations, "]"));
+  }
+  if (c.checkpoint_every < 0 || c.checkpoint_secs < 0 || c.server_wait_s < 1 ||
+      (c.kill_server >= 0 &&
+       (c.kill_server >= c.servers || c.kill_server_at_step < 1))) {
+    return absl::InvalidArgumentError(
+        "need --checkpoint_every >= 0, --checkpoint_secs >= 0, "
+        "--server_wait_s >= 1, and with --kill_server=M: M < --servers and "
+        "--kill_server_at_step >= 1");
   }
   if (c.servers < 1 || c.trainers < 1 || c.vocab < c.servers ||
       c.iterations < 1 || c.batch < 1 || c.tokens < 1 || c.dim < 1 ||
