@@ -190,6 +190,10 @@ const std::shared_ptr<autograd::dist::DistAutogradContainer>&
 Worker::dist_autograd_ptr() const {
   return impl_->dist;
 }
+const std::shared_ptr<optim::DistOptimizerService>&
+Worker::optimizer_service_ptr() const {
+  return impl_->optimizers;
+}
 optim::DistOptimizerService& Worker::optimizer_service() const {
   return *impl_->optimizers;
 }

@@ -168,6 +168,9 @@ class Worker {
   dist_autograd_ptr() const;
   // The owner side of DistributedOptimizer (optim/distributed_optimizer.h).
   optim::DistOptimizerService& optimizer_service() const;
+  // The same service, shared (for listeners that may outlive the worker).
+  const std::shared_ptr<optim::DistOptimizerService>& optimizer_service_ptr()
+      const;
   // The traffic counters now.
   WorkerStats stats() const;
 

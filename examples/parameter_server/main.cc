@@ -87,6 +87,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <string>
 #include <vector>
@@ -353,7 +354,10 @@ class ServerView {
     std::weak_ptr<rref::RRefContext> rrefs = w.rrefs().weak_from_this();
     std::weak_ptr<autograd::dist::DistAutogradContainer> dist =
         w.dist_autograd_ptr();
-    optim::DistOptimizerService* optimizers = &w.optimizer_service();
+    // Weak: a failure report can run on a transport thread while the
+    // worker is destroyed, after the service is gone.
+    std::weak_ptr<optim::DistOptimizerService> optimizers =
+        w.optimizer_service_ptr();
     agent.AddInterceptor([this, dist](rpc::InterceptPoint point,
                                       const rpc::WorkerInfo& peer,
                                       rpc::Message& message) {
@@ -390,6 +394,8 @@ class ServerView {
                     who.name.c_str(), who.id, why.ToString().c_str());
         return;
       }
+      std::shared_ptr<optim::DistOptimizerService> opt = optimizers.lock();
+      if (opt == nullptr) return;  // The worker is shutting down.
       const absl::Time now = absl::Now();
       int64_t contexts = 0;
       if (std::shared_ptr<autograd::dist::DistAutogradContainer> d =
@@ -413,6 +419,7 @@ class ServerView {
         }
         did = did_[who.id];
         ++joiners_dead_;
+        gone_.insert(who.id);
         dead_at_[who.id] = now;
       }
       std::printf(
@@ -421,9 +428,9 @@ class ServerView {
           "unix_us %ld; %s; workers: %s\n",
           me_.c_str(), who.name.c_str(), who.id, static_cast<long>(did.steps),
           detected.c_str(), static_cast<long>(contexts),
-          optimizers->released_of(who.id),
+          opt->released_of(who.id),
           static_cast<long>(absl::ToUnixMicros(absl::Now())),
-          Holds(who.id, rrefs.lock(), dist.lock(), optimizers).c_str(),
+          Holds(who.id, rrefs.lock(), dist.lock(), opt.get()).c_str(),
           Table(*ap).c_str());
     });
     agent.AddMembershipListener(
@@ -474,7 +481,8 @@ class ServerView {
   bool AwaitGone(int n, absl::Time deadline) {
     MutexLock l(&mu_);
     auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return joiners_left_ + joiners_dead_ >= n;
+      // Distinct workers: one reported dead may still leave later.
+      return static_cast<int>(gone_.size()) >= n;
     };
     return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
   }
@@ -575,16 +583,12 @@ class ServerView {
   std::string Left(
       int id, bool trainer, bool checked, std::shared_ptr<rref::RRefContext> rrefs,
       std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
-    int64_t forks = 0, contexts = 0;
-    for (const rref::RRefContext::OwnedInfo& o :
-         rrefs ? rrefs->Owned() : std::vector<rref::RRefContext::OwnedInfo>{}) {
-      for (const auto& [fork, holder] : o.forks) forks += holder == id;
-    }
-    for (GlobalId ctx : dist ? dist->ContextIds() : std::vector<GlobalId>{}) {
-      contexts += ctx.worker_id() == id;
-    }
+    const auto [forks, contexts] = HeldBy(id, rrefs, dist);
     MutexLock l(&mu_);
-    if (id >= static_size_ && trainer) ++joiners_left_;
+    if (id >= static_size_ && trainer) {
+      ++joiners_left_;
+      gone_.insert(id);
+    }
     const Did did = did_[id];
     return absl::StrCat(
         did.steps, " optimizer steps here",
@@ -594,11 +598,10 @@ class ServerView {
         contexts, " autograd contexts, ", did.optimizers, " optimizers");
   }
 
-  // "it still holds here: F RRef forks, C autograd contexts, O optimizers".
-  static std::string Holds(
-      int id, std::shared_ptr<rref::RRefContext> rrefs,
-      std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
-      const optim::DistOptimizerService* optimizers) {
+  // The RRef forks and autograd contexts worker `id` holds here.
+  static std::pair<int64_t, int64_t> HeldBy(
+      int id, const std::shared_ptr<rref::RRefContext>& rrefs,
+      const std::shared_ptr<autograd::dist::DistAutogradContainer>& dist) {
     int64_t forks = 0, contexts = 0;
     for (const rref::RRefContext::OwnedInfo& o :
          rrefs ? rrefs->Owned() : std::vector<rref::RRefContext::OwnedInfo>{}) {
@@ -607,6 +610,15 @@ class ServerView {
     for (GlobalId ctx : dist ? dist->ContextIds() : std::vector<GlobalId>{}) {
       contexts += ctx.worker_id() == id;
     }
+    return {forks, contexts};
+  }
+
+  // "it still holds here: F RRef forks, C autograd contexts, O optimizers".
+  static std::string Holds(
+      int id, std::shared_ptr<rref::RRefContext> rrefs,
+      std::shared_ptr<autograd::dist::DistAutogradContainer> dist,
+      const optim::DistOptimizerService* optimizers) {
+    const auto [forks, contexts] = HeldBy(id, rrefs, dist);
     return absl::StrCat("it still holds here: ", forks, " RRef forks, ",
                         contexts, " autograd contexts, ",
                         optimizers->num_optimizers_of(id), " optimizers");
@@ -618,6 +630,7 @@ class ServerView {
   int64_t forwards_ ABSL_GUARDED_BY(mu_) = 0;
   int joiners_left_ ABSL_GUARDED_BY(mu_) = 0;
   int joiners_dead_ ABSL_GUARDED_BY(mu_) = 0;
+  std::set<int> gone_ ABSL_GUARDED_BY(mu_);  // Joined trainers left or dead.
   std::map<int, Did> did_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Time> dead_at_ ABSL_GUARDED_BY(mu_);
