@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "ferry/common/poll.h"
 #include "ferry/store/hash_store.h"
 #include "gtest/gtest.h"
 
@@ -143,16 +144,16 @@ std::vector<absl::StatusOr<StepVerdict>> CommitAll(
 // Polls (bounded: 10 s) until `q` sees a joiner waiting for the next
 // generation; the members hold their step until then.
 bool AwaitJoiner(Quorum& q) {
-  for (int i = 0; i < 2000; ++i) {
-    absl::StatusOr<bool> p = q.JoinerPending();
-    if (!p.ok()) {
-      ADD_FAILURE() << p.status();
-      return false;
-    }
-    if (*p) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
+  absl::Status error;
+  const bool pending = PollUntil(
+      [&] {
+        absl::StatusOr<bool> p = q.JoinerPending();
+        if (!p.ok()) error = p.status();
+        return !p.ok() || *p;
+      },
+      absl::Seconds(10));
+  if (!error.ok()) ADD_FAILURE() << error;
+  return pending && error.ok();
 }
 
 TEST(Quorum, EncodeDecode) {

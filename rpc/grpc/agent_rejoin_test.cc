@@ -31,15 +31,22 @@ GrpcAgentOptions Options() {
   return o;
 }
 
-TEST(GrpcRejoin, ARestartedWorkerTakesItsNameBack) {
-  auto store = std::make_shared<HashStore>();
+// A static group of "trainer" and "ps0" on `store`, each serving
+// "incarnation" = 1.
+absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartTrainerAndPs(
+    std::shared_ptr<HashStore> store) {
   grpc_agent::GrpcGroupSpec spec;
   spec.names = {"trainer", "ps0"};
   spec.registry = Incarnation(1);
-  spec.store = store;
+  spec.store = std::move(store);
   spec.options = [](int) { return Options(); };
+  return grpc_agent::StartGrpcGroup(spec);
+}
+
+TEST(GrpcRejoin, ARestartedWorkerTakesItsNameBack) {
+  auto store = std::make_shared<HashStore>();
   absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> group =
-      grpc_agent::StartGrpcGroup(spec);
+      StartTrainerAndPs(store);
   ASSERT_TRUE(group.ok()) << group.status();
   GrpcAgent& trainer = *(*group)[0];
   Result<int64_t> first = trainer.rpc_sync<int64_t>("ps0", "incarnation");
@@ -115,13 +122,8 @@ TEST(GrpcRejoin, ARestartedWorkerTakesItsNameBack) {
 // the holder's identity service, which only the holder's server knows.
 TEST(GrpcRejoin, ARestartedWorkerOnTheSameFixedAddressTakesItsNameBack) {
   auto store = std::make_shared<HashStore>();
-  grpc_agent::GrpcGroupSpec spec;
-  spec.names = {"trainer", "ps0"};
-  spec.registry = Incarnation(1);
-  spec.store = store;
-  spec.options = [](int) { return Options(); };
   absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> group =
-      grpc_agent::StartGrpcGroup(spec);
+      StartTrainerAndPs(store);
   ASSERT_TRUE(group.ok()) << group.status();
   GrpcAgent& trainer = *(*group)[0];
   const std::string address = (*group)[1]->address();

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "ferry/common/poll.h"
 #include "ferry/ddp.h"
 #include "ferry/ferry.h"
 #include "ferry/store.h"
@@ -233,14 +234,18 @@ class Trainer {
     return 2;
   }
 
-  // Polls (bounded) until a joiner asks for the next generation.
+  // Waits (bounded) until a joiner asks for the next generation.
   absl::Status HoldForJoiner() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    for (int i = 0; i < 100000 && absl::Now() < deadline; ++i) {
-      ASSIGN_OR_RETURN(bool pending, quorum_->JoinerPending());
-      if (pending) return absl::OkStatus();
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    absl::Status error;
+    const bool pending = PollUntil(
+        [&] {
+          absl::StatusOr<bool> p = quorum_->JoinerPending();
+          if (!p.ok()) error = p.status();
+          return !p.ok() || *p;
+        },
+        absl::Seconds(60));
+    RETURN_IF_ERROR(error);
+    if (pending) return absl::OkStatus();
     return absl::DeadlineExceededError(absl::StrCat(
         "member '", g_id, "' generation ", quorum_->view().generation,
         ": no joiner within 60s at step ", step_));
