@@ -150,19 +150,37 @@ def bench_latency(kind, iters, limit):
         job.finish()
 
 
-def bench_throughput(kind, clients, procs, seconds, limit):
+def cpu_ticks(pid):
+    """(user, system) CPU time of process `pid` so far, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def bench_throughput(kind, clients, procs, seconds, limit, server_kind=None):
+    """Aggregate add ops/s of `kind` clients against a `server_kind` server
+    (default: the same kind), and the server's (user, system) CPU seconds
+    per op. Ferry's clients speak 1.13's protocol to PyTorch's server."""
+    server_kind = server_kind or kind
     port = free_port()
     job = Job(limit)
     try:
-        serve(job, kind, port)
-        ps = [job.spawn(cmd(kind, "throughput", port=port, count=c, seconds=seconds))
+        server = serve(job, server_kind, port)
+        before = cpu_ticks(server.pid)
+        extra = {"legacy_protocol": "true"} if (
+            kind == "ferry" and server_kind == "pytorch") else {}
+        ps = [job.spawn(cmd(kind, "throughput", port=port, count=c,
+                            seconds=seconds, **extra))
               for c in split(clients, min(procs, clients))]
         total, longest = 0, 0.0
         for p in ps:
             ops, secs = expect(p, "OPS")
             total += int(ops)
             longest = max(longest, float(secs))
-        return total / longest
+        after = cpu_ticks(server.pid)
+        hz = os.sysconf("SC_CLK_TCK")
+        per_op = tuple((a - b) / hz / max(total, 1) for a, b in zip(after, before))
+        return total / longest, per_op
     finally:
         job.finish()
 
@@ -194,6 +212,8 @@ def main():
     ap.add_argument("--barrier_sizes", default="64,256,1024")
     ap.add_argument("--skip_init", action="store_true")
     ap.add_argument("--tp_clients", default="1,16,64,256")
+    ap.add_argument("--server_tp_clients", default="16,64",
+                    help="client counts for the servers-alone comparison (3c)")
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--iters", type=int, default=2000)
@@ -282,11 +302,34 @@ def main():
         # Interleaved repeats, best of each (shared 2-core machine).
         fs, ps_ = [], []
         for _ in range(a.tp_repeats):
-            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit))
-            ps_.append(bench_throughput("pytorch", c, a.procs, a.seconds, a.limit))
+            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit)[0])
+            ps_.append(bench_throughput("pytorch", c, a.procs, a.seconds, a.limit)[0])
         f, p = max(fs), max(ps_)
         print(f"{c:>7} {f:>10.0f} {p:>10.0f} {f / p:>6.2f}", flush=True)
         emit({"figure": "store_ops_per_s", "clients": c, "ferry": f, "pytorch": p})
+
+    # The servers alone: the same C++ clients against each, and where the
+    # server's time goes (user vs kernel, from /proc), per op.
+    print(f"\n## 3c. servers side by side: Ferry's C++ clients against each "
+          f"server, add ops/s and server CPU per op in us "
+          f"(best of {a.tp_repeats} interleaved runs)")
+    print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6} "
+          f"{'ferry usr/sys':>14} {'pytorch usr/sys':>16}")
+    for c in [int(x) for x in a.server_tp_clients.split(",") if x]:
+        fs, ps_ = [], []
+        for _ in range(a.tp_repeats):
+            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit))
+            ps_.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit,
+                                        server_kind="pytorch"))
+        (f, fcpu), (p, pcpu) = max(fs), max(ps_)
+        print(f"{c:>7} {f:>10.0f} {p:>10.0f} {f / p:>6.2f} "
+              f"{fcpu[0] * 1e6:>6.1f}/{fcpu[1] * 1e6:<7.1f} "
+              f"{pcpu[0] * 1e6:>7.1f}/{pcpu[1] * 1e6:<8.1f}", flush=True)
+        emit({"figure": "store_server_ops_per_s", "clients": c, "ferry": f,
+              "pytorch": p, "ferry_server_user_us": fcpu[0] * 1e6,
+              "ferry_server_sys_us": fcpu[1] * 1e6,
+              "pytorch_server_user_us": pcpu[0] * 1e6,
+              "pytorch_server_sys_us": pcpu[1] * 1e6})
 
     # Plot.
     try:

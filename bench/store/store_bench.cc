@@ -53,6 +53,8 @@ ABSL_FLAG(int, rounds, 20, "Barrier rounds.");
 ABSL_FLAG(int, iters, 2000, "Latency iterations.");
 ABSL_FLAG(double, seconds, 2, "Throughput duration.");
 ABSL_FLAG(std::string, key_prefix, "", "Prefix for benchmark keys.");
+ABSL_FLAG(bool, legacy_protocol, false,
+          "Clients speak PyTorch 1.13's protocol (to drive a 1.13 server).");
 
 namespace ferry {
 namespace {
@@ -70,6 +72,7 @@ TcpStoreOptions Client(int world) {
   o.port = absl::GetFlag(FLAGS_port);
   if (world > 0) o.world_size = world;
   o.timeout = absl::Seconds(600);
+  o.legacy_protocol = absl::GetFlag(FLAGS_legacy_protocol);
   return o;
 }
 
