@@ -733,23 +733,69 @@ absl::Status AwaitTrainers(const Config& c, int m, ServerView& view) {
   return absl::OkStatus();
 }
 
-// Bounded polling of observable state (the agent's member table, which has
-// no "every trainer gone" notification): whether `cond` held within `limit`.
-bool PollTable(const std::function<bool()>& cond, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(20));
+// The agent's member table as something to wait on: the agent tells it of
+// every join, leave and peer failure (listeners), and Await re-checks a
+// condition on the table after each change, bounded by a limit.
+// Thread safety: every method is safe from any thread.
+class TableWatch {
+ public:
+  // Subscribes to `agent` for its life (the listeners hold the watch
+  // weakly, so the watch may go first).
+  static std::shared_ptr<TableWatch> Attach(rpc::Agent& agent) {
+    auto watch = std::make_shared<TableWatch>();
+    std::weak_ptr<TableWatch> weak = watch;
+    agent.AddMembershipListener(
+        [weak](const rpc::WorkerInfo&, rpc::MembershipChange) {
+          if (std::shared_ptr<TableWatch> w = weak.lock()) w->Changed();
+        });
+    agent.AddPeerFailureListener(
+        [weak](const rpc::WorkerInfo&, const absl::Status&) {
+          if (std::shared_ptr<TableWatch> w = weak.lock()) w->Changed();
+        });
+    return watch;
   }
-  return true;
-}
+
+  // Whether `cond` (read from the table, called without this watch's lock)
+  // held within `limit`: checked now and after each change.
+  bool Await(const std::function<bool()>& cond, absl::Duration limit) {
+    const absl::Time deadline = absl::Now() + limit;
+    // Each pass needs a change of the table or ends at the deadline.
+    while (true) {
+      uint64_t seen;
+      {
+        MutexLock l(&mu_);
+        seen = changes_;
+      }
+      if (cond()) return true;
+      bool changed_in_time;
+      {
+        MutexLock l(&mu_);
+        auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return changes_ != seen;
+        };
+        changed_in_time =
+            mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+      }
+      if (!changed_in_time) return cond();  // Once more at the deadline.
+    }
+  }
+
+ private:
+  void Changed() {
+    MutexLock l(&mu_);
+    ++changes_;
+  }
+
+  Mutex mu_;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // --fault_tolerant, a restarted server: it joined after the trainers, so it
 // cannot count them leaving; it serves until no trainer is present and
-// alive in its table (bounded polling of the agent's member table).
-absl::Status AwaitTrainersGoneFromTable(rpc::Agent& agent,
+// alive in its table (waits on the table's changes, bounded).
+absl::Status AwaitTrainersGoneFromTable(rpc::Agent& agent, TableWatch& table,
                                         const std::string& me) {
-  const bool gone = PollTable(
+  const bool gone = table.Await(
       [&] {
         for (const rpc::WorkerInfo& w : agent.GetWorkerInfos()) {
           if (!IsServerName(w.name) && !agent.IsPeerFailed(w.id)) return false;
@@ -767,10 +813,10 @@ absl::Status AwaitTrainersGoneFromTable(rpc::Agent& agent,
 
 // --fault_tolerant, a static server: a restarted server is a joined member
 // and must leave before the static group's shutdown barrier completes, so
-// the static servers wait for it (bounded polling of the member table).
-absl::Status AwaitRestartedServersLeft(rpc::Agent& agent, const Config& c,
-                                       const std::string& me) {
-  const bool left = PollTable(
+// the static servers wait for it (on the table's changes, bounded).
+absl::Status AwaitRestartedServersLeft(rpc::Agent& agent, TableWatch& table,
+                                       const Config& c, const std::string& me) {
+  const bool left = table.Await(
       [&] {
         for (const rpc::WorkerInfo& w : agent.GetWorkerInfos()) {
           if (IsServerName(w.name) && w.id >= c.servers &&
@@ -974,18 +1020,21 @@ absl::Status Serve(const Config& c, int m) {
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
   std::unique_ptr<Heartbeat> heartbeat;
+  std::shared_ptr<TableWatch> table;
   if (c.fault_tolerant) {
+    table = TableWatch::Attach(w->agent());
     heartbeat = std::make_unique<Heartbeat>(
         w->agent(), c.servers, absl::Milliseconds(c.heartbeat_ms));
   }
   absl::Status hosted =
       rejoin ? absl::OkStatus() : HostElasticTrainers(c, m, view);
   if (c.fault_tolerant) {
-    absl::Status gone = rejoin ? AwaitTrainersGoneFromTable(w->agent(), me)
-                               : AwaitTrainers(c, m, view);
+    absl::Status gone =
+        rejoin ? AwaitTrainersGoneFromTable(w->agent(), *table, me)
+               : AwaitTrainers(c, m, view);
     if (hosted.ok()) hosted = gone;
     if (!rejoin && hosted.ok()) {
-      hosted = AwaitRestartedServersLeft(w->agent(), c, me);
+      hosted = AwaitRestartedServersLeft(w->agent(), *table, c, me);
     }
     heartbeat.reset();  // Stopped before the shutdown.
   }
@@ -1232,14 +1281,14 @@ int GoneServer(rpc::Agent& agent, const Config& c,
 // waits, bounded by --server_wait_s, until one is reported failed (the
 // agent probes a peer whose call failed with Unavailable) or replaced.
 // -1: none within the bound (the error was not a server's death).
-int DeadServer(rpc::Agent& agent, const Config& c, const ServerOptimizers& opt,
-               const absl::Status& why) {
+int DeadServer(rpc::Agent& agent, TableWatch& table, const Config& c,
+               const ServerOptimizers& opt, const absl::Status& why) {
   if (!absl::IsUnavailable(why) && !absl::IsDeadlineExceeded(why) &&
       !absl::IsAborted(why) && !absl::IsCancelled(why)) {
     return -1;
   }
   int m = -1;
-  PollTable(
+  table.Await(
       [&] {
         m = GoneServer(agent, c, opt);
         return m >= 0;
@@ -1254,6 +1303,8 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   rpc::Agent& agent = w.agent();
   const std::string& me = run.me;
   ServerOptimizers opt(c.servers);
+  // Before resolving: a server replaced after its resolve is a change.
+  std::shared_ptr<TableWatch> table = TableWatch::Attach(agent);
   for (int m = 0; m < c.servers; ++m) RETURN_IF_ERROR(opt.Resolve(agent, m));
   Recoveries rec{0, std::vector<int>(c.servers, 0),
                  std::vector<int64_t>(c.servers, 0)};
@@ -1327,7 +1378,8 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
       }
     }
     if (!failed.ok()) {
-      const int m = c.fault_tolerant ? DeadServer(agent, c, opt, failed) : -1;
+      const int m =
+          c.fault_tolerant ? DeadServer(agent, *table, c, opt, failed) : -1;
       if (m < 0 || rec.count >= 4 * c.servers) {
         return Annotate(failed, absl::StrCat(me, ": iteration ", it));
       }
