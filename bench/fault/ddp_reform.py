@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """DDP re-form after a SIGKILL: time from the kill to the first completed step.
 
-Runs N trainers of tests/ddp/ft_worker_main (fault-tolerant DDP over a
+Runs N trainers of examples/ddp/ddp_elastic (fault-tolerant DDP over a
 Quorum, Gloo over TCP) against a standalone ferry_store on loopback; one of
 them raises SIGKILL inside backward at --die_at_step. Every worker prints
 "<EVENT> id=.. t_ms=<unix ms> ..." lines (same host, same clock), from which

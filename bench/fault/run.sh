@@ -6,8 +6,8 @@
 # rendezvous, not by compute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bazel build //tests/ddp:ft_worker_main //store:ferry_store >&2
+bazel build //examples/ddp:ddp_elastic //store:ferry_store >&2
 bin="$(bazel info bazel-bin 2>/dev/null)"
 exec python3 bench/fault/ddp_reform.py \
-  --worker "$bin/tests/ddp/ft_worker_main" \
+  --worker "$bin/examples/ddp/ddp_elastic" \
   --store "$bin/store/ferry_store" "$@"

@@ -1,4 +1,4 @@
-// Fault-tolerant DDP as real processes (tests/ddp/ft_worker_main.cc over a
+// Fault-tolerant DDP as real processes (examples/ddp/elastic_main.cc over a
 // TCPStore served here on loopback, port 0):
 //  - 4 ranks, one SIGKILLed mid-backward: the survivors re-form at 3 ranks,
 //    finish the epoch with bit-identical state; a replacement joins at the
@@ -93,7 +93,7 @@ class FtDdp : public ::testing::Test {
   std::unique_ptr<Subprocess> Spawn(const std::string& id,
                                     std::vector<std::string> extra) {
     std::vector<std::string> argv = {
-        testutil::RunfilePath("tests/ddp/ft_worker_main"),
+        testutil::RunfilePath("examples/ddp/ddp_elastic"),
         absl::StrCat("--port=", server_->port()),
         absl::StrCat("--id=", id),
         absl::StrCat("--heartbeat_timeout_ms=", kHeartbeatTimeoutMs),

@@ -1,23 +1,33 @@
-// A fault-tolerant DDP trainer for tests/ddp/ft_ddp_test.cc and
-// bench/fault/ddp_reform: one member of a Quorum (ddp/quorum.h) over a
-// TCPStore at 127.0.0.1:--port. Trains an MLP with SGD + momentum; each step
+// Elastic data-parallel training: DDP that survives a dead rank. Each process
+// is one member of a Quorum (ddp/quorum.h) over the job's TCPStore; each step
 // is applied only when the quorum's verdict says every member succeeded; on
-// a failed step or a waiting joiner it forms the next generation, builds a
-// Gloo group over PrefixStore "ftddp/pg/<generation>/", moves the DDP onto
-// it (Reconfigure) and broadcasts the optimizer state and step from rank 0,
-// a live member (a replacement gets everything from it, nothing from disk).
+// a failed step or a waiting joiner the members form the next generation,
+// build a Gloo group over PrefixStore "ftddp/pg/<generation>/", move the DDP
+// onto it (Reconfigure) and take the optimizer state and step from rank 0, a
+// live member (a replacement gets everything from it, nothing from disk).
 //
-// Fault injection (real signals): --die_at_step=S raises SIGKILL inside the
-// communication hook of bucket 1 during step S's backward (bucket 0's
-// all-reduce is already issued); --stop_at_step=S raises SIGSTOP before step
-// S's backward. Prints one line per event (see Say); exit 0 done, 3 refused
-// as a stale member, 2 any other error.
+//   bazel build //examples/ddp:ddp_elastic //tools/launcher:ferry_run
+//   bazel-bin/tools/launcher/ferry_run --nproc 3 --restart_ranks 0-2
+//       --rank_restarts 1 -- bazel-bin/examples/ddp/ddp_elastic --probe
+//       --die_rank=2 --die_at_step=10      (one command line)
+//
+// Under ferry_run the store is MASTER_ADDR:MASTER_PORT, the member id
+// "rank<RANK>.<FERRY_RUN_RESTART>" and the first generation waits for
+// WORLD_SIZE members; --port, --id and --min_size override them.
+// Fault injection (real signals), for tests and bench/fault: --die_at_step=S
+// raises SIGKILL inside the communication hook of bucket 1 during step S's
+// backward (bucket 0's all-reduce is already issued; with --die_rank only
+// that RANK, and never a restarted one); --stop_at_step=S raises SIGSTOP
+// before step S's backward. Prints one line per event (see Say); exit 0 done,
+// 3 refused as a stale member, 2 any other error. Design:
+// docs/design/ddp_quorum.md.
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -27,17 +37,23 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "ferry/common/poll.h"
 #include "ferry/ddp.h"
 #include "ferry/ferry.h"
 #include "ferry/store.h"
 
-ABSL_FLAG(int, port, 0, "TCPStore port on 127.0.0.1");
-ABSL_FLAG(std::string, id, "", "member id (unique per process)");
-ABSL_FLAG(int, min_size, 1, "members the first generation waits for");
+ABSL_FLAG(int, port, 0,
+          "TCPStore port on MASTER_ADDR (default 127.0.0.1); 0: MASTER_PORT");
+ABSL_FLAG(std::string, id, "",
+          "member id (unique per process); empty: rank<RANK>.<restart>");
+ABSL_FLAG(int, min_size, 0,
+          "members the first generation waits for; 0: WORLD_SIZE (1 on a "
+          "restart, or without WORLD_SIZE)");
+ABSL_FLAG(int, die_rank, -1,
+          "with --die_at_step: only this RANK dies (-1: every member)");
 ABSL_FLAG(int64_t, steps, 30, "training steps (the epoch)");
 ABSL_FLAG(int64_t, die_at_step, -1, "SIGKILL self mid-backward at this step");
 ABSL_FLAG(int64_t, stop_at_step, -1, "SIGSTOP self before this step");
@@ -64,6 +80,33 @@ constexpr int64_t kBatch = 16;
 constexpr int64_t kSamples = 4096;
 
 std::string g_id;  // This member's id, for Say.
+
+// Set (to the last step) by the group's rank 0 once training ended with
+// identical replicas: a replacement that finds itself alone reads it.
+constexpr char kDoneKey[] = "ftddp/done";
+
+// An integer from the environment (ferry_run's RANK, WORLD_SIZE...), or
+// `fallback` when unset or not a number.
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  int64_t out;
+  return v != nullptr && absl::SimpleAtoi(v, &out) ? out : fallback;
+}
+
+// Whether this process is the one --die_at_step kills: --die_rank's RANK (or
+// any), and not a worker ferry_run restarted.
+bool Doomed() {
+  const int die_rank = absl::GetFlag(FLAGS_die_rank);
+  return EnvInt("FERRY_RUN_RESTART", 0) == 0 &&
+         (die_rank < 0 || EnvInt("RANK", -1) == die_rank);
+}
+
+// The first generation's size: --min_size, else WORLD_SIZE at first start.
+int MinSize() {
+  if (absl::GetFlag(FLAGS_min_size) > 0) return absl::GetFlag(FLAGS_min_size);
+  if (EnvInt("FERRY_RUN_RESTART", 0) > 0) return 1;
+  return static_cast<int>(EnvInt("WORLD_SIZE", 1));
+}
 
 // One event line, flushed: "<EVENT> id=<id> t_ms=<unix ms> <fields>".
 void Say(absl::string_view event, absl::string_view fields) {
@@ -123,8 +166,15 @@ class Trainer {
  public:
   absl::Status Init() {
     TcpStoreOptions so;
-    so.host = "127.0.0.1";
-    so.port = absl::GetFlag(FLAGS_port);
+    const char* addr = std::getenv("MASTER_ADDR");
+    so.host = addr != nullptr ? addr : "127.0.0.1";
+    so.port = absl::GetFlag(FLAGS_port) > 0
+                  ? absl::GetFlag(FLAGS_port)
+                  : static_cast<int>(EnvInt("MASTER_PORT", 0));
+    if (so.port <= 0) {
+      return absl::InvalidArgumentError(
+          "no store: pass --port or run under ferry_run (MASTER_PORT)");
+    }
     so.timeout = absl::Seconds(60);
     ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(so));
     store_ = std::shared_ptr<Store>(std::move(store));
@@ -142,8 +192,20 @@ class Trainer {
   // Returns the process exit code.
   int Run() {
     absl::StatusOr<ddp::QuorumView> view =
-        quorum_->Form(absl::GetFlag(FLAGS_min_size));
+        quorum_->Form(MinSize());
     if (!view.ok()) return Refused(view.status());
+    if (EnvInt("FERRY_RUN_RESTART", 0) > 0 && view->size() == 1) {
+      // A replacement alone has no live member to take the state from:
+      // either the job just finished, or every member is gone.
+      if (store_->Wait({kDoneKey}, absl::Seconds(10)).ok()) {
+        Say("JOB_DONE", "step=the job finished before this member joined");
+        return 0;
+      }
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          "member '", g_id, "' restarted into generation ", view->generation,
+          " alone: no live member to take the parameters and optimizer "
+          "state from")));
+    }
     auto pg = MakeGroup(*view);
     if (!pg.ok()) return Fail(pg.status());
     // A seed of this process's own: only the broadcast makes replicas equal.
@@ -210,7 +272,7 @@ class Trainer {
 
   ddp::CommHook KillingHook() {
     ddp::CommHook inner = ddp::AllreduceHook();
-    const int64_t die_at = absl::GetFlag(FLAGS_die_at_step);
+    const int64_t die_at = Doomed() ? absl::GetFlag(FLAGS_die_at_step) : -1;
     std::atomic<int64_t>* current = &current_step_;
     return [inner, die_at, current](c10d::ProcessGroup& pg,
                                     const ddp::GradBucket& bucket) {
@@ -236,16 +298,14 @@ class Trainer {
 
   // Waits (bounded) until a joiner asks for the next generation.
   absl::Status HoldForJoiner() {
-    absl::Status error;
-    const bool pending = PollUntil(
-        [&] {
-          absl::StatusOr<bool> p = quorum_->JoinerPending();
-          if (!p.ok()) error = p.status();
-          return !p.ok() || *p;
-        },
-        absl::Seconds(60));
-    RETURN_IF_ERROR(error);
-    if (pending) return absl::OkStatus();
+    // The quorum has no notification for a joiner: its store key is read
+    // every 5 ms, for at most 60 s.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      ASSIGN_OR_RETURN(bool pending, quorum_->JoinerPending());
+      if (pending) return absl::OkStatus();
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     return absl::DeadlineExceededError(absl::StrCat(
         "member '", g_id, "' generation ", quorum_->view().generation,
         ": no joiner within 60s at step ", step_));
@@ -344,6 +404,12 @@ class Trainer {
     absl::StatusOr<bool> same = BitIdentical(*pg_, State(), coll_timeout_);
     if (!same.ok()) return Fail(same.status());
     const ddp::QuorumView& v = quorum_->view();
+    if (*same && v.rank == 0) {
+      if (absl::Status d = store_->Set(kDoneKey, std::to_string(step_));
+          !d.ok()) {
+        return Fail(d);
+      }
+    }
     Say("FINAL", absl::StrCat("gen=", v.generation, " size=", v.size(),
                               " step=", step_, " identical=", *same ? 1 : 0,
                               " commit_us_mean=",
@@ -394,6 +460,10 @@ class Trainer {
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ferry::g_id = absl::GetFlag(FLAGS_id);
+  if (ferry::g_id.empty()) {
+    ferry::g_id = absl::StrCat("rank", ferry::EnvInt("RANK", 0), ".",
+                               ferry::EnvInt("FERRY_RUN_RESTART", 0));
+  }
   ferry::Trainer trainer;
   if (absl::Status s = trainer.Init(); !s.ok()) {
     ferry::Say("ERROR", absl::StrCat("init error=", s.ToString()));
