@@ -790,6 +790,26 @@ class TableWatch {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Prints inspector `name`'s rows as the Admin service's Inspect returns
+// them, one line each: "<me>: inspect <name>: <kind> k=v ...".
+void PrintInspection(const rpc::Agent& agent, const std::string& me,
+                     const std::string& name) {
+  absl::StatusOr<std::vector<rpc::Inspection>> got =
+      agent.inspectors().Inspect(name);
+  if (!got.ok()) {
+    std::printf("%s: inspect %s: %s\n", me.c_str(), name.c_str(),
+                got.status().ToString().c_str());
+    return;
+  }
+  for (const rpc::Inspection& in : *got) {
+    for (const rpc::InspectionRow& row : in.rows) {
+      std::string line = absl::StrCat(me, ": inspect ", in.name, ": ", row.kind);
+      for (const auto& [k, v] : row.fields) absl::StrAppend(&line, " ", k, "=", v);
+      std::printf("%s\n", line.c_str());
+    }
+  }
+}
+
 // --fault_tolerant, a restarted server: it joined after the trainers, so it
 // cannot count them leaving; it serves until no trainer is present and
 // alive in its table (waits on the table's changes, bounded).
@@ -1019,6 +1039,33 @@ absl::Status Serve(const Config& c, int m) {
   std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
               shard.head.empty() ? "" : " and the dense head");
+  // What an operator sees through the Admin service's Inspect (grpcurl):
+  // this server's generation, steps and what it survived. Everything it
+  // reads outlives the worker.
+  RETURN_IF_ERROR(w->agent().inspectors().Register(
+      "parameter_server", [sp, vp, ckp, me, restart = c.restart, restored] {
+        rpc::InspectionRow row;
+        row.kind = "server";
+        int64_t applied;
+        {
+          MutexLock l(sp->mu.get());
+          applied = sp->applied;
+        }
+        auto [left, dead] = vp->gone();
+        row.fields = {{"name", me},
+                      {"restart", absl::StrCat(restart)},
+                      {"applied_step", absl::StrCat(applied)},
+                      {"restored_step", absl::StrCat(restored)},
+                      {"trainers_left", absl::StrCat(left)},
+                      {"trainers_died", absl::StrCat(dead)}};
+        if (ckp != nullptr) {
+          const optim::Checkpointer::Stats st = ckp->stats();
+          row.fields.push_back({"checkpoints_written", absl::StrCat(st.written)});
+          row.fields.push_back(
+              {"last_checkpoint_step", absl::StrCat(st.last_written_step)});
+        }
+        return std::vector<rpc::InspectionRow>{row};
+      }));
   std::unique_ptr<Heartbeat> heartbeat;
   std::shared_ptr<TableWatch> table;
   if (c.fault_tolerant) {
@@ -1054,6 +1101,7 @@ absl::Status Serve(const Config& c, int m) {
                               : "",
                 static_cast<long>(shard.applied - restored));
   }
+  PrintInspection(w->agent(), me, "parameter_server");
   // A restarted server is a joined member: it leaves (the static group's
   // barrier counted its dead instance in).
   if (rejoin) {

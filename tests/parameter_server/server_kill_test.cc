@@ -143,6 +143,15 @@ TEST(ServerKill, AKilledServerRestoresItsCheckpointAndTheJobCompletes) {
         Find(out, vp + R"(rejoined the group under its name as worker \d+)")
             .empty())
         << out;
+    // The restarted instance's Admin inspector: its generation and the step
+    // it restored.
+    EXPECT_TRUE(absl::StrContains(
+        out, absl::StrCat(v, ": inspect parameter_server: server name=", v,
+                          " restart=1 applied_step=")))
+        << out;
+    EXPECT_TRUE(absl::StrContains(out, absl::StrCat(" restored_step=", r,
+                                                    " trainers_left=")))
+        << out;
 
     // The trainers: each waited for ps1 and re-created its optimizer there,
     // finished every iteration and reached the target.

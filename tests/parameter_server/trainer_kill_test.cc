@@ -122,6 +122,16 @@ TEST(TrainerKill, AKilledTrainerIsReleasedAndTheJobReachesItsAccuracy) {
           out, absl::StrCat("[", m, "]: ps", m,
                             ": all 2 trainers are gone (1 left, 1 died)")))
           << out;
+      // The same, as the Admin service's Inspect shows it to an operator.
+      EXPECT_TRUE(absl::StrContains(
+          out, absl::StrCat("[", m, "]: ps", m,
+                            ": inspect parameter_server: server name=ps", m,
+                            " restart=0 applied_step=")))
+          << out;
+      EXPECT_TRUE(absl::StrContains(
+          out, absl::StrCat(" restored_step=0 trainers_left=1 "
+                            "trainers_died=1")))
+          << out;
     }
     // The other trainer did not notice (it finished every step) and
     // reached the target.
