@@ -390,7 +390,8 @@ class Agent {
   // so a late join notice is ignored); returns whether the table changed.
   bool RemoveMember(const WorkerInfo& worker);
   // Sends a MEMBERSHIP notice of `change` of `subject` to each of `targets`
-  // (never to self) and waits for every reply until `deadline`. Returns the
+  // (never to self, nor to a peer reported failed) and waits for every reply
+  // until `deadline`. Returns the
   // targets whose notice failed, with the error.
   std::vector<std::pair<WorkerInfo, absl::Status>> Announce(
       MembershipChange change, const WorkerInfo& subject,

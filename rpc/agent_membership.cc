@@ -250,7 +250,9 @@ std::vector<std::pair<WorkerInfo, absl::Status>> Agent::Announce(
     const std::vector<WorkerInfo>& targets, absl::Time deadline) {
   std::vector<std::pair<WorkerInfo, Future<Message>>> sent;
   for (const WorkerInfo& t : targets) {
-    if (t.id == self_.id) continue;
+    // A peer reported failed cannot take a notice: trying costs a failed
+    // connect and a warning per notice, for every later join and leave.
+    if (t.id == self_.id || IsPeerFailed(t.id)) continue;
     Message m;
     m.type = MessageType::kMembership;
     m.payload = Value::FromList(

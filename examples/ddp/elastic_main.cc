@@ -2,14 +2,17 @@
 // is one member of a Quorum (ddp/quorum.h) over the job's TCPStore; each step
 // is applied only when the quorum's verdict says every member succeeded; on
 // a failed step or a waiting joiner the members form the next generation,
-// build a Gloo group over PrefixStore "ftddp/pg/<generation>/", move the DDP
+// build a Gloo group over PrefixStore "<prefix>pg/<generation>/", move the DDP
 // onto it (Reconfigure) and take the optimizer state and step from rank 0, a
 // live member (a replacement gets everything from it, nothing from disk).
 //
 //   bazel build //examples/ddp:ddp_elastic //tools/launcher:ferry_run
 //   bazel-bin/tools/launcher/ferry_run --nproc 3 --restart_ranks 0-2
 //       --rank_restarts 1 -- bazel-bin/examples/ddp/ddp_elastic --probe
-//       --die_rank=2 --die_at_step=10      (one command line)
+//       --die_rank=2 --die_at_step=10 --hold_at_step=20 --hold_until_size=3
+//                                                   (one command line)
+// (without the hold, a replacement that starts after the survivors finished
+// prints JOB_DONE and exits 0).
 //
 // Under ferry_run the store is MASTER_ADDR:MASTER_PORT, the member id
 // "rank<RANK>.<FERRY_RUN_RESTART>" and the first generation waits for
@@ -81,9 +84,13 @@ constexpr int64_t kSamples = 4096;
 
 std::string g_id;  // This member's id, for Say.
 
-// Set (to the last step) by the group's rank 0 once training ended with
-// identical replicas: a replacement that finds itself alone reads it.
-constexpr char kDoneKey[] = "ftddp/done";
+// The quorum's and the groups' keys: "ftddp/", and under ferry_run one
+// prefix per attempt ("ftddp/g<FERRY_RUN_GENERATION>/"), so that a
+// whole-job restart (--max_restarts) never meets the last attempt's members.
+std::string KeyPrefix() {
+  const char* gen = std::getenv("FERRY_RUN_GENERATION");
+  return gen != nullptr ? absl::StrCat("ftddp/g", gen, "/") : "ftddp/";
+}
 
 // An integer from the environment (ferry_run's RANK, WORLD_SIZE...), or
 // `fallback` when unset or not a number.
@@ -165,24 +172,29 @@ absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg,
 class Trainer {
  public:
   absl::Status Init() {
-    TcpStoreOptions so;
     const char* addr = std::getenv("MASTER_ADDR");
-    so.host = addr != nullptr ? addr : "127.0.0.1";
-    so.port = absl::GetFlag(FLAGS_port) > 0
-                  ? absl::GetFlag(FLAGS_port)
-                  : static_cast<int>(EnvInt("MASTER_PORT", 0));
-    if (so.port <= 0) {
+    const int port = absl::GetFlag(FLAGS_port) > 0
+                         ? absl::GetFlag(FLAGS_port)
+                         : static_cast<int>(EnvInt("MASTER_PORT", 0));
+    if (port <= 0) {
       return absl::InvalidArgumentError(
           "no store: pass --port or run under ferry_run (MASTER_PORT)");
     }
-    so.timeout = absl::Seconds(60);
-    ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(so));
+    // A client of the launcher's store, with its secret
+    // (FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET) when one is set.
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Store> store,
+        MakeTcpStoreFactory()(addr != nullptr ? addr : "127.0.0.1", port,
+                              /*is_server=*/false, /*world_size=*/0,
+                              absl::Seconds(60)));
     store_ = std::shared_ptr<Store>(std::move(store));
+    prefix_ = KeyPrefix();
     registry_ = c10d::MakeDefaultBackendRegistry();
     ddp::QuorumOptions qo;
     qo.heartbeat_timeout =
         absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_timeout_ms));
     if (absl::GetFlag(FLAGS_probe)) qo.probe_host = "127.0.0.1";
+    qo.prefix = prefix_;
     ASSIGN_OR_RETURN(quorum_, ddp::Quorum::Create(store_, g_id, qo));
     coll_timeout_ =
         absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
@@ -194,17 +206,20 @@ class Trainer {
     absl::StatusOr<ddp::QuorumView> view =
         quorum_->Form(MinSize());
     if (!view.ok()) return Refused(view.status());
-    if (EnvInt("FERRY_RUN_RESTART", 0) > 0 && view->size() == 1) {
-      // A replacement alone has no live member to take the state from:
-      // either the job just finished, or every member is gone.
-      if (store_->Wait({kDoneKey}, absl::Seconds(10)).ok()) {
-        Say("JOB_DONE", "step=the job finished before this member joined");
+    if (EnvInt("FERRY_RUN_RESTART", 0) > 0 && view->generation > 1 &&
+        view->joined.size() == view->members.size()) {
+      // Replacements among themselves, after the first generation: no live
+      // member holds the state. Either the job just finished, or every
+      // member is gone (and with it the state: nothing to train from).
+      if (store_->Wait({DoneKey()}, absl::Seconds(10)).ok()) {
+        Say("JOB_DONE", "reason=finished_before_this_member_joined");
         return 0;
       }
       return Fail(absl::FailedPreconditionError(absl::StrCat(
           "member '", g_id, "' restarted into generation ", view->generation,
-          " alone: no live member to take the parameters and optimizer "
-          "state from")));
+          " with only replacements (", absl::StrJoin(view->members, ", "),
+          "): no live member to take the parameters and optimizer state "
+          "from")));
     }
     auto pg = MakeGroup(*view);
     if (!pg.ok()) return Fail(pg.status());
@@ -234,7 +249,7 @@ class Trainer {
   absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> MakeGroup(
       const ddp::QuorumView& view) {
     auto prefix = std::make_shared<PrefixStore>(
-        absl::StrCat("ftddp/pg/", view.generation, "/"), store_);
+        absl::StrCat(prefix_, "pg/", view.generation, "/"), store_);
     c10d::ProcessGroupOptions po;
     po.backend = "gloo";
     po.timeout = coll_timeout_;
@@ -405,7 +420,7 @@ class Trainer {
     if (!same.ok()) return Fail(same.status());
     const ddp::QuorumView& v = quorum_->view();
     if (*same && v.rank == 0) {
-      if (absl::Status d = store_->Set(kDoneKey, std::to_string(step_));
+      if (absl::Status d = store_->Set(DoneKey(), std::to_string(step_));
           !d.ok()) {
         return Fail(d);
       }
@@ -436,7 +451,12 @@ class Trainer {
     return absl::OkStatus();
   }
 
+  // Set (to the last step) by the group's rank 0 once training ended with
+  // identical replicas: replacements that find no live member read it.
+  std::string DoneKey() const { return prefix_ + "done"; }
+
   std::shared_ptr<Store> store_;
+  std::string prefix_;  // KeyPrefix().
   std::shared_ptr<c10d::BackendRegistry> registry_;
   std::unique_ptr<ddp::Quorum> quorum_;
   absl::Duration coll_timeout_;

@@ -81,16 +81,18 @@ int EnvInt(const char* name, int fallback) {
 absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> JoinGroup() {
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
-  TcpStoreOptions so;
   const char* addr = std::getenv("MASTER_ADDR");
-  so.host = addr != nullptr ? addr : "127.0.0.1";
-  so.port = EnvInt("MASTER_PORT", 29500);
   // Under ferry_run the launcher serves the store; otherwise rank 0 does.
   const char* agent = std::getenv("FERRY_USE_AGENT_STORE");
-  so.is_server = !(agent != nullptr && std::strcmp(agent, "1") == 0) &&
-                 rank == 0;
-  so.timeout = absl::Seconds(60);
-  ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(so));
+  const bool serve = !(agent != nullptr && std::strcmp(agent, "1") == 0) &&
+                     rank == 0;
+  // The store's secret, when one is set, from FERRY_STORE_SECRET_FILE or
+  // FERRY_STORE_SECRET (as ferry_run's store expects).
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                   MakeTcpStoreFactory()(
+                       addr != nullptr ? addr : "127.0.0.1",
+                       EnvInt("MASTER_PORT", 29500), serve,
+                       /*world_size=*/0, absl::Seconds(60)));
   c10d::InitProcessGroupOptions o;
   o.store = std::shared_ptr<Store>(std::move(store));
   o.rank = rank;

@@ -651,9 +651,10 @@ absl::Status HostElasticTrainers(const Config& c, int m, ServerView& view) {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                      OpenGroupStore("env://", Timeout()));
-    RETURN_IF_ERROR(store->Set(kJoinsOpenKey, "1"));
+    // Said before the key is set: a joiner's lines come after this one.
     std::printf("%s: elastic trainers may join (%d forward passes served)\n",
                 me.c_str(), c.join_after);
+    RETURN_IF_ERROR(store->Set(kJoinsOpenKey, "1"));
   }
   // --fault_tolerant: AwaitTrainers waits for every trainer, elastic ones
   // included, to leave or die.

@@ -123,15 +123,16 @@ TEST(TrainerKill, AKilledTrainerIsReleasedAndTheJobReachesItsAccuracy) {
                             ": all 2 trainers are gone (1 left, 1 died)")))
           << out;
       // The same, as the Admin service's Inspect shows it to an operator.
+      const std::string inspect =
+          absl::StrCat("[", m, "]: ps", m,
+                       ": inspect parameter_server: server name=ps", m,
+                       " restart=0 applied_step=");
+      const size_t i_at = out.find(inspect);
+      ASSERT_NE(i_at, std::string::npos) << inspect << "\n" << out;
+      const std::string row = out.substr(i_at, out.find('\n', i_at) - i_at);
       EXPECT_TRUE(absl::StrContains(
-          out, absl::StrCat("[", m, "]: ps", m,
-                            ": inspect parameter_server: server name=ps", m,
-                            " restart=0 applied_step=")))
-          << out;
-      EXPECT_TRUE(absl::StrContains(
-          out, absl::StrCat(" restored_step=0 trainers_left=1 "
-                            "trainers_died=1")))
-          << out;
+          row, " restored_step=0 trainers_left=1 trainers_died=1"))
+          << row;
     }
     // The other trainer did not notice (it finished every step) and
     // reached the target.
