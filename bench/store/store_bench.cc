@@ -16,6 +16,10 @@
 //                for set, get, add.
 //   throughput   --port --count --seconds   `count` clients (threads) doing
 //                add in a loop; prints "OPS <total ops> <seconds>".
+//   relay        --port --upstream_port   a TcpStoreRelay on 127.0.0.1:port
+//                in front of the server; prints "RELAY <port>" once it
+//                serves and, when stdin closes, "RELAY_STATS <local
+//                requests> <upstream requests> <coalesced>".
 //   rtt          --iters   raw loopback TCP ping-pong (1 byte each way) with
 //                blocking sockets; prints "RTT <median us>" (echo in a
 //                thread of this process), then "RTT_EPOLL <median us>" (echo
@@ -45,6 +49,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_relay.h"
 
 ABSL_FLAG(int, port, 0, "Store port on 127.0.0.1.");
 ABSL_FLAG(int, world_size, 1, "Handles that join.");
@@ -52,6 +57,7 @@ ABSL_FLAG(int, count, 1, "Clients in this process.");
 ABSL_FLAG(int, rounds, 20, "Barrier rounds.");
 ABSL_FLAG(int, iters, 2000, "Latency iterations.");
 ABSL_FLAG(double, seconds, 2, "Throughput duration.");
+ABSL_FLAG(int, upstream_port, 0, "relay: the server's port on 127.0.0.1.");
 ABSL_FLAG(std::string, key_prefix, "", "Prefix for benchmark keys.");
 
 namespace ferry {
@@ -100,6 +106,24 @@ int Server() {
   std::printf("INIT_DONE %.6f\n", absl::ToDoubleSeconds(absl::Now() - start));
   std::fflush(stdout);
   WaitStdinClosed();
+  return 0;
+}
+
+int Relay() {
+  TcpStoreRelay::Options o;
+  o.port = absl::GetFlag(FLAGS_port);
+  o.upstream_port = absl::GetFlag(FLAGS_upstream_port);
+  auto relay = TcpStoreRelay::Start(o);
+  if (!relay.ok()) Die(relay.status());
+  std::printf("RELAY %d\n", (*relay)->port());
+  std::fflush(stdout);
+  WaitStdinClosed();
+  const TcpStoreRelay::Stats s = (*relay)->GetStats();
+  std::printf("RELAY_STATS %lld %lld %lld\n",
+              static_cast<long long>(s.local_requests),
+              static_cast<long long>(s.upstream_requests),
+              static_cast<long long>(s.coalesced));
+  std::fflush(stdout);
   return 0;
 }
 
@@ -316,8 +340,9 @@ int main(int argc, char** argv) {
   if (mode == "latency") return ferry::Latency();
   if (mode == "throughput") return ferry::Throughput();
   if (mode == "rtt") return ferry::Rtt();
+  if (mode == "relay") return ferry::Relay();
   std::fprintf(stderr,
                "usage: store_bench server|init_clients|barrier|latency|"
-               "throughput|rtt [flags]\n");
+               "throughput|rtt|relay [flags]\n");
   return 2;
 }
