@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "ferry/common/poll.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_relay.h"
 #include "ferry/store/tcp_store_server.h"
 #include "ferry/tests/util/subprocess.h"
 
@@ -82,26 +84,39 @@ void FerrySide(Store& s) {
 
 // A Ferry server on port 0 (PyTorch learns the bound port), the python half
 // in `mode` given that port, and a Ferry client handle.
+// With `via_relay`, a TcpStoreRelay sits in front of the server and both the
+// python half and the Ferry handle talk to the relay.
 struct FerryServerAndPython {
   std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStoreRelay> relay;
   std::unique_ptr<Python> py;
   std::unique_ptr<TcpStore> store;
 };
 
 void StartFerryServerAndPython(const std::string& mode,
                                std::optional<int64_t> world_size,
-                               FerryServerAndPython* out) {
+                               FerryServerAndPython* out,
+                               bool via_relay = false) {
   TcpStoreServer::Options so;
   so.host = "127.0.0.1";
   auto server = TcpStoreServer::Start(so);
   ASSERT_TRUE(server.ok()) << server.status();
   out->server = *std::move(server);
+  int port = out->server->port();
+  if (via_relay) {
+    TcpStoreRelay::Options ro;
+    ro.upstream_port = port;
+    auto relay = TcpStoreRelay::Start(ro);
+    ASSERT_TRUE(relay.ok()) << relay.status();
+    out->relay = *std::move(relay);
+    port = out->relay->port();
+  }
   out->py = std::make_unique<Python>(
-      std::vector<std::string>{mode, absl::StrCat(out->server->port())});
+      std::vector<std::string>{mode, absl::StrCat(port)});
   ASSERT_TRUE(out->py->started());
   TcpStoreOptions o;
   o.host = "127.0.0.1";
-  o.port = out->server->port();
+  o.port = port;
   o.world_size = world_size;
   o.timeout = absl::Seconds(60);
   auto store = TcpStore::Create(o);
@@ -140,6 +155,41 @@ TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
   EXPECT_EQ(s.py->Wait(&out), 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "OK num_keys in step")) << out;
   EXPECT_EQ(s.server->GetStats().dropped, 0);
+}
+
+// The same two exchanges with a relay between the clients and the server.
+TEST(PyTorchInteropTest, PyTorchClientThroughRelay) {
+  SKIP_WITHOUT_TORCH();
+  FerryServerAndPython s;
+  ASSERT_NO_FATAL_FAILURE(StartFerryServerAndPython("client", 2, &s, true));
+  ASSERT_TRUE(s.server->WaitForWorkers(2, absl::Seconds(60)).ok());
+  FerrySide(*s.store);
+  std::string out;
+  EXPECT_EQ(s.py->Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK delete_key")) << out;
+  EXPECT_EQ(s.relay->GetStats().dropped, 0);
+  EXPECT_EQ(s.server->GetStats().dropped, 0);
+}
+
+TEST(PyTorchInteropTest, PyTorchTimedWaitsThroughRelayStayInStep) {
+  SKIP_WITHOUT_TORCH();
+  FerryServerAndPython s;
+  ASSERT_NO_FATAL_FAILURE(
+      StartFerryServerAndPython("timed_waits", std::nullopt, &s, true));
+  ASSERT_TRUE(s.store->Wait({"py_polled"}).ok());
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(s.store->Set(absl::StrCat("late", i), "v").ok());
+  }
+  ASSERT_TRUE(s.store->Set("marker", "m").ok());
+  ASSERT_TRUE(s.store->Wait({"py_done"}).ok());
+  std::string out;
+  EXPECT_EQ(s.py->Wait(&out), 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "OK num_keys in step")) << out;
+  EXPECT_EQ(s.relay->GetStats().dropped, 0);
+  // Nothing of the abandoned waits is left on the relay or the server.
+  EXPECT_EQ(s.relay->GetStats().upstream_waits, 0);
+  EXPECT_TRUE(PollUntil([&] { return s.server->GetStats().waiting == 0; },
+                        absl::Seconds(20)));
 }
 
 TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {
