@@ -98,6 +98,7 @@ struct UpReq {
   // `fence_conn` once everything that client sent before it was handled.
   uint64_t fence_conn = 0;
   uint64_t fence_wait = 0;
+  bool fence_append = false;  // ... or sends that client's held APPEND
 };
 
 struct Upstream {
@@ -112,6 +113,8 @@ struct Upstream {
   std::deque<std::unique_ptr<UpReq>> inflight;  // main: awaiting answers
   std::string key;   // wait connection: the key waited on; "" when idle
   int cancels = 0;   // CANCEL_WAITs not yet answered
+  // Side connection carrying an APPEND (+ PING) for this local connection.
+  uint64_t append_conn = 0;
   bool idle = false;  // in idle_waits
 };
 
@@ -177,6 +180,9 @@ struct TcpStoreRelay::Loop {
   // Loop-thread only.
   void OnConnection(int status);
   void OnLocalRead(LocalConn* c, ssize_t nread);
+  void ParseLocal(LocalConn* c);
+  void StartAppend(LocalConn* c);
+  void AppendDone(Upstream* u, bool ok);
   void Handle(LocalConn* c, Request& r);
   void Forward(LocalConn* c, Request& r, SlotPtr slot, bool may_join);
   void StartWait(LocalConn* c, Request& r);
@@ -219,6 +225,10 @@ struct LocalConn {
   std::unique_ptr<LocalWait> wait;
   uint64_t last_seq = 0;  // upstream position of this client's latest op
   bool closing = false;
+  // An APPEND in flight on a side connection: nothing more is read from
+  // this client until it is done (its later requests must see it).
+  bool blocked = false;
+  Request append;
 };
 
 uv_stream_t* AsStream(uv_tcp_t* t) { return reinterpret_cast<uv_stream_t*>(t); }
@@ -313,9 +323,13 @@ void TcpStoreRelay::Loop::OnLocalRead(LocalConn* c, ssize_t nread) {
   }
   if (nread == 0) return;
   c->inbuf.append(read_buf.data(), nread);
+  ParseLocal(c);
+}
+
+void TcpStoreRelay::Loop::ParseLocal(LocalConn* c) {
   absl::string_view data = c->inbuf;
   size_t offset = 0;
-  while (!c->closing && loss.empty()) {
+  while (!c->closing && !c->blocked && loss.empty()) {
     size_t consumed = 0;
     FrameParser::Result r =
         c->parser.Parse(data.substr(offset), &request, &consumed);
@@ -371,8 +385,28 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
     case Op::kWait:
       StartWait(c, r);
       return;
-    case Op::kSet:
     case Op::kAppend:
+      // The server drops a connection whose APPEND grows a value past its
+      // limit; the relay's main connection must never be that one. The
+      // APPEND goes on a side connection once the client's earlier requests
+      // were handled, and the client waits for it.
+      c->blocked = true;
+      uv_read_stop(AsStream(&c->tcp));  // the kernel holds what comes next
+      c->append = std::move(r);
+      if (c->last_seq > answered_seq) {
+        auto fence = std::make_unique<UpReq>();
+        fence->seq = next_seq++;
+        fence->req.op = Op::kPing;
+        fence->req.nonce = 0xa99e2d;
+        fence->fence_conn = c->id;
+        fence->fence_append = true;
+        c->last_seq = fence->seq;
+        unsent.push_back(std::move(fence));
+      } else {
+        StartAppend(c);
+      }
+      return;
+    case Op::kSet:
     case Op::kMultiSet:
     case Op::kQueuePush:
       Forward(c, r, nullptr, false);
@@ -465,6 +499,43 @@ void TcpStoreRelay::Loop::StartWait(LocalConn* c, Request& r) {
     return;
   }
   RegisterWait(raw);
+}
+
+void TcpStoreRelay::Loop::StartAppend(LocalConn* c) {
+  Upstream* u = AcquireWaitConn();
+  if (u == nullptr) return;  // Lost() tears everything down
+  u->append_conn = c->id;
+  std::string frames;
+  tcpstore::EncodeRequest(Generation::kCurrent, c->append, &frames);
+  Request ping;
+  ping.op = Op::kPing;
+  ping.nonce = 0xa99e2d;
+  tcpstore::EncodeRequest(Generation::kCurrent, ping, &frames);
+  SendUpstream(u, std::move(frames));
+}
+
+// The side connection answered the APPEND's PING (`ok`) or closed: the
+// server refused the APPEND, and drops that client as it would have.
+void TcpStoreRelay::Loop::AppendDone(Upstream* u, bool ok) {
+  auto it = conns.find(u->append_conn);
+  u->append_conn = 0;
+  u->inbuf.clear();
+  if (it == conns.end()) return;
+  LocalConn* c = it->second;
+  if (!ok) {
+    DropLocal(c, absl::StrCat("the server refused APPEND on key '",
+                              c->append.keys[0],
+                              "' (a value past its limit, most likely)"));
+    return;
+  }
+  c->blocked = false;
+  c->append.Clear();
+  const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
+  if (rc != 0) {
+    DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
+    return;
+  }
+  ParseLocal(c);
 }
 
 void TcpStoreRelay::Loop::RegisterWait(LocalWait* w) {
@@ -731,12 +802,34 @@ Upstream* TcpStoreRelay::Loop::AcquireWaitConn() {
 
 void TcpStoreRelay::Loop::OnUpstreamRead(Upstream* u, ssize_t nread) {
   if (u->closing || !loss.empty()) return;
+  if (nread < 0 && !u->main && u->append_conn != 0) {
+    // The server dropped the side connection at the APPEND; a dead server
+    // is seen on the main connection too.
+    u->closing = true;
+    wait_conns.erase(std::remove(wait_conns.begin(), wait_conns.end(), u),
+                     wait_conns.end());
+    uv_close(AsHandle(&u->tcp),
+             [](uv_handle_t* h) { delete static_cast<Upstream*>(h->data); });
+    AppendDone(u, false);
+    return;
+  }
   if (nread < 0) {
     Lost(nread == UV_EOF ? std::string("the server closed the connection")
                          : UvError(static_cast<int>(nread)));
     return;
   }
   if (nread == 0) return;
+  if (!u->main && u->append_conn != 0) {
+    u->inbuf.append(read_buf.data(), nread);
+    if (u->inbuf.size() > 4) {
+      Lost("the server sent bytes no request asked for");
+    } else if (u->inbuf.size() == 4) {
+      AppendDone(u, true);
+      u->idle = true;
+      idle_waits.push_back(u);
+    }
+    return;
+  }
   if (!u->main) {
     // A wait connection answers STOP_WAITING (0) and WAIT_CANCELED (1). A
     // 0 while a CANCEL_WAIT is unanswered belongs to the cancelled wait.
@@ -790,6 +883,11 @@ void TcpStoreRelay::Loop::OnUpstreamRead(Upstream* u, ssize_t nread) {
 
 void TcpStoreRelay::Loop::CompleteMain(std::unique_ptr<UpReq> r,
                                        absl::string_view response) {
+  if (r->fence_append) {
+    auto it = conns.find(r->fence_conn);
+    if (it != conns.end() && it->second->blocked) StartAppend(it->second);
+    return;
+  }
   if (r->fence_wait != 0) {
     auto it = waits_by_id.find(r->fence_wait);
     if (it != waits_by_id.end() && !it->second->registered) {

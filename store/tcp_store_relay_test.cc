@@ -131,6 +131,10 @@ TEST_P(RelayOpsTest, EveryOperationThroughTheRelay) {
   EXPECT_EQ(c->Add("n", -2).value_or(0), 3);
   EXPECT_EQ(c->CompareSet("a", "1", "2").value_or("?"), "2");
   EXPECT_EQ(c->CompareSet("a", "1", "3").value_or("?"), "2");
+  ASSERT_TRUE(c->Append("ap", "x").ok());
+  ASSERT_TRUE(c->Append("ap", "y").ok());
+  EXPECT_EQ(c->Get("ap").value_or("?"), "xy");
+  EXPECT_TRUE(c->DeleteKey("ap").value_or(false));
   ASSERT_TRUE(c->MultiSet({"x", "y"}, {"X", "Y"}).ok());
   EXPECT_EQ(c->MultiGet({"x", "y", "a"}).value_or(std::vector<std::string>{}),
             (std::vector<std::string>{"X", "Y", "2"}));
@@ -374,6 +378,40 @@ TEST_F(RelayTest, HostileBytesDropOnlyThatClient) {
   EXPECT_EQ(good->Get("k").value_or("?"), "v");
   EXPECT_EQ(relay_->GetStats().upstream_losses, 0);
   EXPECT_EQ(server_->GetStats().dropped, 0);
+}
+
+// An APPEND the server refuses (past its value limit) makes the server drop
+// the connection it came on: the relay sends APPENDs on a side connection,
+// so only the appending client is dropped, and the client's requests after
+// its APPEND see it.
+TEST(RelayAppendTest, RefusedAppendDropsOnlyThatClient) {
+  TcpStoreServer::Options so;
+  so.host = "127.0.0.1";
+  so.limits.max_value_bytes = 16;
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok());
+  auto relay = StartRelay((*server)->port());
+  ASSERT_NE(relay, nullptr);
+  auto other = Client(relay->port());
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->Set("k", "v").ok());
+  RawClient raw;
+  ASSERT_TRUE(raw.Connect(relay->port()).ok());
+  ASSERT_TRUE(
+      raw.Send(t::Validate() +
+               t::KeyValueFrame(Generation::kCurrent, Op::kAppend, "/a",
+                                "0123456789") +
+               t::GetFrame(Generation::kCurrent, "/a") +
+               t::KeyValueFrame(Generation::kCurrent, Op::kAppend, "/a",
+                                "0123456789") +
+               t::GetFrame(Generation::kCurrent, "/a"))
+          .ok());
+  EXPECT_EQ(raw.RecvBytes().value_or("?"), "0123456789");
+  EXPECT_TRUE(raw.ClosedByPeer());
+  EXPECT_EQ(relay->GetStats().dropped, 1);
+  EXPECT_EQ(relay->GetStats().upstream_losses, 0);
+  EXPECT_EQ((*other)->Get("k").value_or("?"), "v");
+  EXPECT_EQ((*other)->Get("a").value_or("?"), "0123456789");
 }
 
 TEST(RelayStartTest, UnreachableServerFailsStartNamingIt) {
