@@ -126,30 +126,30 @@ def bench_relay_init(n, relays, max_per_proc, limit):
     relay]) or an error string.
     """
     port = free_port()
-    relay_ports = [free_port() for _ in range(relays)]
     job = Job(limit)
     try:
-        clients = []
-        for rp, count in zip(relay_ports, split(n - 1, relays)):
+        clients = []  # (relay index, process)
+        for i, count in enumerate(split(n - 1, relays)):
             procs = max(1, -(-count // max_per_proc))
-            clients += [job.spawn(cmd("ferry", "init_clients", port=rp, count=c,
-                                      world_size=n))
+            clients += [(i, job.spawn(cmd("ferry", "init_clients", port=0,
+                                          count=c, world_size=n)))
                         for c in split(count, procs) if c > 0]
-        for c in clients:
+        for _, c in clients:
             expect(c, "READY")
         t0 = time.time()
         server = job.spawn(cmd("ferry", "server", port=port, world_size=n))
         expect(server, "STARTING")
         wait_listening(port)
-        rs = [job.spawn(cmd("ferry", "relay", port=rp, upstream_port=port))
-              for rp in relay_ports]
-        for r in rs:
-            expect(r, "RELAY")
-        for c in clients:
-            c.stdin.write("go\n")
+        # Relays bind port 0 (a port picked in advance may be taken by then:
+        # the clients' connections use most of the ephemeral range).
+        rs = [job.spawn(cmd("ferry", "relay", port=0, upstream_port=port))
+              for _ in range(relays)]
+        relay_ports = [int(expect(r, "RELAY")[0]) for r in rs]
+        for i, c in clients:
+            c.stdin.write(f"go {relay_ports[i]}\n")
             c.stdin.flush()
         init = float(expect(server, "INIT_DONE")[0])
-        for c in clients:
+        for _, c in clients:
             expect(c, "JOINED")
         joined = time.time() - t0
         stats = []

@@ -5,7 +5,8 @@
 //                "STARTING", then "INIT_DONE <seconds>" once world_size
 //                handles (its own included) joined; serves until stdin closes.
 //   init_clients --port --count --world_size
-//                prints "READY", waits for a line on stdin, then creates
+//                prints "READY", waits for a line on stdin ("go", or
+//                "go PORT" to use that port instead of --port), then creates
 //                `count` joining clients one after another; prints "JOINED";
 //                keeps them until stdin closes.
 //   barrier      --port --count --world_size --rounds
@@ -44,6 +45,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
@@ -84,9 +86,11 @@ TcpStoreOptions Client(int world) {
   std::exit(1);
 }
 
-void WaitStdinLine() {
+// The line read ("" at EOF).
+std::string WaitStdinLine() {
   std::string line;
   std::getline(std::cin, line);
+  return line;
 }
 
 void WaitStdinClosed() {
@@ -133,9 +137,14 @@ int InitClients() {
   clients.reserve(n);
   std::printf("READY\n");
   std::fflush(stdout);
-  WaitStdinLine();
+  // "go" or "go PORT" (a port known only now, e.g. a relay's).
+  const std::string go = WaitStdinLine();
+  TcpStoreOptions options = Client(absl::GetFlag(FLAGS_world_size));
+  if (go.size() > 3 && !absl::SimpleAtoi(go.substr(3), &options.port)) {
+    Die(absl::InvalidArgumentError(absl::StrCat("bad go line: ", go)));
+  }
   for (int i = 0; i < n; ++i) {
-    auto c = TcpStore::Create(Client(absl::GetFlag(FLAGS_world_size)));
+    auto c = TcpStore::Create(options);
     if (!c.ok()) Die(c.status());
     clients.push_back(*std::move(c));
   }
