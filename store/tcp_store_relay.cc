@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "ferry/common/logging.h"
+#include "ferry/store/tcp_store_uv.h"
 
 namespace ferry {
 
@@ -22,33 +23,12 @@ using tcpstore::FrameParser;
 using tcpstore::Generation;
 using tcpstore::Op;
 using tcpstore::Request;
+using tcpstore::UvError;
 
 namespace {
 
 constexpr size_t kReadBufferBytes = 64 * 1024;
 constexpr int64_t kAddRefused = std::numeric_limits<int64_t>::min();
-
-std::string UvError(int code) {
-  return absl::StrCat(uv_err_name(code), " (", uv_strerror(code), ")");
-}
-
-std::string PeerName(uv_tcp_t* tcp, bool peer) {
-  sockaddr_storage addr{};
-  int len = sizeof(addr);
-  const int rc =
-      peer ? uv_tcp_getpeername(tcp, reinterpret_cast<sockaddr*>(&addr), &len)
-           : uv_tcp_getsockname(tcp, reinterpret_cast<sockaddr*>(&addr), &len);
-  char ip[INET6_ADDRSTRLEN] = "?";
-  if (rc != 0) return "unknown";
-  if (addr.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-    uv_ip6_name(a, ip, sizeof(ip));
-    return absl::StrCat("[", ip, "]:", ntohs(a->sin6_port));
-  }
-  const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-  uv_ip4_name(a, ip, sizeof(ip));
-  return absl::StrCat(ip, ":", ntohs(a->sin_port));
-}
 
 bool ParseAddress(const std::string& host, int port, sockaddr_storage* addr) {
   return uv_ip6_addr(host.c_str(), port,
@@ -79,11 +59,6 @@ struct LocalWait {
   std::vector<std::string> keys;
   int64_t remaining = 0;
   bool registered = false;  // keys entered in key_waits
-};
-
-struct WriteReq {
-  uv_write_t req;
-  std::string data;
 };
 
 // One request on the main upstream connection, answering one or more local
@@ -234,27 +209,10 @@ struct LocalConn {
 uv_stream_t* AsStream(uv_tcp_t* t) { return reinterpret_cast<uv_stream_t*>(t); }
 uv_handle_t* AsHandle(uv_tcp_t* t) { return reinterpret_cast<uv_handle_t*>(t); }
 
-// Writes `*buf` (emptied) to `s`; a uv error code on failure.
-int WriteAll(uv_stream_t* s, std::string* buf) {
-  uv_buf_t b = uv_buf_init(buf->data(), buf->size());
-  int rc = uv_stream_get_write_queue_size(s) == 0 ? uv_try_write(s, &b, 1)
-                                                  : UV_EAGAIN;
-  if (rc == static_cast<int>(buf->size())) {
-    buf->clear();
-    return 0;
-  }
-  if (rc < 0 && rc != UV_EAGAIN) return rc;
-  const size_t done = rc > 0 ? static_cast<size_t>(rc) : 0;
-  auto* w = new WriteReq;
-  w->req.data = w;
-  w->data = std::move(*buf);
-  buf->clear();
-  b = uv_buf_init(w->data.data() + done, w->data.size() - done);
-  rc = uv_write(&w->req, s, &b, 1, [](uv_write_t* req, int) {
-    delete static_cast<WriteReq*>(req->data);
-  });
-  if (rc != 0) delete w;
-  return rc;
+// Writes to the server: "" or why not. A queued write that fails later
+// shows as a read error on the connection.
+std::string WriteUpstream(uv_tcp_t* tcp, std::string* buf) {
+  return tcpstore::WriteOut(AsStream(tcp), buf, SIZE_MAX, /*done=*/nullptr);
 }
 
 void AllocCb(uv_handle_t* h, size_t, uv_buf_t* buf);
@@ -308,7 +266,7 @@ void TcpStoreRelay::Loop::OnConnection(int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  c->peer = PeerName(&c->tcp, /*peer=*/true);
+  c->peer = tcpstore::EndpointName(&c->tcp, /*peer=*/true);
   conns.emplace(c->id, c);
   clients.fetch_add(1, std::memory_order_relaxed);
   const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
@@ -653,17 +611,12 @@ void TcpStoreRelay::Loop::Pump(LocalConn* c) {
 }
 
 void TcpStoreRelay::Loop::FlushLocal(LocalConn* c) {
-  if (c->closing || c->outbuf.empty()) return;
-  const int rc = WriteAll(AsStream(&c->tcp), &c->outbuf);
-  if (rc != 0) {
-    DropLocal(c, absl::StrCat("write failed: ", UvError(rc)));
-    return;
-  }
-  if (uv_stream_get_write_queue_size(AsStream(&c->tcp)) >
-      options.max_pending_write_bytes) {
-    DropLocal(c, absl::StrCat("more than ", options.max_pending_write_bytes,
-                              " bytes of responses unread"));
-  }
+  if (c->closing) return;
+  // A failed queued write shows as a read error (the client is closed then).
+  const std::string failed =
+      tcpstore::WriteOut(AsStream(&c->tcp), &c->outbuf,
+                         options.max_pending_write_bytes, /*done=*/nullptr);
+  if (!failed.empty()) DropLocal(c, failed);
 }
 
 void TcpStoreRelay::Loop::DropLocal(LocalConn* c, absl::string_view reason) {
@@ -762,10 +715,12 @@ void TcpStoreRelay::Loop::OnUpstreamConnected(Upstream* u, int status) {
   }
   u->connected = true;
   uv_tcp_nodelay(&u->tcp, 1);
-  int rc = uv_read_start(AsStream(&u->tcp), AllocCb, UpstreamReadCb);
-  if (rc == 0 && !u->pending.empty()) rc = WriteAll(AsStream(&u->tcp), &u->pending);
-  if (rc != 0) {
-    Lost(absl::StrCat("start failed: ", UvError(rc)));
+  const int rc = uv_read_start(AsStream(&u->tcp), AllocCb, UpstreamReadCb);
+  const std::string failed =
+      rc != 0 ? absl::StrCat("read start failed: ", UvError(rc))
+              : WriteUpstream(&u->tcp, &u->pending);
+  if (!failed.empty()) {
+    Lost(failed);
     return;
   }
   if (u->main) {
@@ -784,8 +739,8 @@ void TcpStoreRelay::Loop::SendUpstream(Upstream* u, std::string bytes) {
     u->pending.append(bytes);
     return;
   }
-  const int rc = WriteAll(AsStream(&u->tcp), &bytes);
-  if (rc != 0) Lost(absl::StrCat("write failed: ", UvError(rc)));
+  const std::string failed = WriteUpstream(&u->tcp, &bytes);
+  if (!failed.empty()) Lost(failed);
 }
 
 Upstream* TcpStoreRelay::Loop::AcquireWaitConn() {
@@ -953,9 +908,9 @@ void TcpStoreRelay::Loop::FlushUnsent() {
         main->inflight.push_back(std::move(r));
     }
   }
-  const int rc = WriteAll(AsStream(&main->tcp), &out);
-  if (rc != 0) {
-    Lost(absl::StrCat("write failed: ", UvError(rc)));
+  const std::string failed = WriteUpstream(&main->tcp, &out);
+  if (!failed.empty()) {
+    Lost(failed);
     TearDown();
   }
 }
@@ -1044,12 +999,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreRelay>> TcpStoreRelay::Start(
         absl::StrCat("tcp store relay: upstream ", options.upstream_host, ":",
                      options.upstream_port, " is not a numeric address and port"));
   }
-  // As the server: a client hanging up mid-response must not kill us.
-  struct sigaction old_action {};
-  if (sigaction(SIGPIPE, nullptr, &old_action) == 0 &&
-      old_action.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
+  tcpstore::IgnoreDefaultSigpipe();
   std::unique_ptr<TcpStoreRelay> relay(new TcpStoreRelay);
   relay->loop_ = std::make_unique<Loop>(relay.get(), options);
   Loop* l = relay->loop_.get();
@@ -1083,28 +1033,14 @@ absl::StatusOr<std::unique_ptr<TcpStoreRelay>> TcpStoreRelay::Start(
                    });
   }
   if (rc != 0) {
-    uv_walk(
-        &l->loop,
-        [](uv_handle_t* h, void*) {
-          if (!uv_is_closing(h)) uv_close(h, nullptr);
-        },
-        nullptr);
-    uv_run(&l->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&l->loop);
+    tcpstore::AbandonLoop(&l->loop);
     return absl::UnavailableError(
         absl::StrCat("tcp store relay: cannot listen on ", options.host, ":",
                      options.port, ": ", UvError(rc)));
   }
   l->listener_open = true;
-  relay->port_ = [&] {
-    sockaddr_storage bound{};
-    int len = sizeof(bound);
-    uv_tcp_getsockname(&l->listener, reinterpret_cast<sockaddr*>(&bound), &len);
-    return bound.ss_family == AF_INET6
-               ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  }();
-  relay->address_ = PeerName(&l->listener, /*peer=*/false);
+  relay->port_ = tcpstore::BoundPort(&l->listener);
+  relay->address_ = tcpstore::EndpointName(&l->listener, /*peer=*/false);
   l->first_deadline = absl::Now() + options.connect_timeout;
   l->ConnectMain();
   relay->thread_ = std::thread([l] {
