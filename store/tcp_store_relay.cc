@@ -161,6 +161,7 @@ struct TcpStoreRelay::Loop {
   void Handle(LocalConn* c, Request& r);
   void Forward(LocalConn* c, Request& r, SlotPtr slot, bool may_join);
   void StartWait(LocalConn* c, Request& r);
+  bool Fence(LocalConn* c, uint64_t wait_id);
   void RegisterWait(LocalWait* w);
   void ClearWait(LocalConn* c);
   void KeyReady(const std::string& key);
@@ -351,18 +352,7 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
       c->blocked = true;
       uv_read_stop(AsStream(&c->tcp));  // the kernel holds what comes next
       c->append = std::move(r);
-      if (c->last_seq > answered_seq) {
-        auto fence = std::make_unique<UpReq>();
-        fence->seq = next_seq++;
-        fence->req.op = Op::kPing;
-        fence->req.nonce = 0xa99e2d;
-        fence->fence_conn = c->id;
-        fence->fence_append = true;
-        c->last_seq = fence->seq;
-        unsent.push_back(std::move(fence));
-      } else {
-        StartAppend(c);
-      }
+      if (!Fence(c, /*wait_id=*/0)) StartAppend(c);
       return;
     case Op::kSet:
     case Op::kMultiSet:
@@ -442,21 +432,26 @@ void TcpStoreRelay::Loop::StartWait(LocalConn* c, Request& r) {
   waits_by_id[w->id] = w.get();
   LocalWait* raw = w.get();
   c->wait = std::move(w);
-  if (c->last_seq > answered_seq) {
-    // The client's earlier requests (a DELETE of a waited key, say) must
-    // take effect before its wait is judged: a PING behind them on the main
-    // connection registers the wait when it answers.
-    auto fence = std::make_unique<UpReq>();
-    fence->seq = next_seq++;
-    fence->req.op = Op::kPing;
-    fence->req.nonce = 0xfe7ce;
-    fence->fence_conn = c->id;
-    fence->fence_wait = raw->id;
-    c->last_seq = fence->seq;
-    unsent.push_back(std::move(fence));
-    return;
-  }
-  RegisterWait(raw);
+  if (!Fence(c, raw->id)) RegisterWait(raw);
+}
+
+// The client's earlier requests (a DELETE of a waited key, say) must take
+// effect before its wait is judged or its APPEND sent: when some are not
+// answered yet, a PING behind them on the main connection goes on with the
+// wait (`wait_id`) or the held APPEND (0) when it answers. False when
+// nothing is pending (go on now).
+bool TcpStoreRelay::Loop::Fence(LocalConn* c, uint64_t wait_id) {
+  if (c->last_seq <= answered_seq) return false;
+  auto fence = std::make_unique<UpReq>();
+  fence->seq = next_seq++;
+  fence->req.op = Op::kPing;
+  fence->req.nonce = 0xfe7ce;
+  fence->fence_conn = c->id;
+  fence->fence_wait = wait_id;
+  fence->fence_append = wait_id == 0;
+  c->last_seq = fence->seq;
+  unsent.push_back(std::move(fence));
+  return true;
 }
 
 void TcpStoreRelay::Loop::StartAppend(LocalConn* c) {
