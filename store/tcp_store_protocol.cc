@@ -1,5 +1,6 @@
 #include "ferry/store/tcp_store_protocol.h"
 
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -345,6 +346,102 @@ FrameParser::Result FrameParser::Parse(absl::string_view data, Request* out,
   if (!ok) return r;
   *consumed = c.pos();
   return Result::kFrame;
+}
+
+bool EncodeRequest(Generation generation, const Request& r, std::string* out) {
+  std::optional<uint8_t> code = WireCode(generation, r.op);
+  if (!code.has_value()) return false;
+  PutU8(out, *code);
+  switch (r.op) {
+    case Op::kValidate:
+    case Op::kPing:
+      PutU32(out, r.nonce);
+      break;
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush:
+    case Op::kCompareSet:
+      PutBytes(out, r.keys[0]);
+      for (const std::string& v : r.values) PutBytes(out, v);
+      break;
+    case Op::kGet:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+    case Op::kWatchKey:
+    case Op::kAuthChallenge:
+    case Op::kAuthProof:
+      PutBytes(out, r.keys[0]);
+      break;
+    case Op::kAdd:
+      PutBytes(out, r.keys[0]);
+      PutU64(out, static_cast<uint64_t>(r.delta));
+      break;
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      PutU64(out, r.keys.size());
+      for (const std::string& k : r.keys) PutBytes(out, k);
+      break;
+    case Op::kMultiSet:
+      PutU64(out, r.keys.size());
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        PutBytes(out, r.keys[i]);
+        PutBytes(out, r.values[i]);
+      }
+      break;
+    case Op::kGetNumKeys:
+    case Op::kCancelWait:
+      break;
+  }
+  return true;
+}
+
+size_t ResponseSize(Op op, size_t num_keys, absl::string_view data,
+                    uint64_t max_value_bytes) {
+  constexpr size_t kBroken = SIZE_MAX;
+  // Size of `n` byte vectors from `pos`; 0 when incomplete.
+  auto vectors = [&](size_t pos, size_t n) -> size_t {
+    for (size_t i = 0; i < n; ++i) {
+      if (data.size() - pos < 8) return 0;
+      const uint64_t len = LoadU64(data.data() + pos);
+      if (len > max_value_bytes) return kBroken;
+      pos += 8;
+      if (data.size() - pos < len) return 0;
+      pos += len;
+    }
+    return pos;
+  };
+  auto fixed = [&](size_t n) -> size_t { return data.size() >= n ? n : 0; };
+  switch (op) {
+    case Op::kGet:
+    case Op::kCompareSet:
+      return vectors(0, 1);
+    case Op::kMultiGet:
+      if (num_keys == 0) return 0;  // never sent empty (see the relay)
+      return vectors(0, num_keys);
+    case Op::kAdd:
+    case Op::kGetNumKeys:
+    case Op::kDeleteKey:
+    case Op::kQueueLen:
+      return fixed(8);
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kCancelWait:
+    case Op::kAuthProof:
+      return fixed(1);
+    case Op::kPing:
+      return fixed(4);
+    case Op::kQueuePop: {
+      if (data.size() < 8) return 0;
+      if (LoadU64(data.data()) == 0) return 8;
+      return vectors(8, 1);
+    }
+    case Op::kAuthChallenge:
+      return vectors(0, 2);
+    default:
+      return kBroken;  // no response expected
+  }
 }
 
 void PutU8(std::string* out, uint8_t v) {

@@ -146,6 +146,18 @@ class FrameParser {
   absl::Status error_;
 };
 
+// Appends `r` as a frame of `generation` (the layouts above); false, with
+// nothing appended, when that generation lacks r.op. A parsed Request
+// re-encodes to the bytes it was parsed from (what a relay forwards).
+bool EncodeRequest(Generation generation, const Request& r, std::string* out);
+
+// The size of the complete response to `op` (sent with `num_keys` keys) at
+// the start of `data`: 0 when more bytes are needed, SIZE_MAX when a length
+// in it exceeds `max_value_bytes` (a broken peer). WAIT and CANCEL_WAIT: one
+// byte; ops without a response: never asked.
+size_t ResponseSize(Op op, size_t num_keys, absl::string_view data,
+                    uint64_t max_value_bytes);
+
 // Client-side encoding helpers (append to *out).
 void PutU8(std::string* out, uint8_t v);
 void PutU32(std::string* out, uint32_t v);  // Little-endian.

@@ -17,45 +17,20 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/common/logging.h"
 #include "ferry/store/store_auth.h"
+#include "ferry/store/tcp_store_uv.h"
 
 namespace ferry {
 
 using tcpstore::FrameParser;
 using tcpstore::Op;
 using tcpstore::Request;
+using tcpstore::UvError;
 
 namespace {
 
 constexpr size_t kReadBufferBytes = 64 * 1024;
 
-std::string UvError(int code) {
-  return absl::StrCat(uv_err_name(code), " (", uv_strerror(code), ")");
-}
-
-std::string FormatSockaddr(const sockaddr_storage& addr) {
-  char ip[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (addr.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-    uv_ip4_name(a, ip, sizeof(ip));
-    port = ntohs(a->sin_port);
-    return absl::StrCat(ip, ":", port);
-  }
-  if (addr.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-    uv_ip6_name(a, ip, sizeof(ip));
-    port = ntohs(a->sin6_port);
-    return absl::StrCat("[", ip, "]:", port);
-  }
-  return "unknown";
-}
-
 struct Conn;
-
-struct WriteReq {
-  uv_write_t req;
-  std::string data;
-};
 
 }  // namespace
 
@@ -144,10 +119,7 @@ void ReadCb(uv_stream_t* s, ssize_t nread, const uv_buf_t*) {
   c->loop->OnRead(c, nread);
 }
 
-void WriteCb(uv_write_t* req, int status) {
-  auto* w = static_cast<WriteReq*>(req->data);
-  uv_stream_t* s = req->handle;
-  delete w;
+void WriteDone(uv_stream_t* s, int status) {
   if (status < 0 && status != UV_ECANCELED) {
     auto* c = static_cast<Conn*>(s->data);
     c->loop->Drop(c, absl::StrCat("write failed: ", UvError(status)));
@@ -181,12 +153,7 @@ void TcpStoreServer::Loop::OnConnection(int status) {
     return;
   }
   uv_tcp_nodelay(&c->tcp, 1);
-  sockaddr_storage addr{};
-  int len = sizeof(addr);
-  if (uv_tcp_getpeername(&c->tcp, reinterpret_cast<sockaddr*>(&addr), &len) ==
-      0) {
-    c->peer = FormatSockaddr(addr);
-  }
+  c->peer = tcpstore::EndpointName(&c->tcp, /*peer=*/true);
   conns.emplace(c->id, c);
   c->registered = true;
   clients.fetch_add(1, std::memory_order_relaxed);
@@ -524,36 +491,10 @@ void TcpStoreServer::Loop::Handle(Conn* c, const Request& r) {
 }
 
 void TcpStoreServer::Loop::Flush(Conn* c) {
-  if (c->closing || c->outbuf.empty()) return;
-  uv_buf_t buf = uv_buf_init(c->outbuf.data(), c->outbuf.size());
-  int rc = uv_try_write(Stream(c), &buf, 1);
-  if (rc == static_cast<int>(c->outbuf.size())) {
-    c->outbuf.clear();
-    return;
-  }
-  if (rc < 0 && rc != UV_EAGAIN) {
-    Drop(c, absl::StrCat("write failed: ", UvError(rc)));
-    return;
-  }
-  const size_t done = rc > 0 ? static_cast<size_t>(rc) : 0;
-  auto* w = new WriteReq;
-  w->req.data = w;
-  // Moved, not copied: large values (MiBs per GET) would otherwise be copied
-  // a second time here.
-  w->data = std::move(c->outbuf);
-  c->outbuf.clear();
-  buf = uv_buf_init(w->data.data() + done, w->data.size() - done);
-  rc = uv_write(&w->req, Stream(c), &buf, 1, WriteCb);
-  if (rc != 0) {
-    delete w;
-    Drop(c, absl::StrCat("write failed: ", UvError(rc)));
-    return;
-  }
-  if (uv_stream_get_write_queue_size(Stream(c)) >
-      options.max_pending_write_bytes) {
-    Drop(c, absl::StrCat("more than ", options.max_pending_write_bytes,
-                         " bytes of responses unread"));
-  }
+  if (c->closing) return;
+  const std::string failed = tcpstore::WriteOut(
+      Stream(c), &c->outbuf, options.max_pending_write_bytes, WriteDone);
+  if (!failed.empty()) Drop(c, failed);
 }
 
 void TcpStoreServer::Loop::Drop(Conn* c, absl::string_view reason) {
@@ -598,11 +539,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   // libuv writes with write(2), not send(MSG_NOSIGNAL): a client that hangs
   // up before reading its response must not kill the process with SIGPIPE.
   // Only a default disposition is changed (CPython already ignores it).
-  struct sigaction old_action {};
-  if (sigaction(SIGPIPE, nullptr, &old_action) == 0 &&
-      old_action.sa_handler == SIG_DFL) {
-    signal(SIGPIPE, SIG_IGN);
-  }
+  tcpstore::IgnoreDefaultSigpipe();
   std::unique_ptr<TcpStoreServer> server(new TcpStoreServer);
   server->loop_ = std::make_unique<Loop>(server.get(), options);
   Loop* l = server->loop_.get();
@@ -612,14 +549,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
   }
   // Closes handles and the loop when setup fails part way.
   auto abandon = [l](absl::Status status) {
-    uv_walk(
-        &l->loop,
-        [](uv_handle_t* h, void*) {
-          if (!uv_is_closing(h)) uv_close(h, nullptr);
-        },
-        nullptr);
-    uv_run(&l->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&l->loop);
+    tcpstore::AbandonLoop(&l->loop);
     return status;
   };
   uv_async_init(&l->loop, &l->stop_async, StopCb);
@@ -661,14 +591,8 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return abandon(absl::UnavailableError(
         absl::StrCat("tcp store server: cannot listen on ", last_error)));
   }
-  sockaddr_storage bound{};
-  int len = sizeof(bound);
-  uv_tcp_getsockname(&l->listener, reinterpret_cast<sockaddr*>(&bound), &len);
-  server->port_ =
-      bound.ss_family == AF_INET6
-          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  server->address_ = FormatSockaddr(bound);
+  server->port_ = tcpstore::BoundPort(&l->listener);
+  server->address_ = tcpstore::EndpointName(&l->listener, /*peer=*/false);
   server->thread_ = std::thread([l] {
     uv_run(&l->loop, UV_RUN_DEFAULT);
     // Every handle is closed by StopNow; drain their close callbacks.

@@ -118,6 +118,51 @@ def bench_init(n, server_kind, client_kind, procs, limit):
         job.finish()
 
 
+def bench_relay_init(n, relays, max_per_proc, limit):
+    """Init of n handles, n-1 of them through `relays` relays (Ferry only).
+
+    Returns (server INIT_DONE seconds, seconds from the server's spawn until
+    every client process printed JOINED, [(local, upstream, coalesced) per
+    relay]) or an error string.
+    """
+    port = free_port()
+    job = Job(limit)
+    try:
+        clients = []  # (relay index, process)
+        for i, count in enumerate(split(n - 1, relays)):
+            procs = max(1, -(-count // max_per_proc))
+            clients += [(i, job.spawn(cmd("ferry", "init_clients", port=0,
+                                          count=c, world_size=n)))
+                        for c in split(count, procs) if c > 0]
+        for _, c in clients:
+            expect(c, "READY")
+        t0 = time.time()
+        server = job.spawn(cmd("ferry", "server", port=port, world_size=n))
+        expect(server, "STARTING")
+        wait_listening(port)
+        # Relays bind port 0 (a port picked in advance may be taken by then:
+        # the clients' connections use most of the ephemeral range).
+        rs = [job.spawn(cmd("ferry", "relay", port=0, upstream_port=port))
+              for _ in range(relays)]
+        relay_ports = [int(expect(r, "RELAY")[0]) for r in rs]
+        for i, c in clients:
+            c.stdin.write(f"go {relay_ports[i]}\n")
+            c.stdin.flush()
+        init = float(expect(server, "INIT_DONE")[0])
+        for _, c in clients:
+            expect(c, "JOINED")
+        joined = time.time() - t0
+        stats = []
+        for r in rs:
+            r.stdin.close()
+            stats.append(tuple(int(x) for x in expect(r, "RELAY_STATS")))
+        return init, joined, stats
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return f"failed ({'timeout' if job.timed_out else e})"
+    finally:
+        job.finish()
+
+
 def serve(job, kind, port):
     server = job.spawn(cmd(kind, "server", port=port, world_size=1))
     expect(server, "INIT_DONE")
@@ -211,6 +256,14 @@ def main():
                          "minutes there and its clients need 2 sockets each)")
     ap.add_argument("--barrier_sizes", default="64,256,1024")
     ap.add_argument("--skip_init", action="store_true")
+    ap.add_argument("--relay_sizes", default="",
+                    help="init sizes run through relays (Ferry only), e.g. "
+                         "98304; --relays relays, each client process under "
+                         "--relay_clients_per_proc descriptors")
+    ap.add_argument("--relays", type=int, default=12)
+    ap.add_argument("--relay_clients_per_proc", type=int, default=16000)
+    ap.add_argument("--skip_barrier", action="store_true")
+    ap.add_argument("--skip_latency", action="store_true")
     ap.add_argument("--tp_clients", default="1,16,64,256")
     ap.add_argument("--server_tp_clients", default="16,64",
                     help="client counts for the servers-alone comparison (3c)")
@@ -253,10 +306,36 @@ def main():
                   "value": v if isinstance(v, float) else None,
                   **({} if isinstance(v, float) else {"error": v})})
 
+    # 1b. init through node relays
+    relay_sizes = [int(x) for x in a.relay_sizes.split(",") if x]
+    if relay_sizes:
+        print(f"\n## 1b. init through {a.relays} relays: server start -> N "
+              "joined (s)")
+        print(f"{'N':>6} {'init':>8} {'all joined':>10} {'local reqs':>10} "
+              f"{'upstream reqs':>13} {'coalesced':>9}")
+    for n in relay_sizes:
+        r = bench_relay_init(n, a.relays, a.relay_clients_per_proc, a.limit)
+        if isinstance(r, str):
+            print(f"{n:>6} {r}", flush=True)
+            emit({"figure": "store_init_seconds", "impl": "ferry_relays",
+                  "relays": a.relays, "clients": n, "value": None, "error": r})
+            continue
+        init_s, joined_s, stats = r
+        local = sum(x[0] for x in stats)
+        upstream = sum(x[1] for x in stats)
+        coal = sum(x[2] for x in stats)
+        print(f"{n:>6} {init_s:>8.3f} {joined_s:>10.3f} {local:>10} "
+              f"{upstream:>13} {coal:>9}", flush=True)
+        emit({"figure": "store_init_seconds", "impl": "ferry_relays",
+              "relays": a.relays, "clients": n, "value": init_s,
+              "all_joined_s": joined_s, "relay_local_requests": local,
+              "relay_upstream_requests": upstream, "relay_coalesced": coal})
+
     # 2. barrier
     print("\n## 2. store_based_barrier: time per barrier (ms)")
     print(f"{'ranks':>6} {'ferry':>10} {'pytorch':>10} {'speedup':>8}")
-    for n in [int(x) for x in a.barrier_sizes.split(",") if x]:
+    for n in ([] if a.skip_barrier else
+              [int(x) for x in a.barrier_sizes.split(",") if x]):
         f = bench_barrier(n, "ferry", a.procs, a.rounds, a.limit)
         p = bench_barrier(n, "pytorch", a.procs, a.rounds, a.limit)
         fm = f * 1e3 if isinstance(f, float) else f
@@ -272,6 +351,8 @@ def main():
     # Interleaved repeats, best median of each: the 2 cores are shared, and
     # a burst of other load during one measurement would skew the ratio.
     runs = {"rtt": [], "rtt_epoll": [], "ferry": [], "pytorch": []}
+    if a.skip_latency:
+        return
     for _ in range(a.latency_repeats):
         same, cross = rtt(a.iters)
         runs["rtt"].append(same)

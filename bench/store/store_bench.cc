@@ -5,7 +5,8 @@
 //                "STARTING", then "INIT_DONE <seconds>" once world_size
 //                handles (its own included) joined; serves until stdin closes.
 //   init_clients --port --count --world_size
-//                prints "READY", waits for a line on stdin, then creates
+//                prints "READY", waits for a line on stdin ("go", or
+//                "go PORT" to use that port instead of --port), then creates
 //                `count` joining clients one after another; prints "JOINED";
 //                keeps them until stdin closes.
 //   barrier      --port --count --world_size --rounds
@@ -16,6 +17,10 @@
 //                for set, get, add.
 //   throughput   --port --count --seconds   `count` clients (threads) doing
 //                add in a loop; prints "OPS <total ops> <seconds>".
+//   relay        --port --upstream_port   a TcpStoreRelay on 127.0.0.1:port
+//                in front of the server; prints "RELAY <port>" once it
+//                serves and, when stdin closes, "RELAY_STATS <local
+//                requests> <upstream requests> <coalesced>".
 //   rtt          --iters   raw loopback TCP ping-pong (1 byte each way) with
 //                blocking sockets; prints "RTT <median us>" (echo in a
 //                thread of this process), then "RTT_EPOLL <median us>" (echo
@@ -40,11 +45,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_relay.h"
 
 ABSL_FLAG(int, port, 0, "Store port on 127.0.0.1.");
 ABSL_FLAG(int, world_size, 1, "Handles that join.");
@@ -52,6 +59,7 @@ ABSL_FLAG(int, count, 1, "Clients in this process.");
 ABSL_FLAG(int, rounds, 20, "Barrier rounds.");
 ABSL_FLAG(int, iters, 2000, "Latency iterations.");
 ABSL_FLAG(double, seconds, 2, "Throughput duration.");
+ABSL_FLAG(int, upstream_port, 0, "relay: the server's port on 127.0.0.1.");
 ABSL_FLAG(std::string, key_prefix, "", "Prefix for benchmark keys.");
 ABSL_FLAG(bool, legacy_protocol, false,
           "Clients speak PyTorch 1.13's protocol (to drive a 1.13 server).");
@@ -81,9 +89,11 @@ TcpStoreOptions Client(int world) {
   std::exit(1);
 }
 
-void WaitStdinLine() {
+// The line read ("" at EOF).
+std::string WaitStdinLine() {
   std::string line;
   std::getline(std::cin, line);
+  return line;
 }
 
 void WaitStdinClosed() {
@@ -106,15 +116,38 @@ int Server() {
   return 0;
 }
 
+int Relay() {
+  TcpStoreRelay::Options o;
+  o.port = absl::GetFlag(FLAGS_port);
+  o.upstream_port = absl::GetFlag(FLAGS_upstream_port);
+  auto relay = TcpStoreRelay::Start(o);
+  if (!relay.ok()) Die(relay.status());
+  std::printf("RELAY %d\n", (*relay)->port());
+  std::fflush(stdout);
+  WaitStdinClosed();
+  const TcpStoreRelay::Stats s = (*relay)->GetStats();
+  std::printf("RELAY_STATS %lld %lld %lld\n",
+              static_cast<long long>(s.local_requests),
+              static_cast<long long>(s.upstream_requests),
+              static_cast<long long>(s.coalesced));
+  std::fflush(stdout);
+  return 0;
+}
+
 int InitClients() {
   std::vector<std::unique_ptr<TcpStore>> clients;
   const int n = absl::GetFlag(FLAGS_count);
   clients.reserve(n);
   std::printf("READY\n");
   std::fflush(stdout);
-  WaitStdinLine();
+  // "go" or "go PORT" (a port known only now, e.g. a relay's).
+  const std::string go = WaitStdinLine();
+  TcpStoreOptions options = Client(absl::GetFlag(FLAGS_world_size));
+  if (go.size() > 3 && !absl::SimpleAtoi(go.substr(3), &options.port)) {
+    Die(absl::InvalidArgumentError(absl::StrCat("bad go line: ", go)));
+  }
   for (int i = 0; i < n; ++i) {
-    auto c = TcpStore::Create(Client(absl::GetFlag(FLAGS_world_size)));
+    auto c = TcpStore::Create(options);
     if (!c.ok()) Die(c.status());
     clients.push_back(*std::move(c));
   }
@@ -319,8 +352,9 @@ int main(int argc, char** argv) {
   if (mode == "latency") return ferry::Latency();
   if (mode == "throughput") return ferry::Throughput();
   if (mode == "rtt") return ferry::Rtt();
+  if (mode == "relay") return ferry::Relay();
   std::fprintf(stderr,
                "usage: store_bench server|init_clients|barrier|latency|"
-               "throughput|rtt [flags]\n");
+               "throughput|rtt|relay [flags]\n");
   return 2;
 }

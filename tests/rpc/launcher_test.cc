@@ -39,6 +39,34 @@ TEST(FerryRun, GivesEachRankItsEnvironmentAndPrefixesOutput) {
   }
 }
 
+// --node_relay: the workers' MASTER_ADDR/PORT name the node's relay, and a
+// real job rendezvouses through it.
+TEST(FerryRun, NodeRelayServesTheLocalWorkers) {
+  auto [code, out] =
+      RunLauncher({"--nproc", "2", "--node_relay", "--", "/bin/sh", "-c",
+                   "echo \"at=$MASTER_ADDR:$MASTER_PORT\""});
+  ASSERT_EQ(code, 0) << out;
+  const std::string kLine = "store relay for local workers on ";
+  const size_t at = out.find(kLine);
+  ASSERT_NE(at, std::string::npos) << out;
+  const size_t begin = at + kLine.size();
+  const std::string relay = out.substr(begin, out.find(' ', begin) - begin);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(absl::StrContains(out, absl::StrCat("[", r, "]: at=", relay)))
+        << relay << "\n" << out;
+  }
+  auto [job_code, job_out] =
+      RunLauncher({"--nproc", "3", "--node_relay", "--timeout_s", "100", "--",
+                   RunfilePath("examples/rpc_tensors/rpc_tensors")});
+  ASSERT_EQ(job_code, 0) << job_out;
+  EXPECT_TRUE(absl::StrContains(job_out, kLine)) << job_out;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(
+        absl::StrContains(job_out, absl::StrCat("[", r, "]: worker", r, ": done")))
+        << job_out;
+  }
+}
+
 TEST(FerryRun, OneFailingRankStopsTheJobWithItsExitCode) {
   absl::Time start = absl::Now();
   auto [code, out] =

@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
+#include "ferry/common/poll.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_relay.h"
 #include "ferry/store/tcp_store_server.h"
 #include "ferry/tests/util/subprocess.h"
 
@@ -82,26 +84,39 @@ void FerrySide(Store& s) {
 
 // A Ferry server on port 0 (PyTorch learns the bound port), the python half
 // in `mode` given that port, and a Ferry client handle.
+// With `via_relay`, a TcpStoreRelay sits in front of the server and both the
+// python half and the Ferry handle talk to the relay.
 struct FerryServerAndPython {
   std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStoreRelay> relay;
   std::unique_ptr<Python> py;
   std::unique_ptr<TcpStore> store;
 };
 
 void StartFerryServerAndPython(const std::string& mode,
                                std::optional<int64_t> world_size,
-                               FerryServerAndPython* out) {
+                               FerryServerAndPython* out,
+                               bool via_relay = false) {
   TcpStoreServer::Options so;
   so.host = "127.0.0.1";
   auto server = TcpStoreServer::Start(so);
   ASSERT_TRUE(server.ok()) << server.status();
   out->server = *std::move(server);
+  int port = out->server->port();
+  if (via_relay) {
+    TcpStoreRelay::Options ro;
+    ro.upstream_port = port;
+    auto relay = TcpStoreRelay::Start(ro);
+    ASSERT_TRUE(relay.ok()) << relay.status();
+    out->relay = *std::move(relay);
+    port = out->relay->port();
+  }
   out->py = std::make_unique<Python>(
-      std::vector<std::string>{mode, absl::StrCat(out->server->port())});
+      std::vector<std::string>{mode, absl::StrCat(port)});
   ASSERT_TRUE(out->py->started());
   TcpStoreOptions o;
   o.host = "127.0.0.1";
-  o.port = out->server->port();
+  o.port = port;
   o.world_size = world_size;
   o.timeout = absl::Seconds(60);
   auto store = TcpStore::Create(o);
@@ -109,10 +124,11 @@ void StartFerryServerAndPython(const std::string& mode,
   out->store = *std::move(store);
 }
 
-TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
-  SKIP_WITHOUT_TORCH();
+// The python "client" half exchanges keys with FerrySide.
+void ClientExchange(bool via_relay) {
   FerryServerAndPython s;
-  ASSERT_NO_FATAL_FAILURE(StartFerryServerAndPython("client", 2, &s));
+  ASSERT_NO_FATAL_FAILURE(
+      StartFerryServerAndPython("client", 2, &s, via_relay));
   // Both Ferry's handle and the PyTorch client have joined through init/.
   ASSERT_TRUE(s.server->WaitForWorkers(2, absl::Seconds(60)).ok());
   FerrySide(*s.store);
@@ -120,16 +136,19 @@ TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
   EXPECT_EQ(s.py->Wait(&out), 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "OK delete_key")) << out;
   EXPECT_EQ(s.server->GetStats().dropped, 0);
+  if (via_relay) {
+    EXPECT_EQ(s.relay->GetStats().dropped, 0);
+  }
 }
 
 // PyTorch 1.13's timed wait() abandons its WAIT on the connection; the next
-// WAIT replaces it on a Ferry server, and no stale reply follows when the
-// abandoned keys appear (the python side checks every later response).
-TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
-  SKIP_WITHOUT_TORCH();
+// WAIT replaces it on a Ferry server (and relay), and no stale reply follows
+// when the abandoned keys appear (the python side checks every later
+// response).
+void TimedWaitsStayInStep(bool via_relay) {
   FerryServerAndPython s;
   ASSERT_NO_FATAL_FAILURE(
-      StartFerryServerAndPython("timed_waits", std::nullopt, &s));
+      StartFerryServerAndPython("timed_waits", std::nullopt, &s, via_relay));
   ASSERT_TRUE(s.store->Wait({"py_polled"}).ok());
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(s.store->Set(absl::StrCat("late", i), "v").ok());
@@ -140,6 +159,33 @@ TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
   EXPECT_EQ(s.py->Wait(&out), 0) << out;
   EXPECT_TRUE(absl::StrContains(out, "OK num_keys in step")) << out;
   EXPECT_EQ(s.server->GetStats().dropped, 0);
+  if (!via_relay) return;
+  EXPECT_EQ(s.relay->GetStats().dropped, 0);
+  // Nothing of the abandoned waits is left on the relay or the server.
+  EXPECT_EQ(s.relay->GetStats().upstream_waits, 0);
+  EXPECT_TRUE(PollUntil([&] { return s.server->GetStats().waiting == 0; },
+                        absl::Seconds(20)));
+}
+
+TEST(PyTorchInteropTest, PyTorchClientAgainstFerryServer) {
+  SKIP_WITHOUT_TORCH();
+  ClientExchange(/*via_relay=*/false);
+}
+
+TEST(PyTorchInteropTest, PyTorchTimedWaitsInALoopStayInStep) {
+  SKIP_WITHOUT_TORCH();
+  TimedWaitsStayInStep(/*via_relay=*/false);
+}
+
+// The same two with a relay between the clients and the server.
+TEST(PyTorchInteropTest, PyTorchClientThroughRelay) {
+  SKIP_WITHOUT_TORCH();
+  ClientExchange(/*via_relay=*/true);
+}
+
+TEST(PyTorchInteropTest, PyTorchTimedWaitsThroughRelayStayInStep) {
+  SKIP_WITHOUT_TORCH();
+  TimedWaitsStayInStep(/*via_relay=*/true);
 }
 
 TEST(PyTorchInteropTest, FerryLegacyClientAgainstPyTorchServer) {

@@ -6,7 +6,7 @@
 //             [--grace_s G] [--rdzv_timeout_s T]
 //             [--elastic_ranks A-B[,C...]]
 //             [--restart_ranks A-B[,C...] --rank_restarts N]
-//             [--] program [args...]
+//             [--node_relay] [--] program [args...]
 //
 // torchrun's spellings work too (--nproc-per-node, --node-rank,
 // --master-addr, --max-restarts, --elastic-ranks...), --nproc is the old name of
@@ -14,7 +14,9 @@
 //
 // Node 0 hosts the job's TCPStore (libuv server) on master_addr:master_port
 // (port 0: a free one, single node only); every node's launcher connects to
-// it. Each attempt of the job (a "generation", 0 first) starts with a
+// it. With --node_relay each launcher also runs a store relay
+// (store/tcp_store_relay.h) on 127.0.0.1 and its workers' MASTER_ADDR /
+// MASTER_PORT name the relay: the store holds one connection per node. Each attempt of the job (a "generation", 0 first) starts with a
 // rendezvous of the launchers: every node publishes its worker count and
 // ranks follow node order (RANK = workers of the nodes before + LOCAL_RANK).
 // Each child gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK
@@ -95,6 +97,7 @@
 #include "ferry/common/sync.h"
 #include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/store/tcp_store_relay.h"
 #include "ferry/store/tcp_store_server.h"
 
 ABSL_FLAG(int, nproc_per_node, 0, "worker processes on this node");
@@ -123,6 +126,9 @@ ABSL_FLAG(std::string, restart_ranks, "",
           "(--rank_restarts times)");
 ABSL_FLAG(int, rank_restarts, 0,
           "restarts of each --restart_ranks worker per generation");
+ABSL_FLAG(bool, node_relay, false,
+          "start a store relay (store/tcp_store_relay.h) on this node and "
+          "point the local workers' MASTER_ADDR/MASTER_PORT at it");
 
 namespace ferry {
 namespace {
@@ -134,7 +140,8 @@ constexpr char kUsage[] =
     "usage: ferry_run [--nnodes N --node_rank K] --nproc_per_node P "
     "[--master_addr H --master_port PORT | --rdzv_endpoint H:PORT | "
     "--standalone] [--max_restarts R] [--elastic_ranks A-B[,C]] "
-    "[--restart_ranks A-B[,C] --rank_restarts N] [--] program [args...]";
+    "[--restart_ranks A-B[,C] --rank_restarts N] [--node_relay] [--] "
+    "program [args...]";
 
 struct Config {
   int nnodes = 1;
@@ -149,6 +156,7 @@ struct Config {
   std::set<int> elastic_ranks;  // Lost by a signal: reported.
   std::set<int> restart_ranks;  // Failed: restarted alone, rank_restarts times.
   int rank_restarts = 0;
+  bool node_relay = false;  // Workers reach the store through a local relay.
   std::vector<char*> program;  // Null-terminated.
 };
 
@@ -175,9 +183,9 @@ std::vector<std::string> NormalizeArgs(int argc, char** argv) {
     }
     out.push_back(a);
     // "--flag value": the value is not the program.
-    static const char* const kBoolean[] = {"standalone", "nostandalone",
-                                           "help",       "helpfull",
-                                           "helpshort",  "version"};
+    static const char* const kBoolean[] = {
+        "standalone", "nostandalone", "node_relay", "nonode_relay",
+        "help",       "helpfull",     "helpshort",  "version"};
     const absl::string_view name = absl::string_view(a).substr(dash);
     bool boolean = false;
     for (const char* b : kBoolean) boolean = boolean || name == b;
@@ -299,6 +307,7 @@ absl::StatusOr<Config> ReadConfig(std::vector<char*> program) {
   c.elastic_ranks = *std::move(elastic);
   c.restart_ranks = *std::move(restart);
   c.rank_restarts = absl::GetFlag(FLAGS_rank_restarts);
+  c.node_relay = absl::GetFlag(FLAGS_node_relay);
   for (int r : c.elastic_ranks) {
     if (c.restart_ranks.count(r) > 0) {
       return Usage(absl::StrCat("rank ", r,
@@ -395,7 +404,10 @@ class LocalGroup {
     }
   }
 
-  absl::Status Spawn(int port) {
+  // The workers reach the store at addr:port (the store, or this node's
+  // relay).
+  absl::Status Spawn(const std::string& addr, int port) {
+    addr_ = addr;
     port_ = port;
     children_.resize(config_.nproc);
     for (int l = 0; l < config_.nproc; ++l) {
@@ -533,7 +545,7 @@ class LocalGroup {
         {"LOCAL_WORLD_SIZE", std::to_string(config_.nproc)},
         {"GROUP_RANK", std::to_string(config_.node_rank)},
         {"GROUP_WORLD_SIZE", std::to_string(config_.nnodes)},
-        {"MASTER_ADDR", config_.addr},
+        {"MASTER_ADDR", addr_},
         {"MASTER_PORT", std::to_string(port)},
         {"FERRY_USE_AGENT_STORE", "1"},
         {"FERRY_RUN_GENERATION", std::to_string(assignment_.generation)},
@@ -563,6 +575,7 @@ class LocalGroup {
   const Assignment assignment_;
   std::vector<Child> children_;
   std::vector<Stream> streams_;  // Open output pipes, of children old and new.
+  std::string addr_;
   int port_ = 0;
   absl::Time kill_at_ = absl::InfiniteFuture();
 };
@@ -701,6 +714,10 @@ class Launcher {
         Connect(c_, port_, c_.rdzv_timeout);
     if (!store.ok()) return Die(StoreLost(store.status()));
     store_ = *std::move(store);
+    if (c_.node_relay) {
+      absl::Status relay = StartRelay();
+      if (!relay.ok()) return Die(relay.ToString());
+    }
     const absl::Time deadline = absl::Now() + c_.timeout;
     // A restart is decided only while generation < max_restarts.
     for (int generation = 0; generation <= c_.max_restarts; ++generation) {
@@ -822,7 +839,9 @@ class Launcher {
     OutcomeWatcher watcher(*std::move(watch_store),
                            GenKey(generation, "outcome"));
     LocalGroup group(c_, a);
-    absl::Status spawned = group.Spawn(port_);
+    absl::Status spawned =
+        relay_ != nullptr ? group.Spawn("127.0.0.1", relay_->port())
+                          : group.Spawn(c_.addr, port_);
     std::optional<std::string> local_failure;  // "restart ..." / "fail ..."
     int local_code = 1;
     if (!spawned.ok()) {
@@ -910,11 +929,41 @@ class Launcher {
     }
   }
 
+  // --node_relay: a relay on 127.0.0.1 (a free port) for this node's
+  // workers; the launcher itself talks to the store directly.
+  absl::Status StartRelay() {
+    absl::StatusOr<std::string> secret = tcpstore::StoreSecretFromEnv();
+    if (!secret.ok()) return secret.status();
+    if (!secret->empty()) {
+      return absl::FailedPreconditionError(
+          "--node_relay: the relay does not carry the store's shared secret "
+          "(FERRY_STORE_SECRET*); run without one or without --node_relay");
+    }
+    absl::StatusOr<std::string> upstream = NumericHost(c_.addr);
+    if (!upstream.ok()) return upstream.status();
+    TcpStoreRelay::Options o;
+    o.host = "127.0.0.1";
+    o.upstream_host = *upstream;
+    o.upstream_port = port_;
+    o.connect_timeout = c_.rdzv_timeout;
+    absl::StatusOr<std::unique_ptr<TcpStoreRelay>> relay =
+        TcpStoreRelay::Start(o);
+    if (!relay.ok()) return relay.status();
+    relay_ = *std::move(relay);
+    std::fprintf(stderr,
+                 "ferry_run: node %d: store relay for local workers on %s "
+                 "(to %s)\n",
+                 c_.node_rank, relay_->address().c_str(),
+                 relay_->upstream().c_str());
+    return absl::OkStatus();
+  }
+
   const Config c_;
   const int port_;
   const absl::Time start_ = absl::Now();
   std::vector<std::string> summary_;  // Policy events, in order.
   std::unique_ptr<TcpStore> store_;
+  std::unique_ptr<TcpStoreRelay> relay_;  // --node_relay
 };
 
 }  // namespace
