@@ -3,7 +3,10 @@
 Generates @local_cuda with:
   //:cuda       cudart + NCCL headers and libraries; incompatible (so skipped by
                 `bazel build/test //...`) when CUDA or NCCL is absent.
-  //:defs.bzl   HAS_CUDA, and if_cuda(yes, no) for selecting sources/defines.
+  //:cublas     cuBLAS (linked with //:cuda); incompatible likewise.
+  //:defs.bzl   HAS_CUDA, CUDA_ROOT, CUDA_LIBDIR, and if_cuda(yes, no) for
+                selecting sources/defines (tools/cuda.bzl's cuda_library
+                runs CUDA_ROOT/bin/nvcc).
 Override the location with FERRY_CUDA_PATH; set it to an empty directory to
 build without CUDA.
 """
@@ -18,7 +21,9 @@ def _local_cuda_impl(ctx):
     found = (libdir != None and
              ctx.path(root + "/include/cuda_runtime_api.h").exists and
              ctx.path(root + "/include/nccl.h").exists and
-             ctx.path(libdir + "/libnccl.so").exists)
+             ctx.path(libdir + "/libnccl.so").exists and
+             ctx.path(libdir + "/libcublas.so").exists and
+             ctx.path(root + "/bin/nvcc").exists)
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if found:
         ctx.symlink(root + "/include", "include")
@@ -30,23 +35,35 @@ def _local_cuda_impl(ctx):
     linkopts = ["-L{libdir}", "-Wl,-rpath,{libdir}", "-lnccl", "-lcudart"],
     defines = ["FERRY_WITH_CUDA=1"],
 )
+
+cc_library(
+    name = "cublas",
+    linkopts = ["-L{libdir}", "-Wl,-rpath,{libdir}", "-lcublas"],
+    deps = [":cuda"],
+)
 """.format(libdir = libdir))
     else:
         build.append("""cc_library(
     name = "cuda",
     target_compatible_with = ["@platforms//:incompatible"],
 )
+
+cc_library(
+    name = "cublas",
+    target_compatible_with = ["@platforms//:incompatible"],
+)
 """)
     ctx.file("BUILD", "\n".join(build))
     ctx.file("defs.bzl", """HAS_CUDA = %s
 CUDA_ROOT = %r
+CUDA_LIBDIR = %r
 
 def if_cuda(if_true, if_false = []):
     return if_true if HAS_CUDA else if_false
 
 def cuda_compatible():
     return [] if HAS_CUDA else ["@platforms//:incompatible"]
-""" % (found, root))
+""" % (found, root, libdir or ""))
 
 local_cuda = repository_rule(
     implementation = _local_cuda_impl,
