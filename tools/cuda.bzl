@@ -3,7 +3,7 @@
 Bazel 4 has no CUDA rules, so each .cu file becomes one genrule that runs
 @local_cuda's nvcc (CUDA_ROOT/bin/nvcc, absolute: the action environment is
 strict) and writes a position-independent object; a cc_library links those
-objects with cudart (and cuBLAS when asked). Code is generated for sm_90
+objects with cudart. Code is generated for sm_90
 (H100/H200) plus compute_90 PTX, which the driver JIT-compiles for newer
 GPUs. nvcc's host compiler is the g++ on the action's PATH.
 
@@ -23,7 +23,7 @@ load("@local_cuda//:defs.bzl", "CUDA_ROOT", "cuda_compatible")
 CUDA_ARCH_FLAGS = "-gencode=arch=compute_90,code=[sm_90,compute_90]"
 
 def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [],
-                 cublas = False, nvcc_flags = [], **kwargs):
+                 nvcc_flags = [], **kwargs):
     """A cc_library of `srcs` (.cu) compiled by nvcc; see the file comment.
 
     Args:
@@ -32,7 +32,6 @@ def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [],
       hdrs: public C++ headers of the library (compiled by the C++ toolchain).
       cu_hdrs: headers the .cu files include (inputs of the nvcc actions).
       deps: cc deps of the library.
-      cublas: link cuBLAS too.
       nvcc_flags: extra nvcc flags.
       **kwargs: passed to cc_library (include_prefix, visibility, ...).
     """
@@ -62,8 +61,6 @@ def cuda_library(name, srcs, hdrs = [], cu_hdrs = [], deps = [],
         )
         objs.append(obj)
     cuda_deps = ["@local_cuda//:cuda"]
-    if cublas:
-        cuda_deps.append("@local_cuda//:cublas")
     native.cc_library(
         name = name,
         srcs = objs,

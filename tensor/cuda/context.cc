@@ -3,7 +3,10 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
+
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +16,46 @@
 
 namespace ferry {
 namespace cuda {
+
+// cuBLAS's entry points, from dlopen (the library stays loaded).
+struct CudaContext::Blas {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasDgemm_v2) dgemm;
+  decltype(&cublasGetStatusString) status_string;
+
+  static absl::StatusOr<std::unique_ptr<Blas>> Load() {
+    // The cuBLAS of the CUDA major version Ferry was built with.
+    const std::string name =
+        absl::StrCat("libcublas.so.", CUDART_VERSION / 1000);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuBLAS: cannot load ", name, " (", dlerror(),
+          "); put its directory on LD_LIBRARY_PATH"));
+    }
+    auto blas = std::make_unique<Blas>();
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(
+          dlsym(lib, symbol));
+      ok = ok && fn != nullptr;
+    };
+    sym(blas->create, "cublasCreate_v2");
+    sym(blas->destroy, "cublasDestroy_v2");
+    sym(blas->set_stream, "cublasSetStream_v2");
+    sym(blas->sgemm, "cublasSgemm_v2");
+    sym(blas->dgemm, "cublasDgemm_v2");
+    sym(blas->status_string, "cublasGetStatusString");
+    if (!ok) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuBLAS: ", name, " lacks an entry point Ferry uses"));
+    }
+    return blas;
+  }
+};
 
 absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(
     Options options) {
@@ -43,7 +86,7 @@ CudaContext::~CudaContext() {
     int previous = 0;
     cudaGetDevice(&previous);
     cudaSetDevice(device);
-    cublasDestroy(static_cast<cublasHandle_t>(handle));
+    blas_->destroy(static_cast<cublasHandle_t>(handle));
     cudaSetDevice(previous);
   }
 }
@@ -88,32 +131,86 @@ absl::Status CudaContext::Synchronize(Device device) {
   return api_->SynchronizeStream(device.index, stream(device.index));
 }
 
-absl::StatusOr<void*> CudaContext::Cublas(int device) {
-  RETURN_IF_ERROR(CheckCudaDevice("Cublas", Device::CUDA(device)));
+absl::StatusOr<void*> CudaContext::CublasHandle(int device) {
+  RETURN_IF_ERROR(CheckCudaDevice("cuBLAS", Device::CUDA(device)));
   if (!runs_kernels_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Cublas: the context's ", api_->name(), " devices run no kernels"));
+        "cuBLAS: the context's ", api_->name(), " devices run no kernels"));
   }
   absl::MutexLock lock(&mu_);
+  if (blas_ == nullptr) {
+    if (!blas_error_.ok()) return blas_error_;
+    absl::StatusOr<std::unique_ptr<Blas>> b = Blas::Load();
+    if (!b.ok()) {
+      blas_error_ = b.status();
+      return blas_error_;
+    }
+    blas_ = *std::move(b);
+  }
   auto it = cublas_.find(device);
   if (it != cublas_.end()) return it->second;
   int previous = 0;
   cudaGetDevice(&previous);
   cudaSetDevice(device);
   cublasHandle_t handle = nullptr;
-  cublasStatus_t st = cublasCreate(&handle);
+  cublasStatus_t st = blas_->create(&handle);
   if (st == CUBLAS_STATUS_SUCCESS) {
-    st = cublasSetStream(handle,
-                         reinterpret_cast<cudaStream_t>(stream(device)));
+    st = blas_->set_stream(handle,
+                           reinterpret_cast<cudaStream_t>(stream(device)));
   }
   cudaSetDevice(previous);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    if (handle != nullptr) cublasDestroy(handle);
+    if (handle != nullptr) blas_->destroy(handle);
     return absl::InternalError(absl::StrCat("cublasCreate on cuda:", device,
-                                            ": ", cublasGetStatusString(st)));
+                                            ": ", blas_->status_string(st)));
   }
   cublas_[device] = handle;
   return static_cast<void*>(handle);
+}
+
+absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
+                               bool transpose_b, int m, int n, int k,
+                               const void* a, int lda, const void* b, int ldb,
+                               void* c) {
+  ASSIGN_OR_RETURN(void* h, CublasHandle(device));
+  const Blas* blas;
+  {
+    absl::MutexLock lock(&mu_);
+    blas = blas_.get();  // Set once, never replaced while *this lives.
+  }
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a
+  // row-major matrix read column-major is its transpose: same flags, B first.
+  const cublasOperation_t opa = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasHandle_t handle = static_cast<cublasHandle_t>(h);
+  cublasStatus_t st;
+  if (dtype == DType::kFloat64) {
+    const double one = 1, zero = 0;
+    st = blas->dgemm(handle, opb, opa, n, m, k, &one,
+                     static_cast<const double*>(b), ldb,
+                     static_cast<const double*>(a), lda, &zero,
+                     static_cast<double*>(c), n);
+  } else if (dtype == DType::kFloat32) {
+    const float one = 1, zero = 0;
+    st = blas->sgemm(handle, opb, opa, n, m, k, &one,
+                     static_cast<const float*>(b), ldb,
+                     static_cast<const float*>(a), lda, &zero,
+                     static_cast<float*>(c), n);
+  } else {
+    cudaSetDevice(previous);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gemm: dtype ", DTypeName(dtype), " is not float32 or float64"));
+  }
+  cudaSetDevice(previous);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat(
+        "cuBLAS gemm on cuda:", device, " (m ", m, ", n ", n, ", k ", k,
+        "): ", blas->status_string(st)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cuda

@@ -1,7 +1,9 @@
 // CudaContext: what device tensors and the CUDA ops (ops.h) need, owned by
 // one explicit object the program creates and passes around: the device
-// API, one CachingDeviceAllocator serving every device, and a cuBLAS handle
-// per device (made on first use). There is no process-wide instance: a
+// API, one CachingDeviceAllocator serving every device, and cuBLAS (loaded
+// with dlopen on the first Gemm, so binaries run where only the driver and
+// cudart are: then Gemm is FailedPrecondition naming the library; one
+// handle per device). There is no process-wide instance: a
 // program makes one (normally one per process, since CUDA's own per-device
 // context is process-wide anyway) and keeps it alive while any of its
 // tensors or queued work is. Device tensors' storage keeps the allocator's
@@ -14,10 +16,9 @@
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
 // naming it and the count; copies report as copy.h.
-// Thread safety: every method may be called from any thread (the cuBLAS
-// handles are created under an annotated mutex; a handle is used on one
-// stream, and cuBLAS allows a handle on several threads when they do not
-// change its stream concurrently, which Ferry never does: always stream 0).
+// Thread safety: every method may be called from any thread (cuBLAS and
+// its handles are set up under an annotated mutex; a handle stays bound to
+// stream 0, and cuBLAS allows one handle on several threads then).
 // Design: docs/design/cuda_kernels.md.
 #ifndef FERRY_TENSOR_CUDA_CONTEXT_H_
 #define FERRY_TENSOR_CUDA_CONTEXT_H_
@@ -76,8 +77,12 @@ class CudaContext {
   absl::StatusOr<Tensor> To(const Tensor& t, Device device);
   /// Waits for the work queued on `device` so far.
   absl::Status Synchronize(Device device);
-  /// The cuBLAS handle (a cublasHandle_t) of `device`, bound to stream(device).
-  absl::StatusOr<void*> Cublas(int device);
+  /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
+  /// device pointers; lda/ldb are a's and b's row lengths; op transposes
+  /// when asked), queued on stream(device) through cuBLAS.
+  absl::Status Gemm(int device, DType dtype, bool transpose_a,
+                    bool transpose_b, int m, int n, int k, const void* a,
+                    int lda, const void* b, int ldb, void* c);
 
  private:
   CudaContext(std::shared_ptr<DeviceMemoryApi> api,
@@ -86,7 +91,13 @@ class CudaContext {
   const std::shared_ptr<DeviceMemoryApi> api_;
   const std::unique_ptr<CachingDeviceAllocator> alloc_;
   const bool runs_kernels_;
+  struct Blas;  // The cuBLAS entry points, once loaded.
+  // The loaded library and `device`'s handle, made on first use.
+  absl::StatusOr<void*> CublasHandle(int device) ABSL_LOCKS_EXCLUDED(mu_);
+
   absl::Mutex mu_;
+  std::unique_ptr<Blas> blas_ ABSL_GUARDED_BY(mu_);
+  absl::Status blas_error_ ABSL_GUARDED_BY(mu_);  // Why loading failed.
   std::map<int, void*> cublas_ ABSL_GUARDED_BY(mu_);
 };
 

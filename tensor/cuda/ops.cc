@@ -1,11 +1,9 @@
 #include "ferry/tensor/cuda/ops.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <initializer_list>
-#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -583,30 +581,14 @@ absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
   }
   ASSIGN_OR_RETURN(Tensor ac, Contiguous(ctx, a));
   ASSIGN_OR_RETURN(Tensor bc, Contiguous(ctx, b));
-  ASSIGN_OR_RETURN(void* h, ctx.Cublas(dev));
-  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a
-  // row-major matrix read column-major is its transpose: same flags, B first.
-  const cublasOperation_t opa = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t opb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const int im = static_cast<int>(m), in = static_cast<int>(n),
-            ik = static_cast<int>(k), lda = static_cast<int>(a.size(1)),
-            ldb = static_cast<int>(b.size(1));
-  cublasHandle_t handle = static_cast<cublasHandle_t>(h);
-  const cublasStatus_t st = Floating(a.dtype(), [&]<typename T>() {
-    const T one = 1, zero = 0;
-    if constexpr (std::is_same_v<T, double>) {
-      return cublasDgemm(handle, opb, opa, in, im, ik, &one, Ptr<T>(bc), ldb,
-                         Ptr<T>(ac), lda, &zero, Ptr<T>(out), in);
-    } else {
-      return cublasSgemm(handle, opb, opa, in, im, ik, &one, Ptr<T>(bc), ldb,
-                         Ptr<T>(ac), lda, &zero, Ptr<T>(out), in);
-    }
-  });
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError(absl::StrCat("cuda matmul on cuda:", dev,
-                                            ": cuBLAS gemm failed: ",
-                                            cublasGetStatusString(st), " (",
-                                            DescribeAll(ops), ")"));
+  const absl::Status st = ctx.Gemm(
+      dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
+      static_cast<int>(a.size(1)), bc.data_ptr(), static_cast<int>(b.size(1)),
+      out.data_ptr());
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("cuda matmul: ", st.message(),
+                                                " (", DescribeAll(ops), ")"));
   }
   return out;
 }

@@ -3,10 +3,11 @@
 Generates @local_cuda with:
   //:cuda       cudart + NCCL headers and libraries; incompatible (so skipped by
                 `bazel build/test //...`) when CUDA or NCCL is absent.
-  //:cublas     cuBLAS (linked with //:cuda); incompatible likewise.
-  //:defs.bzl   HAS_CUDA, CUDA_ROOT, CUDA_LIBDIR, and if_cuda(yes, no) for
-                selecting sources/defines (tools/cuda.bzl's cuda_library
-                runs CUDA_ROOT/bin/nvcc).
+  //:defs.bzl   HAS_CUDA, CUDA_ROOT, and if_cuda(yes, no) for selecting
+                sources/defines (tools/cuda.bzl's cuda_library runs
+                CUDA_ROOT/bin/nvcc). CUDA counts as found with cudart, NCCL,
+                nvcc and cuBLAS's header (cuBLAS itself is loaded at run time,
+                tensor/cuda/context.h).
 Override the location with FERRY_CUDA_PATH; set it to an empty directory to
 build without CUDA.
 """
@@ -22,7 +23,7 @@ def _local_cuda_impl(ctx):
              ctx.path(root + "/include/cuda_runtime_api.h").exists and
              ctx.path(root + "/include/nccl.h").exists and
              ctx.path(libdir + "/libnccl.so").exists and
-             ctx.path(libdir + "/libcublas.so").exists and
+             ctx.path(root + "/include/cublas_v2.h").exists and
              ctx.path(root + "/bin/nvcc").exists)
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if found:
@@ -35,35 +36,23 @@ def _local_cuda_impl(ctx):
     linkopts = ["-L{libdir}", "-Wl,-rpath,{libdir}", "-lnccl", "-lcudart"],
     defines = ["FERRY_WITH_CUDA=1"],
 )
-
-cc_library(
-    name = "cublas",
-    linkopts = ["-L{libdir}", "-Wl,-rpath,{libdir}", "-lcublas"],
-    deps = [":cuda"],
-)
 """.format(libdir = libdir))
     else:
         build.append("""cc_library(
     name = "cuda",
     target_compatible_with = ["@platforms//:incompatible"],
 )
-
-cc_library(
-    name = "cublas",
-    target_compatible_with = ["@platforms//:incompatible"],
-)
 """)
     ctx.file("BUILD", "\n".join(build))
     ctx.file("defs.bzl", """HAS_CUDA = %s
 CUDA_ROOT = %r
-CUDA_LIBDIR = %r
 
 def if_cuda(if_true, if_false = []):
     return if_true if HAS_CUDA else if_false
 
 def cuda_compatible():
     return [] if HAS_CUDA else ["@platforms//:incompatible"]
-""" % (found, root, libdir or ""))
+""" % (found, root))
 
 local_cuda = repository_rule(
     implementation = _local_cuda_impl,
