@@ -231,6 +231,16 @@ __global__ void AdamKernel(math::AdamParams o, T* p, const T* g, T* m, T* v,
   FERRY_GRID_LOOP(i, n) math::AdamElement(o, p[i], g[i], m[i], v[i]);
 }
 
+// Queues kernel<<<blocks, kThreads>>>(args...) on s unless there is no work
+// (`work` elements; a grid of 0 blocks is a launch error).
+template <typename... Params, typename... Args>
+int Launch(void (*kernel)(Params...), int64_t blocks, int64_t work, Stream s,
+           Args... args) {
+  if (work == 0 || blocks == 0) return 0;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, S(s)>>>(args...);
+  return Last();
+}
+
 }  // namespace
 
 const char* ErrorString(int code) {
@@ -240,41 +250,31 @@ const char* ErrorString(int code) {
 template <typename T>
 int Unary(math::UnaryOp op, const T* x, const math::StridedIndexer& ix, T* out,
           int64_t n, Stream s) {
-  if (n == 0) return 0;
-  UnaryKernel<<<Blocks(n), kThreads, 0, S(s)>>>(op, x, ix, out, n);
-  return Last();
+  return Launch(UnaryKernel<T>, Blocks(n), n, s, op, x, ix, out, n);
 }
 
 template <typename T>
 int Binary(math::BinaryOp op, const T* a, const math::StridedIndexer& ia,
            const T* b, const math::StridedIndexer& ib, T* out, int64_t n,
            Stream s) {
-  if (n == 0) return 0;
-  BinaryKernel<<<Blocks(n), kThreads, 0, S(s)>>>(op, a, ia, b, ib, out, n);
-  return Last();
+  return Launch(BinaryKernel<T>, Blocks(n), n, s, op, a, ia, b, ib, out, n);
 }
 
 template <typename T>
 int Scalar(math::BinaryOp op, const T* x, T scalar, T* out, int64_t n,
            Stream s) {
-  if (n == 0) return 0;
-  ScalarKernel<<<Blocks(n), kThreads, 0, S(s)>>>(op, x, scalar, out, n);
-  return Last();
+  return Launch(ScalarKernel<T>, Blocks(n), n, s, op, x, scalar, out, n);
 }
 
 template <typename T>
 int Backward(math::BackwardOp op, const T* g, const T* saved, T* out,
              int64_t n, Stream s) {
-  if (n == 0) return 0;
-  BackwardKernel<<<Blocks(n), kThreads, 0, S(s)>>>(op, g, saved, out, n);
-  return Last();
+  return Launch(BackwardKernel<T>, Blocks(n), n, s, op, g, saved, out, n);
 }
 
 template <typename T>
 int Fill(T* out, T value, int64_t n, Stream s) {
-  if (n == 0) return 0;
-  FillKernel<<<Blocks(n), kThreads, 0, S(s)>>>(out, value, n);
-  return Last();
+  return Launch(FillKernel<T>, Blocks(n), n, s, out, value, n);
 }
 
 template <typename T>
@@ -287,35 +287,33 @@ int SumAll(const T* x, int64_t n, T scale, T* scratch, T* out, Stream s) {
 template <typename T>
 int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner, T scale,
            T* out, Stream s) {
-  if (outer * inner == 0) return 0;
-  SumDimKernel<<<Blocks(outer * inner), kThreads, 0, S(s)>>>(x, outer, n, inner,
-                                                             scale, out);
-  return Last();
+  const int64_t total = outer * inner;
+  return Launch(SumDimKernel<T>, Blocks(total), total, s, x, outer, n, inner,
+                scale, out);
 }
 
 template <typename T>
 int Softmax(const T* x, int64_t rows, int64_t cols, bool log, T* out,
             Stream s) {
-  if (rows == 0 || cols == 0) return 0;
-  SoftmaxKernel<<<rows, kThreads, 0, S(s)>>>(x, cols, log, out);
-  return Last();
+  return Launch(SoftmaxKernel<T>, rows, rows * cols, s, x, cols, log, out);
 }
 
 template <typename T>
 int SoftmaxBackward(const T* g, const T* y, int64_t rows, int64_t cols,
                     bool log, T* out, Stream s) {
-  if (rows == 0 || cols == 0) return 0;
-  SoftmaxBackwardKernel<<<rows, kThreads, 0, S(s)>>>(g, y, cols, log, out);
-  return Last();
+  return Launch(SoftmaxBackwardKernel<T>, rows, rows * cols, s, g, y, cols, log,
+                out);
 }
 
 template <typename T>
 int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
                  T* lse, T* scratch, T* loss, int32_t* bad, Stream s) {
+  if (int e = Launch(CrossEntropyRowKernel<T>, rows, rows, s, x, target, cols,
+                     lse, scratch, bad);
+      e != 0) {
+    return e;
+  }
   if (rows == 0) return 0;
-  CrossEntropyRowKernel<<<rows, kThreads, 0, S(s)>>>(x, target, cols, lse,
-                                                    scratch, bad);
-  if (int e = Last(); e != 0) return e;
   return SumAll(static_cast<const T*>(scratch), rows,
                 T(1) / static_cast<T>(rows), scratch + rows, loss, s);
 }
@@ -324,46 +322,36 @@ template <typename T>
 int CrossEntropyBackward(const T* x, const int64_t* target, const T* lse,
                          const T* g, int64_t rows, int64_t cols, T* out,
                          Stream s) {
-  if (rows * cols == 0) return 0;
-  CrossEntropyBackwardKernel<<<Blocks(rows * cols), kThreads, 0, S(s)>>>(
-      x, target, lse, g, rows, cols, out);
-  return Last();
+  const int64_t n = rows * cols;
+  return Launch(CrossEntropyBackwardKernel<T>, Blocks(n), n, s, x, target, lse,
+                g, rows, cols, out);
 }
 
 template <typename T>
 int Embedding(const T* weight, const int64_t* idx, int64_t n, int64_t vocab,
               int64_t width, T* out, int32_t* bad, Stream s) {
-  if (n * width == 0) return 0;
-  EmbeddingKernel<<<Blocks(n * width), kThreads, 0, S(s)>>>(
-      weight, idx, n, vocab, width, out, bad);
-  return Last();
+  return Launch(EmbeddingKernel<T>, Blocks(n * width), n * width, s, weight,
+                idx, n, vocab, width, out, bad);
 }
 
 template <typename T>
 int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
                       int64_t width, T* grad_weight, Stream s) {
-  if (n * width == 0) return 0;
-  EmbeddingBackwardKernel<<<Blocks(n * width), kThreads, 0, S(s)>>>(
-      g, idx, n, vocab, width, grad_weight);
-  return Last();
+  return Launch(EmbeddingBackwardKernel<T>, Blocks(n * width), n * width, s, g,
+                idx, n, vocab, width, grad_weight);
 }
 
 template <typename T>
 int SgdStep(const math::SgdParams& o, T* p, const T* g, T* buf, int64_t n,
             Stream s) {
-  if (n == 0) return 0;
-  SgdKernel<<<Blocks(n), kThreads, 0, S(s)>>>(o, p, g, o.momentum != 0 ? buf
-                                                                       : nullptr,
-                                              n);
-  return Last();
+  return Launch(SgdKernel<T>, Blocks(n), n, s, o, p, g,
+                o.momentum != 0 ? buf : nullptr, n);
 }
 
 template <typename T>
 int AdamStep(const math::AdamParams& o, T* p, const T* g, T* m, T* v,
              int64_t n, Stream s) {
-  if (n == 0) return 0;
-  AdamKernel<<<Blocks(n), kThreads, 0, S(s)>>>(o, p, g, m, v, n);
-  return Last();
+  return Launch(AdamKernel<T>, Blocks(n), n, s, o, p, g, m, v, n);
 }
 
 #define FERRY_INSTANTIATE(T)                                                  \
