@@ -465,7 +465,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(CudaContext& ctx,
   ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, logits));
   ASSIGN_OR_RETURN(Tensor lc, Contiguous(ctx, lse));
   ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad_loss));
-  const Tensor tc = target;  // Checked contiguous by the forward's caller.
+  const Tensor& tc = target;
   if (!tc.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda cross_entropy_backward: target is not contiguous (",
