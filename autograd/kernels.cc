@@ -46,6 +46,7 @@ std::vector<int64_t> BroadcastShape(const std::vector<int64_t>& a,
 }
 
 Tensor Materialize(const Tensor& t, const std::vector<int64_t>& shape) {
+  t.CheckCpu("Materialize");
   const int64_t lead = static_cast<int64_t>(shape.size()) - t.dim();
   if (lead < 0) TensorFail("Materialize: target has fewer dims");
   if (t.numel() == 1 && (t.dtype() == DType::kFloat32 ||
@@ -74,6 +75,7 @@ Tensor Materialize(const Tensor& t, const std::vector<int64_t>& shape) {
 }
 
 Tensor SumDims(const Tensor& t, std::vector<int64_t> dims, bool keepdim) {
+  t.CheckCpu("sum");
   for (int64_t& d : dims) d = Normalize(d, t.dim(), "sum");
   std::sort(dims.begin(), dims.end());
   dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
@@ -130,6 +132,8 @@ Tensor GemmOperand(const Tensor& t, bool* trans) {
 
 Tensor Gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in,
             bool trans_b) {
+  a_in.CheckCpu("matmul");
+  b_in.CheckCpu("matmul");
   if (a_in.dim() != 2 || b_in.dim() != 2 || a_in.dtype() != b_in.dtype()) {
     TensorFail(
         absl::StrCat("matmul: expected two 2-d tensors of one dtype, "
@@ -169,6 +173,7 @@ Tensor Gemm(const Tensor& a_in, bool trans_a, const Tensor& b_in,
 }
 
 Tensor SoftmaxLast(const Tensor& t, bool log) {
+  t.CheckCpu(log ? "log_softmax" : "softmax");
   Tensor tc = t.contiguous();
   Tensor out = empty(t.sizes(), t.dtype());
   const int64_t cols = t.dim() == 0 ? 1 : t.size(-1);

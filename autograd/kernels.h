@@ -1,7 +1,8 @@
 // Raw float32/float64 kernels behind the differentiable ops (no autograd):
 // broadcasting elementwise maps, reductions to a broadcast source shape,
-// BLAS gemm with transposes. Shared with optim/. Precondition failures
-// abort via TensorFail (see tensor.h's Errors paragraph).
+// BLAS gemm with transposes. Shared with optim/. Precondition failures,
+// a non-CPU operand among them (CUDA tensors compute through
+// tensor/cuda/ops.h), abort via TensorFail (see tensor.h's Errors paragraph).
 //
 // Thread safety: pure functions of their inputs.
 #ifndef FERRY_AUTOGRAD_KERNELS_H_
@@ -47,6 +48,7 @@ Tensor SoftmaxLast(const Tensor& t, bool log);
 // out[i] = f(a[i]) elementwise, same dtype and shape.
 template <typename F>
 Tensor Map(const Tensor& a, const char* op, F f) {
+  a.CheckCpu(op);
   Tensor ac = a.contiguous();
   Tensor out = empty(a.sizes(), a.dtype());
   FloatDispatch(a.dtype(), op, [&]<typename T>() {
@@ -61,6 +63,8 @@ Tensor Map(const Tensor& a, const char* op, F f) {
 // out = f(a, b) with NumPy broadcasting (same dtype).
 template <typename F>
 Tensor Zip(const Tensor& a, const Tensor& b, const char* op, F f) {
+  a.CheckCpu(op);
+  b.CheckCpu(op);
   if (a.dtype() != b.dtype()) {
     TensorFail(std::string(op) + ": dtype mismatch (" +
                std::string(DTypeName(a.dtype())) + " vs " +

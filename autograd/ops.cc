@@ -254,6 +254,7 @@ Tensor gelu(const Tensor& a) {
 namespace {
 
 Tensor WhereKernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  for (const Tensor* t : {&cond, &a, &b}) t->CheckCpu("where");
   cond.CheckDType(DType::kBool, "where");
   if (cond.sizes() != a.sizes() || a.sizes() != b.sizes() ||
       a.dtype() != b.dtype()) {
@@ -636,6 +637,8 @@ void CheckClassIndices(const Tensor& target, int64_t rows, int64_t classes,
 }  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
+  log_probs.CheckCpu("nll_loss");
+  target.CheckCpu("nll_loss");
   if (log_probs.dim() != 2) {
     TensorFail(absl::StrCat("nll_loss: expected [N, C] input, got ",
                             ShapeString(log_probs)));
@@ -673,6 +676,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  weight.CheckCpu("embedding");
+  indices.CheckCpu("embedding");
   if (weight.dim() != 2) {
     TensorFail(absl::StrCat("embedding: expected [V, D] weight, got ",
                             ShapeString(weight)));

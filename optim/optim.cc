@@ -21,6 +21,12 @@ absl::Status Check(const std::vector<Tensor>& params,
   }
   for (size_t i = 0; i < params.size(); ++i) {
     if (!grads[i].defined()) continue;
+    if (!params[i].device().is_cpu() || !grads[i].device().is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": param ", i, " is on ", params[i].device().ToString(),
+          " and its grad on ", grads[i].device().ToString(),
+          "; these steps run on the CPU (tensor/cuda/ops.h has device steps)"));
+    }
     if (grads[i].sizes() != params[i].sizes() ||
         grads[i].dtype() != params[i].dtype()) {
       return absl::InvalidArgumentError(absl::StrCat(

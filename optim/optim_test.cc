@@ -121,5 +121,22 @@ TEST(OptimizerTest, MismatchedGradIsAnErrorAndUpdatesNothing) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A parameter labelled as on cuda:0 (over host bytes, so a missing check
+// would compute on them rather than crash) is refused, naming the device.
+TEST(OptimizerTest, DeviceParamIsAnErrorNamingTheDevice) {
+  Tensor host = P({1.0, 2.0});
+  Tensor dev = *Tensor::FromStorage(
+      Storage::Wrap(host.data_ptr(), host.nbytes(), Device::CUDA(0), nullptr),
+      host.dtype(), {2}, {1});
+  SgdState st;
+  absl::Status s = SgdStep({dev}, {P({1.0, 1.0})}, st, {.lr = 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("param 0 is on cuda:0"), std::string::npos) << s;
+  EXPECT_EQ(host.to_vector<double>(), (std::vector<double>{1.0, 2.0}));
+  AdamState ast;
+  EXPECT_EQ(AdamStep({host}, {dev}, ast, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ferry::optim

@@ -567,9 +567,8 @@ void RunElementwise(const Tensor& out, const Tensor& a, const Tensor* b,
 void CheckBinary(const Tensor& a, const Tensor& b, const char* name) {
   if (!a.defined() || !b.defined())
     TensorFail(absl::StrCat(name, ": undefined tensor"));
-  if (!a.device().is_cpu() || !b.device().is_cpu()) {
-    TensorFail(absl::StrCat(name, ": only CPU tensors are supported"));
-  }
+  a.CheckCpu(name);  // Names the device.
+  b.CheckCpu(name);
   if (a.dtype() != b.dtype()) {
     TensorFail(absl::StrCat(name, ": dtype mismatch (", DTypeName(a.dtype()),
                             " vs ", DTypeName(b.dtype()), ")"));
@@ -585,8 +584,8 @@ Tensor BinaryOut(const Tensor& a, const Tensor* b, double scalar,
                  const char* name, Op op) {
   if (b != nullptr) {
     CheckBinary(a, *b, name);
-  } else if (!a.defined() || !a.device().is_cpu()) {
-    TensorFail(absl::StrCat(name, ": expected a defined CPU tensor"));
+  } else {
+    a.CheckCpu(name);
   }
   Tensor ac = a.contiguous();
   Tensor bc = b != nullptr ? b->contiguous() : Tensor();
@@ -600,8 +599,8 @@ void BinaryInPlace(Tensor& self, const Tensor* b, double scalar,
                    const char* name, Op op) {
   if (b != nullptr) {
     CheckBinary(self, *b, name);
-  } else if (!self.defined() || !self.device().is_cpu()) {
-    TensorFail(absl::StrCat(name, ": expected a defined CPU tensor"));
+  } else {
+    self.CheckCpu(name);
   }
   self.storage().BumpVersion();
   if (!self.is_contiguous()) {

@@ -15,8 +15,8 @@
 // handles untrusted shapes validates them first (see CheckShape) or uses the
 // StatusOr factories (Tensor::FromStorage, TryEmpty).
 //
-// Ops are implemented for CPU tensors; CUDA tensors can be created from a
-// CUDA Allocator or DLPack and carried around, but not computed on here.
+// Ops here are for CPU tensors (a CUDA operand aborts naming the op and the
+// device); CUDA tensors compute through tensor/cuda/ops.h and a CudaContext.
 //
 // Thread safety: a Tensor handle is like a shared_ptr: distinct handles may be
 // used from different threads; concurrent writes to the same elements are a

@@ -3,7 +3,11 @@
 Generates @local_cuda with:
   //:cuda       cudart + NCCL headers and libraries; incompatible (so skipped by
                 `bazel build/test //...`) when CUDA or NCCL is absent.
-  //:defs.bzl   HAS_CUDA, and if_cuda(yes, no) for selecting sources/defines.
+  //:defs.bzl   HAS_CUDA, CUDA_ROOT, and if_cuda(yes, no) for selecting
+                sources/defines (tools/cuda.bzl's cuda_library runs
+                CUDA_ROOT/bin/nvcc). CUDA counts as found with cudart, NCCL,
+                nvcc and cuBLAS's header (cuBLAS itself is loaded at run time,
+                tensor/cuda/context.h).
 Override the location with FERRY_CUDA_PATH; set it to an empty directory to
 build without CUDA.
 """
@@ -18,7 +22,9 @@ def _local_cuda_impl(ctx):
     found = (libdir != None and
              ctx.path(root + "/include/cuda_runtime_api.h").exists and
              ctx.path(root + "/include/nccl.h").exists and
-             ctx.path(libdir + "/libnccl.so").exists)
+             ctx.path(libdir + "/libnccl.so").exists and
+             ctx.path(root + "/include/cublas_v2.h").exists and
+             ctx.path(root + "/bin/nvcc").exists)
     build = ['package(default_visibility = ["//visibility:public"])', ""]
     if found:
         ctx.symlink(root + "/include", "include")

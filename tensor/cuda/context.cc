@@ -1,0 +1,217 @@
+#include "ferry/tensor/cuda/context.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <dlfcn.h>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/copy.h"
+#include "ferry/tensor/cuda/cuda_device_api.h"
+
+namespace ferry {
+namespace cuda {
+
+// cuBLAS's entry points, from dlopen (the library stays loaded).
+struct CudaContext::Blas {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasDgemm_v2) dgemm;
+  decltype(&cublasGetStatusString) status_string;
+
+  static absl::StatusOr<std::unique_ptr<Blas>> Load() {
+    // The cuBLAS of the CUDA major version Ferry was built with.
+    const std::string name =
+        absl::StrCat("libcublas.so.", CUDART_VERSION / 1000);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuBLAS: cannot load ", name, " (", dlerror(),
+          "); put its directory on LD_LIBRARY_PATH"));
+    }
+    auto blas = std::make_unique<Blas>();
+    bool ok = true;
+    auto sym = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(
+          dlsym(lib, symbol));
+      ok = ok && fn != nullptr;
+    };
+    sym(blas->create, "cublasCreate_v2");
+    sym(blas->destroy, "cublasDestroy_v2");
+    sym(blas->set_stream, "cublasSetStream_v2");
+    sym(blas->sgemm, "cublasSgemm_v2");
+    sym(blas->dgemm, "cublasDgemm_v2");
+    sym(blas->status_string, "cublasGetStatusString");
+    if (!ok) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuBLAS: ", name, " lacks an entry point Ferry uses"));
+    }
+    return blas;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(
+    Options options) {
+  ASSIGN_OR_RETURN(std::shared_ptr<CudaDeviceApi> api, CudaDeviceApi::Create());
+  return CreateForApi(std::move(api), options, /*runs_kernels=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::CreateForApi(
+    std::shared_ptr<DeviceMemoryApi> api, Options options, bool runs_kernels) {
+  if (api == nullptr) {
+    return absl::InvalidArgumentError("CudaContext: null device API");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<CachingDeviceAllocator> alloc,
+                   CachingDeviceAllocator::Create(api, options.allocator));
+  return std::unique_ptr<CudaContext>(
+      new CudaContext(std::move(api), std::move(alloc), runs_kernels));
+}
+
+CudaContext::CudaContext(std::shared_ptr<DeviceMemoryApi> api,
+                         std::unique_ptr<CachingDeviceAllocator> alloc,
+                         bool runs_kernels)
+    : api_(std::move(api)), alloc_(std::move(alloc)),
+      runs_kernels_(runs_kernels) {}
+
+CudaContext::~CudaContext() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [device, handle] : cublas_) {
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device);
+    blas_->destroy(static_cast<cublasHandle_t>(handle));
+    cudaSetDevice(previous);
+  }
+}
+
+absl::Status CudaContext::CheckCudaDevice(const char* op,
+                                          Device device) const {
+  if (!device.is_cuda() || device.index < 0 ||
+      device.index >= device_count()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": device ", device.ToString(), " is not one of the ",
+        device_count(), " ", api_->name(), " devices"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> CudaContext::Empty(const std::vector<int64_t>& sizes,
+                                          DType dtype, Device device) {
+  if (device.is_cpu()) return Tensor::TryEmpty(sizes, dtype);
+  RETURN_IF_ERROR(CheckCudaDevice("Empty", device));
+  ASSIGN_OR_RETURN(Allocator * a,
+                   alloc_->ForStream(device.index, stream(device.index)));
+  return Tensor::TryEmpty(sizes, dtype, a);
+}
+
+absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device) {
+  if (!t.defined()) return absl::InvalidArgumentError("To: undefined tensor");
+  if (device.is_cuda()) RETURN_IF_ERROR(CheckCudaDevice("To", device));
+  if (t.device().is_cuda()) RETURN_IF_ERROR(CheckCudaDevice("To", t.device()));
+  if (t.device() == device) return t;
+  Tensor host = t;
+  if (t.device().is_cuda()) {
+    ASSIGN_OR_RETURN(host,
+                     CopyToHost(t, stream(t.device().index), *api_));
+    if (device.is_cpu()) return host;
+  }
+  return CopyToDevice(host, device.index, stream(device.index), *alloc_,
+                      *api_);
+}
+
+absl::Status CudaContext::Synchronize(Device device) {
+  RETURN_IF_ERROR(CheckCudaDevice("Synchronize", device));
+  return api_->SynchronizeStream(device.index, stream(device.index));
+}
+
+absl::StatusOr<void*> CudaContext::CublasHandle(int device) {
+  RETURN_IF_ERROR(CheckCudaDevice("cuBLAS", Device::CUDA(device)));
+  if (!runs_kernels_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuBLAS: the context's ", api_->name(), " devices run no kernels"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (blas_ == nullptr) {
+    if (!blas_error_.ok()) return blas_error_;
+    absl::StatusOr<std::unique_ptr<Blas>> b = Blas::Load();
+    if (!b.ok()) {
+      blas_error_ = b.status();
+      return blas_error_;
+    }
+    blas_ = *std::move(b);
+  }
+  auto it = cublas_.find(device);
+  if (it != cublas_.end()) return it->second;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  cublasHandle_t handle = nullptr;
+  cublasStatus_t st = blas_->create(&handle);
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    st = blas_->set_stream(handle,
+                           reinterpret_cast<cudaStream_t>(stream(device)));
+  }
+  cudaSetDevice(previous);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    if (handle != nullptr) blas_->destroy(handle);
+    return absl::InternalError(absl::StrCat("cublasCreate on cuda:", device,
+                                            ": ", blas_->status_string(st)));
+  }
+  cublas_[device] = handle;
+  return static_cast<void*>(handle);
+}
+
+absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
+                               bool transpose_b, int m, int n, int k,
+                               const void* a, int lda, const void* b, int ldb,
+                               void* c) {
+  ASSIGN_OR_RETURN(void* h, CublasHandle(device));
+  const Blas* blas;
+  {
+    absl::MutexLock lock(&mu_);
+    blas = blas_.get();  // Set once, never replaced while *this lives.
+  }
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device);
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a
+  // row-major matrix read column-major is its transpose: same flags, B first.
+  const cublasOperation_t opa = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasHandle_t handle = static_cast<cublasHandle_t>(h);
+  cublasStatus_t st;
+  if (dtype == DType::kFloat64) {
+    const double one = 1, zero = 0;
+    st = blas->dgemm(handle, opb, opa, n, m, k, &one,
+                     static_cast<const double*>(b), ldb,
+                     static_cast<const double*>(a), lda, &zero,
+                     static_cast<double*>(c), n);
+  } else if (dtype == DType::kFloat32) {
+    const float one = 1, zero = 0;
+    st = blas->sgemm(handle, opb, opa, n, m, k, &one,
+                     static_cast<const float*>(b), ldb,
+                     static_cast<const float*>(a), lda, &zero,
+                     static_cast<float*>(c), n);
+  } else {
+    cudaSetDevice(previous);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Gemm: dtype ", DTypeName(dtype), " is not float32 or float64"));
+  }
+  cudaSetDevice(previous);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    return absl::InternalError(absl::StrCat(
+        "cuBLAS gemm on cuda:", device, " (m ", m, ", n ", n, ", k ", k,
+        "): ", blas->status_string(st)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace ferry

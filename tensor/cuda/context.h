@@ -1,0 +1,107 @@
+// CudaContext: what device tensors and the CUDA ops (ops.h) need, owned by
+// one explicit object the program creates and passes around: the device
+// API, one CachingDeviceAllocator serving every device, and cuBLAS (loaded
+// with dlopen on the first Gemm, so binaries run where only the driver and
+// cudart are: then Gemm is FailedPrecondition naming the library; one
+// handle per device). There is no process-wide instance: a
+// program makes one (normally one per process, since CUDA's own per-device
+// context is process-wide anyway) and keeps it alive while any of its
+// tensors or queued work is. Device tensors' storage keeps the allocator's
+// state alive on its own (caching_allocator.h).
+//
+// Streams: every op and copy runs on the device's legacy default stream
+// (handle 0) for now, so work on one device is ordered; multi-stream work
+// and events across streams are not built yet.
+//
+// Errors: Create without a driver or device is FailedPrecondition naming
+// CUDA's reason; a device index outside [0, device_count) is InvalidArgument
+// naming it and the count; copies report as copy.h.
+// Thread safety: every method may be called from any thread (cuBLAS and
+// its handles are set up under an annotated mutex; a handle stays bound to
+// stream 0, and cuBLAS allows one handle on several threads then).
+// Design: docs/design/cuda_kernels.md.
+#ifndef FERRY_TENSOR_CUDA_CONTEXT_H_
+#define FERRY_TENSOR_CUDA_CONTEXT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "ferry/tensor/cuda/caching_allocator.h"
+#include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/tensor.h"
+
+namespace ferry {
+namespace cuda {
+
+/// Devices, allocator and cuBLAS handles (see the top of the file).
+class CudaContext {
+ public:
+  /// Configuration.
+  struct Options {
+    CachingDeviceAllocator::Options allocator;  ///< Limits of the cache.
+  };
+  /// A context over the CUDA runtime's visible devices.
+  static absl::StatusOr<std::unique_ptr<CudaContext>> Create(Options options);
+  /// A context over `api` (a FakeDeviceApi in tests): tensors and copies
+  /// work; ops report FailedPrecondition instead of launching kernels
+  /// unless `runs_kernels` (only true for CudaDeviceApi).
+  static absl::StatusOr<std::unique_ptr<CudaContext>> CreateForApi(
+      std::shared_ptr<DeviceMemoryApi> api, Options options,
+      bool runs_kernels);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device_count() const { return api_->DeviceCount(); }  ///< Devices.
+  bool runs_kernels() const { return runs_kernels_; }  ///< See CreateForApi.
+  DeviceMemoryApi& api() { return *api_; }  ///< The device calls.
+  CachingDeviceAllocator& allocator() { return *alloc_; }  ///< The cache.
+  /// The stream work on `device` is queued on (0: see the top).
+  StreamHandle stream(int /*device*/) const { return 0; }
+
+  /// OK if `device` is CUDA with an index below device_count(), else
+  /// InvalidArgument naming `op`, the device and the count.
+  absl::Status CheckCudaDevice(const char* op, Device device) const;
+  /// Uninitialized contiguous tensor on `device` (CPU or CUDA).
+  absl::StatusOr<Tensor> Empty(const std::vector<int64_t>& sizes, DType dtype,
+                               Device device);
+  /// `t` on `device`: `t` itself when it is there already, else a
+  /// contiguous copy (CPU->CUDA, CUDA->CPU, or CUDA->CUDA through the host);
+  /// returns once the copy is done (copy.h).
+  absl::StatusOr<Tensor> To(const Tensor& t, Device device);
+  /// Waits for the work queued on `device` so far.
+  absl::Status Synchronize(Device device);
+  /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
+  /// device pointers; lda/ldb are a's and b's row lengths; op transposes
+  /// when asked), queued on stream(device) through cuBLAS.
+  absl::Status Gemm(int device, DType dtype, bool transpose_a,
+                    bool transpose_b, int m, int n, int k, const void* a,
+                    int lda, const void* b, int ldb, void* c);
+
+ private:
+  CudaContext(std::shared_ptr<DeviceMemoryApi> api,
+              std::unique_ptr<CachingDeviceAllocator> alloc, bool runs_kernels);
+
+  const std::shared_ptr<DeviceMemoryApi> api_;
+  const std::unique_ptr<CachingDeviceAllocator> alloc_;
+  const bool runs_kernels_;
+  struct Blas;  // The cuBLAS entry points, once loaded.
+  // The loaded library and `device`'s handle, made on first use.
+  absl::StatusOr<void*> CublasHandle(int device) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Mutex mu_;
+  std::unique_ptr<Blas> blas_ ABSL_GUARDED_BY(mu_);
+  absl::Status blas_error_ ABSL_GUARDED_BY(mu_);  // Why loading failed.
+  std::map<int, void*> cublas_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cuda
+}  // namespace ferry
+
+#endif  // FERRY_TENSOR_CUDA_CONTEXT_H_

@@ -1,0 +1,119 @@
+// CudaContext over FakeDeviceApi (host memory standing in for two devices):
+// device tensors, copies between CPU and devices, and the device checks the
+// CUDA ops make before launching anything. Runs without a GPU.
+#include "ferry/tensor/cuda/context.h"
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/cuda/ops.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ContextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<CudaContext>> c = CudaContext::CreateForApi(
+        std::make_shared<FakeDeviceApi>(2, 1 << 20), {}, /*runs_kernels=*/false);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ctx_ = *std::move(c);
+  }
+  std::unique_ptr<CudaContext> ctx_;
+};
+
+TEST_F(ContextTest, CopiesBetweenCpuAndDevices) {
+  Tensor x = randn({3, 4}, 1);
+  absl::StatusOr<Tensor> d0 = ctx_->To(x, Device::CUDA(0));
+  ASSERT_TRUE(d0.ok()) << d0.status();
+  EXPECT_EQ(d0->device(), Device::CUDA(0));
+  EXPECT_EQ(d0->sizes(), x.sizes());
+  EXPECT_FALSE(d0->storage().is_same(x.storage()));
+  // Already there: the same tensor.
+  absl::StatusOr<Tensor> same = ctx_->To(*d0, Device::CUDA(0));
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(same->is_same(*d0));
+  absl::StatusOr<Tensor> d1 = ctx_->To(*d0, Device::CUDA(1));
+  ASSERT_TRUE(d1.ok()) << d1.status();
+  EXPECT_EQ(d1->device(), Device::CUDA(1));
+  absl::StatusOr<Tensor> back = ctx_->To(*d1, Device::CPU());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->equal(x));
+  // A strided CPU view is compacted on the way.
+  absl::StatusOr<Tensor> t = ctx_->To(x.t(), Device::CUDA(1));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(ctx_->To(*t, Device::CPU())->equal(x.t().contiguous()));
+  EXPECT_TRUE(ctx_->Synchronize(Device::CUDA(1)).ok());
+}
+
+TEST_F(ContextTest, DeviceIndexThatDoesNotExistIsInvalidArgument) {
+  absl::StatusOr<Tensor> t = ctx_->To(ones({2}), Device::CUDA(5));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(t.status().message(), HasSubstr("cuda:5"));
+  EXPECT_THAT(t.status().message(), HasSubstr("2 fake devices"));
+  t = ctx_->Empty({2, 2}, DType::kFloat32, Device::CUDA(-1));
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<Tensor> e = ctx_->Empty({2, 2}, DType::kFloat64,
+                                         Device::CUDA(1));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->device(), Device::CUDA(1));
+  EXPECT_EQ(e->dtype(), DType::kFloat64);
+  EXPECT_EQ(ctx_->Synchronize(Device::CUDA(2)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ContextTest, OpsCheckDevicesAndDtypesBeforeLaunching) {
+  Tensor cpu = randn({2, 3}, 2);
+  Tensor d0 = *ctx_->To(cpu, Device::CUDA(0));
+  Tensor d1 = *ctx_->To(cpu, Device::CUDA(1));
+  // A CPU and a CUDA tensor in one op.
+  absl::StatusOr<Tensor> r = Binary(*ctx_, math::BinaryOp::kAdd, d0, cpu);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("cuda binary"));
+  EXPECT_THAT(r.status().message(), HasSubstr("b is not on a CUDA device"));
+  EXPECT_THAT(r.status().message(), HasSubstr("b: float32 [2, 3] on cpu"));
+  EXPECT_THAT(r.status().message(), HasSubstr("a: float32 [2, 3] on cuda:0"));
+  // Different devices.
+  r = Matmul(*ctx_, d0, d1, false, true);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("different devices"));
+  EXPECT_THAT(r.status().message(), HasSubstr("cuda:1"));
+  // Mixed and unsupported dtypes, and index dtype.
+  Tensor dd = *ctx_->To(cpu.to(DType::kFloat64), Device::CUDA(0));
+  r = Binary(*ctx_, math::BinaryOp::kMul, d0, dd);
+  EXPECT_THAT(r.status().message(), HasSubstr("different dtypes"));
+  Tensor di = *ctx_->To(arange(6), Device::CUDA(0));
+  r = Unary(*ctx_, math::UnaryOp::kTanh, di);
+  EXPECT_THAT(r.status().message(), HasSubstr("not float32 or float64"));
+  r = Embedding(*ctx_, d0, d0);
+  EXPECT_THAT(r.status().message(), HasSubstr("indices is not int64"));
+  // A tensor on a device index the context does not have.
+  Tensor ghost =
+      *Tensor::FromStorage(Storage::Wrap(cpu.data_ptr(), cpu.nbytes(),
+                                         Device::CUDA(7), nullptr),
+                           DType::kFloat32, {2, 3}, {3, 1});
+  r = Unary(*ctx_, math::UnaryOp::kRelu, ghost);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("cuda:7 is not one of the 2"));
+  // An undefined operand.
+  r = Sum(*ctx_, Tensor());
+  EXPECT_THAT(r.status().message(), HasSubstr("x is undefined"));
+  // Valid operands: a context whose devices run no kernels says so.
+  r = Binary(*ctx_, math::BinaryOp::kAdd, d0, d0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("run no kernels"));
+  EXPECT_EQ(ctx_->Gemm(0, DType::kFloat32, false, false, 1, 1, 1,
+                       d0.data_ptr(), 1, d0.data_ptr(), 1, d0.data_ptr())
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace ferry

@@ -1,0 +1,207 @@
+// Host checks of the per-element math the CUDA kernels run (kernel_math.h):
+// the only check of that math on a machine without a GPU.
+#include "ferry/tensor/cuda/kernel_math.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace cuda {
+namespace math {
+namespace {
+
+TEST(KernelMathTest, BinaryAndUnary) {
+  EXPECT_EQ(Binary(BinaryOp::kAdd, 2.0, 3.0), 5.0);
+  EXPECT_EQ(Binary(BinaryOp::kSub, 2.0, 3.0), -1.0);
+  EXPECT_EQ(Binary(BinaryOp::kMul, 2.0f, 3.0f), 6.0f);
+  EXPECT_EQ(Binary(BinaryOp::kDiv, 3.0, 2.0), 1.5);
+  EXPECT_EQ(Unary(UnaryOp::kCopy, -2.5), -2.5);
+  EXPECT_EQ(Unary(UnaryOp::kNeg, 2.5), -2.5);
+  EXPECT_EQ(Unary(UnaryOp::kRelu, -2.5), 0.0);
+  EXPECT_EQ(Unary(UnaryOp::kRelu, 2.5), 2.5);
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kTanh, 0.5), std::tanh(0.5));
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kExp, 0.5), std::exp(0.5));
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kLog, 0.5), std::log(0.5));
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kSqrt, 2.0), std::sqrt(2.0));
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kSigmoid, 0.0), 0.5);
+}
+
+// Each backward formula against a central difference of its forward op.
+TEST(KernelMathTest, BackwardMatchesFiniteDifference) {
+  const double h = 1e-6, g = 0.7;
+  for (double x : {-1.3, -0.2, 0.4, 2.1}) {
+    for (auto [fwd, bwd, saved_is_output] :
+         {std::tuple{UnaryOp::kRelu, BackwardOp::kRelu, false},
+          std::tuple{UnaryOp::kTanh, BackwardOp::kTanh, true},
+          std::tuple{UnaryOp::kSigmoid, BackwardOp::kSigmoid, true}}) {
+      const double fd = (Unary(fwd, x + h) - Unary(fwd, x - h)) / (2 * h);
+      const double saved = saved_is_output ? Unary(fwd, x) : x;
+      EXPECT_NEAR(Backward(bwd, g, saved), g * fd, 1e-6)
+          << "op " << static_cast<int>(fwd) << " at " << x;
+    }
+  }
+}
+
+double LogSumExp(const std::vector<double>& row) {
+  SoftmaxAcc<double> acc = EmptySoftmaxAcc<double>();
+  for (double x : row) acc.Add(x);
+  return acc.LogSumExp();
+}
+
+TEST(KernelMathTest, SoftmaxAccAddAndMergeAgree) {
+  const std::vector<double> row = {1.0, -3.0, 700.0, 2.5, 699.0, -1e300};
+  // Reference, shifted by the max by hand.
+  double ref = 0;
+  for (double x : row) ref += std::exp(x - 700.0);
+  ref = 700.0 + std::log(ref);
+  EXPECT_NEAR(LogSumExp(row), ref, 1e-12);
+  // Split into partials (as the kernel's threads do), merged in any order.
+  for (size_t cut = 0; cut <= row.size(); ++cut) {
+    SoftmaxAcc<double> a = EmptySoftmaxAcc<double>(),
+                       b = EmptySoftmaxAcc<double>();
+    for (size_t i = 0; i < row.size(); ++i) (i < cut ? a : b).Add(row[i]);
+    SoftmaxAcc<double> ab = a, ba = b;
+    ab.Merge(b);
+    ba.Merge(a);
+    EXPECT_NEAR(ab.LogSumExp(), ref, 1e-12) << cut;
+    EXPECT_NEAR(ba.LogSumExp(), ref, 1e-12) << cut;
+  }
+  EXPECT_TRUE(std::isinf(EmptySoftmaxAcc<float>().LogSumExp()));
+}
+
+// Softmax, log-softmax and cross-entropy backward against central
+// differences of f(x) = sum(w * op(x)) over one row.
+TEST(KernelMathTest, SoftmaxFamilyBackwardMatchesFiniteDifference) {
+  const std::vector<double> x0 = {0.3, -1.2, 2.0, 0.5}, w = {0.4, -0.9, 1.3,
+                                                              0.2};
+  const size_t n = x0.size();
+  auto op = [&](const std::vector<double>& x, bool log) {
+    const double lse = LogSumExp(x);
+    double f = 0;
+    for (size_t j = 0; j < n; ++j) {
+      f += w[j] * (log ? x[j] - lse : std::exp(x[j] - lse));
+    }
+    return f;
+  };
+  for (bool log : {false, true}) {
+    const double lse = LogSumExp(x0);
+    std::vector<double> y(n);
+    double dot = 0, sum = 0;
+    for (size_t j = 0; j < n; ++j) {
+      y[j] = log ? x0[j] - lse : std::exp(x0[j] - lse);
+      dot += w[j] * y[j];
+      sum += w[j];
+    }
+    for (size_t j = 0; j < n; ++j) {
+      std::vector<double> xp = x0, xm = x0;
+      xp[j] += 1e-6;
+      xm[j] -= 1e-6;
+      const double fd = (op(xp, log) - op(xm, log)) / 2e-6;
+      const double an = log ? LogSoftmaxBackward(w[j], y[j], sum)
+                            : SoftmaxBackward(w[j], y[j], dot);
+      EXPECT_NEAR(an, fd, 1e-6) << (log ? "log_softmax " : "softmax ") << j;
+    }
+  }
+  // Cross-entropy of two rows, mean, targets {2, 0}, loss gradient 1.5.
+  const std::vector<std::vector<double>> rows = {x0, {1.0, 0.0, -1.0, 0.5}};
+  const int64_t target[] = {2, 0};
+  auto loss = [&](const std::vector<std::vector<double>>& r) {
+    double l = 0;
+    for (size_t i = 0; i < r.size(); ++i) l += LogSumExp(r[i]) - r[i][target[i]];
+    return l / r.size();
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      auto rp = rows, rm = rows;
+      rp[i][j] += 1e-6;
+      rm[i][j] -= 1e-6;
+      const double fd = 1.5 * (loss(rp) - loss(rm)) / 2e-6;
+      const double an = CrossEntropyBackward(
+          rows[i][j], LogSumExp(rows[i]), target[i] == int64_t(j), 1.5,
+          static_cast<int64_t>(rows.size()));
+      EXPECT_NEAR(an, fd, 1e-6) << i << "," << j;
+    }
+  }
+}
+
+TEST(KernelMathTest, SgdElementFollowsTheCpuRule) {
+  SgdParams o;
+  o.lr = 0.1;
+  o.weight_decay = 0.01;
+  float p = 2, b = 0;
+  SgdElement(o, p, 0.5f, b);  // No momentum: p -= lr * (g + wd * p).
+  EXPECT_FLOAT_EQ(p, 2 - 0.1f * (0.5f + 0.01f * 2));
+  o.momentum = 0.9;
+  o.dampening = 0.5;
+  double q = 1, buf = 0;
+  SgdElement(o, q, 0.2, buf);  // First step: buffer = g.
+  const double g1 = 0.2 + 0.01 * 1;
+  EXPECT_DOUBLE_EQ(buf, g1);
+  EXPECT_DOUBLE_EQ(q, 1 - 0.1 * g1);
+  o.first = false;
+  o.nesterov = true;
+  const double q1 = q;
+  SgdElement(o, q, 0.3, buf);
+  const double g2 = 0.3 + 0.01 * q1, b2 = 0.9 * g1 + 0.5 * g2;
+  EXPECT_DOUBLE_EQ(buf, b2);
+  EXPECT_DOUBLE_EQ(q, q1 - 0.1 * (g2 + 0.9 * b2));
+}
+
+TEST(KernelMathTest, AdamElementFollowsTheCpuRule) {
+  for (bool decoupled : {false, true}) {
+    AdamParams o;
+    o.lr = 0.01;
+    o.weight_decay = 0.1;
+    o.decoupled = decoupled;
+    double p = 1.5, m = 0, v = 0;
+    double rp = p, rm = 0, rv = 0;
+    for (int64_t t = 1; t <= 3; ++t) {
+      const double g = 0.3 * t;
+      AdamElement(AdamForStep(o, t), p, g, m, v);
+      // The rule as optim.cc writes it.
+      double gg = g;
+      if (decoupled) {
+        rp *= 1 - o.lr * o.weight_decay;
+      } else {
+        gg += o.weight_decay * rp;
+      }
+      rm = o.beta1 * rm + (1 - o.beta1) * gg;
+      rv = o.beta2 * rv + (1 - o.beta2) * gg * gg;
+      const double bc1 = 1 - std::pow(o.beta1, t),
+                   bc2 = std::sqrt(1 - std::pow(o.beta2, t));
+      rp -= (o.lr / bc1) * rm / (std::sqrt(rv) / bc2 + o.eps);
+      EXPECT_DOUBLE_EQ(p, rp) << "step " << t << " decoupled " << decoupled;
+      EXPECT_DOUBLE_EQ(m, rm);
+      EXPECT_DOUBLE_EQ(v, rv);
+    }
+  }
+}
+
+TEST(KernelMathTest, StridedIndexerBroadcastsAndTransposes) {
+  StridedIndexer ix;
+  ix.dims = 3;
+  ix.sizes[0] = 2;
+  ix.sizes[1] = 3;
+  ix.sizes[2] = 4;
+  // A [2, 1, 4] operand broadcast over dim 1: strides {4, 0, 1}.
+  ix.strides[0] = 4;
+  ix.strides[1] = 0;
+  ix.strides[2] = 1;
+  EXPECT_EQ(ix.Offset(0), 0);
+  EXPECT_EQ(ix.Offset(5), 1);    // (0, 1, 1)
+  EXPECT_EQ(ix.Offset(23), 7);   // (1, 2, 3)
+  EXPECT_EQ(ix.Offset(13), 5);   // (1, 0, 1)
+  // A transposed [4, 3, 2] contiguous operand: strides {1, 2, 6}.
+  ix.strides[0] = 1;
+  ix.strides[1] = 2;
+  ix.strides[2] = 6;
+  EXPECT_EQ(ix.Offset(23), 1 + 4 + 18);
+  EXPECT_EQ(ix.Offset(6), 0 + 2 * 1 + 6 * 2);  // (0, 1, 2)
+}
+
+}  // namespace
+}  // namespace math
+}  // namespace cuda
+}  // namespace ferry

@@ -1,0 +1,391 @@
+// Ferry's CUDA kernels (see kernels.h for the contract and kernel_math.h for
+// the per-element math they share with the host tests). Compiled by nvcc
+// through tools/cuda.bzl; docs/design/cuda_kernels.md.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "ferry/tensor/cuda/kernel_math.h"
+#include "ferry/tensor/cuda/kernels.h"
+
+namespace ferry {
+namespace cuda {
+namespace kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Blocks for n elements with a grid-stride loop (capped: the loop covers
+// the rest).
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+cudaStream_t S(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
+
+int Last() { return static_cast<int>(cudaGetLastError()); }
+
+#define FERRY_GRID_LOOP(i, n)                                           \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) +      \
+                   threadIdx.x;                                         \
+       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+template <typename T>
+__global__ void UnaryKernel(math::UnaryOp op, const T* x,
+                            math::StridedIndexer ix, T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) out[i] = math::Unary(op, x[ix.Offset(i)]);
+}
+
+template <typename T>
+__global__ void BinaryKernel(math::BinaryOp op, const T* a,
+                             math::StridedIndexer ia, const T* b,
+                             math::StridedIndexer ib, T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = math::Binary(op, a[ia.Offset(i)], b[ib.Offset(i)]);
+  }
+}
+
+template <typename T>
+__global__ void ScalarKernel(math::BinaryOp op, const T* x, T s, T* out,
+                             int64_t n) {
+  FERRY_GRID_LOOP(i, n) out[i] = math::Binary(op, x[i], s);
+}
+
+template <typename T>
+__global__ void BackwardKernel(math::BackwardOp op, const T* g, const T* saved,
+                               T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) out[i] = math::Backward(op, g[i], saved[i]);
+}
+
+template <typename T>
+__global__ void FillKernel(T* out, T v, int64_t n) {
+  FERRY_GRID_LOOP(i, n) out[i] = v;
+}
+
+// Sum of `v` over the block (every thread gets it); kThreads threads.
+template <typename T>
+__device__ T BlockSum(T v) {
+  __shared__ T buf[kThreads];
+  __syncthreads();  // A previous call's readers are done with buf.
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) buf[threadIdx.x] += buf[threadIdx.x + w];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+// SoftmaxAcc merged over the block (every thread gets it).
+template <typename T>
+__device__ math::SoftmaxAcc<T> BlockSoftmaxAcc(math::SoftmaxAcc<T> acc) {
+  __shared__ T mx[kThreads];
+  __shared__ T sm[kThreads];
+  __syncthreads();
+  mx[threadIdx.x] = acc.max;
+  sm[threadIdx.x] = acc.sum;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      math::SoftmaxAcc<T> a{mx[threadIdx.x], sm[threadIdx.x]};
+      a.Merge(math::SoftmaxAcc<T>{mx[threadIdx.x + w], sm[threadIdx.x + w]});
+      mx[threadIdx.x] = a.max;
+      sm[threadIdx.x] = a.sum;
+    }
+    __syncthreads();
+  }
+  return math::SoftmaxAcc<T>{mx[0], sm[0]};
+}
+
+// Partial sums: block b writes part[b] (fixed order: deterministic).
+template <typename T>
+__global__ void PartialSumKernel(const T* x, int64_t n, T* part) {
+  T acc = T(0);
+  FERRY_GRID_LOOP(i, n) acc += x[i];
+  const T s = BlockSum(acc);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+template <typename T>
+__global__ void FinalSumKernel(const T* part, int64_t n, T scale, T* out) {
+  T acc = T(0);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
+  const T s = BlockSum(acc);
+  if (threadIdx.x == 0) *out = s * scale;
+}
+
+template <typename T>
+__global__ void SumDimKernel(const T* x, int64_t outer, int64_t n,
+                             int64_t inner, T scale, T* out) {
+  FERRY_GRID_LOOP(j, outer * inner) {
+    const int64_t o = j / inner, i = j % inner;
+    const T* p = x + o * n * inner + i;
+    T acc = T(0);
+    for (int64_t k = 0; k < n; ++k) acc += p[k * inner];
+    out[j] = acc * scale;
+  }
+}
+
+// One block per row.
+template <typename T>
+__global__ void SoftmaxKernel(const T* x, int64_t cols, bool log, T* out) {
+  const T* row = x + blockIdx.x * cols;
+  T* orow = out + blockIdx.x * cols;
+  math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc.Add(row[j]);
+  acc = BlockSoftmaxAcc(acc);
+  const T lse = acc.LogSumExp();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    orow[j] = log ? row[j] - lse : exp(row[j] - lse);
+  }
+}
+
+template <typename T>
+__global__ void SoftmaxBackwardKernel(const T* g, const T* y, int64_t cols,
+                                      bool log, T* out) {
+  const int64_t base = blockIdx.x * cols;
+  T acc = T(0);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    acc += log ? g[base + j] : g[base + j] * y[base + j];
+  }
+  const T r = BlockSum(acc);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const int64_t k = base + j;
+    out[k] = log ? math::LogSoftmaxBackward(g[k], y[k], r)
+                 : math::SoftmaxBackward(g[k], y[k], r);
+  }
+}
+
+template <typename T>
+__global__ void CrossEntropyRowKernel(const T* x, const int64_t* target,
+                                      int64_t cols, T* lse, T* row_loss,
+                                      int32_t* bad) {
+  const T* row = x + blockIdx.x * cols;
+  math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc.Add(row[j]);
+  acc = BlockSoftmaxAcc(acc);
+  if (threadIdx.x == 0) {
+    const T l = acc.LogSumExp();
+    lse[blockIdx.x] = l;
+    const int64_t t = target[blockIdx.x];
+    if (t < 0 || t >= cols) {
+      atomicExch(bad, 1);
+      row_loss[blockIdx.x] = NAN;
+    } else {
+      row_loss[blockIdx.x] = l - row[t];
+    }
+  }
+}
+
+template <typename T>
+__global__ void CrossEntropyBackwardKernel(const T* x, const int64_t* target,
+                                           const T* lse, const T* g,
+                                           int64_t rows, int64_t cols,
+                                           T* out) {
+  FERRY_GRID_LOOP(k, rows * cols) {
+    const int64_t r = k / cols, c = k % cols;
+    out[k] = math::CrossEntropyBackward(x[k], lse[r], target[r] == c, *g,
+                                        rows);
+  }
+}
+
+template <typename T>
+__global__ void EmbeddingKernel(const T* w, const int64_t* idx, int64_t n,
+                                int64_t vocab, int64_t width, T* out,
+                                int32_t* bad) {
+  FERRY_GRID_LOOP(k, n * width) {
+    const int64_t i = k / width, c = k % width, r = idx[i];
+    if (r < 0 || r >= vocab) {
+      atomicExch(bad, 1);
+      out[k] = NAN;
+    } else {
+      out[k] = w[r * width + c];
+    }
+  }
+}
+
+template <typename T>
+__global__ void EmbeddingBackwardKernel(const T* g, const int64_t* idx,
+                                        int64_t n, int64_t vocab,
+                                        int64_t width, T* gw) {
+  FERRY_GRID_LOOP(k, n * width) {
+    const int64_t i = k / width, c = k % width, r = idx[i];
+    if (r >= 0 && r < vocab) atomicAdd(gw + r * width + c, g[k]);
+  }
+}
+
+template <typename T>
+__global__ void SgdKernel(math::SgdParams o, T* p, const T* g, T* buf,
+                          int64_t n) {
+  FERRY_GRID_LOOP(i, n) {
+    T unused = T(0);
+    math::SgdElement(o, p[i], g[i], buf ? buf[i] : unused);
+  }
+}
+
+template <typename T>
+__global__ void AdamKernel(math::AdamParams o, T* p, const T* g, T* m, T* v,
+                           int64_t n) {
+  FERRY_GRID_LOOP(i, n) math::AdamElement(o, p[i], g[i], m[i], v[i]);
+}
+
+// Queues kernel<<<blocks, kThreads>>>(args...) on s unless there is no work
+// (`work` elements; a grid of 0 blocks is a launch error).
+template <typename... Params, typename... Args>
+int Launch(void (*kernel)(Params...), int64_t blocks, int64_t work, Stream s,
+           Args... args) {
+  if (work == 0 || blocks == 0) return 0;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, S(s)>>>(args...);
+  return Last();
+}
+
+}  // namespace
+
+const char* ErrorString(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+template <typename T>
+int Unary(math::UnaryOp op, const T* x, const math::StridedIndexer& ix, T* out,
+          int64_t n, Stream s) {
+  return Launch(UnaryKernel<T>, Blocks(n), n, s, op, x, ix, out, n);
+}
+
+template <typename T>
+int Binary(math::BinaryOp op, const T* a, const math::StridedIndexer& ia,
+           const T* b, const math::StridedIndexer& ib, T* out, int64_t n,
+           Stream s) {
+  return Launch(BinaryKernel<T>, Blocks(n), n, s, op, a, ia, b, ib, out, n);
+}
+
+template <typename T>
+int Scalar(math::BinaryOp op, const T* x, T scalar, T* out, int64_t n,
+           Stream s) {
+  return Launch(ScalarKernel<T>, Blocks(n), n, s, op, x, scalar, out, n);
+}
+
+template <typename T>
+int Backward(math::BackwardOp op, const T* g, const T* saved, T* out,
+             int64_t n, Stream s) {
+  return Launch(BackwardKernel<T>, Blocks(n), n, s, op, g, saved, out, n);
+}
+
+template <typename T>
+int Fill(T* out, T value, int64_t n, Stream s) {
+  return Launch(FillKernel<T>, Blocks(n), n, s, out, value, n);
+}
+
+template <typename T>
+int SumAll(const T* x, int64_t n, T scale, T* scratch, T* out, Stream s) {
+  PartialSumKernel<<<kSumBlocks, kThreads, 0, S(s)>>>(x, n, scratch);
+  FinalSumKernel<<<1, kThreads, 0, S(s)>>>(scratch, kSumBlocks, scale, out);
+  return Last();
+}
+
+template <typename T>
+int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner, T scale,
+           T* out, Stream s) {
+  const int64_t total = outer * inner;
+  return Launch(SumDimKernel<T>, Blocks(total), total, s, x, outer, n, inner,
+                scale, out);
+}
+
+template <typename T>
+int Softmax(const T* x, int64_t rows, int64_t cols, bool log, T* out,
+            Stream s) {
+  return Launch(SoftmaxKernel<T>, rows, rows * cols, s, x, cols, log, out);
+}
+
+template <typename T>
+int SoftmaxBackward(const T* g, const T* y, int64_t rows, int64_t cols,
+                    bool log, T* out, Stream s) {
+  return Launch(SoftmaxBackwardKernel<T>, rows, rows * cols, s, g, y, cols, log,
+                out);
+}
+
+template <typename T>
+int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
+                 T* lse, T* scratch, T* loss, int32_t* bad, Stream s) {
+  if (int e = Launch(CrossEntropyRowKernel<T>, rows, rows, s, x, target, cols,
+                     lse, scratch, bad);
+      e != 0) {
+    return e;
+  }
+  if (rows == 0) return 0;
+  return SumAll(static_cast<const T*>(scratch), rows,
+                T(1) / static_cast<T>(rows), scratch + rows, loss, s);
+}
+
+template <typename T>
+int CrossEntropyBackward(const T* x, const int64_t* target, const T* lse,
+                         const T* g, int64_t rows, int64_t cols, T* out,
+                         Stream s) {
+  const int64_t n = rows * cols;
+  return Launch(CrossEntropyBackwardKernel<T>, Blocks(n), n, s, x, target, lse,
+                g, rows, cols, out);
+}
+
+template <typename T>
+int Embedding(const T* weight, const int64_t* idx, int64_t n, int64_t vocab,
+              int64_t width, T* out, int32_t* bad, Stream s) {
+  return Launch(EmbeddingKernel<T>, Blocks(n * width), n * width, s, weight,
+                idx, n, vocab, width, out, bad);
+}
+
+template <typename T>
+int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
+                      int64_t width, T* grad_weight, Stream s) {
+  return Launch(EmbeddingBackwardKernel<T>, Blocks(n * width), n * width, s, g,
+                idx, n, vocab, width, grad_weight);
+}
+
+template <typename T>
+int SgdStep(const math::SgdParams& o, T* p, const T* g, T* buf, int64_t n,
+            Stream s) {
+  return Launch(SgdKernel<T>, Blocks(n), n, s, o, p, g,
+                o.momentum != 0 ? buf : nullptr, n);
+}
+
+template <typename T>
+int AdamStep(const math::AdamParams& o, T* p, const T* g, T* m, T* v,
+             int64_t n, Stream s) {
+  return Launch(AdamKernel<T>, Blocks(n), n, s, o, p, g, m, v, n);
+}
+
+#define FERRY_INSTANTIATE(T)                                                  \
+  template int Unary<T>(math::UnaryOp, const T*, const math::StridedIndexer&, \
+                        T*, int64_t, Stream);                                 \
+  template int Binary<T>(math::BinaryOp, const T*,                            \
+                         const math::StridedIndexer&, const T*,               \
+                         const math::StridedIndexer&, T*, int64_t, Stream);   \
+  template int Scalar<T>(math::BinaryOp, const T*, T, T*, int64_t, Stream);   \
+  template int Backward<T>(math::BackwardOp, const T*, const T*, T*, int64_t, \
+                           Stream);                                           \
+  template int Fill<T>(T*, T, int64_t, Stream);                               \
+  template int SumAll<T>(const T*, int64_t, T, T*, T*, Stream);               \
+  template int SumDim<T>(const T*, int64_t, int64_t, int64_t, T, T*, Stream); \
+  template int Softmax<T>(const T*, int64_t, int64_t, bool, T*, Stream);      \
+  template int SoftmaxBackward<T>(const T*, const T*, int64_t, int64_t, bool, \
+                                  T*, Stream);                                \
+  template int CrossEntropy<T>(const T*, const int64_t*, int64_t, int64_t,    \
+                               T*, T*, T*, int32_t*, Stream);                 \
+  template int CrossEntropyBackward<T>(const T*, const int64_t*, const T*,    \
+                                       const T*, int64_t, int64_t, T*,        \
+                                       Stream);                               \
+  template int Embedding<T>(const T*, const int64_t*, int64_t, int64_t,       \
+                            int64_t, T*, int32_t*, Stream);                   \
+  template int EmbeddingBackward<T>(const T*, const int64_t*, int64_t,        \
+                                    int64_t, int64_t, T*, Stream);            \
+  template int SgdStep<T>(const math::SgdParams&, T*, const T*, T*, int64_t,  \
+                          Stream);                                            \
+  template int AdamStep<T>(const math::AdamParams&, T*, const T*, T*, T*,     \
+                           int64_t, Stream);
+
+FERRY_INSTANTIATE(float)
+FERRY_INSTANTIATE(double)
+
+}  // namespace kernels
+}  // namespace cuda
+}  // namespace ferry

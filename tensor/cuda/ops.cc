@@ -1,0 +1,658 @@
+#include "ferry/tensor/cuda/ops.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/kernels.h"
+
+namespace ferry {
+namespace cuda {
+namespace {
+
+using kernels::Stream;
+
+std::string Describe(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return absl::StrCat(DTypeName(t.dtype()), " [",
+                      absl::StrJoin(t.sizes(), ", "), "] on ",
+                      t.device().ToString());
+}
+
+struct Operand {
+  const char* name;
+  const Tensor* t;
+};
+
+std::string DescribeAll(std::initializer_list<Operand> ops) {
+  std::vector<std::string> parts;
+  for (const Operand& o : ops) {
+    parts.push_back(absl::StrCat(o.name, ": ", Describe(*o.t)));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+// Every operand defined, on one CUDA device of `ctx` that runs kernels;
+// `floats` (the first `nfloat` operands) float32/float64 of one dtype, the
+// rest int64. Returns the device index.
+absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
+                          std::initializer_list<Operand> ops,
+                          size_t nfloat) {
+  auto fail = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ", op, ": ", why, " (", DescribeAll(ops), ")"));
+  };
+  const Operand& first = *ops.begin();
+  size_t i = 0;
+  for (const Operand& o : ops) {
+    if (!o.t->defined()) return fail(absl::StrCat(o.name, " is undefined"));
+    if (!o.t->device().is_cuda()) {
+      return fail(absl::StrCat(o.name, " is not on a CUDA device"));
+    }
+    if (o.t->device() != first.t->device()) {
+      return fail(absl::StrCat(o.name, " and ", first.name,
+                               " are on different devices"));
+    }
+    if (o.t->dim() > math::kMaxKernelDims) {
+      return fail(absl::StrCat(o.name, " has more than ",
+                               math::kMaxKernelDims, " dimensions"));
+    }
+    if (i < nfloat) {
+      if (o.t->dtype() != DType::kFloat32 && o.t->dtype() != DType::kFloat64) {
+        return fail(absl::StrCat(o.name, " is not float32 or float64"));
+      }
+      if (o.t->dtype() != first.t->dtype()) {
+        return fail(absl::StrCat(o.name, " and ", first.name,
+                                 " have different dtypes"));
+      }
+    } else if (o.t->dtype() != DType::kInt64) {
+      return fail(absl::StrCat(o.name, " is not int64"));
+    }
+    ++i;
+  }
+  const Device device = first.t->device();
+  RETURN_IF_ERROR(ctx.CheckCudaDevice(op, device));
+  if (!ctx.runs_kernels()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda ", op, ": the context's ", ctx.api().name(),
+        " devices run no kernels (", DescribeAll(ops), ")"));
+  }
+  return device.index;
+}
+
+absl::Status SameShape(const char* op, std::initializer_list<Operand> ops) {
+  const Operand& first = *ops.begin();
+  for (const Operand& o : ops) {
+    if (o.t->sizes() != first.t->sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda ", op, ": ", o.name, " and ", first.name,
+                       " differ in shape (", DescribeAll(ops), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Sets the current device for its scope (kernels launch on it).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+absl::Status Launched(const char* op, int device, int code,
+                      std::initializer_list<Operand> ops) {
+  if (code == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "cuda ", op, " on cuda:", device, ": kernel launch failed: ",
+      kernels::ErrorString(code), " (", DescribeAll(ops), ")"));
+}
+
+// Calls f.template operator()<T>() for T float or double.
+template <typename F>
+auto Floating(DType dtype, F&& f) {
+  if (dtype == DType::kFloat64) return f.template operator()<double>();
+  return f.template operator()<float>();
+}
+
+template <typename T>
+T* Ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+math::StridedIndexer Indexer(const Tensor& t,
+                             const std::vector<int64_t>& out_sizes) {
+  math::StridedIndexer ix;
+  ix.dims = static_cast<int32_t>(out_sizes.size());
+  const int64_t shift = static_cast<int64_t>(out_sizes.size()) - t.dim();
+  for (int64_t d = 0; d < ix.dims; ++d) {
+    ix.sizes[d] = out_sizes[d];
+    const int64_t td = d - shift;
+    ix.strides[d] = (td < 0 || t.size(td) == 1) ? 0 : t.strides()[td];
+  }
+  return ix;
+}
+
+absl::StatusOr<std::vector<int64_t>> BroadcastShape(const char* op,
+                                                    const Tensor& a,
+                                                    const Tensor& b) {
+  const int64_t n = std::max(a.dim(), b.dim());
+  std::vector<int64_t> out(n);
+  for (int64_t d = 0; d < n; ++d) {
+    const int64_t da = d - (n - a.dim()), db = d - (n - b.dim());
+    const int64_t sa = da < 0 ? 1 : a.size(da), sb = db < 0 ? 1 : b.size(db);
+    if (sa != sb && sa != 1 && sb != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda ", op, ": shapes do not broadcast (",
+          DescribeAll({{"a", &a}, {"b", &b}}), ")"));
+    }
+    out[d] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+int64_t WrapDim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
+
+// Reads back a kernel's bad-index flag (waits for the stream).
+absl::StatusOr<bool> ReadFlag(const Tensor& flag) {
+  int32_t v = 0;
+  const cudaError_t e =
+      cudaMemcpy(&v, flag.data_ptr(), sizeof(v), cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("reading a kernel's flag: ", cudaGetErrorString(e)));
+  }
+  return v != 0;
+}
+
+absl::StatusOr<Tensor> ZeroedFlag(CudaContext& ctx, int device) {
+  ASSIGN_OR_RETURN(Tensor flag,
+                   ctx.Empty({1}, DType::kInt32, Device::CUDA(device)));
+  const cudaError_t e = cudaMemsetAsync(
+      flag.data_ptr(), 0, sizeof(int32_t),
+      reinterpret_cast<cudaStream_t>(ctx.stream(device)));
+  if (e != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaMemsetAsync on cuda:", device, ": ",
+                     cudaGetErrorString(e)));
+  }
+  return flag;
+}
+
+absl::StatusOr<Tensor> Reduce(CudaContext& ctx, const char* op,
+                              const Tensor& x, bool mean) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({}, x.dtype(), x.device()));
+  ASSIGN_OR_RETURN(Tensor scratch,
+                   ctx.Empty({kernels::kSumBlocks}, x.dtype(), x.device()));
+  const int64_t n = x.numel();
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    const T scale = mean ? T(1) / static_cast<T>(n) : T(1);
+    return kernels::SumAll<T>(Ptr<T>(xc), n, scale, Ptr<T>(scratch),
+                              Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched(op, dev, code, {{"x", &x}}));
+  return out;
+}
+
+absl::StatusOr<Tensor> ReduceDim(CudaContext& ctx, const char* op,
+                                 const Tensor& x, int64_t dim, bool keepdim,
+                                 bool mean) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  const int64_t d = WrapDim(dim, x.dim());
+  if (d < 0 || d >= x.dim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ", op, ": dim ", dim, " out of range (x: ",
+                     Describe(x), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < d; ++i) outer *= x.size(i);
+  for (int64_t i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  const int64_t n = x.size(d);
+  std::vector<int64_t> sizes = x.sizes();
+  if (keepdim) {
+    sizes[d] = 1;
+  } else {
+    sizes.erase(sizes.begin() + d);
+  }
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, x.dtype(), x.device()));
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    const T scale = mean ? T(1) / static_cast<T>(n) : T(1);
+    return kernels::SumDim<T>(Ptr<T>(xc), outer, n, inner, scale, Ptr<T>(out),
+                              ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched(op, dev, code, {{"x", &x}}));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Contiguous(CudaContext& ctx, const Tensor& x) {
+  RETURN_IF_ERROR(Check(ctx, "contiguous", {{"x", &x}}, 1).status());
+  if (x.is_contiguous()) return x;
+  return Unary(ctx, math::UnaryOp::kCopy, x);
+}
+
+absl::StatusOr<Tensor> Unary(CudaContext& ctx, math::UnaryOp op,
+                             const Tensor& x) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "unary", {{"x", &x}}, 1));
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
+  const math::StridedIndexer ix = Indexer(x, x.sizes());
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    return kernels::Unary<T>(op, Ptr<T>(x), ix, Ptr<T>(out), x.numel(),
+                             ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("unary", dev, code, {{"x", &x}}));
+  return out;
+}
+
+absl::StatusOr<Tensor> Binary(CudaContext& ctx, math::BinaryOp op,
+                              const Tensor& a, const Tensor& b) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "binary", {{"a", &a}, {"b", &b}}, 2));
+  ASSIGN_OR_RETURN(std::vector<int64_t> sizes, BroadcastShape("binary", a, b));
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, a.dtype(), a.device()));
+  const math::StridedIndexer ia = Indexer(a, sizes), ib = Indexer(b, sizes);
+  const int code = Floating(a.dtype(), [&]<typename T>() {
+    return kernels::Binary<T>(op, Ptr<T>(a), ia, Ptr<T>(b), ib, Ptr<T>(out),
+                              out.numel(), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("binary", dev, code, {{"a", &a}, {"b", &b}}));
+  return out;
+}
+
+absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
+  ASSIGN_OR_RETURN(int dev,
+                   Check(ctx, "add_", {{"acc", &acc}, {"x", &x}}, 2));
+  RETURN_IF_ERROR(SameShape("add_", {{"acc", &acc}, {"x", &x}}));
+  if (!acc.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda add_: acc is not contiguous (acc: ", Describe(acc),
+                     ")"));
+  }
+  DeviceGuard guard(dev);
+  const math::StridedIndexer ia = Indexer(acc, acc.sizes()),
+                             ix = Indexer(x, acc.sizes());
+  acc.storage().BumpVersion();
+  const int code = Floating(acc.dtype(), [&]<typename T>() {
+    return kernels::Binary<T>(math::BinaryOp::kAdd, Ptr<T>(acc), ia, Ptr<T>(x),
+                              ix, Ptr<T>(acc), acc.numel(), ctx.stream(dev));
+  });
+  return Launched("add_", dev, code, {{"acc", &acc}, {"x", &x}});
+}
+
+absl::StatusOr<Tensor> Scalar(CudaContext& ctx, math::BinaryOp op,
+                              const Tensor& x, double s) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "scalar", {{"x", &x}}, 1));
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    return kernels::Scalar<T>(op, Ptr<T>(xc), static_cast<T>(s), Ptr<T>(out),
+                              x.numel(), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("scalar", dev, code, {{"x", &x}}));
+  return out;
+}
+
+absl::StatusOr<Tensor> UnaryBackward(CudaContext& ctx, math::BackwardOp op,
+                                     const Tensor& g, const Tensor& saved) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "unary_backward",
+                                  {{"grad", &g}, {"saved", &saved}}, 2));
+  RETURN_IF_ERROR(
+      SameShape("unary_backward", {{"grad", &g}, {"saved", &saved}}));
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, g));
+  ASSIGN_OR_RETURN(Tensor sc, Contiguous(ctx, saved));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(g.sizes(), g.dtype(), g.device()));
+  const int code = Floating(g.dtype(), [&]<typename T>() {
+    return kernels::Backward<T>(op, Ptr<T>(gc), Ptr<T>(sc), Ptr<T>(out),
+                                g.numel(), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("unary_backward", dev, code, {{"grad", &g}}));
+  return out;
+}
+
+absl::Status Fill(CudaContext& ctx, const Tensor& x, double value) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "fill_", {{"x", &x}}, 1));
+  if (!x.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda fill_: x is not contiguous (x: ", Describe(x), ")"));
+  }
+  DeviceGuard guard(dev);
+  x.storage().BumpVersion();
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    return kernels::Fill<T>(Ptr<T>(x), static_cast<T>(value), x.numel(),
+                            ctx.stream(dev));
+  });
+  return Launched("fill_", dev, code, {{"x", &x}});
+}
+
+absl::StatusOr<Tensor> Sum(CudaContext& ctx, const Tensor& x) {
+  return Reduce(ctx, "sum", x, /*mean=*/false);
+}
+absl::StatusOr<Tensor> Mean(CudaContext& ctx, const Tensor& x) {
+  return Reduce(ctx, "mean", x, /*mean=*/true);
+}
+absl::StatusOr<Tensor> SumDim(CudaContext& ctx, const Tensor& x, int64_t dim,
+                              bool keepdim) {
+  return ReduceDim(ctx, "sum", x, dim, keepdim, /*mean=*/false);
+}
+absl::StatusOr<Tensor> MeanDim(CudaContext& ctx, const Tensor& x, int64_t dim,
+                               bool keepdim) {
+  return ReduceDim(ctx, "mean", x, dim, keepdim, /*mean=*/true);
+}
+
+absl::StatusOr<Tensor> Softmax(CudaContext& ctx, const Tensor& x, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  if (x.dim() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ", op, ": x is 0-d (x: ", Describe(x), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  const int code = Floating(x.dtype(), [&]<typename T>() {
+    return kernels::Softmax<T>(Ptr<T>(xc), rows, cols, log, Ptr<T>(out),
+                               ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched(op, dev, code, {{"x", &x}}));
+  return out;
+}
+
+absl::StatusOr<Tensor> SoftmaxBackward(CudaContext& ctx, const Tensor& g,
+                                       const Tensor& y, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"grad", &g}, {"y", &y}}, 2));
+  RETURN_IF_ERROR(SameShape(op, {{"grad", &g}, {"y", &y}}));
+  if (y.dim() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda ", op, ": y is 0-d (y: ", Describe(y), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, g));
+  ASSIGN_OR_RETURN(Tensor yc, Contiguous(ctx, y));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(y.sizes(), y.dtype(), y.device()));
+  const int64_t cols = y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
+  const int code = Floating(y.dtype(), [&]<typename T>() {
+    return kernels::SoftmaxBackward<T>(Ptr<T>(gc), Ptr<T>(yc), rows, cols, log,
+                                       Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched(op, dev, code, {{"grad", &g}, {"y", &y}}));
+  return out;
+}
+
+absl::StatusOr<CrossEntropyResult> CrossEntropy(CudaContext& ctx,
+                                                const Tensor& logits,
+                                                const Tensor& target) {
+  const auto ops = {Operand{"logits", &logits}, Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy", ops, 1));
+  if (logits.dim() != 2 || target.dim() != 1 ||
+      target.size(0) != logits.size(0) || logits.size(1) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda cross_entropy: needs logits [N, C>0] and target [N] (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, logits));
+  ASSIGN_OR_RETURN(Tensor tc, target.is_contiguous()
+                                  ? absl::StatusOr<Tensor>(target)
+                                  : absl::InvalidArgumentError(absl::StrCat(
+                                        "cuda cross_entropy: target is not "
+                                        "contiguous (",
+                                        DescribeAll(ops), ")")));
+  CrossEntropyResult r;
+  ASSIGN_OR_RETURN(r.loss, ctx.Empty({}, logits.dtype(), logits.device()));
+  ASSIGN_OR_RETURN(r.lse, ctx.Empty({rows}, logits.dtype(), logits.device()));
+  ASSIGN_OR_RETURN(Tensor scratch, ctx.Empty({rows + kernels::kSumBlocks},
+                                             logits.dtype(), logits.device()));
+  ASSIGN_OR_RETURN(Tensor flag, ZeroedFlag(ctx, dev));
+  const int code = Floating(logits.dtype(), [&]<typename T>() {
+    return kernels::CrossEntropy<T>(
+        Ptr<T>(xc), Ptr<int64_t>(tc), rows, cols, Ptr<T>(r.lse),
+        Ptr<T>(scratch), Ptr<T>(r.loss), Ptr<int32_t>(flag), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("cross_entropy", dev, code, ops));
+  ASSIGN_OR_RETURN(bool bad, ReadFlag(flag));
+  if (bad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda cross_entropy: a target is outside [0, ", cols, ") (",
+        DescribeAll(ops), ")"));
+  }
+  return r;
+}
+
+absl::StatusOr<Tensor> CrossEntropyBackward(CudaContext& ctx,
+                                            const Tensor& logits,
+                                            const Tensor& target,
+                                            const Tensor& lse,
+                                            const Tensor& grad_loss) {
+  const auto ops = {Operand{"logits", &logits}, Operand{"lse", &lse},
+                    Operand{"grad_loss", &grad_loss},
+                    Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy_backward", ops, 3));
+  if (logits.dim() != 2 || target.dim() != 1 ||
+      target.size(0) != logits.size(0) || lse.dim() != 1 ||
+      lse.size(0) != logits.size(0) || grad_loss.numel() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda cross_entropy_backward: needs logits [N, C], target [N], "
+        "lse [N], a one-element grad_loss (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, logits));
+  ASSIGN_OR_RETURN(Tensor lc, Contiguous(ctx, lse));
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad_loss));
+  const Tensor& tc = target;
+  if (!tc.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda cross_entropy_backward: target is not contiguous (",
+        DescribeAll(ops), ")"));
+  }
+  ASSIGN_OR_RETURN(Tensor out,
+                   ctx.Empty(logits.sizes(), logits.dtype(), logits.device()));
+  const int code = Floating(logits.dtype(), [&]<typename T>() {
+    return kernels::CrossEntropyBackward<T>(
+        Ptr<T>(xc), Ptr<int64_t>(tc), Ptr<T>(lc), Ptr<T>(gc), logits.size(0),
+        logits.size(1), Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("cross_entropy_backward", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> Embedding(CudaContext& ctx, const Tensor& weight,
+                                 const Tensor& indices) {
+  const auto ops = {Operand{"weight", &weight}, Operand{"indices", &indices}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "embedding", ops, 1));
+  if (weight.dim() != 2 || !indices.is_contiguous() ||
+      indices.dim() + 1 > math::kMaxKernelDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda embedding: needs a 2-D weight and contiguous indices (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor wc, Contiguous(ctx, weight));
+  std::vector<int64_t> sizes = indices.sizes();
+  sizes.push_back(weight.size(1));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, weight.dtype(),
+                                         weight.device()));
+  ASSIGN_OR_RETURN(Tensor flag, ZeroedFlag(ctx, dev));
+  const int code = Floating(weight.dtype(), [&]<typename T>() {
+    return kernels::Embedding<T>(Ptr<T>(wc), Ptr<int64_t>(indices),
+                                 indices.numel(), weight.size(0),
+                                 weight.size(1), Ptr<T>(out),
+                                 Ptr<int32_t>(flag), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("embedding", dev, code, ops));
+  ASSIGN_OR_RETURN(bool bad, ReadFlag(flag));
+  if (bad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda embedding: an index is outside [0, ", weight.size(0), ") (",
+        DescribeAll(ops), ")"));
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> EmbeddingBackward(CudaContext& ctx, const Tensor& g,
+                                         const Tensor& indices,
+                                         int64_t vocab) {
+  const auto ops = {Operand{"grad", &g}, Operand{"indices", &indices}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "embedding_backward", ops, 1));
+  if (g.dim() != indices.dim() + 1 || !indices.is_contiguous() || vocab < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda embedding_backward: needs grad [*indices, D], contiguous "
+        "indices and vocab >= 0 (vocab ",
+        vocab, "; ", DescribeAll(ops), ")"));
+  }
+  for (int64_t d = 0; d < indices.dim(); ++d) {
+    if (g.size(d) != indices.size(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda embedding_backward: grad's leading shape is not indices' (",
+          DescribeAll(ops), ")"));
+    }
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, g));
+  const int64_t width = g.size(-1);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({vocab, width}, g.dtype(), g.device()));
+  RETURN_IF_ERROR(Fill(ctx, out, 0));
+  const int code = Floating(g.dtype(), [&]<typename T>() {
+    return kernels::EmbeddingBackward<T>(Ptr<T>(gc), Ptr<int64_t>(indices),
+                                         indices.numel(), vocab, width,
+                                         Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("embedding_backward", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
+                              const Tensor& b, bool transpose_a,
+                              bool transpose_b) {
+  const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "matmul", ops, 2));
+  if (a.dim() != 2 || b.dim() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda matmul: needs 2-D operands (", DescribeAll(ops), ")"));
+  }
+  const int64_t m = transpose_a ? a.size(1) : a.size(0);
+  const int64_t k = transpose_a ? a.size(0) : a.size(1);
+  const int64_t kb = transpose_b ? b.size(1) : b.size(0);
+  const int64_t n = transpose_b ? b.size(0) : b.size(1);
+  if (k != kb) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda matmul: inner sizes ", k, " and ", kb, " differ (transpose_a ",
+        transpose_a, ", transpose_b ", transpose_b, "; ", DescribeAll(ops),
+        ")"));
+  }
+  constexpr int64_t kIntMax = 2147483647;
+  if (m > kIntMax || n > kIntMax || k > kIntMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda matmul: a size exceeds cuBLAS's int range (", DescribeAll(ops),
+        ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({m, n}, a.dtype(), a.device()));
+  if (m == 0 || n == 0) return out;
+  if (k == 0) {
+    RETURN_IF_ERROR(Fill(ctx, out, 0));
+    return out;
+  }
+  ASSIGN_OR_RETURN(Tensor ac, Contiguous(ctx, a));
+  ASSIGN_OR_RETURN(Tensor bc, Contiguous(ctx, b));
+  const absl::Status st = ctx.Gemm(
+      dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
+      static_cast<int>(a.size(1)), bc.data_ptr(), static_cast<int>(b.size(1)),
+      out.data_ptr());
+  if (!st.ok()) {
+    return absl::Status(st.code(), absl::StrCat("cuda matmul: ", st.message(),
+                                                " (", DescribeAll(ops), ")"));
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
+                              const Tensor& weight, const Tensor& bias) {
+  ASSIGN_OR_RETURN(Tensor y, Matmul(ctx, x, weight, false, true));
+  if (!bias.defined()) return y;
+  if (bias.dim() != 1 || bias.size(0) != y.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda linear: bias is not [", y.size(1), "] (",
+        DescribeAll({{"x", &x}, {"weight", &weight}, {"bias", &bias}}), ")"));
+  }
+  return Binary(ctx, math::BinaryOp::kAdd, y, bias);
+}
+
+absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
+                     const Tensor& buf, const math::SgdParams& o) {
+  const bool momentum = o.momentum != 0;
+  const Tensor& b = momentum ? buf : param;
+  const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
+                    Operand{"buf", &b}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "sgd_step", ops, 3));
+  RETURN_IF_ERROR(SameShape("sgd_step", ops));
+  if (!param.is_contiguous() || !b.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda sgd_step: param and buf must be contiguous (", DescribeAll(ops),
+        ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
+  param.storage().BumpVersion();
+  const int code = Floating(param.dtype(), [&]<typename T>() {
+    return kernels::SgdStep<T>(o, Ptr<T>(param), Ptr<T>(gc),
+                               momentum ? Ptr<T>(b) : nullptr, param.numel(),
+                               ctx.stream(dev));
+  });
+  return Launched("sgd_step", dev, code, ops);
+}
+
+absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
+                      const Tensor& grad, const Tensor& exp_avg,
+                      const Tensor& exp_avg_sq, const math::AdamParams& o) {
+  const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
+                    Operand{"exp_avg", &exp_avg},
+                    Operand{"exp_avg_sq", &exp_avg_sq}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "adam_step", ops, 4));
+  RETURN_IF_ERROR(SameShape("adam_step", ops));
+  if (!param.is_contiguous() || !exp_avg.is_contiguous() ||
+      !exp_avg_sq.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda adam_step: param and state must be contiguous (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
+  param.storage().BumpVersion();
+  const int code = Floating(param.dtype(), [&]<typename T>() {
+    return kernels::AdamStep<T>(o, Ptr<T>(param), Ptr<T>(gc), Ptr<T>(exp_avg),
+                                Ptr<T>(exp_avg_sq), param.numel(),
+                                ctx.stream(dev));
+  });
+  return Launched("adam_step", dev, code, ops);
+}
+
+}  // namespace cuda
+}  // namespace ferry
