@@ -351,6 +351,8 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
                                      reply.rref = m.rref;
                                      reply.rref->peer_id = 99;
                                      reply.autograd = m.autograd;
+                                     reply.headers = m.headers;
+                                     reply.SetHeader(1, "reply");
                                      Tensor t = *m.payload.if_tensor();
                                      reply.payload = Value::FromTensor(
                                          t.add(full(t.sizes(), 1.0)));
@@ -373,6 +375,8 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
   m.type = kToy;
   m.rref = RRefFields{GlobalId(0, 5), GlobalId(1, 6), 1, 0, "Toy"};
   m.autograd = AutogradFields{GlobalId(0, 40), GlobalId(0, 41), true};
+  m.SetHeader(1, "request");
+  m.SetHeader(6, std::string("\0typed\xff", 7));
   m.payload = Value::FromTensor(full({3}, 2.0));
   Result<Message> r = c->agent(0).Send("b", m).Get(absl::Seconds(30));
   ASSERT_TRUE(r.ok()) << r.status();
@@ -384,6 +388,9 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
   EXPECT_EQ(r->rref->type_name, "Toy");
   EXPECT_EQ(r->rref->peer_id, 99);
   EXPECT_EQ(r->autograd, m.autograd);
+  // Layer headers travel both ways as their bytes.
+  EXPECT_EQ(r->headers,
+            (LayerHeaders{{1, "reply"}, {6, std::string("\0typed\xff", 7)}}));
   ASSERT_EQ(r->Tensors().size(), 1u);
   EXPECT_EQ(r->Tensors()[0].to_vector<float>(), (std::vector<float>{3, 3, 3}));
 

@@ -73,6 +73,17 @@ struct AutogradFields {
                          const AutogradFields&) = default;
 };
 
+// One layer's typed header, opaque to rpc/: `bytes` are what the layer that
+// claimed header id `layer` (rpc/layer.h) encoded; transports carry them as
+// they are and the layer decodes them (trusting nothing).
+struct LayerHeader {
+  uint32_t layer = 0;  // Never 0.
+  std::string bytes;
+  friend bool operator==(const LayerHeader&, const LayerHeader&) = default;
+};
+// At most one header per layer, in ascending layer order.
+using LayerHeaders = std::vector<LayerHeader>;
+
 // Key/value entries of the thread-local context (rpc/context.h).
 using ContextEntries = std::map<std::string, std::string>;
 
@@ -92,12 +103,19 @@ struct Message {
   absl::Time deadline = absl::InfiniteFuture();
   std::optional<RRefFields> rref;  // RRef messages only.
   std::optional<AutogradFields> autograd;  // Autograd messages only.
+  // Layers' typed headers (SetHeader keeps them ordered).
+  LayerHeaders headers;
   // The sender's thread-local context (Agent::Send fills it in).
   ContextEntries context;
   Value payload;  // Arguments, or the result.
 
   // Every tensor in the payload, depth first (shared handles, not copies).
   std::vector<Tensor> Tensors() const;
+  // Layer `layer`'s header bytes, or null.
+  const std::string* FindHeader(uint32_t layer) const;
+  // Sets (or replaces) layer `layer`'s header.
+  void SetHeader(uint32_t layer, std::string bytes);
+  void ClearHeader(uint32_t layer);
   // Short form for logs and errors: "CALL 'add' from 'w0'".
   std::string DebugString() const;
 };

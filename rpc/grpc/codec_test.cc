@@ -97,6 +97,8 @@ TEST(Codec, RequestRoundTripsEveryFieldAndSendsTheRemainingTime) {
   m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 0, "T"};
   m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
   m.context = {{"k", std::string("v\0w", 3)}};
+  m.SetHeader(9, std::string("\0typed", 6));
+  m.SetHeader(2, "");
   m.payload = Value::FromList({Value::FromTensor(full({3}, 2.0))});
   auto encoded = EncodeRequest(m, now, WireLimits{});
   ASSERT_TRUE(encoded.ok()) << encoded.status();
@@ -116,6 +118,7 @@ TEST(Codec, RequestRoundTripsEveryFieldAndSendsTheRemainingTime) {
   EXPECT_EQ(d->rref, m.rref);  // Including owner_id -1.
   EXPECT_EQ(d->autograd, m.autograd);
   EXPECT_EQ(d->context, m.context);
+  EXPECT_EQ(d->headers, m.headers);
   EXPECT_EQ(d->payload, m.payload);
 }
 
@@ -137,6 +140,7 @@ TEST(Codec, RepliesCarryFieldsOrTheHandlersError) {
   Message reply;
   reply.type = MessageType::kRRefFetch;
   reply.rref = RRefFields{GlobalId(2, 5), GlobalId(), 2, -1, ""};
+  reply.SetHeader(4, "typed");
   reply.payload = Value::Int(7);
   auto ok = EncodeReply(reply, WireLimits{});
   ASSERT_TRUE(ok.ok());
@@ -145,6 +149,7 @@ TEST(Codec, RepliesCarryFieldsOrTheHandlersError) {
   ASSERT_TRUE(d.ok() && d->ok()) << d.status();
   EXPECT_EQ((*d)->type, MessageType::kRRefFetch);
   EXPECT_EQ((*d)->rref, reply.rref);
+  EXPECT_EQ((*d)->headers, reply.headers);
   EXPECT_EQ(*(*d)->payload.if_int(), 7);
   EXPECT_GT(bytes, 0u);
 
@@ -163,6 +168,36 @@ TEST(Codec, MalformedRepliesAreInvalidArgument) {
   auto d = DecodeReply(buffer, WireLimits{}, &n);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
       << d.status();
+}
+
+// Layer headers no sender writes (layer 0, repeated or unordered layers)
+// are refused, naming the layer.
+TEST(Codec, MalformedLayerHeadersAreInvalidArgument) {
+  for (const std::vector<uint32_t>& layers :
+       {std::vector<uint32_t>{0}, std::vector<uint32_t>{3, 3},
+        std::vector<uint32_t>{5, 2}}) {
+    ferry::rpc::v1::RpcRequest r;
+    r.set_type(ferry::rpc::v1::CALL);
+    for (uint32_t l : layers) r.add_headers()->set_layer(l);
+    grpc::Slice slice(r.SerializeAsString());
+    grpc::ByteBuffer buffer(&slice, 1);
+    auto split = SplitRequest(buffer);
+    ASSERT_TRUE(split.ok()) << split.status();
+    auto d = DecodeRequest(*split, absl::Now(), WireLimits{});
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
+        << d.status();
+    EXPECT_NE(d.status().message().find("layer header"), std::string::npos)
+        << d.status();
+
+    ferry::rpc::v1::RpcResponse reply;
+    for (uint32_t l : layers) reply.add_headers()->set_layer(l);
+    grpc::Slice reply_slice(reply.SerializeAsString());
+    grpc::ByteBuffer reply_buffer(&reply_slice, 1);
+    uint64_t n = 0;
+    auto dr = DecodeReply(reply_buffer, WireLimits{}, &n);
+    EXPECT_EQ(dr.status().code(), absl::StatusCode::kInvalidArgument)
+        << dr.status();
+  }
 }
 
 }  // namespace

@@ -75,6 +75,7 @@ void ExpectSameMessage(const Message& a, const Message& b,
       a.caller_name != b.caller_name || a.caller_id != b.caller_id ||
       a.deadline != b.deadline || a.rref != b.rref ||
       a.autograd != b.autograd || a.context != b.context ||
+      a.headers != b.headers ||
       PayloadBytes(a.payload) != PayloadBytes(b.payload)) {
     Fail(what);
   }
