@@ -13,20 +13,6 @@ std::string MessageTypeName(MessageType type) {
       return "UNSPECIFIED";
     case MessageType::kCall:
       return "CALL";
-    case MessageType::kRemoteCall:
-      return "REMOTE_CALL";
-    case MessageType::kRRefFetch:
-      return "RREF_FETCH";
-    case MessageType::kRRefUserDelete:
-      return "RREF_USER_DELETE";
-    case MessageType::kRRefForkRequest:
-      return "RREF_FORK_REQUEST";
-    case MessageType::kRRefChildAccept:
-      return "RREF_CHILD_ACCEPT";
-    case MessageType::kBackward:
-      return "BACKWARD";
-    case MessageType::kCleanupAutogradContext:
-      return "CLEANUP_AUTOGRAD_CONTEXT";
     case MessageType::kPing:
       return "PING";
     case MessageType::kMembership:
@@ -116,10 +102,10 @@ std::string DescribeTarget(const std::string& worker, const Message& message) {
 std::string DescribeTarget(const std::string& worker, MessageType type,
                            const std::string& function) {
   std::optional<LayerTypeName> claimed;
-  if (type != MessageType::kCall && type != MessageType::kRemoteCall) {
+  if (type != MessageType::kCall) {
     claimed = ClaimedTypeName(static_cast<uint32_t>(type));
   }
-  if (type == MessageType::kCall || type == MessageType::kRemoteCall ||
+  if (type == MessageType::kCall ||
       (claimed.has_value() && claimed->names_function)) {
     return absl::StrCat("worker '", worker, "' function '", function, "'");
   }

@@ -29,31 +29,6 @@ static_assert(kSameHostFieldNumber == v1::RpcResponse::kSameHostFieldNumber);
 static_assert(kPayloadField == v1::RpcRequest::kPayloadFieldNumber &&
               kPayloadField == v1::RpcResponse::kPayloadFieldNumber);
 
-void ToProto(const RRefFields& r, v1::RRefFields* p) {
-  p->set_rref_id(r.rref_id.value());
-  p->set_fork_id(r.fork_id.value());
-  p->set_owner_id(r.owner_id);
-  p->set_peer_id(r.peer_id);
-  p->set_type_name(r.type_name);
-}
-
-RRefFields FromProto(const v1::RRefFields& p) {
-  return RRefFields{GlobalId::FromValue(p.rref_id()),
-                    GlobalId::FromValue(p.fork_id()), p.owner_id(), p.peer_id(),
-                    p.type_name()};
-}
-
-void ToProto(const AutogradFields& a, v1::AutogradFields* p) {
-  p->set_context_id(a.context_id.value());
-  p->set_message_id(a.message_id.value());
-  p->set_retain_graph(a.retain_graph);
-}
-
-AutogradFields FromProto(const v1::AutogradFields& p) {
-  return AutogradFields{GlobalId::FromValue(p.context_id()),
-                        GlobalId::FromValue(p.message_id()), p.retain_graph()};
-}
-
 void ToProto(const LayerHeaders& headers,
              google::protobuf::RepeatedPtrField<v1::LayerHeader>* p) {
   p->Reserve(static_cast<int>(headers.size()));
@@ -166,16 +141,14 @@ void AppendRequestScalars(const Message& m, int64_t remaining_us,
   out->resize(p - out->data());
 }
 
-// Fields 7-10 of RpcRequest, when set, through the generated code; they
+// Fields 9-10 of RpcRequest, when set, through the generated code; they
 // follow fields 1-6 on the wire as protobuf orders them. Deterministic:
 // the context map's entries in key order (a protobuf map's own order
 // depends on its hash table), so one message always encodes to the same
 // bytes.
 void AppendRequestMessages(const Message& m, std::string* out) {
-  if (!m.rref && !m.autograd && m.context.empty() && m.headers.empty()) return;
+  if (m.context.empty() && m.headers.empty()) return;
   v1::RpcRequest header;
-  if (m.rref) ToProto(*m.rref, header.mutable_rref());
-  if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
   if (!m.headers.empty()) ToProto(m.headers, header.mutable_headers());
   google::protobuf::io::StringOutputStream raw(out);  // Appends to *out.
@@ -231,8 +204,6 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
   if (h.remaining_us() > 0) {
     m.deadline = received_at + absl::Microseconds(h.remaining_us());
   }
-  if (h.has_rref()) m.rref = FromProto(h.rref());
-  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
   for (const auto& [k, v] : h.context()) m.context.emplace(k, v);
   RETURN_IF_ERROR(FromProto(h.headers(), &m.headers));
   absl::StatusOr<Value> payload =
@@ -260,8 +231,6 @@ absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
   const Value* payload = &kNone;
   if (reply.ok()) {
     header.set_type(static_cast<v1::MessageType>(reply->type));
-    if (reply->rref) ToProto(*reply->rref, header.mutable_rref());
-    if (reply->autograd) ToProto(*reply->autograd, header.mutable_autograd());
     if (!reply->headers.empty()) {
       ToProto(reply->headers, header.mutable_headers());
     }
@@ -308,8 +277,6 @@ absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
   absl::StatusOr<Result<Message>> out(absl::in_place, absl::in_place);
   Message& m = **out;
   m.type = static_cast<MessageType>(h.type());
-  if (h.has_rref()) m.rref = FromProto(h.rref());
-  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
   RETURN_IF_ERROR(FromProto(h.headers(), &m.headers));
   ASSIGN_OR_RETURN(
       m.payload,

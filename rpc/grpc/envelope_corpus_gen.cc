@@ -31,8 +31,6 @@ Message FullRequest() {
   m.caller_name = "trainer0";
   m.caller_id = 3;
   m.deadline = absl::FromUnixSeconds(1'700'000'002);
-  m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 0, "T"};
-  m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
   m.context = {{"trace", "abc"}, {"k", std::string("v\0w", 3)}};
   m.SetHeader(1, std::string("\x08\x01\x12\x00", 4));
   m.SetHeader(3, "opaque");
@@ -64,9 +62,9 @@ fuzz::CorpusFiles Files() {
   minimal.type = MessageType::kPing;
   files.emplace_back("request_ping", Request(minimal));
   Message rref = FullRequest();
-  rref.type = MessageType::kRRefForkRequest;
+  rref.type = static_cast<MessageType>(12);  // RREF_FORK_REQUEST (rref/).
   rref.payload = Value::None();
-  rref.autograd.reset();
+  rref.ClearHeader(3);
   files.emplace_back("request_rref", Request(rref));
   Message layer = FullRequest();
   layer.type = static_cast<MessageType>(1003);
@@ -74,7 +72,6 @@ fuzz::CorpusFiles Files() {
 
   Message reply;
   reply.type = MessageType::kCall;
-  reply.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), false};
   reply.SetHeader(2, "h");
   reply.payload = Value::FromTensor(arange(8, DType::kFloat32));
   files.emplace_back("reply_tensor", Reply(Result<Message>(reply)));
