@@ -563,7 +563,7 @@ TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
   RRef<int64_t> r = Confirmed("a", "b");
   rpc::Message m;
   m.type = kRRefUserDelete;
-  m.rref = rpc::RRefFields{r.rref_id(), GlobalId(), 1, -1, ""};
+  SetFields(m, RRefFields{r.rref_id(), GlobalId(), 1, -1, "", {}});
   m.payload = Value::FromList({Value::Int(1), Value::String("x")});
   Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
   RoundTrip(kRRefUserDelete, "c", "b");
