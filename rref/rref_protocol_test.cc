@@ -578,7 +578,7 @@ TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
 }
 
 // Deletions wait (here: for the whole test) for a request to their owner to
-// ride on (kPiggybackedDeletesKey) instead of going alone.
+// ride on (RRefFields::deletes) instead of going alone.
 class PiggybackTest : public ProtocolTest {
  protected:
   PiggybackTest() : ProtocolTest(4096, absl::Hours(1)) {}
