@@ -7,14 +7,56 @@
 #include "ferry/autograd/node.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
+#include "ferry/rpc/layer.h"
 
 namespace ferry::optim {
 
 namespace {
 
-constexpr char kCreate[] = "ferry.optim.create";
-constexpr char kStep[] = "ferry.optim.step";
-constexpr char kDestroy[] = "ferry.optim.destroy";
+using rpc::Message;
+
+absl::Status ClaimMessages() {
+  static const rpc::LayerClaim* const kClaim =
+      new rpc::LayerClaim{"optim",
+                          0,
+                          {{40, 49}},
+                          {{40, "OPTIM_CREATE"},
+                           {41, "OPTIM_STEP"},
+                           {42, "OPTIM_DESTROY"}}};
+  return rpc::ClaimLayer(*kClaim);
+}
+
+// A request of `type` with `args` as its list payload.
+template <typename... A>
+Message Request(rpc::MessageType type, const A&... args) {
+  Message m;
+  m.type = type;
+  m.payload = Value::FromList({ToValue(args)...});
+  return m;
+}
+
+// A request's arguments; InvalidArgument naming the message and sender.
+template <typename... A>
+absl::StatusOr<std::tuple<A...>> Arguments(const Message& m) {
+  absl::StatusOr<std::tuple<A...>> args = FromValue<std::tuple<A...>>(m.payload);
+  if (!args.ok()) {
+    return Annotate(args.status(), absl::StrCat("malformed ", m.DebugString()));
+  }
+  return args;
+}
+
+// A request's outcome, its reply dropped.
+Future<void> Sent(Future<Message> reply) {
+  return reply.Then(
+      [](const Result<Message>& r) -> absl::Status { return r.status(); });
+}
+
+Future<Message> Reply(const absl::StatusOr<Value>& v) {
+  if (!v.ok()) return MakeErrorFuture<Message>(v.status());
+  Message reply;
+  reply.payload = *v;
+  return MakeReadyFuture<Message>(std::move(reply));
+}
 
 // Hyper-parameters travel as (kind, list of doubles).
 std::pair<std::string, std::vector<double>> Encode(const FunctionalOptions& o) {
@@ -88,25 +130,35 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
   auto gone = [] {
     return absl::UnavailableError("the DistOptimizerService was destroyed");
   };
-  RETURN_IF_ERROR(agent.Register(
-      kCreate,
-      [weak, gone](
-          const rpc::CallContext& call, std::string kind,
-          std::vector<double> options,
-          std::vector<rref::RRef<Tensor>> params) -> absl::StatusOr<int64_t> {
-        std::shared_ptr<DistOptimizerService> self = weak.lock();
-        if (self == nullptr) return gone();
-        return self->Create(call.caller_id, kind, options, params);
-      }));
-  RETURN_IF_ERROR(
-      agent.Register(kStep, [weak, gone](int64_t id, int64_t context) {
-        std::shared_ptr<DistOptimizerService> self = weak.lock();
-        return self ? self->Step(id, context) : gone();
-      }));
-  RETURN_IF_ERROR(agent.Register(kDestroy, [weak](int64_t id) {
+  RETURN_IF_ERROR(ClaimMessages());
+  RETURN_IF_ERROR(agent.RegisterHandler(kOptimCreate, [weak, gone](Message m) {
+    std::shared_ptr<DistOptimizerService> self = weak.lock();
+    if (self == nullptr) return Reply(gone());
+    auto args = Arguments<std::string, std::vector<double>,
+                          std::vector<rref::RRef<Tensor>>>(m);
+    if (!args.ok()) return Reply(args.status());
+    const auto& [kind, options, params] = *args;
+    absl::StatusOr<int64_t> id =
+        self->Create(m.caller_id, kind, options, params);
+    if (!id.ok()) return Reply(id.status());
+    return Reply(Value::Int(*id));
+  }));
+  RETURN_IF_ERROR(agent.RegisterHandler(kOptimStep, [weak, gone](Message m) {
+    std::shared_ptr<DistOptimizerService> self = weak.lock();
+    if (self == nullptr) return Reply(gone());
+    auto args = Arguments<int64_t, int64_t>(m);
+    if (!args.ok()) return Reply(args.status());
+    absl::Status s = self->Step(std::get<0>(*args), std::get<1>(*args));
+    if (!s.ok()) return Reply(s);
+    return Reply(Value::None());
+  }));
+  RETURN_IF_ERROR(agent.RegisterHandler(kOptimDestroy, [weak](Message m) {
+    auto args = Arguments<int64_t>(m);
+    if (!args.ok()) return Reply(args.status());
     if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
-      self->Destroy(id);
+      self->Destroy(std::get<0>(*args));
     }
+    return Reply(Value::None());
   }));
   // A creator that died or left takes its optimizers' state with it (a
   // departed worker destroyed them itself unless it failed first).
@@ -287,8 +339,12 @@ DistributedOptimizer::Create(rpc::Agent& agent, FunctionalOptions options,
   std::vector<Future<int64_t>> created;
   for (const auto& [owner, ps] : by_owner) {
     owners.push_back(owner);
-    created.push_back(agent.rpc_async_for<int64_t>(timeout, owner, kCreate,
-                                                   kind, values, ps));
+    created.push_back(
+        agent.Send(owner, Request(kOptimCreate, kind, values, ps), timeout)
+            .Then([](const Result<Message>& r) -> absl::StatusOr<int64_t> {
+              if (!r.ok()) return r.status();
+              return FromValue<int64_t>(r->payload);
+            }));
   }
   // Collects every answer first, so that the optimizers that were created
   // are destroyed (by the destructor) when another owner refused.
@@ -312,7 +368,8 @@ DistributedOptimizer::Create(rpc::Agent& agent, FunctionalOptions options,
 DistributedOptimizer::~DistributedOptimizer() {
   std::vector<Future<void>> done;
   for (const auto& [owner, id] : owners_) {
-    done.push_back(agent_.rpc_async_for<void>(timeout_, owner, kDestroy, id));
+    done.push_back(Sent(agent_.Send(owner, Request(kOptimDestroy, id),
+                                    timeout_)));
   }
   for (size_t i = 0; i < done.size(); ++i) {
     // Best effort: a dead owner has no state left to free.
@@ -328,8 +385,8 @@ absl::Status DistributedOptimizer::Step(GlobalId context_id) {
   const int64_t context = static_cast<int64_t>(context_id.value());
   std::vector<Future<void>> steps;
   for (const auto& [owner, id] : owners_) {
-    steps.push_back(
-        agent_.rpc_async_for<void>(timeout_, owner, kStep, id, context));
+    steps.push_back(Sent(
+        agent_.Send(owner, Request(kOptimStep, id, context), timeout_)));
   }
   absl::Status first;
   for (size_t i = 0; i < steps.size(); ++i) {

@@ -57,10 +57,21 @@ struct AdamWOptions : AdamOptions {};
 using FunctionalOptions =
     std::variant<SgdOptions, AdamOptions, AdamWOptions, AdagradOptions>;
 
+// The optimizer's own message types (claimed from rpc/, rpc/layer.h; the
+// user's function registry is never touched). Requests carry their
+// arguments as a list payload: CREATE [kind, hyper-parameters, parameter
+// RRefs] (reply: the optimizer id), STEP [optimizer id, context id],
+// DESTROY [optimizer id].
+inline constexpr rpc::MessageType kOptimCreate =
+    static_cast<rpc::MessageType>(40);
+inline constexpr rpc::MessageType kOptimStep = static_cast<rpc::MessageType>(41);
+inline constexpr rpc::MessageType kOptimDestroy =
+    static_cast<rpc::MessageType>(42);
+
 // Owner side: holds the per-owner optimizers and steps them. Install on
-// every worker that owns parameters (it registers functions named
-// "ferry.optim.*" in the agent's registry, which must not be shared with
-// another agent that installs it too).
+// every worker that owns parameters (it serves kOptimCreate, kOptimStep and
+// kOptimDestroy on the agent: AlreadyExists when installed twice on one
+// agent).
 class DistOptimizerService {
  public:
   // Install's settings.

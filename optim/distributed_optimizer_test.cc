@@ -183,7 +183,7 @@ TEST_P(DistOptimizerTest, FusedStepIsBitIdenticalToBackwardThenStep) {
                                         const rpc::WorkerInfo&,
                                         rpc::Message& m) {
     if (point == rpc::InterceptPoint::kReceiveRequest &&
-        m.function == "ferry.optim.step") {
+        m.type == kOptimStep) {
       ++*steps;
     }
     return absl::OkStatus();
@@ -395,14 +395,29 @@ TEST_F(DistOptimizerTest, OptimizersOfSeveralWorkersAreIndependent) {
 TEST_F(DistOptimizerTest, UnknownOptimizerKindIsRefusedNamingTheOwner) {
   auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
   ASSERT_TRUE(params.ok()) << params.status();
-  auto r = trainer().rpc_sync<int64_t>(
-      "ps", "ferry.optim.create", std::string("lion"),
-      std::vector<double>{1, 2, 3, 4, 5}, *params);
+  rpc::Message create;
+  create.type = kOptimCreate;
+  create.payload = ToValue(std::make_tuple(
+      std::string("lion"), std::vector<double>{1, 2, 3, 4, 5}, *params));
+  Result<rpc::Message> r =
+      trainer().Send("ps", create, absl::Seconds(30)).Get();
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("worker 'ps'"), std::string::npos)
       << r.status();
   EXPECT_NE(r.status().message().find("'lion'"), std::string::npos);
   EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+  // Malformed arguments are refused naming the message, and nothing is
+  // registered in the user's function registry.
+  rpc::Message bad;
+  bad.type = kOptimStep;
+  bad.payload = Value::FromList({Value::String("x")});
+  Result<rpc::Message> refused =
+      trainer().Send("ps", bad, absl::Seconds(30)).Get();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("OPTIM_STEP"), std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(trainer().rpc_sync<int64_t>("ps", "ferry.optim.create").ok());
 }
 
 TEST_F(DistOptimizerTest, StepWithAnUnknownContextNamesTheOwner) {

@@ -399,11 +399,18 @@ std::optional<Result<Message>> Agent::ServeNow(
   }
   InterceptorList interceptors = Interceptors();
   WorkerInfo peer;
+  // The handler runs with the context as the interceptors left it (a layer
+  // restores its entry from its typed header there: distributed autograd's
+  // context id). Nothing to install when both are empty, as most are.
+  std::optional<ScopedContext> intercepted_context;
   if (interceptors != nullptr) {
     peer = PeerInfo(request.caller_id, request.caller_name);
     absl::Status s =
         Intercept(interceptors, InterceptPoint::kReceiveRequest, peer, request);
     if (!s.ok()) return Result<Message>(s);
+    if (!request.context.empty() || !CurrentContext().empty()) {
+      intercepted_context.emplace(request.context);
+    }
   }
   const GlobalId id = request.id;
   const MessageType type = request.type;

@@ -87,7 +87,8 @@ class WorkerRef {
 };
 
 // Serves one request. Runs on the agent's executor with the request's context
-// installed. The reply's id and type default to the request's.
+// installed (as the kReceiveRequest interceptors left it). The reply's id and
+// type default to the request's.
 using Handler = std::function<Future<Message>(Message request)>;
 
 // Where an interceptor sees a message.

@@ -348,9 +348,8 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
                   .RegisterHandler(kToy,
                                    [](Message m) -> Future<Message> {
                                      Message reply;
-                                     reply.rref = m.rref;
-                                     reply.rref->peer_id = 99;
-                                     reply.autograd = m.autograd;
+                                     reply.headers = m.headers;
+                                     reply.SetHeader(1, "reply");
                                      Tensor t = *m.payload.if_tensor();
                                      reply.payload = Value::FromTensor(
                                          t.add(full(t.sizes(), 1.0)));
@@ -371,19 +370,16 @@ TEST_P(AgentConformance, HandlerForALayerDefinedMessageType) {
 
   Message m;
   m.type = kToy;
-  m.rref = RRefFields{GlobalId(0, 5), GlobalId(1, 6), 1, 0, "Toy"};
-  m.autograd = AutogradFields{GlobalId(0, 40), GlobalId(0, 41), true};
+  m.SetHeader(1, "request");
+  m.SetHeader(6, std::string("\0typed\xff", 7));
   m.payload = Value::FromTensor(full({3}, 2.0));
   Result<Message> r = c->agent(0).Send("b", m).Get(absl::Seconds(30));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->type, kToy);
   EXPECT_EQ(r->id.worker_id(), 0);  // The request's id, minted by "a".
-  ASSERT_TRUE(r->rref.has_value());
-  EXPECT_EQ(r->rref->rref_id, GlobalId(0, 5));
-  EXPECT_EQ(r->rref->fork_id, GlobalId(1, 6));
-  EXPECT_EQ(r->rref->type_name, "Toy");
-  EXPECT_EQ(r->rref->peer_id, 99);
-  EXPECT_EQ(r->autograd, m.autograd);
+  // Layer headers travel both ways as their bytes.
+  EXPECT_EQ(r->headers,
+            (LayerHeaders{{1, "reply"}, {6, std::string("\0typed\xff", 7)}}));
   ASSERT_EQ(r->Tensors().size(), 1u);
   EXPECT_EQ(r->Tensors()[0].to_vector<float>(), (std::vector<float>{3, 3, 3}));
 
@@ -465,19 +461,22 @@ TEST_P(AgentConformance, InterceptorsSeeEveryTensor) {
 TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
   auto c = Start({"a", "b"}, BasicRegistry());
   ASSERT_NE(c, nullptr);
-  // The sender stamps autograd fields; the receiver checks them and refuses
+  // The sender stamps a layer header; the receiver reads it and refuses
   // calls to "noop".
   c->agent(0).AddInterceptor(
       [](InterceptPoint p, const WorkerInfo&, Message& m) {
         if (p == InterceptPoint::kSendRequest)
-          m.autograd = AutogradFields{GlobalId(0, 77), GlobalId(0, 78), false};
+          m.SetHeader(2, "77");
         return absl::OkStatus();
       });
   auto got = std::make_shared<std::atomic<uint64_t>>(0);
+  // The header's bytes as a number (a layer would decode its own format).
   c->agent(1).AddInterceptor(
       [got](InterceptPoint p, const WorkerInfo& peer, Message& m) {
         if (p != InterceptPoint::kReceiveRequest) return absl::OkStatus();
-        if (m.autograd) got->store(m.autograd->context_id.value());
+        if (const std::string* h = m.FindHeader(2)) {
+          got->store(static_cast<uint64_t>(std::stoull(*h)));
+        }
         if (m.function == "noop") {
           return absl::FailedPreconditionError(
               absl::StrCat("refused a call from '", peer.name, "'"));
@@ -485,7 +484,7 @@ TEST_P(AgentConformance, InterceptorsEditAndFailMessages) {
         return absl::OkStatus();
       });
   EXPECT_EQ(*c->agent(0).rpc_sync<std::string>("b", "whoami"), "a");
-  EXPECT_EQ(got->load(), GlobalId(0, 77).value());
+  EXPECT_EQ(got->load(), 77u);
   absl::Status refused = c->agent(0).rpc_sync<void>("b", "noop");
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_NE(refused.message().find("refused a call from 'a'"),

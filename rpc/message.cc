@@ -1,6 +1,9 @@
 #include "ferry/rpc/message.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "ferry/rpc/layer.h"
 
 namespace ferry::rpc {
 
@@ -10,26 +13,16 @@ std::string MessageTypeName(MessageType type) {
       return "UNSPECIFIED";
     case MessageType::kCall:
       return "CALL";
-    case MessageType::kRemoteCall:
-      return "REMOTE_CALL";
-    case MessageType::kRRefFetch:
-      return "RREF_FETCH";
-    case MessageType::kRRefUserDelete:
-      return "RREF_USER_DELETE";
-    case MessageType::kRRefForkRequest:
-      return "RREF_FORK_REQUEST";
-    case MessageType::kRRefChildAccept:
-      return "RREF_CHILD_ACCEPT";
-    case MessageType::kBackward:
-      return "BACKWARD";
-    case MessageType::kCleanupAutogradContext:
-      return "CLEANUP_AUTOGRAD_CONTEXT";
     case MessageType::kPing:
       return "PING";
     case MessageType::kMembership:
       return "MEMBERSHIP";
     case MessageType::kFirstLayerType:
       break;
+  }
+  if (std::optional<LayerTypeName> n =
+          ClaimedTypeName(static_cast<uint32_t>(type))) {
+    return n->name;
   }
   return absl::StrCat("TYPE_", static_cast<uint32_t>(type));
 }
@@ -52,6 +45,37 @@ std::vector<Tensor> Message::Tensors() const {
   std::vector<Tensor> out;
   Collect(payload, out);
   return out;
+}
+
+namespace {
+
+LayerHeaders::iterator Place(LayerHeaders& headers, uint32_t layer) {
+  return std::lower_bound(
+      headers.begin(), headers.end(), layer,
+      [](const LayerHeader& h, uint32_t l) { return h.layer < l; });
+}
+
+}  // namespace
+
+const std::string* Message::FindHeader(uint32_t layer) const {
+  for (const LayerHeader& h : headers) {
+    if (h.layer == layer) return &h.bytes;
+  }
+  return nullptr;
+}
+
+void Message::SetHeader(uint32_t layer, std::string bytes) {
+  auto it = Place(headers, layer);
+  if (it != headers.end() && it->layer == layer) {
+    it->bytes = std::move(bytes);
+  } else {
+    headers.insert(it, LayerHeader{layer, std::move(bytes)});
+  }
+}
+
+void Message::ClearHeader(uint32_t layer) {
+  auto it = Place(headers, layer);
+  if (it != headers.end() && it->layer == layer) headers.erase(it);
 }
 
 std::string Message::DebugString() const {
@@ -77,7 +101,12 @@ std::string DescribeTarget(const std::string& worker, const Message& message) {
 
 std::string DescribeTarget(const std::string& worker, MessageType type,
                            const std::string& function) {
-  if (type == MessageType::kCall || type == MessageType::kRemoteCall) {
+  std::optional<LayerTypeName> claimed;
+  if (type != MessageType::kCall) {
+    claimed = ClaimedTypeName(static_cast<uint32_t>(type));
+  }
+  if (type == MessageType::kCall ||
+      (claimed.has_value() && claimed->names_function)) {
     return absl::StrCat("worker '", worker, "' function '", function, "'");
   }
   return absl::StrCat("worker '", worker, "' message ", MessageTypeName(type));

@@ -31,15 +31,15 @@ TEST(Message, TensorsAreReachableWithoutEncoding) {
 }
 
 TEST(Message, NamesTypesAndTargets) {
-  EXPECT_EQ(MessageTypeName(MessageType::kRRefFetch), "RREF_FETCH");
+  EXPECT_EQ(MessageTypeName(MessageType::kPing), "PING");
   EXPECT_EQ(MessageTypeName(static_cast<MessageType>(1003)), "TYPE_1003");
   Message call;
   call.type = MessageType::kCall;
   call.function = "add";
   EXPECT_EQ(DescribeTarget("b", call), "worker 'b' function 'add'");
-  Message fetch;
-  fetch.type = MessageType::kRRefFetch;
-  EXPECT_EQ(DescribeTarget("b", fetch), "worker 'b' message RREF_FETCH");
+  Message ping;
+  ping.type = MessageType::kPing;
+  EXPECT_EQ(DescribeTarget("b", ping), "worker 'b' message PING");
 }
 
 TEST(Context, ScopesNestAndStayOnTheirThread) {

@@ -17,7 +17,6 @@ namespace ferry::rref {
 
 using rpc::Message;
 using rpc::MessageType;
-using rpc::RRefFields;
 using rpc::WorkerInfo;
 
 // The value (or object) of one owned RRef. `object` and `cls` are written
@@ -58,15 +57,32 @@ void ForEachHandle(Value& v, const std::function<void(RRefHandle&)>& fn) {
 }
 
 Message Control(MessageType type, GlobalId rref_id, GlobalId fork_id,
-                int owner_id) {
+                int owner_id, int peer_id = -1, std::string type_name = "") {
   Message m;
   m.type = type;
-  m.rref = RRefFields{rref_id, fork_id, owner_id, -1, ""};
+  SetFields(m, RRefFields{rref_id, fork_id, owner_id, peer_id,
+                          std::move(type_name), {}});
   return m;
 }
 
 Future<Message> ErrorReply(absl::Status s) {
   return MakeErrorFuture<Message>(std::move(s));
+}
+
+// A request's RRef header: InvalidArgument naming the message and its sender
+// when it is missing or malformed.
+absl::StatusOr<RRefFields> RequestFields(const Message& m) {
+  absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
+  if (!f.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(f.status().message(),
+                                                   " from '", m.caller_name,
+                                                   "'"));
+  }
+  if (!f->has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no rref header on ", m.DebugString()));
+  }
+  return **std::move(f);
 }
 
 constexpr char kMethodPrefix = '@';
@@ -161,6 +177,7 @@ absl::StatusOr<std::shared_ptr<RRefContext>> RRefContext::Install(
     return absl::FailedPreconditionError(
         "RRefContext needs a joined agent (self() unknown)");
   }
+  RETURN_IF_ERROR(ClaimMessages());
   std::shared_ptr<RRefContext> ctx(new RRefContext(agent, std::move(options)));
   RETURN_IF_ERROR(ctx->Install());
   if (ctx->options_.delete_flush_delay > absl::ZeroDuration()) {
@@ -177,11 +194,11 @@ absl::Status RRefContext::Install() {
   const std::string self = agent_->self().name;
   using Method = Future<Message> (RRefContext::*)(Message);
   const std::pair<MessageType, Method> handlers[] = {
-      {MessageType::kRemoteCall, &RRefContext::HandleRemoteCall},
-      {MessageType::kRRefFetch, &RRefContext::HandleFetch},
-      {MessageType::kRRefForkRequest, &RRefContext::HandleForkRequest},
-      {MessageType::kRRefChildAccept, &RRefContext::HandleChildAccept},
-      {MessageType::kRRefUserDelete, &RRefContext::HandleUserDelete},
+      {kRemoteCall, &RRefContext::HandleRemoteCall},
+      {kRRefFetch, &RRefContext::HandleFetch},
+      {kRRefForkRequest, &RRefContext::HandleForkRequest},
+      {kRRefChildAccept, &RRefContext::HandleChildAccept},
+      {kRRefUserDelete, &RRefContext::HandleUserDelete},
       {kRRefMethod, &RRefContext::HandleMethod},
   };
   for (const auto& [type, method] : handlers) {
@@ -254,15 +271,6 @@ absl::Status RRefContext::Intercept(rpc::InterceptPoint point,
                        point == rpc::InterceptPoint::kSendReply;
   if (point == rpc::InterceptPoint::kReceiveRequest) {
     RETURN_IF_ERROR(ApplyPiggybackedDeletes(peer, message));
-  } else if (point == rpc::InterceptPoint::kSendRequest) {
-    // An entry this worker received (installed in its handler's context)
-    // goes no further; only one made for this message travels.
-    auto it = message.context.find(kPiggybackedDeletesKey);
-    if (it != message.context.end() &&
-        !absl::StartsWith(it->second,
-                          absl::StrCat(agent_->self().id, ",", peer.id, ","))) {
-      message.context.erase(it);
-    }
   }
   absl::Status status;
   ForEachHandle(message.payload, [&](RRefHandle& h) {
@@ -321,7 +329,7 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
       DeleteFork(rref_id, fork);  // Our own early registration.
     } else {
       SendInternal(parent,
-                   Control(MessageType::kRRefChildAccept, rref_id, fork, self),
+                   Control(kRRefChildAccept, rref_id, fork, self),
                    nullptr);
     }
     handle.local = std::move(state);
@@ -346,10 +354,8 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
   Promise<void> confirmed;
   handle.local =
       NewUser(owner, rref_id, fork, handle.type_name, confirmed.GetFuture());
-  Message request =
-      Control(MessageType::kRRefForkRequest, rref_id, fork, owner.id);
-  request.rref->peer_id = parent;
-  request.rref->type_name = handle.type_name;
+  Message request = Control(kRRefForkRequest, rref_id, fork, owner.id,
+                            parent, handle.type_name);
   std::weak_ptr<RRefContext> weak = weak_from_this();
   const std::string what = absl::StrCat("confirming fork ", fork.ToString(),
                                         " of ", Describe(rref_id, owner.name));
@@ -361,7 +367,7 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
         if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
           ctx->SendInternal(
               parent,
-              Control(MessageType::kRRefChildAccept, rref_id, fork, owner_id),
+              Control(kRRefChildAccept, rref_id, fork, owner_id),
               nullptr);
         }
       });
@@ -432,8 +438,9 @@ void RRefContext::OnCreated(GlobalId rref_id) {
 }
 
 Future<Message> RRefContext::HandleRemoteCall(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
-  const RRefFields f = *request.rref;
+  absl::StatusOr<RRefFields> fields = RequestFields(request);
+  if (!fields.ok()) return ErrorReply(fields.status());
+  const RRefFields& f = *fields;
   std::shared_ptr<Slot> slot;
   bool start = false;
   {
@@ -473,7 +480,7 @@ Future<Message> RRefContext::CreationReply(
         if (!v.ok()) return v.status();
         Message reply;
         if (slot->object == nullptr && Inlinable(*v, limit)) {
-          reply.rref = RRefFields{};  // Marks the value as carried.
+          SetFields(reply, RRefFields{});  // Marks the value as carried.
           reply.payload = *v;
         }
         return reply;
@@ -557,13 +564,13 @@ Future<Value> RRefContext::RunMethod(const std::shared_ptr<Slot>& slot,
 }
 
 Future<Message> RRefContext::HandleFetch(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
-  const GlobalId id = request.rref->rref_id;
+  absl::StatusOr<RRefFields> f = RequestFields(request);
+  if (!f.ok()) return ErrorReply(f.status());
+  const GlobalId id = f->rref_id;
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s =
-        SlotFor(id, request.rref->type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(id, f->type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -583,12 +590,12 @@ Future<Message> RRefContext::HandleFetch(Message request) {
 }
 
 Future<Message> RRefContext::HandleMethod(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  absl::StatusOr<RRefFields> f = RequestFields(request);
+  if (!f.ok()) return ErrorReply(f.status());
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s =
-        SlotFor(request.rref->rref_id, "");
+    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f->rref_id, "");
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -612,8 +619,9 @@ Future<Message> RRefContext::HandleMethod(Message request) {
 }
 
 Future<Message> RRefContext::HandleForkRequest(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
-  const RRefFields& f = *request.rref;
+  absl::StatusOr<RRefFields> fields = RequestFields(request);
+  if (!fields.ok()) return ErrorReply(fields.status());
+  const RRefFields& f = *fields;
   MutexLock lock(&mu_);
   if (deleted_forks_.count(f.fork_id))
     return MakeReadyFuture<Message>(Message());
@@ -624,11 +632,12 @@ Future<Message> RRefContext::HandleForkRequest(Message request) {
 }
 
 Future<Message> RRefContext::HandleChildAccept(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  absl::StatusOr<RRefFields> f = RequestFields(request);
+  if (!f.ok()) return ErrorReply(f.status());
   PendingChild child;  // Released after the lock (it may be the last ref).
   {
     MutexLock lock(&mu_);
-    auto it = pending_children_.find(request.rref->fork_id);
+    auto it = pending_children_.find(f->fork_id);
     if (it != pending_children_.end()) {
       child = std::move(it->second);
       pending_children_.erase(it);
@@ -638,10 +647,11 @@ Future<Message> RRefContext::HandleChildAccept(Message request) {
 }
 
 Future<Message> RRefContext::HandleUserDelete(Message request) {
-  if (!request.rref) return ErrorReply(absl::InvalidArgumentError("no rref"));
+  absl::StatusOr<RRefFields> f = RequestFields(request);
+  if (!f.ok()) return ErrorReply(f.status());
   // More (rref, fork) pairs of a batch follow in the payload as ints.
   std::vector<std::pair<GlobalId, GlobalId>> forks = {
-      {request.rref->rref_id, request.rref->fork_id}};
+      {f->rref_id, f->fork_id}};
   if (const Value::List* more = request.payload.if_list()) {
     for (size_t i = 0; i + 1 < more->size(); i += 2) {
       const int64_t* r = (*more)[i].if_int();
@@ -759,7 +769,7 @@ RRefContext::DeleteBatch RRefContext::EndBatch(int owner) {
 }
 
 void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
-  Message m = Control(MessageType::kRRefUserDelete, batch[0].first,
+  Message m = Control(kRRefUserDelete, batch[0].first,
                       batch[0].second, owner);
   if (batch.size() > 1) {
     Value::List more;
@@ -800,11 +810,12 @@ RRefContext::DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
     it->second.flush_at = absl::InfiniteFuture();
     batch.swap(it->second.queued);
   }
-  std::string entry = absl::StrCat(agent_->self().id, ",", owner);
-  for (const auto& [rref_id, fork_id] : batch) {
-    absl::StrAppend(&entry, ",", rref_id.value(), ",", fork_id.value());
-  }
-  m.context[kPiggybackedDeletesKey] = std::move(entry);
+  // `m` is this worker's own request to the owner: its header decodes.
+  absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
+  RRefFields fields =
+      f.ok() && f->has_value() ? **std::move(f) : RRefFields{};
+  fields.deletes = batch;
+  SetFields(m, fields);
   return batch;
 }
 
@@ -843,30 +854,17 @@ Future<Message> RRefContext::SendCarrying(int owner, Message m,
 
 absl::Status RRefContext::ApplyPiggybackedDeletes(const WorkerInfo& peer,
                                                   Message& m) {
-  auto it = m.context.find(kPiggybackedDeletesKey);
-  if (it == m.context.end()) return absl::OkStatus();
-  std::vector<uint64_t> ids;
-  bool ok = true;
-  for (absl::string_view part : absl::StrSplit(it->second, ',')) {
-    uint64_t v = 0;
-    ok = ok && absl::SimpleAtoi(part, &v);
-    ids.push_back(v);
+  if (m.FindHeader(kRRefHeader) == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
+  if (!f.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker '", agent_->self().name, "': ",
+                     f.status().message(), " from '", peer.name, "'"));
   }
-  m.context.erase(it);
-  if (!ok || ids.size() < 2 || ids.size() % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker '", agent_->self().name, "': malformed ",
-        kPiggybackedDeletesKey, " entry on ", m.DebugString(), " from '",
-        peer.name, "' (expected sender, receiver, then (rref, fork) pairs)"));
-  }
-  // An entry another worker addressed (installed in the sender's handler
-  // context) is not this worker's business.
-  if (ids[0] != static_cast<uint64_t>(peer.id) ||
-      ids[1] != static_cast<uint64_t>(agent_->self().id)) {
-    return absl::OkStatus();
-  }
-  for (size_t i = 2; i < ids.size(); i += 2) {
-    DeleteFork(GlobalId::FromValue(ids[i]), GlobalId::FromValue(ids[i + 1]));
+  // The header belongs to this message alone (never a handler's nested
+  // call), so its deletions are the sender's own.
+  for (const auto& [rref_id, fork_id] : (*f)->deletes) {
+    DeleteFork(rref_id, fork_id);
   }
   return absl::OkStatus();
 }
@@ -938,7 +936,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
     std::string type_name, absl::Duration timeout,
     std::shared_ptr<RRefState> keep_alive) {
   Message m;
-  m.type = MessageType::kRemoteCall;
+  m.type = kRemoteCall;
   m.function = function;
   m.payload = Value::FromList(std::move(args));
   absl::StatusOr<WorkerInfo> owner = agent_->GetWorkerInfo(to);
@@ -963,7 +961,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
       slot = *SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
       state = NewOwnerHandle(*rref_id, type_name, slot);
     }
-    m.rref = RRefFields{*rref_id, GlobalId(), self, -1, type_name};
+    SetFields(m, RRefFields{*rref_id, GlobalId(), self, -1, type_name, {}});
     std::weak_ptr<RRefContext> weak = weak_from_this();
     agent_->Send(self, std::move(m), timeout)
         .OnComplete([slot, weak, id = *rref_id,
@@ -981,7 +979,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
   std::shared_ptr<RRefState> state =
       NewUser(*owner, *rref_id, *fork_id, type_name, created.GetFuture(),
               value.GetFuture());
-  m.rref = RRefFields{*rref_id, *fork_id, owner->id, -1, type_name};
+  SetFields(m, RRefFields{*rref_id, *fork_id, owner->id, -1, type_name, {}});
   DeleteBatch carried = AttachDeletes(owner->id, m);
   std::weak_ptr<RRefContext> weak = weak_from_this();
   // One attempt: a retried REMOTE_CALL would fork its RRef arguments again.
@@ -994,7 +992,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
         }
         keep_alive.reset();
         created.Set(r.status());
-        if (r.ok() && r->rref.has_value()) {
+        if (r.ok() && r->FindHeader(kRRefHeader) != nullptr) {
           value.SetValue(r->payload);
         } else {
           value.SetValue(std::nullopt);
@@ -1092,9 +1090,8 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
 Future<Value> RRefContext::FetchFromOwner(
     const std::shared_ptr<RRefState>& state, absl::Duration timeout) {
   const std::string what = Describe(state->rref_id(), state->owner().name);
-  Message m = Control(MessageType::kRRefFetch, state->rref_id(),
-                      state->fork_id(), state->owner().id);
-  m.rref->type_name = state->type_name();
+  Message m = Control(kRRefFetch, state->rref_id(), state->fork_id(),
+                      state->owner().id, -1, state->type_name());
   return SendCarrying(state->owner().id, std::move(m), timeout)
       .Then([what, timeout, state = state](
                 const Result<Message>& r) mutable -> absl::StatusOr<Value> {

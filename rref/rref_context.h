@@ -4,8 +4,9 @@
 // use goes through rref.h (RRef<T>, remote<T>); this header is the protocol.
 // The OWNER holds the value; every other holder is a USER, known to the
 // owner by a fork id. Messages: REMOTE_CALL, RREF_FETCH, RREF_FORK_REQUEST,
-// RREF_CHILD_ACCEPT, RREF_USER_DELETE (batched, piggybacked), RREF_METHOD;
-// all are idempotent requests with a reply.
+// RREF_CHILD_ACCEPT, RREF_USER_DELETE (batched, piggybacked), RREF_METHOD
+// (rref/messages.h: types and the typed header); all are idempotent
+// requests with a reply.
 //
 // Invariants (the design note explains each):
 //  I1 (G1) a user deletes a fork only after the owner confirmed it;
@@ -48,19 +49,10 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/message.h"
 #include "ferry/rref/class_registry.h"
+#include "ferry/rref/messages.h"
 #include "ferry/tensor/value.h"
 
 namespace ferry::rref {
-
-// Request context entry carrying piggybacked user deletions (see above):
-// "sender,receiver,rref,fork,rref,fork,..." as decimal ids. Honoured only by
-// the receiver named, from the sender named (an entry installed in a
-// handler's thread context never reaches a third worker's table).
-inline constexpr char kPiggybackedDeletesKey[] = "rref/deletes";
-
-// Proxy calls on remote objects (rref.h); a layer-defined message type.
-inline constexpr rpc::MessageType kRRefMethod = static_cast<rpc::MessageType>(
-    static_cast<uint32_t>(rpc::MessageType::kFirstLayerType) + 17);
 
 class RRefContext;
 
@@ -320,14 +312,14 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void QueueUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
   void SendUserDeletes(int owner, DeleteBatch batch);
   // Moves what is queued for `owner` (unless a batch is in flight) into
-  // `m`'s kPiggybackedDeletesKey entry; returns it (empty: none).
+  // `m`'s RRef header (RRefFields::deletes); returns it (empty: none).
   DeleteBatch AttachDeletes(int owner, rpc::Message& m);
   // The carrier of `batch` completed with `s`: done, or sent again alone.
   void CarrierDone(int owner, DeleteBatch batch, const absl::Status& s);
   // Ends the batch in flight to `owner`; returns what queued meanwhile (now
   // the batch in flight, for the caller to send outside the lock).
   DeleteBatch EndBatch(int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies a received kPiggybackedDeletesKey entry (and erases it).
+  // Applies the deletions a received request's RRef header carries.
   absl::Status ApplyPiggybackedDeletes(const rpc::WorkerInfo& peer,
                                        rpc::Message& m);
   // The flusher thread: sends queued batches whose delay passed.

@@ -11,6 +11,7 @@
 #include "ferry/common/poll.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/context.h"
+#include "ferry/rpc/layer.h"
 #include "ferry/rpc/testing/in_process.h"
 #include "ferry/rref/rref.h"
 
@@ -156,7 +157,7 @@ class ProtocolTest : public ::testing::Test {
   // A confirmed user RRef on `user` owned by `owner`, made in manual mode.
   RRef<int64_t> Confirmed(const std::string& user, const std::string& owner) {
     RRef<int64_t> r = remote<int64_t>(*ctx_[user], owner, "add", 1, 2);
-    RoundTrip(MessageType::kRemoteCall, user, owner);
+    RoundTrip(kRemoteCall, user, owner);
     EXPECT_TRUE(r.creation().Get(kWait).ok());
     return r;
   }
@@ -171,14 +172,14 @@ class ProtocolTest : public ::testing::Test {
 // after the confirmation, so the owner registers the fork first.
 TEST_F(ProtocolTest, DeleteOfUnconfirmedUserWaitsForConfirmation) {
   { RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2); }
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
-  EXPECT_EQ(CountQueued(MessageType::kRemoteCall), 1);
-  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(kRemoteCall), 1);
+  uint64_t reply = Serve(kRemoteCall, "a", "b");
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 0);
   ASSERT_TRUE(net_.Deliver(reply).ok());
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
   Settle();
 }
@@ -198,13 +199,13 @@ TEST_F(ProtocolTest, FetchBeforeCreationWaitsForValue) {
     held = held_[0];
   }
   Future<int64_t> f = held.to_here_async(kWait);
-  Deliver(MessageType::kRRefFetch, "c", "b");
+  Deliver(kRRefFetch, "c", "b");
   ASSERT_TRUE(WaitUntil([&] { return ctx_["b"]->num_owned() == 1; }));
   // A placeholder; the fetch's reply waits for the value.
   EXPECT_FALSE(ctx_["b"]->Owned()[0].created);
   EXPECT_FALSE(f.IsReady());
-  Deliver(MessageType::kRemoteCall, "a", "b");
-  DeliverReply(MessageType::kRRefFetch, "c");
+  Deliver(kRemoteCall, "a", "b");
+  DeliverReply(kRRefFetch, "c");
   ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
   EXPECT_EQ(*f.Get(kWait), 42);
   r = RRef<int64_t>();
@@ -228,12 +229,12 @@ TEST_F(ProtocolTest, ParentKeptUntilChildConfirmed) {
   // c's FORK_REQUEST to b is queued; deliver nothing else of the protocol.
   absl::StatusOr<QueuedMessage> fork = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefForkRequest && !q.is_reply;
+        return q.type == kRRefForkRequest && !q.is_reply;
       },
       kWait);
   ASSERT_TRUE(fork.ok());
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
-  EXPECT_EQ(CountQueued(MessageType::kRRefChildAccept), 0);
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(kRRefChildAccept), 0);
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);  // a's only.
@@ -241,13 +242,13 @@ TEST_F(ProtocolTest, ParentKeptUntilChildConfirmed) {
   uint64_t fork_reply = Serve(fork->seq);
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 2u);
   ASSERT_TRUE(net_.Deliver(fork_reply).ok());
-  RoundTrip(MessageType::kRRefChildAccept, "c", "a");
+  RoundTrip(kRRefChildAccept, "c", "a");
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  RoundTrip(kRRefUserDelete, "a", "b");
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);  // c still holds it.
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
   DropHeld();
-  RoundTrip(MessageType::kRRefUserDelete, "c", "b");
+  RoundTrip(kRRefUserDelete, "c", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
   Settle();
 }
@@ -269,7 +270,7 @@ TEST_F(ProtocolTest, OwnerForkRegisteredEarly) {
   EXPECT_TRUE(net_.Queued().empty());
   r = absl::CancelledError("dropped");
   f = Future<RRef<int64_t>>();  // The future kept a copy of the result.
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
 }
 
@@ -286,9 +287,9 @@ TEST_F(ProtocolTest, UserToOwnerAccepts) {
     EXPECT_TRUE(held_[0].is_owner());
   }
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);  // Still a's only.
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
-  RoundTrip(MessageType::kRRefChildAccept, "b", "a");
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 0);
+  RoundTrip(kRRefChildAccept, "b", "a");
+  RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 1u);  // b's own handle.
   ASSERT_TRUE(net_.Deliver(call_reply).ok());
   ASSERT_TRUE(call.Get(kWait).ok());
@@ -314,7 +315,7 @@ TEST_F(ProtocolTest, HandleOvertakesCreationOnOwner) {
   EXPECT_FALSE(held.creation().IsReady());
   EXPECT_EQ(held.local_value(absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  RoundTrip(kRemoteCall, "a", "b");
   absl::StatusOr<int64_t> v = held.local_value(kWait);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, 7);
@@ -339,7 +340,7 @@ TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
                   .ok());
   RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "count", 5);
   absl::StatusOr<QueuedMessage> create = net_.AwaitQueued(
-      [](const QueuedMessage& q) { return q.type == MessageType::kRemoteCall; },
+      [](const QueuedMessage& q) { return q.type == kRemoteCall; },
       kWait);
   ASSERT_TRUE(create.ok());
   absl::StatusOr<uint64_t> dup_create = net_.Duplicate(create->seq);
@@ -350,7 +351,7 @@ TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
   RoundTrip(MessageType::kCall, "a", "c");
   absl::StatusOr<QueuedMessage> fork = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefForkRequest && !q.is_reply;
+        return q.type == kRRefForkRequest && !q.is_reply;
       },
       kWait);
   ASSERT_TRUE(fork.ok());
@@ -388,7 +389,7 @@ TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
   r2 = RRef<int64_t>();
   absl::StatusOr<QueuedMessage> del = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+        return q.type == kRRefUserDelete && !q.is_reply;
       },
       kWait);
   ASSERT_TRUE(del.ok());
@@ -397,7 +398,7 @@ TEST_F(ProtocolTest, LateDuplicatesAreHarmless) {
   ASSERT_EQ(ctx_["b"]->Owned().size(), 1u);  // r3's value, untouched.
   EXPECT_EQ(ctx_["b"]->Owned()[0].forks.size(), 1u);
   Future<int64_t> v = r3.to_here_async(kWait);
-  RoundTrip(MessageType::kRRefFetch, "c", "b");
+  RoundTrip(kRRefFetch, "c", "b");
   ASSERT_TRUE(v.Get(kWait).ok()) << v.Get(kWait).status();
   EXPECT_EQ(*v.Get(kWait), 3);
 }
@@ -408,7 +409,7 @@ TEST_F(ProtocolTest, DroppedDeleteIsRetried) {
   r = RRef<int64_t>();
   absl::StatusOr<QueuedMessage> del = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+        return q.type == kRRefUserDelete && !q.is_reply;
       },
       kWait);
   ASSERT_TRUE(del.ok());
@@ -417,14 +418,14 @@ TEST_F(ProtocolTest, DroppedDeleteIsRetried) {
   // The retry appears once the first attempt's deadline passes.
   absl::StatusOr<QueuedMessage> retry = net_.AwaitQueued(
       [&](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefUserDelete && !q.is_reply &&
+        return q.type == kRRefUserDelete && !q.is_reply &&
                q.seq != del->seq;
       },
       kWait);
   ASSERT_TRUE(retry.ok()) << retry.status();
   ASSERT_TRUE(net_.Deliver(Serve(retry->seq)).ok());
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
-  EXPECT_GE(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 2);
+  EXPECT_GE(ctx_["a"]->messages_sent()[kRRefUserDelete], 2);
   Settle();
 }
 
@@ -441,7 +442,7 @@ TEST_F(ProtocolTest, ReceiverDeathReleasesPendingChild) {
   EXPECT_FALSE(call.Get(kWait).ok());
   EXPECT_TRUE(ctx_["a"]->IsKnownDead(2));
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
 }
 
@@ -466,15 +467,15 @@ TEST_F(ProtocolTest, OwnerDeathFailsPendingCreationAndFetch) {
 TEST_F(ProtocolTest, CreationReplyServesEarlyToHere) {
   RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 20, 22);
   Future<int64_t> early = r.to_here_async(kWait);
-  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  uint64_t reply = Serve(kRemoteCall, "a", "b");
   EXPECT_FALSE(early.IsReady());
-  EXPECT_EQ(CountQueued(MessageType::kRRefFetch), 0);
+  EXPECT_EQ(CountQueued(kRRefFetch), 0);
   ASSERT_TRUE(net_.Deliver(reply).ok());
   ASSERT_TRUE(early.Get(kWait).ok()) << early.Get(kWait).status();
   EXPECT_EQ(*early.Get(kWait), 42);
-  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefFetch], 0);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[kRRefFetch], 0);
   Future<int64_t> late = r.to_here_async(kWait);
-  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  RoundTrip(kRRefFetch, "a", "b");
   ASSERT_TRUE(late.Get(kWait).ok()) << late.Get(kWait).status();
   EXPECT_EQ(*late.Get(kWait), 42);
   r = RRef<int64_t>();
@@ -493,9 +494,9 @@ class NoInlineProtocolTest : public ProtocolTest {
 TEST_F(NoInlineProtocolTest, EarlyToHereFetchesWhenValueNotCarried) {
   RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
   Future<int64_t> f = r.to_here_async(kWait);
-  RoundTrip(MessageType::kRemoteCall, "a", "b");
+  RoundTrip(kRemoteCall, "a", "b");
   EXPECT_FALSE(f.IsReady());
-  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  RoundTrip(kRRefFetch, "a", "b");
   ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
   EXPECT_EQ(*f.Get(kWait), 3);
   r = RRef<int64_t>();
@@ -511,7 +512,7 @@ TEST_F(NoInlineProtocolTest, EarlyToHereFetchCarriesTheCallersContext) {
   net_.agent(1).AddInterceptor([seen](rpc::InterceptPoint point,
                                       const rpc::WorkerInfo&, rpc::Message& m) {
     if (point == rpc::InterceptPoint::kReceiveRequest &&
-        m.type == MessageType::kRRefFetch) {
+        m.type == kRRefFetch) {
       auto it = m.context.find("test/tag");
       seen->push_back(it == m.context.end() ? "<none>" : it->second);
     }
@@ -523,8 +524,8 @@ TEST_F(NoInlineProtocolTest, EarlyToHereFetchCarriesTheCallersContext) {
     rpc::ScopedContextEntry tag("test/tag", "early");
     f = r.to_here_async(kWait);
   }
-  RoundTrip(MessageType::kRemoteCall, "a", "b");
-  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  RoundTrip(kRemoteCall, "a", "b");
+  RoundTrip(kRRefFetch, "a", "b");
   ASSERT_TRUE(f.Get(kWait).ok()) << f.Get(kWait).status();
   EXPECT_EQ(*seen, std::vector<std::string>{"early"});
   r = RRef<int64_t>();
@@ -541,18 +542,18 @@ TEST_F(ProtocolTest, UserDeletesAreBatchedPerOwner) {
   refs[0] = RRef<int64_t>();
   absl::StatusOr<QueuedMessage> first = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return q.type == MessageType::kRRefUserDelete && !q.is_reply;
+        return q.type == kRRefUserDelete && !q.is_reply;
       },
       kWait);
   ASSERT_TRUE(first.ok()) << first.status();
   refs.clear();  // Three more while the first is in flight.
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 1);
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 1);
   EXPECT_FALSE(ctx_["a"]->AwaitSettled(absl::ZeroDuration()).ok());
   ASSERT_TRUE(net_.Deliver(Serve(first->seq)).ok());
   EXPECT_EQ(ctx_["b"]->num_owned(), 3u);
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");  // The batch of three.
+  RoundTrip(kRRefUserDelete, "a", "b");  // The batch of three.
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
-  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 2);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[kRRefUserDelete], 2);
   Settle();
 }
 
@@ -561,11 +562,11 @@ TEST_F(ProtocolTest, UserDeletesAreBatchedPerOwner) {
 TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
   RRef<int64_t> r = Confirmed("a", "b");
   rpc::Message m;
-  m.type = MessageType::kRRefUserDelete;
-  m.rref = rpc::RRefFields{r.rref_id(), GlobalId(), 1, -1, ""};
+  m.type = kRRefUserDelete;
+  SetFields(m, RRefFields{r.rref_id(), GlobalId(), 1, -1, "", {}});
   m.payload = Value::FromList({Value::Int(1), Value::String("x")});
   Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
-  RoundTrip(MessageType::kRRefUserDelete, "c", "b");
+  RoundTrip(kRRefUserDelete, "c", "b");
   ASSERT_FALSE(f.Get(kWait).ok());
   EXPECT_EQ(f.Get(kWait).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(f.Get(kWait).status().message().find("'c'"), std::string::npos)
@@ -577,7 +578,7 @@ TEST_F(ProtocolTest, MalformedDeleteBatchIsRefused) {
 }
 
 // Deletions wait (here: for the whole test) for a request to their owner to
-// ride on (kPiggybackedDeletesKey) instead of going alone.
+// ride on (RRefFields::deletes) instead of going alone.
 class PiggybackTest : public ProtocolTest {
  protected:
   PiggybackTest() : ProtocolTest(4096, absl::Hours(1)) {}
@@ -593,26 +594,26 @@ TEST_F(PiggybackTest, DeletionRidesOnTheNextRequestToItsOwner) {
   RRef<int64_t> kept = Confirmed("a", "b");
   RRef<int64_t> dropped = Confirmed("a", "b");
   dropped = RRef<int64_t>();
-  EXPECT_EQ(CountQueued(MessageType::kRRefUserDelete), 0);
+  EXPECT_EQ(CountQueued(kRRefUserDelete), 0);
   EXPECT_FALSE(ctx_["a"]->AwaitSettled(absl::ZeroDuration()).ok())
       << "the queued deletion counts until the owner has it";
   RRef<int64_t> next = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
-  uint64_t reply = Serve(MessageType::kRemoteCall, "a", "b");
+  uint64_t reply = Serve(kRemoteCall, "a", "b");
   // Applied on receipt: b holds kept and next only.
   EXPECT_EQ(ctx_["b"]->num_owned(), 2u);
   EXPECT_EQ(ForksOnB(), 2u);
   ASSERT_TRUE(net_.Deliver(reply).ok());
   ASSERT_TRUE(next.creation().Get(kWait).ok());
-  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 0);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[kRRefUserDelete], 0);
   EXPECT_TRUE(ctx_["a"]->AwaitSettled(kWait).ok());
   // A fetch carries them too.
   kept = RRef<int64_t>();
   Future<int64_t> fetched = next.to_here_async(kWait);
-  RoundTrip(MessageType::kRRefFetch, "a", "b");
+  RoundTrip(kRRefFetch, "a", "b");
   ASSERT_TRUE(fetched.Get(kWait).ok());
   EXPECT_EQ(*fetched.Get(kWait), 7);
   EXPECT_EQ(ctx_["b"]->num_owned(), 1u);
-  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 0);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[kRRefUserDelete], 0);
 }
 
 // A carrier that fails (here dropped, so its caller times out) hands its
@@ -624,15 +625,15 @@ TEST_F(PiggybackTest, FailedCarrierResendsItsDeletions) {
                                            "b", "add", 1, 1);
   absl::StatusOr<QueuedMessage> carrier = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return !q.is_reply && q.type == MessageType::kRemoteCall;
+        return !q.is_reply && q.type == kRemoteCall;
       },
       kWait);
   ASSERT_TRUE(carrier.ok()) << carrier.status();
   ASSERT_TRUE(net_.Drop(carrier->seq).ok());
   EXPECT_FALSE(lost.creation().Get(kWait).ok());
-  RoundTrip(MessageType::kRRefUserDelete, "a", "b");
+  RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
-  EXPECT_EQ(ctx_["a"]->messages_sent()[MessageType::kRRefUserDelete], 1);
+  EXPECT_EQ(ctx_["a"]->messages_sent()[kRRefUserDelete], 1);
 }
 
 // A duplicated carrier deletes nothing twice (I4) and resurrects nothing.
@@ -643,7 +644,7 @@ TEST_F(PiggybackTest, DuplicatedCarrierIsHarmless) {
   RRef<int64_t> next = remote<int64_t>(*ctx_["a"], "b", "add", 3, 4);
   absl::StatusOr<QueuedMessage> carrier = net_.AwaitQueued(
       [](const QueuedMessage& q) {
-        return !q.is_reply && q.type == MessageType::kRemoteCall;
+        return !q.is_reply && q.type == kRemoteCall;
       },
       kWait);
   ASSERT_TRUE(carrier.ok()) << carrier.status();
@@ -657,30 +658,55 @@ TEST_F(PiggybackTest, DuplicatedCarrierIsHarmless) {
   EXPECT_EQ(ForksOnB(), 2u);
 }
 
-// The owner applies only an entry its sender addressed to it, and refuses a
-// malformed one naming the sender.
-TEST_F(PiggybackTest, ForeignOrMalformedEntriesAreNotApplied) {
+// Deletions ride in the RRef header of a request (of any type) and are its
+// sender's own; the owner refuses a malformed header naming the sender and
+// applies nothing from it.
+TEST_F(PiggybackTest, HeaderDeletionsApplyAndMalformedOnesAreRefused) {
   RRef<int64_t> r = Confirmed("a", "b");
-  const std::string pair =
-      absl::StrCat(r.rref_id().value(), ",", r.fork_id().value());
-  auto send = [&](const std::string& entry) {
+  RRef<int64_t> kept = Confirmed("a", "b");
+  auto send = [&](const std::function<void(rpc::Message&)>& edit) {
     rpc::Message m;
     m.type = MessageType::kCall;
     m.function = "add";
     m.payload = Value::FromList({Value::Int(1), Value::Int(2)});
-    m.context[kPiggybackedDeletesKey] = entry;
+    edit(m);
     Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
     net_.Deliver(Serve(MessageType::kCall, "c", "b")).IgnoreError();
     return f.Get(kWait).status();
   };
-  // c claims to be a (0), then addresses another worker: both ignored.
-  EXPECT_TRUE(send(absl::StrCat("0,1,", pair)).ok());
-  EXPECT_TRUE(send(absl::StrCat("2,0,", pair)).ok());
+  ASSERT_EQ(ForksOnB(), 2u);
+  // Field 6 (deletes) cut short, then with an odd count of ids.
+  for (const std::string& bytes :
+       {std::string("\x32\x05\x01", 3), std::string("\x32\x01\x05", 3)}) {
+    absl::Status bad = send(
+        [&](rpc::Message& m) { m.SetHeader(kRRefHeader, bytes); });
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(bad.message().find("'c'"), std::string::npos) << bad;
+    EXPECT_NE(bad.message().find("RRef header"), std::string::npos) << bad;
+  }
+  EXPECT_EQ(ForksOnB(), 2u);
+  RRefFields f;
+  f.deletes = {{r.rref_id(), r.fork_id()}};
+  EXPECT_TRUE(send([&](rpc::Message& m) { SetFields(m, f); }).ok());
   EXPECT_EQ(ForksOnB(), 1u);
-  absl::Status bad = send("2,1,x,y");
-  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
-  EXPECT_NE(bad.message().find("'c'"), std::string::npos) << bad;
-  EXPECT_EQ(ForksOnB(), 1u);
+}
+
+// The header's fields survive encoding, deletions included.
+TEST(RRefHeader, RoundTripsAndIsAbsentUntilSet) {
+  rpc::Message m;
+  absl::StatusOr<std::optional<RRefFields>> none = FieldsOf(m);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  const RRefFields f{GlobalId(1, 2), GlobalId(3, 4), -1, 7, "T",
+                     {{GlobalId(5, 6), GlobalId(7, 8)}}};
+  SetFields(m, f);
+  absl::StatusOr<std::optional<RRefFields>> back = FieldsOf(m);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->has_value());
+  EXPECT_EQ(**back, f);
+  ASSERT_TRUE(ClaimMessages().ok());
+  EXPECT_EQ(rpc::MessageTypeName(kRRefFetch), "RREF_FETCH");
+  EXPECT_EQ(rpc::LayerOfType(static_cast<uint32_t>(kRRefMethod)), "rref");
 }
 
 }  // namespace

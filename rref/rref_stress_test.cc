@@ -200,10 +200,10 @@ TEST(RRefStressTest, RandomOpsLeaveNothingBehind) {
   for (const auto& c : ctx) {
     for (const auto& [type, n] : c->messages_sent()) sent[type] += n;
   }
-  EXPECT_GT(sent[rpc::MessageType::kRemoteCall], 0);
-  EXPECT_GT(sent[rpc::MessageType::kRRefForkRequest], 0);
-  EXPECT_GT(sent[rpc::MessageType::kRRefChildAccept], 0);
-  EXPECT_GT(sent[rpc::MessageType::kRRefUserDelete], 0);
+  EXPECT_GT(sent[kRemoteCall], 0);
+  EXPECT_GT(sent[kRRefForkRequest], 0);
+  EXPECT_GT(sent[kRRefChildAccept], 0);
+  EXPECT_GT(sent[kRRefUserDelete], 0);
   for (int i = 0; i < kWorkers; ++i) {
     EXPECT_EQ(ctx[i]->num_owned(), 0u) << "w" << i;
     for (const auto& o : ctx[i]->Owned()) ADD_FAILURE() << o.DebugString();

@@ -408,7 +408,7 @@ TEST_F(ElasticRRefTest, LeaveReleasesHeldRRefsThroughTheProtocol) {
   EXPECT_EQ(*v, 3);
   ASSERT_EQ(HoldersAtB(), std::vector<int>{t_->self().id});
   ASSERT_TRUE(tctx_->Leave(kWait).ok());  // The program still holds r.
-  EXPECT_EQ(tctx_->messages_sent()[rpc::MessageType::kRRefUserDelete], 1);
+  EXPECT_EQ(tctx_->messages_sent()[kRRefUserDelete], 1);
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
   EXPECT_TRUE(net_.agent("b").HasLeft(t_->self().id));
   // The group goes on.

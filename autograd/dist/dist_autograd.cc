@@ -233,8 +233,15 @@ struct GradTensors {
 namespace {
 
 bool IsOwnType(MessageType t) {
-  return t == MessageType::kBackward ||
-         t == MessageType::kCleanupAutogradContext;
+  return t == kBackward || t == kCleanupAutogradContext;
+}
+
+// Sets the context `m` travels in, keeping its header's fields.
+void SetTravellingContext(Message& m, GlobalId id) {
+  absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);  // Ours: decodes.
+  AutogradHeader out = h.ok() ? *std::move(h) : AutogradHeader{};
+  out.context = id;
+  SetAutogradHeader(m, out);
 }
 
 // The context id a message travels in, if any.
@@ -318,8 +325,8 @@ DistAutogradContainer::DistAutogradContainer(rpc::Agent& agent, Options options)
 
 absl::StatusOr<std::shared_ptr<DistAutogradContainer>>
 DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
-  for (MessageType t :
-       {MessageType::kBackward, MessageType::kCleanupAutogradContext}) {
+  RETURN_IF_ERROR(ClaimMessages());
+  for (MessageType t : {kBackward, kCleanupAutogradContext}) {
     if (agent.HasHandler(t)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "worker '", agent.self().name, "' already serves ",
@@ -334,12 +341,12 @@ DistAutogradContainer::Install(rpc::Agent& agent, Options options) {
         "worker '", name, "': distributed autograd was destroyed")));
   };
   RETURN_IF_ERROR(
-      agent.RegisterHandler(MessageType::kBackward, [weak, gone](Message m) {
+      agent.RegisterHandler(kBackward, [weak, gone](Message m) {
         std::shared_ptr<DistAutogradContainer> self = weak.lock();
         return self ? self->OnBackward(m) : gone();
       }));
   RETURN_IF_ERROR(agent.RegisterHandler(
-      MessageType::kCleanupAutogradContext, [weak, gone](Message m) {
+      kCleanupAutogradContext, [weak, gone](Message m) {
         std::shared_ptr<DistAutogradContainer> self = weak.lock();
         return self ? self->OnCleanup(m) : gone();
       }));
@@ -468,31 +475,54 @@ absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
   AttachReleases(peer, m);
   // The entry may have come from the handler thread's installed context.
   m.context.erase(kGradTensorsKey);
-  if (IsOwnType(m.type)) return absl::OkStatus();
-  GradTensors grads = TakeGradTensors(m.payload);
-  ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
-  if (!id.has_value()) return absl::OkStatus();
-  std::shared_ptr<DistAutogradContext> ctx = Find(*id);
-  if (ctx == nullptr) {
-    // Released (or never created) here: the id must not revive it on the
-    // callee, which would then hold it forever.
-    m.context.erase(kContextKey);
+  // The current context travels as the header's typed field, never as the
+  // context entry (which OnReceiveRequest restores from the header).
+  absl::StatusOr<std::optional<GlobalId>> current = ContextIdOf(m.context);
+  m.context.erase(kContextKey);
+  if (IsOwnType(m.type)) {
+    if (current.ok() && current->has_value()) {
+      SetTravellingContext(m, **current);
+    }
     return absl::OkStatus();
   }
+  GradTensors grads = TakeGradTensors(m.payload);
+  if (!current.ok()) return current.status();
+  const std::optional<GlobalId>& id = *current;
+  if (!id.has_value()) return absl::OkStatus();
+  // Released (or never created) here: the id must not revive the context
+  // on the callee, which would then hold it forever; it does not travel.
+  std::shared_ptr<DistAutogradContext> ctx = Find(*id);
+  if (ctx == nullptr) return absl::OkStatus();
   {
     MutexLock l(&ctx->mu_);
-    if (ctx->released_) {
-      m.context.erase(kContextKey);
-      return absl::OkStatus();
-    }
+    if (ctx->released_) return absl::OkStatus();
     ctx->workers_.insert(peer.id);
   }
+  SetTravellingContext(m, *id);
   return RecordSend(*ctx, peer, grads, /*is_reply=*/false, m);
+}
+
+absl::StatusOr<AutogradHeader> DistAutogradContainer::ReceivedHeader(
+    const WorkerInfo& peer, const Message& m) const {
+  absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);
+  if (!h.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker '", agent_.self().name, "': ",
+                     h.status().message(), " from '", peer.name, "'"));
+  }
+  return h;
 }
 
 absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
                                                      Message& m) {
   RETURN_IF_ERROR(ApplyReleases(peer, m));
+  ASSIGN_OR_RETURN(AutogradHeader header, ReceivedHeader(peer, m));
+  // Only the header's typed field says which context a request is in; the
+  // handler's thread gets it as its context entry (for its nested calls).
+  m.context.erase(kContextKey);
+  if (header.context.has_value()) {
+    m.context[kContextKey] = std::to_string(header.context->value());
+  }
   if (IsOwnType(m.type)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::optional<GlobalId> id, ContextIdOf(m.context));
   if (!id.has_value()) return absl::OkStatus();
@@ -517,12 +547,12 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     ctx->workers_.insert(peer.id);
   }
   auto marker = m.context.find(kGradTensorsKey);
-  if (marker == m.context.end() || !m.autograd.has_value()) {
+  if (marker == m.context.end() || !header.fields.has_value()) {
     return absl::OkStatus();
   }
   std::string indices = marker->second;
   m.context.erase(marker);
-  return RecordRecv(*ctx, peer, indices, m);
+  return RecordRecv(*ctx, peer, indices, header.fields->message_id, m);
 }
 
 absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
@@ -548,23 +578,26 @@ absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
 absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
                                                    Message& m) {
   ConfirmCarried(peer, m);
-  if (IsOwnType(m.type) || !m.autograd.has_value()) return absl::OkStatus();
+  if (IsOwnType(m.type)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(AutogradHeader header, ReceivedHeader(peer, m));
+  if (!header.fields.has_value()) return absl::OkStatus();
+  const AutogradFields& fields = *header.fields;
   // Unwrap what OnSendReply wrapped: [marker, payload].
   const Value::List* parts = m.payload.if_list();
   if (parts == nullptr || parts->size() != 2 ||
       (*parts)[0].if_string() == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker '", agent_.self().name, "': reply from '", peer.name,
-        "' in autograd context ", m.autograd->context_id.ToString(),
+        "' in autograd context ", fields.context_id.ToString(),
         " lacks its grad-tensor marker"));
   }
   std::string indices = *(*parts)[0].if_string();
   Value inner = (*parts)[1];
   m.payload = std::move(inner);
-  std::shared_ptr<DistAutogradContext> ctx = Find(m.autograd->context_id);
+  std::shared_ptr<DistAutogradContext> ctx = Find(fields.context_id);
   // Released while the call was in flight: the tensors arrive detached.
   if (ctx == nullptr) return absl::OkStatus();
-  return RecordRecv(*ctx, peer, indices, m);
+  return RecordRecv(*ctx, peer, indices, fields.message_id, m);
 }
 
 absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
@@ -586,7 +619,7 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
     ctx.sends_[*message_id] = std::move(node);
     ctx.workers_.insert(peer.id);
   }
-  m.autograd = rpc::AutogradFields{ctx.id(), *message_id, false};
+  SetAutogradFields(m, AutogradFields{ctx.id(), *message_id, false});
   std::string marker = absl::StrJoin(grads.indices, ",");
   if (is_reply) {
     m.payload = Value::FromList(
@@ -600,6 +633,7 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
 absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
                                                const std::string& marker,
+                                               GlobalId message_id,
                                                Message& m) {
   absl::StatusOr<std::vector<int>> indices = ParseIndices(marker);
   if (!indices.ok()) return Annotate(indices.status(), Where(ctx.id()));
@@ -621,7 +655,6 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
         Where(ctx.id()), ": ", m.DebugString(), " marks ", indices->size(),
         " tensors requiring grad but carries ", specs.size()));
   }
-  const GlobalId message_id = m.autograd->message_id;
   auto node = std::make_shared<RecvNode>(peer.id, peer.name, message_id,
                                          std::move(specs));
   size_t next = 0;
@@ -834,9 +867,9 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
         grads[i].defined() ? grads[i] : zeros(spec.sizes, spec.dtype)));
   }
   Message m;
-  m.type = MessageType::kBackward;
-  m.autograd =
-      rpc::AutogradFields{ctx.id(), node.message_id(), pass.retain_graph};
+  m.type = kBackward;
+  SetAutogradFields(
+      m, AutogradFields{ctx.id(), node.message_id(), pass.retain_graph});
   m.payload =
       Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
                        Value::FromList(std::move(list))});
@@ -867,13 +900,15 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
   const Value::List* parts = m.payload.if_list();
   const Value::List* grad_values =
       parts != nullptr && parts->size() == 2 ? (*parts)[1].if_list() : nullptr;
-  if (!m.autograd.has_value() || grad_values == nullptr ||
+  absl::StatusOr<AutogradHeader> header = AutogradHeaderOf(m);
+  if (!header.ok() || !header->fields.has_value() || grad_values == nullptr ||
       (*parts)[0].if_int() == nullptr) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "worker '", agent_.self().name, "': malformed ", m.DebugString())));
   }
-  const GlobalId context_id = m.autograd->context_id;
-  const GlobalId message_id = m.autograd->message_id;
+  const GlobalId context_id = header->fields->context_id;
+  const GlobalId message_id = header->fields->message_id;
+  const bool retain_graph = header->fields->retain_graph;
   const GlobalId pass_id =
       GlobalId::FromValue(static_cast<uint64_t>(*(*parts)[0].if_int()));
   std::shared_ptr<DistAutogradContext> ctx = Find(context_id);
@@ -932,7 +967,7 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
             absl::StrCat(Where(context_id),
                          ": the previous backward pass is still running")));
       }
-      ctx->pass_ = NewPass(*ctx, pass_id, m.autograd->retain_graph, {},
+      ctx->pass_ = NewPass(*ctx, pass_id, retain_graph, {},
                            *std::move(fused));
     }
     pass = ctx->pass_;
@@ -1014,8 +1049,8 @@ Future<void> DistAutogradContainer::SendReleases(GlobalId id,
   for (int w : workers) {
     if (w == agent_.self().id || w == skip_worker) continue;
     Message m;
-    m.type = MessageType::kCleanupAutogradContext;
-    m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+    m.type = kCleanupAutogradContext;
+    SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
     std::string what = absl::StrCat(Where(id), ": releasing on worker ", w);
     out.Add(agent_.Send(w, std::move(m), options_.rpc_timeout)
                 .Then([what](const Result<Message>& r) -> absl::Status {
@@ -1120,8 +1155,8 @@ void DistAutogradContainer::SendReleasesAlone(int worker,
   std::weak_ptr<DistAutogradContainer> weak = weak_from_this();
   for (GlobalId id : ids) {
     Message m;
-    m.type = MessageType::kCleanupAutogradContext;
-    m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+    m.type = kCleanupAutogradContext;
+    SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
     agent_.Send(worker, std::move(m), options_.rpc_timeout)
         .OnComplete([weak, worker, id](const Result<Message>& r) {
           if (!r.ok()) {
@@ -1242,8 +1277,8 @@ DistAutogradContainer::~DistAutogradContainer() {
   for (const auto& [worker, ids] : due) {
     for (GlobalId id : ids) {
       Message m;
-      m.type = MessageType::kCleanupAutogradContext;
-      m.autograd = rpc::AutogradFields{id, GlobalId(), false};
+      m.type = kCleanupAutogradContext;
+      SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
       agent_.Send(worker, std::move(m), options_.rpc_timeout)
           .OnComplete([id](const Result<Message>& r) {
             if (!r.ok()) {
@@ -1256,11 +1291,12 @@ DistAutogradContainer::~DistAutogradContainer() {
 }
 
 Future<Message> DistAutogradContainer::OnCleanup(const Message& m) {
-  if (!m.autograd.has_value()) {
+  absl::StatusOr<AutogradHeader> header = AutogradHeaderOf(m);
+  if (!header.ok() || !header->fields.has_value()) {
     return MakeErrorFuture<Message>(absl::InvalidArgumentError(absl::StrCat(
         "worker '", agent_.self().name, "': malformed ", m.DebugString())));
   }
-  return ReleaseExcept(m.autograd->context_id, m.caller_id)
+  return ReleaseExcept(header->fields->context_id, m.caller_id)
       .Then([](const absl::Status& s) -> absl::StatusOr<Message> {
         if (!s.ok()) return s;
         return Message();

@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ferry/autograd/dist/messages.h"
 #include "ferry/autograd/dist/nodes.h"
 #include "ferry/common/future.h"
 #include "ferry/common/ids.h"
@@ -54,7 +55,9 @@
 
 namespace ferry::autograd::dist {
 
-// rpc context entry holding the current context id (decimal GlobalId value).
+// rpc context entry holding the current context id (decimal GlobalId value)
+// on this worker's threads; between workers it travels as the autograd
+// header's typed field instead (messages.h).
 inline constexpr char kContextKey[] = "autograd/context";
 // Request context entry listing which payload tensors (depth-first indices,
 // comma-separated) required grad on the sender.
@@ -284,9 +287,14 @@ class DistAutogradContainer
   absl::Status RecordSend(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
                           const GradTensors& grads, bool is_reply,
                           rpc::Message& m);
-  // Gives the tensors of an incoming message listed in `marker` a RecvNode.
+  // Gives the tensors of an incoming message listed in `marker` a RecvNode
+  // paired with the sender's send node `message_id`.
   absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
-                          const std::string& marker, rpc::Message& m);
+                          const std::string& marker, GlobalId message_id,
+                          rpc::Message& m);
+  // A received message's autograd header; InvalidArgument naming `peer`.
+  absl::StatusOr<AutogradHeader> ReceivedHeader(const rpc::WorkerInfo& peer,
+                                                const rpc::Message& m) const;
 
   // Pass runner.
   std::shared_ptr<Pass> NewPass(

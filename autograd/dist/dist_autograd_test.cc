@@ -78,6 +78,50 @@ TEST_F(DistAutogradTest, InstallTwiceFails) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
 }
 
+// The current context travels as the autograd header's typed field, never
+// as a context string, and is current again in the callee's handler.
+TEST_F(DistAutogradTest, ContextTravelsAsATypedHeaderField) {
+  Start({"a", "b"});
+  ASSERT_TRUE(agent(1)
+                  .Register("current",
+                            [] {
+                              return rpc::CurrentContextValue(kContextKey)
+                                  .value_or("none");
+                            })
+                  .ok());
+  struct Seen {
+    Mutex mu;
+    std::vector<std::pair<bool, std::optional<GlobalId>>> sent
+        ABSL_GUARDED_BY(mu);
+  };
+  auto seen = std::make_shared<Seen>();
+  // Added after the container's interceptor: sees what goes on the wire.
+  agent(0).AddInterceptor([seen](rpc::InterceptPoint p,
+                                 const rpc::WorkerInfo&, rpc::Message& m) {
+    if (p != rpc::InterceptPoint::kSendRequest) return absl::OkStatus();
+    absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);
+    EXPECT_TRUE(h.ok()) << h.status();
+    MutexLock l(&seen->mu);
+    seen->sent.emplace_back(m.context.count(kContextKey) > 0,
+                            h.ok() ? h->context : std::nullopt);
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(*agent(0).rpc_sync<std::string>("b", "current"), "none");
+  GlobalId id;
+  {
+    ContextScope ctx(dist(0));
+    id = ctx.id();
+    absl::StatusOr<std::string> current =
+        agent(0).rpc_sync<std::string>("b", "current");
+    ASSERT_TRUE(current.ok()) << current.status();
+    EXPECT_EQ(*current, std::to_string(id.value()));
+  }
+  MutexLock l(&seen->mu);
+  ASSERT_GE(seen->sent.size(), 2u);
+  EXPECT_EQ(seen->sent[0], std::make_pair(false, std::optional<GlobalId>()));
+  EXPECT_EQ(seen->sent[1], std::make_pair(false, std::optional<GlobalId>(id)));
+}
+
 TEST_F(DistAutogradTest, ContextIdsCarryWorkerIdAndAreUnique) {
   Start({"a", "b"});
   absl::StatusOr<GlobalId> a1 = dist(0).NewContext();
@@ -301,7 +345,7 @@ TEST_F(DistAutogradTest, SharedCalleeNodeWaitsForEveryGradientInAnyOrder) {
   absl::Status result = absl::UnknownError("not run");
   std::thread backward([&] { result = dist(0).Backward(ctx.id(), {loss}); });
   auto to_b = [](const QueuedMessage& q) {
-    return !q.is_reply && q.to == "b" && q.type == MessageType::kBackward;
+    return !q.is_reply && q.to == "b" && q.type == kBackward;
   };
   absl::StatusOr<QueuedMessage> first =
       net_->AwaitQueued(to_b, absl::Seconds(20));
@@ -455,7 +499,7 @@ TEST_F(DistAutogradTest, WorkerKilledDuringBackwardFailsThePass) {
   std::thread backward([&] { result = dist(0).Backward(ctx.id(), {loss}); });
   auto backward_to = [](std::string to) {
     return [to](const QueuedMessage& q) {
-      return !q.is_reply && q.to == to && q.type == MessageType::kBackward;
+      return !q.is_reply && q.to == to && q.type == kBackward;
     };
   };
   absl::StatusOr<QueuedMessage> to_b =
@@ -485,13 +529,13 @@ TEST_F(ChainTest, BackgroundReleaseEndsTheScopeWithoutWaiting) {
   auto cleanup = [](std::string from, std::string to) {
     return [from, to](const QueuedMessage& q) {
       return !q.is_reply && q.from == from && q.to == to &&
-             q.type == MessageType::kCleanupAutogradContext;
+             q.type == kCleanupAutogradContext;
     };
   };
   auto reply = [](std::string from, std::string to) {
     return [from, to](const QueuedMessage& q) {
       return q.is_reply && q.from == from && q.to == to &&
-             q.type == MessageType::kCleanupAutogradContext;
+             q.type == kCleanupAutogradContext;
     };
   };
   const absl::Time start = absl::Now();
@@ -557,8 +601,8 @@ TEST_F(DistAutogradTest, BackwardMessagesAreValidated) {
 
   auto send_backward = [&](GlobalId context, GlobalId message, Tensor grad) {
     rpc::Message m;
-    m.type = MessageType::kBackward;
-    m.autograd = rpc::AutogradFields{context, message, false};
+    m.type = kBackward;
+    SetAutogradFields(m, AutogradFields{context, message, false});
     m.payload = Value::FromList(
         {Value::Int(77), Value::FromList({Value::FromTensor(grad)})});
     return agent(0).Send("b", m).Get(absl::Seconds(20)).status();
@@ -611,7 +655,7 @@ TEST_F(DistAutogradTest, RequestOvertakenByItsReleaseDoesNotReviveIt) {
     // The container's release is asynchronous: no thread needed.
     Future<void> release = dist(0).Release(ctx.id());
     auto is_cleanup = [](const QueuedMessage& q) {
-      return q.type == MessageType::kCleanupAutogradContext && !q.is_reply;
+      return q.type == kCleanupAutogradContext && !q.is_reply;
     };
     absl::StatusOr<QueuedMessage> cleanup =
         net_->AwaitQueued(is_cleanup, absl::Seconds(20));
@@ -647,8 +691,9 @@ class BackgroundReleaseTest : public ::testing::Test {
                                                      rpc::Message& m) {
       if (point != rpc::InterceptPoint::kReceiveRequest) return absl::OkStatus();
       MutexLock l(&counts->mu);
-      if (m.type == MessageType::kCleanupAutogradContext && m.autograd) {
-        ++counts->alone[m.autograd->context_id.value()];
+      absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);
+      if (m.type == kCleanupAutogradContext && h.ok() && h->fields) {
+        ++counts->alone[h->fields->context_id.value()];
       }
       auto it = m.context.find(kReleaseKey);
       if (it != m.context.end()) {

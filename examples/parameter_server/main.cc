@@ -340,7 +340,7 @@ absl::StatusOr<Tensor> Head(const Shard& s, const std::string& me,
 // A server's view of the job's membership: logs each worker that joins or
 // leaves with the worker table, counts what each worker did here (optimizer
 // steps, optimizers created and destroyed, through the
-// DistOptimizerService's "ferry.optim.*" calls it receives) and the forward
+// DistOptimizerService's OPTIM_* requests it receives) and the forward
 // passes served, and lets the server wait on those counts.
 // Thread safety: every method is safe from any thread.
 class ServerView {
@@ -367,13 +367,17 @@ class ServerView {
       // Only the elastic trainers' steps are checked for gradients (they
       // are reported when they leave): the others cost only the counting.
       const bool check = absl::StartsWith(peer.name, "elastic");
-      if (message.type == rpc::MessageType::kCall) {
+      if (message.type == optim::kOptimCreate ||
+          message.type == optim::kOptimStep ||
+          message.type == optim::kOptimDestroy) {
         Count(peer.id, check, message, dist.lock());
-      } else if (message.type == rpc::MessageType::kBackward &&
-                 message.autograd.has_value()) {
+      } else if (message.type == autograd::dist::kBackward) {
+        absl::StatusOr<autograd::dist::AutogradHeader> h =
+            autograd::dist::AutogradHeaderOf(message);
         auto fused = message.context.find(autograd::dist::kFusedStepKey);
-        if (fused != message.context.end() && !fused->second.empty()) {
-          CountFused(peer.id, check, message);
+        if (h.ok() && h->fields.has_value() &&
+            fused != message.context.end() && !fused->second.empty()) {
+          CountFused(peer.id, check, h->fields->context_id.value(), message);
         }
       }
       MutexLock l(&mu_);
@@ -513,7 +517,7 @@ class ServerView {
   // A BACKWARD whose pass steps this server's parameters (fused): one step
   // per context; changing when a gradient it carries is non-zero (checked
   // for joiners only, as in Count).
-  void CountFused(int id, bool check, const rpc::Message& m) {
+  void CountFused(int id, bool check, uint64_t ctx, const rpc::Message& m) {
     bool changes = false;
     if (check) {
       Value payload = m.payload;  // Shared tensor handles, not copies.
@@ -521,7 +525,6 @@ class ServerView {
         for (float g : t.to_vector<float>()) changes = changes || g != 0;
       });
     }
-    const uint64_t ctx = m.autograd->context_id.value();
     MutexLock l(&mu_);
     Did& d = did_[id];
     if (d.fused_context != ctx) {
@@ -540,14 +543,14 @@ class ServerView {
   // static trainers' steps cost no more than the counting.
   void Count(int id, bool check, const rpc::Message& call,
              std::shared_ptr<autograd::dist::DistAutogradContainer> dist) {
-    const std::string& f = call.function;
-    const bool changes = f == "ferry.optim.step" && check &&
-                         dist != nullptr && HasGradient(*dist, call.payload);
+    const bool step = call.type == optim::kOptimStep;
+    const bool changes = step && check && dist != nullptr &&
+                         HasGradient(*dist, call.payload);
     MutexLock l(&mu_);
-    if (f == "ferry.optim.step") ++did_[id].steps;
+    if (step) ++did_[id].steps;
     did_[id].changing_steps += changes;
-    if (f == "ferry.optim.create") ++did_[id].optimizers;
-    if (f == "ferry.optim.destroy") --did_[id].optimizers;
+    if (call.type == optim::kOptimCreate) ++did_[id].optimizers;
+    if (call.type == optim::kOptimDestroy) --did_[id].optimizers;
   }
 
   // Whether the context that step arguments `args` name holds a non-zero

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/utility/utility.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -28,29 +29,32 @@ static_assert(kSameHostFieldNumber == v1::RpcResponse::kSameHostFieldNumber);
 static_assert(kPayloadField == v1::RpcRequest::kPayloadFieldNumber &&
               kPayloadField == v1::RpcResponse::kPayloadFieldNumber);
 
-void ToProto(const RRefFields& r, v1::RRefFields* p) {
-  p->set_rref_id(r.rref_id.value());
-  p->set_fork_id(r.fork_id.value());
-  p->set_owner_id(r.owner_id);
-  p->set_peer_id(r.peer_id);
-  p->set_type_name(r.type_name);
+void ToProto(const LayerHeaders& headers,
+             google::protobuf::RepeatedPtrField<v1::LayerHeader>* p) {
+  p->Reserve(static_cast<int>(headers.size()));
+  for (const LayerHeader& h : headers) {
+    v1::LayerHeader* out = p->Add();
+    out->set_layer(h.layer);
+    out->set_bytes(h.bytes);
+  }
 }
 
-RRefFields FromProto(const v1::RRefFields& p) {
-  return RRefFields{GlobalId::FromValue(p.rref_id()),
-                    GlobalId::FromValue(p.fork_id()), p.owner_id(), p.peer_id(),
-                    p.type_name()};
-}
-
-void ToProto(const AutogradFields& a, v1::AutogradFields* p) {
-  p->set_context_id(a.context_id.value());
-  p->set_message_id(a.message_id.value());
-  p->set_retain_graph(a.retain_graph);
-}
-
-AutogradFields FromProto(const v1::AutogradFields& p) {
-  return AutogradFields{GlobalId::FromValue(p.context_id()),
-                        GlobalId::FromValue(p.message_id()), p.retain_graph()};
+// Refuses what no sender writes: layer 0, or layers repeated or unordered.
+absl::Status FromProto(
+    const google::protobuf::RepeatedPtrField<v1::LayerHeader>& p,
+    LayerHeaders* headers) {
+  headers->reserve(p.size());
+  for (const v1::LayerHeader& h : p) {
+    if (h.layer() == 0 ||
+        (!headers->empty() && headers->back().layer >= h.layer())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "envelope: layer header ", h.layer(),
+          h.layer() == 0 ? " (0 is no layer)"
+                         : " repeated or out of ascending order"));
+    }
+    headers->push_back(LayerHeader{h.layer(), h.bytes()});
+  }
+  return absl::OkStatus();
 }
 
 // A payload in the envelope, or (`same_host` set) in the peer's memory.
@@ -137,17 +141,16 @@ void AppendRequestScalars(const Message& m, int64_t remaining_us,
   out->resize(p - out->data());
 }
 
-// Fields 7-9 of RpcRequest, when set, through the generated code; they
+// Fields 9-10 of RpcRequest, when set, through the generated code; they
 // follow fields 1-6 on the wire as protobuf orders them. Deterministic:
 // the context map's entries in key order (a protobuf map's own order
 // depends on its hash table), so one message always encodes to the same
 // bytes.
 void AppendRequestMessages(const Message& m, std::string* out) {
-  if (!m.rref && !m.autograd && m.context.empty()) return;
+  if (m.context.empty() && m.headers.empty()) return;
   v1::RpcRequest header;
-  if (m.rref) ToProto(*m.rref, header.mutable_rref());
-  if (m.autograd) ToProto(*m.autograd, header.mutable_autograd());
   for (const auto& [k, v] : m.context) (*header.mutable_context())[k] = v;
+  if (!m.headers.empty()) ToProto(m.headers, header.mutable_headers());
   google::protobuf::io::StringOutputStream raw(out);  // Appends to *out.
   google::protobuf::io::CodedOutputStream coded(&raw);
   coded.SetSerializationDeterministic(true);
@@ -201,9 +204,8 @@ absl::StatusOr<Message> DecodeRequest(const ReceivedRequest& r,
   if (h.remaining_us() > 0) {
     m.deadline = received_at + absl::Microseconds(h.remaining_us());
   }
-  if (h.has_rref()) m.rref = FromProto(h.rref());
-  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
   for (const auto& [k, v] : h.context()) m.context.emplace(k, v);
+  RETURN_IF_ERROR(FromProto(h.headers(), &m.headers));
   absl::StatusOr<Value> payload =
       DecodePayload(r.parts, h.has_same_host() ? &h.same_host() : nullptr,
                     Value::FromList({}), limits, link);
@@ -229,8 +231,9 @@ absl::StatusOr<EncodedParts> EncodeReplyParts(const Result<Message>& reply,
   const Value* payload = &kNone;
   if (reply.ok()) {
     header.set_type(static_cast<v1::MessageType>(reply->type));
-    if (reply->rref) ToProto(*reply->rref, header.mutable_rref());
-    if (reply->autograd) ToProto(*reply->autograd, header.mutable_autograd());
+    if (!reply->headers.empty()) {
+      ToProto(reply->headers, header.mutable_headers());
+    }
     payload = &reply->payload;
   } else {
     header.set_error_code(static_cast<int>(reply.status().code()));
@@ -274,8 +277,7 @@ absl::StatusOr<Result<Message>> DecodeReplyParts(const EnvelopeParts& parts,
   absl::StatusOr<Result<Message>> out(absl::in_place, absl::in_place);
   Message& m = **out;
   m.type = static_cast<MessageType>(h.type());
-  if (h.has_rref()) m.rref = FromProto(h.rref());
-  if (h.has_autograd()) m.autograd = FromProto(h.autograd());
+  RETURN_IF_ERROR(FromProto(h.headers(), &m.headers));
   ASSIGN_OR_RETURN(
       m.payload,
       DecodePayload(parts, h.has_same_host() ? &h.same_host() : nullptr,

@@ -21,7 +21,7 @@ ferry::rpc::v1::RpcRequest ScalarFields(const Message& m,
   return r;
 }
 
-// Without RRef, autograd or context fields the header is written by hand:
+// Without layer headers or context fields the header is written by hand:
 // the bytes must be what the generated code writes for the same fields.
 TEST(Codec, HandWrittenRequestHeaderIsTheProtobufEncoding) {
   const absl::Time now = absl::Now();
@@ -44,43 +44,30 @@ TEST(Codec, HandWrittenRequestHeaderIsTheProtobufEncoding) {
   }
 }
 
-// With them, fields 1-6 are still written by hand and 7-9 appended by the
+// With them, fields 1-6 are still written by hand and 9-10 appended by the
 // generated code: together, the bytes of the whole message.
 TEST(Codec, RequestHeaderWithMessageFieldsIsTheProtobufEncoding) {
   const absl::Time now = absl::Now();
   for (int variant = 0; variant < 3; ++variant) {
     Message m;
-    m.type = MessageType::kRemoteCall;
+    m.type = static_cast<MessageType>(2);  // REMOTE_CALL (rref/).
     m.id = GlobalId(7, 99);
     m.function = "f";
     m.caller_name = variant == 1 ? "" : "caller";
     m.caller_id = 2;
     m.deadline = now + absl::Milliseconds(5);
-    if (variant != 1) {
-      m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 5, "T"};
-    }
-    if (variant != 2) {
-      m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
-    }
+    if (variant != 1) m.SetHeader(1, std::string("\x08\x01\0", 3));
+    if (variant != 2) m.SetHeader(2, "");
     if (variant != 0) m.context = {{"k", std::string("v\0w", 3)}};
     auto parts = EncodeRequestParts(m, now, WireLimits{});
     ASSERT_TRUE(parts.ok()) << parts.status();
     ferry::rpc::v1::RpcRequest expected = ScalarFields(m, 5'000);
-    if (m.rref) {
-      auto* r = expected.mutable_rref();
-      r->set_rref_id(m.rref->rref_id.value());
-      r->set_fork_id(m.rref->fork_id.value());
-      r->set_owner_id(m.rref->owner_id);
-      r->set_peer_id(m.rref->peer_id);
-      r->set_type_name(m.rref->type_name);
-    }
-    if (m.autograd) {
-      auto* a = expected.mutable_autograd();
-      a->set_context_id(m.autograd->context_id.value());
-      a->set_message_id(m.autograd->message_id.value());
-      a->set_retain_graph(m.autograd->retain_graph);
-    }
     for (const auto& [k, v] : m.context) (*expected.mutable_context())[k] = v;
+    for (const LayerHeader& h : m.headers) {
+      auto* out = expected.add_headers();
+      out->set_layer(h.layer);
+      out->set_bytes(h.bytes);
+    }
     EXPECT_EQ(parts->header, expected.SerializeAsString()) << variant;
   }
 }
@@ -94,9 +81,9 @@ TEST(Codec, RequestRoundTripsEveryFieldAndSendsTheRemainingTime) {
   m.caller_name = "a";
   m.caller_id = 3;
   m.deadline = now + absl::Milliseconds(1500);
-  m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 0, "T"};
-  m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
   m.context = {{"k", std::string("v\0w", 3)}};
+  m.SetHeader(9, std::string("\0typed", 6));
+  m.SetHeader(2, "");
   m.payload = Value::FromList({Value::FromTensor(full({3}, 2.0))});
   auto encoded = EncodeRequest(m, now, WireLimits{});
   ASSERT_TRUE(encoded.ok()) << encoded.status();
@@ -113,9 +100,8 @@ TEST(Codec, RequestRoundTripsEveryFieldAndSendsTheRemainingTime) {
   EXPECT_EQ(d->function, "f");
   EXPECT_EQ(d->caller_name, "a");
   EXPECT_EQ(d->caller_id, 3);
-  EXPECT_EQ(d->rref, m.rref);  // Including owner_id -1.
-  EXPECT_EQ(d->autograd, m.autograd);
   EXPECT_EQ(d->context, m.context);
+  EXPECT_EQ(d->headers, m.headers);
   EXPECT_EQ(d->payload, m.payload);
 }
 
@@ -129,22 +115,21 @@ TEST(Codec, NoDeadlineStaysNone) {
   auto d = DecodeRequest(*split, absl::Now(), WireLimits{});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->deadline, absl::InfiniteFuture());
-  EXPECT_FALSE(d->rref.has_value());
-  EXPECT_FALSE(d->autograd.has_value());
+  EXPECT_TRUE(d->headers.empty());
 }
 
 TEST(Codec, RepliesCarryFieldsOrTheHandlersError) {
   Message reply;
-  reply.type = MessageType::kRRefFetch;
-  reply.rref = RRefFields{GlobalId(2, 5), GlobalId(), 2, -1, ""};
+  reply.type = static_cast<MessageType>(10);  // RREF_FETCH (rref/).
+  reply.SetHeader(4, "typed");
   reply.payload = Value::Int(7);
   auto ok = EncodeReply(reply, WireLimits{});
   ASSERT_TRUE(ok.ok());
   uint64_t bytes = 0;
   auto d = DecodeReply(ok->buffer, WireLimits{}, &bytes);
   ASSERT_TRUE(d.ok() && d->ok()) << d.status();
-  EXPECT_EQ((*d)->type, MessageType::kRRefFetch);
-  EXPECT_EQ((*d)->rref, reply.rref);
+  EXPECT_EQ((*d)->type, reply.type);
+  EXPECT_EQ((*d)->headers, reply.headers);
   EXPECT_EQ(*(*d)->payload.if_int(), 7);
   EXPECT_GT(bytes, 0u);
 
@@ -163,6 +148,36 @@ TEST(Codec, MalformedRepliesAreInvalidArgument) {
   auto d = DecodeReply(buffer, WireLimits{}, &n);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
       << d.status();
+}
+
+// Layer headers no sender writes (layer 0, repeated or unordered layers)
+// are refused, naming the layer.
+TEST(Codec, MalformedLayerHeadersAreInvalidArgument) {
+  for (const std::vector<uint32_t>& layers :
+       {std::vector<uint32_t>{0}, std::vector<uint32_t>{3, 3},
+        std::vector<uint32_t>{5, 2}}) {
+    ferry::rpc::v1::RpcRequest r;
+    r.set_type(ferry::rpc::v1::CALL);
+    for (uint32_t l : layers) r.add_headers()->set_layer(l);
+    grpc::Slice slice(r.SerializeAsString());
+    grpc::ByteBuffer buffer(&slice, 1);
+    auto split = SplitRequest(buffer);
+    ASSERT_TRUE(split.ok()) << split.status();
+    auto d = DecodeRequest(*split, absl::Now(), WireLimits{});
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument)
+        << d.status();
+    EXPECT_NE(d.status().message().find("layer header"), std::string::npos)
+        << d.status();
+
+    ferry::rpc::v1::RpcResponse reply;
+    for (uint32_t l : layers) reply.add_headers()->set_layer(l);
+    grpc::Slice reply_slice(reply.SerializeAsString());
+    grpc::ByteBuffer reply_buffer(&reply_slice, 1);
+    uint64_t n = 0;
+    auto dr = DecodeReply(reply_buffer, WireLimits{}, &n);
+    EXPECT_EQ(dr.status().code(), absl::StatusCode::kInvalidArgument)
+        << dr.status();
+  }
 }
 
 }  // namespace

@@ -31,9 +31,9 @@ Message FullRequest() {
   m.caller_name = "trainer0";
   m.caller_id = 3;
   m.deadline = absl::FromUnixSeconds(1'700'000'002);
-  m.rref = RRefFields{GlobalId(1, 2), GlobalId(3, 4), -1, 0, "T"};
-  m.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), true};
   m.context = {{"trace", "abc"}, {"k", std::string("v\0w", 3)}};
+  m.SetHeader(1, std::string("\x08\x01\x12\x00", 4));
+  m.SetHeader(3, "opaque");
   m.payload = Value::FromList({Value::FromTensor(full({2, 3}, 2.0)),
                                Value::Int(7), Value::String("s")});
   return m;
@@ -62,9 +62,9 @@ fuzz::CorpusFiles Files() {
   minimal.type = MessageType::kPing;
   files.emplace_back("request_ping", Request(minimal));
   Message rref = FullRequest();
-  rref.type = MessageType::kRRefForkRequest;
+  rref.type = static_cast<MessageType>(12);  // RREF_FORK_REQUEST (rref/).
   rref.payload = Value::None();
-  rref.autograd.reset();
+  rref.ClearHeader(3);
   files.emplace_back("request_rref", Request(rref));
   Message layer = FullRequest();
   layer.type = static_cast<MessageType>(1003);
@@ -72,7 +72,7 @@ fuzz::CorpusFiles Files() {
 
   Message reply;
   reply.type = MessageType::kCall;
-  reply.autograd = AutogradFields{GlobalId(3, 9), GlobalId(3, 10), false};
+  reply.SetHeader(2, "h");
   reply.payload = Value::FromTensor(arange(8, DType::kFloat32));
   files.emplace_back("reply_tensor", Reply(Result<Message>(reply)));
   files.emplace_back("reply_error",
@@ -99,6 +99,19 @@ fuzz::CorpusFiles Files() {
   files.emplace_back(
       "hostile_negative_type",
       Tag(1, 0) + Varint(~uint64_t{0}) + Tag(6, 0) + Varint(~uint64_t{0} >> 1));
+  // Layer headers no sender writes: layer 0; layers out of order.
+  const std::string layer0 = Tag(1, 0) + Varint(0) + Tag(2, 2) + Varint(1) + "x";
+  files.emplace_back("hostile_layer_header_zero",
+                     Tag(1, 0) + Varint(1) + Tag(10, 2) +
+                         Varint(layer0.size()) + layer0);
+  const std::string layer5 = Tag(1, 0) + Varint(5);
+  const std::string layer3 = Tag(1, 0) + Varint(3);
+  files.emplace_back("hostile_layer_headers_unordered",
+                     Tag(1, 0) + Varint(1) + Tag(10, 2) +
+                         Varint(layer5.size()) + layer5 + Tag(10, 2) +
+                         Varint(layer3.size()) + layer3);
+  files.emplace_back("hostile_layer_header_truncated",
+                     Tag(1, 0) + Varint(1) + Tag(10, 2) + Varint(9) + layer5);
   return files;
 }
 

@@ -73,8 +73,8 @@ void ExpectSameMessage(const Message& a, const Message& b,
                        const std::string& what) {
   if (a.type != b.type || a.id != b.id || a.function != b.function ||
       a.caller_name != b.caller_name || a.caller_id != b.caller_id ||
-      a.deadline != b.deadline || a.rref != b.rref ||
-      a.autograd != b.autograd || a.context != b.context ||
+      a.deadline != b.deadline || a.context != b.context ||
+      a.headers != b.headers ||
       PayloadBytes(a.payload) != PayloadBytes(b.payload)) {
     Fail(what);
   }

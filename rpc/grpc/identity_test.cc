@@ -20,6 +20,7 @@
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/proto/rpc.grpc.pb.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/layer.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tests/util/raw_worker_client.h"
@@ -32,9 +33,20 @@ namespace v1 = ::ferry::rpc::v1;
 using grpc_agent::CallerVerifier;
 using grpc_agent::kProofMetadata;
 
-constexpr MessageType kProtocol[] = {MessageType::kRRefUserDelete,
-                                     MessageType::kCleanupAutogradContext,
-                                     MessageType::kBackward};
+// A toy layer's protocol messages, in the manner of rref/ and autograd/.
+constexpr MessageType kToyFetch = static_cast<MessageType>(2010);
+constexpr MessageType kToyDelete = static_cast<MessageType>(2011);
+constexpr MessageType kToyBackward = static_cast<MessageType>(2020);
+constexpr MessageType kToyCleanup = static_cast<MessageType>(2021);
+const bool kToyClaimed = ClaimLayer(LayerClaim{"test.identity",
+                                               0,
+                                               {{2010, 2021}},
+                                               {{2010, "TOY_FETCH"},
+                                                {2011, "TOY_DELETE"},
+                                                {2020, "TOY_BACKWARD"},
+                                                {2021, "TOY_CLEANUP"}}})
+                             .ok();
+constexpr MessageType kProtocol[] = {kToyDelete, kToyCleanup, kToyBackward};
 
 // Counts the protocol messages a worker's handlers were given: the state a
 // real layer would change.
@@ -117,8 +129,9 @@ v1::RpcRequest Claiming(MessageType type, const std::string& name, int id) {
   r.set_caller_name(name);
   r.set_caller_id(static_cast<uint32_t>(id));
   r.set_request_id(42);
-  r.mutable_autograd()->set_context_id(7);
-  r.mutable_rref()->set_rref_id(9);
+  v1::LayerHeader* h = r.add_headers();
+  h->set_layer(1);
+  h->set_bytes("\x08\x09");
   return r;
 }
 
@@ -223,7 +236,7 @@ TEST(Spoof, PlaintextWithoutSecretServesWhatItCannotCheck) {
   ASSERT_TRUE(agents[0] && agents[1]);
   auto stub = RawClient(*agents[0]);
   EXPECT_TRUE(
-      Send(*stub, Claiming(MessageType::kBackward, "trainer0", 1)).ok());
+      Send(*stub, Claiming(kToyBackward, "trainer0", 1)).ok());
   EXPECT_EQ(served[0].size(), 1u);
   EXPECT_EQ(IdentityRefusals(*agents[0]), 0u);
   StopAll(agents);
@@ -258,10 +271,10 @@ TEST(Spoof, StoreSecretBindsTheCallerToItsProof) {
   EXPECT_EQ(served[0].size(), 0u);
   EXPECT_EQ(IdentityRefusals(ps0), 12u);
   // A worker's proof for its own name: served, with the id it declares.
-  EXPECT_TRUE(Send(*stub, Claiming(MessageType::kBackward, "trainer1", 2),
+  EXPECT_TRUE(Send(*stub, Claiming(kToyBackward, "trainer1", 2),
                    job.MakeProof("trainer1", "ps0"))
                   .ok());
-  ExpectRefused(Send(*stub, Claiming(MessageType::kBackward, "trainer1", 1),
+  ExpectRefused(Send(*stub, Claiming(kToyBackward, "trainer1", 1),
                      job.MakeProof("trainer1", "ps0")),
                 "trainer1", "'trainer0''s");
   // A stranger's plain CALL runs; a proven worker cannot CALL as another.
@@ -272,7 +285,7 @@ TEST(Spoof, StoreSecretBindsTheCallerToItsProof) {
                 "trainer0", "'trainer1'");
   // Workers prove themselves on every channel, unary and streamed alike.
   Message m;
-  m.type = MessageType::kCleanupAutogradContext;
+  m.type = kToyCleanup;
   for (int i : {1, 2}) {
     auto sent = agents[i]->Send("ps0", m).Get(absl::Seconds(20));
     EXPECT_TRUE(sent.ok()) << sent.status();
@@ -283,9 +296,9 @@ TEST(Spoof, StoreSecretBindsTheCallerToItsProof) {
   {
     MutexLock lock(&served[0].mu);
     EXPECT_EQ(served[0].seen,
-              (std::vector<std::string>{"BACKWARD from trainer1",
-                                        "CLEANUP_AUTOGRAD_CONTEXT from trainer0",
-                                        "CLEANUP_AUTOGRAD_CONTEXT from trainer1"}));
+              (std::vector<std::string>{"TOY_BACKWARD from trainer1",
+                                        "TOY_CLEANUP from trainer0",
+                                        "TOY_CLEANUP from trainer1"}));
   }
   StopAll(agents);
 }
@@ -348,7 +361,7 @@ TEST_F(TlsSpoof, CertificateMustNameTheClaimedWorker) {
   // alice's certificate names no worker: a stranger.
   auto stranger = RawClient(ps0, Credentials(pki_->alice));
   EXPECT_TRUE(Send(*stranger, call).ok());
-  ExpectRefused(Send(*stranger, Claiming(MessageType::kBackward, "trainer0", 1)),
+  ExpectRefused(Send(*stranger, Claiming(kToyBackward, "trainer0", 1)),
                 "trainer0", "alice");
   EXPECT_EQ(served[0].size(), 0u);
   EXPECT_EQ(ps0.identity_refusals(), 5u);
@@ -357,7 +370,7 @@ TEST_F(TlsSpoof, CertificateMustNameTheClaimedWorker) {
   ASSERT_TRUE(whoami.ok()) << whoami.status();
   EXPECT_EQ(*whoami, "trainer1");
   Message m;
-  m.type = MessageType::kRRefUserDelete;
+  m.type = kToyDelete;
   auto sent = agents[1]->Send("ps0", m).Get(absl::Seconds(20));
   EXPECT_TRUE(sent.ok()) << sent.status();
   EXPECT_EQ(served[0].size(), 1u);
@@ -365,6 +378,7 @@ TEST_F(TlsSpoof, CertificateMustNameTheClaimedWorker) {
 }
 
 TEST(CallerVerifier, RulesAndProofs) {
+  ASSERT_TRUE(kToyClaimed);
   CallerVerifier ps0("ps0", "s", false);
   EXPECT_TRUE(ps0.enforcing());
   EXPECT_FALSE(CallerVerifier("ps0", "", false).enforcing());
@@ -377,12 +391,12 @@ TEST(CallerVerifier, RulesAndProofs) {
   grpc_agent::ProvenIdentity none;
   EXPECT_EQ(ps0.CheckCaller(none, MessageType::kCall, "x", is_worker).code(),
             absl::StatusCode::kOk);
-  EXPECT_EQ(ps0.CheckCaller(none, MessageType::kRRefFetch, "x", is_worker)
+  EXPECT_EQ(ps0.CheckCaller(none, kToyFetch, "x", is_worker)
                 .code(),
             absl::StatusCode::kPermissionDenied);
   grpc_agent::ProvenIdentity t0{{"trainer0"}, "store-secret proof"};
   EXPECT_TRUE(
-      ps0.CheckCaller(t0, MessageType::kRRefFetch, "trainer0", is_worker)
+      ps0.CheckCaller(t0, kToyFetch, "trainer0", is_worker)
           .ok());
   EXPECT_EQ(ps0.CheckCaller(t0, MessageType::kCall, "ps0", is_worker).code(),
             absl::StatusCode::kPermissionDenied);

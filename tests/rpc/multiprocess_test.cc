@@ -93,19 +93,20 @@ TEST(MultiProcessRpc, CallsBetweenProcessesAndGracefulShutdown) {
 }
 
 // A layer's own message type (registered by the worker processes before they
-// serve) crosses processes with its tensor, RRef fields and context.
+// serve) crosses processes with its tensor, layer header and context.
 TEST(MultiProcessRpc, LayerDefinedMessageTypeAcrossProcesses) {
   Group g;
   absl::Status started = g.Start(3);
   ASSERT_TRUE(started.ok()) << started;
   for (int r = 1; r < 3; ++r) {
-    RRefFields rref{GlobalId(0, 100 + r), GlobalId(0, 200 + r), 0, r, "Toy"};
+    const std::string header =
+        absl::StrCat(std::string("toy\0", 4), r, "\xff");
     ScopedContextEntry tag("toy/tag", absl::StrCat("tag", r));
-    auto d = toy::Double(g.agent(), r, full({5}, 1.0 + r), rref)
+    auto d = toy::Double(g.agent(), r, full({5}, 1.0 + r), header)
                  .Get(absl::Seconds(60));
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_TRUE(d->tensor.equal(full({5}, 2.0 + 2 * r)));
-    EXPECT_EQ(d->rref, rref);
+    EXPECT_EQ(d->header, header);
     EXPECT_EQ(d->tag, absl::StrCat("tag", r));
   }
   // This process did not install the toy layer: refused, naming it.

@@ -108,19 +108,25 @@ TEST_P(SpoofTest, ProtocolMessagesAsAnotherWorkerChangeNothing) {
   const size_t contexts_before = ps0.dist->NumContexts();
 
   auto stub = Stranger();
+  // Typed headers as the layers write them.
+  rpc::Message fields;
+  rref::SetFields(fields, rref::RRefFields{r.rref_id(), r.fork_id(), 0, -1, "",
+                                           {}});
+  autograd::dist::SetAutogradFields(
+      fields, autograd::dist::AutogradFields{scope.id(), GlobalId(), false});
   for (rpc::MessageType type :
-       {rpc::MessageType::kRRefUserDelete,
-        rpc::MessageType::kCleanupAutogradContext,
-        rpc::MessageType::kBackward}) {
+       {rref::kRRefUserDelete, autograd::dist::kCleanupAutogradContext,
+        autograd::dist::kBackward}) {
     v1::RpcRequest spoof;
     spoof.set_type(static_cast<v1::MessageType>(type));
     spoof.set_caller_name("trainer0");
     spoof.set_caller_id(1);
     spoof.set_request_id(42);
-    spoof.mutable_rref()->set_rref_id(r.rref_id().value());
-    spoof.mutable_rref()->set_fork_id(r.fork_id().value());
-    spoof.mutable_rref()->set_owner_id(0);
-    spoof.mutable_autograd()->set_context_id(scope.id().value());
+    for (const rpc::LayerHeader& h : fields.headers) {
+      v1::LayerHeader* out = spoof.add_headers();
+      out->set_layer(h.layer);
+      out->set_bytes(h.bytes);
+    }
     absl::Status s = testutil::RawWorkerCall(*stub, spoof);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "'trainer0'")) << s;
