@@ -16,13 +16,17 @@ namespace c10d {
 
 std::shared_ptr<BackendRegistry> MakeDefaultBackendRegistry() {
   auto registry = std::make_shared<BackendRegistry>();
-  // "gloo" puts shared memory in front of Gloo when every rank is on this
-  // host (options "shm"=false or FERRY_C10D_SHM=0 turn it off); "shm"
-  // insists on it.
-  absl::Status s = registry->RegisterBackend("gloo", ShmBackend::AutoFactory(),
+  // "gloo" is Gloo alone; "shm" is shared memory (one host only) with Gloo
+  // for the operations it lacks; "auto" (the default) picks shm when every
+  // rank is on this host and Gloo otherwise (options "shm"=false or
+  // FERRY_C10D_SHM=0 keep it on Gloo). Backend::name() says which it built.
+  absl::Status s = registry->RegisterBackend("gloo", GlooBackend::Factory(),
                                              {DeviceType::kCPU});
   if (!s.ok()) FERRY_LOG(ERROR) << s;
   s = registry->RegisterBackend("shm", ShmBackend::Factory(),
+                                {DeviceType::kCPU});
+  if (!s.ok()) FERRY_LOG(ERROR) << s;
+  s = registry->RegisterBackend("auto", ShmBackend::AutoFactory(),
                                 {DeviceType::kCPU});
   if (!s.ok()) FERRY_LOG(ERROR) << s;
 #ifdef FERRY_C10D_WITH_MPI

@@ -1,4 +1,6 @@
-// The registry Ferry's own backends come in: "gloo" and "shm" (cpu), "mpi"
+// The registry Ferry's own backends come in: "gloo" (Gloo alone), "shm"
+// (shared memory, ranks on one host) and "auto" (shm when every rank is on
+// one host, else Gloo: the default of ProcessGroupOptions) for cpu, "mpi"
 // (cpu) where Open MPI is installed and, where CUDA
 // is built, "nccl" (cuda), then the out-of-tree backends of the plugins
 // listed in FERRY_C10D_PLUGINS (plugin.h; one that fails to load is logged

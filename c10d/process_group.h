@@ -48,7 +48,8 @@ namespace c10d {
 // How ProcessGroup::Create builds the group.
 struct ProcessGroupOptions {
   // Backend spec (see above).
-  std::string backend = "gloo";
+  // "auto" (default_registry.h): shared memory on one host, else Gloo.
+  std::string backend = "auto";
   // Rendezvous and default operation timeout (PyTorch's default: 30 min).
   absl::Duration timeout = absl::Minutes(30);
   // Passed to every backend factory as BackendConfig::options.

@@ -122,15 +122,15 @@ BackendUnderTest ThroughProcessGroup(std::string backend, std::string label,
 INSTANTIATE_TEST_SUITE_P(
     ProcessGroup, BackendConformanceTest,
     ::testing::Values(
-        // Gloo alone, and the default (shared memory in front of gloo, since
-        // the test's ranks share a host).
+        // Gloo alone, and the default "auto" (shared memory in front of
+        // gloo, since the test's ranks share a host).
         ThroughProcessGroup("gloo", "GlooThroughProcessGroup",
-                            {{"check_args", "true"}, {"shm", "false"}},
+                            {{"check_args", "true"}},
                             {OpType::kAllgatherIntoTensor,
                              OpType::kReduceScatterTensor,
                              OpType::kAlltoallSingle, OpType::kRecvAnysource,
                              OpType::kMonitoredBarrier}),
-        ThroughProcessGroup("gloo", "DefaultThroughProcessGroup", {},
+        ThroughProcessGroup("auto", "DefaultThroughProcessGroup", {},
                             {OpType::kAllgatherIntoTensor,
                              OpType::kReduceScatterTensor,
                              OpType::kAlltoallSingle, OpType::kRecvAnysource,

@@ -4,7 +4,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -237,34 +236,30 @@ TEST(InitProcessGroupTest, ExplicitStoreAndFileInitMethod) {
   auto store = std::make_shared<HashStore>();
   std::string path = absl::StrCat(::testing::TempDir(), "/c10d_init_file");
   std::remove(path.c_str());
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      InitProcessGroupOptions a;
-      a.store = store;
-      a.rank = r;
-      a.world_size = 2;
-      a.group.timeout = kTimeout;
-      auto pg = InitProcessGroup(a);
-      ASSERT_TRUE(pg.ok()) << pg.status();
-      Tensor t = full({2}, r + 1);
-      ASSERT_TRUE((*pg)->Allreduce(t)->Wait(kTimeout).ok());
-      EXPECT_EQ(t.to_vector<float>(), std::vector<float>(2, 3));
+  testutil::RunRanks(2, [&](int r) {
+    InitProcessGroupOptions a;
+    a.store = store;
+    a.rank = r;
+    a.world_size = 2;
+    a.group.timeout = kTimeout;
+    auto pg = InitProcessGroup(a);
+    ASSERT_TRUE(pg.ok()) << pg.status();
+    Tensor t = full({2}, r + 1);
+    ASSERT_TRUE((*pg)->Allreduce(t)->Wait(kTimeout).ok());
+    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(2, 3));
 
-      InitProcessGroupOptions f;
-      f.init_method = absl::StrCat("file://", path, "?world_size=2&rank=", r);
-      f.group.timeout = kTimeout;
-      auto fpg = InitProcessGroup(f);
-      ASSERT_TRUE(fpg.ok()) << fpg.status();
-      EXPECT_EQ((*fpg)->rank(), r);
-      Tensor u = full({2}, r);
-      ASSERT_TRUE(
-          (*fpg)->Allreduce(u, {.op = ReduceOp::kMax})->Wait(kTimeout).ok());
-      EXPECT_EQ(u.to_vector<float>(), std::vector<float>(2, 1));
-      ASSERT_TRUE((*fpg)->Barrier()->Wait(kTimeout).ok());
-    });
-  }
-  for (std::thread& t : threads) t.join();
+    InitProcessGroupOptions f;
+    f.init_method = absl::StrCat("file://", path, "?world_size=2&rank=", r);
+    f.group.timeout = kTimeout;
+    auto fpg = InitProcessGroup(f);
+    ASSERT_TRUE(fpg.ok()) << fpg.status();
+    EXPECT_EQ((*fpg)->rank(), r);
+    Tensor u = full({2}, r);
+    ASSERT_TRUE(
+        (*fpg)->Allreduce(u, {.op = ReduceOp::kMax})->Wait(kTimeout).ok());
+    EXPECT_EQ(u.to_vector<float>(), std::vector<float>(2, 1));
+    ASSERT_TRUE((*fpg)->Barrier()->Wait(kTimeout).ok());
+  });
 }
 
 TEST(InitProcessGroupTest, Errors) {

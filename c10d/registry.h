@@ -13,7 +13,8 @@
 //
 // A registry is an ordinary object: several can coexist (tests make their
 // own). MakeDefaultBackendRegistry() (//c10d:default_registry) returns a new
-// one with "gloo" (and "nccl" where CUDA is built) registered.
+// one with "gloo", "shm", "auto" (and "nccl" where CUDA is built)
+// registered.
 //
 // Thread safety: all methods are safe from any thread. Factories run on the
 // caller's thread, without the registry's lock held.

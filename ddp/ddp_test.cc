@@ -39,7 +39,7 @@ using Body = std::function<void(int rank, std::shared_ptr<c10d::ProcessGroup>)>;
 // Runs body(rank, group) on `n` threads; `spec` names the backend.
 void RunRanks(int n, const Body& body, absl::Duration timeout = kTimeout,
               std::shared_ptr<const c10d::BackendRegistry> registry = nullptr,
-              const std::string& spec = "gloo") {
+              const std::string& spec = "auto") {
   if (registry == nullptr) registry = c10d::MakeDefaultBackendRegistry();
   auto store = std::make_shared<HashStore>();
   testutil::RunRanks(

@@ -273,7 +273,7 @@ void Agent::DispatchTo(MessageType type,
   // Before the group is known the request waits for it (AwaitGroup): on the
   // executor, never on the transport's thread.
   if (entry != nullptr && entry->non_blocking &&
-      joined_.load(std::memory_order_acquire)) {
+      has_group_.load(std::memory_order_acquire)) {
     Serve([this,
            &entry](Message&& m) { return ServeFunction(*entry, std::move(m)); },
           receive(), std::move(done));
@@ -324,7 +324,7 @@ void Agent::DispatchTo(MessageType type,
 }
 
 absl::Status Agent::AwaitGroup(const Message& request) {
-  if (joined_.load(std::memory_order_acquire)) return absl::OkStatus();
+  if (has_group_.load(std::memory_order_acquire)) return absl::OkStatus();
   MutexLock lock(&mu_);
   auto known_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return group_known_ || stopping_;

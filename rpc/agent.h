@@ -140,7 +140,7 @@ class Agent {
   const WorkerInfo& self() const { return self_; }
   // Whether the group is known (SetWorkers ran); readers of the group on
   // transport threads check it first.
-  bool joined() const { return joined_.load(std::memory_order_acquire); }
+  bool has_group() const { return has_group_.load(std::memory_order_acquire); }
   // Whether this worker began to stop (past its shutdown barrier, or its
   // departure announced): it refuses joiners from then on (Membership).
   bool stopping() const;
@@ -320,8 +320,8 @@ class Agent {
   // keyed by their id); once, before any Send. Requests that arrived before
   // (a fast peer) wait for it to run.
   void SetWorkers(std::vector<WorkerInfo> workers);
-  // Both at once.
-  void Join(WorkerInfo self, std::vector<WorkerInfo> workers) {
+  // Both at once (a group formed, or the view a joiner is handed).
+  void SetGroup(WorkerInfo self, std::vector<WorkerInfo> workers) {
     SetSelf(std::move(self));
     SetWorkers(std::move(workers));
   }
@@ -468,10 +468,10 @@ class Agent {
   const Options options_;
   const std::shared_ptr<FunctionRegistry> registry_;
   // Written once by SetSelf / SetWorkers; read-only afterwards. Handlers
-  // run only once joined_ is set (AwaitGroup).
+  // run only once has_group_ is set (AwaitGroup).
   WorkerInfo self_;
   std::string log_label_;  // "name:id", set with self_.
-  std::atomic<bool> joined_{false};
+  std::atomic<bool> has_group_{false};
   // The member table: an immutable snapshot replaced on each change, so a
   // reader holds group_mu_ only to copy the pointer.
   mutable Mutex group_mu_;

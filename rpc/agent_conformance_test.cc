@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/context.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/rpc/testing/agent_cluster.h"
 #include "ferry/tensor/tensor.h"
 
@@ -899,12 +899,12 @@ TEST_P(AgentConformance, JoinFailsFastOnceTheGroupShutsDown) {
 
 std::vector<Implementation> Implementations() {
   return {{"InProcess", testing::StartInProcessCluster},
-          {"Grpc", grpc_agent::StartGrpcCluster},
-          {"GrpcNonBlocking", grpc_agent::StartGrpcCluster,
+          {"Grpc", testing::StartGrpcCluster},
+          {"GrpcNonBlocking", testing::StartGrpcCluster,
            /*non_blocking=*/true},
-          {"GrpcStreamed", grpc_agent::StartGrpcStreamedCluster},
-          {"GrpcSameHost", grpc_agent::StartGrpcSameHostCluster},
-          {"GrpcSameHostNonBlocking", grpc_agent::StartGrpcSameHostCluster,
+          {"GrpcStreamed", testing::StartGrpcStreamedCluster},
+          {"GrpcSameHost", testing::StartGrpcSameHostCluster},
+          {"GrpcSameHostNonBlocking", testing::StartGrpcSameHostCluster,
            /*non_blocking=*/true}};
 }
 

@@ -86,7 +86,7 @@ void Agent::SetWorkers(std::vector<WorkerInfo> workers) {
   }
   MutexLock lock(&mu_);  // Wakes the requests waiting in AwaitGroup.
   group_known_ = true;
-  joined_.store(true, std::memory_order_release);
+  has_group_.store(true, std::memory_order_release);
 }
 
 int Agent::world_size() const {
@@ -130,7 +130,7 @@ absl::StatusOr<WorkerInfo> Agent::GetWorkerInfo(const WorkerRef& ref) const {
 }
 
 WorkerInfo Agent::PeerInfo(int id, const std::string& name) const {
-  if (joined_.load(std::memory_order_acquire)) {
+  if (has_group_.load(std::memory_order_acquire)) {
     std::shared_ptr<const Group> g = group();
     const Group::Entry* e = g->Find(id);
     if (e != nullptr && e->info.name == name) return e->info;

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry {

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 
 namespace ferry {
 namespace {

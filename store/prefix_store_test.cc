@@ -5,7 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 
 namespace ferry {
 namespace {

@@ -12,14 +12,14 @@
 #include "gtest/gtest.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/store/tcp_store_server.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 
 namespace ferry {
 namespace {
 
 using tcpstore::Generation;
 using tcpstore::Op;
-using tcpstore::testing::RawClient;
+using testutil::RawClient;
 
 std::unique_ptr<TcpStoreServer> StartServer(const std::string& secret) {
   TcpStoreServer::Options o;
@@ -69,7 +69,7 @@ TEST(StoreAuth, ClientWithoutTheSecretIsRefusedBeforeAnyKeyIsTouched) {
   RawClient raw;
   ASSERT_TRUE(raw.Connect(server->port()).ok());
   ASSERT_TRUE(
-      raw.Send(tcpstore::testing::SetFrame(Generation::kLegacy, "/k", "v"))
+      raw.Send(testutil::SetFrame(Generation::kLegacy, "/k", "v"))
           .ok());
   EXPECT_TRUE(raw.ClosedByPeer());
   EXPECT_EQ(server->GetStats().keys, 0);
@@ -92,8 +92,8 @@ TEST(StoreAuth, WrongSecretIsRefusedOnBothSides) {
   RawClient raw;
   ASSERT_TRUE(raw.Connect(server->port()).ok());
   const std::string nonce = tcpstore::RandomNonce();
-  ASSERT_TRUE(raw.Send(tcpstore::testing::Validate() +
-                       tcpstore::testing::KeyFrame(Generation::kCurrent,
+  ASSERT_TRUE(raw.Send(testutil::Validate() +
+                       testutil::KeyFrame(Generation::kCurrent,
                                                    Op::kAuthChallenge, nonce))
                   .ok());
   absl::StatusOr<std::string> server_nonce = raw.RecvBytes();
@@ -107,7 +107,7 @@ TEST(StoreAuth, WrongSecretIsRefusedOnBothSides) {
   EXPECT_FALSE(tcpstore::ProofsEqual(
       *server_proof,
       tcpstore::AuthProof("s3cret", "client", nonce, *server_nonce)));
-  ASSERT_TRUE(raw.Send(tcpstore::testing::KeyFrame(
+  ASSERT_TRUE(raw.Send(testutil::KeyFrame(
                            Generation::kCurrent, Op::kAuthProof,
                            tcpstore::AuthProof("guess", "client", nonce,
                                                *server_nonce)))
@@ -136,8 +136,8 @@ TEST(StoreAuth, WithoutASecretPyTorchClientsAreServed) {
   RawClient raw;
   ASSERT_TRUE(raw.Connect(server->port()).ok());
   ASSERT_TRUE(
-      raw.Send(tcpstore::testing::SetFrame(Generation::kLegacy, "/k", "v") +
-               tcpstore::testing::GetFrame(Generation::kLegacy, "/k"))
+      raw.Send(testutil::SetFrame(Generation::kLegacy, "/k", "v") +
+               testutil::GetFrame(Generation::kLegacy, "/k"))
           .ok());
   EXPECT_EQ(raw.RecvBytes().value_or("?"), "v");
 }

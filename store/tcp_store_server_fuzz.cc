@@ -29,12 +29,12 @@
 #include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store_protocol.h"
 #include "ferry/store/tcp_store_server.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 
 namespace {
 
 using ferry::TcpStoreServer;
-using ferry::tcpstore::testing::RawClient;
+using ferry::testutil::RawClient;
 namespace tcpstore = ferry::tcpstore;
 
 constexpr absl::string_view kSecret = "fuzz-secret";
@@ -107,7 +107,7 @@ void Authenticate(RawClient& client) {
 // A fresh, honest client: VALIDATE, the handshake when needed, then PING.
 void ExpectServing(const TcpStoreServer& server, bool with_secret) {
   RawClient client = Connect(server);
-  if (!client.Send(tcpstore::testing::Validate()).ok()) Fail("send VALIDATE");
+  if (!client.Send(ferry::testutil::Validate()).ok()) Fail("send VALIDATE");
   if (with_secret) Authenticate(client);
   std::string ping;
   tcpstore::PutU8(&ping, *tcpstore::WireCode(tcpstore::Generation::kCurrent,
@@ -138,7 +138,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     RawClient client = Connect(*server);
     if (mode == kAuthCurrent) {
-      if (!client.Send(tcpstore::testing::Validate()).ok())
+      if (!client.Send(ferry::testutil::Validate()).ok())
         Fail("send VALIDATE");
     }
     if (mode == kAuthCurrent || mode == kAuthLegacy) Authenticate(client);

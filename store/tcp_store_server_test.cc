@@ -16,14 +16,14 @@
 #include "ferry/common/sync.h"
 #include "gtest/gtest.h"
 #include "ferry/store/tcp_store_protocol.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 
 namespace ferry {
 namespace {
 
 using tcpstore::Generation;
 using tcpstore::Op;
-using namespace tcpstore::testing;  // NOLINT: frame builders read better bare.
+using namespace testutil;  // NOLINT: frame builders read better bare.
 
 constexpr Generation kCur = Generation::kCurrent;
 constexpr Generation kLeg = Generation::kLegacy;

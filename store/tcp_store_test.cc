@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/common/status.h"
 #include "gtest/gtest.h"
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 #include "ferry/store/tcp_store_server.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 #include "ferry/tests/util/held_port.h"
 
 namespace ferry {

@@ -59,7 +59,7 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && absl::SimpleAtoi(v, &out) ? out : fallback;
 }
 
-std::shared_ptr<c10d::ProcessGroup> JoinGroup() {
+std::shared_ptr<c10d::ProcessGroup> InitGroup() {
   TcpStoreOptions so;
   const char* addr = std::getenv("MASTER_ADDR");
   so.host = addr != nullptr ? addr : "127.0.0.1";
@@ -101,7 +101,7 @@ int Run() {
   optim::SgdOptions sgd_options{.lr = 0.01};
   const bool in_backward = absl::GetFlag(FLAGS_optimizer_in_backward);
   if (ddp_mode) {
-    pg = JoinGroup();
+    pg = InitGroup();
     ddp::DdpOptions o;
     o.gradient_as_bucket_view = absl::GetFlag(FLAGS_bucket_view);
     ddp::CommHook inner = absl::GetFlag(FLAGS_fp16) ? ddp::Fp16CompressHook()

@@ -9,7 +9,7 @@
 //             loop does): the floor of a 2-rank all-reduce of N bytes;
 //   ferry     rpc_sync of a no-op (int64 in, int64 out) over the gRPC agent
 //             (InitRpc tcp://); all-reduce of N bytes of float32 through
-//             c10d's default "gloo" backend (InitProcessGroup tcp://),
+//             c10d's default "auto" backend (InitProcessGroup tcp://),
 //             whose backend is reported (across namespaces: gloo, not the
 //             same-host shared memory).
 //

@@ -98,9 +98,10 @@ class ShmBackend : public Backend {
   // Registry factory "shm": shared memory plus a gloo fallback (made from the
   // same config); fails with FailedPrecondition when ranks span hosts.
   static BackendFactory Factory();
-  // Registry factory for the default CPU backend: gloo, with shared memory
-  // in front of it when every rank is on this host, unless the option
-  // "shm" is "false" or FERRY_C10D_SHM=0 (read from the environment).
+  // Registry factory "auto", the default CPU backend: this backend (over a
+  // gloo fallback) when every rank is on this host, else gloo alone; the
+  // option "shm"="false" or FERRY_C10D_SHM=0 (read from the environment)
+  // keep it on gloo. The built backend's name() is "shm" or "gloo".
   static BackendFactory AutoFactory();
 
   ~ShmBackend() override;

@@ -5,7 +5,6 @@
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -362,19 +361,15 @@ TEST(ShmBackendTest, RankZeroChoosesTheBroadcastAlgorithm) {
   }
   auto store = std::make_shared<HashStore>();
   absl::Status results[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      ShmBackendOptions o = DefaultSlots();
-      o.broadcast = r == 0 ? B::kStream : B::kRounds;
-      // Rank 1 fails at once on seeing rank 0's choice; rank 0 waits for
-      // it to attach until its (shorter) timeout.
-      results[r] = ShmBackend::Create(std::make_shared<PrefixStore>("t", store),
-                                      r, 2, absl::Seconds(r == 0 ? 5 : 60), o)
-                       .status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  testutil::RunRanks(2, [&](int r) {
+    ShmBackendOptions o = DefaultSlots();
+    o.broadcast = r == 0 ? B::kStream : B::kRounds;
+    // Rank 1 fails at once on seeing rank 0's choice; rank 0 waits for it
+    // to attach until its (shorter) timeout.
+    results[r] = ShmBackend::Create(std::make_shared<PrefixStore>("t", store),
+                                    r, 2, absl::Seconds(r == 0 ? 5 : 60), o)
+                     .status();
+  });
   EXPECT_EQ(results[1].code(), absl::StatusCode::kInvalidArgument)
       << results[1];
   EXPECT_THAT(std::string(results[1].message()), HasSubstr("shm_broadcast"));

@@ -140,7 +140,8 @@ TEST(CustomBackendTest, UnregisteredNameIsAClearError) {
                                  Options("store"));
   EXPECT_EQ(pg.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(pg.status().message()),
-              HasSubstr("unknown backend 'store'; registered backends: gloo"));
+              HasSubstr("unknown backend 'store'; registered backends: auto, "
+                        "gloo"));
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ ABSL_FLAG(bool, probe, false,
           "quorum liveness probe on 127.0.0.1 (QuorumOptions::probe_host): "
           "an exited peer is dead at once, not after the heartbeat timeout");
 ABSL_FLAG(bool, shm, false,
-          "let the \"gloo\" backend put shared memory in front of Gloo "
+          "let the \"auto\" backend put shared memory in front of Gloo "
           "(same host); off: Gloo's TCP pairs alone");
 
 namespace ferry {
@@ -251,7 +251,7 @@ class Trainer {
     auto prefix = std::make_shared<PrefixStore>(
         absl::StrCat(prefix_, "pg/", view.generation, "/"), store_);
     c10d::ProcessGroupOptions po;
-    po.backend = "gloo";
+    po.backend = "auto";
     po.timeout = coll_timeout_;
     po.name = absl::StrCat("gen", view.generation);
     po.backend_options["shm"] = absl::GetFlag(FLAGS_shm) ? "true" : "false";

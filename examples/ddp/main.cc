@@ -78,7 +78,7 @@ int EnvInt(const char* name, int fallback) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> JoinGroup() {
+absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> InitGroup() {
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
   const char* addr = std::getenv("MASTER_ADDR");
@@ -132,7 +132,7 @@ absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg, nn::Module& model) {
 }
 
 int Run() {
-  auto pg = JoinGroup();
+  auto pg = InitGroup();
   if (!pg.ok()) {
     std::cerr << "ddp example: " << pg.status() << "\n";
     return 2;

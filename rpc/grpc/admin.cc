@@ -22,7 +22,7 @@ grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
 }
 
 // The group is read only once known (the server runs while it forms).
-grpc::Status NotJoined(const Agent& agent) {
+grpc::Status GroupNotKnown(const Agent& agent) {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       absl::StrCat("worker '", agent.self().name,
                                    "' has not joined its group yet"));
@@ -43,7 +43,7 @@ grpc::ServerUnaryReactor* AdminService::GetWorkerInfo(
     grpc::CallbackServerContext* context,
     const ferry::admin::v1::WorkerInfoRequest*,
     ferry::admin::v1::WorkerInfo* out) {
-  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
+  if (!agent_->has_group()) return Done(context, GroupNotKnown(*agent_));
   Fill(agent_->self(), out);
   out->set_uptime_seconds(
       absl::ToDoubleSeconds(absl::Now() - agent_->start_time()));
@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* AdminService::ListWorkers(
     grpc::CallbackServerContext* context,
     const ferry::admin::v1::ListWorkersRequest*,
     ferry::admin::v1::ListWorkersResponse* out) {
-  if (!agent_->joined()) return Done(context, NotJoined(*agent_));
+  if (!agent_->has_group()) return Done(context, GroupNotKnown(*agent_));
   for (const WorkerInfo& w : agent_->GetWorkerInfos()) {
     Fill(w, out->add_workers());
   }
@@ -111,8 +111,8 @@ grpc::ServerUnaryReactor* AdminService::Invoke(
     return reactor;
   }
   // CallAsync looks this worker up in the group.
-  if (!agent_->joined()) {
-    reactor->Finish(NotJoined(*agent_));
+  if (!agent_->has_group()) {
+    reactor->Finish(GroupNotKnown(*agent_));
     return reactor;
   }
   Value::List args;

@@ -259,7 +259,7 @@ absl::StatusOr<std::unique_ptr<GrpcAgent>> GrpcAgent::Start(
   // The server runs: self() is not written again (SetWorkers fills in its
   // address along with the group, which handlers wait for).
   absl::StatusOr<std::vector<WorkerInfo>> group =
-      grpc_agent::JoinGroup(agent->store_, WorkerInfo{name, rank, *address},
+      grpc_agent::FormGroup(agent->store_, WorkerInfo{name, rank, *address},
                             world_size, agent->grpc_options_.join_timeout);
   absl::Status negotiated =
       group.ok() ? agent->NegotiateSameHost(*group, rank) : group.status();
@@ -393,7 +393,7 @@ GrpcAgent::~GrpcAgent() { Shutdown(/*graceful=*/false).IgnoreError(); }
 
 absl::Status GrpcAgent::Shutdown(bool graceful, absl::Duration timeout) {
   // A worker that joined late is not in the static barrier: it leaves.
-  if (graceful && joined() && self().id >= static_size_) return Leave(timeout);
+  if (graceful && has_group() && self().id >= static_size_) return Leave(timeout);
   MutexLock serial(&shutdown_mu_);
   {
     MutexLock lock(&mu_);

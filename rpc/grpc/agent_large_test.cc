@@ -8,7 +8,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 
@@ -38,7 +38,7 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
                   .ok());
   auto store = std::make_shared<HashStore>();
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents =
-      grpc_agent::StartGrpcAgents({.names = {"sender", "receiver"},
+      testing::StartGrpcAgents({.names = {"sender", "receiver"},
                                    .registry = registry,
                                    .options = [&](int) { return options; },
                                    .store = store});

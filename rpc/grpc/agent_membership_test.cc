@@ -14,6 +14,7 @@
 #include "ferry/common/sync.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/rpc/grpc/rendezvous.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/tcp_store.h"
@@ -29,18 +30,13 @@ using StoreFor = std::function<std::shared_ptr<Store>()>;
 Agents StartGroup(const std::vector<std::string>& names,
                   const StoreFor& store_for, const GrpcAgentOptions& options,
                   std::shared_ptr<FunctionRegistry> registry = nullptr) {
-  const int n = static_cast<int>(names.size());
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> started(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      started[i] =
-          GrpcAgent::Start(names[i], i, n, store_for(), options, registry);
-    });
-  }
-  for (auto& t : threads) t.join();
   Agents agents;
-  for (auto& s : started) {
+  for (auto& s : testing::StartGrpcAgents(
+           {.names = names,
+            .registry = std::move(registry),
+            .options = [&](int) { return options; },
+            .store = nullptr},
+           [&](int) { return store_for(); })) {
     EXPECT_TRUE(s.ok()) << s.status();
     if (s.ok()) agents.push_back(*std::move(s));
   }

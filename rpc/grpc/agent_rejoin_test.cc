@@ -10,7 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "ferry/rpc/grpc/agent.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "gtest/gtest.h"
 
@@ -35,12 +35,12 @@ GrpcAgentOptions Options() {
 // "incarnation" = 1.
 absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartTrainerAndPs(
     std::shared_ptr<HashStore> store) {
-  grpc_agent::GrpcGroupSpec spec;
+  testing::GrpcGroupSpec spec;
   spec.names = {"trainer", "ps0"};
   spec.registry = Incarnation(1);
   spec.store = std::move(store);
   spec.options = [](int) { return Options(); };
-  return grpc_agent::StartGrpcGroup(spec);
+  return testing::StartGrpcGroup(spec);
 }
 
 TEST(GrpcRejoin, ARestartedWorkerTakesItsNameBack) {
@@ -143,11 +143,11 @@ TEST(GrpcRejoin, ARestartedWorkerOnTheSameFixedAddressTakesItsNameBack) {
 }
 
 TEST(GrpcRejoin, WaitForWorkerReturnsALiveWorkerAtOnce) {
-  grpc_agent::GrpcGroupSpec spec;
+  testing::GrpcGroupSpec spec;
   spec.names = {"a", "b"};
   spec.options = [](int) { return Options(); };
   absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> group =
-      grpc_agent::StartGrpcGroup(spec);
+      testing::StartGrpcGroup(spec);
   ASSERT_TRUE(group.ok()) << group.status();
   absl::StatusOr<WorkerInfo> b =
       (*group)[0]->WaitForWorker("b", absl::Seconds(10));
@@ -156,7 +156,7 @@ TEST(GrpcRejoin, WaitForWorkerReturnsALiveWorkerAtOnce) {
   absl::StatusOr<WorkerInfo> none =
       (*group)[0]->WaitForWorker("zz", absl::Milliseconds(50));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(grpc_agent::ShutdownGrpcGroup(*group).ok());
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*group).ok());
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/proto/rpc.pb.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/rpc/grpc/codec.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/store/prefix_store.h"
@@ -34,7 +34,7 @@ absl::StatusOr<Agents> StartGroup(const std::vector<std::string>& names,
                                   std::shared_ptr<FunctionRegistry> registry,
                                   GrpcAgentOptions options = {},
                                   std::shared_ptr<Store> store = nullptr) {
-  return grpc_agent::StartGrpcGroup(
+  return testing::StartGrpcGroup(
       {.names = names,
        .registry = std::move(registry),
        .options = [&](int) { return options; },
@@ -42,7 +42,7 @@ absl::StatusOr<Agents> StartGroup(const std::vector<std::string>& names,
 }
 
 void ShutdownAll(Agents& agents) {
-  absl::Status s = grpc_agent::ShutdownGrpcGroup(agents);
+  absl::Status s = testing::ShutdownGrpcGroup(agents);
   EXPECT_TRUE(s.ok()) << s;
 }
 

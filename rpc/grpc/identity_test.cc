@@ -10,7 +10,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -21,6 +20,7 @@
 #include "ferry/proto/rpc.grpc.pb.h"
 #include "ferry/rpc/grpc/agent.h"
 #include "ferry/rpc/layer.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tests/util/raw_worker_client.h"
@@ -77,43 +77,35 @@ std::shared_ptr<FunctionRegistry> Registry() {
 std::vector<std::unique_ptr<GrpcAgent>> StartGroup(
     const std::vector<std::string>& names,
     std::vector<GrpcAgentOptions> options, std::vector<Served>& served) {
-  auto store = std::make_shared<HashStore>();
-  auto registry = Registry();
-  const int n = static_cast<int>(names.size());
-  std::vector<std::unique_ptr<GrpcAgent>> agents(n);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    options[i].join_timeout = absl::Seconds(30);
-    options[i].before_serving = [&served, i](Agent& agent) -> absl::Status {
-      for (MessageType type : kProtocol) {
-        absl::Status s = agent.RegisterHandler(type, [&served, i](Message m) {
-          MutexLock lock(&served[i].mu);
-          served[i].seen.push_back(
-              absl::StrCat(MessageTypeName(m.type), " from ", m.caller_name));
-          Message reply;
-          reply.type = m.type;
-          return MakeReadyFuture<Message>(std::move(reply));
-        });
-        if (!s.ok()) return s;
-      }
-      return absl::OkStatus();
-    };
-    threads.emplace_back([&, i] {
-      auto agent = GrpcAgent::Start(names[i], i, n, store, options[i], registry);
-      EXPECT_TRUE(agent.ok()) << agent.status();
-      if (agent.ok()) agents[i] = *std::move(agent);
-    });
+  std::vector<std::unique_ptr<GrpcAgent>> agents;
+  for (auto& agent : testing::StartGrpcAgents(
+           {.names = names,
+            .registry = Registry(),
+            .options = [&](int i) {
+              GrpcAgentOptions o = options[i];
+              o.join_timeout = absl::Seconds(30);
+              o.before_serving = [&served, i](Agent& agent) -> absl::Status {
+                for (MessageType type : kProtocol) {
+                  absl::Status s = agent.RegisterHandler(
+                      type, [&served, i](Message m) {
+                        MutexLock lock(&served[i].mu);
+                        served[i].seen.push_back(absl::StrCat(
+                            MessageTypeName(m.type), " from ", m.caller_name));
+                        Message reply;
+                        reply.type = m.type;
+                        return MakeReadyFuture<Message>(std::move(reply));
+                      });
+                  if (!s.ok()) return s;
+                }
+                return absl::OkStatus();
+              };
+              return o;
+            },
+            .store = nullptr})) {
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    agents.push_back(agent.ok() ? *std::move(agent) : nullptr);
   }
-  for (auto& t : threads) t.join();
   return agents;
-}
-
-void StopAll(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
-  for (auto& a : agents) {
-    if (a) {
-      EXPECT_TRUE(a->Shutdown(/*graceful=*/false).ok());
-    }
-  }
 }
 
 // A raw client of `to` (not a worker).
@@ -225,7 +217,7 @@ TEST(Spoof, CraftedSameHostDescriptorTouchesNoMemory) {
   ASSERT_TRUE(real.ok()) << real.status();
   EXPECT_TRUE(real->equal(full({1 << 16}, 3.0)));
   EXPECT_EQ(ps0.same_host().stats().payloads_received.load(), 1u);
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 // Plaintext without a secret proves nothing: a stranger's protocol message
@@ -239,7 +231,7 @@ TEST(Spoof, PlaintextWithoutSecretServesWhatItCannotCheck) {
       Send(*stub, Claiming(kToyBackward, "trainer0", 1)).ok());
   EXPECT_EQ(served[0].size(), 1u);
   EXPECT_EQ(IdentityRefusals(*agents[0]), 0u);
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 // With a store secret: a stranger (no proof, a proof under another secret,
@@ -300,13 +292,13 @@ TEST(Spoof, StoreSecretBindsTheCallerToItsProof) {
                                         "TOY_CLEANUP from trainer0",
                                         "TOY_CLEANUP from trainer1"}));
   }
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
-class TlsSpoof : public testing::Test {
+class TlsSpoof : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(testing::TempDir() + "/identity_pki");
+    dir_ = new std::string(::testing::TempDir() + "/identity_pki");
     auto pki = testutil::MakeTestPki(*dir_);
     ASSERT_TRUE(pki.ok()) << pki.status();
     pki_ = new testutil::TestPki(*std::move(pki));
@@ -374,7 +366,7 @@ TEST_F(TlsSpoof, CertificateMustNameTheClaimedWorker) {
   auto sent = agents[1]->Send("ps0", m).Get(absl::Seconds(20));
   EXPECT_TRUE(sent.ok()) << sent.status();
   EXPECT_EQ(served[0].size(), 1u);
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 TEST(CallerVerifier, RulesAndProofs) {

@@ -3,8 +3,6 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
-#include <thread>
-#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,14 +10,15 @@
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/tests/util/held_port.h"
+#include "ferry/tests/util/run_ranks.h"
 #include "ferry/tests/util/test_pki.h"
 
 namespace ferry::rpc {
 namespace {
 
-// Starts `n` agents through InitRpc(url) from threads and checks they can call
-// each other; shuts them down together.
-// `while_up` runs once the group has formed.
+// Starts `n` agents through InitRpc(url), one rank per thread, and checks
+// each can call the next; `while_up` runs on rank 0 once the group has
+// formed. Every rank then shuts down gracefully (collectively).
 void RunGroup(
     const std::string& url, int n,
     const std::function<void(const GrpcAgent&)>& while_up =
@@ -27,27 +26,21 @@ void RunGroup(
   auto registry = std::make_shared<FunctionRegistry>();
   ASSERT_TRUE(
       registry->Register("twice", [](int64_t x) { return 2 * x; }).ok());
-  std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents(n);
-  std::vector<std::thread> ts;
-  for (int i = 0; i < n; ++i) {
-    ts.emplace_back([&, i] {
-      GrpcAgentOptions o;
-      o.join_timeout = absl::Seconds(60);
-      agents[i] = InitRpc(absl::StrCat("w", i), url, i, n, o, registry);
-    });
-  }
-  for (auto& t : ts) t.join();
-  for (auto& a : agents) ASSERT_TRUE(a.ok()) << a.status();
-  for (int i = 0; i < n; ++i) {
-    EXPECT_EQ(
-        (*agents[i])->rpc_sync<int64_t>((i + 1) % n, "twice", i).value_or(-1),
-        2 * i);
-  }
-  while_up(**agents[0]);
-  ts.clear();
-  for (auto& a : agents)
-    ts.emplace_back([&a] { EXPECT_TRUE((*a)->Shutdown().ok()); });
-  for (auto& t : ts) t.join();
+  testutil::RunRanks(
+      n,
+      [&](int i) {
+        GrpcAgentOptions o;
+        o.join_timeout = absl::Seconds(60);
+        return InitRpc(absl::StrCat("w", i), url, i, n, o, registry);
+      },
+      [&](int i, absl::StatusOr<std::unique_ptr<GrpcAgent>>& agent) {
+        ASSERT_TRUE(agent.ok()) << agent.status();
+        EXPECT_EQ(
+            (*agent)->rpc_sync<int64_t>((i + 1) % n, "twice", i).value_or(-1),
+            2 * i);
+        if (i == 0) while_up(**agent);
+        EXPECT_TRUE((*agent)->Shutdown().ok());
+      });
 }
 
 TEST(InitRpc, FileInitMethod) {

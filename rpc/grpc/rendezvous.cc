@@ -66,7 +66,7 @@ absl::StatusOr<std::vector<WorkerInfo>> CheckGroup(
 
 }  // namespace
 
-absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> base,
+absl::StatusOr<std::vector<WorkerInfo>> FormGroup(std::shared_ptr<Store> base,
                                                   const WorkerInfo& self,
                                                   int world_size,
                                                   absl::Duration timeout) {

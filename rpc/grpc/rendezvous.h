@@ -21,8 +21,8 @@
 namespace ferry::rpc::grpc_agent {
 
 // The group's workers, indexed by rank. InvalidArgument for an invalid group,
-// DeadlineExceeded when not everyone joins within `timeout`, naming `self`.
-absl::StatusOr<std::vector<WorkerInfo>> JoinGroup(std::shared_ptr<Store> store,
+// DeadlineExceeded when not everyone arrives within `timeout`, naming `self`.
+absl::StatusOr<std::vector<WorkerInfo>> FormGroup(std::shared_ptr<Store> store,
                                                   const WorkerInfo& self,
                                                   int world_size,
                                                   absl::Duration timeout);

@@ -12,7 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tensor/wire.h"
@@ -289,7 +289,7 @@ std::shared_ptr<FunctionRegistry> Twice() {
 std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartTwo(
     std::shared_ptr<Store> store, std::shared_ptr<FunctionRegistry> registry,
     bool second_on) {
-  return grpc_agent::StartGrpcAgents(
+  return testing::StartGrpcAgents(
       {.names = {"w0", "w1"},
        .registry = std::move(registry),
        .options =

@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "ferry/rpc/grpc/agent.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/tensor/wire_grpc.h"
@@ -47,7 +47,7 @@ std::vector<std::unique_ptr<GrpcAgent>> StartPair(
     GrpcAgentOptions b) {
   const GrpcAgentOptions options[2] = {std::move(a), std::move(b)};
   std::vector<std::unique_ptr<GrpcAgent>> agents;
-  for (auto& s : grpc_agent::StartGrpcAgents(
+  for (auto& s : testing::StartGrpcAgents(
            {.names = {"a", "b"},
             .registry = std::move(registry),
             .options = [&](int i) { return options[i]; },

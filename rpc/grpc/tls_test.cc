@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/rpc/grpc/agent.h"
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tests/util/test_pki.h"
 
@@ -56,7 +56,7 @@ class TlsTest : public ::testing::Test {
     std::vector<std::string> names;
     for (size_t i = 0; i < tls.size(); ++i) names.push_back(absl::StrCat("w", i));
     std::vector<std::unique_ptr<GrpcAgent>> agents;
-    for (auto& agent : grpc_agent::StartGrpcAgents(
+    for (auto& agent : testing::StartGrpcAgents(
              {.names = names,
               .registry = registry,
               .options =
@@ -73,14 +73,6 @@ class TlsTest : public ::testing::Test {
     return agents;
   }
 
-  static void StopAll(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
-    for (auto& a : agents) {
-      if (a) {
-      EXPECT_TRUE(a->Shutdown(/*graceful=*/false).ok());
-    }
-    }
-  }
-
   static Result<std::string> Whoami(GrpcAgent& from, int to) {
     return from.rpc_sync_for<std::string>(absl::Seconds(10), to, "whoami");
   }
@@ -94,7 +86,7 @@ TEST_F(TlsTest, MutualTlsPeersCallEachOther) {
   ASSERT_TRUE(agents[0] && agents[1]);
   EXPECT_EQ(Whoami(*agents[0], 1).value_or("?"), "w0");
   EXPECT_EQ(Whoami(*agents[1], 0).value_or("?"), "w1");
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 TEST_F(TlsTest, PlaintextPeerIsRefusedBothWays) {
@@ -111,7 +103,7 @@ TEST_F(TlsTest, PlaintextPeerIsRefusedBothWays) {
       << out.status();
   EXPECT_TRUE(absl::StrContains(out.status().message(), "TLS handshake failed"))
       << out.status();
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 // A worker whose certificate comes from another CA: each side refuses the
@@ -130,7 +122,7 @@ TEST_F(TlsTest, CertificateFromAnotherCaIsRefusedBothWays) {
       << to_rogue.status();
   EXPECT_TRUE(absl::StrContains(to_rogue.status().message(), pki_->ca))
       << to_rogue.status();
-  StopAll(agents);
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
 // A raw gRPC client (not a Ferry worker) that trusts the CA but shows no
@@ -169,7 +161,7 @@ TEST_F(TlsTest, ClientWithoutCertificateRefusedOnlyWhenRequired) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     ferry::admin::v1::WorkerInfo info;
     EXPECT_FALSE(plain->GetWorkerInfo(&context, {}, &info).ok());
-    StopAll(agents);
+    EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
   }
 }
 

@@ -117,7 +117,7 @@ InProcessNetwork::InProcessNetwork(const std::vector<std::string>& names,
   for (const WorkerInfo& w : workers) {
     agents_[w.id].reset(
         new InProcessAgent(this, options_.agent, options_.registry));
-    agents_[w.id]->Join(w, workers);
+    agents_[w.id]->SetGroup(w, workers);
   }
   size_.store(static_cast<int>(workers.size()), std::memory_order_release);
   timer_ = std::thread([this] { TimerLoop(); });
@@ -182,7 +182,7 @@ absl::StatusOr<InProcessAgent*> InProcessNetwork::Join(const std::string& name,
     members.push_back(self);
     agents_[id].reset(
         new InProcessAgent(this, options_.agent, options_.registry));
-    agents_[id]->Join(self, members);
+    agents_[id]->SetGroup(self, members);
     ids_[name] = id;
     joiner = agents_[id].get();
     size_.store(id + 1, std::memory_order_release);

@@ -18,7 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/store/tcp_store.h"
-#include "ferry/tests/util/loopback_store.h"
+#include "ferry/store/testing/loopback_store.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry {

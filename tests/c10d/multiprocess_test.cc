@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "ferry/store/tcp_store.h"
-#include "ferry/tests/util/loopback_store.h"
+#include "ferry/store/testing/loopback_store.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry {
@@ -110,8 +110,9 @@ TEST(C10dMultiProcessTest, EnvInitWithTorchelasticAgentStore) {
     EXPECT_EQ(code.value_or(-1), 0)
         << "worker pid " << w->pid() << ": " << code.status();
   }
-  // Gloo's rendezvous key for rank 0 went to this attempt's namespace.
-  const std::string key = "default_pg/gloo/rank_0";
+  // The default backend's rendezvous key for rank 0 (its store namespace is
+  // the registered name, "auto") went to this attempt's namespace.
+  const std::string key = "default_pg/auto/rank_0";
   auto in_attempt = (*server)->Check({"/worker/attempt_3/" + key});
   auto bare = (*server)->Check({key});
   ASSERT_TRUE(in_attempt.ok() && bare.ok());

@@ -14,7 +14,7 @@
 #include "ferry/c10d/nccl/cuda_util.h"
 #include "gtest/gtest.h"
 #include "ferry/store/tcp_store.h"
-#include "ferry/tests/util/loopback_store.h"
+#include "ferry/store/testing/loopback_store.h"
 #include "ferry/tests/util/subprocess.h"
 
 namespace ferry {

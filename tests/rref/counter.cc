@@ -4,7 +4,11 @@
 
 #include "ferry/common/status.h"
 
-namespace ferry::rref::testing {
+namespace ferry::testutil {
+
+using rref::RRef;
+using rref::RRefContext;
+
 
 absl::Status InstallRRefTestLayer(rpc::Agent& agent,
                                   std::shared_ptr<RRefContext>* out) {
@@ -31,4 +35,4 @@ absl::Status InstallRRefTestLayer(rpc::Agent& agent,
   return absl::OkStatus();
 }
 
-}  // namespace ferry::rref::testing
+}  // namespace ferry::testutil

@@ -11,7 +11,7 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rref/rref.h"
 
-namespace ferry::rref::testing {
+namespace ferry::testutil {
 
 class Counter {
  public:
@@ -35,8 +35,8 @@ class Counter {
 // "counter_add"(RRef<Counter>, x) (calls the object's add from this process),
 // "fetch"(RRef<int64>) (to_here from this process).
 absl::Status InstallRRefTestLayer(rpc::Agent& agent,
-                                  std::shared_ptr<RRefContext>* out);
+                                  std::shared_ptr<rref::RRefContext>* out);
 
-}  // namespace ferry::rref::testing
+}  // namespace ferry::testutil
 
 #endif  // FERRY_TESTS_RREF_COUNTER_H_

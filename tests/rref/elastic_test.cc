@@ -27,7 +27,7 @@
 namespace ferry::rref {
 namespace {
 
-using testing::Counter;
+using testutil::Counter;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
 
@@ -87,7 +87,7 @@ class ElasticGroup : public ::testing::Test {
   void SetUp() override {
     rpc::GrpcAgentOptions options;
     options.before_serving = [this](rpc::Agent& agent) {
-      RETURN_IF_ERROR(testing::InstallRRefTestLayer(agent, &ctx_));
+      RETURN_IF_ERROR(testutil::InstallRRefTestLayer(agent, &ctx_));
       // Hands each trainer a fork of the counter this worker owns.
       RETURN_IF_ERROR(agent.Register("get_counter", [this] {
         MutexLock lock(&mu_);

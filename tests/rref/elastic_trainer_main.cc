@@ -28,9 +28,9 @@ void Say(const std::string& line) {
 
 // One "work N": the counter's new total and worker1's N + N.
 absl::StatusOr<std::string> Work(RRefContext& ctx, rpc::Agent& agent,
-                                 RRef<testing::Counter>& counter, int64_t n) {
+                                 RRef<testutil::Counter>& counter, int64_t n) {
   if (!counter.valid()) {
-    ASSIGN_OR_RETURN(counter, agent.rpc_sync<RRef<testing::Counter>>(
+    ASSIGN_OR_RETURN(counter, agent.rpc_sync<RRef<testutil::Counter>>(
                                   "worker0", "get_counter"));
   }
   ASSIGN_OR_RETURN(int64_t total,
@@ -45,7 +45,7 @@ int Run(const std::string& name) {
   rpc::GrpcAgentOptions options;
   options.join_timeout = kWait;
   options.before_serving = [&ctx](rpc::Agent& agent) {
-    return testing::InstallRRefTestLayer(agent, &ctx);
+    return testutil::InstallRRefTestLayer(agent, &ctx);
   };
   auto agent = rpc::JoinRpc(name, "env://", options);
   if (!agent.ok()) {
@@ -54,7 +54,7 @@ int Run(const std::string& name) {
   }
   Say(absl::StrCat("joined ", (*agent)->self().id, " ",
                    (*agent)->world_size()));
-  RRef<testing::Counter> counter;
+  RRef<testutil::Counter> counter;
   std::string line;
   for (int i = 0; i < 100 && std::getline(std::cin, line); ++i) {
     std::vector<std::string> cmd = absl::StrSplit(line, ' ');

@@ -18,7 +18,7 @@
 namespace ferry::rref {
 namespace {
 
-using testing::Counter;
+using testutil::Counter;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
@@ -28,7 +28,7 @@ class Group {
   absl::Status Start(int world) {
     rpc::GrpcAgentOptions options;
     options.before_serving = [this](rpc::Agent& agent) {
-      return testing::InstallRRefTestLayer(agent, &ctx_);
+      return testutil::InstallRRefTestLayer(agent, &ctx_);
     };
     return procs_.Start(world, "tests/rref/worker_main", std::move(options));
   }

@@ -25,7 +25,7 @@
 namespace ferry::rref {
 namespace {
 
-using testing::Counter;
+using testutil::Counter;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
 
@@ -35,7 +35,7 @@ absl::Status StartGroup(testutil::WorkerProcesses& procs,
                         std::shared_ptr<RRefContext>& ctx) {
   rpc::GrpcAgentOptions options;
   options.before_serving = [&ctx](rpc::Agent& agent) {
-    return testing::InstallRRefTestLayer(agent, &ctx);
+    return testutil::InstallRRefTestLayer(agent, &ctx);
   };
   return procs.Start(2, "tests/rref/worker_main", std::move(options));
 }

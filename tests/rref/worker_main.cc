@@ -15,7 +15,7 @@ int main() {
   ferry::rpc::GrpcAgentOptions options;
   options.join_timeout = absl::Seconds(60);
   options.before_serving = [&ctx](ferry::rpc::Agent& agent) {
-    return ferry::rref::testing::InstallRRefTestLayer(agent, &ctx);
+    return ferry::testutil::InstallRRefTestLayer(agent, &ctx);
   };
   auto agent = ferry::rpc::InitRpc(absl::StrCat("worker", rank), "env://", -1,
                                    -1, options);

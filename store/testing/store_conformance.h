@@ -6,8 +6,8 @@
 // instantiate StoreConformanceTest with it inside namespace ferry (the
 // suite's name is unqualified); store/hash_store_test.cc is the smallest
 // instance, store/tcp_store_test.cc one whose fixture owns a server. BUILD:
-// deps = ["//store:store_conformance", "@system//:gtest_main"] (the library
-// is alwayslink, so its TEST_Ps are linked in).
+// deps = ["//store/testing:store_conformance", "@system//:gtest_main"] (the
+// library is alwayslink, so its TEST_Ps are linked in).
 //
 // What the suite requires beyond store.h:
 // - A timeout is DeadlineExceeded whose message contains every missing key
@@ -19,8 +19,8 @@
 // The suite uses timeouts of 50-300 ms for expected timeouts and sets a long
 // timeout (20 s) for operations expected to succeed, so it stays fast and
 // is not flaky under sanitizers.
-#ifndef FERRY_STORE_STORE_CONFORMANCE_H_
-#define FERRY_STORE_STORE_CONFORMANCE_H_
+#ifndef FERRY_STORE_TESTING_STORE_CONFORMANCE_H_
+#define FERRY_STORE_TESTING_STORE_CONFORMANCE_H_
 
 #include <cstdint>
 #include <functional>
@@ -87,4 +87,4 @@ class StoreConformanceTest
 
 }  // namespace ferry
 
-#endif  // FERRY_STORE_STORE_CONFORMANCE_H_
+#endif  // FERRY_STORE_TESTING_STORE_CONFORMANCE_H_

@@ -1,4 +1,4 @@
-#include "ferry/rpc/grpc/cluster.h"
+#include "ferry/rpc/testing/grpc_cluster.h"
 
 #include <thread>
 #include <utility>
@@ -11,10 +11,10 @@
 #include "ferry/rpc/grpc/rendezvous.h"
 #include "ferry/store/hash_store.h"
 
-namespace ferry::rpc::grpc_agent {
+namespace ferry::rpc::testing {
 namespace {
 
-class GrpcCluster final : public testing::AgentCluster {
+class GrpcCluster final : public AgentCluster {
  public:
   GrpcCluster(std::vector<std::unique_ptr<GrpcAgent>> agents,
               std::shared_ptr<Store> store, GrpcAgentOptions options,
@@ -44,7 +44,7 @@ class GrpcCluster final : public testing::AgentCluster {
     agents_[i].reset();
   }
   int ArrivedAtShutdownBarrier() override {
-    absl::StatusOr<int64_t> n = ShutdownBarrierArrivals(store_);
+    absl::StatusOr<int64_t> n = grpc_agent::ShutdownBarrierArrivals(store_);
     return n.ok() ? static_cast<int>(*n) : -1;
   }
   absl::StatusOr<Agent*> Join(const std::string& name) override {
@@ -72,8 +72,8 @@ class GrpcCluster final : public testing::AgentCluster {
   std::vector<std::unique_ptr<GrpcAgent>> agents_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> Start(
-    const testing::ClusterSpec& spec, GrpcAgentOptions options) {
+absl::StatusOr<std::unique_ptr<AgentCluster>> Start(
+    const ClusterSpec& spec, GrpcAgentOptions options) {
   auto store = std::make_shared<HashStore>();
   static_cast<Agent::Options&>(options) = spec.options;
   ASSIGN_OR_RETURN(
@@ -92,6 +92,12 @@ std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
     const GrpcGroupSpec& spec) {
   std::shared_ptr<Store> store = spec.store;
   if (store == nullptr) store = std::make_shared<HashStore>();
+  return StartGrpcAgents(spec, [&](int) { return store; });
+}
+
+std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
+    const GrpcGroupSpec& spec,
+    const std::function<std::shared_ptr<Store>(int rank)>& store_for) {
   const int n = static_cast<int>(spec.names.size());
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> results(n);
   std::vector<std::thread> threads;
@@ -99,7 +105,7 @@ std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       results[i] = GrpcAgent::Start(
-          spec.names[i], i, n, store,
+          spec.names[i], i, n, store_for(i),
           spec.options ? spec.options(i) : GrpcAgentOptions{}, spec.registry);
     });
   }
@@ -136,22 +142,36 @@ absl::Status ShutdownGrpcGroup(std::vector<std::unique_ptr<GrpcAgent>>& agents) 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcCluster(
-    const testing::ClusterSpec& spec) {
+absl::Status StopGrpcGroup(std::vector<std::unique_ptr<GrpcAgent>>& agents) {
+  absl::Status first;
+  for (std::unique_ptr<GrpcAgent>& agent : agents) {
+    if (agent == nullptr) continue;
+    absl::Status s = agent->Shutdown(/*graceful=*/false);
+    if (!s.ok() && first.ok()) {
+      first = absl::Status(s.code(), absl::StrCat("stopping worker '",
+                                                  agent->self().name,
+                                                  "': ", s.message()));
+    }
+  }
+  return first;
+}
+
+absl::StatusOr<std::unique_ptr<AgentCluster>> StartGrpcCluster(
+    const ClusterSpec& spec) {
   GrpcAgentOptions options;
   options.same_host.enabled = false;
   return Start(spec, std::move(options));
 }
 
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcSameHostCluster(
-    const testing::ClusterSpec& spec) {
+absl::StatusOr<std::unique_ptr<AgentCluster>> StartGrpcSameHostCluster(
+    const ClusterSpec& spec) {
   GrpcAgentOptions options;
   options.same_host.min_bytes = 1;
   return Start(spec, std::move(options));
 }
 
-absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
-    const testing::ClusterSpec& spec) {
+absl::StatusOr<std::unique_ptr<AgentCluster>> StartGrpcStreamedCluster(
+    const ClusterSpec& spec) {
   GrpcAgentOptions options;
   options.same_host.enabled = false;
   options.stream.threshold_bytes = 0;
@@ -159,4 +179,4 @@ absl::StatusOr<std::unique_ptr<testing::AgentCluster>> StartGrpcStreamedCluster(
   return Start(spec, std::move(options));
 }
 
-}  // namespace ferry::rpc::grpc_agent
+}  // namespace ferry::rpc::testing

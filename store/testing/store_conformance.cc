@@ -1,4 +1,4 @@
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 
 #include <algorithm>
 #include <atomic>

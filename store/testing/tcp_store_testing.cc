@@ -1,4 +1,4 @@
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -15,9 +15,16 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace ferry {
-namespace tcpstore {
-namespace testing {
+namespace ferry::testutil {
+
+using tcpstore::Generation;
+using tcpstore::Op;
+using tcpstore::PutBytes;
+using tcpstore::PutU8;
+using tcpstore::PutU32;
+using tcpstore::PutU64;
+using tcpstore::LoadU64;
+using tcpstore::WireCode;
 
 RawClient::~RawClient() { Close(); }
 
@@ -211,6 +218,4 @@ uint64_t RaiseFdLimit(uint64_t want) {
   return rl.rlim_cur;
 }
 
-}  // namespace testing
-}  // namespace tcpstore
-}  // namespace ferry
+}  // namespace ferry::testutil

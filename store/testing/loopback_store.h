@@ -1,8 +1,8 @@
 // A TCPStore server (with its own client) hosted by a test process on
 // 127.0.0.1 at a port the kernel picks, for the processes the test spawns
 // to meet through (MASTER_ADDR=127.0.0.1, MASTER_PORT=store->port()).
-#ifndef FERRY_TESTS_UTIL_LOOPBACK_STORE_H_
-#define FERRY_TESTS_UTIL_LOOPBACK_STORE_H_
+#ifndef FERRY_STORE_TESTING_LOOPBACK_STORE_H_
+#define FERRY_STORE_TESTING_LOOPBACK_STORE_H_
 
 #include <memory>
 
@@ -18,4 +18,4 @@ absl::StatusOr<std::unique_ptr<TcpStore>> StartLoopbackStore(
 
 }  // namespace ferry::testutil
 
-#endif  // FERRY_TESTS_UTIL_LOOPBACK_STORE_H_
+#endif  // FERRY_STORE_TESTING_LOOPBACK_STORE_H_

@@ -3,8 +3,8 @@
 // builders for both protocol generations.
 //
 // Thread safety: a RawClient is used by one thread at a time.
-#ifndef FERRY_STORE_TCP_STORE_TESTING_H_
-#define FERRY_STORE_TCP_STORE_TESTING_H_
+#ifndef FERRY_STORE_TESTING_TCP_STORE_TESTING_H_
+#define FERRY_STORE_TESTING_TCP_STORE_TESTING_H_
 
 #include <cstdint>
 #include <string>
@@ -16,9 +16,7 @@
 #include "absl/time/time.h"
 #include "ferry/store/tcp_store_protocol.h"
 
-namespace ferry {
-namespace tcpstore {
-namespace testing {
+namespace ferry::testutil {
 
 class RawClient {
  public:
@@ -52,27 +50,25 @@ class RawClient {
 };
 
 // Frame builders. `gen` picks the query-type numbering.
-std::string Validate(uint32_t magic = kValidationMagic);
-std::string SetFrame(Generation gen, absl::string_view key,
+std::string Validate(uint32_t magic = tcpstore::kValidationMagic);
+std::string SetFrame(tcpstore::Generation gen, absl::string_view key,
                      absl::string_view value);
-std::string GetFrame(Generation gen, absl::string_view key);
-std::string AddFrame(Generation gen, absl::string_view key, int64_t delta);
-std::string KeysFrame(Generation gen, Op op,
+std::string GetFrame(tcpstore::Generation gen, absl::string_view key);
+std::string AddFrame(tcpstore::Generation gen, absl::string_view key, int64_t delta);
+std::string KeysFrame(tcpstore::Generation gen, tcpstore::Op op,
                       const std::vector<std::string>& keys);
-std::string KeyFrame(Generation gen, Op op, absl::string_view key);
-std::string KeyValueFrame(Generation gen, Op op, absl::string_view key,
+std::string KeyFrame(tcpstore::Generation gen, tcpstore::Op op, absl::string_view key);
+std::string KeyValueFrame(tcpstore::Generation gen, tcpstore::Op op, absl::string_view key,
                           absl::string_view value);
-std::string CompareSetFrame(Generation gen, absl::string_view key,
+std::string CompareSetFrame(tcpstore::Generation gen, absl::string_view key,
                             absl::string_view expected,
                             absl::string_view desired);
-std::string BareFrame(Generation gen, Op op);
+std::string BareFrame(tcpstore::Generation gen, tcpstore::Op op);
 
 // Raises RLIMIT_NOFILE's soft limit to min(hard, want); returns the new soft
 // limit.
 uint64_t RaiseFdLimit(uint64_t want);
 
-}  // namespace testing
-}  // namespace tcpstore
-}  // namespace ferry
+}  // namespace ferry::testutil
 
-#endif  // FERRY_STORE_TCP_STORE_TESTING_H_
+#endif  // FERRY_STORE_TESTING_TCP_STORE_TESTING_H_

@@ -1,4 +1,4 @@
-#include "ferry/tests/util/loopback_store.h"
+#include "ferry/store/testing/loopback_store.h"
 
 namespace ferry::testutil {
 
