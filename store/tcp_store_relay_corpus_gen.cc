@@ -7,11 +7,13 @@
 #include <string>
 
 #include "ferry/store/tcp_store_protocol.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 #include "ferry/tools/fuzz/corpus_writer.h"
 
-namespace ferry::tcpstore::testing {
+namespace ferry::tcpstore {
 namespace {
+
+using namespace ::ferry::testutil;  // NOLINT: frame builders read better bare.
 
 constexpr Generation kCur = Generation::kCurrent;
 constexpr Generation kLeg = Generation::kLegacy;
@@ -59,8 +61,8 @@ fuzz::CorpusFiles Files() {
 }
 
 }  // namespace
-}  // namespace ferry::tcpstore::testing
+}  // namespace ferry::tcpstore
 
 int main(int argc, char** argv) {
-  return ferry::fuzz::CorpusMain(argc, argv, ferry::tcpstore::testing::Files);
+  return ferry::fuzz::CorpusMain(argc, argv, ferry::tcpstore::Files);
 }

@@ -27,15 +27,15 @@
 #include "ferry/store/tcp_store_protocol.h"
 #include "ferry/store/tcp_store_relay.h"
 #include "ferry/store/tcp_store_server.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 
 namespace {
 
 using ferry::TcpStoreRelay;
 using ferry::TcpStoreServer;
-using ferry::tcpstore::testing::RawClient;
+using ferry::testutil::RawClient;
 namespace tcpstore = ferry::tcpstore;
-namespace t = ferry::tcpstore::testing;
+namespace t = ferry::testutil;
 
 constexpr absl::Duration kBound = absl::Seconds(10);
 

@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/common/poll.h"
 #include "ferry/common/status.h"
-#include "ferry/store/store_conformance.h"
+#include "ferry/store/testing/store_conformance.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/store/tcp_store_server.h"
-#include "ferry/store/tcp_store_testing.h"
+#include "ferry/store/testing/tcp_store_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -29,8 +29,8 @@ namespace {
 
 using tcpstore::Generation;
 using tcpstore::Op;
-using tcpstore::testing::RawClient;
-namespace t = tcpstore::testing;
+using testutil::RawClient;
+namespace t = testutil;
 
 constexpr absl::Duration kLimit = absl::Seconds(20);
 
