@@ -64,7 +64,9 @@ using FunctionalOptions =
 // DESTROY [optimizer id].
 inline constexpr rpc::MessageType kOptimCreate =
     static_cast<rpc::MessageType>(40);
+// STEP: apply one context's gradients with an optimizer (see above).
 inline constexpr rpc::MessageType kOptimStep = static_cast<rpc::MessageType>(41);
+// DESTROY: free an optimizer (see above).
 inline constexpr rpc::MessageType kOptimDestroy =
     static_cast<rpc::MessageType>(42);
 

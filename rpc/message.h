@@ -48,7 +48,7 @@ std::string MessageTypeName(MessageType type);
 // they are and the layer decodes them (trusting nothing).
 struct LayerHeader {
   uint32_t layer = 0;  // Never 0.
-  std::string bytes;
+  std::string bytes;  // The layer's encoding.
   friend bool operator==(const LayerHeader&, const LayerHeader&) = default;
 };
 // At most one header per layer, in ascending layer order.
@@ -83,6 +83,7 @@ struct Message {
   const std::string* FindHeader(uint32_t layer) const;
   // Sets (or replaces) layer `layer`'s header.
   void SetHeader(uint32_t layer, std::string bytes);
+  // Removes layer `layer`'s header, if any.
   void ClearHeader(uint32_t layer);
   // Short form for logs and errors: "CALL 'add' from 'w0'".
   std::string DebugString() const;

@@ -27,11 +27,17 @@ namespace ferry::rref {
 // Wire numbers (unchanged from when rpc/ listed them).
 // remote(): run a function, keep the result on the callee (owner RRef).
 inline constexpr rpc::MessageType kRemoteCall = static_cast<rpc::MessageType>(2);
+// to_here(): fetch an owner's value.
 inline constexpr rpc::MessageType kRRefFetch = static_cast<rpc::MessageType>(10);
+// A user -> the owner: its fork is gone (batched, see rref_protocol.md).
 inline constexpr rpc::MessageType kRRefUserDelete =
     static_cast<rpc::MessageType>(11);
+// A user that received the RRef from another user -> the owner: register
+// its fork.
 inline constexpr rpc::MessageType kRRefForkRequest =
     static_cast<rpc::MessageType>(12);
+// The fork's receiver -> its parent: the owner knows the fork, so the parent
+// may drop the reference it kept for it.
 inline constexpr rpc::MessageType kRRefChildAccept =
     static_cast<rpc::MessageType>(13);
 // Proxy calls on remote objects (rref.h).

@@ -23,7 +23,9 @@
 namespace ferry::autograd::dist {
 
 // Wire numbers (unchanged from when rpc/ listed them).
+// BACKWARD: run a context's backward pass from a recv node on the callee.
 inline constexpr rpc::MessageType kBackward = static_cast<rpc::MessageType>(20);
+// CLEANUP_AUTOGRAD_CONTEXT: release a context on the callee.
 inline constexpr rpc::MessageType kCleanupAutogradContext =
     static_cast<rpc::MessageType>(21);
 
@@ -39,9 +41,10 @@ struct AutogradFields {
                          const AutogradFields&) = default;
 };
 
+// What autograd puts in a message's layer header (kAutogradHeader).
 struct AutogradHeader {
   std::optional<GlobalId> context;  // The context the request travels in.
-  std::optional<AutogradFields> fields;
+  std::optional<AutogradFields> fields;  // Send/recv pairing, BACKWARD.
   friend bool operator==(const AutogradHeader&,
                          const AutogradHeader&) = default;
 };
