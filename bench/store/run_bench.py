@@ -202,10 +202,12 @@ def cpu_ticks(pid):
     return int(fields[11]), int(fields[12])
 
 
-def bench_throughput(kind, clients, procs, seconds, limit, server_kind=None):
+def bench_throughput(kind, clients, procs, seconds, limit, server_kind=None,
+                     legacy=False):
     """Aggregate add ops/s of `kind` clients against a `server_kind` server
     (default: the same kind), and the server's (user, system) CPU seconds
-    per op. Ferry's clients speak 1.13's protocol to PyTorch's server."""
+    per op. Ferry's clients speak 1.13's protocol to PyTorch's server, and
+    to Ferry's with `legacy`."""
     server_kind = server_kind or kind
     port = free_port()
     job = Job(limit)
@@ -213,7 +215,7 @@ def bench_throughput(kind, clients, procs, seconds, limit, server_kind=None):
         server = serve(job, server_kind, port)
         before = cpu_ticks(server.pid)
         extra = {"legacy_protocol": "true"} if (
-            kind == "ferry" and server_kind == "pytorch") else {}
+            kind == "ferry" and (server_kind == "pytorch" or legacy)) else {}
         ps = [job.spawn(cmd(kind, "throughput", port=port, count=c,
                             seconds=seconds, **extra))
               for c in split(clients, min(procs, clients))]
@@ -352,30 +354,31 @@ def main():
     # a burst of other load during one measurement would skew the ratio.
     runs = {"rtt": [], "rtt_epoll": [], "ferry": [], "pytorch": []}
     if a.skip_latency:
-        return
-    for _ in range(a.latency_repeats):
-        same, cross = rtt(a.iters)
-        runs["rtt"].append(same)
-        runs["rtt_epoll"].append(cross)
-        runs["ferry"].append(bench_latency("ferry", a.iters, a.limit))
-        runs["pytorch"].append(bench_latency("pytorch", a.iters, a.limit))
-    r = min(runs["rtt"])
-    re = min(runs["rtt_epoll"])
-    fl = {op: min(x[op] for x in runs["ferry"]) for op in ("set", "get", "add")}
-    pl = {op: min(x[op] for x in runs["pytorch"]) for op in ("set", "get", "add")}
-    print(f"raw TCP round trip (C++, same run): {r:.1f} us "
-          f"(best of {a.latency_repeats} interleaved runs, as are the ops)")
-    print(f"raw TCP round trip to another process in epoll_wait: {re:.1f} us")
-    print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9} {'ferry/rtt_epoll':>15}")
-    for op in ("set", "get", "add"):
-        print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f} "
-              f"{fl[op] / re:>15.2f}")
-    emit({"figure": "raw_tcp_rtt_us", "value": r})
-    emit({"figure": "raw_tcp_rtt_epoll_process_us", "value": re})
-    for op in ("set", "get", "add"):
-        emit({"figure": "store_latency_us", "op": op, "ferry": fl[op],
-              "pytorch": pl[op], "ferry_over_rtt": fl[op] / r,
-              "ferry_over_rtt_epoll": fl[op] / re})
+        print("skipped (--skip_latency)")
+    else:
+        for _ in range(a.latency_repeats):
+            same, cross = rtt(a.iters)
+            runs["rtt"].append(same)
+            runs["rtt_epoll"].append(cross)
+            runs["ferry"].append(bench_latency("ferry", a.iters, a.limit))
+            runs["pytorch"].append(bench_latency("pytorch", a.iters, a.limit))
+        r = min(runs["rtt"])
+        re = min(runs["rtt_epoll"])
+        fl = {op: min(x[op] for x in runs["ferry"]) for op in ("set", "get", "add")}
+        pl = {op: min(x[op] for x in runs["pytorch"]) for op in ("set", "get", "add")}
+        print(f"raw TCP round trip (C++, same run): {r:.1f} us "
+              f"(best of {a.latency_repeats} interleaved runs, as are the ops)")
+        print(f"raw TCP round trip to another process in epoll_wait: {re:.1f} us")
+        print(f"{'op':>4} {'ferry':>8} {'pytorch':>8} {'ferry/rtt':>9} {'ferry/rtt_epoll':>15}")
+        for op in ("set", "get", "add"):
+            print(f"{op:>4} {fl[op]:>8.1f} {pl[op]:>8.1f} {fl[op] / r:>9.2f} "
+                  f"{fl[op] / re:>15.2f}")
+        emit({"figure": "raw_tcp_rtt_us", "value": r})
+        emit({"figure": "raw_tcp_rtt_epoll_process_us", "value": re})
+        for op in ("set", "get", "add"):
+            emit({"figure": "store_latency_us", "op": op, "ferry": fl[op],
+                  "pytorch": pl[op], "ferry_over_rtt": fl[op] / r,
+                  "ferry_over_rtt_epoll": fl[op] / re})
 
     print(f"\n## 3b. aggregate add ops/s (best of {a.tp_repeats} interleaved runs)")
     print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6}")
@@ -391,15 +394,17 @@ def main():
 
     # The servers alone: the same C++ clients against each, and where the
     # server's time goes (user vs kernel, from /proc), per op.
-    print(f"\n## 3c. servers side by side: Ferry's C++ clients against each "
-          f"server, add ops/s and server CPU per op in us "
+    print(f"\n## 3c. servers side by side: Ferry's C++ clients speaking 1.13's "
+          f"protocol to each server, add ops/s and server CPU per op in us "
           f"(best of {a.tp_repeats} interleaved runs)")
     print(f"{'clients':>7} {'ferry':>10} {'pytorch':>10} {'ratio':>6} "
           f"{'ferry usr/sys':>14} {'pytorch usr/sys':>16}")
     for c in [int(x) for x in a.server_tp_clients.split(",") if x]:
         fs, ps_ = [], []
         for _ in range(a.tp_repeats):
-            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit))
+            # The same client and the same protocol (1.13's) against both.
+            fs.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit,
+                                       legacy=True))
             ps_.append(bench_throughput("ferry", c, a.procs, a.seconds, a.limit,
                                         server_kind="pytorch"))
         (f, fcpu), (p, pcpu) = max(fs), max(ps_)
