@@ -854,6 +854,12 @@ Future<Message> RRefContext::SendCarrying(int owner, Message m,
 
 absl::Status RRefContext::ApplyPiggybackedDeletes(const WorkerInfo& peer,
                                                   Message& m) {
+  // Only the RRef layer's own requests carry deletions (SendCarrying,
+  // remote()): a header on any other type (a plain CALL, which an
+  // unauthenticated connection may send) deletes nothing.
+  if (m.type != kRemoteCall && m.type != kRRefFetch && m.type != kRRefMethod) {
+    return absl::OkStatus();
+  }
   if (m.FindHeader(kRRefHeader) == nullptr) return absl::OkStatus();
   absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
   if (!f.ok()) {

@@ -658,37 +658,45 @@ TEST_F(PiggybackTest, DuplicatedCarrierIsHarmless) {
   EXPECT_EQ(ForksOnB(), 2u);
 }
 
-// Deletions ride in the RRef header of a request (of any type) and are its
-// sender's own; the owner refuses a malformed header naming the sender and
-// applies nothing from it.
-TEST_F(PiggybackTest, HeaderDeletionsApplyAndMalformedOnesAreRefused) {
+// Deletions ride in the RRef header of the layer's own requests
+// (REMOTE_CALL, RREF_FETCH, RREF_METHOD) and are their sender's own; the
+// owner refuses a malformed header there naming the sender and applies
+// nothing from it. On any other type (a plain CALL, which an
+// unauthenticated connection may send) the header deletes nothing.
+TEST_F(PiggybackTest, OnlyCarriersDeleteAndMalformedHeadersAreRefused) {
   RRef<int64_t> r = Confirmed("a", "b");
   RRef<int64_t> kept = Confirmed("a", "b");
-  auto send = [&](const std::function<void(rpc::Message&)>& edit) {
+  auto send = [&](MessageType type,
+                  const std::function<void(rpc::Message&)>& edit) {
     rpc::Message m;
-    m.type = MessageType::kCall;
+    m.type = type;
     m.function = "add";
     m.payload = Value::FromList({Value::Int(1), Value::Int(2)});
     edit(m);
     Future<rpc::Message> f = net_.agent("c").Send("b", std::move(m), kWait);
-    net_.Deliver(Serve(MessageType::kCall, "c", "b")).IgnoreError();
+    net_.Deliver(Serve(type, "c", "b")).IgnoreError();
     return f.Get(kWait).status();
   };
   ASSERT_EQ(ForksOnB(), 2u);
+  RRefFields f;
+  f.deletes = {{r.rref_id(), r.fork_id()}};
+  // A CALL's header deletes nothing.
+  EXPECT_TRUE(send(MessageType::kCall,
+                   [&](rpc::Message& m) { SetFields(m, f); })
+                  .ok());
+  EXPECT_EQ(ForksOnB(), 2u);
   // Field 6 (deletes) cut short, then with an odd count of ids.
   for (const std::string& bytes :
        {std::string("\x32\x05\x01", 3), std::string("\x32\x01\x05", 3)}) {
     absl::Status bad = send(
-        [&](rpc::Message& m) { m.SetHeader(kRRefHeader, bytes); });
+        kRRefFetch, [&](rpc::Message& m) { m.SetHeader(kRRefHeader, bytes); });
     EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(bad.message().find("'c'"), std::string::npos) << bad;
     EXPECT_NE(bad.message().find("RRef header"), std::string::npos) << bad;
   }
   EXPECT_EQ(ForksOnB(), 2u);
-  RRefFields f;
-  f.deletes = {{r.rref_id(), r.fork_id()}};
-  EXPECT_TRUE(send([&](rpc::Message& m) { SetFields(m, f); }).ok());
-  EXPECT_EQ(ForksOnB(), 1u);
+  // Deletions carried by real carriers: DuplicatedCarrierIsHarmless and the
+  // tests above.
 }
 
 // The header's fields survive encoding, deletions included.
