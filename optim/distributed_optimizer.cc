@@ -148,7 +148,8 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
     if (self == nullptr) return Reply(gone());
     auto args = Arguments<int64_t, int64_t>(m);
     if (!args.ok()) return Reply(args.status());
-    absl::Status s = self->Step(std::get<0>(*args), std::get<1>(*args));
+    absl::Status s =
+        self->Step(m.caller_id, std::get<0>(*args), std::get<1>(*args));
     if (!s.ok()) return Reply(s);
     return Reply(Value::None());
   }));
@@ -156,7 +157,8 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
     auto args = Arguments<int64_t>(m);
     if (!args.ok()) return Reply(args.status());
     if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
-      self->Destroy(std::get<0>(*args));
+      absl::Status s = self->Destroy(m.caller_id, std::get<0>(*args));
+      if (!s.ok()) return Reply(s);
     }
     return Reply(Value::None());
   }));
@@ -296,12 +298,29 @@ absl::Status DistOptimizerService::StepOne(int64_t id, const Tensor& leaf,
                                   autograd::ShapeString(params[i]), ")"));
 }
 
-absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
+namespace {
+
+// PermissionDenied: worker id `caller` asked for `what` on optimizer `id`,
+// which worker id `creator` created.
+absl::Status NotTheCreator(const std::string& where, int caller, int64_t id,
+                           int creator) {
+  return absl::PermissionDeniedError(absl::StrCat(
+      where, ": optimizer ", id, " belongs to worker id ", creator,
+      ", not to the caller, worker id ", caller));
+}
+
+}  // namespace
+
+absl::Status DistOptimizerService::Step(int caller, int64_t id,
+                                        int64_t context_id) {
   std::shared_ptr<Owned> owned = Find(id);
   const std::string where =
       absl::StrCat("worker '", agent_.self().name, "' optimizer step");
   if (owned == nullptr) {
     return absl::NotFoundError(absl::StrCat(where, ": unknown optimizer"));
+  }
+  if (owned->creator != caller) {
+    return NotTheCreator(where, caller, id, owned->creator);
   }
   absl::StatusOr<autograd::dist::GradientMap> grads = dist_->GetGradients(
       GlobalId::FromValue(static_cast<uint64_t>(context_id)));
@@ -320,9 +339,17 @@ absl::Status DistOptimizerService::Step(int64_t id, int64_t context_id) {
   return Annotate(s, where);
 }
 
-void DistOptimizerService::Destroy(int64_t id) {
+absl::Status DistOptimizerService::Destroy(int caller, int64_t id) {
   MutexLock l(&mu_);
-  optimizers_.erase(id);
+  auto it = optimizers_.find(id);
+  if (it == optimizers_.end()) return absl::OkStatus();
+  if (it->second->creator != caller) {
+    return NotTheCreator(
+        absl::StrCat("worker '", agent_.self().name, "' optimizer destroy"),
+        caller, id, it->second->creator);
+  }
+  optimizers_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<DistributedOptimizer>>

@@ -122,11 +122,15 @@ class DistOptimizerService {
   absl::StatusOr<int64_t> Create(int creator, const std::string& kind,
                                  const std::vector<double>& options,
                                  const std::vector<rref::RRef<Tensor>>& params);
-  absl::Status Step(int64_t id, int64_t context_id);
+  // Steps optimizer `id` with context `context_id`'s gradients, for its
+  // creator `caller` alone (PermissionDenied naming both otherwise).
+  absl::Status Step(int caller, int64_t id, int64_t context_id);
   // The fused step of one parameter (FusedStepHandler).
   absl::Status StepOne(int64_t id, const Tensor& leaf, const Tensor& grad);
   std::shared_ptr<Owned> Find(int64_t id) const;
-  void Destroy(int64_t id);
+  // Frees optimizer `id` for its creator `caller` (PermissionDenied naming
+  // both when another worker asks; OK when the id is unknown).
+  absl::Status Destroy(int caller, int64_t id);
 
   rpc::Agent& agent_;
   const std::shared_ptr<autograd::dist::DistAutogradContainer> dist_;

@@ -420,6 +420,40 @@ TEST_F(DistOptimizerTest, UnknownOptimizerKindIsRefusedNamingTheOwner) {
   EXPECT_FALSE(trainer().rpc_sync<int64_t>("ps", "ferry.optim.create").ok());
 }
 
+// Only an optimizer's creator may step or destroy it: another worker that
+// names its id (ids are small integers) is refused, naming both, and the
+// optimizer stays.
+TEST_F(DistOptimizerTest, OnlyTheCreatorStepsOrDestroysAnOptimizer) {
+  auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
+  ASSERT_TRUE(params.ok()) << params.status();
+  auto opt = DistributedOptimizer::Create(trainer(), SgdOptions{}, *params);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  ASSERT_EQ(services_[1]->num_optimizers(), 1u);
+  int denied = 0;
+  for (int64_t id = 0; id < 8; ++id) {
+    for (rpc::MessageType type : {kOptimStep, kOptimDestroy}) {
+      rpc::Message m;
+      m.type = type;
+      m.payload = type == kOptimStep
+                      ? Value::FromList({Value::Int(id), Value::Int(0)})
+                      : Value::FromList({Value::Int(id)});
+      // "ps" itself asks: any worker but the trainer.
+      Result<rpc::Message> r =
+          net_->agent(1).Send("ps", m, absl::Seconds(30)).Get();
+      if (r.status().code() != absl::StatusCode::kPermissionDenied) continue;
+      ++denied;
+      EXPECT_NE(r.status().message().find("belongs to worker id 0, not to "
+                                          "the caller, worker id 1"),
+                std::string::npos)
+          << r.status();
+    }
+  }
+  EXPECT_EQ(denied, 2);  // The one optimizer, step and destroy.
+  EXPECT_EQ(services_[1]->num_optimizers(), 1u);
+  opt->reset();  // Its creator destroys it.
+  EXPECT_EQ(services_[1]->num_optimizers(), 0u);
+}
+
 TEST_F(DistOptimizerTest, StepWithAnUnknownContextNamesTheOwner) {
   auto params = trainer().rpc_sync<std::vector<RRef<Tensor>>>("ps", "params");
   ASSERT_TRUE(params.ok()) << params.status();
