@@ -96,6 +96,7 @@ struct Upstream {
 // Upstream WAIT for one key and the local waits sharing it.
 struct KeyWait {
   Upstream* conn = nullptr;
+  bool queued = false;  // in queued_keys, waiting for a connection
   std::vector<uint64_t> waits;  // LocalWait ids
 };
 
@@ -127,6 +128,9 @@ struct TcpStoreRelay::Loop {
   std::string loss;          // non-empty: tear down at the next check
   std::vector<Upstream*> wait_conns;  // every wait connection
   std::vector<Upstream*> idle_waits;  // those with no key
+  // Keys whose upstream WAIT waits for a wait connection (at most
+  // max_wait_connections in use); stale entries (no waiter left) are skipped.
+  std::deque<std::string> queued_keys;
   uint64_t next_seq = 1;
   uint64_t answered_seq = 0;  // main: everything up to here was handled
   std::vector<std::unique_ptr<UpReq>> unsent;
@@ -178,6 +182,13 @@ struct TcpStoreRelay::Loop {
   void CompleteMain(std::unique_ptr<UpReq> r, absl::string_view response);
   void SendUpstream(Upstream* u, std::string bytes);
   Upstream* AcquireWaitConn();
+  // Sends key `k`'s upstream WAIT on a wait connection, or queues it when
+  // max_wait_connections are in use. False: the upstream is lost.
+  bool StartKeyWait(const std::string& k, KeyWait& kw);
+  // `u` has nothing left to answer: it takes the next queued key, or goes
+  // idle, or is closed beyond max_idle_wait_connections.
+  void WaitConnIdle(Upstream* u);
+  void SendKeyWait(Upstream* u, const std::string& k);
   void Lost(absl::string_view reason);
   void TearDown();
   void FlushUnsent();
@@ -497,20 +508,11 @@ void TcpStoreRelay::Loop::RegisterWait(LocalWait* w) {
     KeyWait& kw = key_waits[k];
     kw.waits.push_back(w->id);
     ++w->remaining;
-    if (kw.conn != nullptr) {
+    if (kw.conn != nullptr || kw.queued) {
       coalesced.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    kw.conn = AcquireWaitConn();
-    if (kw.conn == nullptr) return;  // Lost() tears everything down
-    kw.conn->key = k;
-    std::string frame;
-    Request wait;
-    wait.op = Op::kWait;
-    wait.keys.push_back(k);
-    tcpstore::EncodeRequest(Generation::kCurrent, wait, &frame);
-    upstream_waits.fetch_add(1, std::memory_order_relaxed);
-    SendUpstream(kw.conn, std::move(frame));
+    if (!StartKeyWait(k, kw)) return;  // Lost() tears everything down
   }
   if (w->remaining > 0) waiting.fetch_add(1, std::memory_order_relaxed);
   if (w->remaining == 0) {  // a WAIT on no keys
@@ -738,6 +740,55 @@ void TcpStoreRelay::Loop::SendUpstream(Upstream* u, std::string bytes) {
   if (!failed.empty()) Lost(failed);
 }
 
+bool TcpStoreRelay::Loop::StartKeyWait(const std::string& k, KeyWait& kw) {
+  if (idle_waits.empty() &&
+      wait_conns.size() >= options.max_wait_connections) {
+    kw.queued = true;
+    queued_keys.push_back(k);
+    return true;
+  }
+  Upstream* u = AcquireWaitConn();
+  if (u == nullptr) return false;
+  kw.conn = u;
+  SendKeyWait(u, k);
+  return true;
+}
+
+void TcpStoreRelay::Loop::SendKeyWait(Upstream* u, const std::string& k) {
+  u->key = k;
+  std::string frame;
+  Request wait;
+  wait.op = Op::kWait;
+  wait.keys.push_back(k);
+  tcpstore::EncodeRequest(Generation::kCurrent, wait, &frame);
+  upstream_waits.fetch_add(1, std::memory_order_relaxed);
+  SendUpstream(u, std::move(frame));
+}
+
+void TcpStoreRelay::Loop::WaitConnIdle(Upstream* u) {
+  // Bounded by the queue's length; stale keys (their waiters left) go.
+  while (!queued_keys.empty()) {
+    std::string k = std::move(queued_keys.front());
+    queued_keys.pop_front();
+    auto it = key_waits.find(k);
+    if (it == key_waits.end() || !it->second.queued) continue;
+    it->second.queued = false;
+    it->second.conn = u;
+    SendKeyWait(u, k);
+    return;
+  }
+  if (idle_waits.size() >= options.max_idle_wait_connections) {
+    u->closing = true;
+    wait_conns.erase(std::remove(wait_conns.begin(), wait_conns.end(), u),
+                     wait_conns.end());
+    uv_close(AsHandle(&u->tcp),
+             [](uv_handle_t* h) { delete static_cast<Upstream*>(h->data); });
+    return;
+  }
+  u->idle = true;
+  idle_waits.push_back(u);
+}
+
 Upstream* TcpStoreRelay::Loop::AcquireWaitConn() {
   if (!idle_waits.empty()) {
     Upstream* u = idle_waits.back();
@@ -775,8 +826,7 @@ void TcpStoreRelay::Loop::OnUpstreamRead(Upstream* u, ssize_t nread) {
       Lost("the server sent bytes no request asked for");
     } else if (u->inbuf.size() == 4) {
       AppendDone(u, true);
-      u->idle = true;
-      idle_waits.push_back(u);
+      WaitConnIdle(u);
     }
     return;
   }
@@ -797,8 +847,8 @@ void TcpStoreRelay::Loop::OnUpstreamRead(Upstream* u, ssize_t nread) {
         return;
       }
       if (u->key.empty() && u->cancels == 0 && !u->idle) {
-        u->idle = true;
-        idle_waits.push_back(u);
+        WaitConnIdle(u);  // May send the next queued key's WAIT, or close u.
+        if (u->closing) return;
       }
     }
     return;
@@ -937,6 +987,7 @@ void TcpStoreRelay::Loop::TearDown() {
   upstream_waits.store(0);
   waiting.store(0);
   idle_waits.clear();
+  queued_keys.clear();
   auto close_up = [](Upstream* u) {
     if (u == nullptr || u->closing) return;
     u->closing = true;

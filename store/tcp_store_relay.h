@@ -55,6 +55,11 @@ class TcpStoreRelay {
     // awaiting an answer, is dropped.
     size_t max_pending_write_bytes = 256 * 1024 * 1024;
     size_t max_pending_requests = 64 * 1024;
+    // Upstream connections carrying WAITs (one distinct key each): keys
+    // beyond this wait in a queue for a connection to free up; idle ones
+    // beyond max_idle_wait_connections are closed.
+    size_t max_wait_connections = 1024;
+    size_t max_idle_wait_connections = 8;
   };
 
   // Counters (GetStats).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -43,9 +44,12 @@ std::unique_ptr<TcpStoreServer> StartServer(int port = 0) {
   return *std::move(server);
 }
 
-std::unique_ptr<TcpStoreRelay> StartRelay(int upstream_port) {
+std::unique_ptr<TcpStoreRelay> StartRelay(
+    int upstream_port,
+    const std::function<void(TcpStoreRelay::Options&)>& edit = nullptr) {
   TcpStoreRelay::Options o;
   o.upstream_port = upstream_port;
+  if (edit) edit(o);
   o.connect_timeout = absl::Seconds(10);
   auto relay = TcpStoreRelay::Start(o);
   if (!relay.ok()) return nullptr;
@@ -250,6 +254,45 @@ TEST_F(RelayTest, WaitsOnAKeyShareOneUpstreamWait) {
     EXPECT_EQ(r.RecvU8().value_or(99), tcpstore::kStopWaiting);
   }
   EXPECT_EQ(relay_->GetStats().waiting, 0);
+}
+
+// A WAIT on more distinct keys than max_wait_connections: the relay holds
+// at most that many upstream WAITs, queues the other keys, and answers once
+// every key is set; idle wait connections beyond max_idle_wait_connections
+// (0 here) are closed, so only the main connection stays.
+TEST(RelayWaitCapTest, ManyKeysShareABoundedSetOfWaitConnections) {
+  std::unique_ptr<TcpStoreServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<TcpStoreRelay> relay =
+      StartRelay(server->port(), [](TcpStoreRelay::Options& o) {
+        o.max_wait_connections = 2;
+        o.max_idle_wait_connections = 0;
+      });
+  ASSERT_NE(relay, nullptr);
+  const std::vector<std::string> keys = {"/k0", "/k1", "/k2", "/k3", "/k4"};
+  RawClient raw;
+  ASSERT_TRUE(raw.Connect(relay->port()).ok());
+  ASSERT_TRUE(raw.Send(t::Validate()).ok());
+  ASSERT_TRUE(
+      raw.Send(t::KeysFrame(Generation::kCurrent, Op::kWait, keys)).ok());
+  ASSERT_TRUE(PollUntil([&] { return relay->GetStats().waiting == 1; },
+                        kLimit));
+  ASSERT_TRUE(
+      PollUntil([&] { return server->GetStats().waiting == 2; }, kLimit));
+  auto setter = Client(relay->port());
+  ASSERT_TRUE(setter.ok()) << setter.status();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    // At most 2 upstream WAITs at any time (checked before each set).
+    EXPECT_LE(server->GetStats().waiting, 2);
+    EXPECT_EQ(relay->GetStats().waiting, 1) << "after " << i << " keys set";
+    ASSERT_TRUE((*setter)->Set(keys[i].substr(1), "1").ok());
+  }
+  EXPECT_EQ(raw.RecvU8().value_or(99), tcpstore::kStopWaiting);
+  EXPECT_EQ(relay->GetStats().waiting, 0);
+  // Only the main upstream connection is left at the server.
+  EXPECT_TRUE(
+      PollUntil([&] { return server->GetStats().clients == 1; }, kLimit))
+      << server->GetStats().clients << " connections at the server";
 }
 
 // A query pipelined behind a pending WAIT is answered first (as the server
