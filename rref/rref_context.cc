@@ -326,7 +326,7 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
       state = NewOwnerHandle(rref_id, handle.type_name, slot);
     }
     if (parent == self) {
-      DeleteFork(rref_id, fork);  // Our own early registration.
+      DeleteFork(rref_id, fork, self);  // Our own early registration.
     } else {
       SendInternal(parent,
                    Control(kRRefChildAccept, rref_id, fork, self),
@@ -420,11 +420,22 @@ std::shared_ptr<RRefContext::Slot> RRefContext::MaybeDelete(GlobalId rref_id) {
   return slot;  // Destroyed by the caller outside mu_ (I3).
 }
 
-void RRefContext::DeleteFork(GlobalId rref_id, GlobalId fork_id) {
+void RRefContext::DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender) {
   std::shared_ptr<Slot> doomed;
   MutexLock lock(&mu_);
-  deleted_forks_.insert(fork_id);
   auto it = owners_.find(rref_id);
+  if (it != owners_.end()) {
+    auto fork = it->second.forks.find(fork_id);
+    if (fork != it->second.forks.end() && fork->second != sender) {
+      FERRY_LOG(WARNING) << "worker '" << agent_->self().name
+                         << "': ignored a delete of fork " << fork_id.ToString()
+                         << " of RRef " << rref_id.ToString() << " from worker id "
+                         << sender << ": it is held by worker id "
+                         << fork->second;
+      return;
+    }
+  }
+  deleted_forks_.insert(fork_id);
   if (it == owners_.end()) return;
   it->second.forks.erase(fork_id);
   doomed = MaybeDelete(rref_id);
@@ -672,7 +683,9 @@ Future<Message> RRefContext::HandleUserDelete(Message request) {
         "worker '", agent_->self().name, "': malformed RREF_USER_DELETE from '",
         request.caller_name, "'")));
   }
-  for (const auto& [rref_id, fork_id] : forks) DeleteFork(rref_id, fork_id);
+  for (const auto& [rref_id, fork_id] : forks) {
+    DeleteFork(rref_id, fork_id, request.caller_id);
+  }
   return MakeReadyFuture<Message>(Message());
 }
 
@@ -870,7 +883,7 @@ absl::Status RRefContext::ApplyPiggybackedDeletes(const WorkerInfo& peer,
   // The header belongs to this message alone (never a handler's nested
   // call), so its deletions are the sender's own.
   for (const auto& [rref_id, fork_id] : (*f)->deletes) {
-    DeleteFork(rref_id, fork_id);
+    DeleteFork(rref_id, fork_id, peer.id);
   }
   return absl::OkStatus();
 }

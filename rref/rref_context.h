@@ -281,7 +281,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                                             const std::string& type_name,
                                             const std::shared_ptr<Slot>& slot)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeleteFork(GlobalId rref_id, GlobalId fork_id);
+  // Deletes fork `fork_id` of `rref_id` for worker `sender`: a fork
+  // registered to another holder is left alone (only its holder drops it).
+  void DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender);
   // Removes R if I3 allows; returns what to destroy outside the lock.
   std::shared_ptr<Slot> MaybeDelete(GlobalId rref_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

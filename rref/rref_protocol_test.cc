@@ -695,6 +695,16 @@ TEST_F(PiggybackTest, OnlyCarriersDeleteAndMalformedHeadersAreRefused) {
     EXPECT_NE(bad.message().find("RRef header"), std::string::npos) << bad;
   }
   EXPECT_EQ(ForksOnB(), 2u);
+  // A USER_DELETE from "c" of a fork "a" holds deletes nothing: only a
+  // fork's holder drops it.
+  RRefFields other;
+  other.rref_id = r.rref_id();
+  other.fork_id = r.fork_id();
+  EXPECT_TRUE(send(kRRefUserDelete, [&](rpc::Message& m) {
+                SetFields(m, other);
+                m.payload = Value::None();
+              }).ok());
+  EXPECT_EQ(ForksOnB(), 2u);
   // Deletions carried by real carriers: DuplicatedCarrierIsHarmless and the
   // tests above.
 }
