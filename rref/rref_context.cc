@@ -19,24 +19,6 @@ using rpc::Message;
 using rpc::MessageType;
 using rpc::WorkerInfo;
 
-// The value (or object) of one owned RRef. `object` and `cls` are written
-// before `promise` completes and only read after `value` is ready.
-struct RRefContext::Slot {
-  Promise<Value> promise;
-  Future<Value> value = promise.GetFuture();
-  std::shared_ptr<void> object;
-  std::shared_ptr<const ClassInfo> cls;
-  Mutex method_mu;  // Serialized classes: one method at a time.
-  std::atomic<bool> started{false};
-};
-
-struct RRefContext::OwnerEntry {
-  std::string type_name;
-  std::shared_ptr<Slot> slot;
-  std::map<GlobalId, int> forks;  // fork id -> holder worker id
-  int local_handles = 0;
-};
-
 namespace {
 
 // "the owner 'ps0' (id 1) is dead": the instance, as a worker restarted under
@@ -135,16 +117,6 @@ std::string RRefState::DebugString() const {
       is_owner_ ? "" : absl::StrCat(" (fork ", fork_id_.ToString(), ")"));
 }
 
-std::string RRefContext::OwnedInfo::DebugString() const {
-  std::vector<std::string> f;
-  for (const auto& [fork, holder] : forks) {
-    f.push_back(absl::StrCat(fork.ToString(), "@", holder));
-  }
-  return absl::StrCat(rref_id.ToString(), " type=", type_name, " forks=[",
-                      absl::StrJoin(f, ", "), "] local=", local_handles,
-                      created ? "" : " (creation pending)");
-}
-
 // ---------------------------------------------------------------------------
 // Setup
 
@@ -153,7 +125,8 @@ RRefContext::RRefContext(rpc::Agent* agent, Options options)
       options_(std::move(options)),
       classes_(options_.classes ? options_.classes
                                 : std::make_shared<ClassRegistry>()),
-      ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1) {}
+      ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1),
+      owned_(agent->self().name) {}
 
 RRefContext::~RRefContext() {
   {
@@ -293,12 +266,10 @@ absl::Status RRefContext::ForkForSend(RRefHandle& handle, int to) {
   {
     MutexLock lock(&mu_);
     if (state->is_owner()) {
-      auto it = owners_.find(state->rref_id());
-      if (it == owners_.end()) {
+      if (!owned_.AddFork(state->rref_id(), fork, to)) {  // Early registration.
         return absl::InternalError(absl::StrCat(
             state->DebugString(), ": owner handle alive but not registered"));
       }
-      it->second.forks[fork] = to;  // Early registration.
     } else {
       pending_children_[fork] = PendingChild{state, to};  // I2
     }
@@ -322,7 +293,7 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
       // sharing an unconfirmed RRef): a placeholder waits for it.
       MutexLock lock(&mu_);
       ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
-                       SlotFor(rref_id, handle.type_name));
+                       owned_.SlotFor(rref_id, handle.type_name));
       state = NewOwnerHandle(rref_id, handle.type_name, slot);
     }
     if (parent == self) {
@@ -377,25 +348,10 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
 // ---------------------------------------------------------------------------
 // Owner side
 
-absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::SlotFor(
-    GlobalId rref_id, const std::string& type_name) {
-  auto it = owners_.find(rref_id);
-  if (it != owners_.end()) return it->second.slot;
-  if (deleted_rrefs_.count(rref_id)) {
-    return absl::NotFoundError(
-        absl::StrCat(Describe(rref_id, agent_->self().name),
-                     " was already deleted on its owner"));
-  }
-  OwnerEntry& e = owners_[rref_id];  // A placeholder until created.
-  e.type_name = type_name;
-  e.slot = std::make_shared<Slot>();
-  return e.slot;
-}
-
 std::shared_ptr<RRefState> RRefContext::NewOwnerHandle(
     GlobalId rref_id, const std::string& type_name,
     const std::shared_ptr<Slot>& slot) {
-  ++owners_[rref_id].local_handles;
+  owned_.AddLocalHandle(rref_id);  // After SlotFor: the entry exists.
   std::shared_ptr<RRefState> s(new RRefState());
   s->ctx_ = weak_from_this();
   s->is_owner_ = true;
@@ -407,45 +363,22 @@ std::shared_ptr<RRefState> RRefContext::NewOwnerHandle(
   return s;
 }
 
-std::shared_ptr<RRefContext::Slot> RRefContext::MaybeDelete(GlobalId rref_id) {
-  auto it = owners_.find(rref_id);
-  if (it == owners_.end()) return nullptr;
-  OwnerEntry& e = it->second;
-  if (!e.forks.empty() || e.local_handles > 0 || !e.slot->value.IsReady()) {
-    return nullptr;
-  }
-  std::shared_ptr<Slot> slot = std::move(e.slot);
-  owners_.erase(it);
-  deleted_rrefs_.insert(rref_id);
-  return slot;  // Destroyed by the caller outside mu_ (I3).
-}
-
 void RRefContext::DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender) {
-  std::shared_ptr<Slot> doomed;
+  std::shared_ptr<Slot> doomed;  // Dies after the lock is released.
   MutexLock lock(&mu_);
-  auto it = owners_.find(rref_id);
-  if (it != owners_.end()) {
-    auto fork = it->second.forks.find(fork_id);
-    if (fork != it->second.forks.end() && fork->second != sender) {
-      FERRY_LOG(WARNING) << "worker '" << agent_->self().name
-                         << "': ignored a delete of fork " << fork_id.ToString()
-                         << " of RRef " << rref_id.ToString() << " from worker id "
-                         << sender << ": it is held by worker id "
-                         << fork->second;
-      return;
-    }
+  absl::StatusOr<std::shared_ptr<Slot>> deleted =
+      owned_.DeleteFork(rref_id, fork_id, sender);
+  if (!deleted.ok()) {
+    FERRY_LOG(WARNING) << "ignored a fork deletion: " << deleted.status();
+    return;
   }
-  deleted_forks_.insert(fork_id);
-  if (it == owners_.end()) return;
-  it->second.forks.erase(fork_id);
-  doomed = MaybeDelete(rref_id);
-  // `doomed` dies after the lock is released (declared first).
+  doomed = *std::move(deleted);
 }
 
 void RRefContext::OnCreated(GlobalId rref_id) {
   std::shared_ptr<Slot> doomed;
   MutexLock lock(&mu_);
-  doomed = MaybeDelete(rref_id);
+  doomed = owned_.MaybeDelete(rref_id);
 }
 
 Future<Message> RRefContext::HandleRemoteCall(Message request) {
@@ -456,14 +389,15 @@ Future<Message> RRefContext::HandleRemoteCall(Message request) {
   bool start = false;
   {
     MutexLock lock(&mu_);
-    if (f.fork_id != GlobalId() && deleted_forks_.count(f.fork_id)) {
+    if (f.fork_id != GlobalId() && owned_.IsForkDeleted(f.fork_id)) {
       return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
     }
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s =
+        owned_.SlotFor(f.rref_id, f.type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
     if (f.fork_id != GlobalId()) {
-      owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+      owned_.AddFork(f.rref_id, f.fork_id, request.caller_id);
     }
     start = !slot->started.exchange(true);
   }
@@ -511,7 +445,7 @@ Future<Value> RRefContext::RunCreation(const std::shared_ptr<Slot>& slot,
     absl::StatusOr<std::shared_ptr<Slot>> t;
     {
       MutexLock lock(&mu_);
-      t = SlotFor(target, "");
+      t = owned_.SlotFor(target, "");
     }
     if (!t.ok()) return MakeErrorFuture<Value>(t.status());
     std::weak_ptr<RRefContext> weak = weak_from_this();
@@ -581,7 +515,7 @@ Future<Message> RRefContext::HandleFetch(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(id, f->type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s = owned_.SlotFor(id, f->type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -606,7 +540,7 @@ Future<Message> RRefContext::HandleMethod(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f->rref_id, "");
+    absl::StatusOr<std::shared_ptr<Slot>> s = owned_.SlotFor(f->rref_id, "");
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -634,11 +568,13 @@ Future<Message> RRefContext::HandleForkRequest(Message request) {
   if (!fields.ok()) return ErrorReply(fields.status());
   const RRefFields& f = *fields;
   MutexLock lock(&mu_);
-  if (deleted_forks_.count(f.fork_id))
-    return MakeReadyFuture<Message>(Message());
-  absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+  if (owned_.IsForkDeleted(f.fork_id)) {
+    return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
+  }
+  absl::StatusOr<std::shared_ptr<Slot>> s =
+      owned_.SlotFor(f.rref_id, f.type_name);
   if (!s.ok()) return ErrorReply(s.status());
-  owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+  owned_.AddFork(f.rref_id, f.fork_id, request.caller_id);
   return MakeReadyFuture<Message>(Message());
 }
 
@@ -715,10 +651,7 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
   if (is_owner) {
     std::shared_ptr<Slot> doomed;
     MutexLock lock(&mu_);
-    auto it = owners_.find(rref_id);
-    if (it == owners_.end()) return;
-    --it->second.local_handles;
-    doomed = MaybeDelete(rref_id);
+    doomed = owned_.DropLocalHandle(rref_id);
     return;
   }
   {
@@ -977,7 +910,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
     std::shared_ptr<Slot> slot;
     {
       MutexLock lock(&mu_);
-      slot = *SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
+      slot = *owned_.SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
       state = NewOwnerHandle(*rref_id, type_name, slot);
     }
     SetFields(m, RRefFields{*rref_id, GlobalId(), self, -1, type_name, {}});
@@ -1041,7 +974,7 @@ std::shared_ptr<RRefState> RRefContext::Local(Value value,
                    std::move(type_name), MakeErrorFuture<void>(id.status()));
   }
   MutexLock lock(&mu_);
-  std::shared_ptr<Slot> slot = *SlotFor(*id, type_name);
+  std::shared_ptr<Slot> slot = *owned_.SlotFor(*id, type_name);
   slot->started = true;
   slot->promise.SetValue(std::move(value));
   return NewOwnerHandle(*id, type_name, slot);
@@ -1057,8 +990,7 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
     std::shared_ptr<Slot> slot;
     {
       MutexLock lock(&mu_);
-      auto it = owners_.find(state->rref_id());
-      if (it != owners_.end()) slot = it->second.slot;
+      slot = owned_.Find(state->rref_id());
     }
     if (slot == nullptr) {
       return MakeErrorFuture<Value>(
@@ -1136,8 +1068,7 @@ absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::CreatedSlot(
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    auto it = owners_.find(state.rref_id());
-    if (it != owners_.end()) slot = it->second.slot;
+    slot = owned_.Find(state.rref_id());
   }
   if (slot == nullptr) {
     return absl::InternalError(absl::StrCat(what, ": not registered"));
@@ -1276,19 +1207,7 @@ void RRefContext::NotifyWorkerFailed(int id) {
   std::vector<PendingChild> released;
   MutexLock lock(&mu_);
   if (id == agent_->self().id || !dead_.insert(id).second) return;
-  std::vector<GlobalId> touched;
-  for (auto& [rref_id, e] : owners_) {
-    for (auto it = e.forks.begin(); it != e.forks.end();) {
-      if (it->second == id) {
-        deleted_forks_.insert(it->first);
-        it = e.forks.erase(it);
-        touched.push_back(rref_id);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (GlobalId r : touched) doomed.push_back(MaybeDelete(r));
+  doomed = owned_.DropHolder(id);
   for (auto it = pending_children_.begin(); it != pending_children_.end();) {
     if (it->second.to == id) {
       released.push_back(std::move(it->second));
@@ -1354,21 +1273,16 @@ absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   if (settled.ok()) settled = AwaitSettled(timeout);
   absl::Status stopped = leave ? agent_->Leave(timeout)
                                : agent_->Shutdown(/*graceful=*/true, timeout);
-  std::vector<std::shared_ptr<Slot>> dropped;
-  std::vector<std::string> leaked;
+  OwnerTable::Drained dropped;
   {
     MutexLock lock(&mu_);
-    for (auto& [id, e] : owners_) {
-      if (!e.forks.empty() || !e.slot->value.IsReady()) {
-        OwnedInfo info{id, e.type_name, e.forks, e.local_handles,
-                       e.slot->value.IsReady()};
-        leaked.push_back(info.DebugString());
-      }
-      dropped.push_back(std::move(e.slot));
-    }
-    owners_.clear();
+    dropped = owned_.Drain();
   }
-  dropped.clear();
+  dropped.slots.clear();  // Outside the lock (I3).
+  std::vector<std::string> leaked;
+  for (const OwnedInfo& info : dropped.leaked) {
+    leaked.push_back(info.DebugString());
+  }
   RETURN_IF_ERROR(settled);
   RETURN_IF_ERROR(stopped);
   if (!leaked.empty()) {
@@ -1453,18 +1367,13 @@ std::vector<rpc::InspectionRow> RRefContext::Inspect() const {
 }
 
 std::vector<RRefContext::OwnedInfo> RRefContext::Owned() const {
-  std::vector<OwnedInfo> out;
   MutexLock lock(&mu_);
-  for (const auto& [id, e] : owners_) {
-    out.push_back(OwnedInfo{id, e.type_name, e.forks, e.local_handles,
-                            e.slot->value.IsReady()});
-  }
-  return out;
+  return owned_.Owned();
 }
 
 size_t RRefContext::num_owned() const {
   MutexLock lock(&mu_);
-  return owners_.size();
+  return owned_.size();
 }
 
 size_t RRefContext::num_users() const {

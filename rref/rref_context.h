@@ -50,6 +50,7 @@
 #include "ferry/rpc/message.h"
 #include "ferry/rref/class_registry.h"
 #include "ferry/rref/messages.h"
+#include "ferry/rref/owner_table.h"
 #include "ferry/tensor/value.h"
 
 namespace ferry::rref {
@@ -119,15 +120,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     std::shared_ptr<ClassRegistry> classes;
   };
 
-  // What an owner holds, for inspection and leak reports.
-  struct OwnedInfo {
-    GlobalId rref_id;  // The RRef.
-    std::string type_name;  // The value's.
-    std::map<GlobalId, int> forks;  // fork id -> holder worker id
-    int local_handles = 0;  // This worker's own handles.
-    bool created = false;  // The value exists.
-    std::string DebugString() const;  // One line, for logs and errors.
-  };
+  // What an owner holds of one RRef (owner_table.h).
+  using OwnedInfo = rref::OwnedInfo;
 
   // Registers the RRef handlers and interceptor on `agent` (which must
   // outlive the context, and must be joined: self() known). AlreadyExists if
@@ -231,8 +225,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   static RRefHandle MakeHandle(const std::shared_ptr<RRefState>& state);
 
  private:
-  struct Slot;
-  struct OwnerEntry;
+  using Slot = OwnedSlot;
   // Owner only: the slot of `state` once its creation succeeded (waiting up
   // to `timeout`); errors say local_value() of what, and that only the owner
   // has the `kind` ("value" or "object").
@@ -265,13 +258,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Future<rpc::Message> HandleMethod(rpc::Message request);
 
   // --- Owner side. ---
-  // The slot of R, creating a placeholder entry when R is unknown;
-  // NotFound when R was deleted.
-  absl::StatusOr<std::shared_ptr<Slot>> SlotFor(GlobalId rref_id,
-                                                const std::string& type_name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartCreation(GlobalId rref_id, std::shared_ptr<Slot> slot,
-                     const rpc::Message& request);
   Future<Value> RunCreation(const std::shared_ptr<Slot>& slot,
                             const rpc::Message& request);
   Future<rpc::Message> CreationReply(const std::shared_ptr<Slot>& slot) const;
@@ -284,9 +270,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Deletes fork `fork_id` of `rref_id` for worker `sender`: a fork
   // registered to another holder is left alone (only its holder drops it).
   void DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender);
-  // Removes R if I3 allows; returns what to destroy outside the lock.
-  std::shared_ptr<Slot> MaybeDelete(GlobalId rref_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCreated(GlobalId rref_id);
 
   std::shared_ptr<RRefState> RemoteImpl(const rpc::WorkerRef& to,
@@ -353,10 +336,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   IdGenerator ids_;
 
   mutable Mutex mu_;
-  // Owner side: every RRef this worker owns and has not deleted (I3).
-  std::map<GlobalId, OwnerEntry> owners_ ABSL_GUARDED_BY(mu_);
-  std::set<GlobalId> deleted_forks_ ABSL_GUARDED_BY(mu_);  // I4
-  std::set<GlobalId> deleted_rrefs_ ABSL_GUARDED_BY(mu_);  // I4
+  // Owner side: every RRef this worker owns and has not deleted (I3, I4).
+  OwnerTable owned_ ABSL_GUARDED_BY(mu_);
   // User side: live forks (dedups a received handle delivered twice).
   std::map<GlobalId, std::weak_ptr<RRefState>> users_ ABSL_GUARDED_BY(mu_);
   // Forks this worker (a user) sent, waiting for CHILD_ACCEPT (I2).
