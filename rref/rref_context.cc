@@ -271,7 +271,7 @@ absl::Status RRefContext::ForkForSend(RRefHandle& handle, int to) {
             state->DebugString(), ": owner handle alive but not registered"));
       }
     } else {
-      pending_children_[fork] = PendingChild{state, to};  // I2
+      users_.AddChild(fork, state, to);  // I2
     }
   }
   handle.owner_id = state->owner().id;
@@ -308,12 +308,9 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
   }
   {
     MutexLock lock(&mu_);
-    auto it = users_.find(fork);
-    if (it != users_.end()) {
-      if (std::shared_ptr<RRefState> s = it->second.lock()) {
-        handle.local = std::move(s);  // A duplicate of a delivered handle.
-        return absl::OkStatus();
-      }
+    if (std::shared_ptr<RRefState> s = users_.Find(fork)) {
+      handle.local = std::move(s);  // A duplicate of a delivered handle.
+      return absl::OkStatus();
     }
   }
   ASSIGN_OR_RETURN(WorkerInfo owner, Worker(static_cast<int>(handle.owner_id)));
@@ -584,11 +581,7 @@ Future<Message> RRefContext::HandleChildAccept(Message request) {
   PendingChild child;  // Released after the lock (it may be the last ref).
   {
     MutexLock lock(&mu_);
-    auto it = pending_children_.find(f->fork_id);
-    if (it != pending_children_.end()) {
-      child = std::move(it->second);
-      pending_children_.erase(it);
-    }
+    child = users_.TakeChild(f->fork_id);
   }
   return MakeReadyFuture<Message>(Message());
 }
@@ -641,7 +634,7 @@ std::shared_ptr<RRefState> RRefContext::NewUser(
   s->type_name_ = std::move(type_name);
   s->created_ = std::move(created);
   MutexLock lock(&mu_);
-  users_[fork_id] = s;
+  users_.Add(fork_id, s);
   return s;
 }
 
@@ -656,10 +649,9 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
   }
   {
     MutexLock lock(&mu_);
-    auto it = users_.find(fork_id);
-    if (it != users_.end() && it->second.expired()) users_.erase(it);
+    users_.Forget(fork_id);
     if (owner.id < 0 || dead_.count(owner.id)) return;
-    ++pending_deletes_;
+    users_.AddPendingDelete();
   }
   // I1: the deletion goes out once the owner confirmed the fork (or its
   // confirmation failed: USER_DELETE is idempotent and tombstones the fork).
@@ -678,7 +670,7 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
   {
     MutexLock lock(&mu_);
     if (dead_.count(owner)) {
-      --pending_deletes_;  // Its forks were dropped with it.
+      users_.SettleDeletes(1);  // Its forks were dropped with it.
       return;
     }
     DeleteQueue& q = deletes_[owner];
@@ -702,7 +694,7 @@ RRefContext::DeleteBatch RRefContext::EndBatch(int owner) {
   q.in_flight = false;
   DeleteBatch next;
   if (dead_.count(owner)) {
-    pending_deletes_ -= static_cast<int>(q.queued.size());
+    users_.SettleDeletes(static_cast<int>(q.queued.size()));
     q.queued.clear();
     return next;
   }
@@ -740,7 +732,7 @@ void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
   });
   // Counted by in_flight_ now (SendInternal), so settling sees no gap.
   MutexLock lock(&mu_);
-  pending_deletes_ -= n;
+  users_.SettleDeletes(n);
 }
 
 RRefContext::DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
@@ -777,7 +769,7 @@ void RRefContext::CarrierDone(int owner, DeleteBatch batch,
   DeleteBatch next;
   {
     MutexLock lock(&mu_);
-    pending_deletes_ -= static_cast<int>(batch.size());
+    users_.SettleDeletes(static_cast<int>(batch.size()));
     next = EndBatch(owner);
   }
   if (!next.empty()) SendUserDeletes(owner, std::move(next));
@@ -861,7 +853,7 @@ bool RRefContext::AwaitDueDeletes(
       if (q.flush_at > now && !shutting_down_) continue;
       q.flush_at = absl::InfiniteFuture();
       if (dead_.count(owner)) {
-        pending_deletes_ -= static_cast<int>(q.queued.size());
+        users_.SettleDeletes(static_cast<int>(q.queued.size()));
         q.queued.clear();
         continue;
       }
@@ -1208,14 +1200,7 @@ void RRefContext::NotifyWorkerFailed(int id) {
   MutexLock lock(&mu_);
   if (id == agent_->self().id || !dead_.insert(id).second) return;
   doomed = owned_.DropHolder(id);
-  for (auto it = pending_children_.begin(); it != pending_children_.end();) {
-    if (it->second.to == id) {
-      released.push_back(std::move(it->second));
-      it = pending_children_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  released = users_.DropChildrenTo(id);
   // `doomed` and `released` die after the lock is released.
 }
 
@@ -1227,8 +1212,7 @@ bool RRefContext::IsKnownDead(int id) const {
 absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   MutexLock lock(&mu_);
   auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_flight_ == 0 && pending_children_.empty() &&
-           pending_deletes_ == 0;
+    return in_flight_ == 0 && users_.settled();
   };
   if (mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
     return absl::OkStatus();
@@ -1236,7 +1220,7 @@ absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", agent_->self().name, "': RRef protocol not settled after ",
       absl::FormatDuration(timeout), ": ", in_flight_, " messages in flight, ",
-      pending_children_.size(), " pending children, ", pending_deletes_,
+      users_.num_children(), " pending children, ", users_.pending_deletes(),
       " deletions waiting for confirmation"));
 }
 
@@ -1259,9 +1243,7 @@ absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   std::vector<std::shared_ptr<RRefState>> users;
   {
     MutexLock lock(&mu_);
-    for (auto& [fork, weak] : users_) {
-      if (std::shared_ptr<RRefState> s = weak.lock()) users.push_back(s);
-    }
+    for (auto& [fork, s] : users_.Live()) users.push_back(std::move(s));
   }
   for (const std::shared_ptr<RRefState>& s : users) {
     if (!s->released_.exchange(true)) {
@@ -1310,14 +1292,10 @@ std::vector<rpc::InspectionRow> RRefContext::Inspect() const {
   int in_flight = 0, pending_deletes = 0;
   {
     MutexLock lock(&mu_);
-    for (const auto& [fork, weak] : users_) {
-      if (std::shared_ptr<RRefState> s = weak.lock()) users[fork].state = s;
-    }
-    for (const auto& [fork, child] : pending_children_) {
-      children.emplace_back(fork, child);
-    }
+    for (auto& [fork, s] : users_.Live()) users[fork].state = std::move(s);
+    children = users_.Children();
     in_flight = in_flight_;
-    pending_deletes = pending_deletes_;
+    pending_deletes = users_.pending_deletes();
   }
   std::vector<rpc::InspectionRow> rows;
   rows.push_back(rpc::InspectionRow{
@@ -1378,14 +1356,12 @@ size_t RRefContext::num_owned() const {
 
 size_t RRefContext::num_users() const {
   MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [f, w] : users_) n += w.expired() ? 0 : 1;
-  return n;
+  return users_.num_live();
 }
 
 size_t RRefContext::num_pending_children() const {
   MutexLock lock(&mu_);
-  return pending_children_.size();
+  return users_.num_children();
 }
 
 int RRefContext::num_in_flight() const {

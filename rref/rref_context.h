@@ -51,6 +51,7 @@
 #include "ferry/rref/class_registry.h"
 #include "ferry/rref/messages.h"
 #include "ferry/rref/owner_table.h"
+#include "ferry/rref/user_table.h"
 #include "ferry/tensor/value.h"
 
 namespace ferry::rref {
@@ -232,10 +233,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   absl::StatusOr<std::shared_ptr<Slot>> CreatedSlot(const RRefState& state,
                                                     absl::Duration timeout,
                                                     const char* kind);
-  struct PendingChild {
-    std::shared_ptr<RRefState> parent;
-    int to = -1;
-  };
+  using PendingChild = UserTable<RRefState>::Child;
   using Done = absl::AnyInvocable<void(const Result<rpc::Message>&)>;
 
   RRefContext(rpc::Agent* agent, Options options);
@@ -338,13 +336,9 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   mutable Mutex mu_;
   // Owner side: every RRef this worker owns and has not deleted (I3, I4).
   OwnerTable owned_ ABSL_GUARDED_BY(mu_);
-  // User side: live forks (dedups a received handle delivered twice).
-  std::map<GlobalId, std::weak_ptr<RRefState>> users_ ABSL_GUARDED_BY(mu_);
-  // Forks this worker (a user) sent, waiting for CHILD_ACCEPT (I2).
-  std::map<GlobalId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
-  // Dropped users whose deletion waits for the owner's confirmation (I1)
-  // or for the USER_DELETE in flight to their owner (batching).
-  int pending_deletes_ ABSL_GUARDED_BY(mu_) = 0;
+  // User side: live forks (dedups a received handle delivered twice), forks
+  // sent and not yet accepted (I2), deletions not yet answered (I1).
+  UserTable<RRefState> users_ ABSL_GUARDED_BY(mu_);
   struct DeleteQueue {
     bool in_flight = false;                             // USER_DELETE/carrier
     std::vector<std::pair<GlobalId, GlobalId>> queued;  // (rref, fork)
