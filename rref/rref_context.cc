@@ -126,13 +126,14 @@ RRefContext::RRefContext(rpc::Agent* agent, Options options)
       classes_(options_.classes ? options_.classes
                                 : std::make_shared<ClassRegistry>()),
       ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1),
-      owned_(agent->self().name) {}
+      owned_(agent->self().name),
+      batcher_(options_.delete_flush_delay) {}
 
 RRefContext::~RRefContext() {
   {
     MutexLock lock(&mu_);
     stop_flusher_ = true;
-    ++flush_changes_;
+    batcher_.Poke();
   }
   if (!flusher_.joinable()) return;
   // The flusher may hold the last reference briefly (a send's completion).
@@ -673,37 +674,18 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
       users_.SettleDeletes(1);  // Its forks were dropped with it.
       return;
     }
-    DeleteQueue& q = deletes_[owner];
-    q.queued.emplace_back(rref_id, fork_id);
-    if (q.in_flight) return;  // Goes with the next batch.
-    if (options_.delete_flush_delay > absl::ZeroDuration() && !shutting_down_) {
-      if (q.flush_at == absl::InfiniteFuture()) {
-        q.flush_at = absl::Now() + options_.delete_flush_delay;
-        ++flush_changes_;
-      }
-      return;  // Rides on the next request to `owner`, or the flusher sends.
-    }
-    q.in_flight = true;
-    batch.swap(q.queued);
+    // Unless it goes now, it rides on the next batch or request to `owner`,
+    // or the flusher sends it.
+    batch = batcher_.Queue(owner, rref_id, fork_id, absl::Now());
+    if (batch.empty()) return;
   }
   SendUserDeletes(owner, std::move(batch));
 }
 
-RRefContext::DeleteBatch RRefContext::EndBatch(int owner) {
-  DeleteQueue& q = deletes_[owner];
-  q.in_flight = false;
-  DeleteBatch next;
-  if (dead_.count(owner)) {
-    users_.SettleDeletes(static_cast<int>(q.queued.size()));
-    q.queued.clear();
-    return next;
-  }
-  if (q.queued.empty()) return next;
-  // What queued meanwhile waited already: it goes at once, alone.
-  q.in_flight = true;
-  q.flush_at = absl::InfiniteFuture();
-  next.swap(q.queued);
-  return next;
+DeleteBatch RRefContext::EndBatch(int owner) {
+  DeleteBatcher::Ended ended = batcher_.EndBatch(owner, dead_.count(owner) > 0);
+  users_.SettleDeletes(ended.dropped);
+  return std::move(ended.next);
 }
 
 void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
@@ -735,18 +717,13 @@ void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
   users_.SettleDeletes(n);
 }
 
-RRefContext::DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
+DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
   DeleteBatch batch;
   {
     MutexLock lock(&mu_);
-    auto it = deletes_.find(owner);
-    if (it == deletes_.end() || it->second.in_flight ||
-        it->second.queued.empty() || dead_.count(owner)) {
-      return batch;
-    }
-    it->second.in_flight = true;
-    it->second.flush_at = absl::InfiniteFuture();
-    batch.swap(it->second.queued);
+    if (dead_.count(owner)) return batch;
+    batch = batcher_.Attach(owner);
+    if (batch.empty()) return batch;
   }
   // `m` is this worker's own request to the owner: its header decodes.
   absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
@@ -837,30 +814,20 @@ void RRefContext::FlushLoop(const std::weak_ptr<RRefContext>& weak) {
 bool RRefContext::AwaitDueDeletes(
     std::vector<std::pair<int, DeleteBatch>>& due) {
   while (!stop_flusher_) {
-    absl::Time next = absl::InfiniteFuture();
-    for (const auto& [owner, q] : deletes_) {
-      if (!q.in_flight && !q.queued.empty()) next = std::min(next, q.flush_at);
-    }
-    if (shutting_down_ && next != absl::InfiniteFuture()) next = absl::Now();
-    const uint64_t seen = flush_changes_;
+    const absl::Time next = batcher_.NextFlush(absl::Now());
+    const uint64_t seen = batcher_.changes();
     auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_flusher_ || flush_changes_ != seen;
+      return stop_flusher_ || batcher_.changes() != seen;
     };
     if (mu_.AwaitWithDeadline(absl::Condition(&changed), next)) continue;
-    const absl::Time now = absl::Now();
-    for (auto& [owner, q] : deletes_) {
-      if (q.in_flight || q.queued.empty()) continue;
-      if (q.flush_at > now && !shutting_down_) continue;
-      q.flush_at = absl::InfiniteFuture();
-      if (dead_.count(owner)) {
-        users_.SettleDeletes(static_cast<int>(q.queued.size()));
-        q.queued.clear();
-        continue;
-      }
-      q.in_flight = true;
-      due.emplace_back(owner, std::move(q.queued));
-      q.queued.clear();
-    }
+    int dropped = 0;  // Queued for owners known dead: their forks went.
+    due = batcher_.TakeDue(
+        absl::Now(),
+        [this](int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return dead_.count(owner) > 0;  // Called by TakeDue, under mu_.
+        },
+        &dropped);
+    users_.SettleDeletes(dropped);
     if (!due.empty()) return true;
   }
   return false;
@@ -1235,8 +1202,7 @@ absl::Status RRefContext::Leave(absl::Duration timeout) {
 absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   {
     MutexLock lock(&mu_);
-    shutting_down_ = true;
-    ++flush_changes_;  // Queued deletions go now.
+    batcher_.FlushAll();  // Queued deletions go now.
   }
   // Children first (I2): parents are released only once their children are.
   absl::Status settled = AwaitSettled(timeout);

@@ -49,6 +49,7 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/message.h"
 #include "ferry/rref/class_registry.h"
+#include "ferry/rref/delete_batcher.h"
 #include "ferry/rref/messages.h"
 #include "ferry/rref/owner_table.h"
 #include "ferry/rref/user_table.h"
@@ -289,7 +290,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void OnStateDropped(bool is_owner, const rpc::WorkerInfo& owner,
                       GlobalId rref_id, GlobalId fork_id,
                       const Future<void>& created);
-  using DeleteBatch = std::vector<std::pair<GlobalId, GlobalId>>;
   // Queues fork F's deletion for `owner`; unless a batch to `owner` is in
   // flight (its completion takes what queued meanwhile), arms the flush.
   void QueueUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
@@ -339,19 +339,12 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // User side: live forks (dedups a received handle delivered twice), forks
   // sent and not yet accepted (I2), deletions not yet answered (I1).
   UserTable<RRefState> users_ ABSL_GUARDED_BY(mu_);
-  struct DeleteQueue {
-    bool in_flight = false;                             // USER_DELETE/carrier
-    std::vector<std::pair<GlobalId, GlobalId>> queued;  // (rref, fork)
-    absl::Time flush_at = absl::InfiniteFuture();       // Queued, not in flight
-  };
-  std::map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);
-  // Bumped whenever a flush is armed or the flusher must stop.
-  uint64_t flush_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // User side: deletions queued per owner, and the batch in flight (I6).
+  DeleteBatcher batcher_ ABSL_GUARDED_BY(mu_);
   bool stop_flusher_ ABSL_GUARDED_BY(mu_) = false;
   std::thread flusher_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> dead_ ABSL_GUARDED_BY(mu_);
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::map<rpc::MessageType, int> sent_ ABSL_GUARDED_BY(mu_);
 };
 
