@@ -126,6 +126,12 @@ RRefContext::RRefContext(rpc::Agent* agent, Options options)
       classes_(options_.classes ? options_.classes
                                 : std::make_shared<ClassRegistry>()),
       ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1),
+      sender_(
+          [agent](int to, Message m, absl::Duration timeout) {
+            return agent->Send(to, std::move(m), timeout);
+          },
+          InternalSender::Options{options_.internal_timeout,
+                                  options_.max_attempts}),
       owned_(agent->self().name),
       batcher_(options_.delete_flush_delay) {}
 
@@ -1098,62 +1104,25 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
 void RRefContext::SendInternal(int to, Message message, Done done,
                                std::optional<absl::Duration> timeout,
                                bool retry_timeouts) {
-  {
-    MutexLock lock(&mu_);
-    if (dead_.count(to) == 0) {
-      ++in_flight_;
-    } else {
-      to = -1;
-    }
-  }
-  if (to < 0) {
-    if (done) {
-      done(absl::UnavailableError(
-          absl::StrCat("worker is known dead; not sending ",
-                       rpc::MessageTypeName(message.type))));
-    }
-    return;
-  }
-  Attempt(to, std::move(message), 1, std::move(done),
-          timeout.value_or(options_.internal_timeout), retry_timeouts);
+  // Completions hold the context weakly: once it is gone they only run
+  // `done` (the flusher may send while the destructor waits for it).
+  sender_.Send(*this, weak_from_this(), to, std::move(message),
+               std::move(done), timeout, retry_timeouts);
 }
 
-void RRefContext::Attempt(int to, Message message, int attempt, Done done,
-                          absl::Duration timeout, bool retry_timeouts) {
-  {
-    MutexLock lock(&mu_);
-    ++sent_[message.type];
-  }
-  Message copy = message;
-  std::weak_ptr<RRefContext> weak = weak_from_this();
-  agent_->Send(to, std::move(copy), timeout)
-      .OnComplete([weak, to, message = std::move(message), attempt,
-                   done = std::move(done), timeout,
-                   retry_timeouts](const Result<Message>& r) mutable {
-        std::shared_ptr<RRefContext> ctx = weak.lock();
-        if (ctx == nullptr) {
-          if (done) done(r);
-          return;
-        }
-        const absl::StatusCode code = r.status().code();
-        const bool transient =
-            code == absl::StatusCode::kUnavailable ||
-            (retry_timeouts && code == absl::StatusCode::kDeadlineExceeded);
-        if (transient && attempt < ctx->options_.max_attempts &&
-            !ctx->IsKnownDead(to)) {
-          ctx->Attempt(to, std::move(message), attempt + 1, std::move(done),
-                       timeout, retry_timeouts);
-          return;
-        }
-        if (code == absl::StatusCode::kUnavailable && retry_timeouts) {
-          ctx->NotifyWorkerFailed(to);  // Retries exhausted.
-        }
-        if (done) done(r);
-        ctx->FinishInternal();
-      });
+bool RRefContext::BeginMessage(int to) {
+  MutexLock lock(&mu_);
+  if (dead_.count(to)) return false;
+  ++in_flight_;
+  return true;
 }
 
-void RRefContext::FinishInternal() {
+void RRefContext::CountAttempt(MessageType type) {
+  MutexLock lock(&mu_);
+  ++sent_[type];
+}
+
+void RRefContext::EndMessage() {
   MutexLock lock(&mu_);
   --in_flight_;
 }

@@ -50,6 +50,7 @@
 #include "ferry/rpc/message.h"
 #include "ferry/rref/class_registry.h"
 #include "ferry/rref/delete_batcher.h"
+#include "ferry/rref/internal_sender.h"
 #include "ferry/rref/messages.h"
 #include "ferry/rref/owner_table.h"
 #include "ferry/rref/user_table.h"
@@ -103,7 +104,8 @@ class RRefState {
 };
 
 // One worker's side of the RRef protocol (see the top of this file).
-class RRefContext : public std::enable_shared_from_this<RRefContext> {
+class RRefContext : public std::enable_shared_from_this<RRefContext>,
+                    private InternalSender::Ledger {
  public:
   // Install's settings.
   struct Options {
@@ -235,7 +237,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
                                                     absl::Duration timeout,
                                                     const char* kind);
   using PendingChild = UserTable<RRefState>::Child;
-  using Done = absl::AnyInvocable<void(const Result<rpc::Message>&)>;
+  using Done = InternalSender::Done;
 
   RRefContext(rpc::Agent* agent, Options options);
   // Shutdown (collective) or Leave.
@@ -315,13 +317,16 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Future<rpc::Message> SendCarrying(int owner, rpc::Message m,
                                     absl::Duration timeout);
 
-  // --- Internal messages. ---
+  // --- Internal messages (sender_, I5). ---
   void SendInternal(int to, rpc::Message message, Done done,
                     std::optional<absl::Duration> timeout = std::nullopt,
                     bool retry_timeouts = true);
-  void Attempt(int to, rpc::Message message, int attempt, Done done,
-               absl::Duration timeout, bool retry_timeouts);
-  void FinishInternal();
+  // InternalSender::Ledger: in_flight_, sent_ and dead_ under mu_.
+  bool BeginMessage(int to) override;
+  void CountAttempt(rpc::MessageType type) override;
+  bool IsFailed(int to) override { return IsKnownDead(to); }
+  void GaveUp(int to) override { NotifyWorkerFailed(to); }
+  void EndMessage() override;
 
   absl::StatusOr<GlobalId> NextId();
   absl::StatusOr<rpc::WorkerInfo> Worker(int id) const;
@@ -332,6 +337,7 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   const Options options_;
   const std::shared_ptr<ClassRegistry> classes_;
   IdGenerator ids_;
+  const InternalSender sender_;
 
   mutable Mutex mu_;
   // Owner side: every RRef this worker owns and has not deleted (I3, I4).
