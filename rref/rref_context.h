@@ -5,8 +5,9 @@
 // The OWNER holds the value; every other holder is a USER, known to the
 // owner by a fork id. Messages: REMOTE_CALL, RREF_FETCH, RREF_FORK_REQUEST,
 // RREF_CHILD_ACCEPT, RREF_USER_DELETE (batched, piggybacked), RREF_METHOD
-// (rref/messages.h: types and the typed header); all are idempotent
-// requests with a reply.
+// (rref/messages.h); all are idempotent requests with a reply. Its parts,
+// each with its invariants: owner_table.h, user_table.h, delete_batcher.h,
+// internal_sender.h; this class keeps the handlers and the glue.
 //
 // Invariants (the design note explains each):
 //  I1 (G1) a user deletes a fork only after the owner confirmed it;
@@ -21,8 +22,7 @@
 // transport's error (Unavailable naming the owner) or their timeout,
 // annotated with the RRef id and owner; once the owner is known dead they
 // fail at once. A known-dead worker's forks are dropped by its owners.
-//
-// Lifetime: Create() registers handlers and an interceptor on the agent that
+// Lifetime: Install() registers handlers and an interceptor on the agent that
 // hold the context weakly, so it may die before the agent (they then answer
 // Unavailable); handles (RRefState) hold it weakly too.
 // Thread safety: every method is safe from any thread. Completion callbacks
