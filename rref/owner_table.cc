@@ -55,8 +55,13 @@ bool OwnerTable::IsDeleted(GlobalId rref_id) const {
 }
 
 bool OwnerTable::AddFork(GlobalId rref_id, GlobalId fork_id, int holder) {
+  if (deleted_forks_.count(fork_id)) return false;
+  return AddSentFork(rref_id, fork_id, holder);
+}
+
+bool OwnerTable::AddSentFork(GlobalId rref_id, GlobalId fork_id, int holder) {
   auto it = entries_.find(rref_id);
-  if (it == entries_.end() || deleted_forks_.count(fork_id)) return false;
+  if (it == entries_.end()) return false;
   it->second.forks[fork_id] = holder;
   return true;
 }

@@ -85,6 +85,11 @@ class OwnerTable {
   // (replacing an earlier holder). False, registering nothing, when
   // `rref_id` has no entry or the fork was deleted (I4).
   bool AddFork(GlobalId rref_id, GlobalId fork_id, int holder);
+  // The owner's early registration of a fork it sends (`fork_id`: an id it
+  // just made): as AddFork, but registered even when a peer named that id
+  // in a delete before (no holder had it yet). False when `rref_id` has no
+  // entry.
+  bool AddSentFork(GlobalId rref_id, GlobalId fork_id, int holder);
   // Deletes fork `fork_id` of `rref_id` for worker `sender` and tombstones
   // it (also when `rref_id` is unknown). PermissionDenied, deleting nothing,
   // when the fork is registered to another holder. Returns the slot when the

@@ -247,6 +247,30 @@ TEST(OwnerTableTest, LocalHandlesAndPendingCreationKeepTheEntry) {
   EXPECT_NE(again.status().message().find(kR.ToString()), std::string::npos);
 }
 
+// I4 for forks a peer names; the owner's own fresh fork ids register even
+// when a peer named one in a delete before (no holder had it).
+TEST(OwnerTableTest, DeletedForkIsNotRegisteredAgainButASentOneIs) {
+  OwnerTable t("owner");
+  absl::StatusOr<std::shared_ptr<OwnedSlot>> s = t.SlotFor(kR, "int");
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(t.AddLocalHandle(kR));
+  ASSERT_TRUE(t.DeleteFork(kR, kF2, 2).ok());  // Unknown: tombstoned.
+  EXPECT_TRUE(t.IsForkDeleted(kF2));
+  EXPECT_FALSE(t.AddFork(kR, kF2, 2));
+  EXPECT_EQ(t.num_forks(), 0u);
+  const GlobalId sent(0, 99);
+  ASSERT_TRUE(t.DeleteFork(kR, sent, 3).ok());
+  EXPECT_TRUE(t.AddSentFork(kR, sent, 1));
+  EXPECT_EQ(t.num_forks(), 1u);
+  EXPECT_FALSE(t.AddSentFork(kR2, sent, 1));  // No entry.
+  // Its holder's delete ends it; then the local handle.
+  ASSERT_TRUE(t.DeleteFork(kR, sent, 1).ok());
+  (*s)->promise.SetValue(Value::Int(3));
+  EXPECT_EQ(t.DropLocalHandle(kR), *s);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_EQ(t.num_forks(), 0u);
+}
+
 TEST(OwnerTableTest, DrainListsWhatWasLeaked) {
   OwnerTable t("owner");
   ASSERT_TRUE(t.SlotFor(kR, "int").ok());  // Creation pending.

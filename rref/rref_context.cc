@@ -273,7 +273,7 @@ absl::Status RRefContext::ForkForSend(RRefHandle& handle, int to) {
   {
     MutexLock lock(&mu_);
     if (state->is_owner()) {
-      if (!owned_.AddFork(state->rref_id(), fork, to)) {  // Early registration.
+      if (!owned_.AddSentFork(state->rref_id(), fork, to)) {  // Early.
         return absl::InternalError(absl::StrCat(
             state->DebugString(), ": owner handle alive but not registered"));
       }
