@@ -19,24 +19,6 @@ using rpc::Message;
 using rpc::MessageType;
 using rpc::WorkerInfo;
 
-// The value (or object) of one owned RRef. `object` and `cls` are written
-// before `promise` completes and only read after `value` is ready.
-struct RRefContext::Slot {
-  Promise<Value> promise;
-  Future<Value> value = promise.GetFuture();
-  std::shared_ptr<void> object;
-  std::shared_ptr<const ClassInfo> cls;
-  Mutex method_mu;  // Serialized classes: one method at a time.
-  std::atomic<bool> started{false};
-};
-
-struct RRefContext::OwnerEntry {
-  std::string type_name;
-  std::shared_ptr<Slot> slot;
-  std::map<GlobalId, int> forks;  // fork id -> holder worker id
-  int local_handles = 0;
-};
-
 namespace {
 
 // "the owner 'ps0' (id 1) is dead": the instance, as a worker restarted under
@@ -135,16 +117,6 @@ std::string RRefState::DebugString() const {
       is_owner_ ? "" : absl::StrCat(" (fork ", fork_id_.ToString(), ")"));
 }
 
-std::string RRefContext::OwnedInfo::DebugString() const {
-  std::vector<std::string> f;
-  for (const auto& [fork, holder] : forks) {
-    f.push_back(absl::StrCat(fork.ToString(), "@", holder));
-  }
-  return absl::StrCat(rref_id.ToString(), " type=", type_name, " forks=[",
-                      absl::StrJoin(f, ", "), "] local=", local_handles,
-                      created ? "" : " (creation pending)");
-}
-
 // ---------------------------------------------------------------------------
 // Setup
 
@@ -153,13 +125,21 @@ RRefContext::RRefContext(rpc::Agent* agent, Options options)
       options_(std::move(options)),
       classes_(options_.classes ? options_.classes
                                 : std::make_shared<ClassRegistry>()),
-      ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1) {}
+      ids_(static_cast<uint16_t>(agent->self().id), /*first_local=*/1),
+      sender_(
+          [agent](int to, Message m, absl::Duration timeout) {
+            return agent->Send(to, std::move(m), timeout);
+          },
+          InternalSender::Options{options_.internal_timeout,
+                                  options_.max_attempts}),
+      owned_(agent->self().name),
+      batcher_(options_.delete_flush_delay) {}
 
 RRefContext::~RRefContext() {
   {
     MutexLock lock(&mu_);
     stop_flusher_ = true;
-    ++flush_changes_;
+    batcher_.Poke();
   }
   if (!flusher_.joinable()) return;
   // The flusher may hold the last reference briefly (a send's completion).
@@ -293,14 +273,12 @@ absl::Status RRefContext::ForkForSend(RRefHandle& handle, int to) {
   {
     MutexLock lock(&mu_);
     if (state->is_owner()) {
-      auto it = owners_.find(state->rref_id());
-      if (it == owners_.end()) {
+      if (!owned_.AddSentFork(state->rref_id(), fork, to)) {  // Early.
         return absl::InternalError(absl::StrCat(
             state->DebugString(), ": owner handle alive but not registered"));
       }
-      it->second.forks[fork] = to;  // Early registration.
     } else {
-      pending_children_[fork] = PendingChild{state, to};  // I2
+      users_.AddChild(fork, state, to);  // I2
     }
   }
   handle.owner_id = state->owner().id;
@@ -322,7 +300,7 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
       // sharing an unconfirmed RRef): a placeholder waits for it.
       MutexLock lock(&mu_);
       ASSIGN_OR_RETURN(std::shared_ptr<Slot> slot,
-                       SlotFor(rref_id, handle.type_name));
+                       owned_.SlotFor(rref_id, handle.type_name));
       state = NewOwnerHandle(rref_id, handle.type_name, slot);
     }
     if (parent == self) {
@@ -337,12 +315,9 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
   }
   {
     MutexLock lock(&mu_);
-    auto it = users_.find(fork);
-    if (it != users_.end()) {
-      if (std::shared_ptr<RRefState> s = it->second.lock()) {
-        handle.local = std::move(s);  // A duplicate of a delivered handle.
-        return absl::OkStatus();
-      }
+    if (std::shared_ptr<RRefState> s = users_.Find(fork)) {
+      handle.local = std::move(s);  // A duplicate of a delivered handle.
+      return absl::OkStatus();
     }
   }
   ASSIGN_OR_RETURN(WorkerInfo owner, Worker(static_cast<int>(handle.owner_id)));
@@ -377,25 +352,10 @@ absl::Status RRefContext::AcceptReceived(RRefHandle& handle, int parent) {
 // ---------------------------------------------------------------------------
 // Owner side
 
-absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::SlotFor(
-    GlobalId rref_id, const std::string& type_name) {
-  auto it = owners_.find(rref_id);
-  if (it != owners_.end()) return it->second.slot;
-  if (deleted_rrefs_.count(rref_id)) {
-    return absl::NotFoundError(
-        absl::StrCat(Describe(rref_id, agent_->self().name),
-                     " was already deleted on its owner"));
-  }
-  OwnerEntry& e = owners_[rref_id];  // A placeholder until created.
-  e.type_name = type_name;
-  e.slot = std::make_shared<Slot>();
-  return e.slot;
-}
-
 std::shared_ptr<RRefState> RRefContext::NewOwnerHandle(
     GlobalId rref_id, const std::string& type_name,
     const std::shared_ptr<Slot>& slot) {
-  ++owners_[rref_id].local_handles;
+  owned_.AddLocalHandle(rref_id);  // After SlotFor: the entry exists.
   std::shared_ptr<RRefState> s(new RRefState());
   s->ctx_ = weak_from_this();
   s->is_owner_ = true;
@@ -407,45 +367,22 @@ std::shared_ptr<RRefState> RRefContext::NewOwnerHandle(
   return s;
 }
 
-std::shared_ptr<RRefContext::Slot> RRefContext::MaybeDelete(GlobalId rref_id) {
-  auto it = owners_.find(rref_id);
-  if (it == owners_.end()) return nullptr;
-  OwnerEntry& e = it->second;
-  if (!e.forks.empty() || e.local_handles > 0 || !e.slot->value.IsReady()) {
-    return nullptr;
-  }
-  std::shared_ptr<Slot> slot = std::move(e.slot);
-  owners_.erase(it);
-  deleted_rrefs_.insert(rref_id);
-  return slot;  // Destroyed by the caller outside mu_ (I3).
-}
-
 void RRefContext::DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender) {
-  std::shared_ptr<Slot> doomed;
+  std::shared_ptr<Slot> doomed;  // Dies after the lock is released.
   MutexLock lock(&mu_);
-  auto it = owners_.find(rref_id);
-  if (it != owners_.end()) {
-    auto fork = it->second.forks.find(fork_id);
-    if (fork != it->second.forks.end() && fork->second != sender) {
-      FERRY_LOG(WARNING) << "worker '" << agent_->self().name
-                         << "': ignored a delete of fork " << fork_id.ToString()
-                         << " of RRef " << rref_id.ToString() << " from worker id "
-                         << sender << ": it is held by worker id "
-                         << fork->second;
-      return;
-    }
+  absl::StatusOr<std::shared_ptr<Slot>> deleted =
+      owned_.DeleteFork(rref_id, fork_id, sender);
+  if (!deleted.ok()) {
+    FERRY_LOG(WARNING) << "ignored a fork deletion: " << deleted.status();
+    return;
   }
-  deleted_forks_.insert(fork_id);
-  if (it == owners_.end()) return;
-  it->second.forks.erase(fork_id);
-  doomed = MaybeDelete(rref_id);
-  // `doomed` dies after the lock is released (declared first).
+  doomed = *std::move(deleted);
 }
 
 void RRefContext::OnCreated(GlobalId rref_id) {
   std::shared_ptr<Slot> doomed;
   MutexLock lock(&mu_);
-  doomed = MaybeDelete(rref_id);
+  doomed = owned_.MaybeDelete(rref_id);
 }
 
 Future<Message> RRefContext::HandleRemoteCall(Message request) {
@@ -456,14 +393,15 @@ Future<Message> RRefContext::HandleRemoteCall(Message request) {
   bool start = false;
   {
     MutexLock lock(&mu_);
-    if (f.fork_id != GlobalId() && deleted_forks_.count(f.fork_id)) {
+    if (f.fork_id != GlobalId() && owned_.IsForkDeleted(f.fork_id)) {
       return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
     }
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s =
+        owned_.SlotFor(f.rref_id, f.type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
     if (f.fork_id != GlobalId()) {
-      owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+      owned_.AddFork(f.rref_id, f.fork_id, request.caller_id);
     }
     start = !slot->started.exchange(true);
   }
@@ -511,7 +449,7 @@ Future<Value> RRefContext::RunCreation(const std::shared_ptr<Slot>& slot,
     absl::StatusOr<std::shared_ptr<Slot>> t;
     {
       MutexLock lock(&mu_);
-      t = SlotFor(target, "");
+      t = owned_.SlotFor(target, "");
     }
     if (!t.ok()) return MakeErrorFuture<Value>(t.status());
     std::weak_ptr<RRefContext> weak = weak_from_this();
@@ -581,7 +519,7 @@ Future<Message> RRefContext::HandleFetch(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(id, f->type_name);
+    absl::StatusOr<std::shared_ptr<Slot>> s = owned_.SlotFor(id, f->type_name);
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -606,7 +544,7 @@ Future<Message> RRefContext::HandleMethod(Message request) {
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f->rref_id, "");
+    absl::StatusOr<std::shared_ptr<Slot>> s = owned_.SlotFor(f->rref_id, "");
     if (!s.ok()) return ErrorReply(s.status());
     slot = *s;
   }
@@ -634,11 +572,13 @@ Future<Message> RRefContext::HandleForkRequest(Message request) {
   if (!fields.ok()) return ErrorReply(fields.status());
   const RRefFields& f = *fields;
   MutexLock lock(&mu_);
-  if (deleted_forks_.count(f.fork_id))
-    return MakeReadyFuture<Message>(Message());
-  absl::StatusOr<std::shared_ptr<Slot>> s = SlotFor(f.rref_id, f.type_name);
+  if (owned_.IsForkDeleted(f.fork_id)) {
+    return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
+  }
+  absl::StatusOr<std::shared_ptr<Slot>> s =
+      owned_.SlotFor(f.rref_id, f.type_name);
   if (!s.ok()) return ErrorReply(s.status());
-  owners_[f.rref_id].forks[f.fork_id] = request.caller_id;
+  owned_.AddFork(f.rref_id, f.fork_id, request.caller_id);
   return MakeReadyFuture<Message>(Message());
 }
 
@@ -648,11 +588,7 @@ Future<Message> RRefContext::HandleChildAccept(Message request) {
   PendingChild child;  // Released after the lock (it may be the last ref).
   {
     MutexLock lock(&mu_);
-    auto it = pending_children_.find(f->fork_id);
-    if (it != pending_children_.end()) {
-      child = std::move(it->second);
-      pending_children_.erase(it);
-    }
+    child = users_.TakeChild(f->fork_id);
   }
   return MakeReadyFuture<Message>(Message());
 }
@@ -705,7 +641,7 @@ std::shared_ptr<RRefState> RRefContext::NewUser(
   s->type_name_ = std::move(type_name);
   s->created_ = std::move(created);
   MutexLock lock(&mu_);
-  users_[fork_id] = s;
+  users_.Add(fork_id, s);
   return s;
 }
 
@@ -715,18 +651,14 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
   if (is_owner) {
     std::shared_ptr<Slot> doomed;
     MutexLock lock(&mu_);
-    auto it = owners_.find(rref_id);
-    if (it == owners_.end()) return;
-    --it->second.local_handles;
-    doomed = MaybeDelete(rref_id);
+    doomed = owned_.DropLocalHandle(rref_id);
     return;
   }
   {
     MutexLock lock(&mu_);
-    auto it = users_.find(fork_id);
-    if (it != users_.end() && it->second.expired()) users_.erase(it);
+    users_.Forget(fork_id);
     if (owner.id < 0 || dead_.count(owner.id)) return;
-    ++pending_deletes_;
+    users_.AddPendingDelete();
   }
   // I1: the deletion goes out once the owner confirmed the fork (or its
   // confirmation failed: USER_DELETE is idempotent and tombstones the fork).
@@ -745,40 +677,21 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
   {
     MutexLock lock(&mu_);
     if (dead_.count(owner)) {
-      --pending_deletes_;  // Its forks were dropped with it.
+      users_.SettleDeletes(1);  // Its forks were dropped with it.
       return;
     }
-    DeleteQueue& q = deletes_[owner];
-    q.queued.emplace_back(rref_id, fork_id);
-    if (q.in_flight) return;  // Goes with the next batch.
-    if (options_.delete_flush_delay > absl::ZeroDuration() && !shutting_down_) {
-      if (q.flush_at == absl::InfiniteFuture()) {
-        q.flush_at = absl::Now() + options_.delete_flush_delay;
-        ++flush_changes_;
-      }
-      return;  // Rides on the next request to `owner`, or the flusher sends.
-    }
-    q.in_flight = true;
-    batch.swap(q.queued);
+    // Unless it goes now, it rides on the next batch or request to `owner`,
+    // or the flusher sends it.
+    batch = batcher_.Queue(owner, rref_id, fork_id, absl::Now());
+    if (batch.empty()) return;
   }
   SendUserDeletes(owner, std::move(batch));
 }
 
-RRefContext::DeleteBatch RRefContext::EndBatch(int owner) {
-  DeleteQueue& q = deletes_[owner];
-  q.in_flight = false;
-  DeleteBatch next;
-  if (dead_.count(owner)) {
-    pending_deletes_ -= static_cast<int>(q.queued.size());
-    q.queued.clear();
-    return next;
-  }
-  if (q.queued.empty()) return next;
-  // What queued meanwhile waited already: it goes at once, alone.
-  q.in_flight = true;
-  q.flush_at = absl::InfiniteFuture();
-  next.swap(q.queued);
-  return next;
+DeleteBatch RRefContext::EndBatch(int owner) {
+  DeleteBatcher::Ended ended = batcher_.EndBatch(owner, dead_.count(owner) > 0);
+  users_.SettleDeletes(ended.dropped);
+  return std::move(ended.next);
 }
 
 void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
@@ -807,21 +720,16 @@ void RRefContext::SendUserDeletes(int owner, DeleteBatch batch) {
   });
   // Counted by in_flight_ now (SendInternal), so settling sees no gap.
   MutexLock lock(&mu_);
-  pending_deletes_ -= n;
+  users_.SettleDeletes(n);
 }
 
-RRefContext::DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
+DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
   DeleteBatch batch;
   {
     MutexLock lock(&mu_);
-    auto it = deletes_.find(owner);
-    if (it == deletes_.end() || it->second.in_flight ||
-        it->second.queued.empty() || dead_.count(owner)) {
-      return batch;
-    }
-    it->second.in_flight = true;
-    it->second.flush_at = absl::InfiniteFuture();
-    batch.swap(it->second.queued);
+    if (dead_.count(owner)) return batch;
+    batch = batcher_.Attach(owner);
+    if (batch.empty()) return batch;
   }
   // `m` is this worker's own request to the owner: its header decodes.
   absl::StatusOr<std::optional<RRefFields>> f = FieldsOf(m);
@@ -844,7 +752,7 @@ void RRefContext::CarrierDone(int owner, DeleteBatch batch,
   DeleteBatch next;
   {
     MutexLock lock(&mu_);
-    pending_deletes_ -= static_cast<int>(batch.size());
+    users_.SettleDeletes(static_cast<int>(batch.size()));
     next = EndBatch(owner);
   }
   if (!next.empty()) SendUserDeletes(owner, std::move(next));
@@ -912,30 +820,20 @@ void RRefContext::FlushLoop(const std::weak_ptr<RRefContext>& weak) {
 bool RRefContext::AwaitDueDeletes(
     std::vector<std::pair<int, DeleteBatch>>& due) {
   while (!stop_flusher_) {
-    absl::Time next = absl::InfiniteFuture();
-    for (const auto& [owner, q] : deletes_) {
-      if (!q.in_flight && !q.queued.empty()) next = std::min(next, q.flush_at);
-    }
-    if (shutting_down_ && next != absl::InfiniteFuture()) next = absl::Now();
-    const uint64_t seen = flush_changes_;
+    const absl::Time next = batcher_.NextFlush(absl::Now());
+    const uint64_t seen = batcher_.changes();
     auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_flusher_ || flush_changes_ != seen;
+      return stop_flusher_ || batcher_.changes() != seen;
     };
     if (mu_.AwaitWithDeadline(absl::Condition(&changed), next)) continue;
-    const absl::Time now = absl::Now();
-    for (auto& [owner, q] : deletes_) {
-      if (q.in_flight || q.queued.empty()) continue;
-      if (q.flush_at > now && !shutting_down_) continue;
-      q.flush_at = absl::InfiniteFuture();
-      if (dead_.count(owner)) {
-        pending_deletes_ -= static_cast<int>(q.queued.size());
-        q.queued.clear();
-        continue;
-      }
-      q.in_flight = true;
-      due.emplace_back(owner, std::move(q.queued));
-      q.queued.clear();
-    }
+    int dropped = 0;  // Queued for owners known dead: their forks went.
+    due = batcher_.TakeDue(
+        absl::Now(),
+        [this](int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return dead_.count(owner) > 0;  // Called by TakeDue, under mu_.
+        },
+        &dropped);
+    users_.SettleDeletes(dropped);
     if (!due.empty()) return true;
   }
   return false;
@@ -977,7 +875,7 @@ std::shared_ptr<RRefState> RRefContext::RemoteImpl(
     std::shared_ptr<Slot> slot;
     {
       MutexLock lock(&mu_);
-      slot = *SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
+      slot = *owned_.SlotFor(*rref_id, type_name);  // A fresh id: never deleted.
       state = NewOwnerHandle(*rref_id, type_name, slot);
     }
     SetFields(m, RRefFields{*rref_id, GlobalId(), self, -1, type_name, {}});
@@ -1041,7 +939,7 @@ std::shared_ptr<RRefState> RRefContext::Local(Value value,
                    std::move(type_name), MakeErrorFuture<void>(id.status()));
   }
   MutexLock lock(&mu_);
-  std::shared_ptr<Slot> slot = *SlotFor(*id, type_name);
+  std::shared_ptr<Slot> slot = *owned_.SlotFor(*id, type_name);
   slot->started = true;
   slot->promise.SetValue(std::move(value));
   return NewOwnerHandle(*id, type_name, slot);
@@ -1057,8 +955,7 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
     std::shared_ptr<Slot> slot;
     {
       MutexLock lock(&mu_);
-      auto it = owners_.find(state->rref_id());
-      if (it != owners_.end()) slot = it->second.slot;
+      slot = owned_.Find(state->rref_id());
     }
     if (slot == nullptr) {
       return MakeErrorFuture<Value>(
@@ -1136,8 +1033,7 @@ absl::StatusOr<std::shared_ptr<RRefContext::Slot>> RRefContext::CreatedSlot(
   std::shared_ptr<Slot> slot;
   {
     MutexLock lock(&mu_);
-    auto it = owners_.find(state.rref_id());
-    if (it != owners_.end()) slot = it->second.slot;
+    slot = owned_.Find(state.rref_id());
   }
   if (slot == nullptr) {
     return absl::InternalError(absl::StrCat(what, ": not registered"));
@@ -1208,62 +1104,25 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
 void RRefContext::SendInternal(int to, Message message, Done done,
                                std::optional<absl::Duration> timeout,
                                bool retry_timeouts) {
-  {
-    MutexLock lock(&mu_);
-    if (dead_.count(to) == 0) {
-      ++in_flight_;
-    } else {
-      to = -1;
-    }
-  }
-  if (to < 0) {
-    if (done) {
-      done(absl::UnavailableError(
-          absl::StrCat("worker is known dead; not sending ",
-                       rpc::MessageTypeName(message.type))));
-    }
-    return;
-  }
-  Attempt(to, std::move(message), 1, std::move(done),
-          timeout.value_or(options_.internal_timeout), retry_timeouts);
+  // Completions hold the context weakly: once it is gone they only run
+  // `done` (the flusher may send while the destructor waits for it).
+  sender_.Send(*this, weak_from_this(), to, std::move(message),
+               std::move(done), timeout, retry_timeouts);
 }
 
-void RRefContext::Attempt(int to, Message message, int attempt, Done done,
-                          absl::Duration timeout, bool retry_timeouts) {
-  {
-    MutexLock lock(&mu_);
-    ++sent_[message.type];
-  }
-  Message copy = message;
-  std::weak_ptr<RRefContext> weak = weak_from_this();
-  agent_->Send(to, std::move(copy), timeout)
-      .OnComplete([weak, to, message = std::move(message), attempt,
-                   done = std::move(done), timeout,
-                   retry_timeouts](const Result<Message>& r) mutable {
-        std::shared_ptr<RRefContext> ctx = weak.lock();
-        if (ctx == nullptr) {
-          if (done) done(r);
-          return;
-        }
-        const absl::StatusCode code = r.status().code();
-        const bool transient =
-            code == absl::StatusCode::kUnavailable ||
-            (retry_timeouts && code == absl::StatusCode::kDeadlineExceeded);
-        if (transient && attempt < ctx->options_.max_attempts &&
-            !ctx->IsKnownDead(to)) {
-          ctx->Attempt(to, std::move(message), attempt + 1, std::move(done),
-                       timeout, retry_timeouts);
-          return;
-        }
-        if (code == absl::StatusCode::kUnavailable && retry_timeouts) {
-          ctx->NotifyWorkerFailed(to);  // Retries exhausted.
-        }
-        if (done) done(r);
-        ctx->FinishInternal();
-      });
+bool RRefContext::BeginMessage(int to) {
+  MutexLock lock(&mu_);
+  if (dead_.count(to)) return false;
+  ++in_flight_;
+  return true;
 }
 
-void RRefContext::FinishInternal() {
+void RRefContext::CountAttempt(MessageType type) {
+  MutexLock lock(&mu_);
+  ++sent_[type];
+}
+
+void RRefContext::EndMessage() {
   MutexLock lock(&mu_);
   --in_flight_;
 }
@@ -1276,27 +1135,8 @@ void RRefContext::NotifyWorkerFailed(int id) {
   std::vector<PendingChild> released;
   MutexLock lock(&mu_);
   if (id == agent_->self().id || !dead_.insert(id).second) return;
-  std::vector<GlobalId> touched;
-  for (auto& [rref_id, e] : owners_) {
-    for (auto it = e.forks.begin(); it != e.forks.end();) {
-      if (it->second == id) {
-        deleted_forks_.insert(it->first);
-        it = e.forks.erase(it);
-        touched.push_back(rref_id);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (GlobalId r : touched) doomed.push_back(MaybeDelete(r));
-  for (auto it = pending_children_.begin(); it != pending_children_.end();) {
-    if (it->second.to == id) {
-      released.push_back(std::move(it->second));
-      it = pending_children_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  doomed = owned_.DropHolder(id);
+  released = users_.DropChildrenTo(id);
   // `doomed` and `released` die after the lock is released.
 }
 
@@ -1308,8 +1148,7 @@ bool RRefContext::IsKnownDead(int id) const {
 absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   MutexLock lock(&mu_);
   auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_flight_ == 0 && pending_children_.empty() &&
-           pending_deletes_ == 0;
+    return in_flight_ == 0 && users_.settled();
   };
   if (mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
     return absl::OkStatus();
@@ -1317,7 +1156,7 @@ absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   return absl::DeadlineExceededError(absl::StrCat(
       "worker '", agent_->self().name, "': RRef protocol not settled after ",
       absl::FormatDuration(timeout), ": ", in_flight_, " messages in flight, ",
-      pending_children_.size(), " pending children, ", pending_deletes_,
+      users_.num_children(), " pending children, ", users_.pending_deletes(),
       " deletions waiting for confirmation"));
 }
 
@@ -1332,17 +1171,14 @@ absl::Status RRefContext::Leave(absl::Duration timeout) {
 absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   {
     MutexLock lock(&mu_);
-    shutting_down_ = true;
-    ++flush_changes_;  // Queued deletions go now.
+    batcher_.FlushAll();  // Queued deletions go now.
   }
   // Children first (I2): parents are released only once their children are.
   absl::Status settled = AwaitSettled(timeout);
   std::vector<std::shared_ptr<RRefState>> users;
   {
     MutexLock lock(&mu_);
-    for (auto& [fork, weak] : users_) {
-      if (std::shared_ptr<RRefState> s = weak.lock()) users.push_back(s);
-    }
+    for (auto& [fork, s] : users_.Live()) users.push_back(std::move(s));
   }
   for (const std::shared_ptr<RRefState>& s : users) {
     if (!s->released_.exchange(true)) {
@@ -1354,21 +1190,16 @@ absl::Status RRefContext::Stop(absl::Duration timeout, bool leave) {
   if (settled.ok()) settled = AwaitSettled(timeout);
   absl::Status stopped = leave ? agent_->Leave(timeout)
                                : agent_->Shutdown(/*graceful=*/true, timeout);
-  std::vector<std::shared_ptr<Slot>> dropped;
-  std::vector<std::string> leaked;
+  OwnerTable::Drained dropped;
   {
     MutexLock lock(&mu_);
-    for (auto& [id, e] : owners_) {
-      if (!e.forks.empty() || !e.slot->value.IsReady()) {
-        OwnedInfo info{id, e.type_name, e.forks, e.local_handles,
-                       e.slot->value.IsReady()};
-        leaked.push_back(info.DebugString());
-      }
-      dropped.push_back(std::move(e.slot));
-    }
-    owners_.clear();
+    dropped = owned_.Drain();
   }
-  dropped.clear();
+  dropped.slots.clear();  // Outside the lock (I3).
+  std::vector<std::string> leaked;
+  for (const OwnedInfo& info : dropped.leaked) {
+    leaked.push_back(info.DebugString());
+  }
   RETURN_IF_ERROR(settled);
   RETURN_IF_ERROR(stopped);
   if (!leaked.empty()) {
@@ -1396,14 +1227,10 @@ std::vector<rpc::InspectionRow> RRefContext::Inspect() const {
   int in_flight = 0, pending_deletes = 0;
   {
     MutexLock lock(&mu_);
-    for (const auto& [fork, weak] : users_) {
-      if (std::shared_ptr<RRefState> s = weak.lock()) users[fork].state = s;
-    }
-    for (const auto& [fork, child] : pending_children_) {
-      children.emplace_back(fork, child);
-    }
+    for (auto& [fork, s] : users_.Live()) users[fork].state = std::move(s);
+    children = users_.Children();
     in_flight = in_flight_;
-    pending_deletes = pending_deletes_;
+    pending_deletes = users_.pending_deletes();
   }
   std::vector<rpc::InspectionRow> rows;
   rows.push_back(rpc::InspectionRow{
@@ -1453,30 +1280,23 @@ std::vector<rpc::InspectionRow> RRefContext::Inspect() const {
 }
 
 std::vector<RRefContext::OwnedInfo> RRefContext::Owned() const {
-  std::vector<OwnedInfo> out;
   MutexLock lock(&mu_);
-  for (const auto& [id, e] : owners_) {
-    out.push_back(OwnedInfo{id, e.type_name, e.forks, e.local_handles,
-                            e.slot->value.IsReady()});
-  }
-  return out;
+  return owned_.Owned();
 }
 
 size_t RRefContext::num_owned() const {
   MutexLock lock(&mu_);
-  return owners_.size();
+  return owned_.size();
 }
 
 size_t RRefContext::num_users() const {
   MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [f, w] : users_) n += w.expired() ? 0 : 1;
-  return n;
+  return users_.num_live();
 }
 
 size_t RRefContext::num_pending_children() const {
   MutexLock lock(&mu_);
-  return pending_children_.size();
+  return users_.num_children();
 }
 
 int RRefContext::num_in_flight() const {

@@ -5,8 +5,9 @@
 // The OWNER holds the value; every other holder is a USER, known to the
 // owner by a fork id. Messages: REMOTE_CALL, RREF_FETCH, RREF_FORK_REQUEST,
 // RREF_CHILD_ACCEPT, RREF_USER_DELETE (batched, piggybacked), RREF_METHOD
-// (rref/messages.h: types and the typed header); all are idempotent
-// requests with a reply.
+// (rref/messages.h); all are idempotent requests with a reply. Its parts,
+// each with its invariants: owner_table.h, user_table.h, delete_batcher.h,
+// internal_sender.h; this class keeps the handlers and the glue.
 //
 // Invariants (the design note explains each):
 //  I1 (G1) a user deletes a fork only after the owner confirmed it;
@@ -21,8 +22,7 @@
 // transport's error (Unavailable naming the owner) or their timeout,
 // annotated with the RRef id and owner; once the owner is known dead they
 // fail at once. A known-dead worker's forks are dropped by its owners.
-//
-// Lifetime: Create() registers handlers and an interceptor on the agent that
+// Lifetime: Install() registers handlers and an interceptor on the agent that
 // hold the context weakly, so it may die before the agent (they then answer
 // Unavailable); handles (RRefState) hold it weakly too.
 // Thread safety: every method is safe from any thread. Completion callbacks
@@ -49,7 +49,11 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/message.h"
 #include "ferry/rref/class_registry.h"
+#include "ferry/rref/delete_batcher.h"
+#include "ferry/rref/internal_sender.h"
 #include "ferry/rref/messages.h"
+#include "ferry/rref/owner_table.h"
+#include "ferry/rref/user_table.h"
 #include "ferry/tensor/value.h"
 
 namespace ferry::rref {
@@ -100,7 +104,8 @@ class RRefState {
 };
 
 // One worker's side of the RRef protocol (see the top of this file).
-class RRefContext : public std::enable_shared_from_this<RRefContext> {
+class RRefContext : public std::enable_shared_from_this<RRefContext>,
+                    private InternalSender::Ledger {
  public:
   // Install's settings.
   struct Options {
@@ -119,15 +124,8 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
     std::shared_ptr<ClassRegistry> classes;
   };
 
-  // What an owner holds, for inspection and leak reports.
-  struct OwnedInfo {
-    GlobalId rref_id;  // The RRef.
-    std::string type_name;  // The value's.
-    std::map<GlobalId, int> forks;  // fork id -> holder worker id
-    int local_handles = 0;  // This worker's own handles.
-    bool created = false;  // The value exists.
-    std::string DebugString() const;  // One line, for logs and errors.
-  };
+  // What an owner holds of one RRef (owner_table.h).
+  using OwnedInfo = rref::OwnedInfo;
 
   // Registers the RRef handlers and interceptor on `agent` (which must
   // outlive the context, and must be joined: self() known). AlreadyExists if
@@ -231,19 +229,15 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   static RRefHandle MakeHandle(const std::shared_ptr<RRefState>& state);
 
  private:
-  struct Slot;
-  struct OwnerEntry;
+  using Slot = OwnedSlot;
   // Owner only: the slot of `state` once its creation succeeded (waiting up
   // to `timeout`); errors say local_value() of what, and that only the owner
   // has the `kind` ("value" or "object").
   absl::StatusOr<std::shared_ptr<Slot>> CreatedSlot(const RRefState& state,
                                                     absl::Duration timeout,
                                                     const char* kind);
-  struct PendingChild {
-    std::shared_ptr<RRefState> parent;
-    int to = -1;
-  };
-  using Done = absl::AnyInvocable<void(const Result<rpc::Message>&)>;
+  using PendingChild = UserTable<RRefState>::Child;
+  using Done = InternalSender::Done;
 
   RRefContext(rpc::Agent* agent, Options options);
   // Shutdown (collective) or Leave.
@@ -265,13 +259,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Future<rpc::Message> HandleMethod(rpc::Message request);
 
   // --- Owner side. ---
-  // The slot of R, creating a placeholder entry when R is unknown;
-  // NotFound when R was deleted.
-  absl::StatusOr<std::shared_ptr<Slot>> SlotFor(GlobalId rref_id,
-                                                const std::string& type_name)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartCreation(GlobalId rref_id, std::shared_ptr<Slot> slot,
-                     const rpc::Message& request);
   Future<Value> RunCreation(const std::shared_ptr<Slot>& slot,
                             const rpc::Message& request);
   Future<rpc::Message> CreationReply(const std::shared_ptr<Slot>& slot) const;
@@ -284,9 +271,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   // Deletes fork `fork_id` of `rref_id` for worker `sender`: a fork
   // registered to another holder is left alone (only its holder drops it).
   void DeleteFork(GlobalId rref_id, GlobalId fork_id, int sender);
-  // Removes R if I3 allows; returns what to destroy outside the lock.
-  std::shared_ptr<Slot> MaybeDelete(GlobalId rref_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCreated(GlobalId rref_id);
 
   std::shared_ptr<RRefState> RemoteImpl(const rpc::WorkerRef& to,
@@ -308,7 +292,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   void OnStateDropped(bool is_owner, const rpc::WorkerInfo& owner,
                       GlobalId rref_id, GlobalId fork_id,
                       const Future<void>& created);
-  using DeleteBatch = std::vector<std::pair<GlobalId, GlobalId>>;
   // Queues fork F's deletion for `owner`; unless a batch to `owner` is in
   // flight (its completion takes what queued meanwhile), arms the flush.
   void QueueUserDelete(int owner, GlobalId rref_id, GlobalId fork_id);
@@ -334,13 +317,16 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   Future<rpc::Message> SendCarrying(int owner, rpc::Message m,
                                     absl::Duration timeout);
 
-  // --- Internal messages. ---
+  // --- Internal messages (sender_, I5). ---
   void SendInternal(int to, rpc::Message message, Done done,
                     std::optional<absl::Duration> timeout = std::nullopt,
                     bool retry_timeouts = true);
-  void Attempt(int to, rpc::Message message, int attempt, Done done,
-               absl::Duration timeout, bool retry_timeouts);
-  void FinishInternal();
+  // InternalSender::Ledger: in_flight_, sent_ and dead_ under mu_.
+  bool BeginMessage(int to) override;
+  void CountAttempt(rpc::MessageType type) override;
+  bool IsFailed(int to) override { return IsKnownDead(to); }
+  void GaveUp(int to) override { NotifyWorkerFailed(to); }
+  void EndMessage() override;
 
   absl::StatusOr<GlobalId> NextId();
   absl::StatusOr<rpc::WorkerInfo> Worker(int id) const;
@@ -351,32 +337,20 @@ class RRefContext : public std::enable_shared_from_this<RRefContext> {
   const Options options_;
   const std::shared_ptr<ClassRegistry> classes_;
   IdGenerator ids_;
+  const InternalSender sender_;
 
   mutable Mutex mu_;
-  // Owner side: every RRef this worker owns and has not deleted (I3).
-  std::map<GlobalId, OwnerEntry> owners_ ABSL_GUARDED_BY(mu_);
-  std::set<GlobalId> deleted_forks_ ABSL_GUARDED_BY(mu_);  // I4
-  std::set<GlobalId> deleted_rrefs_ ABSL_GUARDED_BY(mu_);  // I4
-  // User side: live forks (dedups a received handle delivered twice).
-  std::map<GlobalId, std::weak_ptr<RRefState>> users_ ABSL_GUARDED_BY(mu_);
-  // Forks this worker (a user) sent, waiting for CHILD_ACCEPT (I2).
-  std::map<GlobalId, PendingChild> pending_children_ ABSL_GUARDED_BY(mu_);
-  // Dropped users whose deletion waits for the owner's confirmation (I1)
-  // or for the USER_DELETE in flight to their owner (batching).
-  int pending_deletes_ ABSL_GUARDED_BY(mu_) = 0;
-  struct DeleteQueue {
-    bool in_flight = false;                             // USER_DELETE/carrier
-    std::vector<std::pair<GlobalId, GlobalId>> queued;  // (rref, fork)
-    absl::Time flush_at = absl::InfiniteFuture();       // Queued, not in flight
-  };
-  std::map<int, DeleteQueue> deletes_ ABSL_GUARDED_BY(mu_);
-  // Bumped whenever a flush is armed or the flusher must stop.
-  uint64_t flush_changes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Owner side: every RRef this worker owns and has not deleted (I3, I4).
+  OwnerTable owned_ ABSL_GUARDED_BY(mu_);
+  // User side: live forks (dedups a received handle delivered twice), forks
+  // sent and not yet accepted (I2), deletions not yet answered (I1).
+  UserTable<RRefState> users_ ABSL_GUARDED_BY(mu_);
+  // User side: deletions queued per owner, and the batch in flight (I6).
+  DeleteBatcher batcher_ ABSL_GUARDED_BY(mu_);
   bool stop_flusher_ ABSL_GUARDED_BY(mu_) = false;
   std::thread flusher_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::set<int> dead_ ABSL_GUARDED_BY(mu_);
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::map<rpc::MessageType, int> sent_ ABSL_GUARDED_BY(mu_);
 };
 
