@@ -155,6 +155,12 @@ absl::StatusOr<Device> DeviceMaps::ReplyTarget(const std::string& me,
       "); map it or allow staging to CPU"));
 }
 
+std::vector<std::string> DeviceMaps::peers() const {
+  std::vector<std::string> out;
+  for (const auto& entry : maps_) out.push_back(entry.first);
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> DeviceMaps::Describe(
     const std::string& peer) const {
   std::vector<std::pair<std::string, std::string>> out;

@@ -53,7 +53,7 @@ class DeviceMaps {
 
   // Allow a CUDA tensor without a mapping to travel to the peer's CPU.
   void set_stage_unmapped_to_cpu(bool stage) { stage_to_cpu_ = stage; }
-  bool stage_unmapped_to_cpu() const { return stage_to_cpu_; }
+  bool stage_unmapped_to_cpu() const { return stage_to_cpu_; }  ///< Set?
 
   // Checks the maps of worker `me` against `devices`, the CUDA devices it
   // uses: every source is one of them and each peer's map is 1:1.
@@ -77,6 +77,9 @@ class DeviceMaps {
   absl::StatusOr<Device> ReplyTarget(const std::string& me,
                                      const std::string& peer, Device device,
                                      int position) const;
+
+  // The peers this worker has a map to, sorted.
+  std::vector<std::string> peers() const;
 
   // This worker's map to `peer` (empty when none), source -> target, as
   // "cuda:0" -> "cuda:1" text, sorted: for logs and the Admin service.

@@ -10,6 +10,7 @@
 #include "ferry/rpc/grpc/init.h"
 #include "ferry/store/init_method.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/tensor/cuda/device_api.h"
 
 namespace ferry {
 
@@ -22,6 +23,8 @@ struct Worker::Impl {
   std::shared_ptr<autograd::dist::DistAutogradContainer> dist;
   std::shared_ptr<rref::RRefContext> rrefs;
   std::shared_ptr<optim::DistOptimizerService> optimizers;
+  DeviceOptions devices;  // Parsed from options.
+  DevicePlan device_plan;
   bool ended = false;
 };
 
@@ -115,6 +118,12 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
   auto impl = std::make_unique<Worker::Impl>();
   impl->options = std::move(options);
   const WorkerOptions& o = impl->options;
+  ASSIGN_OR_RETURN(
+      impl->devices,
+      ParseDeviceOptions(
+          o.name, o.devices, o.device_maps, o.stage_unmapped_to_cpu,
+          o.cuda_transport,
+          o.device_api != nullptr ? o.device_api->DeviceCount() : -1));
   impl->registry = o.registry != nullptr
                        ? o.registry
                        : std::make_shared<rpc::FunctionRegistry>();
@@ -137,6 +146,16 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
                                  .after_update =
                                      w.options.optimizer_after_update,
                                  .dist = w.dist}));
+    // Every worker publishes its devices (a peer mapping to one without
+    // CUDA then learns it has none); settled before serving, so the
+    // inspector below never reads it while it is written.
+    auto* grpc = dynamic_cast<rpc::GrpcAgent*>(&agent);
+    if (grpc == nullptr) return absl::InternalError("not a GrpcAgent");
+    ASSIGN_OR_RETURN(w.device_plan,
+                     DevicePlan::Settle(w.options.name, w.devices,
+                                        grpc->store(), w.options.join_timeout));
+    RETURN_IF_ERROR(agent.inspectors().Register(
+        "devices", [worker] { return worker->device_plan().Inspect(); }));
     return w.options.before_serving ? w.options.before_serving(*worker)
                                     : absl::OkStatus();
   };
@@ -197,6 +216,8 @@ Worker::optimizer_service_ptr() const {
 optim::DistOptimizerService& Worker::optimizer_service() const {
   return *impl_->optimizers;
 }
+
+const DevicePlan& Worker::device_plan() const { return impl_->device_plan; }
 
 WorkerStats Worker::stats() const {
   WorkerStats s;

@@ -32,9 +32,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,8 +50,13 @@
 #include "ferry/rref/rref.h"
 #include "ferry/rref/rref_context.h"
 #include "ferry/store/store.h"
+#include "ferry/worker/device_plan.h"
 
 namespace ferry {
+
+namespace cuda {
+class DeviceMemoryApi;
+}  // namespace cuda
 
 class Worker;
 
@@ -106,6 +113,21 @@ struct WorkerOptions {
   // optimizer of this worker updated (DistOptimizerService::Options::
   // after_update); may be empty.
   std::function<void(const Tensor& param)> optimizer_after_update;
+  // CUDA tensors over RPC (issue #32, worker/device_plan.h): checked and
+  // planned at InitWorker; calls do not use them yet (the tensor wire
+  // refuses CUDA tensors). The CUDA devices this worker uses ("cuda:N"),
+  // which must exist on device_api.
+  std::vector<std::string> devices;
+  // Per peer: this worker's device -> the peer's ("cuda:0" -> "cuda:1"),
+  // 1:1; checked against the devices the peer publishes.
+  std::map<std::string, std::map<std::string, std::string>> device_maps;
+  // An unmapped CUDA tensor lands on the peer's CPU instead of failing.
+  bool stage_unmapped_to_cpu = false;
+  // "auto" (IPC on one host, staged otherwise), "ipc" or "staged".
+  std::string cuda_transport = "auto";
+  // Where `devices` live (cuda/cuda_device_api.h on a GPU machine);
+  // required when `devices` is not empty.
+  std::shared_ptr<cuda::DeviceMemoryApi> device_api;
   // Runs once the layers are installed and before the worker serves:
   // register remote classes, interceptors, membership listeners. An error
   // fails InitWorker.
@@ -173,6 +195,9 @@ class Worker {
       const;
   // The traffic counters now.
   WorkerStats stats() const;
+  // Where this worker's CUDA tensors land on each mapped peer and by which
+  // path (see WorkerOptions::devices); empty without device maps.
+  const DevicePlan& device_plan() const;
 
   // rpc_sync / rpc_async through a typed handle (rpc/remote_function.h) or
   // by name (rpc/agent.h); remote() returns an RRef the callee owns.

@@ -169,6 +169,8 @@ class GrpcAgent final : public Agent {
   absl::Time start_time() const { return start_time_; }
   // The same-host channel (counters, usable peers); never null.
   grpc_agent::SameHostChannel& same_host() const { return *same_host_; }
+  // The group's store this agent formed the group through.
+  Store& store() const { return *store_; }
   // Reuse counters of the receive buffers (rpc/grpc/buffer_pool.h).
   grpc_agent::ReceiveBufferPool::Stats receive_pool_stats() const {
     return receive_pool_->stats();
