@@ -46,8 +46,9 @@ std::shared_ptr<OwnedSlot> OwnerTable::Find(GlobalId rref_id) const {
   return it == entries_.end() ? nullptr : it->second.slot;
 }
 
-bool OwnerTable::IsForkDeleted(GlobalId fork_id) const {
-  return deleted_forks_.count(fork_id) > 0;
+bool OwnerTable::IsForkDeleted(GlobalId fork_id, int holder) const {
+  auto it = deleted_forks_.find(fork_id);
+  return it != deleted_forks_.end() && it->second == holder;
 }
 
 bool OwnerTable::IsDeleted(GlobalId rref_id) const {
@@ -55,8 +56,10 @@ bool OwnerTable::IsDeleted(GlobalId rref_id) const {
 }
 
 bool OwnerTable::AddFork(GlobalId rref_id, GlobalId fork_id, int holder) {
-  if (deleted_forks_.count(fork_id)) return false;
-  return AddSentFork(rref_id, fork_id, holder);
+  if (IsForkDeleted(fork_id, holder)) return false;
+  if (!AddSentFork(rref_id, fork_id, holder)) return false;
+  deleted_forks_.erase(fork_id);  // Another worker's tombstone: forged.
+  return true;
 }
 
 bool OwnerTable::AddSentFork(GlobalId rref_id, GlobalId fork_id, int holder) {
@@ -78,7 +81,7 @@ absl::StatusOr<std::shared_ptr<OwnedSlot>> OwnerTable::DeleteFork(
           rref_id.ToString(), ": it is held by worker id ", fork->second));
     }
   }
-  deleted_forks_.insert(fork_id);
+  deleted_forks_[fork_id] = sender;
   if (it == entries_.end()) return nullptr;
   it->second.forks.erase(fork_id);
   return MaybeDelete(rref_id);
@@ -90,7 +93,7 @@ std::vector<std::shared_ptr<OwnedSlot>> OwnerTable::DropHolder(int holder) {
     bool dropped = false;
     for (auto it = e.forks.begin(); it != e.forks.end();) {
       if (it->second == holder) {
-        deleted_forks_.insert(it->first);
+        deleted_forks_[it->first] = holder;
         it = e.forks.erase(it);
         dropped = true;
       } else {

@@ -8,8 +8,10 @@
 //     it has no fork and no local handle; the calls that can make that true
 //     return the entry's slot for the caller to destroy;
 //  I4 a deleted fork id and a deleted RRef id stay deleted: a fork that was
-//     deleted is never registered again (AddFork), an RRef that was deleted
-//     is never recreated (SlotFor: NotFound);
+//     deleted by its holder is never registered again for it (AddFork), an
+//     RRef that was deleted is never recreated (SlotFor: NotFound); a
+//     tombstone another worker made for a fork not yet registered does not
+//     keep the holder out (a forged delete cannot fail another's fork);
 //  H  a fork is deleted only for its holder: DeleteFork from another worker
 //     leaves it (PermissionDenied naming both workers); a failed holder's
 //     forks all go (DropHolder) and are tombstoned.
@@ -76,14 +78,16 @@ class OwnerTable {
       GlobalId rref_id, const std::string& type_name);
   // The slot of `rref_id`; null when it has no entry.
   std::shared_ptr<OwnedSlot> Find(GlobalId rref_id) const;
-  // Whether fork `fork_id` was deleted (I4).
-  bool IsForkDeleted(GlobalId fork_id) const;
+  // Whether fork `fork_id` was deleted by worker `holder` (its own delete,
+  // or its failure) (I4).
+  bool IsForkDeleted(GlobalId fork_id, int holder) const;
   // Whether RRef `rref_id` was deleted (I4).
   bool IsDeleted(GlobalId rref_id) const;
 
   // Registers fork `fork_id` of `rref_id` as held by worker `holder`
   // (replacing an earlier holder). False, registering nothing, when
-  // `rref_id` has no entry or the fork was deleted (I4).
+  // `rref_id` has no entry or `holder` deleted the fork (I4); a tombstone
+  // made by another worker is dropped.
   bool AddFork(GlobalId rref_id, GlobalId fork_id, int holder);
   // The owner's early registration of a fork it sends (`fork_id`: an id it
   // just made): as AddFork, but registered even when a peer named that id
@@ -136,7 +140,7 @@ class OwnerTable {
 
   const std::string self_name_;
   std::map<GlobalId, Entry> entries_;
-  std::set<GlobalId> deleted_forks_;  // I4
+  std::map<GlobalId, int> deleted_forks_;  // I4: fork id -> who deleted it
   std::set<GlobalId> deleted_rrefs_;  // I4
 };
 

@@ -31,7 +31,7 @@ class Owner {
 
   // REMOTE_CALL(R, F) from `from`: registers F and starts the creation.
   void RemoteCall(GlobalId r, GlobalId f, int from) {
-    if (table.IsForkDeleted(f)) return;  // The user is gone (I4).
+    if (table.IsForkDeleted(f, from)) return;  // The user is gone (I4).
     absl::StatusOr<std::shared_ptr<OwnedSlot>> s = table.SlotFor(r, "int");
     if (!s.ok()) {
       ++not_found;
@@ -50,7 +50,7 @@ class Owner {
   }
   // RREF_FORK_REQUEST(R, F) from `from`.
   void ForkRequest(GlobalId r, GlobalId f, int from) {
-    if (table.IsForkDeleted(f)) return;
+    if (table.IsForkDeleted(f, from)) return;
     absl::StatusOr<std::shared_ptr<OwnedSlot>> s = table.SlotFor(r, "");
     if (!s.ok()) {
       EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
@@ -221,7 +221,8 @@ TEST(OwnerTableTest, OnlyTheHolderDeletesItsFork) {
       << d.status();
   EXPECT_NE(d.status().message().find("held by worker id 1"), std::string::npos)
       << d.status();
-  EXPECT_FALSE(o.table.IsForkDeleted(kF1));
+  EXPECT_FALSE(o.table.IsForkDeleted(kF1, 1));
+  EXPECT_FALSE(o.table.IsForkDeleted(kF1, 2));
   EXPECT_EQ(o.table.num_forks(), 1u);
   o.Delete(kR, kF1, 1);
   o.ExpectEmpty({kR}, "holder deletes");
@@ -255,7 +256,7 @@ TEST(OwnerTableTest, DeletedForkIsNotRegisteredAgainButASentOneIs) {
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(t.AddLocalHandle(kR));
   ASSERT_TRUE(t.DeleteFork(kR, kF2, 2).ok());  // Unknown: tombstoned.
-  EXPECT_TRUE(t.IsForkDeleted(kF2));
+  EXPECT_TRUE(t.IsForkDeleted(kF2, 2));
   EXPECT_FALSE(t.AddFork(kR, kF2, 2));
   EXPECT_EQ(t.num_forks(), 0u);
   const GlobalId sent(0, 99);
@@ -269,6 +270,28 @@ TEST(OwnerTableTest, DeletedForkIsNotRegisteredAgainButASentOneIs) {
   EXPECT_EQ(t.DropLocalHandle(kR), *s);
   EXPECT_EQ(t.size(), 0u);
   EXPECT_EQ(t.num_forks(), 0u);
+}
+
+// A delete from a worker that does not hold the fork, sent before the
+// fork's registration (a guessed id), does not keep the real holder out;
+// the holder's own early delete does (I4).
+TEST(OwnerTableTest, AForgedEarlyDeleteDoesNotKeepTheHolderOut) {
+  Owner o;
+  o.RemoteCall(kR, kF1, 1);
+  o.Created(kR);
+  o.Delete(kR, kF2, 3);  // Worker 3 names worker 2's fork before it exists.
+  EXPECT_FALSE(o.table.IsForkDeleted(kF2, 2));
+  o.ForkRequest(kR, kF2, 2);  // Registered: the tombstone was not 2's.
+  EXPECT_EQ(o.table.num_forks(), 2u);
+  o.Delete(kR, kF2, 3);  // Now refused: 3 is not the holder.
+  EXPECT_EQ(o.denied, 1);
+  EXPECT_EQ(o.table.num_forks(), 2u);
+  o.Delete(kR, kF2, 2);
+  EXPECT_TRUE(o.table.IsForkDeleted(kF2, 2));
+  o.ForkRequest(kR, kF2, 2);  // A late duplicate: stays deleted.
+  EXPECT_EQ(o.table.num_forks(), 1u);
+  o.Delete(kR, kF1, 1);
+  o.ExpectEmpty({kR}, "forged early delete");
 }
 
 TEST(OwnerTableTest, DrainListsWhatWasLeaked) {

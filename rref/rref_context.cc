@@ -393,7 +393,8 @@ Future<Message> RRefContext::HandleRemoteCall(Message request) {
   bool start = false;
   {
     MutexLock lock(&mu_);
-    if (f.fork_id != GlobalId() && owned_.IsForkDeleted(f.fork_id)) {
+    if (f.fork_id != GlobalId() &&
+        owned_.IsForkDeleted(f.fork_id, request.caller_id)) {
       return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
     }
     absl::StatusOr<std::shared_ptr<Slot>> s =
@@ -572,7 +573,7 @@ Future<Message> RRefContext::HandleForkRequest(Message request) {
   if (!fields.ok()) return ErrorReply(fields.status());
   const RRefFields& f = *fields;
   MutexLock lock(&mu_);
-  if (owned_.IsForkDeleted(f.fork_id)) {
+  if (owned_.IsForkDeleted(f.fork_id, request.caller_id)) {
     return MakeReadyFuture<Message>(Message());  // The user is gone (I4).
   }
   absl::StatusOr<std::shared_ptr<Slot>> s =
