@@ -8,7 +8,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "ferry/autograd/engine.h"
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/common/logging.h"
@@ -65,7 +64,7 @@ std::set<int> DistAutogradContext::workers() const {
 
 // The fused optimizer steps of one pass (BackwardOptions::fused_optimizer).
 struct FusedPlan {
-  std::string entry;          // kFusedStepKey, forwarded on this pass's BACKWARDs.
+  std::vector<FusedStep> steps;  // Forwarded on this pass's BACKWARDs.
   std::set<int> owners;       // Workers whose BACKWARD replies must confirm.
   std::vector<int64_t> mine;  // This worker's step ids.
   std::shared_ptr<const FusedStepHandler> handler;  // Set when `mine` is not.
@@ -236,12 +235,10 @@ bool IsOwnType(MessageType t) {
   return t == kBackward || t == kCleanupAutogradContext;
 }
 
-// Sets the context `m` travels in, keeping its header's fields.
-void SetTravellingContext(Message& m, GlobalId id) {
-  absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);  // Ours: decodes.
-  AutogradHeader out = h.ok() ? *std::move(h) : AutogradHeader{};
-  out.context = id;
-  SetAutogradHeader(m, out);
+// The autograd header of a message this worker sends (ours: it decodes).
+AutogradHeader OutgoingHeader(const Message& m) {
+  absl::StatusOr<AutogradHeader> h = AutogradHeaderOf(m);
+  return h.ok() ? *std::move(h) : AutogradHeader{};
 }
 
 // The context id a message travels in, if any.
@@ -269,20 +266,6 @@ GradTensors TakeGradTensors(Value& payload) {
     }
     ++i;
   });
-  return out;
-}
-
-absl::StatusOr<std::vector<int>> ParseIndices(const std::string& text) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 0 ||
-        (!out.empty() && v <= out.back())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("malformed ", kGradTensorsKey, " entry '", text, "'"));
-    }
-    out.push_back(v);
-  }
   return out;
 }
 
@@ -472,34 +455,42 @@ absl::Status DistAutogradContainer::Intercept(InterceptPoint point,
 
 absl::Status DistAutogradContainer::OnSendRequest(const WorkerInfo& peer,
                                                   Message& m) {
-  AttachReleases(peer, m);
-  // The entry may have come from the handler thread's installed context.
-  m.context.erase(kGradTensorsKey);
+  // Read once and written once, when it changed.
+  AutogradHeader h = OutgoingHeader(m);
+  bool changed = AttachReleases(peer, m, h);
+  auto finish = [&]() -> absl::Status {
+    if (changed) SetAutogradHeader(m, h);
+    return absl::OkStatus();
+  };
   // The current context travels as the header's typed field, never as the
   // context entry (which OnReceiveRequest restores from the header).
   absl::StatusOr<std::optional<GlobalId>> current = ContextIdOf(m.context);
   m.context.erase(kContextKey);
   if (IsOwnType(m.type)) {
     if (current.ok() && current->has_value()) {
-      SetTravellingContext(m, **current);
+      h.context = **current;
+      changed = true;
     }
-    return absl::OkStatus();
+    return finish();
   }
   GradTensors grads = TakeGradTensors(m.payload);
   if (!current.ok()) return current.status();
   const std::optional<GlobalId>& id = *current;
-  if (!id.has_value()) return absl::OkStatus();
+  if (!id.has_value()) return finish();
   // Released (or never created) here: the id must not revive the context
   // on the callee, which would then hold it forever; it does not travel.
   std::shared_ptr<DistAutogradContext> ctx = Find(*id);
-  if (ctx == nullptr) return absl::OkStatus();
+  if (ctx == nullptr) return finish();
   {
     MutexLock l(&ctx->mu_);
-    if (ctx->released_) return absl::OkStatus();
+    if (ctx->released_) return finish();
     ctx->workers_.insert(peer.id);
   }
-  SetTravellingContext(m, *id);
-  return RecordSend(*ctx, peer, grads, /*is_reply=*/false, m);
+  h.context = *id;
+  changed = true;
+  absl::Status recorded = RecordSend(*ctx, peer, grads, m, h);
+  SetAutogradHeader(m, h);
+  return recorded;
 }
 
 absl::StatusOr<AutogradHeader> DistAutogradContainer::ReceivedHeader(
@@ -515,8 +506,9 @@ absl::StatusOr<AutogradHeader> DistAutogradContainer::ReceivedHeader(
 
 absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
                                                      Message& m) {
-  RETURN_IF_ERROR(ApplyReleases(peer, m));
   ASSIGN_OR_RETURN(AutogradHeader header, ReceivedHeader(peer, m));
+  // Before the request's own work.
+  ApplyReleases(peer, header.releases);
   // Only the header's typed field says which context a request is in; the
   // handler's thread gets it as its context entry (for its nested calls).
   m.context.erase(kContextKey);
@@ -534,7 +526,6 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     if (released_ids_.count(*id) > 0) {
       // Overtaken by its release: serve it outside the context (its
       // tensors arrived detached) rather than revive the context.
-      m.context.erase(kGradTensorsKey);
       return absl::OkStatus();
     }
     std::shared_ptr<DistAutogradContext>& slot = contexts_[*id];
@@ -546,18 +537,15 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     ctx->pending_replies_.insert(key);
     ctx->workers_.insert(peer.id);
   }
-  auto marker = m.context.find(kGradTensorsKey);
-  if (marker == m.context.end() || !header.fields.has_value()) {
+  if (!header.fields.has_value() || header.fields->grad_tensors.empty()) {
     return absl::OkStatus();
   }
-  std::string indices = marker->second;
-  m.context.erase(marker);
-  return RecordRecv(*ctx, peer, indices, header.fields->message_id, m);
+  return RecordRecv(*ctx, peer, header.fields->grad_tensors,
+                    header.fields->message_id, m);
 }
 
 absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
                                                 Message& m) {
-  m.context.erase(kGradTensorsKey);
   if (IsOwnType(m.type)) return absl::OkStatus();
   GradTensors grads = TakeGradTensors(m.payload);
   std::shared_ptr<DistAutogradContext> ctx;
@@ -572,7 +560,11 @@ absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
     MutexLock cl(&ctx->mu_);
     ctx->pending_replies_.erase(ReplyKey{peer.id, m.id.value()});
   }
-  return RecordSend(*ctx, peer, grads, /*is_reply=*/true, m);
+  if (grads.indices.empty()) return absl::OkStatus();
+  AutogradHeader h = OutgoingHeader(m);
+  absl::Status recorded = RecordSend(*ctx, peer, grads, m, h);
+  if (recorded.ok()) SetAutogradHeader(m, h);
+  return recorded;
 }
 
 absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
@@ -582,28 +574,24 @@ absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
   ASSIGN_OR_RETURN(AutogradHeader header, ReceivedHeader(peer, m));
   if (!header.fields.has_value()) return absl::OkStatus();
   const AutogradFields& fields = *header.fields;
-  // Unwrap what OnSendReply wrapped: [marker, payload].
-  const Value::List* parts = m.payload.if_list();
-  if (parts == nullptr || parts->size() != 2 ||
-      (*parts)[0].if_string() == nullptr) {
+  // A reply's fields are set only with the tensors they pair.
+  if (fields.grad_tensors.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker '", agent_.self().name, "': reply from '", peer.name,
         "' in autograd context ", fields.context_id.ToString(),
-        " lacks its grad-tensor marker"));
+        " names no tensor requiring grad"));
   }
-  std::string indices = *(*parts)[0].if_string();
-  Value inner = (*parts)[1];
-  m.payload = std::move(inner);
   std::shared_ptr<DistAutogradContext> ctx = Find(fields.context_id);
   // Released while the call was in flight: the tensors arrive detached.
   if (ctx == nullptr) return absl::OkStatus();
-  return RecordRecv(*ctx, peer, indices, fields.message_id, m);
+  return RecordRecv(*ctx, peer, fields.grad_tensors, fields.message_id, m);
 }
 
 absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
                                                const GradTensors& grads,
-                                               bool is_reply, Message& m) {
+                                               const Message& m,
+                                               AutogradHeader& h) {
   if (grads.indices.empty()) return absl::OkStatus();
   absl::StatusOr<GlobalId> message_id = ids_.Next();
   if (!message_id.ok()) return Annotate(message_id.status(), Where(ctx.id()));
@@ -619,40 +607,31 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
     ctx.sends_[*message_id] = std::move(node);
     ctx.workers_.insert(peer.id);
   }
-  SetAutogradFields(m, AutogradFields{ctx.id(), *message_id, false});
-  std::string marker = absl::StrJoin(grads.indices, ",");
-  if (is_reply) {
-    m.payload = Value::FromList(
-        {Value::String(std::move(marker)), std::move(m.payload)});
-  } else {
-    m.context[kGradTensorsKey] = std::move(marker);
-  }
+  h.fields = AutogradFields{ctx.id(), *message_id, false, grads.indices};
   return absl::OkStatus();
 }
 
 absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
-                                               const std::string& marker,
+                                               const std::vector<int>& indices,
                                                GlobalId message_id,
                                                Message& m) {
-  absl::StatusOr<std::vector<int>> indices = ParseIndices(marker);
-  if (!indices.ok()) return Annotate(indices.status(), Where(ctx.id()));
   // First pass: the specs, so the node exists before the tensors point at it.
   std::vector<TensorSpec> specs;
   {
     size_t next = 0;
     int i = 0;
     rpc::ForEachTensor(m.payload, [&](Tensor& t) {
-      if (next < indices->size() && (*indices)[next] == i) {
+      if (next < indices.size() && indices[next] == i) {
         specs.push_back(TensorSpec{t.sizes(), t.dtype()});
         ++next;
       }
       ++i;
     });
   }
-  if (specs.size() != indices->size()) {
+  if (specs.size() != indices.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        Where(ctx.id()), ": ", m.DebugString(), " marks ", indices->size(),
+        Where(ctx.id()), ": ", m.DebugString(), " marks ", indices.size(),
         " tensors requiring grad but carries ", specs.size()));
   }
   auto node = std::make_shared<RecvNode>(peer.id, peer.name, message_id,
@@ -660,7 +639,7 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
   size_t next = 0;
   int i = 0;
   rpc::ForEachTensor(m.payload, [&](Tensor& t) {
-    if (next < indices->size() && (*indices)[next] == i) {
+    if (next < indices.size() && indices[next] == i) {
       Tensor fresh = Detach(t);
       auto meta = std::make_shared<AutogradMeta>();
       meta->grad_fn = node;
@@ -694,23 +673,12 @@ absl::Status DistAutogradContainer::SetFusedStepHandler(
 }
 
 absl::StatusOr<FusedPlan> DistAutogradContainer::PlanFusedSteps(
-    const std::string& entry) const {
+    const std::vector<FusedStep>& steps) const {
   FusedPlan plan;
-  if (entry.empty()) return plan;
-  plan.entry = entry;
-  for (absl::string_view part : absl::StrSplit(entry, ',')) {
-    std::pair<absl::string_view, absl::string_view> kv =
-        absl::StrSplit(part, absl::MaxSplits(':', 1));
-    int worker = 0;
-    int64_t step = 0;
-    if (!absl::SimpleAtoi(kv.first, &worker) ||
-        !absl::SimpleAtoi(kv.second, &step)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker '", agent_.self().name, "': malformed ", kFusedStepKey,
-          " entry '", entry, "'"));
-    }
-    plan.owners.insert(worker);
-    if (worker == agent_.self().id) plan.mine.push_back(step);
+  plan.steps = steps;
+  for (const FusedStep& step : steps) {
+    plan.owners.insert(step.worker);
+    if (step.worker == agent_.self().id) plan.mine.push_back(step.step_id);
   }
   if (plan.mine.empty()) return plan;
   MutexLock l(&mu_);
@@ -754,13 +722,13 @@ absl::Status DistAutogradContainer::Backward(GlobalId context_id,
   if (!edges.ok()) return Annotate(edges.status(), Where(context_id));
   absl::StatusOr<GlobalId> pass_id = ids_.Next();
   if (!pass_id.ok()) return Annotate(pass_id.status(), Where(context_id));
-  std::string entry;
+  std::vector<FusedStep> steps;
   if (options.fused_optimizer != nullptr) {
     for (const auto& [worker, step] : options.fused_optimizer->FusedSteps()) {
-      absl::StrAppend(&entry, entry.empty() ? "" : ",", worker, ":", step);
+      steps.push_back(FusedStep{worker, step});
     }
   }
-  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(steps);
   if (!fused.ok()) return Annotate(fused.status(), Where(context_id));
   std::shared_ptr<Pass> pass;
   {
@@ -868,15 +836,13 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
   }
   Message m;
   m.type = kBackward;
-  SetAutogradFields(
-      m, AutogradFields{ctx.id(), node.message_id(), pass.retain_graph});
+  AutogradHeader h;
+  h.fields = AutogradFields{ctx.id(), node.message_id(), pass.retain_graph, {}};
+  h.fused_steps = pass.fused.steps;
+  SetAutogradHeader(m, h);
   m.payload =
       Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
                        Value::FromList(std::move(list))});
-  // Always set: an entry installed on this (handler) thread must not leak.
-  if (!pass.fused.entry.empty() || rpc::CurrentContextValue(kFusedStepKey)) {
-    m.context[kFusedStepKey] = pass.fused.entry;
-  }
   const bool confirm = pass.fused.owners.count(node.peer()) > 0;
   std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
                                   node.message_id().ToString(), " to worker '",
@@ -917,11 +883,7 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
                                                  " is unknown (backward from '",
                                                  m.caller_name, "')")));
   }
-  std::string entry;
-  if (auto e = m.context.find(kFusedStepKey); e != m.context.end()) {
-    entry = e->second;
-  }
-  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(entry);
+  absl::StatusOr<FusedPlan> fused = PlanFusedSteps(header->fused_steps);
   if (!fused.ok()) return fail(Annotate(fused.status(), Where(context_id)));
   const bool confirm = !fused->mine.empty();
   auto reply = [confirm] {
@@ -1050,7 +1012,7 @@ Future<void> DistAutogradContainer::SendReleases(GlobalId id,
     if (w == agent_.self().id || w == skip_worker) continue;
     Message m;
     m.type = kCleanupAutogradContext;
-    SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
+    SetAutogradFields(m, AutogradFields{id, GlobalId(), false, {}});
     std::string what = absl::StrCat(Where(id), ": releasing on worker ", w);
     out.Add(agent_.Send(w, std::move(m), options_.rpc_timeout)
                 .Then([what](const Result<Message>& r) -> absl::Status {
@@ -1063,7 +1025,7 @@ Future<void> DistAutogradContainer::SendReleases(GlobalId id,
 
 // ---------------------------------------------------------------------------
 // Background releases: queued per worker, carried by the next request there
-// (kReleaseKey), or sent alone by the release loop.
+// (the autograd header's releases), or sent alone by the release loop.
 
 void DistAutogradContainer::ReleaseInBackground(GlobalId context_id) {
   std::set<int> workers = Forget(context_id);
@@ -1087,15 +1049,18 @@ void DistAutogradContainer::ReleaseInBackground(GlobalId context_id) {
   }
 }
 
-void DistAutogradContainer::AttachReleases(const WorkerInfo& peer, Message& m) {
-  // An entry installed on this (handler) thread was addressed to this
-  // worker; only one made for this message travels.
-  m.context.erase(kReleaseKey);
+bool DistAutogradContainer::AttachReleases(const WorkerInfo& peer,
+                                           const Message& m,
+                                           AutogradHeader& h) {
+  // Only releases made for this message travel on it.
+  const bool had = h.releases.has_value();
+  h.releases.reset();
   std::vector<GlobalId> ids;
   {
     MutexLock l(&release_mu_);
+    if (releases_.empty()) return had;
     auto it = releases_.find(peer.id);
-    if (it == releases_.end()) return;
+    if (it == releases_.end()) return had;
     ids = std::move(it->second.queued);
     releases_.erase(it);
     const absl::Time resend_at =
@@ -1105,9 +1070,8 @@ void DistAutogradContainer::AttachReleases(const WorkerInfo& peer, Message& m) {
     carried_[ReplyKey{peer.id, m.id.value()}] = Carried{ids, resend_at};
     ++release_changes_;  // The loop's next wake-up may be this deadline.
   }
-  std::string entry = absl::StrCat(agent_.self().id, ",", peer.id);
-  for (GlobalId id : ids) absl::StrAppend(&entry, ",", id.value());
-  m.context[kReleaseKey] = std::move(entry);
+  h.releases = AutogradReleases{agent_.self().id, peer.id, std::move(ids)};
+  return true;
 }
 
 void DistAutogradContainer::ConfirmCarried(const WorkerInfo& peer,
@@ -1116,34 +1080,18 @@ void DistAutogradContainer::ConfirmCarried(const WorkerInfo& peer,
   if (!carried_.empty()) carried_.erase(ReplyKey{peer.id, m.id.value()});
 }
 
-absl::Status DistAutogradContainer::ApplyReleases(const WorkerInfo& peer,
-                                                  Message& m) {
-  auto it = m.context.find(kReleaseKey);
-  if (it == m.context.end()) return absl::OkStatus();
-  std::vector<uint64_t> values;
-  bool ok = true;
-  for (absl::string_view part : absl::StrSplit(it->second, ',')) {
-    uint64_t v = 0;
-    ok = ok && absl::SimpleAtoi(part, &v);
-    values.push_back(v);
+void DistAutogradContainer::ApplyReleases(
+    const WorkerInfo& peer, const std::optional<AutogradReleases>& releases) {
+  if (!releases.has_value()) return;
+  // Only the sender named, over its own connection, to this worker.
+  if (releases->sender != peer.id || releases->receiver != agent_.self().id) {
+    return;
   }
-  m.context.erase(it);
-  if (!ok || values.size() < 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker '", agent_.self().name, "': malformed ", kReleaseKey,
-        " entry on ", m.DebugString(), " from '", peer.name, "'"));
-  }
-  if (values[0] != static_cast<uint64_t>(peer.id) ||
-      values[1] != static_cast<uint64_t>(agent_.self().id)) {
-    return absl::OkStatus();  // Addressed to another worker.
-  }
-  for (size_t i = 2; i < values.size(); ++i) {
-    const GlobalId id = GlobalId::FromValue(values[i]);
+  for (GlobalId id : releases->context_ids) {
     ReleaseExcept(id, peer.id).OnComplete([id](const absl::Status& s) {
       if (!s.ok()) FERRY_LOG(WARNING) << "releasing " << id.ToString() << ": " << s;
     });
   }
-  return absl::OkStatus();
 }
 
 void DistAutogradContainer::SendReleasesAlone(int worker,
@@ -1156,7 +1104,7 @@ void DistAutogradContainer::SendReleasesAlone(int worker,
   for (GlobalId id : ids) {
     Message m;
     m.type = kCleanupAutogradContext;
-    SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
+    SetAutogradFields(m, AutogradFields{id, GlobalId(), false, {}});
     agent_.Send(worker, std::move(m), options_.rpc_timeout)
         .OnComplete([weak, worker, id](const Result<Message>& r) {
           if (!r.ok()) {
@@ -1278,7 +1226,7 @@ DistAutogradContainer::~DistAutogradContainer() {
     for (GlobalId id : ids) {
       Message m;
       m.type = kCleanupAutogradContext;
-      SetAutogradFields(m, AutogradFields{id, GlobalId(), false});
+      SetAutogradFields(m, AutogradFields{id, GlobalId(), false, {}});
       agent_.Send(worker, std::move(m), options_.rpc_timeout)
           .OnComplete([id](const Result<Message>& r) {
             if (!r.ok()) {

@@ -59,20 +59,13 @@ namespace ferry::autograd::dist {
 // on this worker's threads; between workers it travels as the autograd
 // header's typed field instead (messages.h).
 inline constexpr char kContextKey[] = "autograd/context";
-// Request context entry listing which payload tensors (depth-first indices,
-// comma-separated) required grad on the sender.
-inline constexpr char kGradTensorsKey[] = "autograd/grad_tensors";
-// Request context entry carrying background releases (ReleaseInBackground)
-// to the receiver: "sender,receiver,context,context,..." (decimal ids).
-// Honoured only by the receiver named, from the sender named.
-inline constexpr char kReleaseKey[] = "autograd/release";
+// Which payload tensors required grad (AutogradFields::grad_tensors),
+// background releases (AutogradReleases) and fused steps (FusedStep) travel
+// as typed fields of the autograd header (messages.h).
 
-// Request context entry of a BACKWARD naming the owner-side optimizer steps
-// fused into the pass: "worker:step_id,worker:step_id,..." (decimal).
-inline constexpr char kFusedStepKey[] = "autograd/fused_step";
-// The payload of a BACKWARD reply from a worker named in kFusedStepKey: its
-// fused steps of the pass are done (an older worker replies with nothing,
-// which fails the pass rather than skip the step silently).
+// The payload of a BACKWARD reply from a worker named in the header's
+// fused_steps: its fused steps of the pass are done (an older worker replies
+// with nothing, which fails the pass rather than skip the step silently).
 inline constexpr char kFusedStepDone[] = "fused_step_done";
 
 // An optimizer whose owner-side steps can run inside a distributed backward
@@ -170,7 +163,7 @@ class DistAutogradContainer
     // Timeout of each kBackward and kCleanupAutogradContext message.
     absl::Duration rpc_timeout = absl::Seconds(60);
     // A background release rides on the next request this worker sends to
-    // each worker it must reach (kReleaseKey); one that finds none within
+    // each worker it must reach (the autograd header's releases); one that finds none within
     // this delay goes alone. Zero: alone at once.
     absl::Duration release_delay = absl::Milliseconds(5);
   };
@@ -258,9 +251,15 @@ class DistAutogradContainer
   Future<void> SendReleases(GlobalId id, const std::set<int>& workers,
                             int skip_worker);
 
-  // Background releases (kReleaseKey).
-  void AttachReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
-  absl::Status ApplyReleases(const rpc::WorkerInfo& peer, rpc::Message& m);
+  // Background releases (AutogradHeader::releases). Attach: sets `h`'s
+  // releases for a request `m` to `peer` (what is queued for it, or none);
+  // true when `h` changed.
+  bool AttachReleases(const rpc::WorkerInfo& peer, const rpc::Message& m,
+                      AutogradHeader& h);
+  // Acts on `releases` only when `peer` sent them and this worker is their
+  // receiver.
+  void ApplyReleases(const rpc::WorkerInfo& peer,
+                     const std::optional<AutogradReleases>& releases);
   void ConfirmCarried(const rpc::WorkerInfo& peer, const rpc::Message& m);
   // Sends `ids` to `worker` alone, one kCleanupAutogradContext each.
   void SendReleasesAlone(int worker, const std::vector<GlobalId>& ids);
@@ -283,14 +282,15 @@ class DistAutogradContainer
   Future<rpc::Message> OnCleanup(const rpc::Message& m);
 
   // Records an outgoing message's grad tensors (already detached) in `ctx`
-  // and marks which they are (see kGradTensorsKey).
+  // and marks which they are in `h`'s fields (grad_tensors); `h` becomes
+  // `m`'s header.
   absl::Status RecordSend(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
-                          const GradTensors& grads, bool is_reply,
-                          rpc::Message& m);
-  // Gives the tensors of an incoming message listed in `marker` a RecvNode
-  // paired with the sender's send node `message_id`.
+                          const GradTensors& grads, const rpc::Message& m,
+                          AutogradHeader& h);
+  // Gives the tensors of an incoming message at `indices` (depth-first,
+  // increasing) a RecvNode paired with the sender's send node `message_id`.
   absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
-                          const std::string& marker, GlobalId message_id,
+                          const std::vector<int>& indices, GlobalId message_id,
                           rpc::Message& m);
   // A received message's autograd header; InvalidArgument naming `peer`.
   absl::StatusOr<AutogradHeader> ReceivedHeader(const rpc::WorkerInfo& peer,
@@ -301,10 +301,11 @@ class DistAutogradContainer
       DistAutogradContext& ctx, GlobalId pass_id, bool retain_graph,
       const std::vector<std::pair<Edge, Tensor>>& roots, FusedPlan fused)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ctx.mu_);
-  // The fused steps a kFusedStepKey entry (or an optimizer) asks of this
+  // The fused steps a BACKWARD's header (or an optimizer) asks of this
   // pass; FailedPrecondition when they name this worker and no handler is
-  // set, InvalidArgument for a malformed entry.
-  absl::StatusOr<FusedPlan> PlanFusedSteps(const std::string& entry) const;
+  // set.
+  absl::StatusOr<FusedPlan> PlanFusedSteps(
+      const std::vector<FusedStep>& steps) const;
   // Runs ready nodes until none is left; kBackward futures go to `rpcs`.
   void Drain(const std::shared_ptr<DistAutogradContext>& ctx, Pass& pass,
              Outstanding& rpcs);

@@ -1,12 +1,12 @@
 #include "ferry/autograd/dist/dist_autograd.h"
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "ferry/autograd/engine.h"
 #include "ferry/common/poll.h"
 #include "ferry/common/sync.h"
@@ -602,7 +602,7 @@ TEST_F(DistAutogradTest, BackwardMessagesAreValidated) {
   auto send_backward = [&](GlobalId context, GlobalId message, Tensor grad) {
     rpc::Message m;
     m.type = kBackward;
-    SetAutogradFields(m, AutogradFields{context, message, false});
+    SetAutogradFields(m, AutogradFields{context, message, false, {}});
     m.payload = Value::FromList(
         {Value::Int(77), Value::FromList({Value::FromTensor(grad)})});
     return agent(0).Send("b", m).Get(absl::Seconds(20)).status();
@@ -632,6 +632,120 @@ TEST_F(DistAutogradTest, BackwardMessagesAreValidated) {
   Tensor g = dist(0).GetGradients(ctx.id())->Get(x);
   ASSERT_TRUE(g.defined());
   EXPECT_TRUE(g.allclose(mul(x, 2.0), 1e-12));
+}
+
+// Rewrites the autograd header of the next requests `from` sends (added
+// after the container's interceptor, so it has the last word on the wire).
+class HeaderTamperer {
+ public:
+  explicit HeaderTamperer(rpc::Agent& from) {
+    from.AddInterceptor([state = state_](rpc::InterceptPoint p,
+                                         const rpc::WorkerInfo&,
+                                         rpc::Message& m) {
+      if (p != rpc::InterceptPoint::kSendRequest) return absl::OkStatus();
+      MutexLock l(&state->mu);
+      if (state->bytes.has_value()) {
+        m.SetHeader(kAutogradHeader, *state->bytes);
+      }
+      return absl::OkStatus();
+    });
+  }
+  // The header bytes of later requests; nullopt: leave them alone.
+  void Set(std::optional<std::string> bytes) {
+    MutexLock l(&state_->mu);
+    state_->bytes = std::move(bytes);
+  }
+  void Set(const AutogradHeader& h) {
+    rpc::Message m;
+    SetAutogradHeader(m, h);
+    Set(*m.FindHeader(kAutogradHeader));
+  }
+
+ private:
+  struct State {
+    Mutex mu;
+    std::optional<std::string> bytes ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
+// A request whose autograd header is malformed is refused with
+// InvalidArgument naming both workers; the callee serves on.
+TEST_F(DistAutogradTest, MalformedHeadersAreRefusedAndTheCalleeServesOn) {
+  Start({"a", "b"});
+  ASSERT_TRUE(agent(1).Register("twice", [](Tensor t) {
+    return mul(t, 2.0);
+  }).ok());
+  HeaderTamperer tamper(agent(0));
+  AutogradHeader unordered;
+  unordered.fields = AutogradFields{GlobalId(0, 1), GlobalId(0, 2), false,
+                                    {1, 0}};
+  AutogradHeader no_ids;
+  no_ids.releases = AutogradReleases{0, 1, {}};
+  std::vector<std::pair<std::string, std::string>> cases;
+  cases.emplace_back("garbage", std::string("\xff\xff\xff", 3));
+  for (const AutogradHeader* h : {&unordered, &no_ids}) {
+    rpc::Message m;
+    SetAutogradHeader(m, *h);
+    cases.emplace_back(h == &unordered ? "unordered" : "no ids",
+                       *m.FindHeader(kAutogradHeader));
+  }
+  for (const auto& [what, bytes] : cases) {
+    tamper.Set(bytes);
+    ContextScope ctx(dist(0));
+    absl::StatusOr<Tensor> y =
+        agent(0).rpc_sync<Tensor>("b", "twice", Param({2}, 5));
+    ASSERT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument)
+        << what << ": " << y.status();
+    EXPECT_NE(y.status().message().find("malformed autograd header"),
+              std::string::npos) << what << ": " << y.status();
+    EXPECT_NE(y.status().message().find("worker 'b'"), std::string::npos)
+        << what << ": " << y.status();
+    EXPECT_NE(y.status().message().find("from 'a'"), std::string::npos)
+        << what << ": " << y.status();
+  }
+  tamper.Set(std::nullopt);
+  {
+    ContextScope ctx(dist(0));
+    absl::StatusOr<Tensor> y =
+        agent(0).rpc_sync<Tensor>("b", "twice", Param({2}, 5));
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_TRUE(RequiresGrad(*y));
+  }
+  ExpectNoContexts();
+}
+
+// A carried release is acted on only when its sender is the worker that
+// sent it and its receiver is this worker: "c" cannot release, by naming
+// "a" as the sender, a context "a" holds on "b".
+TEST_F(DistAutogradTest, CarriedReleasesNeedTheirSenderAndReceiver) {
+  Start({"a", "b", "c"});
+  ASSERT_TRUE(agent(1).Register("twice", [](Tensor t) {
+    return mul(t, 2.0);
+  }).ok());
+  ASSERT_TRUE(agent(1).Register("noop", [] {}).ok());
+  ContextScope ctx(dist(0));
+  ASSERT_TRUE(agent(0).rpc_sync<Tensor>("b", "twice", Param({2}, 7)).ok());
+  ASSERT_EQ(dist(1).NumContexts(), 1u);
+  HeaderTamperer tamper(agent(2));
+  const int a = agent(0).self().id, b = agent(1).self().id,
+            c = agent(2).self().id;
+  AutogradHeader h;
+  for (auto [sender, receiver] : {std::pair{a, b}, std::pair{c, a},
+                                  std::pair{b, b}}) {
+    h.releases = AutogradReleases{sender, receiver, {ctx.id()}};
+    tamper.Set(h);
+    ASSERT_TRUE(agent(2).rpc_sync<void>("b", "noop").ok());
+    EXPECT_EQ(dist(1).NumContexts(), 1u)
+        << "released by a list from " << sender << " to " << receiver
+        << " that came from " << c;
+  }
+  // Addressed right, the same list is honoured (before the request's own
+  // work: the check can pass).
+  h.releases = AutogradReleases{c, b, {ctx.id()}};
+  tamper.Set(h);
+  ASSERT_TRUE(agent(2).rpc_sync<void>("b", "noop").ok());
+  EXPECT_EQ(dist(1).NumContexts(), 0u);
 }
 
 // A request made in a context is overtaken by the context's release: the
@@ -680,7 +794,7 @@ TEST_F(DistAutogradTest, RequestOvertakenByItsReleaseDoesNotReviveIt) {
 // Background releases (ReleaseInBackground): "a" runs a context through "b"
 // and ends it in the background; "b" counts, before its container sees
 // them, every release of the context that reaches it, carried on a request
-// (kReleaseKey) or alone (CLEANUP).
+// (the header's releases) or alone (CLEANUP).
 class BackgroundReleaseTest : public ::testing::Test {
  protected:
   void Start(absl::Duration release_delay) {
@@ -695,11 +809,9 @@ class BackgroundReleaseTest : public ::testing::Test {
       if (m.type == kCleanupAutogradContext && h.ok() && h->fields) {
         ++counts->alone[h->fields->context_id.value()];
       }
-      auto it = m.context.find(kReleaseKey);
-      if (it != m.context.end()) {
-        std::vector<std::string> parts = absl::StrSplit(it->second, ',');
-        for (size_t i = 2; i < parts.size(); ++i) {
-          ++counts->carried[std::stoull(parts[i])];
+      if (h.ok() && h->releases) {
+        for (GlobalId id : h->releases->context_ids) {
+          ++counts->carried[id.value()];
         }
       }
       return absl::OkStatus();

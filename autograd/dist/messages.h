@@ -4,9 +4,12 @@
 //
 // The header holds the context a request travels in (the sender's current
 // context, moved out of the thread-local kContextKey entry when a request
-// leaves and back into the request's context when it arrives) and the
-// send/recv fields. Setting an empty header removes it; decoding refuses
-// malformed bytes with InvalidArgument naming the message.
+// leaves and back into the request's context when it arrives), the
+// send/recv fields with the indices of the tensors that required grad, the
+// background releases a request carries, and a BACKWARD's fused steps.
+// Setting an empty header removes it; decoding refuses malformed bytes,
+// unordered tensor indices and a release list without ids with
+// InvalidArgument naming the message.
 //
 // Thread safety: stateless (the claim registry is rpc/'s, thread-safe).
 #ifndef FERRY_AUTOGRAD_DIST_MESSAGES_H_
@@ -14,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,14 +41,40 @@ struct AutogradFields {
   GlobalId context_id;  // The autograd context.
   GlobalId message_id;  // Pairs a send node with its recv node.
   bool retain_graph = false;  // BACKWARD: keep the graph after running it.
+  // Which payload tensors (depth-first indices, strictly increasing)
+  // required grad on the sender; set on a recorded send.
+  std::vector<int> grad_tensors;
   friend bool operator==(const AutogradFields&,
                          const AutogradFields&) = default;
+};
+
+// Contexts released in the background (ReleaseInBackground), riding on a
+// request: honoured only by `receiver`, and only from `sender`.
+struct AutogradReleases {
+  int sender = 0;    // Worker id of the worker that released them.
+  int receiver = 0;  // Worker id of the worker they are addressed to.
+  std::vector<GlobalId> context_ids;  // Never empty on the wire.
+  // Field-wise equality.
+  friend bool operator==(const AutogradReleases&,
+                         const AutogradReleases&) = default;
+};
+
+// One owner-side optimizer step fused into a BACKWARD's pass.
+struct FusedStep {
+  int worker = 0;        // The owner that steps.
+  int64_t step_id = 0;   // Its owner-side optimizer id.
+  // Field-wise equality.
+  friend bool operator==(const FusedStep&, const FusedStep&) = default;
 };
 
 // What autograd puts in a message's layer header (kAutogradHeader).
 struct AutogradHeader {
   std::optional<GlobalId> context;  // The context the request travels in.
   std::optional<AutogradFields> fields;  // Send/recv pairing, BACKWARD.
+  // Background releases carried by a request.
+  std::optional<AutogradReleases> releases;
+  // BACKWARD: the pass's fused optimizer steps (forwarded unchanged).
+  std::vector<FusedStep> fused_steps;
   friend bool operator==(const AutogradHeader&,
                          const AutogradHeader&) = default;
 };
@@ -55,10 +85,10 @@ absl::Status ClaimMessages();
 // Sets `m`'s autograd header (removes it when `h` is empty).
 void SetAutogradHeader(rpc::Message& m, const AutogradHeader& h);
 // `m`'s autograd header (empty when it has none); InvalidArgument when the
-// bytes do not decode.
+// bytes do not decode or break the rules above.
 absl::StatusOr<AutogradHeader> AutogradHeaderOf(const rpc::Message& m);
 
-// Sets only the fields, keeping the header's context.
+// Sets only the fields, keeping the rest of the header.
 void SetAutogradFields(rpc::Message& m, const AutogradFields& fields);
 
 }  // namespace ferry::autograd::dist

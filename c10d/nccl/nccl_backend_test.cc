@@ -1,7 +1,6 @@
 #include "ferry/c10d/nccl/nccl_backend.h"
 
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/store/hash_store.h"
+#include "ferry/tests/util/run_ranks.h"
 
 namespace ferry {
 namespace c10d {
@@ -102,17 +102,14 @@ TEST(NcclBackendTest, TwoRanksOnOneDeviceAreRefusedCleanly) {
   auto store = std::make_shared<HashStore>();
   const absl::Duration t = absl::Seconds(30);
   std::vector<absl::Status> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto b = NcclBackend::Create(store, r, 2, t);
-      ASSERT_TRUE(b.ok()) << b.status();
-      auto x = CopyToCuda(ones({4}), 0);  // Both on cuda:0.
-      ASSERT_TRUE(x.ok()) << x.status();
-      results[r] = (*b)->Allreduce(*x)->Wait(absl::Seconds(90));
-    });
-  }
-  for (auto& th : threads) th.join();
+  testutil::RunRanks(
+      2, [&](int r) { return NcclBackend::Create(store, r, 2, t); },
+      [&](int r, auto& b) {
+        ASSERT_TRUE(b.ok()) << b.status();
+        auto x = CopyToCuda(ones({4}), 0);  // Both on cuda:0.
+        ASSERT_TRUE(x.ok()) << x.status();
+        results[r] = (*b)->Allreduce(*x)->Wait(absl::Seconds(90));
+      });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kInvalidArgument)
         << "rank " << r << ": " << results[r];
@@ -153,35 +150,32 @@ TEST(NcclBackendTest, SendRecvAndBatchedExchange) {
   }
   auto store = std::make_shared<HashStore>();
   const absl::Duration t = absl::Seconds(60);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto b = NcclBackend::Create(store, r, 2, t);
-      ASSERT_TRUE(b.ok()) << b.status();
-      auto dev = [&](const Tensor& x) { return *CopyToCuda(x, r); };
-      // The communicator is made by a collective every rank calls.
-      ASSERT_TRUE((*b)->Barrier()->Wait(t).ok());
-      Tensor got = dev(zeros({5}, DType::kInt64));
-      if (r == 0) {
-        ASSERT_TRUE(
-            (*b)->Send(dev(full({5}, 42, DType::kInt64)), 1)->Wait(t).ok());
-      } else {
-        ASSERT_TRUE((*b)->Recv(got, 0)->Wait(t).ok());
-        EXPECT_EQ(CopyToCpu(got)->to_vector<int64_t>(),
-                  std::vector<int64_t>(5, 42));
-      }
-      Tensor in = dev(zeros({3}));
-      std::vector<P2POp> ops = {
-          {P2POp::Kind::kSend, dev(full({3}, r + 1.0)), 1 - r, 0},
-          {P2POp::Kind::kRecv, in, 1 - r, 0}};
-      for (const auto& w : (*b)->BatchIsendIrecv(ops)) {
-        ASSERT_TRUE(w->Wait(t).ok());
-      }
-      EXPECT_EQ(CopyToCpu(in)->to_vector<float>(),
-                std::vector<float>(3, 2.0f - r));
-    });
-  }
-  for (auto& th : threads) th.join();
+  testutil::RunRanks(
+      2, [&](int r) { return NcclBackend::Create(store, r, 2, t); },
+      [&](int r, auto& b) {
+        ASSERT_TRUE(b.ok()) << b.status();
+        auto dev = [&](const Tensor& x) { return *CopyToCuda(x, r); };
+        // The communicator is made by a collective every rank calls.
+        ASSERT_TRUE((*b)->Barrier()->Wait(t).ok());
+        Tensor got = dev(zeros({5}, DType::kInt64));
+        if (r == 0) {
+          ASSERT_TRUE(
+              (*b)->Send(dev(full({5}, 42, DType::kInt64)), 1)->Wait(t).ok());
+        } else {
+          ASSERT_TRUE((*b)->Recv(got, 0)->Wait(t).ok());
+          EXPECT_EQ(CopyToCpu(got)->to_vector<int64_t>(),
+                    std::vector<int64_t>(5, 42));
+        }
+        Tensor in = dev(zeros({3}));
+        std::vector<P2POp> ops = {
+            {P2POp::Kind::kSend, dev(full({3}, r + 1.0)), 1 - r, 0},
+            {P2POp::Kind::kRecv, in, 1 - r, 0}};
+        for (const auto& w : (*b)->BatchIsendIrecv(ops)) {
+          ASSERT_TRUE(w->Wait(t).ok());
+        }
+        EXPECT_EQ(CopyToCpu(in)->to_vector<float>(),
+                  std::vector<float>(3, 2.0f - r));
+      });
 }
 
 }  // namespace

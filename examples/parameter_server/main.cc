@@ -374,9 +374,7 @@ class ServerView {
       } else if (message.type == autograd::dist::kBackward) {
         absl::StatusOr<autograd::dist::AutogradHeader> h =
             autograd::dist::AutogradHeaderOf(message);
-        auto fused = message.context.find(autograd::dist::kFusedStepKey);
-        if (h.ok() && h->fields.has_value() &&
-            fused != message.context.end() && !fused->second.empty()) {
+        if (h.ok() && h->fields.has_value() && !h->fused_steps.empty()) {
           CountFused(peer.id, check, h->fields->context_id.value(), message);
         }
       }

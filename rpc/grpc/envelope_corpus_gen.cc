@@ -70,11 +70,41 @@ fuzz::CorpusFiles Files() {
   layer.type = static_cast<MessageType>(1003);
   files.emplace_back("request_layer_type", Request(layer));
 
+  // A layer header as a layer writes it: autograd's (layer 2,
+  // proto/dist_autograd.proto), encoded by hand since rpc/ does not know
+  // it: context; fields with grad-tensor indices; carried releases; a
+  // fused step.
+  const std::string fields = Tag(1, 0) + Varint(GlobalId(3, 5).value()) +
+                             Tag(2, 0) + Varint(GlobalId(3, 9).value()) +
+                             Tag(4, 2) + Varint(2) + Varint(0) + Varint(2);
+  const std::string context = Tag(1, 0) + Varint(GlobalId(3, 5).value());
+  const std::string released = Varint(GlobalId(3, 4).value());
+  const std::string releases = Tag(1, 0) + Varint(3) + Tag(2, 0) + Varint(1) +
+                               Tag(3, 2) + Varint(released.size()) + released;
+  const std::string fused = Tag(1, 0) + Varint(1) + Tag(2, 0) + Varint(4);
+  const std::string autograd =
+      Tag(1, 2) + Varint(context.size()) + context + Tag(2, 2) +
+      Varint(fields.size()) + fields + Tag(3, 2) + Varint(releases.size()) +
+      releases + Tag(4, 2) + Varint(fused.size()) + fused;
+  Message with_autograd = FullRequest();
+  with_autograd.ClearHeader(1);
+  with_autograd.ClearHeader(3);
+  with_autograd.SetHeader(2, autograd);
+  files.emplace_back("request_autograd_header", Request(with_autograd));
+
   Message reply;
   reply.type = MessageType::kCall;
   reply.SetHeader(2, "h");
   reply.payload = Value::FromTensor(arange(8, DType::kFloat32));
   files.emplace_back("reply_tensor", Reply(Result<Message>(reply)));
+  Message autograd_reply;  // A reply's tensors that required grad.
+  autograd_reply.type = MessageType::kCall;
+  autograd_reply.SetHeader(2, Tag(2, 2) + Varint(fields.size()) + fields);
+  autograd_reply.payload = Value::FromList(
+      {Value::FromTensor(arange(4, DType::kFloat32)), Value::Int(1),
+       Value::FromTensor(arange(2, DType::kFloat32))});
+  files.emplace_back("reply_autograd_header",
+                     Reply(Result<Message>(autograd_reply)));
   files.emplace_back("reply_error",
                      Reply(Result<Message>(absl::NotFoundError(
                          "worker 'w1' has no function 'nope'"))));

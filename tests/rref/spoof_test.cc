@@ -113,7 +113,7 @@ TEST_P(SpoofTest, ProtocolMessagesAsAnotherWorkerChangeNothing) {
   rref::SetFields(fields, rref::RRefFields{r.rref_id(), r.fork_id(), 0, -1, "",
                                            {}});
   autograd::dist::SetAutogradFields(
-      fields, autograd::dist::AutogradFields{scope.id(), GlobalId(), false});
+      fields, autograd::dist::AutogradFields{scope.id(), GlobalId(), false, {}});
   for (rpc::MessageType type :
        {rref::kRRefUserDelete, autograd::dist::kCleanupAutogradContext,
         autograd::dist::kBackward}) {
