@@ -30,6 +30,11 @@ namespace {
 constexpr size_t kReadBufferBytes = 64 * 1024;
 constexpr int64_t kAddRefused = std::numeric_limits<int64_t>::min();
 
+// Identical unsent requests share this key (op and first key).
+std::string JoinKey(const Request& r) {
+  return absl::StrCat(static_cast<int>(r.op), "/", r.keys[0]);
+}
+
 bool ParseAddress(const std::string& host, int port, sockaddr_storage* addr) {
   return uv_ip6_addr(host.c_str(), port,
                      reinterpret_cast<sockaddr_in6*>(addr)) == 0 ||
@@ -164,6 +169,12 @@ struct TcpStoreRelay::Loop {
   void AppendDone(Upstream* u, bool ok);
   void Handle(LocalConn* c, Request& r);
   void Forward(LocalConn* c, Request& r, SlotPtr slot, bool may_join);
+  // The unsent request `r` of client `c` may join (see Forward), or null.
+  UpReq* JoinTarget(const LocalConn* c, const Request& r);
+  // Stops reading from every client of combined ADD `t` (see held_add).
+  void HoldAdd(UpReq* t);
+  // Resumes the clients `ids` held by combined ADD `seq`.
+  void ReleaseAdd(uint64_t seq, const std::vector<uint64_t>& ids);
   void StartWait(LocalConn* c, Request& r);
   bool Fence(LocalConn* c, uint64_t wait_id);
   void RegisterWait(LocalWait* w);
@@ -216,6 +227,10 @@ struct LocalConn {
   // this client until it is done (its later requests must see it).
   bool blocked = false;
   Request append;
+  // The upstream seq of a combined ADD this client's ADD rides in: nothing
+  // more is read from it until that ADD is answered (a refused sum is sent
+  // again one by one, and the client's later requests must follow them).
+  uint64_t held_add = 0;
 };
 
 uv_stream_t* AsStream(uv_tcp_t* t) { return reinterpret_cast<uv_stream_t*>(t); }
@@ -308,6 +323,12 @@ void TcpStoreRelay::Loop::ParseLocal(LocalConn* c) {
       DropLocal(c, c->parser.error().message());
       return;
     }
+    if (c->held_add != 0) {
+      // Held by a combined ADD: only another ADD joining it goes on; the
+      // frame is parsed again once the client is released.
+      UpReq* t = request.op == Op::kAdd ? JoinTarget(c, request) : nullptr;
+      if (t == nullptr || t->seq != c->held_add) break;
+    }
     offset += consumed;
     local_requests.fetch_add(1, std::memory_order_relaxed);
     Handle(c, request);
@@ -392,32 +413,42 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
 // have the same sign) when that request stands after everything this client
 // sent before: the client's order is kept, and since the joined request is
 // not sent yet, its answer reflects a moment after this request arrived.
+// An ADD joins only when no client of the request has sent anything after
+// it, and then holds them all (HoldAdd) until it is answered: if the server
+// refuses the sum, the adds go again one by one before anything those
+// clients send next.
+// (JoinTarget: the request Forward would join.)
+UpReq* TcpStoreRelay::Loop::JoinTarget(const LocalConn* c, const Request& r) {
+  auto it = joinable.find(JoinKey(r));
+  if (it == joinable.end() || it->second->seq < c->last_seq) return nullptr;
+  UpReq* t = it->second;
+  if (r.op != Op::kAdd) return t;
+  int64_t sum;
+  if (!t->combinable ||
+      !((r.delta >= 0 && t->req.delta >= 0) ||
+        (r.delta <= 0 && t->req.delta <= 0)) ||
+      __builtin_add_overflow(t->req.delta, r.delta, &sum)) {
+    return nullptr;
+  }
+  for (const SlotPtr& s : t->slots) {
+    if (s->conn != nullptr && s->conn->last_seq != t->seq) return nullptr;
+  }
+  return t;
+}
+
 void TcpStoreRelay::Loop::Forward(LocalConn* c, Request& r, SlotPtr slot,
                                   bool may_join) {
-  std::string join_key;
   if (may_join) {
-    join_key = absl::StrCat(static_cast<int>(r.op), "/", r.keys[0]);
-    auto it = joinable.find(join_key);
-    if (it != joinable.end() && it->second->seq >= c->last_seq) {
-      UpReq* t = it->second;
-      bool ok = true;
+    if (UpReq* t = JoinTarget(c, r)) {
       if (r.op == Op::kAdd) {
-        int64_t sum;
-        ok = t->combinable &&
-             ((r.delta >= 0 && t->req.delta >= 0) ||
-              (r.delta <= 0 && t->req.delta <= 0)) &&
-             !__builtin_add_overflow(t->req.delta, r.delta, &sum);
-        if (ok) {
-          t->req.delta = sum;
-          t->deltas.push_back(r.delta);
-        }
+        t->req.delta += r.delta;  // JoinTarget checked for overflow
+        t->deltas.push_back(r.delta);
       }
-      if (ok) {
-        t->slots.push_back(std::move(slot));
-        c->last_seq = t->seq;
-        coalesced.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
+      t->slots.push_back(std::move(slot));
+      c->last_seq = t->seq;
+      coalesced.fetch_add(1, std::memory_order_relaxed);
+      if (r.op == Op::kAdd) HoldAdd(t);
+      return;
     }
   }
   auto u = std::make_unique<UpReq>();
@@ -426,8 +457,35 @@ void TcpStoreRelay::Loop::Forward(LocalConn* c, Request& r, SlotPtr slot,
   if (r.op == Op::kAdd) u->deltas.push_back(r.delta);
   if (slot != nullptr) u->slots.push_back(std::move(slot));
   c->last_seq = u->seq;
-  if (may_join) joinable[join_key] = u.get();
+  if (may_join) joinable[JoinKey(r)] = u.get();
   unsent.push_back(std::move(u));
+}
+
+void TcpStoreRelay::Loop::HoldAdd(UpReq* t) {
+  for (const SlotPtr& s : t->slots) {
+    LocalConn* h = s->conn;
+    if (h == nullptr || h->held_add != 0) continue;
+    h->held_add = t->seq;
+    uv_read_stop(AsStream(&h->tcp));  // the kernel holds what comes next
+  }
+}
+
+void TcpStoreRelay::Loop::ReleaseAdd(uint64_t seq,
+                                     const std::vector<uint64_t>& ids) {
+  for (uint64_t id : ids) {
+    auto it = conns.find(id);
+    if (it == conns.end()) continue;
+    LocalConn* c = it->second;
+    if (c->held_add != seq) continue;
+    c->held_add = 0;
+    if (c->closing || c->blocked) continue;
+    const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
+    if (rc != 0) {
+      DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
+      continue;
+    }
+    ParseLocal(c);
+  }
 }
 
 void TcpStoreRelay::Loop::StartWait(LocalConn* c, Request& r) {
@@ -897,9 +955,16 @@ void TcpStoreRelay::Loop::CompleteMain(std::unique_ptr<UpReq> r,
   }
   if (r->req.op == Op::kAdd && r->slots.size() > 1) {
     const int64_t result = static_cast<int64_t>(tcpstore::LoadU64(response.data()));
+    std::vector<uint64_t> held;  // the clients HoldAdd stopped
+    for (const SlotPtr& s : r->slots) {
+      if (s->conn != nullptr && s->conn->held_add == r->seq) {
+        held.push_back(s->conn->id);
+      }
+    }
     if (result == kAddRefused) {
       // The server refused the sum (a non-integer value, or an overflow
-      // that one of the adds alone might not cause): send them one by one.
+      // that one of the adds alone might not cause): send them one by one,
+      // before anything their clients send next (they are still held).
       for (size_t i = 0; i < r->slots.size(); ++i) {
         auto single = std::make_unique<UpReq>();
         single->seq = next_seq++;
@@ -908,8 +973,10 @@ void TcpStoreRelay::Loop::CompleteMain(std::unique_ptr<UpReq> r,
         single->deltas.push_back(r->deltas[i]);
         single->slots.push_back(r->slots[i]);
         single->combinable = false;
+        if (LocalConn* c = r->slots[i]->conn) c->last_seq = single->seq;
         unsent.push_back(std::move(single));
       }
+      ReleaseAdd(r->seq, held);
       return;
     }
     // As if applied one after another in slot order.
@@ -921,6 +988,7 @@ void TcpStoreRelay::Loop::CompleteMain(std::unique_ptr<UpReq> r,
       r->slots[i]->bytes = std::move(bytes);
       Deliver(r->slots[i]);
     }
+    ReleaseAdd(r->seq, held);
     return;
   }
   for (const SlotPtr& s : r->slots) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -193,6 +194,32 @@ TEST_F(RelayTest, PipelinedReadsAndAddsAreCoalesced) {
   EXPECT_GE(after.coalesced - before.coalesced, 2 * kN - 10);
   EXPECT_LE(server_->GetStats().ops - server_ops_before, 11);
   EXPECT_EQ(c->Get("sum").value_or("?"), absl::StrCat(10 + kN));
+}
+
+// A combined ADD the server refuses (the value is not a number) is sent
+// again one by one before anything its client sent after it: the adds are
+// refused, then the SET applies, as in the client's own order. Before the
+// fix the adds went after the SET and both succeeded on "5".
+TEST_F(RelayTest, RefusedCombinedAddKeepsTheClientsOrder) {
+  auto c = NewClient();
+  ASSERT_TRUE(c->Set("k", "abc").ok());
+  const TcpStoreRelay::Stats before = relay_->GetStats();
+  std::string frames = t::AddFrame(Generation::kCurrent, "/k", 1) +
+                       t::AddFrame(Generation::kCurrent, "/k", 1) +
+                       t::SetFrame(Generation::kCurrent, "/k", "5") +
+                       t::GetFrame(Generation::kCurrent, "/k");
+  RawClient raw = Raw(Generation::kCurrent);
+  ASSERT_TRUE(raw.Send(frames).ok());
+  constexpr int64_t kRefused = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(raw.RecvI64().value_or(-1), kRefused);
+  EXPECT_EQ(raw.RecvI64().value_or(-1), kRefused);
+  EXPECT_EQ(raw.RecvBytes().value_or("?"), "5");
+  // The two adds did ride one upstream request (one read of the frames).
+  EXPECT_GE(relay_->GetStats().coalesced - before.coalesced, 1);
+  EXPECT_EQ(c->Get("k").value_or("?"), "5");
+  // The client goes on after its release.
+  ASSERT_TRUE(raw.Send(t::AddFrame(Generation::kCurrent, "/k", 2)).ok());
+  EXPECT_EQ(raw.RecvI64().value_or(-1), 7);
 }
 
 // Many clients adding at once: every result distinct, the final sum right.
