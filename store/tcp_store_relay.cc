@@ -160,6 +160,10 @@ struct TcpStoreRelay::Loop {
   std::atomic<int64_t> waiting{0};
   std::atomic<int64_t> upstream_losses{0};
   std::atomic<bool> upstream_connected{false};
+  std::atomic<int64_t> upstream_queue{0};
+  std::atomic<int64_t> throttles{0};
+  // Reading from local clients is stopped (max_upstream_queue_bytes).
+  bool throttled = false;
 
   // Loop-thread only.
   void OnConnection(int status);
@@ -175,6 +179,11 @@ struct TcpStoreRelay::Loop {
   void HoldAdd(UpReq* t);
   // Resumes the clients `ids` held by combined ADD `seq`.
   void ReleaseAdd(uint64_t seq, const std::vector<uint64_t>& ids);
+  // Starts reading from `c` unless it is held, blocked or throttled; false
+  // when it was dropped.
+  bool ResumeRead(LocalConn* c);
+  // Throttles or unthrottles by the main connection's write queue.
+  void Backpressure();
   void StartWait(LocalConn* c, Request& r);
   bool Fence(LocalConn* c, uint64_t wait_id);
   void RegisterWait(LocalWait* w);
@@ -296,8 +305,7 @@ void TcpStoreRelay::Loop::OnConnection(int status) {
   c->peer = tcpstore::EndpointName(&c->tcp, /*peer=*/true);
   conns.emplace(c->id, c);
   clients.fetch_add(1, std::memory_order_relaxed);
-  const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
-  if (rc != 0) DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
+  ResumeRead(c);
 }
 
 void TcpStoreRelay::Loop::OnLocalRead(LocalConn* c, ssize_t nread) {
@@ -478,13 +486,36 @@ void TcpStoreRelay::Loop::ReleaseAdd(uint64_t seq,
     LocalConn* c = it->second;
     if (c->held_add != seq) continue;
     c->held_add = 0;
-    if (c->closing || c->blocked) continue;
-    const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
-    if (rc != 0) {
-      DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
-      continue;
+    if (!c->closing && !c->blocked && ResumeRead(c)) ParseLocal(c);
+  }
+}
+
+bool TcpStoreRelay::Loop::ResumeRead(LocalConn* c) {
+  if (c->closing) return false;
+  if (c->blocked || c->held_add != 0 || throttled) return true;
+  const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
+  if (rc != 0) {
+    DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
+    return false;
+  }
+  return true;
+}
+
+void TcpStoreRelay::Loop::Backpressure() {
+  const size_t queued =
+      main == nullptr ? 0 : uv_stream_get_write_queue_size(AsStream(&main->tcp));
+  upstream_queue.store(static_cast<int64_t>(queued), std::memory_order_relaxed);
+  if (!throttled && queued > options.max_upstream_queue_bytes) {
+    throttled = true;
+    throttles.fetch_add(1, std::memory_order_relaxed);
+    for (auto& [id, c] : conns) {
+      if (!c->closing) uv_read_stop(AsStream(&c->tcp));
     }
-    ParseLocal(c);
+  } else if (throttled && queued <= options.max_upstream_queue_bytes / 2) {
+    throttled = false;
+    std::vector<LocalConn*> all;
+    for (auto& [id, c] : conns) all.push_back(c);
+    for (LocalConn* c : all) ResumeRead(c);  // may drop c, not the others
   }
 }
 
@@ -552,12 +583,7 @@ void TcpStoreRelay::Loop::AppendDone(Upstream* u, bool ok) {
   }
   c->blocked = false;
   c->append.Clear();
-  const int rc = uv_read_start(AsStream(&c->tcp), AllocCb, LocalReadCb);
-  if (rc != 0) {
-    DropLocal(c, absl::StrCat("read start failed: ", UvError(rc)));
-    return;
-  }
-  ParseLocal(c);
+  if (ResumeRead(c)) ParseLocal(c);
 }
 
 void TcpStoreRelay::Loop::RegisterWait(LocalWait* w) {
@@ -1003,6 +1029,7 @@ void TcpStoreRelay::Loop::FlushUnsent() {
     TearDown();
     return;
   }
+  if (throttled) Backpressure();
   if (unsent.empty() || main == nullptr || !up) return;
   joinable.clear();
   std::string out;
@@ -1025,7 +1052,9 @@ void TcpStoreRelay::Loop::FlushUnsent() {
   if (!failed.empty()) {
     Lost(failed);
     TearDown();
+    return;
   }
+  Backpressure();
 }
 
 void TcpStoreRelay::Loop::Lost(absl::string_view reason) {
@@ -1044,6 +1073,8 @@ void TcpStoreRelay::Loop::TearDown() {
   }
   loss.clear();
   up = false;
+  throttled = false;  // the clients are closed below
+  upstream_queue.store(0, std::memory_order_relaxed);
   upstream_connected.store(false);
   key_waits.clear();  // first: closing the clients below cancels nothing
   std::vector<LocalConn*> all;
@@ -1199,6 +1230,8 @@ TcpStoreRelay::Stats TcpStoreRelay::GetStats() const {
   s.waiting = l.waiting.load(std::memory_order_relaxed);
   s.upstream_losses = l.upstream_losses.load(std::memory_order_relaxed);
   s.upstream_connected = l.upstream_connected.load();
+  s.upstream_queue_bytes = l.upstream_queue.load(std::memory_order_relaxed);
+  s.throttles = l.throttles.load(std::memory_order_relaxed);
   return s;
 }
 

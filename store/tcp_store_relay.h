@@ -60,6 +60,11 @@ class TcpStoreRelay {
     // beyond max_idle_wait_connections are closed.
     size_t max_wait_connections = 1024;
     size_t max_idle_wait_connections = 8;
+    // Backpressure: with more bytes than this written to the server and not
+    // yet taken by the kernel, the relay reads from no local client until
+    // half of them drained (a client flooding SETs cannot grow it beyond
+    // this and one loop turn's reads).
+    size_t max_upstream_queue_bytes = 64 * 1024 * 1024;
   };
 
   // Counters (GetStats).
@@ -76,6 +81,10 @@ class TcpStoreRelay {
     int64_t waiting = 0;
     int64_t upstream_losses = 0;    // upstream connections lost
     bool upstream_connected = false;
+    // Bytes queued to the server after the last flush; times the relay
+    // stopped reading its clients for max_upstream_queue_bytes.
+    int64_t upstream_queue_bytes = 0;
+    int64_t throttles = 0;  // See upstream_queue_bytes.
   };
 
   // Binds, connects upstream and starts the loop thread. Errors: a bind
