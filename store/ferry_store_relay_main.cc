@@ -6,8 +6,10 @@
 // Prints "ferry_store_relay listening on <addr> port <port> upstream
 // <host:port>" once the server is reached and the relay serves; with
 // --stats=N a line every N seconds (local clients, local and upstream
-// requests, coalesced requests, upstream waits and losses). Exits 1 when the
-// server cannot be reached within --connect_timeout. SIGINT/SIGTERM stop it.
+// requests, coalesced requests, upstream waits and losses). The store's
+// secret comes from FERRY_STORE_SECRET_FILE / FERRY_STORE_SECRET, as for
+// workers (store/store_auth.h). Exits 1 when the server cannot be reached
+// within --connect_timeout or refuses the secret. SIGINT/SIGTERM stop it.
 #include <signal.h>
 #include <time.h>
 
@@ -21,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store_relay.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Numeric address to listen on.");
@@ -60,6 +63,13 @@ int main(int argc, char** argv) {
   options.upstream_host = host;
   options.connect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_connect_timeout));
+  absl::StatusOr<std::string> secret = ferry::tcpstore::StoreSecretFromEnv();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "ferry_store_relay: %s\n",
+                 secret.status().ToString().c_str());
+    return 1;
+  }
+  options.secret = *secret;
   auto relay = ferry::TcpStoreRelay::Start(options);
   if (!relay.ok()) {
     std::fprintf(stderr, "ferry_store_relay: %s\n",

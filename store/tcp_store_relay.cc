@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ferry/common/logging.h"
+#include "ferry/store/store_auth.h"
 #include "ferry/store/tcp_store_uv.h"
 
 namespace ferry {
@@ -88,6 +90,10 @@ struct Upstream {
   bool main = false;
   bool connected = false;
   bool closing = false;
+  // With a secret: 1 while the server's nonce and proof are awaited, 2
+  // while its verdict is; 0 once usable (nothing else is sent before).
+  int auth = 0;
+  std::string client_nonce;
   std::string pending;  // written once connected
   std::string inbuf;
   std::deque<std::unique_ptr<UpReq>> inflight;  // main: awaiting answers
@@ -199,6 +205,10 @@ struct TcpStoreRelay::Loop {
   Upstream* NewUpstream(bool is_main);
   void OnUpstreamConnected(Upstream* u, int status);
   void OnUpstreamRead(Upstream* u, ssize_t nread);
+  // Runs `u`'s side of the secret handshake on what it read.
+  void AdvanceAuth(Upstream* u);
+  // `u` is connected (and authenticated): sends what waited for it.
+  void UpstreamReady(Upstream* u);
   void CompleteMain(std::unique_ptr<UpReq> r, absl::string_view response);
   void SendUpstream(Upstream* u, std::string bytes);
   Upstream* AcquireWaitConn();
@@ -236,6 +246,10 @@ struct LocalConn {
   // this client until it is done (its later requests must see it).
   bool blocked = false;
   Request append;
+  // With a secret: the handshake (store_auth.h) as the server runs it.
+  bool authenticated = false;
+  std::string client_nonce;
+  std::string server_nonce;
   // The upstream seq of a combined ADD this client's ADD rides in: nothing
   // more is read from it until that ADD is answered (a refused sum is sent
   // again one by one, and the client's later requests must follow them).
@@ -365,6 +379,55 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
     c->slots.push_back(s);
     return s;
   };
+  const bool auth_op = r.op == Op::kAuthChallenge || r.op == Op::kAuthProof;
+  if (!options.secret.empty() && (!c->authenticated || auth_op)) {
+    auto refuse = [&](absl::string_view why) {
+      DropLocal(c, absl::StrCat("authentication refused: ", why));
+    };
+    if (c->authenticated) return refuse("authentication repeated");
+    switch (r.op) {
+      case Op::kValidate:
+        return;
+      case Op::kAuthChallenge: {
+        if (!c->client_nonce.empty() ||
+            r.keys[0].size() != tcpstore::kAuthNonceBytes) {
+          return refuse("malformed AUTH_CHALLENGE");
+        }
+        c->client_nonce = r.keys[0];
+        c->server_nonce = tcpstore::RandomNonce();
+        std::string out;
+        tcpstore::PutBytes(&out, c->server_nonce);
+        tcpstore::PutBytes(&out, tcpstore::AuthProof(options.secret, "server",
+                                                     c->client_nonce,
+                                                     c->server_nonce));
+        slot(true, std::move(out));
+        Pump(c);
+        return;
+      }
+      case Op::kAuthProof:
+        if (c->client_nonce.empty()) {
+          return refuse("AUTH_PROOF before AUTH_CHALLENGE");
+        }
+        if (!tcpstore::ProofsEqual(
+                r.keys[0], tcpstore::AuthProof(options.secret, "client",
+                                               c->client_nonce,
+                                               c->server_nonce))) {
+          // Told first, so the client can say "wrong secret".
+          slot(true, std::string(1, static_cast<char>(tcpstore::kAuthRefused)));
+          Pump(c);
+          return refuse("wrong secret");
+        }
+        c->authenticated = true;
+        slot(true, std::string(1, static_cast<char>(tcpstore::kAuthAccepted)));
+        Pump(c);
+        return;
+      default:
+        return refuse(absl::StrCat(
+            "unauthenticated client sent ", tcpstore::OpName(r.op),
+            " (the store behind this relay requires a shared secret; "
+            "PyTorch clients cannot authenticate)"));
+    }
+  }
   switch (r.op) {
     case Op::kValidate:
       return;
@@ -374,7 +437,8 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
     case Op::kAuthChallenge:
     case Op::kAuthProof:
       DropLocal(c, absl::StrCat("client sent ", tcpstore::OpName(r.op),
-                                " but the relay does not authenticate"));
+                                " but this relay has no secret (it does not "
+                                "authenticate clients)"));
       return;
     case Op::kCancelWait:
       ClearWait(c);
@@ -797,9 +861,82 @@ void TcpStoreRelay::Loop::OnUpstreamConnected(Upstream* u, int status) {
   u->connected = true;
   uv_tcp_nodelay(&u->tcp, 1);
   const int rc = uv_read_start(AsStream(&u->tcp), AllocCb, UpstreamReadCb);
-  const std::string failed =
-      rc != 0 ? absl::StrCat("read start failed: ", UvError(rc))
-              : WriteUpstream(&u->tcp, &u->pending);
+  if (rc != 0) {
+    Lost(absl::StrCat("read start failed: ", UvError(rc)));
+    return;
+  }
+  if (!options.secret.empty()) {
+    u->auth = 1;
+    u->client_nonce = tcpstore::RandomNonce();
+    // VALIDATE (moved from the front of `pending`), then the challenge.
+    Request validate;
+    validate.op = Op::kValidate;
+    validate.nonce = tcpstore::kValidationMagic;
+    std::string frame;
+    tcpstore::EncodeRequest(Generation::kCurrent, validate, &frame);
+    if (absl::StartsWith(u->pending, frame)) u->pending.erase(0, frame.size());
+    Request challenge;
+    challenge.op = Op::kAuthChallenge;
+    challenge.keys.push_back(u->client_nonce);
+    tcpstore::EncodeRequest(Generation::kCurrent, challenge, &frame);
+    const std::string failed = WriteUpstream(&u->tcp, &frame);
+    if (!failed.empty()) Lost(failed);
+    return;  // UpstreamReady once the server accepted the proof
+  }
+  UpstreamReady(u);
+}
+
+void TcpStoreRelay::Loop::AdvanceAuth(Upstream* u) {
+  auto refused = [&](absl::string_view why) {
+    const std::string text = absl::StrCat(
+        "tcp store relay: store authentication with the server ",
+        upstream_name, " failed: ", why);
+    if (u->main) FinishStart(absl::PermissionDeniedError(text));
+    Lost(text);
+  };
+  std::string& in = u->inbuf;
+  if (u->auth == 1) {
+    // server nonce (u64 length + 32 bytes), then its proof (u64 + bytes).
+    constexpr size_t kNonceEnd = 8 + tcpstore::kAuthNonceBytes;
+    if (in.size() >= 8 && tcpstore::LoadU64(in.data()) !=
+                              tcpstore::kAuthNonceBytes) {
+      return refused("malformed answer to AUTH_CHALLENGE");
+    }
+    if (in.size() < kNonceEnd + 8) return;
+    const uint64_t proof_len = tcpstore::LoadU64(in.data() + kNonceEnd);
+    if (proof_len > 1024) return refused("malformed answer to AUTH_CHALLENGE");
+    if (in.size() < kNonceEnd + 8 + proof_len) return;
+    const std::string server_nonce = in.substr(8, tcpstore::kAuthNonceBytes);
+    const std::string proof = in.substr(kNonceEnd + 8, proof_len);
+    in.erase(0, kNonceEnd + 8 + proof_len);
+    if (!tcpstore::ProofsEqual(
+            proof, tcpstore::AuthProof(options.secret, "server",
+                                       u->client_nonce, server_nonce))) {
+      return refused("the server does not know the relay's secret");
+    }
+    Request answer;
+    answer.op = Op::kAuthProof;
+    answer.keys.push_back(tcpstore::AuthProof(options.secret, "client",
+                                              u->client_nonce, server_nonce));
+    std::string frame;
+    tcpstore::EncodeRequest(Generation::kCurrent, answer, &frame);
+    const std::string failed = WriteUpstream(&u->tcp, &frame);
+    if (!failed.empty()) return Lost(failed);
+    u->auth = 2;
+  }
+  if (u->auth == 2 && !in.empty()) {
+    if (static_cast<uint8_t>(in[0]) != tcpstore::kAuthAccepted) {
+      return refused("the server refused the relay's secret");
+    }
+    if (in.size() > 1) return Lost("the server sent bytes no request asked for");
+    in.clear();
+    u->auth = 0;
+    UpstreamReady(u);
+  }
+}
+
+void TcpStoreRelay::Loop::UpstreamReady(Upstream* u) {
+  const std::string failed = WriteUpstream(&u->tcp, &u->pending);
   if (!failed.empty()) {
     Lost(failed);
     return;
@@ -904,6 +1041,11 @@ void TcpStoreRelay::Loop::OnUpstreamRead(Upstream* u, ssize_t nread) {
     return;
   }
   if (nread == 0) return;
+  if (u->auth != 0) {
+    u->inbuf.append(read_buf.data(), nread);
+    AdvanceAuth(u);
+    return;
+  }
   if (!u->main && u->append_conn != 0) {
     u->inbuf.append(read_buf.data(), nread);
     if (u->inbuf.size() > 4) {

@@ -65,6 +65,10 @@ class TcpStoreRelay {
     // half of them drained (a client flooding SETs cannot grow it beyond
     // this and one loop turn's reads).
     size_t max_upstream_queue_bytes = 64 * 1024 * 1024;
+    // The store's shared secret (store_auth.h): the relay proves it on each
+    // connection to the server and requires it of its local clients (so
+    // PyTorch's clients, which cannot prove one, are refused). "": none.
+    std::string secret;
   };
 
   // Counters (GetStats).

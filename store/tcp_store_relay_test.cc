@@ -309,6 +309,71 @@ TEST(RelayBackpressureTest, AFloodingClientCannotGrowTheUpstreamQueue) {
   EXPECT_LE(relay->GetStats().upstream_queue_bytes, int64_t{bound});
 }
 
+// With the store's secret: the relay proves it upstream (on the main and
+// the WAIT side connections) and requires it of its clients; a client with
+// a wrong secret or none is refused, and a relay with a wrong secret fails
+// to start, naming the server.
+TEST(RelayAuthTest, TheSecretIsProvedOnBothSides) {
+  TcpStoreServer::Options so;
+  so.host = "127.0.0.1";
+  so.secret = "job-secret";
+  auto server = TcpStoreServer::Start(so);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto relay = StartRelay((*server)->port(), [](TcpStoreRelay::Options& o) {
+    o.secret = "job-secret";
+  });
+  ASSERT_NE(relay, nullptr);
+  auto client = [&](const std::string& secret) {
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = relay->port();
+    o.timeout = kLimit;
+    o.secret = secret;
+    return TcpStore::Create(o);
+  };
+  auto good = client("job-secret");
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE((*good)->Set("k", "v").ok());
+  EXPECT_EQ((*good)->Get("k").value_or("?"), "v");
+  EXPECT_EQ((*good)->Add("n", 3).value_or(-1), 3);
+  // A WAIT travels on a side connection, which authenticates too.
+  auto other = client("job-secret");
+  ASSERT_TRUE(other.ok()) << other.status();
+  std::thread setter([&] {
+    ASSERT_TRUE(PollUntil([&] { return relay->GetStats().waiting >= 1; },
+                          kLimit));
+    EXPECT_TRUE((*other)->Set("late", "1").ok());
+  });
+  EXPECT_TRUE((*good)->Wait({"late"}, kLimit).ok());
+  setter.join();
+
+  auto wrong = client("not-it");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kPermissionDenied)
+      << wrong.status();
+  // No secret: the first query is refused and the connection dropped.
+  const int64_t dropped = relay->GetStats().dropped;
+  RawClient raw;
+  ASSERT_TRUE(raw.Connect(relay->port()).ok());
+  ASSERT_TRUE(raw.Send(t::Validate() +
+                       t::GetFrame(Generation::kCurrent, "/k")).ok());
+  EXPECT_TRUE(raw.ClosedByPeer());
+  EXPECT_GT(relay->GetStats().dropped, dropped);
+  EXPECT_EQ((*good)->Get("k").value_or("?"), "v");  // The others go on.
+
+  TcpStoreRelay::Options bad;
+  bad.upstream_port = (*server)->port();
+  bad.secret = "not-it";
+  bad.connect_timeout = absl::Seconds(10);
+  auto refused = TcpStoreRelay::Start(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied)
+      << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                absl::StrCat((*server)->port())))
+      << refused.status();
+}
+
 // Many clients adding at once: every result distinct, the final sum right.
 TEST_F(RelayTest, ConcurrentAddsGetDistinctResults) {
   constexpr int kClients = 16;

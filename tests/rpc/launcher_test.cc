@@ -2,6 +2,7 @@
 // real Ferry program under it: examples/rpc_tensors (tools/run_job
 // --rpc_tensors runs it with 3 workers, optimized; tools/run_job's default,
 // the parameter-server job, is tested in //tests/parameter_server).
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,24 @@ TEST(FerryRun, NodeRelayServesTheLocalWorkers) {
     EXPECT_TRUE(
         absl::StrContains(job_out, absl::StrCat("[", r, "]: worker", r, ": done")))
         << job_out;
+  }
+}
+
+// --node_relay with the store's secret: the relay proves it to the
+// launcher's store and the workers prove it to the relay.
+TEST(FerryRun, NodeRelayCarriesTheStoreSecret) {
+  ASSERT_EQ(setenv("FERRY_STORE_SECRET", "launcher-test-secret", 1), 0);
+  auto [code, out] =
+      RunLauncher({"--nproc", "3", "--node_relay", "--timeout_s", "100", "--",
+                   RunfilePath("examples/rpc_tensors/rpc_tensors")});
+  unsetenv("FERRY_STORE_SECRET");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "store relay for local workers on "))
+      << out;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(
+        absl::StrContains(out, absl::StrCat("[", r, "]: worker", r, ": done")))
+        << out;
   }
 }
 

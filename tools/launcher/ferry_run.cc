@@ -932,13 +932,10 @@ class Launcher {
   // --node_relay: a relay on 127.0.0.1 (a free port) for this node's
   // workers; the launcher itself talks to the store directly.
   absl::Status StartRelay() {
+    // The store's secret: the relay proves it upstream and requires it of
+    // the workers (which read the same variables).
     absl::StatusOr<std::string> secret = tcpstore::StoreSecretFromEnv();
     if (!secret.ok()) return secret.status();
-    if (!secret->empty()) {
-      return absl::FailedPreconditionError(
-          "--node_relay: the relay does not carry the store's shared secret "
-          "(FERRY_STORE_SECRET*); run without one or without --node_relay");
-    }
     absl::StatusOr<std::string> upstream = NumericHost(c_.addr);
     if (!upstream.ok()) return upstream.status();
     TcpStoreRelay::Options o;
@@ -946,6 +943,7 @@ class Launcher {
     o.upstream_host = *upstream;
     o.upstream_port = port_;
     o.connect_timeout = c_.rdzv_timeout;
+    o.secret = *secret;
     absl::StatusOr<std::unique_ptr<TcpStoreRelay>> relay =
         TcpStoreRelay::Start(o);
     if (!relay.ok()) return relay.status();
