@@ -654,5 +654,105 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
   return Launched("adam_step", dev, code, ops);
 }
 
+namespace {
+
+// DeviceOps over the functions above (one-line forwards under the lock).
+class CudaOps final : public ContextBoundOps {
+ public:
+  using ContextBoundOps::ContextBoundOps;
+  std::string name() const override { return "cuda"; }
+
+#define FERRY_CUDA_OPS_CALL(op, call)          \
+  absl::ReaderMutexLock lock(&mu_);             \
+  ASSIGN_OR_RETURN(CudaContext * c, Context(op)); \
+  return call
+
+  absl::StatusOr<Tensor> To(const Tensor& t, Device device) override {
+    FERRY_CUDA_OPS_CALL("to", c->To(t, device));
+  }
+  absl::StatusOr<Tensor> Empty(const std::vector<int64_t>& sizes, DType dtype,
+                               Device device) override {
+    FERRY_CUDA_OPS_CALL("empty", c->Empty(sizes, dtype, device));
+  }
+  absl::StatusOr<Tensor> Unary(math::UnaryOp op, const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("unary", cuda::Unary(*c, op, x));
+  }
+  absl::StatusOr<Tensor> Binary(math::BinaryOp op, const Tensor& a,
+                                const Tensor& b) override {
+    FERRY_CUDA_OPS_CALL("binary", cuda::Binary(*c, op, a, b));
+  }
+  absl::StatusOr<Tensor> Scalar(math::BinaryOp op, const Tensor& x,
+                                double s) override {
+    FERRY_CUDA_OPS_CALL("scalar", cuda::Scalar(*c, op, x, s));
+  }
+  absl::StatusOr<Tensor> UnaryBackward(math::BackwardOp op, const Tensor& g,
+                                       const Tensor& saved) override {
+    FERRY_CUDA_OPS_CALL("unary_backward",
+                        cuda::UnaryBackward(*c, op, g, saved));
+  }
+  absl::Status Fill(const Tensor& x, double value) override {
+    FERRY_CUDA_OPS_CALL("fill_", cuda::Fill(*c, x, value));
+  }
+  absl::Status AddInPlace(const Tensor& acc, const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("add_", cuda::AddInPlace(*c, acc, x));
+  }
+  absl::StatusOr<Tensor> Sum(const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("sum", cuda::Sum(*c, x));
+  }
+  absl::StatusOr<Tensor> SumDim(const Tensor& x, int64_t dim,
+                                bool keepdim) override {
+    FERRY_CUDA_OPS_CALL("sum", cuda::SumDim(*c, x, dim, keepdim));
+  }
+  absl::StatusOr<Tensor> Softmax(const Tensor& x, bool log) override {
+    FERRY_CUDA_OPS_CALL("softmax", cuda::Softmax(*c, x, log));
+  }
+  absl::StatusOr<Tensor> SoftmaxBackward(const Tensor& g, const Tensor& y,
+                                         bool log) override {
+    FERRY_CUDA_OPS_CALL("softmax_backward",
+                        cuda::SoftmaxBackward(*c, g, y, log));
+  }
+  absl::StatusOr<std::pair<Tensor, Tensor>> CrossEntropy(
+      const Tensor& logits, const Tensor& target) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Context("cross_entropy"));
+    ASSIGN_OR_RETURN(CrossEntropyResult r,
+                     cuda::CrossEntropy(*c, logits, target));
+    return std::make_pair(r.loss, r.lse);
+  }
+  absl::StatusOr<Tensor> CrossEntropyBackward(
+      const Tensor& logits, const Tensor& target, const Tensor& lse,
+      const Tensor& grad_loss) override {
+    FERRY_CUDA_OPS_CALL("cross_entropy_backward",
+                        cuda::CrossEntropyBackward(*c, logits, target, lse,
+                                                   grad_loss));
+  }
+  absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
+                                bool transpose_a, bool transpose_b) override {
+    FERRY_CUDA_OPS_CALL("matmul",
+                        cuda::Matmul(*c, a, b, transpose_a, transpose_b));
+  }
+  absl::Status SgdStep(const Tensor& param, const Tensor& grad,
+                       const Tensor& buf, const math::SgdParams& o) override {
+    FERRY_CUDA_OPS_CALL("sgd_step", cuda::SgdStep(*c, param, grad, buf, o));
+  }
+  absl::Status AdamStep(const Tensor& param, const Tensor& grad,
+                        const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                        const math::AdamParams& o) override {
+    FERRY_CUDA_OPS_CALL("adam_step", cuda::AdamStep(*c, param, grad, exp_avg,
+                                                    exp_avg_sq, o));
+  }
+#undef FERRY_CUDA_OPS_CALL
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaContext>> CreateComputeContext(
+    CudaContext::Options options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaContext> ctx,
+                   CudaContext::Create(options));
+  ctx->set_compute(std::make_shared<CudaOps>(ctx.get()));
+  return ctx;
+}
+
 }  // namespace cuda
 }  // namespace ferry
