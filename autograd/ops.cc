@@ -195,25 +195,18 @@ Tensor DeviceBinary(DeviceOps* d, const char* op, const char* node,
             }
             break;
           case BinaryOp::kMul:
-            if (n[0]) {
-              ASSIGN_OR_RETURN(Tensor t, dg->Binary(BinaryOp::kMul, g, s[1]));
-              ASSIGN_OR_RETURN(ga, ReduceToDevice(*dg, t, sa));
-            }
-            if (n[1]) {
-              ASSIGN_OR_RETURN(Tensor t, dg->Binary(BinaryOp::kMul, g, s[0]));
-              ASSIGN_OR_RETURN(gb, ReduceToDevice(*dg, t, sb));
-            }
-            break;
           case BinaryOp::kDiv:
-            if (n[0]) {
-              ASSIGN_OR_RETURN(Tensor t, dg->Binary(BinaryOp::kDiv, g, s[1]));
+            if (n[0]) {  // g * b or g / b
+              ASSIGN_OR_RETURN(Tensor t, dg->Binary(kind, g, s[1]));
               ASSIGN_OR_RETURN(ga, ReduceToDevice(*dg, t, sa));
             }
-            if (n[1]) {  // -g * a / b^2
+            if (n[1]) {  // g * a, or -g * a / b^2
               ASSIGN_OR_RETURN(Tensor t, dg->Binary(BinaryOp::kMul, g, s[0]));
-              ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
-              ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
-              ASSIGN_OR_RETURN(t, dg->Unary(math::UnaryOp::kNeg, t));
+              if (kind == BinaryOp::kDiv) {
+                ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
+                ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
+                ASSIGN_OR_RETURN(t, dg->Unary(math::UnaryOp::kNeg, t));
+              }
               ASSIGN_OR_RETURN(gb, ReduceToDevice(*dg, t, sb));
             }
             break;
@@ -261,13 +254,14 @@ Tensor DeviceUnary(DeviceOps* d, const char* op, const char* node,
         absl::StatusOr<Tensor> r;
         switch (grad) {
           case DeviceGrad::kRelu:
-            r = dg->UnaryBackward(math::BackwardOp::kRelu, g, s[0]);
-            break;
           case DeviceGrad::kTanh:
-            r = dg->UnaryBackward(math::BackwardOp::kTanh, g, s[0]);
-            break;
           case DeviceGrad::kSigmoid:
-            r = dg->UnaryBackward(math::BackwardOp::kSigmoid, g, s[0]);
+            r = dg->UnaryBackward(grad == DeviceGrad::kRelu
+                                      ? math::BackwardOp::kRelu
+                                  : grad == DeviceGrad::kTanh
+                                      ? math::BackwardOp::kTanh
+                                      : math::BackwardOp::kSigmoid,
+                                  g, s[0]);
             break;
           case DeviceGrad::kExp:
             r = dg->Binary(math::BinaryOp::kMul, g, s[0]);

@@ -19,6 +19,7 @@
 #define FERRY_TENSOR_CUDA_DEVICE_OPS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,6 +99,11 @@ class DeviceOps : public DeviceComputeInterface {
 /// The backend of device tensor `t` (its storage's), or null for a CPU
 /// tensor or a device tensor made without one (e.g. by DLPack import).
 DeviceOps* DeviceOpsOf(const Tensor& t);
+
+/// The NumPy broadcast of shapes `a` and `b` (aligned at the last
+/// dimension; sizes equal or 1), or nullopt when they do not broadcast.
+std::optional<std::vector<int64_t>> BroadcastSizes(
+    const std::vector<int64_t>& a, const std::vector<int64_t>& b);
 
 /// "float32 [2, 3] on cuda:0": an operand in error messages.
 std::string DescribeOperand(const Tensor& t);

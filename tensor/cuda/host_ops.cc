@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,31 +74,17 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> Unary(math::UnaryOp op, const Tensor& x) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c, Check("unary", {&x}, 1));
-    ASSIGN_OR_RETURN(Tensor out, c->Empty(x.sizes(), x.dtype(), x.device()));
-    const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
-      const T* px = At<T>(x);
-      T* po = At<T>(out);
-      for (int64_t i = 0; i < out.numel(); ++i)
-        po[i] = math::Unary(op, px[ix.Offset(i)]);
-    });
-    return out;
+    return Map(*c, x, [op](auto v) { return math::Unary(op, v); });
   }
 
   absl::StatusOr<Tensor> Binary(math::BinaryOp op, const Tensor& a,
                                 const Tensor& b) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c, Check("binary", {&a, &b}, 2));
-    const int64_t n = std::max(a.dim(), b.dim());
-    std::vector<int64_t> sizes(n);
-    for (int64_t d = 0; d < n; ++d) {
-      const int64_t da = d - (n - a.dim()), db = d - (n - b.dim());
-      const int64_t sa = da < 0 ? 1 : a.size(da), sb = db < 0 ? 1 : b.size(db);
-      if (sa != sb && sa != 1 && sb != 1) {
-        return Bad("binary", "shapes do not broadcast", {&a, &b});
-      }
-      sizes[d] = sa == 1 ? sb : sa;
-    }
+    const std::optional<std::vector<int64_t>> bcast =
+        BroadcastSizes(a.sizes(), b.sizes());
+    if (!bcast) return Bad("binary", "shapes do not broadcast", {&a, &b});
+    const std::vector<int64_t>& sizes = *bcast;
     ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, a.dtype(), a.device()));
     const math::StridedIndexer ia = Strided(a, sizes), ib = Strided(b, sizes);
     ForFloat(a.dtype(), [&]<typename T>() {
@@ -113,15 +100,9 @@ class HostOps final : public ContextBoundOps {
                                 double s) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c, Check("scalar", {&x}, 1));
-    ASSIGN_OR_RETURN(Tensor out, c->Empty(x.sizes(), x.dtype(), x.device()));
-    const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
-      const T* px = At<T>(x);
-      T* po = At<T>(out);
-      for (int64_t i = 0; i < out.numel(); ++i)
-        po[i] = math::Binary(op, px[ix.Offset(i)], static_cast<T>(s));
+    return Map(*c, x, [op, s](auto v) {
+      return math::Binary(op, v, static_cast<decltype(v)>(s));
     });
-    return out;
   }
 
   absl::StatusOr<Tensor> UnaryBackward(math::BackwardOp op, const Tensor& g,
@@ -432,6 +413,19 @@ class HostOps final : public ContextBoundOps {
   }
 
  private:
+  // A new tensor of x's shape with element i = f(x's element i).
+  template <typename F>
+  static absl::StatusOr<Tensor> Map(CudaContext& c, const Tensor& x, F f) {
+    ASSIGN_OR_RETURN(Tensor out, c.Empty(x.sizes(), x.dtype(), x.device()));
+    const math::StridedIndexer ix = Strided(x, x.sizes());
+    ForFloat(x.dtype(), [&]<typename T>() {
+      const T* px = At<T>(x);
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < out.numel(); ++i) po[i] = f(px[ix.Offset(i)]);
+    });
+    return out;
+  }
+
   // Operands defined, on one device of the context, the first `nfloat`
   // float32/float64 of one dtype and the rest int64, at most
   // math::kMaxKernelDims dimensions; returns the context.

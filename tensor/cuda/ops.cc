@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,19 +151,14 @@ math::StridedIndexer Indexer(const Tensor& t,
 absl::StatusOr<std::vector<int64_t>> BroadcastShape(const char* op,
                                                     const Tensor& a,
                                                     const Tensor& b) {
-  const int64_t n = std::max(a.dim(), b.dim());
-  std::vector<int64_t> out(n);
-  for (int64_t d = 0; d < n; ++d) {
-    const int64_t da = d - (n - a.dim()), db = d - (n - b.dim());
-    const int64_t sa = da < 0 ? 1 : a.size(da), sb = db < 0 ? 1 : b.size(db);
-    if (sa != sb && sa != 1 && sb != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda ", op, ": shapes do not broadcast (",
-          DescribeAll({{"a", &a}, {"b", &b}}), ")"));
-    }
-    out[d] = sa == 1 ? sb : sa;
+  std::optional<std::vector<int64_t>> out =
+      BroadcastSizes(a.sizes(), b.sizes());
+  if (!out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda ", op, ": shapes do not broadcast (",
+        DescribeAll({{"a", &a}, {"b", &b}}), ")"));
   }
-  return out;
+  return *std::move(out);
 }
 
 int64_t WrapDim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
