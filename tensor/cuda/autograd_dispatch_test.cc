@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "ferry/autograd/engine.h"
 #include "ferry/autograd/gradcheck.h"
+#include "ferry/autograd/nn.h"
 #include "ferry/autograd/node.h"
 #include "ferry/autograd/ops.h"
 #include "ferry/tensor/cuda/context.h"
@@ -25,6 +26,7 @@ namespace cuda {
 namespace {
 
 namespace ag = ::ferry::autograd;
+namespace nn = ::ferry::nn;
 
 constexpr uint64_t kFakeCapacity = uint64_t{1} << 28;
 
@@ -284,6 +286,16 @@ TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
   absl::Status s = ag::Backward({ag::mul(w, 2.0)}, {ones({2})});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("on cpu for root 0 [2] float32 on cuda:0"),
+            std::string::npos)
+      << s;
+}
+
+TEST(AutogradDispatchHostOnly, ModuleToCudaNeedsABackend) {
+  nn::Linear layer(2, 2, 1);
+  absl::Status s = layer.to(Device::CUDA(0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no compute backend to move parameter 'weight' "
+                             "(float32 [2, 2] on cpu) to cuda:0"),
             std::string::npos)
       << s;
 }
