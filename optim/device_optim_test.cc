@@ -1,4 +1,5 @@
-// Module::to and the optimizers' device steps (SGD with momentum, Adam)
+// Module::to and the optimizers' device steps (Adam, SGD with momentum,
+// Adagrad, three steps each)
 // against the same model trained on the CPU: over the host-executing fake
 // backend (runs everywhere) and over CUDA (skips without a GPU, naming
 // CUDA's reason).
@@ -45,7 +46,8 @@ class DeviceOptimTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(DeviceOptimTest, ModuleToAndOptimizersMatchCpu) {
   // Two copies of one model: one stays on the CPU, one moves to the device;
-  // three Adam (then SGD) steps on each give the same parameters.
+  // three Adam, then SGD, then Adagrad steps on each give the same
+  // parameters.
   auto make = [] {
     auto m = std::make_shared<nn::Sequential>(
         std::vector<std::shared_ptr<nn::Module>>{
@@ -66,11 +68,15 @@ TEST_P(DeviceOptimTest, ModuleToAndOptimizersMatchCpu) {
   optim::Adam adam_d(device->parameters(), {.lr = 0.05, .weight_decay = 0.01});
   optim::SGD sgd_c(cpu->parameters(), {.lr = 0.1, .momentum = 0.9});
   optim::SGD sgd_d(device->parameters(), {.lr = 0.1, .momentum = 0.9});
-  for (int step = 0; step < 6; ++step) {
-    optim::Optimizer& oc = step < 3 ? static_cast<optim::Optimizer&>(adam_c)
-                                    : sgd_c;
-    optim::Optimizer& od = step < 3 ? static_cast<optim::Optimizer&>(adam_d)
-                                    : sgd_d;
+  const AdagradOptions ago{.lr = 0.1, .lr_decay = 0.01, .weight_decay = 0.01,
+                           .initial_accumulator_value = 0.1};
+  optim::Adagrad adagrad_c(cpu->parameters(), ago);
+  optim::Adagrad adagrad_d(device->parameters(), ago);
+  optim::Optimizer* on_cpu[] = {&adam_c, &sgd_c, &adagrad_c};
+  optim::Optimizer* on_device[] = {&adam_d, &sgd_d, &adagrad_d};
+  for (int step = 0; step < 9; ++step) {
+    optim::Optimizer& oc = *on_cpu[step / 3];
+    optim::Optimizer& od = *on_device[step / 3];
     oc.ZeroGrad();
     od.ZeroGrad();
     ASSERT_TRUE(ag::Backward({ag::cross_entropy(cpu->Forward(x), y)}).ok());

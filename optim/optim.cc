@@ -27,7 +27,7 @@ absl::Status Check(const std::vector<Tensor>& params,
       return absl::InvalidArgumentError(absl::StrCat(
           op, ": param ", i, " is on ", params[i].device().ToString(),
           " and its grad on ", grads[i].device().ToString(),
-          "; Adagrad has no device step yet (SGD, Adam and AdamW have)"));
+          "; CPU steps need CPU parameters and gradients"));
     }
     if (grads[i].sizes() != params[i].sizes() ||
         grads[i].dtype() != params[i].dtype()) {
@@ -141,6 +141,33 @@ absl::Status DeviceAdamStep(const std::vector<Tensor>& params,
     RETURN_IF_ERROR(ops[i]->AdamStep(params[i], grads[i], state.exp_avg[i],
                                      state.exp_avg_sq[i], ap));
     ++state.step[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAdagradStep(const std::vector<Tensor>& params,
+                               const std::vector<Tensor>& grads,
+                               AdagradState& state, const AdagradOptions& o) {
+  ASSIGN_OR_RETURN(std::vector<cuda::DeviceOps*> ops,
+                   CheckDevice(params, grads, "AdagradStep"));
+  const size_t n = params.size();
+  state.step.resize(n, 0);
+  state.sum.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i] == nullptr) continue;
+    if (!state.sum[i].defined()) {
+      ASSIGN_OR_RETURN(state.sum[i], ops[i]->Empty(params[i].sizes(),
+                                                   params[i].dtype(),
+                                                   params[i].device()));
+      RETURN_IF_ERROR(ops[i]->Fill(state.sum[i], o.initial_accumulator_value));
+    }
+    const int64_t t = state.step[i] + 1;
+    const cuda::math::AdagradParams ap{
+        .clr = o.lr / (1 + static_cast<double>(t - 1) * o.lr_decay),
+        .weight_decay = o.weight_decay,
+        .eps = o.eps};
+    RETURN_IF_ERROR(ops[i]->AdagradStep(params[i], grads[i], state.sum[i], ap));
+    state.step[i] = t;
   }
   return absl::OkStatus();
 }
@@ -276,6 +303,9 @@ absl::Status AdamWStep(const std::vector<Tensor>& params,
 absl::Status AdagradStep(const std::vector<Tensor>& params,
                          const std::vector<Tensor>& grads, AdagradState& state,
                          const AdagradOptions& o) {
+  if (AnyOnDevice(params, grads)) {
+    return DeviceAdagradStep(params, grads, state, o);
+  }
   if (absl::Status s = Check(params, grads, "AdagradStep"); !s.ok()) return s;
   const size_t n = params.size();
   state.step.resize(n, 0);

@@ -94,6 +94,10 @@ class DeviceOps : public DeviceComputeInterface {
                                 const Tensor& exp_avg,
                                 const Tensor& exp_avg_sq,
                                 const math::AdamParams& o) = 0;
+  /// One Adagrad step in place (`sum` contiguous, like `param`).
+  virtual absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
+                                   const Tensor& sum,
+                                   const math::AdagradParams& o) = 0;
 };
 
 /// The backend of device tensor `t` (its storage's), or null for a CPU

@@ -412,6 +412,29 @@ class HostOps final : public ContextBoundOps {
     return absl::OkStatus();
   }
 
+  absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
+                           const Tensor& sum,
+                           const math::AdagradParams& o) override {
+    absl::ReaderMutexLock lock(&mu_);
+    RETURN_IF_ERROR(
+        Check("adagrad_step", {&param, &grad, &sum}, 3).status());
+    if (grad.sizes() != param.sizes() || sum.sizes() != param.sizes() ||
+        !param.is_contiguous() || !sum.is_contiguous()) {
+      return Bad("adagrad_step",
+                 "needs contiguous param and sum of grad's shape",
+                 {&param, &grad, &sum});
+    }
+    param.storage().BumpVersion();
+    const math::StridedIndexer ig = Strided(grad, param.sizes());
+    ForFloat(param.dtype(), [&]<typename T>() {
+      T *pp = At<T>(param), *ps = At<T>(sum);
+      const T* pg = At<T>(grad);
+      for (int64_t i = 0; i < param.numel(); ++i)
+        math::AdagradElement(o, pp[i], pg[ig.Offset(i)], ps[i]);
+    });
+    return absl::OkStatus();
+  }
+
  private:
   // A new tensor of x's shape with element i = f(x's element i).
   template <typename F>

@@ -191,6 +191,24 @@ FERRY_HD inline void AdamElement(const AdamParams& o, T& p, T grad, T& m,
   p = static_cast<T>(param - o.step_size * mj / denom);
 }
 
+/// Adagrad hyperparameters for one step (optim.h's AdagradOptions).
+struct AdagradParams {
+  double clr = 0.01;        ///< This step's lr / (1 + (t - 1) * lr_decay).
+  double weight_decay = 0;  ///< L2 penalty.
+  double eps = 1e-10;       ///< Added to the denominator.
+};
+
+/// One Adagrad step of one element (optim.cc's AdagradStep), in double: the
+/// parameter p and its running sum s of squared gradients.
+template <typename T>
+FERRY_HD inline void AdagradElement(const AdagradParams& o, T& p, T grad,
+                                    T& s) {
+  const double g = grad + o.weight_decay * p;
+  const double sum = s + g * g;
+  s = static_cast<T>(sum);
+  p = static_cast<T>(p - o.clr * g / (std::sqrt(sum) + o.eps));
+}
+
 /// Up to this many dimensions in a strided kernel's index arithmetic.
 inline constexpr int kMaxKernelDims = 8;
 

@@ -650,6 +650,28 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
   return Launched("adam_step", dev, code, ops);
 }
 
+absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
+                         const Tensor& grad, const Tensor& sum,
+                         const math::AdagradParams& o) {
+  const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
+                    Operand{"sum", &sum}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "adagrad_step", ops, 3));
+  RETURN_IF_ERROR(SameShape("adagrad_step", ops));
+  if (!param.is_contiguous() || !sum.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda adagrad_step: param and sum must be contiguous (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
+  param.storage().BumpVersion();
+  const int code = Floating(param.dtype(), [&]<typename T>() {
+    return kernels::AdagradStep<T>(o, Ptr<T>(param), Ptr<T>(gc), Ptr<T>(sum),
+                                   param.numel(), ctx.stream(dev));
+  });
+  return Launched("adagrad_step", dev, code, ops);
+}
+
 namespace {
 
 // DeviceOps over the functions above (one-line forwards under the lock).
@@ -736,6 +758,12 @@ class CudaOps final : public ContextBoundOps {
                         const math::AdamParams& o) override {
     FERRY_CUDA_OPS_CALL("adam_step", cuda::AdamStep(*c, param, grad, exp_avg,
                                                     exp_avg_sq, o));
+  }
+  absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
+                           const Tensor& sum,
+                           const math::AdagradParams& o) override {
+    FERRY_CUDA_OPS_CALL("adagrad_step",
+                        cuda::AdagradStep(*c, param, grad, sum, o));
   }
 #undef FERRY_CUDA_OPS_CALL
 };

@@ -111,6 +111,11 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
                       const Tensor& grad, const Tensor& exp_avg,
                       const Tensor& exp_avg_sq, const math::AdamParams& o);
 
+/// One Adagrad step in place (`sum`: the running squared gradients).
+absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
+                         const Tensor& grad, const Tensor& sum,
+                         const math::AdagradParams& o);
+
 /// A context over the CUDA runtime (CudaContext::Create) whose device
 /// tensors carry a backend running the ops above, so autograd's ops and
 /// engine compute on them (device_ops.h).
