@@ -1065,6 +1065,20 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (DeviceOps* d = DeviceFor("embedding", {&weight, &indices})) {
+    Tensor out = Must(d->Embedding(weight, indices), "embedding");
+    if (!NeedsGrad(weight)) return out;
+    return Record("EmbeddingBackward", {weight}, out,
+                  {SavedTensor(indices, "indices")},
+                  [rows = weight.size(0)](const Tensor& g, const Saved& s,
+                                          const Needs&) -> Grads {
+                    ASSIGN_OR_RETURN(DeviceOps * dg,
+                                     GradOps(g, "EmbeddingBackward"));
+                    ASSIGN_OR_RETURN(Tensor gw,
+                                     dg->EmbeddingBackward(g, s[0], rows));
+                    return std::vector<Tensor>{gw};
+                  });
+  }
   weight.CheckCpu("embedding");
   indices.CheckCpu("embedding");
   if (weight.dim() != 2) {

@@ -11,8 +11,9 @@
 // their storage (tensor/cuda/device_ops.h; docs/design/cuda_kernels.md):
 // elementwise and scalar arithmetic, neg/exp/log/sqrt/tanh/sigmoid/relu,
 // pow(x, 2), 2-D matmul, sum/mean (all or over dims), reshape and views,
-// softmax/log_softmax over the last dim, cross_entropy, and to(). Other ops
-// (where, gelu, nll_loss, embedding, cat, dropout in training, N-D matmul)
+// softmax/log_softmax over the last dim, cross_entropy, embedding, and
+// to(). Other ops (where, gelu, nll_loss, cat, dropout in training, N-D
+// matmul)
 // abort naming the op and the device. Operands on different devices (CPU
 // and CUDA, or two CUDA devices) abort naming the op and every operand.
 //

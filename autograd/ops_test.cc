@@ -285,7 +285,8 @@ TEST(OpsDeviceTest, CudaOperandsAbortNamingTheOpAndDevice) {
   EXPECT_DEATH(matmul(host, dev), "matmul: operands on different devices");
   EXPECT_DEATH(cross_entropy(dev, idx), "cross_entropy: operands on different "
                                         "devices");
-  EXPECT_DEATH(embedding(dev, idx), "embedding: only CPU.*cuda:0");
+  EXPECT_DEATH(embedding(dev, idx), "embedding: operands on different "
+                                    "devices");
   // The same ops on the CPU tensor still compute.
   EXPECT_EQ(relu(host).sum().item(), 4.0);
 }

@@ -164,6 +164,9 @@ TEST_P(AutogradDispatchTest, MlpStepMatchesCpu) {
             return ag::cross_entropy(logits, v[5]);
           },
           {x, w1, b1, w2, b2, y});
+  Compare("embedding",
+          [](auto& v) { return ag::tanh(ag::embedding(v[0], v[1])); },
+          {randn({5, 3}, 17), from_vector<int64_t>({4, 0, 4, 2, 1, 4}, {2, 3})});
   Compare("matmul plain", [](auto& v) { return ag::matmul(v[0], v[1]); },
           {randn({4, 3}, 15), randn({3, 2}, 16)});
 }
@@ -280,6 +283,9 @@ TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
   EXPECT_DEATH(ag::cross_entropy(Dev(ones({2, 3})),
                                  Dev(from_vector<int64_t>({0, 3}, {2}))),
                "cross_entropy: .*outside \\[0, 3\\)");
+  EXPECT_DEATH(ag::embedding(Dev(ones({3, 2})),
+                             Dev(from_vector<int64_t>({1, 3}, {2}))),
+               "embedding: .*outside \\[0, 3\\)");
   // A gradient on the wrong device for the root.
   Tensor w = Dev(ones({2}));
   ag::SetRequiresGrad(w);

@@ -81,6 +81,15 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::StatusOr<Tensor> CrossEntropyBackward(
       const Tensor& logits, const Tensor& target, const Tensor& lse,
       const Tensor& grad_loss) = 0;
+  /// Rows of weight [V, D] at int64 `indices` (any shape): [*indices, D];
+  /// an index outside [0, V) is InvalidArgument.
+  virtual absl::StatusOr<Tensor> Embedding(const Tensor& weight,
+                                           const Tensor& indices) = 0;
+  /// The weight's gradient [vocab, D] from the output gradient (repeated
+  /// indices accumulate).
+  virtual absl::StatusOr<Tensor> EmbeddingBackward(const Tensor& g,
+                                                   const Tensor& indices,
+                                                   int64_t vocab) = 0;
   /// op(a) @ op(b) of 2-D tensors.
   virtual absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                         bool transpose_a,

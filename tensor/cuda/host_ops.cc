@@ -321,6 +321,76 @@ class HostOps final : public ContextBoundOps {
     return out;
   }
 
+  absl::StatusOr<Tensor> Embedding(const Tensor& weight,
+                                   const Tensor& indices) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("embedding", {&weight, &indices}, 1));
+    if (weight.dim() != 2 || indices.dim() + 1 > math::kMaxKernelDims) {
+      return Bad("embedding", "needs a 2-D weight", {&weight, &indices});
+    }
+    const int64_t vocab = weight.size(0), width = weight.size(1);
+    std::vector<int64_t> sizes = indices.sizes();
+    sizes.push_back(width);
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, weight.dtype(),
+                                          weight.device()));
+    const math::StridedIndexer ii = Strided(indices, indices.sizes());
+    const int64_t* pi = At<int64_t>(indices);
+    for (int64_t r = 0; r < indices.numel(); ++r) {
+      const int64_t v = pi[ii.Offset(r)];
+      if (v < 0 || v >= vocab) {
+        return Bad("embedding",
+                   absl::StrCat("index ", v, " is outside [0, ", vocab, ")"),
+                   {&weight, &indices});
+      }
+    }
+    ForFloat(weight.dtype(), [&]<typename T>() {
+      const T* pw = At<T>(weight);
+      T* po = At<T>(out);
+      const int64_t s0 = weight.strides()[0], s1 = weight.strides()[1];
+      for (int64_t r = 0; r < indices.numel(); ++r) {
+        const int64_t v = pi[ii.Offset(r)];
+        for (int64_t j = 0; j < width; ++j)
+          po[r * width + j] = pw[v * s0 + j * s1];
+      }
+    });
+    return out;
+  }
+
+  absl::StatusOr<Tensor> EmbeddingBackward(const Tensor& g,
+                                           const Tensor& indices,
+                                           int64_t vocab) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("embedding_backward", {&g, &indices}, 1));
+    if (g.dim() != indices.dim() + 1 || vocab < 0 ||
+        !std::equal(indices.sizes().begin(), indices.sizes().end(),
+                    g.sizes().begin())) {
+      return Bad("embedding_backward",
+                 absl::StrCat("needs grad [*indices, D] and vocab >= 0 (vocab ",
+                              vocab, ")"),
+                 {&g, &indices});
+    }
+    const int64_t width = g.size(-1);
+    ASSIGN_OR_RETURN(Tensor out, c->Empty({vocab, width}, g.dtype(),
+                                          g.device()));
+    const math::StridedIndexer ii = Strided(indices, indices.sizes());
+    const math::StridedIndexer ig = Strided(g, g.sizes());
+    const int64_t* pi = At<int64_t>(indices);
+    ForFloat(g.dtype(), [&]<typename T>() {
+      const T* pg = At<T>(g);
+      T* po = At<T>(out);
+      std::fill_n(po, out.numel(), T(0));
+      for (int64_t r = 0; r < indices.numel(); ++r) {
+        const int64_t v = pi[ii.Offset(r)];
+        if (v < 0 || v >= vocab) continue;  // The forward refused it.
+        for (int64_t j = 0; j < width; ++j)
+          po[v * width + j] += pg[ig.Offset(r * width + j)];
+      }
+    });
+    return out;
+  }
+
   absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                 bool transpose_a, bool transpose_b) override {
     absl::ReaderMutexLock lock(&mu_);

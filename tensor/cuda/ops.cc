@@ -744,6 +744,16 @@ class CudaOps final : public ContextBoundOps {
                         cuda::CrossEntropyBackward(*c, logits, target, lse,
                                                    grad_loss));
   }
+  absl::StatusOr<Tensor> Embedding(const Tensor& weight,
+                                   const Tensor& indices) override {
+    FERRY_CUDA_OPS_CALL("embedding", cuda::Embedding(*c, weight, indices));
+  }
+  absl::StatusOr<Tensor> EmbeddingBackward(const Tensor& g,
+                                           const Tensor& indices,
+                                           int64_t vocab) override {
+    FERRY_CUDA_OPS_CALL("embedding_backward",
+                        cuda::EmbeddingBackward(*c, g, indices, vocab));
+  }
   absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                 bool transpose_a, bool transpose_b) override {
     FERRY_CUDA_OPS_CALL("matmul",
