@@ -5,12 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "ferry/autograd/grad_mode.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd {
 
 absl::Status AccumulateSink::Deliver(const Tensor& leaf, const Tensor& grad) {
-  AccumulateIntoGrad(leaf, grad);
-  return absl::OkStatus();
+  return TryAccumulateIntoGrad(leaf, grad);
 }
 
 void GraphTask::Capture(const Edge& edge, int slot) {
@@ -23,8 +23,29 @@ namespace {
 // Sums `grad` into `slot`. The first arrival is kept as is (it may be
 // shared); a sum the engine made itself, seen by no one else, is updated
 // in place to save an allocation per arriving gradient.
-void AddInto(Tensor& slot, const Tensor& grad) {
-  if (!grad.defined()) return;
+absl::Status AddInto(Tensor& slot, const Tensor& grad) {
+  if (!grad.defined()) return absl::OkStatus();
+  if (slot.defined() &&
+      (slot.device().is_cuda() || grad.device().is_cuda())) {
+    // Device gradients sum through the backend of the slot's storage.
+    cuda::DeviceOps* d = cuda::DeviceOpsOf(slot);
+    if (d == nullptr || slot.device() != grad.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward: cannot sum gradients ", cuda::DescribeOperand(slot),
+          " and ", cuda::DescribeOperand(grad),
+          d == nullptr ? " (no compute backend for the device tensor)"
+                       : " (different devices)"));
+    }
+    if (slot.use_count() == 1 && slot.storage().use_count() == 1 &&
+        slot.is_contiguous() && !grad.storage().is_same(slot.storage())) {
+      return d->AddInPlace(slot, grad);
+    }
+    absl::StatusOr<Tensor> sum = d->Binary(cuda::math::BinaryOp::kAdd, slot,
+                                           grad);
+    if (!sum.ok()) return sum.status();
+    slot = *std::move(sum);
+    return absl::OkStatus();
+  }
   if (!slot.defined()) {
     slot = grad;
   } else if (slot.use_count() == 1 && slot.storage().use_count() == 1 &&
@@ -33,6 +54,7 @@ void AddInto(Tensor& slot, const Tensor& grad) {
   } else {
     slot = slot.add(grad);
   }
+  return absl::OkStatus();
 }
 
 absl::Status WithNode(const absl::Status& s, const Node& node) {
@@ -71,12 +93,14 @@ NodeMap CountDependencies(const std::vector<std::pair<Edge, Tensor>>& roots) {
 }
 
 // Adds `grad` into `edge`'s input slot, recording the owner.
-NodeState& Deposit(NodeMap& nodes, const Edge& edge, const Tensor& grad) {
+absl::StatusOr<NodeState*> Deposit(NodeMap& nodes, const Edge& edge,
+                                   const Tensor& grad) {
   NodeState& st = nodes[edge.node.get()];
   if (st.inputs.empty()) st.inputs.resize(edge.node->num_inputs());
-  AddInto(st.inputs[edge.input_nr], grad);
   if (st.owner == nullptr) st.owner = edge.node;
-  return st;
+  absl::Status s = AddInto(st.inputs[edge.input_nr], grad);
+  if (!s.ok()) return WithNode(s, *edge.node);
+  return &st;
 }
 
 }  // namespace
@@ -89,8 +113,9 @@ absl::Status GraphTask::Execute(
   std::deque<Node*> ready;
   for (const auto& [edge, grad] : roots) {
     const bool first = nodes[edge.node.get()].owner == nullptr;
-    NodeState& st = Deposit(nodes, edge, grad);
-    if (first && st.dependencies == 0) ready.push_back(edge.node.get());
+    absl::StatusOr<NodeState*> st = Deposit(nodes, edge, grad);
+    if (!st.ok()) return st.status();
+    if (first && (*st)->dependencies == 0) ready.push_back(edge.node.get());
   }
   while (!ready.empty()) {
     Node* node = ready.front();
@@ -102,8 +127,10 @@ absl::Status GraphTask::Execute(
     for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
       if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
       for (const auto& [edge, slot] : captures_) {
-        if (edge.node.get() == node && edge.input_nr == i)
-          AddInto(captured_[slot], inputs[i]);
+        if (edge.node.get() == node && edge.input_nr == i) {
+          absl::Status s = AddInto(captured_[slot], inputs[i]);
+          if (!s.ok()) return WithNode(s, *node);
+        }
       }
     }
     absl::StatusOr<std::vector<Tensor>> outs =
@@ -119,8 +146,9 @@ absl::Status GraphTask::Execute(
     }
     for (size_t j = 0; j < edges.size(); ++j) {
       if (!edges[j].valid()) continue;
-      NodeState& next = Deposit(nodes, edges[j], (*outs)[j]);
-      if (--next.dependencies == 0) ready.push_back(edges[j].node.get());
+      absl::StatusOr<NodeState*> next = Deposit(nodes, edges[j], (*outs)[j]);
+      if (!next.ok()) return next.status();
+      if (--(*next)->dependencies == 0) ready.push_back(edges[j].node.get());
     }
   }
   return absl::OkStatus();
@@ -150,11 +178,27 @@ absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
             "backward: a gradient is needed for root ", i, " of shape ",
             ShapeString(r), " (implicit ones only for one element)"));
       }
-      g = ones_like(r);
-    } else if (g.sizes() != r.sizes() || g.dtype() != r.dtype()) {
+      if (r.device().is_cuda()) {
+        // The implicit 1 on the root's device, through its backend.
+        cuda::DeviceOps* d = cuda::DeviceOpsOf(r);
+        if (d == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "backward: root ", i, " ", cuda::DescribeOperand(r),
+              " has no compute backend"));
+        }
+        absl::StatusOr<Tensor> one = d->Empty(r.sizes(), r.dtype(), r.device());
+        if (!one.ok()) return one.status();
+        if (absl::Status s = d->Fill(*one, 1); !s.ok()) return s;
+        g = *std::move(one);
+      } else {
+        g = ones_like(r);
+      }
+    } else if (g.sizes() != r.sizes() || g.dtype() != r.dtype() ||
+               g.device() != r.device()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "backward: gradient ", ShapeString(g), " ", DTypeName(g.dtype()),
-          " for root ", i, " ", ShapeString(r), " ", DTypeName(r.dtype())));
+          " on ", g.device().ToString(), " for root ", i, " ", ShapeString(r),
+          " ", DTypeName(r.dtype()), " on ", r.device().ToString()));
     }
     out.emplace_back(std::move(e), std::move(g));
   }

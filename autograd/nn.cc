@@ -45,6 +45,41 @@ void Module::train(bool on) {
   for (auto& [name, m] : children_) m->train(on);
 }
 
+absl::Status Module::to(Device device, cuda::DeviceOps* ops) {
+  bool moved = false;
+  for (auto& [name, p] : params_) {
+    if (p.device() == device) continue;
+    cuda::DeviceOps* d = p.device().is_cuda() ? cuda::DeviceOpsOf(p) : ops;
+    if (d == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Module::to: no compute backend to move parameter '", name, "' (",
+          cuda::DescribeOperand(p), ") to ", device.ToString(),
+          " (pass a CudaContext's compute())"));
+    }
+    absl::StatusOr<Tensor> moved_p = d->To(ag::Detach(p), device);
+    if (!moved_p.ok()) {
+      return absl::Status(moved_p.status().code(),
+                          absl::StrCat("Module::to: parameter '", name, "': ",
+                                       moved_p.status().message()));
+    }
+    // A copy on the same device would share storage with `p`; To copies.
+    p = *std::move(moved_p);
+    ag::SetRequiresGrad(p);
+    moved = true;
+  }
+  if (moved) ParametersMoved();
+  for (auto& [name, m] : children_) {
+    if (absl::Status s = m->to(device, ops); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+const Tensor& Module::parameter(const std::string& name) const {
+  for (const auto& [n, t] : params_)
+    if (n == name) return t;
+  TensorFail(absl::StrCat("Module::parameter: no parameter '", name, "'"));
+}
+
 void Module::ZeroGrad() {
   for (const Tensor& p : parameters()) ag::SetGrad(p, Tensor());
 }
@@ -113,6 +148,13 @@ Linear::Linear(int64_t in_features, int64_t out_features, uint64_t seed,
                               Uniform({out_features}, bound, seed + 1, dtype));
   }
 }
+
+void Linear::ParametersMoved() {
+  weight_ = parameter("weight");
+  if (bias_.defined()) bias_ = parameter("bias");
+}
+
+void Embedding::ParametersMoved() { weight_ = parameter("weight"); }
 
 Tensor Linear::Forward(const Tensor& input) {
   Tensor y = ag::matmul(input, ag::transpose(weight_, 0, 1));

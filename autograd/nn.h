@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "ferry/tensor/cuda/device_ops.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry::nn {
@@ -53,6 +54,15 @@ class Module {
   bool is_training() const { return training_; }
   // Clears every parameter's .grad.
   void ZeroGrad();
+  // Moves every parameter (here and in submodules) to `device`: each becomes
+  // a new leaf requiring grad, a copy on `device` (no gradient flows to the
+  // old one), so optimizers must be made after the move. Moving to a CUDA
+  // device needs `ops` (a CudaContext's compute()) for CPU parameters; from
+  // a device the parameters' own backend is used. InvalidArgument naming
+  // the parameter and devices when there is none; the copy's error (a device
+  // the context lacks, out of memory) otherwise; parameters moved before an
+  // error stay moved.
+  absl::Status to(Device device, cuda::DeviceOps* ops = nullptr);
 
   // named_parameters() encoded as a dict Value with tensor/'s wire format.
   absl::StatusOr<std::string> SaveStateDict() const;
@@ -62,6 +72,11 @@ class Module {
  protected:
   // Registers `t` as parameter `name` (makes it a leaf requiring grad).
   Tensor RegisterParameter(std::string name, Tensor t);
+  // Called after to() replaced this module's own parameters: subclasses that
+  // keep parameter handles re-read them with parameter().
+  virtual void ParametersMoved() {}
+  // This module's own parameter `name` (aborts if there is none).
+  const Tensor& parameter(const std::string& name) const;
   // Registers `m` as submodule `name`; returns it.
   template <typename M>
   std::shared_ptr<M> RegisterModule(std::string name, std::shared_ptr<M> m) {
@@ -91,6 +106,9 @@ class Linear : public Module {
   const Tensor& weight() const { return weight_; }  // W [out, in]
   const Tensor& bias() const { return bias_; }      // b [out], or undefined
 
+ protected:
+  void ParametersMoved() override;  // Re-reads weight_ and bias_.
+
  private:
   Tensor weight_, bias_;
 };
@@ -104,6 +122,9 @@ class Embedding : public Module {
             DType dtype = DType::kFloat32);
   Tensor Forward(const Tensor& indices) override;
   const Tensor& weight() const { return weight_; }  // The table [num, dim].
+
+ protected:
+  void ParametersMoved() override;  // Re-reads weight_.
 
  private:
   Tensor weight_;

@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "ferry/autograd/engine.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd {
 
@@ -139,6 +141,31 @@ AutogradMeta* Meta(const Tensor& t) {
   return static_cast<AutogradMeta*>(t.autograd_meta());
 }
 
+// A device leaf's .grad (`slot`, under the meta's lock): the first
+// gradient is adopted when nothing else can see it, else copied through the
+// backend; later ones are added in place on the device.
+absl::Status AccumulateOnDevice(const Tensor& leaf, Tensor& slot,
+                                const Tensor& grad) {
+  cuda::DeviceOps* d = cuda::DeviceOpsOf(grad);
+  if (leaf.device() != grad.device() || d == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "backward: cannot accumulate gradient ", cuda::DescribeOperand(grad),
+        " into leaf ", cuda::DescribeOperand(leaf),
+        d == nullptr && grad.device().is_cuda()
+            ? " (no compute backend for the device gradient)"
+            : " (different devices)"));
+  }
+  if (slot.defined()) return d->AddInPlace(slot, grad);
+  const bool sole = grad.use_count() == 1 && grad.storage().use_count() == 1 &&
+                    grad.is_contiguous() && grad.autograd_meta() == nullptr;
+  if (sole) {
+    slot = grad;
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(slot, d->Unary(cuda::math::UnaryOp::kCopy, grad));
+  return absl::OkStatus();
+}
+
 AutogradMeta* MetaOrCreate(const Tensor& t) {
   if (t.autograd_meta() == nullptr)
     t.set_autograd_meta(std::make_shared<AutogradMeta>());
@@ -232,11 +259,18 @@ void RegisterPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook) {
 }
 
 void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad) {
+  absl::Status s = TryAccumulateIntoGrad(leaf, grad);
+  if (!s.ok()) TensorFail(std::string(s.message()));
+}
+
+absl::Status TryAccumulateIntoGrad(const Tensor& leaf, const Tensor& grad) {
   AutogradMeta* m = MetaOrCreate(leaf);
   std::vector<PostAccumulateHook> hooks;
   {
     MutexLock l(&m->mu);
-    if (!m->grad.defined()) {
+    if (leaf.device().is_cuda() || grad.device().is_cuda()) {
+      RETURN_IF_ERROR(AccumulateOnDevice(leaf, m->grad, grad));
+    } else if (!m->grad.defined()) {
       // Adopt the buffer when no other handle or view can see it (the
       // engine passes its only reference); copy otherwise, since one
       // gradient tensor may flow to several inputs.
@@ -250,6 +284,7 @@ void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad) {
     hooks = m->post_hooks;
   }
   for (const PostAccumulateHook& h : hooks) h(leaf);
+  return absl::OkStatus();
 }
 
 }  // namespace ferry::autograd

@@ -207,7 +207,12 @@ void RegisterHook(const Tensor& t, GradHook hook);
 void RegisterPostAccumulateHook(const Tensor& leaf, PostAccumulateHook hook);
 // Adds `grad` into the leaf's .grad (a copy the first time) and runs its
 // post-accumulate hooks. Thread-safe. Used by the default sink.
+// Aborts (naming the devices) where TryAccumulateIntoGrad fails.
 void AccumulateIntoGrad(const Tensor& leaf, const Tensor& grad);
+// AccumulateIntoGrad with errors as Status: on a CUDA leaf the gradient
+// must be on the same device with a compute backend (tensor/cuda/
+// device_ops.h), and sums there; InvalidArgument naming both otherwise.
+absl::Status TryAccumulateIntoGrad(const Tensor& leaf, const Tensor& grad);
 
 // "[2, 3]".
 std::string ShapeString(const Tensor& t);

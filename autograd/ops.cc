@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/autograd/kernels.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd {
 namespace {
@@ -52,12 +54,244 @@ int64_t NormDim(int64_t d, int64_t ndim, const char* op) {
   return d;
 }
 
+
+std::vector<int64_t> KeptShape(const Tensor& a, std::vector<int64_t> dims) {
+  std::vector<int64_t> shape = a.sizes();
+  for (int64_t d : dims) shape[NormDim(d, a.dim(), "sum")] = 1;
+  return shape;
+}
+
+// --- Device dispatch ---------------------------------------------------------
+// An op whose operands are on a CUDA device computes through the DeviceOps
+// of their storage (tensor/cuda/device_ops.h); the CPU path is untouched.
+
+namespace math = cuda::math;
+using cuda::DeviceOps;
+
+std::string Devices(std::initializer_list<const Tensor*> ts) {
+  std::string out;
+  for (const Tensor* t : ts) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", cuda::DescribeOperand(*t));
+  }
+  return out;
+}
+
+// The backend of the operands when any is on a CUDA device, null when all
+// are on the CPU; aborts naming `op` and the operands when they are on
+// different devices or the device tensor has no backend.
+DeviceOps* DeviceFor(const char* op, std::initializer_list<const Tensor*> ts) {
+  bool any = false;
+  for (const Tensor* t : ts) any = any || (t->defined() && t->device().is_cuda());
+  if (!any) return nullptr;
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts) {
+    if (!t->defined() || t->device() != first.device()) {
+      TensorFail(absl::StrCat(op, ": operands on different devices (",
+                              Devices(ts), ")"));
+    }
+  }
+  DeviceOps* d = cuda::DeviceOpsOf(first);
+  if (d == nullptr) {
+    TensorFail(absl::StrCat(op, ": device tensor without a compute backend (",
+                            Devices(ts), "); make it with a CudaContext that "
+                            "has one (cuda::CreateComputeContext)"));
+  }
+  return d;
+}
+
+// The forward's result, or the documented precondition abort naming `op`.
+Tensor Must(absl::StatusOr<Tensor> r, const char* op) {
+  if (!r.ok()) TensorFail(absl::StrCat(op, ": ", r.status().ToString()));
+  return *std::move(r);
+}
+
+// The backend of gradient `g` in a backward (Status on a missing one).
+absl::StatusOr<DeviceOps*> GradOps(const Tensor& g, const char* op) {
+  DeviceOps* d = cuda::DeviceOpsOf(g);
+  if (d == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": gradient ", cuda::DescribeOperand(g),
+        " is not a device tensor with a compute backend"));
+  }
+  return d;
+}
+
+// `t` (same rank as `shape` or fewer dims, size 1 where broadcast) read
+// with stride 0 along broadcast dims, then copied contiguous.
+absl::StatusOr<Tensor> ExpandTo(DeviceOps& d, const Tensor& t,
+                                const std::vector<int64_t>& shape) {
+  const int64_t lead = static_cast<int64_t>(shape.size()) - t.dim();
+  std::vector<int64_t> strides(shape.size(), 0);
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    strides[lead + i] = t.size(i) == 1 ? 0 : t.strides()[i];
+  }
+  ASSIGN_OR_RETURN(Tensor view, Tensor::FromStorage(t.storage(), t.dtype(),
+                                                    shape, strides,
+                                                    t.storage_offset()));
+  return d.Unary(math::UnaryOp::kCopy, view);
+}
+
+// `g` summed down to `shape` (the inverse of broadcasting).
+absl::StatusOr<Tensor> ReduceToDevice(DeviceOps& d, Tensor g,
+                                      const std::vector<int64_t>& shape) {
+  if (g.sizes() == shape) return g;
+  while (g.dim() > static_cast<int64_t>(shape.size())) {
+    ASSIGN_OR_RETURN(g, d.SumDim(g, 0, false));
+  }
+  for (int64_t i = 0; i < g.dim(); ++i) {
+    if (shape[i] == 1 && g.size(i) != 1) {
+      ASSIGN_OR_RETURN(g, d.SumDim(g, i, true));
+    }
+  }
+  return g;
+}
+
+absl::StatusOr<Tensor> DeviceContiguous(DeviceOps& d, const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  return d.Unary(math::UnaryOp::kCopy, t);
+}
+
+// Whether `t` is the transpose of a contiguous matrix (nn.Linear's W^T).
+bool IsTransposedView(const Tensor& t) {
+  return t.dim() == 2 && !t.is_contiguous() && t.strides()[0] == 1 &&
+         t.strides()[1] == t.size(0);
+}
+
+// op(x) @ op(y), passing a transposed view to the backend as its
+// contiguous matrix with the flag flipped (no copy).
+absl::StatusOr<Tensor> DeviceMm(DeviceOps& d, const Tensor& x, bool tx,
+                                const Tensor& y, bool ty) {
+  const bool vx = IsTransposedView(x), vy = IsTransposedView(y);
+  return d.Matmul(vx ? x.t() : x, vy ? y.t() : y, tx != vx, ty != vy);
+}
+
+Tensor DeviceBinary(DeviceOps* d, const char* op, const char* node,
+                    math::BinaryOp kind, const Tensor& a, const Tensor& b) {
+  Tensor out = Must(d->Binary(kind, a, b), op);
+  if (!NeedsGrad(a, b)) return out;
+  std::vector<SavedTensor> saved;
+  if (kind == math::BinaryOp::kMul || kind == math::BinaryOp::kDiv) {
+    saved = {SavedTensor(a, "self"), SavedTensor(b, "other")};
+  }
+  return Record(
+      node, {a, b}, out, std::move(saved),
+      [kind, node, sa = a.sizes(), sb = b.sizes()](
+          const Tensor& g, const Saved& s, const Needs& n) -> Grads {
+        ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
+        Tensor ga, gb;
+        using math::BinaryOp;
+        switch (kind) {
+          case BinaryOp::kAdd:
+          case BinaryOp::kSub:
+            if (n[0]) {
+              ASSIGN_OR_RETURN(ga, ReduceToDevice(*dg, g, sa));
+            }
+            if (n[1]) {
+              Tensor gn = g;
+              if (kind == BinaryOp::kSub) {
+                ASSIGN_OR_RETURN(gn, dg->Unary(math::UnaryOp::kNeg, g));
+              }
+              ASSIGN_OR_RETURN(gb, ReduceToDevice(*dg, gn, sb));
+            }
+            break;
+          case BinaryOp::kMul:
+          case BinaryOp::kDiv:
+            if (n[0]) {  // g * b or g / b
+              ASSIGN_OR_RETURN(Tensor t, dg->Binary(kind, g, s[1]));
+              ASSIGN_OR_RETURN(ga, ReduceToDevice(*dg, t, sa));
+            }
+            if (n[1]) {  // g * a, or -g * a / b^2
+              ASSIGN_OR_RETURN(Tensor t, dg->Binary(BinaryOp::kMul, g, s[0]));
+              if (kind == BinaryOp::kDiv) {
+                ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
+                ASSIGN_OR_RETURN(t, dg->Binary(BinaryOp::kDiv, t, s[1]));
+                ASSIGN_OR_RETURN(t, dg->Unary(math::UnaryOp::kNeg, t));
+              }
+              ASSIGN_OR_RETURN(gb, ReduceToDevice(*dg, t, sb));
+            }
+            break;
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
+}
+
+// x op s with gradient g (add/sub) or g op s (mul/div).
+Tensor DeviceScalar(DeviceOps* d, const char* op, const char* node,
+                    math::BinaryOp kind, const Tensor& a, double s) {
+  Tensor out = Must(d->Scalar(kind, a, s), op);
+  if (!NeedsGrad(a)) return out;
+  return Record(node, {a}, out, {},
+                [kind, node, s](const Tensor& g, const Saved&,
+                                const Needs&) -> Grads {
+                  if (kind == math::BinaryOp::kAdd ||
+                      kind == math::BinaryOp::kSub) {
+                    return std::vector<Tensor>{g};
+                  }
+                  ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
+                  ASSIGN_OR_RETURN(Tensor r, dg->Scalar(kind, g, s));
+                  return std::vector<Tensor>{r};
+                });
+}
+
+// How a device unary op's backward is computed from its saved tensor.
+enum class DeviceGrad { kRelu, kTanh, kSigmoid, kExp, kLog, kSqrt, kNeg };
+
+Tensor DeviceUnary(DeviceOps* d, const char* op, const char* node,
+                   math::UnaryOp kind, DeviceGrad grad, const Tensor& a) {
+  Tensor out = Must(d->Unary(kind, a), op);
+  if (!NeedsGrad(a)) return out;
+  // ReLU and log keep the input; the others their output.
+  const bool save_input = grad == DeviceGrad::kRelu || grad == DeviceGrad::kLog;
+  std::vector<SavedTensor> saved;
+  if (grad != DeviceGrad::kNeg) {
+    saved.push_back(save_input ? SavedTensor(a, "self")
+                               : SavedTensor(out, "result"));
+  }
+  return Record(
+      node, {a}, out, std::move(saved),
+      [grad, node](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+        ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
+        absl::StatusOr<Tensor> r;
+        switch (grad) {
+          case DeviceGrad::kRelu:
+          case DeviceGrad::kTanh:
+          case DeviceGrad::kSigmoid:
+            r = dg->UnaryBackward(grad == DeviceGrad::kRelu
+                                      ? math::BackwardOp::kRelu
+                                  : grad == DeviceGrad::kTanh
+                                      ? math::BackwardOp::kTanh
+                                      : math::BackwardOp::kSigmoid,
+                                  g, s[0]);
+            break;
+          case DeviceGrad::kExp:
+            r = dg->Binary(math::BinaryOp::kMul, g, s[0]);
+            break;
+          case DeviceGrad::kLog:
+            r = dg->Binary(math::BinaryOp::kDiv, g, s[0]);
+            break;
+          case DeviceGrad::kSqrt: {  // g / (2 y)
+            ASSIGN_OR_RETURN(Tensor twice,
+                             dg->Scalar(math::BinaryOp::kMul, s[0], 2));
+            r = dg->Binary(math::BinaryOp::kDiv, g, twice);
+            break;
+          }
+          case DeviceGrad::kNeg:
+            r = dg->Unary(math::UnaryOp::kNeg, g);
+            break;
+        }
+        if (!r.ok()) return r.status();
+        return std::vector<Tensor>{*std::move(r)};
+      });
+}
+
 }  // namespace
 
 // --- Elementwise
 // --------------------------------------------------------------
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("add", {&a, &b}))
+    return DeviceBinary(d, "add", "AddBackward", math::BinaryOp::kAdd, a, b);
   Tensor out = Zip(a, b, "add", [](auto x, auto y) { return x + y; });
   if (!NeedsGrad(a, b)) return out;
   if (a.sizes() == b.sizes()) {  // No broadcast: nothing to capture.
@@ -74,6 +308,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("sub", {&a, &b}))
+    return DeviceBinary(d, "sub", "SubBackward", math::BinaryOp::kSub, a, b);
   Tensor out = Zip(a, b, "sub", [](auto x, auto y) { return x - y; });
   if (!NeedsGrad(a, b)) return out;
   return Record("SubBackward", {a, b}, out, {},
@@ -85,6 +321,8 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("mul", {&a, &b}))
+    return DeviceBinary(d, "mul", "MulBackward", math::BinaryOp::kMul, a, b);
   Tensor out = Zip(a, b, "mul", [](auto x, auto y) { return x * y; });
   if (!NeedsGrad(a, b)) return out;
   auto m = [](auto x, auto y) { return x * y; };
@@ -99,6 +337,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("div", {&a, &b}))
+    return DeviceBinary(d, "div", "DivBackward", math::BinaryOp::kDiv, a, b);
   Tensor out = Zip(a, b, "div", [](auto x, auto y) { return x / y; });
   if (!NeedsGrad(a, b)) return out;
   return Record(
@@ -122,6 +362,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, double b) {
+  if (DeviceOps* d = DeviceFor("add", {&a}))
+    return DeviceScalar(d, "add", "AddScalarBackward", math::BinaryOp::kAdd, a,
+                        b);
   Tensor out = a.add(b);
   if (!NeedsGrad(a)) return out;
   return Record("AddScalarBackward", {a}, out, {},
@@ -133,6 +376,9 @@ Tensor add(const Tensor& a, double b) {
 Tensor sub(const Tensor& a, double b) { return add(a, -b); }
 
 Tensor mul(const Tensor& a, double b) {
+  if (DeviceOps* d = DeviceFor("mul", {&a}))
+    return DeviceScalar(d, "mul", "MulScalarBackward", math::BinaryOp::kMul, a,
+                        b);
   Tensor out = a.mul(b);
   if (!NeedsGrad(a)) return out;
   return Record("MulScalarBackward", {a}, out, {},
@@ -142,6 +388,9 @@ Tensor mul(const Tensor& a, double b) {
 }
 
 Tensor div(const Tensor& a, double b) {
+  if (DeviceOps* d = DeviceFor("div", {&a}))
+    return DeviceScalar(d, "div", "DivScalarBackward", math::BinaryOp::kDiv, a,
+                        b);
   Tensor out = a.div(b);
   if (!NeedsGrad(a)) return out;
   return Record("DivScalarBackward", {a}, out, {},
@@ -151,6 +400,9 @@ Tensor div(const Tensor& a, double b) {
 }
 
 Tensor neg(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("neg", {&a}))
+    return DeviceUnary(d, "neg", "NegBackward", math::UnaryOp::kNeg,
+                       DeviceGrad::kNeg, a);
   Tensor out = a.neg();
   if (!NeedsGrad(a)) return out;
   return Record("NegBackward", {a}, out, {},
@@ -180,6 +432,11 @@ Tensor Unary(const char* name, const char* backward_name, const Tensor& a,
 }  // namespace
 
 Tensor pow(const Tensor& a, double p) {
+  if (DeviceFor("pow", {&a}) != nullptr) {
+    if (p == 2) return mul(a, a);  // Differentiable: 2 a g.
+    TensorFail(absl::StrCat("pow: exponent ", p, " on ", Devices({&a}),
+                            " (only 2 runs on a device)"));
+  }
   if (p == 2) {
     // Squares (mse_loss) skip libm's pow, which dominated a small training
     // step, in branch-free (vectorizable) loops with the same results:
@@ -198,30 +455,40 @@ Tensor pow(const Tensor& a, double p) {
 }
 
 Tensor sqrt(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("sqrt", {&a}))
+    return DeviceUnary(d, "sqrt", "SqrtBackward", math::UnaryOp::kSqrt, DeviceGrad::kSqrt, a);
   return Unary(
       "sqrt", "SqrtBackward", a, true, [](auto x) { return std::sqrt(x); },
       [](auto g, auto y) { return g / (2 * y); });
 }
 
 Tensor exp(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("exp", {&a}))
+    return DeviceUnary(d, "exp", "ExpBackward", math::UnaryOp::kExp, DeviceGrad::kExp, a);
   return Unary(
       "exp", "ExpBackward", a, true, [](auto x) { return std::exp(x); },
       [](auto g, auto y) { return g * y; });
 }
 
 Tensor log(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("log", {&a}))
+    return DeviceUnary(d, "log", "LogBackward", math::UnaryOp::kLog, DeviceGrad::kLog, a);
   return Unary(
       "log", "LogBackward", a, false, [](auto x) { return std::log(x); },
       [](auto g, auto x) { return g / x; });
 }
 
 Tensor tanh(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("tanh", {&a}))
+    return DeviceUnary(d, "tanh", "TanhBackward", math::UnaryOp::kTanh, DeviceGrad::kTanh, a);
   return Unary(
       "tanh", "TanhBackward", a, true, [](auto x) { return std::tanh(x); },
       [](auto g, auto y) { return g * (1 - y * y); });
 }
 
 Tensor sigmoid(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("sigmoid", {&a}))
+    return DeviceUnary(d, "sigmoid", "SigmoidBackward", math::UnaryOp::kSigmoid, DeviceGrad::kSigmoid, a);
   return Unary(
       "sigmoid", "SigmoidBackward", a, true,
       [](auto x) { return 1 / (1 + std::exp(-x)); },
@@ -229,6 +496,8 @@ Tensor sigmoid(const Tensor& a) {
 }
 
 Tensor relu(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("relu", {&a}))
+    return DeviceUnary(d, "relu", "ReluBackward", math::UnaryOp::kRelu, DeviceGrad::kRelu, a);
   return Unary(
       "relu", "ReluBackward", a, true,
       [](auto x) { return x > 0 ? x : decltype(x)(0); },
@@ -340,6 +609,40 @@ std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("matmul", {&a, &b})) {
+    if (a.dim() != 2 || b.dim() != 2) {
+      TensorFail(absl::StrCat("matmul: only 2-D operands on a device (",
+                              Devices({&a, &b}), ")"));
+    }
+    Tensor out = Must(DeviceMm(*d, a, false, b, false), "matmul");
+    if (!NeedsGrad(a, b)) return out;
+    return Record(
+        "MatmulBackward", {a, b}, out,
+        {SavedTensor(a, "self"), SavedTensor(b, "other")},
+        [](const Tensor& g, const Saved& s, const Needs& n) -> Grads {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "MatmulBackward"));
+          Tensor ga, gb;
+          // Each gradient laid out like its operand (a transposed view
+          // gets the transpose of a contiguous product), as on the CPU.
+          if (n[0]) {
+            if (IsTransposedView(s[0])) {
+              ASSIGN_OR_RETURN(ga, DeviceMm(*dg, s[1], false, g, true));
+              ga = ga.t();
+            } else {
+              ASSIGN_OR_RETURN(ga, DeviceMm(*dg, g, false, s[1], true));
+            }
+          }
+          if (n[1]) {
+            if (IsTransposedView(s[1])) {
+              ASSIGN_OR_RETURN(gb, DeviceMm(*dg, g, true, s[0], false));
+              gb = gb.t();
+            } else {
+              ASSIGN_OR_RETURN(gb, DeviceMm(*dg, s[0], true, g, false));
+            }
+          }
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
   if (a.dim() < 2 || b.dim() < 2) {
     TensorFail(absl::StrCat("matmul: expected at least 2-d tensors, got ",
                             ShapeString(a), " and ", ShapeString(b)));
@@ -396,6 +699,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sum(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("sum", {&a})) {
+    Tensor out = Must(d->Sum(a), "sum");
+    if (!NeedsGrad(a)) return out;
+    return Record("SumBackward", {a}, out, {},
+                  [sa = a.sizes()](const Tensor& g, const Saved&,
+                                   const Needs&) -> Grads {
+                    ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "SumBackward"));
+                    ASSIGN_OR_RETURN(Tensor r, ExpandTo(*dg, g, sa));
+                    return std::vector<Tensor>{r};
+                  });
+  }
   Tensor out = a.sum();
   if (!NeedsGrad(a)) return out;
   return Record(
@@ -405,17 +719,36 @@ Tensor sum(const Tensor& a) {
       });
 }
 
-namespace {
-
-std::vector<int64_t> KeptShape(const Tensor& a, std::vector<int64_t> dims) {
-  std::vector<int64_t> shape = a.sizes();
-  for (int64_t d : dims) shape[NormDim(d, a.dim(), "sum")] = 1;
-  return shape;
-}
-
-}  // namespace
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  if (DeviceOps* d = DeviceFor("sum", {&a})) {
+    const std::vector<int64_t> kept = KeptShape(a, dims);
+    Tensor out = a;
+    for (int64_t i = 0; i < a.dim(); ++i) {
+      if (kept[i] == 1 && a.size(i) != 1) {
+        out = Must(d->SumDim(out, i, true), "sum");
+      }
+    }
+    if (out.is_same(a)) out = Must(d->Unary(math::UnaryOp::kCopy, a), "sum");
+    if (!keepdim) {
+      std::vector<int64_t> shape;
+      std::vector<bool> reduced(a.dim(), false);
+      for (int64_t dim : dims) reduced[NormDim(dim, a.dim(), "sum")] = true;
+      for (int64_t i = 0; i < a.dim(); ++i)
+        if (!reduced[i]) shape.push_back(a.size(i));
+      out = out.view(shape);
+    }
+    if (!NeedsGrad(a)) return out;
+    return Record("SumBackward", {a}, out, {},
+                  [sa = a.sizes(), kept](const Tensor& g, const Saved&,
+                                         const Needs&) -> Grads {
+                    ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "SumBackward"));
+                    ASSIGN_OR_RETURN(Tensor gc, DeviceContiguous(*dg, g));
+                    ASSIGN_OR_RETURN(Tensor r,
+                                     ExpandTo(*dg, gc.view(kept), sa));
+                    return std::vector<Tensor>{r};
+                  });
+  }
   Tensor out = kernels::SumDims(a, dims, keepdim);
   if (!NeedsGrad(a)) return out;
   return Record("SumBackward", {a}, out, {},
@@ -446,6 +779,11 @@ Tensor ReshapeLike(const char* name, const Tensor& a, Tensor out) {
   return Record(
       name, {a}, out, {},
       [sa = a.sizes()](const Tensor& g, const Saved&, const Needs&) -> Grads {
+        if (g.device().is_cuda() && !g.is_contiguous()) {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "ReshapeBackward"));
+          ASSIGN_OR_RETURN(Tensor gc, DeviceContiguous(*dg, g));
+          return std::vector<Tensor>{gc.view(sa)};
+        }
         return std::vector<Tensor>{g.reshape(sa)};
       });
 }
@@ -453,6 +791,10 @@ Tensor ReshapeLike(const char* name, const Tensor& a, Tensor out) {
 }  // namespace
 
 Tensor reshape(const Tensor& a, const std::vector<int64_t>& sizes) {
+  if (DeviceOps* d = DeviceFor("reshape", {&a}); d && !a.is_contiguous()) {
+    return ReshapeLike("ReshapeBackward", a,
+                       Must(DeviceContiguous(*d, a), "reshape").view(sizes));
+  }
   return ReshapeLike("ReshapeBackward", a, a.reshape(sizes));
 }
 Tensor view(const Tensor& a, const std::vector<int64_t>& sizes) {
@@ -577,8 +919,33 @@ Tensor SoftmaxAlong(const Tensor& a, int64_t dim, bool log) {
 
 }  // namespace
 
+namespace {
+
+// Softmax / log-softmax over the last dimension on a device.
+Tensor DeviceSoftmax(DeviceOps* d, const Tensor& a, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  if (dim != a.dim() - 1) {
+    TensorFail(absl::StrCat(op, ": dim ", dim, " is not the last on a device (",
+                            Devices({&a}), ")"));
+  }
+  Tensor out = Must(d->Softmax(a, log), op);
+  if (!NeedsGrad(a)) return out;
+  const char* node = log ? "LogSoftmaxBackward" : "SoftmaxBackward";
+  return Record(node, {a}, out, {SavedTensor(out, "result")},
+                [log, node](const Tensor& g, const Saved& s,
+                            const Needs&) -> Grads {
+                  ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
+                  ASSIGN_OR_RETURN(Tensor r, dg->SoftmaxBackward(g, s[0], log));
+                  return std::vector<Tensor>{r};
+                });
+}
+
+}  // namespace
+
 Tensor softmax(const Tensor& a, int64_t dim) {
   dim = NormDim(dim, a.dim(), "softmax");
+  if (DeviceOps* d = DeviceFor("softmax", {&a}))
+    return DeviceSoftmax(d, a, dim, false);
   Tensor out = SoftmaxAlong(a, dim, false);
   if (!NeedsGrad(a)) return out;
   return Record(
@@ -596,6 +963,8 @@ Tensor softmax(const Tensor& a, int64_t dim) {
 
 Tensor log_softmax(const Tensor& a, int64_t dim) {
   dim = NormDim(dim, a.dim(), "log_softmax");
+  if (DeviceOps* d = DeviceFor("log_softmax", {&a}))
+    return DeviceSoftmax(d, a, dim, true);
   Tensor out = SoftmaxAlong(a, dim, true);
   if (!NeedsGrad(a)) return out;
   return Record(
@@ -672,10 +1041,44 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target) {
+  if (DeviceOps* d = DeviceFor("cross_entropy", {&logits, &target})) {
+    // Fused on the device: the loss and each row's log-sum-exp.
+    absl::StatusOr<std::pair<Tensor, Tensor>> r =
+        d->CrossEntropy(logits, target);
+    if (!r.ok()) {
+      TensorFail(absl::StrCat("cross_entropy: ", r.status().ToString()));
+    }
+    Tensor out = r->first;
+    if (!NeedsGrad(logits)) return out;
+    return Record(
+        "CrossEntropyBackward", {logits}, out,
+        {SavedTensor(logits, "self"), SavedTensor(target, "target"),
+         SavedTensor(r->second, "lse")},
+        [](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "CrossEntropyBackward"));
+          ASSIGN_OR_RETURN(Tensor gx,
+                           dg->CrossEntropyBackward(s[0], s[1], s[2], g));
+          return std::vector<Tensor>{gx};
+        });
+  }
   return nll_loss(log_softmax(logits, 1), target);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (DeviceOps* d = DeviceFor("embedding", {&weight, &indices})) {
+    Tensor out = Must(d->Embedding(weight, indices), "embedding");
+    if (!NeedsGrad(weight)) return out;
+    return Record("EmbeddingBackward", {weight}, out,
+                  {SavedTensor(indices, "indices")},
+                  [rows = weight.size(0)](const Tensor& g, const Saved& s,
+                                          const Needs&) -> Grads {
+                    ASSIGN_OR_RETURN(DeviceOps * dg,
+                                     GradOps(g, "EmbeddingBackward"));
+                    ASSIGN_OR_RETURN(Tensor gw,
+                                     dg->EmbeddingBackward(g, s[0], rows));
+                    return std::vector<Tensor>{gw};
+                  });
+  }
   weight.CheckCpu("embedding");
   indices.CheckCpu("embedding");
   if (weight.dim() != 2) {
@@ -716,6 +1119,30 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
               p[idx[i] * width + j] += pg[i * width + j];
         });
         return std::vector<Tensor>{grad};
+      });
+}
+
+Tensor to(const Tensor& a, Device device, cuda::DeviceOps* ops) {
+  a.CheckDefined("to");
+  if (a.device() == device) return a;
+  cuda::DeviceOps* d = a.device().is_cuda() ? cuda::DeviceOpsOf(a) : ops;
+  if (d == nullptr) {
+    TensorFail(absl::StrCat("to: no compute backend to move ",
+                            Devices({&a}), " to ", device.ToString(),
+                            " (pass the context's compute())"));
+  }
+  Tensor out = Must(d->To(a, device), "to");
+  if (!NeedsGrad(a)) return out;
+  // The backward copies the gradient back; the backend stays alive with it.
+  std::shared_ptr<DeviceComputeInterface> keep =
+      a.device().is_cuda() ? a.storage().shared_compute()
+                           : out.storage().shared_compute();
+  return Record(
+      "ToBackward", {a}, out, {},
+      [keep, d, from = a.device()](const Tensor& g, const Saved&,
+                                   const Needs&) -> Grads {
+        ASSIGN_OR_RETURN(Tensor back, d->To(g, from));
+        return std::vector<Tensor>{back};
       });
 }
 

@@ -7,6 +7,16 @@
 // input's shape. Results are always new tensor objects (views share
 // elements but never an input's autograd state).
 //
+// Devices: operands on one CUDA device compute through the DeviceOps of
+// their storage (tensor/cuda/device_ops.h; docs/design/cuda_kernels.md):
+// elementwise and scalar arithmetic, neg/exp/log/sqrt/tanh/sigmoid/relu,
+// pow(x, 2), 2-D matmul, sum/mean (all or over dims), reshape and views,
+// softmax/log_softmax over the last dim, cross_entropy, embedding, and
+// to(). Other ops (where, gelu, nll_loss, cat, dropout in training, N-D
+// matmul)
+// abort naming the op and the device. Operands on different devices (CPU
+// and CUDA, or two CUDA devices) abort naming the op and every operand.
+//
 // Errors: shape/dtype misuse aborts naming the op (tensor.h's Errors
 // paragraph); failures during backward (freed graph, a saved tensor
 // modified in place) come back from Backward()/Grad() as absl::Status.
@@ -18,6 +28,7 @@
 #include <vector>
 
 #include "ferry/autograd/node.h"
+#include "ferry/tensor/cuda/device_ops.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd {
@@ -116,6 +127,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Zeroes each element with probability p (mask from `seed`) and scales the
 // rest by 1/(1-p); identity when !training or p == 0.
 Tensor dropout(const Tensor& a, double p, bool training, uint64_t seed);
+
+// --- Devices -----------------------------------------------------------------
+// `a` copied to `device` (itself when already there); differentiable (the
+// gradient is copied back). From a CUDA tensor the copy goes through its
+// storage's backend; from the CPU `ops` (a CudaContext's compute()) must be
+// given. Aborts naming the devices when there is no backend or the copy
+// fails (a device the context lacks, out of memory).
+Tensor to(const Tensor& a, Device device, cuda::DeviceOps* ops = nullptr);
 
 }  // namespace ferry::autograd
 

@@ -7,6 +7,8 @@
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/autograd/kernels.h"
 #include "ferry/autograd/node.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::optim {
 namespace {
@@ -25,7 +27,7 @@ absl::Status Check(const std::vector<Tensor>& params,
       return absl::InvalidArgumentError(absl::StrCat(
           op, ": param ", i, " is on ", params[i].device().ToString(),
           " and its grad on ", grads[i].device().ToString(),
-          "; these steps run on the CPU (tensor/cuda/ops.h has device steps)"));
+          "; CPU steps need CPU parameters and gradients"));
     }
     if (grads[i].sizes() != params[i].sizes() ||
         grads[i].dtype() != params[i].dtype()) {
@@ -36,6 +38,136 @@ absl::Status Check(const std::vector<Tensor>& params,
     }
     if (!params[i].is_contiguous())
       TensorFail(absl::StrCat(op, ": param ", i, " is not contiguous"));
+  }
+  return absl::OkStatus();
+}
+
+// Whether any parameter or gradient is on a CUDA device (the step then runs
+// through the parameters' device backends).
+bool AnyOnDevice(const std::vector<Tensor>& params,
+                 const std::vector<Tensor>& grads) {
+  for (const Tensor& p : params)
+    if (p.defined() && p.device().is_cuda()) return true;
+  for (const Tensor& g : grads)
+    if (g.defined() && g.device().is_cuda()) return true;
+  return false;
+}
+
+// Checks a device step's operands: lengths, and each parameter with a
+// gradient contiguous, on the gradient's CUDA device, with a backend, of the
+// gradient's shape and dtype. Returns the backends (null where no grad).
+absl::StatusOr<std::vector<cuda::DeviceOps*>> CheckDevice(
+    const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+    const char* op) {
+  if (params.size() != grads.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": ", params.size(), " params but ", grads.size(), " grads"));
+  }
+  std::vector<cuda::DeviceOps*> ops(params.size(), nullptr);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const Tensor &p = params[i], &g = grads[i];
+    cuda::DeviceOps* d = cuda::DeviceOpsOf(p);
+    if (!p.device().is_cuda() || p.device() != g.device() || d == nullptr ||
+        g.sizes() != p.sizes() || g.dtype() != p.dtype() ||
+        !p.is_contiguous()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": param ", i, " (", cuda::DescribeOperand(p), ") and its grad (",
+          cuda::DescribeOperand(g),
+          ") must be on one CUDA device with a compute backend, of one shape "
+          "and dtype, the param contiguous"));
+    }
+    ops[i] = d;
+  }
+  return ops;
+}
+
+// A zeroed state tensor like `p` on its device.
+absl::StatusOr<Tensor> DeviceZeros(cuda::DeviceOps& d, const Tensor& p) {
+  ASSIGN_OR_RETURN(Tensor t, d.Empty(p.sizes(), p.dtype(), p.device()));
+  RETURN_IF_ERROR(d.Fill(t, 0));
+  return t;
+}
+
+absl::Status DeviceSgdStep(const std::vector<Tensor>& params,
+                           const std::vector<Tensor>& grads, SgdState& state,
+                           const SgdOptions& o) {
+  ASSIGN_OR_RETURN(std::vector<cuda::DeviceOps*> ops,
+                   CheckDevice(params, grads, "SgdStep"));
+  state.momentum_buffer.resize(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (ops[i] == nullptr) continue;
+    Tensor& buf = state.momentum_buffer[i];
+    const bool first = !buf.defined();
+    if (o.momentum != 0 && first) {
+      ASSIGN_OR_RETURN(buf, DeviceZeros(*ops[i], params[i]));
+    }
+    const cuda::math::SgdParams sp{.lr = o.lr,
+                                   .momentum = o.momentum,
+                                   .dampening = o.dampening,
+                                   .weight_decay = o.weight_decay,
+                                   .nesterov = o.nesterov,
+                                   .first = first};
+    RETURN_IF_ERROR(ops[i]->SgdStep(params[i], grads[i], buf, sp));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAdamStep(const std::vector<Tensor>& params,
+                            const std::vector<Tensor>& grads,
+                            AdamState& state, const AdamOptions& o,
+                            bool decoupled) {
+  ASSIGN_OR_RETURN(std::vector<cuda::DeviceOps*> ops,
+                   CheckDevice(params, grads,
+                               decoupled ? "AdamWStep" : "AdamStep"));
+  const size_t n = params.size();
+  state.step.resize(n, 0);
+  state.exp_avg.resize(n);
+  state.exp_avg_sq.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i] == nullptr) continue;
+    if (!state.exp_avg[i].defined()) {
+      ASSIGN_OR_RETURN(state.exp_avg[i], DeviceZeros(*ops[i], params[i]));
+      ASSIGN_OR_RETURN(state.exp_avg_sq[i], DeviceZeros(*ops[i], params[i]));
+    }
+    const cuda::math::AdamParams ap = cuda::math::AdamForStep(
+        {.lr = o.lr,
+         .beta1 = o.beta1,
+         .beta2 = o.beta2,
+         .eps = o.eps,
+         .weight_decay = o.weight_decay,
+         .decoupled = decoupled},
+        state.step[i] + 1);
+    RETURN_IF_ERROR(ops[i]->AdamStep(params[i], grads[i], state.exp_avg[i],
+                                     state.exp_avg_sq[i], ap));
+    ++state.step[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceAdagradStep(const std::vector<Tensor>& params,
+                               const std::vector<Tensor>& grads,
+                               AdagradState& state, const AdagradOptions& o) {
+  ASSIGN_OR_RETURN(std::vector<cuda::DeviceOps*> ops,
+                   CheckDevice(params, grads, "AdagradStep"));
+  const size_t n = params.size();
+  state.step.resize(n, 0);
+  state.sum.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (ops[i] == nullptr) continue;
+    if (!state.sum[i].defined()) {
+      ASSIGN_OR_RETURN(state.sum[i], ops[i]->Empty(params[i].sizes(),
+                                                   params[i].dtype(),
+                                                   params[i].device()));
+      RETURN_IF_ERROR(ops[i]->Fill(state.sum[i], o.initial_accumulator_value));
+    }
+    const int64_t t = state.step[i] + 1;
+    const cuda::math::AdagradParams ap{
+        .clr = o.lr / (1 + static_cast<double>(t - 1) * o.lr_decay),
+        .weight_decay = o.weight_decay,
+        .eps = o.eps};
+    RETURN_IF_ERROR(ops[i]->AdagradStep(params[i], grads[i], state.sum[i], ap));
+    state.step[i] = t;
   }
   return absl::OkStatus();
 }
@@ -59,6 +191,7 @@ Tensor& Slot(std::vector<Tensor>& slots, size_t n, size_t i, const Tensor& p,
 absl::Status SgdStep(const std::vector<Tensor>& params,
                      const std::vector<Tensor>& grads, SgdState& state,
                      const SgdOptions& o) {
+  if (AnyOnDevice(params, grads)) return DeviceSgdStep(params, grads, state, o);
   if (absl::Status s = Check(params, grads, "SgdStep"); !s.ok()) return s;
   state.momentum_buffer.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -104,6 +237,9 @@ namespace {
 absl::Status AdamImpl(const std::vector<Tensor>& params,
                       const std::vector<Tensor>& grads, AdamState& state,
                       const AdamOptions& o, bool decoupled) {
+  if (AnyOnDevice(params, grads)) {
+    return DeviceAdamStep(params, grads, state, o, decoupled);
+  }
   if (absl::Status s =
           Check(params, grads, decoupled ? "AdamWStep" : "AdamStep");
       !s.ok()) {
@@ -167,6 +303,9 @@ absl::Status AdamWStep(const std::vector<Tensor>& params,
 absl::Status AdagradStep(const std::vector<Tensor>& params,
                          const std::vector<Tensor>& grads, AdagradState& state,
                          const AdagradOptions& o) {
+  if (AnyOnDevice(params, grads)) {
+    return DeviceAdagradStep(params, grads, state, o);
+  }
   if (absl::Status s = Check(params, grads, "AdagradStep"); !s.ok()) return s;
   const size_t n = params.size();
   state.step.resize(n, 0);

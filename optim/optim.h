@@ -10,6 +10,10 @@
 // PyTorch does); Adam and Adagrad compute each element in double and store
 // it in the parameter's dtype (float32 or float64).
 //
+// Devices: SGD, Adam, AdamW and Adagrad step CUDA parameters through their
+// storage's compute backend (tensor/cuda/device_ops.h; state made on the
+// device); every parameter with a gradient must then be contiguous and on
+// its gradient's device (InvalidArgument naming both otherwise).
 // Errors: InvalidArgument when params, grads and state have different
 // lengths or a gradient's shape/dtype differs from its parameter's; nothing
 // is updated then. Parameters must be contiguous (aborts otherwise).

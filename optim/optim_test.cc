@@ -122,7 +122,9 @@ TEST(OptimizerTest, MismatchedGradIsAnErrorAndUpdatesNothing) {
 }
 
 // A parameter labelled as on cuda:0 (over host bytes, so a missing check
-// would compute on them rather than crash) is refused, naming the device.
+// would compute on them rather than crash), made without a compute backend
+// and with a CPU gradient, is refused naming both devices; so is one
+// without a backend, for Adagrad too.
 TEST(OptimizerTest, DeviceParamIsAnErrorNamingTheDevice) {
   Tensor host = P({1.0, 2.0});
   Tensor dev = *Tensor::FromStorage(
@@ -131,11 +133,21 @@ TEST(OptimizerTest, DeviceParamIsAnErrorNamingTheDevice) {
   SgdState st;
   absl::Status s = SgdStep({dev}, {P({1.0, 1.0})}, st, {.lr = 1});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("param 0 is on cuda:0"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("SgdStep: param 0 (float64 [2] on cuda:0) and "
+                             "its grad (float64 [2] on cpu) must be on one "
+                             "CUDA device"),
+            std::string::npos)
+      << s;
   EXPECT_EQ(host.to_vector<double>(), (std::vector<double>{1.0, 2.0}));
   AdamState ast;
   EXPECT_EQ(AdamStep({host}, {dev}, ast, {}).code(),
             absl::StatusCode::kInvalidArgument);
+  AdagradState agst;
+  absl::Status ag = AdagradStep({dev}, {dev}, agst, {});
+  EXPECT_EQ(ag.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ag.message().find("AdagradStep: param 0 (float64 [2] on cuda:0)"),
+            std::string::npos)
+      << ag;
 }
 
 }  // namespace

@@ -27,6 +27,14 @@ Storage Storage::Wrap(void* data, size_t nbytes, Device device,
   return s;
 }
 
+Storage Storage::Wrap(void* data, size_t nbytes, Device device,
+                      std::shared_ptr<const void> owner,
+                      std::shared_ptr<DeviceComputeInterface> compute) {
+  Storage s = Wrap(data, nbytes, device, std::move(owner));
+  std::const_pointer_cast<Impl>(s.impl_)->compute = std::move(compute);
+  return s;
+}
+
 namespace {
 
 class CpuAllocator final : public Allocator {

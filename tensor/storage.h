@@ -46,6 +46,15 @@ struct Device {
   friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
 };
 
+// Opaque compute backend of a device storage, owned by a layer above tensor/
+// (tensor/cuda's DeviceOps): autograd finds the kernels for a device tensor
+// through its storage, without a process-wide registry. tensor/ only stores
+// it (docs/design/cuda_kernels.md, "How an op finds its context").
+class DeviceComputeInterface {
+ public:
+  virtual ~DeviceComputeInterface() = default;
+};
+
 // Memory returned by Ferry's allocators starts on this boundary.
 inline constexpr size_t kStorageAlignment = 64;
 
@@ -62,6 +71,11 @@ class Storage {
   // null when the bytes outlive every handle (static memory).
   static Storage Wrap(void* data, size_t nbytes, Device device,
                       std::shared_ptr<const void> owner);
+  // As Wrap above, and records `compute` (may be null), the backend that
+  // computes on these bytes (see DeviceComputeInterface).
+  static Storage Wrap(void* data, size_t nbytes, Device device,
+                      std::shared_ptr<const void> owner,
+                      std::shared_ptr<DeviceComputeInterface> compute);
 
   bool defined() const { return impl_ != nullptr; }  // Not null.
   // The bytes; null if null.
@@ -70,6 +84,14 @@ class Storage {
   size_t nbytes() const { return impl_ ? impl_->nbytes : 0; }
   // Where; CPU if null.
   Device device() const { return impl_ ? impl_->device : Device{}; }
+  // The compute backend given to Wrap; null for CPU storage and when none.
+  DeviceComputeInterface* compute() const {
+    return impl_ ? impl_->compute.get() : nullptr;
+  }
+  // compute(), shared (keeps the backend object alive).
+  std::shared_ptr<DeviceComputeInterface> shared_compute() const {
+    return impl_ ? impl_->compute : nullptr;
+  }
   // Number of handles sharing these bytes (for tests and diagnostics).
   long use_count() const { return impl_.use_count(); }
   // Same bytes (not equal values).
@@ -93,6 +115,7 @@ class Storage {
     size_t nbytes = 0;
     Device device;
     std::shared_ptr<const void> owner;
+    std::shared_ptr<DeviceComputeInterface> compute;
     mutable std::atomic<uint64_t> version{0};
   };
   std::shared_ptr<const Impl> impl_;

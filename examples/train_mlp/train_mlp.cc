@@ -3,6 +3,7 @@
 #include <chrono>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "ferry/autograd/engine.h"
 #include "ferry/autograd/grad_mode.h"
@@ -48,14 +49,35 @@ double Accuracy(const Tensor& logits, const Tensor& labels) {
 }  // namespace
 
 absl::StatusOr<MlpResult> TrainMlp(const MlpConfig& c, std::ostream* log) {
-  const Dataset train = MakeClusters(c, c.train_samples, c.seed + 100);
-  const Dataset test = MakeClusters(c, c.test_samples, c.seed + 200);
+  Dataset train = MakeClusters(c, c.train_samples, c.seed + 100);
+  Dataset test = MakeClusters(c, c.test_samples, c.seed + 200);
+  cuda::DeviceOps* ops = c.device_ops;
+  if (c.device.is_cuda() && ops == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train_mlp: device ", c.device.ToString(),
+        " needs a compute backend (MlpConfig::device_ops)"));
+  }
+  // On the CPU, a tensor is its own host copy.
+  auto host = [&](const Tensor& t) -> absl::StatusOr<Tensor> {
+    if (t.device().is_cpu()) return t;
+    return ops->To(t, Device::CPU());
+  };
   nn::Sequential model(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(c.dim, c.hidden, c.seed + 1),
       std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(c.hidden, c.hidden, c.seed + 3),
       std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(c.hidden, c.classes, c.seed + 5)});
+  const Tensor labels_cpu = train.labels;
+  if (c.device.is_cuda()) {
+    if (absl::Status s = model.to(c.device, ops); !s.ok()) return s;
+    for (Tensor* t : {&train.x, &train.labels, &test.x}) {
+      absl::StatusOr<Tensor> d = ops->To(*t, c.device);
+      if (!d.ok()) return d.status();
+      *t = *std::move(d);
+    }
+  }
+  // After the move: the optimizer steps the device parameters.
   optim::SGD sgd(model.parameters(), {.lr = c.lr, .momentum = c.momentum});
   nn::CrossEntropyLoss loss_fn;
   MlpResult result;
@@ -72,8 +94,13 @@ absl::StatusOr<MlpResult> TrainMlp(const MlpConfig& c, std::ostream* log) {
     Tensor loss = loss_fn(logits, y);
     if (absl::Status s = ag::Backward({loss}); !s.ok()) return s;
     if (absl::Status s = sgd.Step(); !s.ok()) return s;
-    window_loss += loss.item<double>();
-    window_acc += Accuracy(logits, y);
+    absl::StatusOr<Tensor> loss_host = host(loss);
+    if (!loss_host.ok()) return loss_host.status();
+    absl::StatusOr<Tensor> logits_host = host(logits);
+    if (!logits_host.ok()) return logits_host.status();
+    window_loss += loss_host->item<double>();
+    window_acc += Accuracy(
+        *logits_host, labels_cpu.slice(0, b * c.batch, (b + 1) * c.batch));
     ++window;
     if ((c.log_every > 0 && step % c.log_every == 0) || step == c.steps) {
       const double secs = std::chrono::duration<double>(
@@ -93,7 +120,9 @@ absl::StatusOr<MlpResult> TrainMlp(const MlpConfig& c, std::ostream* log) {
   }
   ag::NoGradGuard no_grad;
   model.eval();
-  result.test_accuracy = Accuracy(model.Forward(test.x), test.labels);
+  absl::StatusOr<Tensor> test_logits = host(model.Forward(test.x));
+  if (!test_logits.ok()) return test_logits.status();
+  result.test_accuracy = Accuracy(*test_logits, test.labels);
   return result;
 }
 

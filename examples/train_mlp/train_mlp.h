@@ -4,7 +4,10 @@
 // Data: `classes` cluster centres drawn N(0, separation^2) in `dim`
 // dimensions; each point is its class centre plus N(0, 1) noise. Training
 // and held-out sets come from different seeds. Model: Linear-ReLU-Linear-
-// ReLU-Linear, cross-entropy loss, SGD with momentum.
+// ReLU-Linear, cross-entropy loss, SGD with momentum. With `device` CUDA the
+// data, model (Module::to) and SGD steps live on that device and compute
+// through `device_ops` (a CudaContext's compute(), which outlives the run);
+// only the loss and logits are copied back, for the log and accuracy.
 #ifndef FERRY_EXAMPLES_TRAIN_MLP_TRAIN_MLP_H_
 #define FERRY_EXAMPLES_TRAIN_MLP_TRAIN_MLP_H_
 
@@ -12,6 +15,8 @@
 #include <ostream>
 
 #include "absl/status/statusor.h"
+#include "ferry/tensor/cuda/device_ops.h"
+#include "ferry/tensor/storage.h"
 
 namespace ferry::examples {
 
@@ -28,6 +33,8 @@ struct MlpConfig {
   double momentum = 0.9;
   uint64_t seed = 1;
   int64_t log_every = 50;  // 0: no progress lines.
+  Device device;  // Where to train (CPU by default).
+  cuda::DeviceOps* device_ops = nullptr;  // Needed for a CUDA device.
 };
 
 struct MlpResult {

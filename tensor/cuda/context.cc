@@ -81,6 +81,7 @@ CudaContext::CudaContext(std::shared_ptr<DeviceMemoryApi> api,
       runs_kernels_(runs_kernels) {}
 
 CudaContext::~CudaContext() {
+  if (compute_ != nullptr) compute_->Detach();
   absl::MutexLock lock(&mu_);
   for (auto& [device, handle] : cublas_) {
     int previous = 0;
@@ -108,7 +109,30 @@ absl::StatusOr<Tensor> CudaContext::Empty(const std::vector<int64_t>& sizes,
   RETURN_IF_ERROR(CheckCudaDevice("Empty", device));
   ASSIGN_OR_RETURN(Allocator * a,
                    alloc_->ForStream(device.index, stream(device.index)));
-  return Tensor::TryEmpty(sizes, dtype, a);
+  ASSIGN_OR_RETURN(Tensor t, Tensor::TryEmpty(sizes, dtype, a));
+  return Attach(std::move(t));
+}
+
+absl::StatusOr<Tensor> CudaContext::Attach(Tensor t) const {
+  if (compute_ == nullptr) return t;
+  const Storage& s = t.storage();
+  Storage with = Storage::Wrap(s.data(), s.nbytes(), s.device(),
+                               std::make_shared<Storage>(s), compute_);
+  return Tensor::FromStorage(std::move(with), t.dtype(), t.sizes(),
+                             t.strides(), t.storage_offset());
+}
+
+void ContextBoundOps::Detach() {
+  absl::WriterMutexLock lock(&mu_);
+  ctx_ = nullptr;
+}
+
+absl::StatusOr<CudaContext*> ContextBoundOps::Context(const char* op) const {
+  if (ctx_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name(), " ", op, ": the CudaContext that made the operands is gone"));
+  }
+  return ctx_;
 }
 
 absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device) {
@@ -122,8 +146,10 @@ absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device) {
                      CopyToHost(t, stream(t.device().index), *api_));
     if (device.is_cpu()) return host;
   }
-  return CopyToDevice(host, device.index, stream(device.index), *alloc_,
-                      *api_);
+  ASSIGN_OR_RETURN(Tensor out, CopyToDevice(host, device.index,
+                                            stream(device.index), *alloc_,
+                                            *api_));
+  return Attach(std::move(out));
 }
 
 absl::Status CudaContext::Synchronize(Device device) {

@@ -34,6 +34,7 @@
 #include "absl/synchronization/mutex.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/device_ops.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry {
@@ -77,6 +78,14 @@ class CudaContext {
   absl::StatusOr<Tensor> To(const Tensor& t, Device device);
   /// Waits for the work queued on `device` so far.
   absl::Status Synchronize(Device device);
+  /// Makes `ops` the backend recorded in every device storage this context
+  /// makes from now on (Empty, To), so autograd dispatches to it; `ops`
+  /// refers back to *this, and the destructor detaches it. Call once,
+  /// before the context makes tensors or is shared (not synchronized).
+  void set_compute(std::shared_ptr<DeviceOps> ops) { compute_ = std::move(ops); }
+  /// The backend given to set_compute (null when none).
+  DeviceOps* compute() const { return compute_.get(); }
+
   /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
   /// device pointers; lda/ldb are a's and b's row lengths; op transposes
   /// when asked), queued on stream(device) through cuBLAS.
@@ -91,6 +100,9 @@ class CudaContext {
   const std::shared_ptr<DeviceMemoryApi> api_;
   const std::unique_ptr<CachingDeviceAllocator> alloc_;
   const bool runs_kernels_;
+  std::shared_ptr<DeviceOps> compute_;
+  // `t` over the same bytes with compute_ recorded in its storage.
+  absl::StatusOr<Tensor> Attach(Tensor t) const;
   struct Blas;  // The cuBLAS entry points, once loaded.
   // The loaded library and `device`'s handle, made on first use.
   absl::StatusOr<void*> CublasHandle(int device) ABSL_LOCKS_EXCLUDED(mu_);
@@ -99,6 +111,26 @@ class CudaContext {
   std::unique_ptr<Blas> blas_ ABSL_GUARDED_BY(mu_);
   absl::Status blas_error_ ABSL_GUARDED_BY(mu_);  // Why loading failed.
   std::map<int, void*> cublas_ ABSL_GUARDED_BY(mu_);
+};
+
+/// Base of backends bound to one context: holds the context pointer under a
+/// reader-writer mutex so Detach (the context's destructor) waits for calls
+/// in flight and later calls fail with FailedPrecondition.
+class ContextBoundOps : public DeviceOps {
+ public:
+  /// Bound to `ctx`, which must call Detach before it dies.
+  explicit ContextBoundOps(CudaContext* ctx) : ctx_(ctx) {}
+  void Detach() override ABSL_LOCKS_EXCLUDED(mu_);
+
+ protected:
+  /// The context, or FailedPrecondition naming `op` once detached.
+  absl::StatusOr<CudaContext*> Context(const char* op) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  /// Held (shared) by every call for its whole duration.
+  mutable absl::Mutex mu_;
+
+ private:
+  CudaContext* ctx_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cuda

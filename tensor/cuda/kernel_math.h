@@ -130,8 +130,11 @@ FERRY_HD inline T CrossEntropyBackward(T x, T lse, bool is_target, T g,
 
 /// SGD hyperparameters (optim.h's SgdOptions).
 struct SgdParams {
-  double lr = 0.01, momentum = 0, dampening = 0, weight_decay = 0;
-  bool nesterov = false;
+  double lr = 0.01;          ///< Learning rate.
+  double momentum = 0;       ///< Momentum factor; 0: none.
+  double dampening = 0;      ///< Dampening of the momentum.
+  double weight_decay = 0;   ///< L2 penalty.
+  bool nesterov = false;     ///< Nesterov momentum.
   bool first = true;  ///< No momentum buffer yet: it starts as the gradient.
 };
 
@@ -153,7 +156,11 @@ FERRY_HD inline void SgdElement(const SgdParams& o, T& p, T g, T& b) {
 
 /// Adam/AdamW hyperparameters for one step t (optim.h's AdamOptions).
 struct AdamParams {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  double lr = 1e-3;          ///< Learning rate.
+  double beta1 = 0.9;        ///< Decay of the first moment.
+  double beta2 = 0.999;      ///< Decay of the second moment.
+  double eps = 1e-8;         ///< Added to the denominator.
+  double weight_decay = 0;   ///< L2 (Adam) or decoupled (AdamW) decay.
   bool decoupled = false;  ///< AdamW.
   double step_size = 0;    ///< lr / (1 - beta1^t).
   double bc2_sqrt = 1;     ///< sqrt(1 - beta2^t).
@@ -182,6 +189,24 @@ FERRY_HD inline void AdamElement(const AdamParams& o, T& p, T grad, T& m,
   v = static_cast<T>(vj);
   const double denom = std::sqrt(vj) / o.bc2_sqrt + o.eps;
   p = static_cast<T>(param - o.step_size * mj / denom);
+}
+
+/// Adagrad hyperparameters for one step (optim.h's AdagradOptions).
+struct AdagradParams {
+  double clr = 0.01;        ///< This step's lr / (1 + (t - 1) * lr_decay).
+  double weight_decay = 0;  ///< L2 penalty.
+  double eps = 1e-10;       ///< Added to the denominator.
+};
+
+/// One Adagrad step of one element (optim.cc's AdagradStep), in double: the
+/// parameter p and its running sum s of squared gradients.
+template <typename T>
+FERRY_HD inline void AdagradElement(const AdagradParams& o, T& p, T grad,
+                                    T& s) {
+  const double g = grad + o.weight_decay * p;
+  const double sum = s + g * g;
+  s = static_cast<T>(sum);
+  p = static_cast<T>(p - o.clr * g / (std::sqrt(sum) + o.eps));
 }
 
 /// Up to this many dimensions in a strided kernel's index arithmetic.

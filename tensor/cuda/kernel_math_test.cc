@@ -149,6 +149,26 @@ TEST(KernelMathTest, SgdElementFollowsTheCpuRule) {
   EXPECT_DOUBLE_EQ(q, q1 - 0.1 * (g2 + 0.9 * b2));
 }
 
+TEST(KernelMathTest, AdagradElementFollowsTheCpuRule) {
+  const double lr = 0.1, lr_decay = 0.5, wd = 0.05, eps = 1e-10;
+  double p = 1.5, s = 0.2;
+  double rp = p, rs = s;
+  for (int64_t t = 1; t <= 3; ++t) {
+    const double g = 0.3 * t - 0.5;
+    AdagradParams o;
+    o.clr = lr / (1 + static_cast<double>(t - 1) * lr_decay);
+    o.weight_decay = wd;
+    o.eps = eps;
+    AdagradElement(o, p, g, s);
+    // The rule as optim.cc's AdagradStep writes it.
+    const double gg = g + wd * rp;
+    rs += gg * gg;
+    rp -= lr / (1 + (t - 1) * lr_decay) * gg / (std::sqrt(rs) + eps);
+    EXPECT_DOUBLE_EQ(p, rp) << "step " << t;
+    EXPECT_DOUBLE_EQ(s, rs) << "step " << t;
+  }
+}
+
 TEST(KernelMathTest, AdamElementFollowsTheCpuRule) {
   for (bool decoupled : {false, true}) {
     AdamParams o;

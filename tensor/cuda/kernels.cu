@@ -231,6 +231,12 @@ __global__ void AdamKernel(math::AdamParams o, T* p, const T* g, T* m, T* v,
   FERRY_GRID_LOOP(i, n) math::AdamElement(o, p[i], g[i], m[i], v[i]);
 }
 
+template <typename T>
+__global__ void AdagradKernel(math::AdagradParams o, T* p, const T* g, T* sum,
+                              int64_t n) {
+  FERRY_GRID_LOOP(i, n) math::AdagradElement(o, p[i], g[i], sum[i]);
+}
+
 // Queues kernel<<<blocks, kThreads>>>(args...) on s unless there is no work
 // (`work` elements; a grid of 0 blocks is a launch error).
 template <typename... Params, typename... Args>
@@ -354,6 +360,12 @@ int AdamStep(const math::AdamParams& o, T* p, const T* g, T* m, T* v,
   return Launch(AdamKernel<T>, Blocks(n), n, s, o, p, g, m, v, n);
 }
 
+template <typename T>
+int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
+                int64_t n, Stream s) {
+  return Launch(AdagradKernel<T>, Blocks(n), n, s, o, p, g, sum, n);
+}
+
 #define FERRY_INSTANTIATE(T)                                                  \
   template int Unary<T>(math::UnaryOp, const T*, const math::StridedIndexer&, \
                         T*, int64_t, Stream);                                 \
@@ -381,7 +393,9 @@ int AdamStep(const math::AdamParams& o, T* p, const T* g, T* m, T* v,
   template int SgdStep<T>(const math::SgdParams&, T*, const T*, T*, int64_t,  \
                           Stream);                                            \
   template int AdamStep<T>(const math::AdamParams&, T*, const T*, T*, T*,     \
-                           int64_t, Stream);
+                           int64_t, Stream);                                  \
+  template int AdagradStep<T>(const math::AdagradParams&, T*, const T*, T*,   \
+                              int64_t, Stream);
 
 FERRY_INSTANTIATE(float)
 FERRY_INSTANTIATE(double)

@@ -93,6 +93,10 @@ int SgdStep(const math::SgdParams& o, T* p, const T* g, T* buf, int64_t n,
 template <typename T>
 int AdamStep(const math::AdamParams& o, T* p, const T* g, T* m, T* v,
              int64_t n, Stream stream);
+/// One Adagrad step over n elements (`sum`: the running squared gradients).
+template <typename T>
+int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
+                int64_t n, Stream stream);
 
 }  // namespace kernels
 }  // namespace cuda

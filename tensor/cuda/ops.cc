@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -150,19 +151,14 @@ math::StridedIndexer Indexer(const Tensor& t,
 absl::StatusOr<std::vector<int64_t>> BroadcastShape(const char* op,
                                                     const Tensor& a,
                                                     const Tensor& b) {
-  const int64_t n = std::max(a.dim(), b.dim());
-  std::vector<int64_t> out(n);
-  for (int64_t d = 0; d < n; ++d) {
-    const int64_t da = d - (n - a.dim()), db = d - (n - b.dim());
-    const int64_t sa = da < 0 ? 1 : a.size(da), sb = db < 0 ? 1 : b.size(db);
-    if (sa != sb && sa != 1 && sb != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cuda ", op, ": shapes do not broadcast (",
-          DescribeAll({{"a", &a}, {"b", &b}}), ")"));
-    }
-    out[d] = sa == 1 ? sb : sa;
+  std::optional<std::vector<int64_t>> out =
+      BroadcastSizes(a.sizes(), b.sizes());
+  if (!out) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda ", op, ": shapes do not broadcast (",
+        DescribeAll({{"a", &a}, {"b", &b}}), ")"));
   }
-  return out;
+  return *std::move(out);
 }
 
 int64_t WrapDim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
@@ -652,6 +648,144 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
                                 ctx.stream(dev));
   });
   return Launched("adam_step", dev, code, ops);
+}
+
+absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
+                         const Tensor& grad, const Tensor& sum,
+                         const math::AdagradParams& o) {
+  const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
+                    Operand{"sum", &sum}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "adagrad_step", ops, 3));
+  RETURN_IF_ERROR(SameShape("adagrad_step", ops));
+  if (!param.is_contiguous() || !sum.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda adagrad_step: param and sum must be contiguous (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
+  param.storage().BumpVersion();
+  const int code = Floating(param.dtype(), [&]<typename T>() {
+    return kernels::AdagradStep<T>(o, Ptr<T>(param), Ptr<T>(gc), Ptr<T>(sum),
+                                   param.numel(), ctx.stream(dev));
+  });
+  return Launched("adagrad_step", dev, code, ops);
+}
+
+namespace {
+
+// DeviceOps over the functions above (one-line forwards under the lock).
+class CudaOps final : public ContextBoundOps {
+ public:
+  using ContextBoundOps::ContextBoundOps;
+  std::string name() const override { return "cuda"; }
+
+#define FERRY_CUDA_OPS_CALL(op, call)          \
+  absl::ReaderMutexLock lock(&mu_);             \
+  ASSIGN_OR_RETURN(CudaContext * c, Context(op)); \
+  return call
+
+  absl::StatusOr<Tensor> To(const Tensor& t, Device device) override {
+    FERRY_CUDA_OPS_CALL("to", c->To(t, device));
+  }
+  absl::StatusOr<Tensor> Empty(const std::vector<int64_t>& sizes, DType dtype,
+                               Device device) override {
+    FERRY_CUDA_OPS_CALL("empty", c->Empty(sizes, dtype, device));
+  }
+  absl::StatusOr<Tensor> Unary(math::UnaryOp op, const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("unary", cuda::Unary(*c, op, x));
+  }
+  absl::StatusOr<Tensor> Binary(math::BinaryOp op, const Tensor& a,
+                                const Tensor& b) override {
+    FERRY_CUDA_OPS_CALL("binary", cuda::Binary(*c, op, a, b));
+  }
+  absl::StatusOr<Tensor> Scalar(math::BinaryOp op, const Tensor& x,
+                                double s) override {
+    FERRY_CUDA_OPS_CALL("scalar", cuda::Scalar(*c, op, x, s));
+  }
+  absl::StatusOr<Tensor> UnaryBackward(math::BackwardOp op, const Tensor& g,
+                                       const Tensor& saved) override {
+    FERRY_CUDA_OPS_CALL("unary_backward",
+                        cuda::UnaryBackward(*c, op, g, saved));
+  }
+  absl::Status Fill(const Tensor& x, double value) override {
+    FERRY_CUDA_OPS_CALL("fill_", cuda::Fill(*c, x, value));
+  }
+  absl::Status AddInPlace(const Tensor& acc, const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("add_", cuda::AddInPlace(*c, acc, x));
+  }
+  absl::StatusOr<Tensor> Sum(const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("sum", cuda::Sum(*c, x));
+  }
+  absl::StatusOr<Tensor> SumDim(const Tensor& x, int64_t dim,
+                                bool keepdim) override {
+    FERRY_CUDA_OPS_CALL("sum", cuda::SumDim(*c, x, dim, keepdim));
+  }
+  absl::StatusOr<Tensor> Softmax(const Tensor& x, bool log) override {
+    FERRY_CUDA_OPS_CALL("softmax", cuda::Softmax(*c, x, log));
+  }
+  absl::StatusOr<Tensor> SoftmaxBackward(const Tensor& g, const Tensor& y,
+                                         bool log) override {
+    FERRY_CUDA_OPS_CALL("softmax_backward",
+                        cuda::SoftmaxBackward(*c, g, y, log));
+  }
+  absl::StatusOr<std::pair<Tensor, Tensor>> CrossEntropy(
+      const Tensor& logits, const Tensor& target) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Context("cross_entropy"));
+    ASSIGN_OR_RETURN(CrossEntropyResult r,
+                     cuda::CrossEntropy(*c, logits, target));
+    return std::make_pair(r.loss, r.lse);
+  }
+  absl::StatusOr<Tensor> CrossEntropyBackward(
+      const Tensor& logits, const Tensor& target, const Tensor& lse,
+      const Tensor& grad_loss) override {
+    FERRY_CUDA_OPS_CALL("cross_entropy_backward",
+                        cuda::CrossEntropyBackward(*c, logits, target, lse,
+                                                   grad_loss));
+  }
+  absl::StatusOr<Tensor> Embedding(const Tensor& weight,
+                                   const Tensor& indices) override {
+    FERRY_CUDA_OPS_CALL("embedding", cuda::Embedding(*c, weight, indices));
+  }
+  absl::StatusOr<Tensor> EmbeddingBackward(const Tensor& g,
+                                           const Tensor& indices,
+                                           int64_t vocab) override {
+    FERRY_CUDA_OPS_CALL("embedding_backward",
+                        cuda::EmbeddingBackward(*c, g, indices, vocab));
+  }
+  absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
+                                bool transpose_a, bool transpose_b) override {
+    FERRY_CUDA_OPS_CALL("matmul",
+                        cuda::Matmul(*c, a, b, transpose_a, transpose_b));
+  }
+  absl::Status SgdStep(const Tensor& param, const Tensor& grad,
+                       const Tensor& buf, const math::SgdParams& o) override {
+    FERRY_CUDA_OPS_CALL("sgd_step", cuda::SgdStep(*c, param, grad, buf, o));
+  }
+  absl::Status AdamStep(const Tensor& param, const Tensor& grad,
+                        const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                        const math::AdamParams& o) override {
+    FERRY_CUDA_OPS_CALL("adam_step", cuda::AdamStep(*c, param, grad, exp_avg,
+                                                    exp_avg_sq, o));
+  }
+  absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
+                           const Tensor& sum,
+                           const math::AdagradParams& o) override {
+    FERRY_CUDA_OPS_CALL("adagrad_step",
+                        cuda::AdagradStep(*c, param, grad, sum, o));
+  }
+#undef FERRY_CUDA_OPS_CALL
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaContext>> CreateComputeContext(
+    CudaContext::Options options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaContext> ctx,
+                   CudaContext::Create(options));
+  ctx->set_compute(std::make_shared<CudaOps>(ctx.get()));
+  return ctx;
 }
 
 }  // namespace cuda

@@ -22,6 +22,7 @@
 #define FERRY_TENSOR_CUDA_OPS_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -109,6 +110,17 @@ absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
 absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
                       const Tensor& grad, const Tensor& exp_avg,
                       const Tensor& exp_avg_sq, const math::AdamParams& o);
+
+/// One Adagrad step in place (`sum`: the running squared gradients).
+absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
+                         const Tensor& grad, const Tensor& sum,
+                         const math::AdagradParams& o);
+
+/// A context over the CUDA runtime (CudaContext::Create) whose device
+/// tensors carry a backend running the ops above, so autograd's ops and
+/// engine compute on them (device_ops.h).
+absl::StatusOr<std::unique_ptr<CudaContext>> CreateComputeContext(
+    CudaContext::Options options);
 
 }  // namespace cuda
 }  // namespace ferry
