@@ -1,5 +1,6 @@
 #include "ferry/rref/owner_table.h"
 
+#include <limits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -47,8 +48,7 @@ std::shared_ptr<OwnedSlot> OwnerTable::Find(GlobalId rref_id) const {
 }
 
 bool OwnerTable::IsForkDeleted(GlobalId fork_id, int holder) const {
-  auto it = deleted_forks_.find(fork_id);
-  return it != deleted_forks_.end() && it->second == holder;
+  return deleted_forks_.count({fork_id, holder}) > 0;
 }
 
 bool OwnerTable::IsDeleted(GlobalId rref_id) const {
@@ -58,7 +58,12 @@ bool OwnerTable::IsDeleted(GlobalId rref_id) const {
 bool OwnerTable::AddFork(GlobalId rref_id, GlobalId fork_id, int holder) {
   if (IsForkDeleted(fork_id, holder)) return false;
   if (!AddSentFork(rref_id, fork_id, holder)) return false;
-  deleted_forks_.erase(fork_id);  // Another worker's tombstone: forged.
+  // Other workers' tombstones of this fork were forged: they go.
+  auto it =
+      deleted_forks_.lower_bound({fork_id, std::numeric_limits<int>::min()});
+  while (it != deleted_forks_.end() && it->first == fork_id) {
+    it = deleted_forks_.erase(it);
+  }
   return true;
 }
 
@@ -81,7 +86,7 @@ absl::StatusOr<std::shared_ptr<OwnedSlot>> OwnerTable::DeleteFork(
           rref_id.ToString(), ": it is held by worker id ", fork->second));
     }
   }
-  deleted_forks_[fork_id] = sender;
+  deleted_forks_.emplace(fork_id, sender);
   if (it == entries_.end()) return nullptr;
   it->second.forks.erase(fork_id);
   return MaybeDelete(rref_id);
@@ -93,7 +98,7 @@ std::vector<std::shared_ptr<OwnedSlot>> OwnerTable::DropHolder(int holder) {
     bool dropped = false;
     for (auto it = e.forks.begin(); it != e.forks.end();) {
       if (it->second == holder) {
-        deleted_forks_[it->first] = holder;
+        deleted_forks_.emplace(it->first, holder);
         it = e.forks.erase(it);
         dropped = true;
       } else {

@@ -30,6 +30,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -140,7 +141,9 @@ class OwnerTable {
 
   const std::string self_name_;
   std::map<GlobalId, Entry> entries_;
-  std::map<GlobalId, int> deleted_forks_;  // I4: fork id -> who deleted it
+  // I4: (fork id, the worker that deleted it). One per deleter, so that a
+  // forged delete neither replaces nor is replaced by the holder's own.
+  std::set<std::pair<GlobalId, int>> deleted_forks_;
   std::set<GlobalId> deleted_rrefs_;  // I4
 };
 

@@ -294,6 +294,25 @@ TEST(OwnerTableTest, AForgedEarlyDeleteDoesNotKeepTheHolderOut) {
   o.ExpectEmpty({kR}, "forged early delete");
 }
 
+// The holder's own early delete is kept whatever other workers name: a
+// forged delete after it neither replaces it (the late registration stays
+// out, no leak) nor is needed to keep it.
+TEST(OwnerTableTest, AForgedDeleteAfterTheHoldersDoesNotReviveTheFork) {
+  for (bool forged_first : {false, true}) {
+    Owner o;
+    o.RemoteCall(kR, kF1, 1);
+    o.Created(kR);
+    if (forged_first) o.Delete(kR, kF2, 3);
+    o.Delete(kR, kF2, 2);  // Its holder, before the registration.
+    if (!forged_first) o.Delete(kR, kF2, 3);
+    EXPECT_TRUE(o.table.IsForkDeleted(kF2, 2));
+    o.ForkRequest(kR, kF2, 2);  // Late: stays out.
+    EXPECT_EQ(o.table.num_forks(), 1u) << forged_first;
+    o.Delete(kR, kF1, 1);
+    o.ExpectEmpty({kR}, forged_first ? "forged first" : "holder first");
+  }
+}
+
 TEST(OwnerTableTest, DrainListsWhatWasLeaked) {
   OwnerTable t("owner");
   ASSERT_TRUE(t.SlotFor(kR, "int").ok());  // Creation pending.

@@ -953,7 +953,9 @@ void TcpStoreRelay::Loop::UpstreamReady(Upstream* u) {
 void TcpStoreRelay::Loop::SendUpstream(Upstream* u, std::string bytes) {
   if (u->closing) return;
   upstream_requests.fetch_add(1, std::memory_order_relaxed);
-  if (!u->connected) {
+  if (!u->connected || u->auth != 0) {
+    // Nothing but the handshake goes before the server accepted the proof
+    // (it drops a connection that sends a query first).
     u->pending.append(bytes);
     return;
   }
