@@ -169,9 +169,12 @@ absl::StatusOr<DevicePlan> DevicePlan::Settle(const std::string& me,
                     absl::StrCat("worker '", me, "': publishing its devices"));
   }
   std::map<std::string, DeviceRecord> records;
+  const absl::Time deadline = absl::Now() + timeout;  // For all the peers.
   for (const std::string& peer : options.maps.peers()) {
     const std::string key = DeviceRecordKey(peer);
-    absl::Status waited = store.Wait({key}, timeout);
+    const absl::Duration left =
+        std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::Status waited = store.Wait({key}, left);
     if (!waited.ok()) {
       return Annotate(waited,
                       absl::StrCat("worker '", me, "': waiting ",

@@ -90,8 +90,8 @@ absl::StatusOr<DeviceOptions> ParseDeviceOptions(
 class DevicePlan {
  public:
   /// Publishes `me`'s record in `store`, then reads the record of every
-  /// peer `options.maps` names (each wait bounded by `timeout`), checks the
-  /// maps against them and picks each pair's path.
+  /// peer `options.maps` names (all the waits together bounded by
+  /// `timeout`), checks the maps against them and picks each pair's path.
   static absl::StatusOr<DevicePlan> Settle(const std::string& me,
                                            const DeviceOptions& options,
                                            Store& store,
