@@ -480,16 +480,7 @@ void TcpStoreRelay::Loop::Handle(LocalConn* c, Request& r) {
   }
 }
 
-// Queues `r` upstream. A GET, single-key CHECK or ADD may instead join an
-// identical unsent request (an ADD: any unsent ADD on the key whose deltas
-// have the same sign) when that request stands after everything this client
-// sent before: the client's order is kept, and since the joined request is
-// not sent yet, its answer reflects a moment after this request arrived.
-// An ADD joins only when no client of the request has sent anything after
-// it, and then holds them all (HoldAdd) until it is answered: if the server
-// refuses the sum, the adds go again one by one before anything those
-// clients send next.
-// (JoinTarget: the request Forward would join.)
+// The unsent request client `c`'s `r` may join (see Forward), or null.
 UpReq* TcpStoreRelay::Loop::JoinTarget(const LocalConn* c, const Request& r) {
   auto it = joinable.find(JoinKey(r));
   if (it == joinable.end() || it->second->seq < c->last_seq) return nullptr;
@@ -502,12 +493,23 @@ UpReq* TcpStoreRelay::Loop::JoinTarget(const LocalConn* c, const Request& r) {
       __builtin_add_overflow(t->req.delta, r.delta, &sum)) {
     return nullptr;
   }
-  for (const SlotPtr& s : t->slots) {
-    if (s->conn != nullptr && s->conn->last_seq != t->seq) return nullptr;
-  }
+  // Its clients must have sent nothing after it. Once a second ADD joined,
+  // HoldAdd holds every client of `t` and a held client sends only ADDs
+  // joining `t`, so only the first client needs looking at.
+  const LocalConn* first = t->slots.front()->conn;
+  if (first != nullptr && first->last_seq != t->seq) return nullptr;
   return t;
 }
 
+// Queues `r` upstream. A GET, single-key CHECK or ADD may instead join an
+// identical unsent request (an ADD: any unsent ADD on the key whose deltas
+// have the same sign) when that request stands after everything this client
+// sent before: the client's order is kept, and since the joined request is
+// not sent yet, its answer reflects a moment after this request arrived.
+// An ADD joins only when no client of the request has sent anything after
+// it, and then holds them all (HoldAdd) until it is answered: if the server
+// refuses the sum, the adds go again one by one before anything those
+// clients send next.
 void TcpStoreRelay::Loop::Forward(LocalConn* c, Request& r, SlotPtr slot,
                                   bool may_join) {
   if (may_join) {
