@@ -150,7 +150,10 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
     // CUDA then learns it has none); settled before serving, so the
     // inspector below never reads it while it is written.
     auto* grpc = dynamic_cast<rpc::GrpcAgent*>(&agent);
-    if (grpc == nullptr) return absl::InternalError("not a GrpcAgent");
+    if (grpc == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "InitWorker('", w.options.name, "'): the agent is not a GrpcAgent"));
+    }
     ASSIGN_OR_RETURN(w.device_plan,
                      DevicePlan::Settle(w.options.name, w.devices,
                                         grpc->store(), w.options.join_timeout));
