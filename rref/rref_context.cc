@@ -990,15 +990,21 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
     return state->creation_value_->Then(
         [weak, state = state, timeout, context = rpc::CurrentContext()](
             const Result<std::optional<Value>>& v) mutable -> Future<Value> {
+          // Released here, before the caller sees the value: the future
+          // destroys this continuation only after waking the caller, and a
+          // handle the caller dropped meanwhile would then die on this
+          // thread, its deletion racing the caller's next request to the
+          // owner (which would have carried it).
+          std::shared_ptr<RRefState> held = std::move(state);
           if (v.ok() && v->has_value()) return MakeReadyFuture<Value>(**v);
           std::shared_ptr<RRefContext> ctx = weak.lock();
           if (ctx == nullptr) {
             return MakeErrorFuture<Value>(absl::UnavailableError(
-                absl::StrCat("to_here of ", state->DebugString(),
+                absl::StrCat("to_here of ", held->DebugString(),
                              ": the RRef context is gone")));
           }
           rpc::ScopedContext installed(context);
-          return ctx->Fetch(state, timeout);  // Not carried, or failed.
+          return ctx->Fetch(held, timeout);  // Not carried, or failed.
         });
   }
   return FetchFromOwner(state, timeout);

@@ -148,6 +148,25 @@ TEST_F(RRefTest, RemoteThenToHere) {
   ExpectAllReleased();
 }
 
+// A to_here() issued before the creation reply is served by the value the
+// reply carries. Its continuation must let go of the handle before the caller
+// gets the value: otherwise a handle the caller then drops dies later on the
+// reply's thread, and its deletion misses the caller's next request to the
+// owner and goes alone (one extra request per remote()+to_here() in
+// bench/rref's remote_to_here_messages). Checked at once, without waiting.
+TEST_F(RRefTest, ToHereKeepsNoReferenceAfterReturning) {
+  for (int i = 0; i < 50; ++i) {
+    {
+      RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", i, 1);
+      absl::StatusOr<int64_t> v = r.to_here(kWait);
+      ASSERT_TRUE(v.ok()) << v.status();
+      EXPECT_EQ(*v, i + 1);
+    }
+    ASSERT_EQ(ctx_["a"]->num_users(), 0u) << "after call " << i;
+  }
+  ExpectAllReleased();
+}
+
 TEST_F(RRefTest, LocalRRefAndLocalValue) {
   RRef<int64_t> r = MakeLocalRRef<int64_t>(*ctx_["a"], 41);
   EXPECT_TRUE(r.is_owner());
