@@ -8,9 +8,65 @@
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/autograd/node.h"
 #include "ferry/common/status.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::ddp {
 namespace {
+
+// Gradients on a CUDA device are bucketed and copied by the compute backend
+// their storage carries (tensor/cuda/device_ops.h); CPU ones by tensor ops.
+absl::StatusOr<cuda::DeviceOps*> OpsOf(const Tensor& t, const char* what) {
+  cuda::DeviceOps* ops = cuda::DeviceOpsOf(t);
+  if (ops == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DDP: ", what, " on ", t.device().ToString(),
+        " has no compute backend (a device tensor made without a CudaContext, "
+        "e.g. by DLPack import, cannot be reduced)"));
+  }
+  return ops;
+}
+
+// dst = src (same shape and dtype; both on dst's device).
+absl::Status CopyInto(const Tensor& dst, const Tensor& src) {
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    Tensor(dst).copy_(src);
+    return absl::OkStatus();
+  }
+  if (dst.device() != src.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DDP: a gradient on ", src.device().ToString(),
+        " for a bucket on ", dst.device().ToString()));
+  }
+  ASSIGN_OR_RETURN(cuda::DeviceOps * ops, OpsOf(dst, "a bucket"));
+  return ops->CopyInto(dst, src);
+}
+
+absl::Status ZeroOut(const Tensor& t) {
+  if (t.device().is_cpu()) {
+    Tensor(t).zero_();
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(cuda::DeviceOps * ops, OpsOf(t, "a bucket"));
+  return ops->Fill(t, 0);
+}
+
+// A contiguous copy of `t` on its device.
+absl::StatusOr<Tensor> CloneOf(const Tensor& t) {
+  if (t.device().is_cpu()) return t.clone();
+  ASSIGN_OR_RETURN(cuda::DeviceOps * ops, OpsOf(t, "a gradient"));
+  ASSIGN_OR_RETURN(Tensor out, ops->Empty(t.sizes(), t.dtype(), t.device()));
+  RETURN_IF_ERROR(ops->CopyInto(out, t));
+  return out;
+}
+
+// A zeroed flat buffer of `numel` elements like `like` (its dtype, device).
+absl::StatusOr<Tensor> ZeroBuffer(int64_t numel, const Tensor& like) {
+  if (like.device().is_cpu()) return zeros({numel}, like.dtype());
+  ASSIGN_OR_RETURN(cuda::DeviceOps * ops, OpsOf(like, "a parameter"));
+  ASSIGN_OR_RETURN(Tensor out, ops->Empty({numel}, like.dtype(), like.device()));
+  RETURN_IF_ERROR(ops->Fill(out, 0));
+  return out;
+}
 
 // The hook's result future for `out` once `work` completes.
 Future<Tensor> WhenDone(const std::shared_ptr<c10d::Work>& work, Tensor out) {
@@ -22,7 +78,13 @@ Future<Tensor> WhenDone(const std::shared_ptr<c10d::Work>& work, Tensor out) {
 }
 
 CommHook CompressHook(DType wire) {
-  return [wire](c10d::ProcessGroup& pg, const GradBucket& b) {
+  return [wire](c10d::ProcessGroup& pg, const GradBucket& b) -> Future<Tensor> {
+    if (!b.buffer.device().is_cpu()) {
+      return MakeErrorFuture<Tensor>(absl::UnimplementedError(absl::StrCat(
+          "DDP ", DTypeName(wire), " compression hook: bucket ", b.index,
+          " is on ", b.buffer.device().ToString(),
+          ", and converting dtypes on a device is not built yet")));
+    }
     Tensor compressed = b.buffer.div(b.world_size).to(wire);
     return WhenDone(pg.Allreduce(compressed), compressed);
   };
@@ -31,10 +93,20 @@ CommHook CompressHook(DType wire) {
 }  // namespace
 
 CommHook AllreduceHook() {
-  return [](c10d::ProcessGroup& pg, const GradBucket& b) {
+  return [](c10d::ProcessGroup& pg, const GradBucket& b) -> Future<Tensor> {
     Tensor buffer = b.buffer;
-    buffer.div_(b.world_size);
-    return WhenDone(pg.Allreduce(buffer), buffer);
+    if (buffer.device().is_cpu()) {
+      buffer.div_(b.world_size);
+      return WhenDone(pg.Allreduce(buffer), buffer);
+    }
+    // On a device: the quotient is a new tensor, reduced in place; the
+    // reducer copies it back into the bucket.
+    absl::StatusOr<cuda::DeviceOps*> ops = OpsOf(buffer, "a bucket");
+    if (!ops.ok()) return MakeErrorFuture<Tensor>(ops.status());
+    absl::StatusOr<Tensor> scaled = (*ops)->Scalar(
+        cuda::math::BinaryOp::kDiv, buffer, static_cast<double>(b.world_size));
+    if (!scaled.ok()) return MakeErrorFuture<Tensor>(scaled.status());
+    return WhenDone(pg.Allreduce(*scaled), *scaled);
   };
 }
 
@@ -80,6 +152,20 @@ absl::StatusOr<std::shared_ptr<Reducer>> Reducer::Create(
           "' must be a contiguous floating leaf that requires grad"));
     }
   }
+  // One device per model: buckets are flat tensors on it.
+  const auto& [first_name, first] = named_params[0];
+  for (const auto& [name, p] : named_params) {
+    if (p.device() != first.device()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DDP: parameter '", name, "' is on ", p.device().ToString(),
+          " but parameter '", first_name, "' is on ",
+          first.device().ToString(), ": a replica's parameters share a device"));
+    }
+    if (!p.device().is_cpu()) {
+      RETURN_IF_ERROR(
+          OpsOf(p, absl::StrCat("parameter '", name, "'").c_str()).status());
+    }
+  }
   if (options.first_bucket_bytes <= 0 || options.bucket_cap_bytes <= 0)
     return absl::InvalidArgumentError("DDP: bucket caps must be positive");
   if (options.comm_hook == nullptr) options.comm_hook = AllreduceHook();
@@ -90,9 +176,9 @@ absl::StatusOr<std::shared_ptr<Reducer>> Reducer::Create(
     reverse[i] = static_cast<int>(reverse.size() - 1 - i);
   {
     MutexLock l(&r->mu_);
-    r->BuildBuckets(AssignBuckets(r->params_, reverse,
-                                  r->options_.first_bucket_bytes,
-                                  r->options_.bucket_cap_bytes));
+    RETURN_IF_ERROR(r->BuildBuckets(AssignBuckets(
+        r->params_, reverse, r->options_.first_bucket_bytes,
+        r->options_.bucket_cap_bytes)));
   }
   std::weak_ptr<Reducer> weak = r;
   for (size_t i = 0; i < r->params_.size(); ++i) {
@@ -130,7 +216,8 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_params,
     index_of_[params_[i].autograd_meta()] = static_cast<int>(i);
 }
 
-void Reducer::BuildBuckets(const std::vector<std::vector<int>>& groups) {
+absl::Status Reducer::BuildBuckets(
+    const std::vector<std::vector<int>>& groups) {
   const size_t n = params_.size();
   bucket_of_.assign(n, -1);
   position_of_.assign(n, -1);
@@ -146,7 +233,7 @@ void Reducer::BuildBuckets(const std::vector<std::vector<int>>& groups) {
       b.offsets.push_back(numel);
       numel += params_[index].numel();
     }
-    b.buffer = zeros({numel}, params_[group[0]].dtype());
+    ASSIGN_OR_RETURN(b.buffer, ZeroBuffer(numel, params_[group[0]]));
     for (size_t k = 0; k < group.size(); ++k) {
       const int index = group[k];
       bucket_of_[index] = static_cast<int>(buckets_.size());
@@ -157,23 +244,27 @@ void Reducer::BuildBuckets(const std::vector<std::vector<int>>& groups) {
     }
     buckets_.push_back(std::move(b));
   }
-  if (!options_.gradient_as_bucket_view) return;
+  if (!options_.gradient_as_bucket_view) return absl::OkStatus();
   // .grad becomes the bucket view, keeping any gradient already there.
   for (size_t i = 0; i < n; ++i) {
     Tensor g = autograd::GradOf(params_[i]);
-    if (g.defined()) Tensor(views_[i]).copy_(g);
+    if (g.defined()) RETURN_IF_ERROR(CopyInto(views_[i], g));
     autograd::SetGrad(params_[i], views_[i]);
   }
+  return absl::OkStatus();
 }
 
 void Reducer::CopyIntoSlot(int index) {
   Tensor slot = views_[index];
   Tensor g = autograd::GradOf(params_[index]);
   if (g.defined() && g.is_same(slot)) return;  // Already the bucket view.
-  if (g.defined()) {
-    slot.copy_(g);
-  } else {
-    slot.zero_();
+  absl::Status s = g.defined() ? CopyInto(slot, g) : ZeroOut(slot);
+  if (!s.ok() && deferred_.ok()) {
+    // The bucket still launches (every rank issues the same collectives);
+    // Finish reports this and breaks the reducer.
+    deferred_ = Annotate(s, absl::StrCat("DDP on rank ", pg_->rank(),
+                                         ": bucketing parameter '",
+                                         names_[index], "'"));
   }
   if (options_.gradient_as_bucket_view) autograd::SetGrad(params_[index], slot);
 }
@@ -226,7 +317,10 @@ absl::Status Reducer::CompleteBucket(int k) {
         absl::StrCat(where, ": comm hook returned ", r->numel(),
                      " elements, not ", b.buffer.numel()));
   }
-  if (!r->is_same(b.buffer)) b.buffer.copy_(r->reshape({b.buffer.numel()}));
+  if (!r->is_same(b.buffer)) {
+    RETURN_IF_ERROR(Annotate(CopyInto(b.buffer, r->reshape({b.buffer.numel()})),
+                             where));
+  }
   std::vector<Tensor> params, grads;
   for (int i : b.params) {
     params.push_back(params_[i]);
@@ -234,9 +328,12 @@ absl::Status Reducer::CompleteBucket(int k) {
     if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
     Tensor g = autograd::GradOf(params_[i]);
     if (g.defined()) {
-      g.copy_(views_[i]);  // In place: the caller's .grad tensor.
+      // In place: the caller's .grad tensor.
+      RETURN_IF_ERROR(Annotate(CopyInto(g, views_[i]), where));
     } else {
-      autograd::SetGrad(params_[i], views_[i].clone());
+      absl::StatusOr<Tensor> copy = CloneOf(views_[i]);
+      if (!copy.ok()) return Annotate(copy.status(), where);
+      autograd::SetGrad(params_[i], *copy);
     }
   }
   if (!options_.optimizer_in_backward) return absl::OkStatus();
@@ -373,9 +470,9 @@ absl::Status Reducer::Rebuild() {
     seen[v] = true;
     agreed.push_back(static_cast<int>(v));
   }
-  BuildBuckets(AssignBuckets(params_, agreed, options_.first_bucket_bytes,
-                             options_.bucket_cap_bytes));
-  return absl::OkStatus();
+  return BuildBuckets(AssignBuckets(params_, agreed,
+                                    options_.first_bucket_bytes,
+                                    options_.bucket_cap_bytes));
 }
 
 std::vector<std::vector<int>> Reducer::buckets() const {

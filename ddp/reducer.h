@@ -159,9 +159,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
           std::shared_ptr<c10d::ProcessGroup> pg, ReducerOptions options);
 
   // Builds buckets_ from parameter index lists; re-points .grad views.
-  void BuildBuckets(const std::vector<std::vector<int>>& groups)
+  // Fails only when a device buffer cannot be made (out of memory).
+  absl::Status BuildBuckets(const std::vector<std::vector<int>>& groups)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts the parameter's current .grad (or zeros) into its slot.
+  // Puts the parameter's current .grad (or zeros) into its slot; a device
+  // copy's failure is kept in deferred_ for Finish.
   void CopyIntoSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkReady(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchReadyBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

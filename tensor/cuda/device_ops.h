@@ -63,6 +63,8 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::Status Fill(const Tensor& x, double value) = 0;
   /// acc += x (same shape; acc contiguous).
   virtual absl::Status AddInPlace(const Tensor& acc, const Tensor& x) = 0;
+  /// dst = x (same shape and dtype; dst contiguous, x any strides).
+  virtual absl::Status CopyInto(const Tensor& dst, const Tensor& x) = 0;
   /// Sum of every element, 0-d.
   virtual absl::StatusOr<Tensor> Sum(const Tensor& x) = 0;
   /// Sum over `dim`.

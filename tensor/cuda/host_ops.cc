@@ -152,6 +152,22 @@ class HostOps final : public ContextBoundOps {
     return absl::OkStatus();
   }
 
+  absl::Status CopyInto(const Tensor& dst, const Tensor& x) override {
+    absl::ReaderMutexLock lock(&mu_);
+    RETURN_IF_ERROR(Check("copy_", {&dst, &x}, 2).status());
+    if (dst.sizes() != x.sizes() || !dst.is_contiguous()) {
+      return Bad("copy_", "needs a contiguous dst of x's shape", {&dst, &x});
+    }
+    dst.storage().BumpVersion();
+    const math::StridedIndexer ix = Strided(x, dst.sizes());
+    ForFloat(dst.dtype(), [&]<typename T>() {
+      T* pd = At<T>(dst);
+      const T* px = At<T>(x);
+      for (int64_t i = 0; i < dst.numel(); ++i) pd[i] = px[ix.Offset(i)];
+    });
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<Tensor> Sum(const Tensor& x) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c, Check("sum", {&x}, 1));

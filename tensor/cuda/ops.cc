@@ -296,6 +296,24 @@ absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
   return Launched("add_", dev, code, {{"acc", &acc}, {"x", &x}});
 }
 
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& x) {
+  ASSIGN_OR_RETURN(int dev,
+                   Check(ctx, "copy_", {{"dst", &dst}, {"x", &x}}, 2));
+  RETURN_IF_ERROR(SameShape("copy_", {{"dst", &dst}, {"x", &x}}));
+  if (!dst.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda copy_: dst is not contiguous (dst: ", Describe(dst), ")"));
+  }
+  DeviceGuard guard(dev);
+  const math::StridedIndexer ix = Indexer(x, x.sizes());
+  dst.storage().BumpVersion();
+  const int code = Floating(dst.dtype(), [&]<typename T>() {
+    return kernels::Unary<T>(math::UnaryOp::kCopy, Ptr<T>(x), ix, Ptr<T>(dst),
+                             x.numel(), ctx.stream(dev));
+  });
+  return Launched("copy_", dev, code, {{"dst", &dst}, {"x", &x}});
+}
+
 absl::StatusOr<Tensor> Scalar(CudaContext& ctx, math::BinaryOp op,
                               const Tensor& x, double s) {
   ASSIGN_OR_RETURN(int dev, Check(ctx, "scalar", {{"x", &x}}, 1));
@@ -713,6 +731,9 @@ class CudaOps final : public ContextBoundOps {
   }
   absl::Status AddInPlace(const Tensor& acc, const Tensor& x) override {
     FERRY_CUDA_OPS_CALL("add_", cuda::AddInPlace(*c, acc, x));
+  }
+  absl::Status CopyInto(const Tensor& dst, const Tensor& x) override {
+    FERRY_CUDA_OPS_CALL("copy_", cuda::CopyInto(*c, dst, x));
   }
   absl::StatusOr<Tensor> Sum(const Tensor& x) override {
     FERRY_CUDA_OPS_CALL("sum", cuda::Sum(*c, x));

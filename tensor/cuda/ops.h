@@ -52,6 +52,8 @@ absl::StatusOr<Tensor> Contiguous(CudaContext& ctx, const Tensor& x);
 absl::Status Fill(CudaContext& ctx, const Tensor& x, double value);
 /// acc += x (same shape, acc contiguous): gradient accumulation on device.
 absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x);
+/// dst = x (same shape and dtype, dst contiguous): a bucket's slot.
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& x);
 
 /// Sum of all elements, 0-d.
 absl::StatusOr<Tensor> Sum(CudaContext& ctx, const Tensor& x);
