@@ -11,6 +11,13 @@
 // accuracy. At the end all ranks all-gather their parameters and check they
 // are bit-identical; the exit status is 1 otherwise (or when accuracy stays
 // below --target_accuracy).
+//
+// --device=cuda trains on the GPU: parameters, gradients and DDP's buckets
+// on cuda:(LOCAL_RANK mod GPUs), the buckets all-reduced by NCCL (group
+// "cpu:gloo,cuda:nccl"; metadata stays on Gloo). Ranks beyond the GPU count
+// share devices: NCCL refuses two ranks of one host on one device, so each
+// such rank takes its own NCCL_HOSTID and NCCL treats them as separate
+// hosts. Built without CUDA, or run without a GPU, it exits 2 naming why.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +35,9 @@
 #include "ferry/ddp.h"
 #include "ferry/ferry.h"
 #include "ferry/store.h"
+#ifdef FERRY_DDP_EXAMPLE_CUDA
+#include "ferry/tensor/cuda/ops.h"
+#endif
 
 ABSL_FLAG(int64_t, steps, 300, "training steps");
 ABSL_FLAG(int64_t, batch, 32, "rows per rank per step");
@@ -37,6 +47,7 @@ ABSL_FLAG(double, lr, 0.05, "SGD learning rate");
 ABSL_FLAG(double, target_accuracy, 0.9, "held-out accuracy to reach");
 ABSL_FLAG(bool, fp16, false, "compress gradients to float16 on the wire");
 ABSL_FLAG(bool, bucket_view, true, "gradients as views into bucket buffers");
+ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda (see the top)");
 
 namespace ferry {
 namespace {
@@ -78,7 +89,8 @@ int EnvInt(const char* name, int fallback) {
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> InitGroup() {
+absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> InitGroup(
+    const std::string& backend) {
   const int rank = EnvInt("RANK", 0);
   const int world = EnvInt("WORLD_SIZE", 1);
   const char* addr = std::getenv("MASTER_ADDR");
@@ -98,12 +110,61 @@ absl::StatusOr<std::shared_ptr<c10d::ProcessGroup>> InitGroup() {
   o.rank = rank;
   o.world_size = world;
   o.group.timeout = absl::Seconds(60);
+  if (!backend.empty()) o.group.backend = backend;
   return c10d::InitProcessGroup(std::move(o));
 }
 
-double Accuracy(nn::Module& model, const Data& d) {
+// Where the model trains: the CPU, or a GPU with its compute context.
+struct Place {
+  Device device;
+  cuda::DeviceOps* ops = nullptr;  // Null on the CPU.
+#ifdef FERRY_DDP_EXAMPLE_CUDA
+  std::unique_ptr<cuda::CudaContext> ctx;
+#endif
+  // `t` where the model is.
+  absl::StatusOr<Tensor> Put(const Tensor& t) const {
+    if (ops == nullptr) return t;
+    return ops->To(t, device);
+  }
+  // `t` on the CPU.
+  absl::StatusOr<Tensor> Get(const Tensor& t) const {
+    if (ops == nullptr || t.device().is_cpu()) return t;
+    return ops->To(t, Device::CPU());
+  }
+};
+
+absl::StatusOr<Place> MakePlace(const std::string& device) {
+  Place place;
+  if (device == "cpu") return place;
+  if (device != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device=", device, " is not cpu or cuda"));
+  }
+#ifdef FERRY_DDP_EXAMPLE_CUDA
+  ASSIGN_OR_RETURN(place.ctx, cuda::CreateComputeContext({}));
+  const int local = EnvInt("LOCAL_RANK", EnvInt("RANK", 0));
+  const int gpus = place.ctx->device_count();
+  place.device = Device::CUDA(local % gpus);
+  place.ops = place.ctx->compute();
+  if (local >= gpus) {
+    // Shares a device with a lower local rank (see the top).
+    setenv("NCCL_HOSTID", absl::StrCat("ferry-ddp-local-rank-", local).c_str(),
+           1);
+  }
+  return place;
+#else
+  return absl::FailedPreconditionError(
+      "--device=cuda: this binary was built without CUDA");
+#endif
+}
+
+double Accuracy(nn::Module& model, const Data& d, const Place& place) {
   autograd::NoGradGuard no_grad;
-  std::vector<float> logits = model.Forward(d.x).to_vector<float>();
+  absl::StatusOr<Tensor> x = place.Put(d.x);
+  if (!x.ok()) return 0;
+  absl::StatusOr<Tensor> out = place.Get(model.Forward(*x));
+  if (!out.ok()) return 0;
+  std::vector<float> logits = out->to_vector<float>();
   std::vector<int64_t> y = d.y.to_vector<int64_t>();
   int64_t correct = 0;
   for (size_t i = 0; i < y.size(); ++i) {
@@ -117,9 +178,13 @@ double Accuracy(nn::Module& model, const Data& d) {
 }
 
 // Whether every rank holds exactly rank 0's parameter bits.
-absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg, nn::Module& model) {
+absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg, nn::Module& model,
+                                  const Place& place) {
   std::vector<Tensor> flat;
-  for (const Tensor& p : model.parameters()) flat.push_back(p.reshape({-1}));
+  for (const Tensor& p : model.parameters()) {
+    ASSIGN_OR_RETURN(Tensor host, place.Get(autograd::Detach(p)));
+    flat.push_back(host.reshape({-1}));
+  }
   Tensor mine = autograd::Detach(autograd::cat(flat, 0));
   std::vector<Tensor> all;
   for (int r = 0; r < pg.size(); ++r) all.push_back(empty_like(mine));
@@ -132,7 +197,12 @@ absl::StatusOr<bool> BitIdentical(c10d::ProcessGroup& pg, nn::Module& model) {
 }
 
 int Run() {
-  auto pg = InitGroup();
+  auto place = MakePlace(absl::GetFlag(FLAGS_device));
+  if (!place.ok()) {
+    std::cerr << "ddp example: " << place.status() << "\n";
+    return 2;
+  }
+  auto pg = InitGroup(place->ops != nullptr ? "cpu:gloo,cuda:nccl" : "");
   if (!pg.ok()) {
     std::cerr << "ddp example: " << pg.status() << "\n";
     return 2;
@@ -142,6 +212,12 @@ int Run() {
   const int64_t batch = absl::GetFlag(FLAGS_batch);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   auto model = Mlp(absl::GetFlag(FLAGS_hidden), 11 + 100 * rank);
+  if (place->ops != nullptr) {
+    if (absl::Status s = model->to(place->device, place->ops); !s.ok()) {
+      std::cerr << "ddp example: " << s << "\n";
+      return 2;
+    }
+  }
   ddp::DdpOptions o;
   o.gradient_as_bucket_view = absl::GetFlag(FLAGS_bucket_view);
   if (absl::GetFlag(FLAGS_fp16)) o.comm_hook = ddp::Fp16CompressHook();
@@ -159,6 +235,16 @@ int Run() {
   const int64_t n = steps * world * batch;
   Data train = Clusters(n, 1);
   Data test = Clusters(1024, 2);
+  if (place->ops != nullptr) {  // The whole training set on the device.
+    auto x = place->Put(train.x);
+    auto y = place->Put(train.y);
+    if (!x.ok() || !y.ok()) {
+      std::cerr << "ddp example: " << (x.ok() ? y.status() : x.status())
+                << "\n";
+      return 2;
+    }
+    train = {*x, *y};
+  }
   const int64_t log_every = absl::GetFlag(FLAGS_log_every);
   absl::Time window = absl::Now();
   for (int64_t step = 1; step <= steps; ++step) {
@@ -167,7 +253,16 @@ int Run() {
     Tensor y = train.y.slice(0, at, at + batch);
     for (const Tensor& p : model->parameters()) {
       Tensor g = autograd::GradOf(p);
-      if (g.defined()) g.zero_();  // In place: keeps bucket views.
+      if (!g.defined()) continue;
+      // In place: keeps bucket views.
+      if (place->ops != nullptr) {
+        if (absl::Status z = place->ops->Fill(g, 0); !z.ok()) {
+          std::cerr << "ddp example: " << z << "\n";
+          return 2;
+        }
+      } else {
+        g.zero_();
+      }
     }
     Tensor loss = loss_fn((*ddp)->Forward(x), y);
     absl::Status s = (*ddp)->Backward(loss);
@@ -178,21 +273,24 @@ int Run() {
     }
     if (rank == 0 && log_every > 0 && step % log_every == 0) {
       const double secs = absl::ToDoubleSeconds(absl::Now() - window);
-      std::cout << "step " << step << " loss " << loss.item()
+      absl::StatusOr<Tensor> l = place->Get(loss);
+      std::cout << "step " << step << " loss "
+                << (l.ok() ? l->item() : -1.0)
                 << " samples/s "
                 << static_cast<int64_t>(log_every * world * batch / secs)
                 << std::endl;
       window = absl::Now();
     }
   }
-  auto same = BitIdentical(**pg, *model);
+  auto same = BitIdentical(**pg, *model, *place);
   if (!same.ok()) {
     std::cerr << "ddp example: " << same.status() << "\n";
     return 2;
   }
-  const double acc = Accuracy(*model, test);
+  const double acc = Accuracy(*model, test, *place);
   if (rank == 0) {
-    std::cout << "held-out accuracy " << acc << "\n"
+    std::cout << "device " << place->device.ToString() << "\n"
+              << "held-out accuracy " << acc << "\n"
               << "parameters " << (*same ? "bit-identical" : "DIFFER")
               << " across " << world << " ranks" << std::endl;
   }
