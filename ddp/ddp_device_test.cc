@@ -19,6 +19,7 @@
 #include "ferry/c10d/testing/host_device_backend.h"
 #include "ferry/ddp/distributed_data_parallel.h"
 #include "ferry/ddp/optimizer_in_backward.h"
+#include "ferry/ddp/test_model.h"
 #include "ferry/optim/optim.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/cuda/context.h"
@@ -37,25 +38,14 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kTimeout = absl::Seconds(30);
 constexpr double kRtol = 1e-10;
 constexpr double kAtol = 1e-12;
-constexpr int64_t kBatch = 4;  // Rows per rank.
 constexpr int kSteps = 3;
 constexpr double kLr = 0.1;
 
-std::shared_ptr<nn::Sequential> MakeMlp(uint64_t seed) {
-  auto m = std::make_shared<nn::Sequential>();
-  m->Append(std::make_shared<nn::Linear>(5, 8, seed, true, DType::kFloat64));
-  m->Append(std::make_shared<nn::Tanh>());
-  m->Append(
-      std::make_shared<nn::Linear>(8, 3, seed + 10, true, DType::kFloat64));
-  return m;
-}
-
-Tensor Inputs(int step, int world) {
-  return randn({world * kBatch, 5}, 1000 + step, DType::kFloat64);
-}
-Tensor Targets(int step, int world) {
-  return randn({world * kBatch, 3}, 2000 + step, DType::kFloat64);
-}
+using testing::Inputs;
+using testing::kBatch;
+using testing::MakeMlp;
+using testing::Shard;
+using testing::Targets;
 
 absl::Status Step(nn::Module& m) {
   optim::SgdState state;
@@ -64,21 +54,6 @@ absl::Status Step(nn::Module& m) {
   std::vector<Tensor> params = m.parameters(), grads;
   for (const Tensor& p : params) grads.push_back(autograd::GradOf(p));
   return optim::SgdStep(params, grads, state, o);
-}
-
-// One process on the concatenated batch, on the CPU.
-std::vector<Tensor> Reference(int world) {
-  auto m = MakeMlp(100);
-  for (int step = 0; step < kSteps; ++step) {
-    m->ZeroGrad();
-    Tensor loss = autograd::mse_loss(m->Forward(Inputs(step, world)),
-                                     Targets(step, world));
-    EXPECT_TRUE(autograd::Backward({loss}).ok());
-    EXPECT_TRUE(Step(*m).ok());
-  }
-  std::vector<Tensor> out;
-  for (const Tensor& p : m->parameters()) out.push_back(p.clone());
-  return out;
 }
 
 // One rank's device context and group.
@@ -168,7 +143,7 @@ struct Case {
 TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
   for (const Case c : {Case{2, int64_t{1} << 30, false, false},
                        Case{3, 8, true, false}, Case{2, 8, false, true}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << c.world << " ranks, cap " << c.cap << ", view " << c.view
                  << ", step in backward " << c.in_backward);
     std::vector<std::vector<Tensor>> result(c.world);
@@ -192,9 +167,9 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
       for (int step = 0; step < kSteps; ++step) {
         model->ZeroGrad();
         Tensor x = rank.Dev(
-            Inputs(step, c.world).slice(0, r * kBatch, (r + 1) * kBatch));
+            Shard(Inputs(step, c.world), r));
         Tensor y = rank.Dev(
-            Targets(step, c.world).slice(0, r * kBatch, (r + 1) * kBatch));
+            Shard(Targets(step, c.world), r));
         Tensor loss = autograd::mse_loss((*ddp)->Forward(x), y);
         absl::Status s = (*ddp)->Backward(loss);
         ASSERT_TRUE(s.ok()) << s;
@@ -208,7 +183,8 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
         result[r].push_back(rank.Host(p));
     });
     if (HasFatalFailure() || IsSkipped()) return;
-    const std::vector<Tensor> expected = Reference(c.world);
+    const std::vector<Tensor> expected =
+        testing::TrainedReference(c.world, kSteps, kLr);
     for (int r = 0; r < c.world; ++r) {
       EXPECT_EQ(grad_devices[r], r == 0 || GetParam() == "host"
                                      ? "cuda:0"
@@ -237,9 +213,9 @@ TEST_P(DdpDeviceTest, NoSyncAccumulatesOnTheDeviceThenReducesTheSum) {
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     for (int step = 0; step < 2; ++step) {
       Tensor x =
-          rank.Dev(Inputs(step, kWorld).slice(0, r * kBatch, (r + 1) * kBatch));
+          rank.Dev(Shard(Inputs(step, kWorld), r));
       Tensor y = rank.Dev(
-          Targets(step, kWorld).slice(0, r * kBatch, (r + 1) * kBatch));
+          Shard(Targets(step, kWorld), r));
       Tensor loss = autograd::mse_loss((*ddp)->Forward(x), y);
       if (step == 0) {
         auto guard = (*ddp)->NoSync();
@@ -253,18 +229,11 @@ TEST_P(DdpDeviceTest, NoSyncAccumulatesOnTheDeviceThenReducesTheSum) {
       synced[r].push_back(rank.Host(autograd::GradOf(p)));
   });
   if (HasFatalFailure() || IsSkipped()) return;
-  auto m = MakeMlp(100);
-  for (int step = 0; step < 2; ++step) {
-    Tensor loss = autograd::mse_loss(m->Forward(Inputs(step, kWorld)),
-                                     Targets(step, kWorld));
-    ASSERT_TRUE(autograd::Backward({loss}).ok());
-  }
-  std::vector<Tensor> params = m->parameters();
+  const std::vector<Tensor> want = testing::AccumulatedReference(kWorld, 2);
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(bytes_after_local[r], 0) << "the no_sync pass communicated";
-    for (size_t i = 0; i < params.size(); ++i) {
-      EXPECT_TRUE(
-          synced[r][i].allclose(autograd::GradOf(params[i]), kRtol, kAtol))
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(synced[r][i].allclose(want[i], kRtol, kAtol))
           << "rank " << r << " param " << i;
     }
   }
@@ -282,9 +251,9 @@ TEST_P(DdpDeviceTest, CompressionHookOnDeviceFailsNamingTheBucket) {
     o.comm_hook = Bf16CompressHook();
     auto ddp = DistributedDataParallel::Create(model, rank.pg, o);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
-    Tensor x = rank.Dev(Inputs(0, kWorld).slice(0, r * kBatch, (r + 1) * kBatch));
+    Tensor x = rank.Dev(Shard(Inputs(0, kWorld), r));
     Tensor y =
-        rank.Dev(Targets(0, kWorld).slice(0, r * kBatch, (r + 1) * kBatch));
+        rank.Dev(Shard(Targets(0, kWorld), r));
     absl::Status s =
         (*ddp)->Backward(autograd::mse_loss((*ddp)->Forward(x), y));
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;

@@ -18,6 +18,7 @@
 #include "ferry/common/sync.h"
 #include "ferry/ddp/distributed_data_parallel.h"
 #include "ferry/ddp/optimizer_in_backward.h"
+#include "ferry/ddp/test_model.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "ferry/optim/optim.h"
@@ -56,37 +57,12 @@ void RunRanks(int n, const Body& body, absl::Duration timeout = kTimeout,
       });
 }
 
-// A small MLP; `seed` differs per rank so construction must broadcast.
-std::shared_ptr<nn::Sequential> MakeMlp(uint64_t seed) {
-  auto m = std::make_shared<nn::Sequential>();
-  m->Append(std::make_shared<nn::Linear>(5, 8, seed, true, DType::kFloat64));
-  m->Append(std::make_shared<nn::Tanh>());
-  m->Append(
-      std::make_shared<nn::Linear>(8, 6, seed + 10, true, DType::kFloat64));
-  m->Append(std::make_shared<nn::Tanh>());
-  m->Append(
-      std::make_shared<nn::Linear>(6, 3, seed + 20, true, DType::kFloat64));
-  return m;
-}
-
-constexpr int64_t kBatch = 4;  // Rows per rank.
-
-// Step `step`'s inputs and targets for `world` ranks: [world*kBatch, .].
-Tensor Inputs(int step, int world) {
-  return randn({world * kBatch, 5}, 1000 + step, DType::kFloat64);
-}
-Tensor Targets(int step, int world) {
-  return randn({world * kBatch, 3}, 2000 + step, DType::kFloat64);
-}
-
-void SgdStep(nn::Module& m, double lr) {
-  autograd::NoGradGuard no_grad;
-  for (const Tensor& p : m.parameters()) {
-    Tensor g = autograd::GradOf(p);
-    ASSERT_TRUE(g.defined());
-    autograd::Detach(p).sub_(g.mul(lr));
-  }
-}
+using testing::Inputs;
+using testing::kBatch;
+using testing::MakeMlp;
+using testing::Snapshot;
+using testing::SgdStep;
+using testing::Targets;
 
 // Zeroes gradients in place (keeps bucket views attached).
 void ZeroInPlace(nn::Module& m) {
@@ -96,26 +72,11 @@ void ZeroInPlace(nn::Module& m) {
   }
 }
 
-std::vector<Tensor> Snapshot(const nn::Module& m) {
-  std::vector<Tensor> out;
-  for (const Tensor& p : m.parameters()) out.push_back(p.clone());
-  return out;
-}
-
 constexpr int kSteps = 3;
 constexpr double kLr = 0.1;
 
-// One process on the concatenated batch.
 std::vector<Tensor> Reference(int world) {
-  auto m = MakeMlp(100);
-  for (int step = 0; step < kSteps; ++step) {
-    m->ZeroGrad();
-    Tensor loss = autograd::mse_loss(m->Forward(Inputs(step, world)),
-                                     Targets(step, world));
-    EXPECT_TRUE(autograd::Backward({loss}).ok());
-    SgdStep(*m, kLr);
-  }
-  return Snapshot(*m);
+  return testing::TrainedReference(world, kSteps, kLr);
 }
 
 struct EquivalenceCase {
@@ -353,18 +314,11 @@ TEST(DdpTest, NoSyncAccumulatesLocallyThenReducesTheSum) {
         synced[rank].push_back(autograd::GradOf(p).clone());
     });
     // Reference: both micro-batches of every rank, accumulated.
-    auto m = MakeMlp(100);
-    for (int step = 0; step < 2; ++step) {
-      Tensor loss = autograd::mse_loss(m->Forward(Inputs(step, kWorld)),
-                                       Targets(step, kWorld));
-      ASSERT_TRUE(autograd::Backward({loss}).ok());
-    }
-    std::vector<Tensor> params = m->parameters();
+    const std::vector<Tensor> want = testing::AccumulatedReference(kWorld, 2);
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_EQ(bytes_after_local[r], 0) << "no_sync pass communicated";
-      for (size_t i = 0; i < params.size(); ++i) {
-        EXPECT_TRUE(
-            synced[r][i].allclose(autograd::GradOf(params[i]), kRtol, kAtol))
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_TRUE(synced[r][i].allclose(want[i], kRtol, kAtol))
             << "view " << view << " rank " << r << " param " << i;
       }
     }
