@@ -5,11 +5,9 @@
 #include "ferry/worker/device_plan.h"
 
 #include <atomic>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +18,7 @@
 #include "ferry/tensor/cuda/fake_device_api.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/worker/device_header.h"
+#include "ferry/worker/test_group.h"
 #include "ferry/worker/worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -141,45 +140,6 @@ TEST(DevicePlan, ATargetThePeerLacksOrAMissingRecordIsRefused) {
   EXPECT_THAT(missing.status().message(), HasSubstr("no device record of 'b'"));
 }
 
-std::string FreshFile(const std::string& tag) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path =
-      absl::StrCat(dir ? dir : "/tmp", "/device_plan_", tag, "_", getpid());
-  std::remove(path.c_str());
-  return "file://" + path;
-}
-
-// Starts workers "w0".."w<n-1>" on one init method at once; options[r] may
-// set devices, maps and timeouts; returns each InitWorker's result.
-std::vector<absl::StatusOr<std::unique_ptr<Worker>>> StartGroup(
-    const std::string& tag, std::vector<WorkerOptions> options) {
-  const std::string init = FreshFile(tag);
-  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out(options.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < options.size(); ++r) {
-    threads.emplace_back([&, r] {
-      WorkerOptions& o = options[r];
-      o.name = absl::StrCat("w", r);
-      o.init_method = init;
-      o.rank = static_cast<int>(r);
-      o.world_size = static_cast<int>(options.size());
-      out[r] = InitWorker(o);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return out;
-}
-
-// Shutdown is collective: every worker at once.
-void ShutdownAll(std::vector<absl::StatusOr<std::unique_ptr<Worker>>>& w) {
-  std::vector<std::thread> ends;
-  for (auto& worker : w) {
-    if (!worker.ok()) continue;
-    ends.emplace_back([&worker] { EXPECT_TRUE((*worker)->Shutdown().ok()); });
-  }
-  for (std::thread& t : ends) t.join();
-}
-
 TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   auto gpus = std::make_shared<cuda::FakeDeviceApi>(2, 1 << 20);
   std::vector<WorkerOptions> o(2);
@@ -191,7 +151,7 @@ TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   o[1].cuda_transport = "staged";
   o[1].device_api = gpus;
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartGroup("pair", o);
+  auto w = StartWorkerGroup("pair", o);
   ASSERT_TRUE(w[0].ok()) << w[0].status();
   ASSERT_TRUE(w[1].ok()) << w[1].status();
   const PeerDevicePlan* to_w1 = (*w[0])->device_plan().Find("w1");
@@ -213,7 +173,7 @@ TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   EXPECT_EQ(rows[1].Get("peer"), "w1");
   EXPECT_EQ(rows[1].Get("path"), "ipc");
   EXPECT_EQ(rows[1].Get("map"), "cuda:0->cuda:1,cuda:1->cuda:0");
-  ShutdownAll(w);
+  ShutdownWorkerGroup(w);
 }
 
 TEST(DevicePlan, AMapToADeviceThePeerLacksFailsInitWorkerNamingBoth) {
@@ -229,7 +189,7 @@ TEST(DevicePlan, AMapToADeviceThePeerLacksFailsInitWorkerNamingBoth) {
   // w0 fails before serving, so w1's group never forms: it fails too, on
   // its own (bounded) timeout.
   o[1].join_timeout = absl::Seconds(2);
-  auto w = StartGroup("lacks", o);
+  auto w = StartWorkerGroup("lacks", o);
   ASSERT_FALSE(w[0].ok());
   EXPECT_EQ(w[0].status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(w[0].status().message(), HasSubstr("worker 'w0'"));
@@ -322,7 +282,7 @@ TEST(DeviceStage, CudaTensorsLandOnTheMappedDeviceAndRepliesOnTheReverse) {
   o[1].registry = Functions(api1, made1);
   o[2].registry = Functions(nullptr, nullptr);  // No devices.
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartGroup("stage", o);
+  auto w = StartWorkerGroup("stage", o);
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
   Worker& w0 = **w[0];
   Worker& w1 = **w[1];
@@ -449,7 +409,7 @@ TEST(DeviceStage, CudaTensorsLandOnTheMappedDeviceAndRepliesOnTheReverse) {
   Result<Tensor> fine = w0.rpc_sync<Tensor>("w1", "echo", one);
   ASSERT_TRUE(fine.ok()) << fine.status();
   EXPECT_TRUE(SameBytes(*fine, arange(8, DType::kFloat32), *api0));
-  ShutdownAll(w);
+  ShutdownWorkerGroup(w);
 }
 
 TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
@@ -467,7 +427,7 @@ TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
   o[1].device_api = api1;
   o[1].registry = Functions(api1, made1);
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartGroup("to_cpu", o);
+  auto w = StartWorkerGroup("to_cpu", o);
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
   Worker& w0 = **w[0];
   const Tensor cpu = arange(100, DType::kFloat32);
@@ -487,7 +447,7 @@ TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
   ASSERT_TRUE(made.ok()) << made.status();
   EXPECT_TRUE(made->device().is_cpu());
   EXPECT_EQ(w0.staged_traffic("w1").to_cpu_out, 2u);
-  ShutdownAll(w);
+  ShutdownWorkerGroup(w);
 }
 
 }  // namespace
