@@ -450,5 +450,46 @@ TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
   ShutdownWorkerGroup(w);
 }
 
+TEST(DeviceStage, RRefValuesLandOnTheOwnersDeviceAndComeBackOnTheReverse) {
+  auto api0 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  auto api1 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  std::shared_ptr<cuda::CachingDeviceAllocator> made1 =
+      cuda::CachingDeviceAllocator::Create(api1, {}).value();
+  std::vector<WorkerOptions> o(2);
+  o[0].devices = {"cuda:0", "cuda:1"};
+  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}}}};
+  o[0].device_api = api0;
+  o[0].registry = Functions(nullptr, nullptr);
+  o[1].devices = {"cuda:0", "cuda:1"};
+  o[1].device_api = api1;
+  o[1].registry = Functions(api1, made1);
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  auto w = StartWorkerGroup("rref", o);
+  for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = **w[0];
+  const Tensor cpu = arange(1000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
+  {
+    // remote(): the argument lands on w1's cuda:1, the owner keeps the
+    // result there; to_here brings it back to w0's cuda:0 (RREF_FETCH's
+    // reply, the reverse of w0's map).
+    rref::RRef<Tensor> echoed = w0.remote<Tensor>("w1", "echo", x);
+    absl::StatusOr<Tensor> here = echoed.to_here(absl::Seconds(20));
+    ASSERT_TRUE(here.ok()) << here.status();
+    EXPECT_EQ(here->device(), Device::CUDA(0));
+    EXPECT_TRUE(SameBytes(*here, cpu, *api0));
+    EXPECT_EQ((*w[1])->staged_traffic("w0").tensors_in, 1u);
+    // A value the owner made on its cuda:1 comes home the same way.
+    rref::RRef<Tensor> made =
+        w0.remote<Tensor>("w1", "make_on", int64_t{1}, int64_t{64});
+    absl::StatusOr<Tensor> made_here = made.to_here(absl::Seconds(20));
+    ASSERT_TRUE(made_here.ok()) << made_here.status();
+    EXPECT_EQ(made_here->device(), Device::CUDA(0));
+    EXPECT_TRUE(SameBytes(*made_here, arange(64, DType::kFloat32), *api0));
+    EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 2u);
+  }
+  ShutdownWorkerGroup(w);
+}
+
 }  // namespace
 }  // namespace ferry
