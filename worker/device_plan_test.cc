@@ -412,23 +412,40 @@ TEST(DeviceStage, CudaTensorsLandOnTheMappedDeviceAndRepliesOnTheReverse) {
   ShutdownWorkerGroup(w);
 }
 
-TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
-  auto api0 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
-  auto api1 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+// Two workers of two fake devices each: w0 maps cuda:0 to w1's `target`
+// (and may stage unmapped tensors to CPU); w1 serves Functions over api1.
+struct Pair {
+  std::shared_ptr<cuda::FakeDeviceApi> api0 =
+      std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  std::shared_ptr<cuda::FakeDeviceApi> api1 =
+      std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  WorkerGroup w;
+};
+
+Pair StartPair(const std::string& tag, const std::string& target,
+               bool stage_to_cpu) {
+  Pair p;
   std::shared_ptr<cuda::CachingDeviceAllocator> made1 =
-      cuda::CachingDeviceAllocator::Create(api1, {}).value();
+      cuda::CachingDeviceAllocator::Create(p.api1, {}).value();
   std::vector<WorkerOptions> o(2);
   o[0].devices = {"cuda:0", "cuda:1"};
-  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:0"}}}};
-  o[0].stage_unmapped_to_cpu = true;
-  o[0].device_api = api0;
+  o[0].device_maps = {{"w1", {{"cuda:0", target}}}};
+  o[0].stage_unmapped_to_cpu = stage_to_cpu;
+  o[0].device_api = p.api0;
   o[0].registry = Functions(nullptr, nullptr);
   o[1].devices = {"cuda:0", "cuda:1"};
-  o[1].device_api = api1;
-  o[1].registry = Functions(api1, made1);
+  o[1].device_api = p.api1;
+  o[1].registry = Functions(p.api1, made1);
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartWorkerGroup("to_cpu", o);
+  p.w = StartWorkerGroup(tag, o);
+  return p;
+}
+
+TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
+  Pair p = StartPair("to_cpu", "cuda:0", /*stage_to_cpu=*/true);
+  WorkerGroup& w = p.w;
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  cuda::FakeDeviceApi* api0 = p.api0.get();
   Worker& w0 = **w[0];
   const Tensor cpu = arange(100, DType::kFloat32);
   const Tensor mapped = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
@@ -451,21 +468,10 @@ TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
 }
 
 TEST(DeviceStage, RRefValuesLandOnTheOwnersDeviceAndComeBackOnTheReverse) {
-  auto api0 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
-  auto api1 = std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
-  std::shared_ptr<cuda::CachingDeviceAllocator> made1 =
-      cuda::CachingDeviceAllocator::Create(api1, {}).value();
-  std::vector<WorkerOptions> o(2);
-  o[0].devices = {"cuda:0", "cuda:1"};
-  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}}}};
-  o[0].device_api = api0;
-  o[0].registry = Functions(nullptr, nullptr);
-  o[1].devices = {"cuda:0", "cuda:1"};
-  o[1].device_api = api1;
-  o[1].registry = Functions(api1, made1);
-  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartWorkerGroup("rref", o);
+  Pair p = StartPair("rref", "cuda:1", /*stage_to_cpu=*/false);
+  WorkerGroup& w = p.w;
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  cuda::FakeDeviceApi* api0 = p.api0.get();
   Worker& w0 = **w[0];
   const Tensor cpu = arange(1000, DType::kFloat32);
   const Tensor x = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
