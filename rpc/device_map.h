@@ -15,9 +15,9 @@
 // (1:1, so the reverse map exists). CheckPeerDevices checks the targets
 // against the devices a peer announced (an index the peer does not have).
 //
-// What exists: the maps, their validation and the lookups. The transport
-// does not yet carry CUDA tensors (tensor/wire refuses them), so nothing
-// consults these maps on a call yet; see docs/design/cuda_rpc.md.
+// Who consults them: worker/device_stage.h, on every message: Target when a
+// request leaves, ReplyTarget when a reply arrives (the caller's map governs
+// both directions); see docs/design/cuda_rpc.md.
 //
 // Thread safety: a const DeviceMaps is safe to share; mutation (Set) is not
 // synchronized: build it before the worker starts.

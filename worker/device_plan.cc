@@ -205,6 +205,8 @@ std::vector<rpc::InspectionRow> DevicePlan::Inspect() const {
         {"peer",
          {{"peer", p.peer},
           {"path", CudaPathName(p.path)},
+          // What carries tensors today: IPC is planned, not built.
+          {"carried", "staged"},
           {"map", absl::StrJoin(p.map, ",", absl::PairFormatter("->"))}}});
   }
   return rows;

@@ -9,9 +9,9 @@
 // one host, staging through host memory otherwise; a forced "ipc" between
 // two hosts is an error naming both workers.
 //
-// What this is not yet: no call consults the plan. The tensor wire still
-// refuses CUDA tensors, so the plan is what the transports will follow,
-// shown now in the Admin inspector "devices" (docs/design/cuda_rpc.md).
+// Calls follow the maps through worker/device_stage.h, always over the
+// staged path: IPC is planned per pair but not built (the Admin inspector
+// "devices" shows the plan and "carried: staged"; docs/design/cuda_rpc.md).
 //
 // Errors: InvalidArgument naming the worker and the option for malformed
 // devices, maps or transport; FailedPrecondition naming both workers and the

@@ -1,16 +1,24 @@
 // DevicePlan: option parsing, records, path choice, and InitWorker settling
-// the plan of two workers over a FakeDeviceApi (no GPU needed).
+// the plan of two workers over a FakeDeviceApi (no GPU needed); then CUDA
+// tensors through rpc_sync over the staged path (worker/device_stage.h)
+// between workers whose devices are FakeDeviceApi host memory.
 #include "ferry/worker/device_plan.h"
 
-#include <cstdio>
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/tensor/cuda/caching_allocator.h"
+#include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/worker/device_header.h"
+#include "ferry/worker/test_group.h"
 #include "ferry/worker/worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -132,35 +140,6 @@ TEST(DevicePlan, ATargetThePeerLacksOrAMissingRecordIsRefused) {
   EXPECT_THAT(missing.status().message(), HasSubstr("no device record of 'b'"));
 }
 
-std::string FreshFile(const std::string& tag) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  std::string path =
-      absl::StrCat(dir ? dir : "/tmp", "/device_plan_", tag, "_", getpid());
-  std::remove(path.c_str());
-  return "file://" + path;
-}
-
-// Starts workers "w0".."w<n-1>" on one init method at once; options[r] may
-// set devices, maps and timeouts; returns each InitWorker's result.
-std::vector<absl::StatusOr<std::unique_ptr<Worker>>> StartGroup(
-    const std::string& tag, std::vector<WorkerOptions> options) {
-  const std::string init = FreshFile(tag);
-  std::vector<absl::StatusOr<std::unique_ptr<Worker>>> out(options.size());
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < options.size(); ++r) {
-    threads.emplace_back([&, r] {
-      WorkerOptions& o = options[r];
-      o.name = absl::StrCat("w", r);
-      o.init_method = init;
-      o.rank = static_cast<int>(r);
-      o.world_size = static_cast<int>(options.size());
-      out[r] = InitWorker(o);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return out;
-}
-
 TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   auto gpus = std::make_shared<cuda::FakeDeviceApi>(2, 1 << 20);
   std::vector<WorkerOptions> o(2);
@@ -172,7 +151,7 @@ TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   o[1].cuda_transport = "staged";
   o[1].device_api = gpus;
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
-  auto w = StartGroup("pair", o);
+  auto w = StartWorkerGroup("pair", o);
   ASSERT_TRUE(w[0].ok()) << w[0].status();
   ASSERT_TRUE(w[1].ok()) << w[1].status();
   const PeerDevicePlan* to_w1 = (*w[0])->device_plan().Find("w1");
@@ -194,12 +173,7 @@ TEST(DevicePlan, TwoWorkersSettleTheirPlanAndShowItToOperators) {
   EXPECT_EQ(rows[1].Get("peer"), "w1");
   EXPECT_EQ(rows[1].Get("path"), "ipc");
   EXPECT_EQ(rows[1].Get("map"), "cuda:0->cuda:1,cuda:1->cuda:0");
-  // Shutdown is collective: both at once.
-  std::vector<std::thread> ends;
-  for (auto& worker : w) {
-    ends.emplace_back([&worker] { EXPECT_TRUE((*worker)->Shutdown().ok()); });
-  }
-  for (std::thread& t : ends) t.join();
+  ShutdownWorkerGroup(w);
 }
 
 TEST(DevicePlan, AMapToADeviceThePeerLacksFailsInitWorkerNamingBoth) {
@@ -215,13 +189,312 @@ TEST(DevicePlan, AMapToADeviceThePeerLacksFailsInitWorkerNamingBoth) {
   // w0 fails before serving, so w1's group never forms: it fails too, on
   // its own (bounded) timeout.
   o[1].join_timeout = absl::Seconds(2);
-  auto w = StartGroup("lacks", o);
+  auto w = StartWorkerGroup("lacks", o);
   ASSERT_FALSE(w[0].ok());
   EXPECT_EQ(w[0].status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(w[0].status().message(), HasSubstr("worker 'w0'"));
   EXPECT_THAT(w[0].status().message(),
               HasSubstr("cuda:1, which 'w1' does not have"));
   EXPECT_FALSE(w[1].ok());
+}
+
+// --- CUDA tensors through rpc_sync, staged through host memory. ---
+
+// `cpu` copied onto `device` of `api`, from `alloc`.
+Tensor OnDevice(const Tensor& cpu, int device, cuda::CachingDeviceAllocator& alloc,
+                cuda::DeviceMemoryApi& api) {
+  absl::StatusOr<Tensor> t = cuda::CopyToDevice(cpu, device, 0, alloc, api);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *std::move(t) : Tensor();
+}
+
+// Whether device tensor `dev` (of `api`) holds the bytes of CPU tensor `cpu`.
+bool SameBytes(const Tensor& dev, const Tensor& cpu,
+               cuda::DeviceMemoryApi& api) {
+  absl::StatusOr<Tensor> host = cuda::CopyToHost(dev, 0, api);
+  if (!host.ok()) {
+    ADD_FAILURE() << host.status();
+    return false;
+  }
+  return host->sizes() == cpu.sizes() && host->dtype() == cpu.dtype() &&
+         (cpu.nbytes() == 0 ||
+          std::memcmp(host->data_ptr(), cpu.data_ptr(), cpu.nbytes()) == 0);
+}
+
+// Functions every callee serves: `make_on` makes a tensor on its own
+// device (from `alloc` over `api`; may be null for a worker without).
+std::shared_ptr<rpc::FunctionRegistry> Functions(
+    std::shared_ptr<cuda::FakeDeviceApi> api,
+    std::shared_ptr<cuda::CachingDeviceAllocator> alloc) {
+  auto r = std::make_shared<rpc::FunctionRegistry>();
+  EXPECT_TRUE(r->Register("echo", [](Tensor t) { return t; }).ok());
+  EXPECT_TRUE(r->Register("where", [](Tensor a, Tensor b) {
+                 return absl::StrCat(a.device().ToString(), ",",
+                                     b.device().ToString());
+               }).ok());
+  EXPECT_TRUE(r->Register("make_on",
+                          [api, alloc](int64_t device,
+                                       int64_t n) -> absl::StatusOr<Tensor> {
+                            return cuda::CopyToDevice(
+                                arange(n, DType::kFloat32),
+                                static_cast<int>(device), 0, *alloc, *api);
+                          })
+                  .ok());
+  return r;
+}
+
+// What w0's test interceptor does to its next requests after staging.
+enum class Tamper { kNone, kGarbage, kTargetFive, kTargetZero };
+
+TEST(DeviceStage, CudaTensorsLandOnTheMappedDeviceAndRepliesOnTheReverse) {
+  auto api0 = std::make_shared<cuda::FakeDeviceApi>(3, 64 << 20);
+  auto api1 = std::make_shared<cuda::FakeDeviceApi>(3, 8 << 20);
+  auto alloc1 = cuda::CachingDeviceAllocator::Create(api1, {}).value();
+  std::shared_ptr<cuda::CachingDeviceAllocator> made1 = std::move(alloc1);
+  auto tamper = std::make_shared<std::atomic<Tamper>>(Tamper::kNone);
+  std::vector<WorkerOptions> o(3);
+  o[0].devices = {"cuda:0", "cuda:1", "cuda:2"};  // cuda:2 is unmapped.
+  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}};
+  o[0].device_api = api0;
+  o[0].cuda_transport = "staged";
+  o[0].before_serving = [tamper](Worker& w) {
+    w.agent().AddInterceptor([tamper](rpc::InterceptPoint point,
+                                      const rpc::WorkerInfo&,
+                                      rpc::Message& m) {
+      const Tamper t = tamper->load();
+      if (point != rpc::InterceptPoint::kSendRequest || t == Tamper::kNone) {
+        return absl::OkStatus();
+      }
+      if (t == Tamper::kGarbage) {
+        m.SetHeader(kDeviceHeaderLayer, "\x0a\x02\x08");  // Truncated.
+      } else {
+        m.SetHeader(kDeviceHeaderLayer,
+                    EncodeDeviceHeader(
+                        {{{0, 0, t == Tamper::kTargetFive ? 5 : 0}}}));
+      }
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  };
+  o[0].registry = Functions(nullptr, nullptr);
+  o[1].devices = {"cuda:0", "cuda:1", "cuda:2"};
+  o[1].device_api = api1;
+  o[1].registry = Functions(api1, made1);
+  o[2].registry = Functions(nullptr, nullptr);  // No devices.
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  auto w = StartWorkerGroup("stage", o);
+  for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = **w[0];
+  Worker& w1 = **w[1];
+  cuda::CachingDeviceAllocator& alloc0 = *w0.device_allocator();
+  ASSERT_EQ((*w[2])->device_allocator(), nullptr);
+
+  // Echo: cuda:0 lands on w1's cuda:1 and comes back to cuda:0; cuda:1 on
+  // w1's cuda:0 and back. Sizes: empty, one element, odd, 3 MiB.
+  uint64_t sent_bytes = 0;
+  int sent = 0;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1001}, int64_t{786432}}) {
+    for (int device : {0, 1}) {
+      const Tensor cpu = arange(n, DType::kFloat32);
+      const Tensor x = OnDevice(cpu, device, alloc0, *api0);
+      Result<std::string> where = w0.agent().rpc_sync<std::string>("w1", "where", x, x);
+      ASSERT_TRUE(where.ok()) << where.status();
+      const std::string on1 = device == 0 ? "cuda:1" : "cuda:0";
+      EXPECT_EQ(*where, absl::StrCat(on1, ",", on1)) << n;
+      Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->device(), Device::CUDA(device)) << n;
+      EXPECT_TRUE(SameBytes(*back, cpu, *api0)) << n << " from cuda:" << device;
+      sent += 3;
+      sent_bytes += 3 * cpu.nbytes();
+    }
+  }
+  // A tensor w1 makes on its cuda:1 comes back on w0's cuda:0 (the reverse
+  // of w0's map), with w1's bytes.
+  Result<Tensor> made = w0.rpc_sync<Tensor>("w1", "make_on", 1, 300);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_EQ(made->device(), Device::CUDA(0));
+  EXPECT_TRUE(SameBytes(*made, arange(300, DType::kFloat32), *api0));
+
+  // Operators see the traffic per peer; w1 counts what landed.
+  StagedTraffic t01 = w0.staged_traffic("w1");
+  EXPECT_EQ(t01.tensors_out, static_cast<uint64_t>(sent));
+  EXPECT_EQ(t01.bytes_out, sent_bytes);
+  EXPECT_EQ(t01.tensors_in, static_cast<uint64_t>(sent / 3 + 1));
+  EXPECT_EQ(w1.staged_traffic("w0").tensors_in, static_cast<uint64_t>(sent));
+  EXPECT_EQ(w1.staged_traffic("w0").bytes_in, sent_bytes);
+  absl::StatusOr<std::vector<rpc::Inspection>> seen =
+      w0.agent().inspectors().Inspect("devices");
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  bool row = false;
+  for (const rpc::InspectionRow& r : (*seen)[0].rows) {
+    if (r.kind != "staged") continue;
+    row = true;
+    EXPECT_EQ(r.Get("peer"), "w1");
+    EXPECT_EQ(r.Get("bytes_out"), absl::StrCat(sent_bytes));
+  }
+  EXPECT_TRUE(row);
+
+  // An unmapped device fails the call, naming the worker, the peer, the
+  // tensor's position and the device; nothing reaches w1.
+  const Tensor on2 = OnDevice(arange(4, DType::kFloat32), 2, alloc0, *api0);
+  Result<std::string> unmapped =
+      w0.agent().rpc_sync<std::string>("w1", "where", arange(2), on2);
+  ASSERT_FALSE(unmapped.ok());
+  EXPECT_EQ(unmapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unmapped.status().message(),
+              HasSubstr("worker 'w0': tensor 1 of the message to 'w1' is on "
+                        "cuda:2"));
+  // A reply from a device no device of w0 maps to fails on w0.
+  Result<Tensor> stray = w0.rpc_sync<Tensor>("w1", "make_on", 2, 4);
+  ASSERT_FALSE(stray.ok());
+  EXPECT_EQ(stray.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(stray.status().message(),
+              HasSubstr("worker 'w0': tensor 0 of the reply from 'w1' is on "
+                        "its cuda:2"));
+
+  // w1 cannot hold 12 MiB on an 8 MiB device: ResourceExhausted naming the
+  // worker, the device and the size; what it landed first is released,
+  // and it goes on serving.
+  const Tensor small = OnDevice(arange(262144, DType::kFloat32), 0, alloc0,
+                                *api0);
+  const Tensor big = OnDevice(arange(3 << 20, DType::kFloat32), 0, alloc0,
+                              *api0);
+  Result<std::string> full = w0.agent().rpc_sync<std::string>("w1", "where", small, big);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.status().message(), HasSubstr("worker 'w1'"));
+  EXPECT_THAT(full.status().message(), HasSubstr("from 'w0'"));
+  EXPECT_THAT(full.status().message(), HasSubstr("tensor 1 (12582912 bytes"));
+  EXPECT_THAT(full.status().message(), HasSubstr("on cuda:1"));
+  EXPECT_EQ(w1.device_allocator()->Stats(1).allocated_bytes, 0u);
+  EXPECT_GE(w1.staged_traffic("w0").refused, 1u);
+  Result<std::string> after = w0.agent().rpc_sync<std::string>("w1", "where", small,
+                                                       small);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, "cuda:1,cuda:1");
+
+  // Malformed device headers are refused by the receiver, never used.
+  const Tensor one = OnDevice(arange(8, DType::kFloat32), 0, alloc0, *api0);
+  tamper->store(Tamper::kGarbage);
+  Result<Tensor> garbage = w0.rpc_sync<Tensor>("w1", "echo", one);
+  tamper->store(Tamper::kTargetFive);
+  Result<Tensor> five = w0.rpc_sync<Tensor>("w1", "echo", one);
+  // A peer without devices receiving a CUDA target.
+  tamper->store(Tamper::kTargetZero);
+  Result<Tensor> none = w0.rpc_sync<Tensor>("w2", "echo", arange(3));
+  tamper->store(Tamper::kNone);
+  ASSERT_FALSE(garbage.ok());
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(garbage.status().message(),
+              HasSubstr("worker 'w1': the request CALL 'echo' from 'w0': "
+                        "malformed device header"));
+  ASSERT_FALSE(five.ok());
+  EXPECT_EQ(five.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(five.status().message(),
+              HasSubstr("is sent to cuda:5, which this worker does not use"));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(),
+              HasSubstr("worker 'w2': the request CALL 'echo' from 'w0'"));
+  EXPECT_THAT(none.status().message(), HasSubstr("has no CUDA devices"));
+  // A worker without devices refuses to send a CUDA tensor, naming it.
+  Result<Tensor> from2 = (*w[2])->rpc_sync<Tensor>("w0", "echo", one);
+  ASSERT_FALSE(from2.ok());
+  EXPECT_EQ(from2.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(from2.status().message(),
+              HasSubstr("worker 'w2': tensor 0 of the request CALL 'echo' to "
+                        "'w0' is on cuda:0, which this worker does not use"));
+  // Still serving after all that.
+  Result<Tensor> fine = w0.rpc_sync<Tensor>("w1", "echo", one);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_TRUE(SameBytes(*fine, arange(8, DType::kFloat32), *api0));
+  ShutdownWorkerGroup(w);
+}
+
+// Two workers of two fake devices each: w0 maps cuda:0 to w1's `target`
+// (and may stage unmapped tensors to CPU); w1 serves Functions over api1.
+struct Pair {
+  std::shared_ptr<cuda::FakeDeviceApi> api0 =
+      std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  std::shared_ptr<cuda::FakeDeviceApi> api1 =
+      std::make_shared<cuda::FakeDeviceApi>(2, 8 << 20);
+  WorkerGroup w;
+};
+
+Pair StartPair(const std::string& tag, const std::string& target,
+               bool stage_to_cpu) {
+  Pair p;
+  std::shared_ptr<cuda::CachingDeviceAllocator> made1 =
+      cuda::CachingDeviceAllocator::Create(p.api1, {}).value();
+  std::vector<WorkerOptions> o(2);
+  o[0].devices = {"cuda:0", "cuda:1"};
+  o[0].device_maps = {{"w1", {{"cuda:0", target}}}};
+  o[0].stage_unmapped_to_cpu = stage_to_cpu;
+  o[0].device_api = p.api0;
+  o[0].registry = Functions(nullptr, nullptr);
+  o[1].devices = {"cuda:0", "cuda:1"};
+  o[1].device_api = p.api1;
+  o[1].registry = Functions(p.api1, made1);
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  p.w = StartWorkerGroup(tag, o);
+  return p;
+}
+
+TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
+  Pair p = StartPair("to_cpu", "cuda:0", /*stage_to_cpu=*/true);
+  WorkerGroup& w = p.w;
+  for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  cuda::FakeDeviceApi* api0 = p.api0.get();
+  Worker& w0 = **w[0];
+  const Tensor cpu = arange(100, DType::kFloat32);
+  const Tensor mapped = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
+  const Tensor unmapped = OnDevice(cpu, 1, *w0.device_allocator(), *api0);
+  Result<std::string> where =
+      w0.agent().rpc_sync<std::string>("w1", "where", mapped, unmapped);
+  ASSERT_TRUE(where.ok()) << where.status();
+  EXPECT_EQ(*where, "cuda:0,cpu");
+  // The unmapped tensor's bytes arrive on the CPU.
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", unmapped);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->device().is_cpu());
+  EXPECT_EQ(std::memcmp(back->data_ptr(), cpu.data_ptr(), cpu.nbytes()), 0);
+  // A reply from w1's cuda:1 (no reverse entry) lands on w0's CPU too.
+  Result<Tensor> made = w0.rpc_sync<Tensor>("w1", "make_on", 1, 5);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_TRUE(made->device().is_cpu());
+  EXPECT_EQ(w0.staged_traffic("w1").to_cpu_out, 2u);
+  ShutdownWorkerGroup(w);
+}
+
+TEST(DeviceStage, RRefValuesLandOnTheOwnersDeviceAndComeBackOnTheReverse) {
+  Pair p = StartPair("rref", "cuda:1", /*stage_to_cpu=*/false);
+  WorkerGroup& w = p.w;
+  for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  cuda::FakeDeviceApi* api0 = p.api0.get();
+  Worker& w0 = **w[0];
+  const Tensor cpu = arange(1000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
+  {
+    // remote(): the argument lands on w1's cuda:1, the owner keeps the
+    // result there; to_here brings it back to w0's cuda:0 (RREF_FETCH's
+    // reply, the reverse of w0's map).
+    rref::RRef<Tensor> echoed = w0.remote<Tensor>("w1", "echo", x);
+    absl::StatusOr<Tensor> here = echoed.to_here(absl::Seconds(20));
+    ASSERT_TRUE(here.ok()) << here.status();
+    EXPECT_EQ(here->device(), Device::CUDA(0));
+    EXPECT_TRUE(SameBytes(*here, cpu, *api0));
+    EXPECT_EQ((*w[1])->staged_traffic("w0").tensors_in, 1u);
+    // A value the owner made on its cuda:1 comes home the same way.
+    rref::RRef<Tensor> made =
+        w0.remote<Tensor>("w1", "make_on", int64_t{1}, int64_t{64});
+    absl::StatusOr<Tensor> made_here = made.to_here(absl::Seconds(20));
+    ASSERT_TRUE(made_here.ok()) << made_here.status();
+    EXPECT_EQ(made_here->device(), Device::CUDA(0));
+    EXPECT_TRUE(SameBytes(*made_here, arange(64, DType::kFloat32), *api0));
+    EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 2u);
+  }
+  ShutdownWorkerGroup(w);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "ferry/store/init_method.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/worker/device_stage.h"
 
 namespace ferry {
 
@@ -25,6 +26,9 @@ struct Worker::Impl {
   std::shared_ptr<optim::DistOptimizerService> optimizers;
   DeviceOptions devices;  // Parsed from options.
   DevicePlan device_plan;
+  // Stages CUDA tensors through host memory (its interceptors hold it
+  // weakly); every worker has one, also without devices, to refuse them.
+  std::shared_ptr<DeviceStage> stage;
   bool ended = false;
 };
 
@@ -124,6 +128,8 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
           o.name, o.devices, o.device_maps, o.stage_unmapped_to_cpu,
           o.cuda_transport,
           o.device_api != nullptr ? o.device_api->DeviceCount() : -1));
+  ASSIGN_OR_RETURN(impl->stage,
+                   DeviceStage::Create(o.name, impl->devices, o.device_api));
   impl->registry = o.registry != nullptr
                        ? o.registry
                        : std::make_shared<rpc::FunctionRegistry>();
@@ -136,6 +142,9 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
   agent_options.before_serving =
       [&w, worker = worker.get()](rpc::Agent& agent) -> absl::Status {
     w.agent = &agent;
+    // Landing runs before the layers see a received message and staging
+    // after they saw an outgoing one, so they see tensors on the device.
+    agent.AddInterceptor(DeviceStage::ReceiveInterceptor(w.stage));
     ASSIGN_OR_RETURN(w.dist,
                      autograd::dist::DistAutogradContainer::Install(
                          agent, {.rpc_timeout = w.options.rpc_timeout}));
@@ -157,8 +166,14 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
     ASSIGN_OR_RETURN(w.device_plan,
                      DevicePlan::Settle(w.options.name, w.devices,
                                         grpc->store(), w.options.join_timeout));
-    RETURN_IF_ERROR(agent.inspectors().Register(
-        "devices", [worker] { return worker->device_plan().Inspect(); }));
+    agent.AddInterceptor(DeviceStage::SendInterceptor(w.stage));
+    RETURN_IF_ERROR(agent.inspectors().Register("devices", [&w] {
+      std::vector<rpc::InspectionRow> rows = w.device_plan.Inspect();
+      for (rpc::InspectionRow& r : w.stage->Inspect()) {
+        rows.push_back(std::move(r));
+      }
+      return rows;
+    }));
     return w.options.before_serving ? w.options.before_serving(*worker)
                                     : absl::OkStatus();
   };
@@ -221,6 +236,14 @@ optim::DistOptimizerService& Worker::optimizer_service() const {
 }
 
 const DevicePlan& Worker::device_plan() const { return impl_->device_plan; }
+
+cuda::CachingDeviceAllocator* Worker::device_allocator() const {
+  return impl_->stage->allocator();
+}
+
+StagedTraffic Worker::staged_traffic(const std::string& peer) const {
+  return impl_->stage->Traffic(peer);
+}
 
 WorkerStats Worker::stats() const {
   WorkerStats s;

@@ -51,10 +51,12 @@
 #include "ferry/rref/rref_context.h"
 #include "ferry/store/store.h"
 #include "ferry/worker/device_plan.h"
+#include "ferry/worker/device_stage.h"
 
 namespace ferry {
 
 namespace cuda {
+class CachingDeviceAllocator;
 class DeviceMemoryApi;
 }  // namespace cuda
 
@@ -113,10 +115,11 @@ struct WorkerOptions {
   // optimizer of this worker updated (DistOptimizerService::Options::
   // after_update); may be empty.
   std::function<void(const Tensor& param)> optimizer_after_update;
-  // CUDA tensors over RPC (issue #32, worker/device_plan.h): checked and
-  // planned at InitWorker; calls do not use them yet (the tensor wire
-  // refuses CUDA tensors). The CUDA devices this worker uses ("cuda:N"),
-  // which must exist on device_api.
+  // CUDA tensors over RPC (issue #32, worker/device_plan.h,
+  // worker/device_stage.h): checked and planned at InitWorker; a CUDA
+  // tensor in a message is staged through host memory and lands on the
+  // device this worker's map names. The CUDA devices this worker uses
+  // ("cuda:N"), which must exist on device_api.
   std::vector<std::string> devices;
   // Per peer: this worker's device -> the peer's ("cuda:0" -> "cuda:1"),
   // 1:1; checked against the devices the peer publishes.
@@ -198,6 +201,11 @@ class Worker {
   // Where this worker's CUDA tensors land on each mapped peer and by which
   // path (see WorkerOptions::devices); empty without device maps.
   const DevicePlan& device_plan() const;
+  // The allocator CUDA tensors received on this worker's devices come from
+  // (tensor/cuda/caching_allocator.h); null without `devices`.
+  cuda::CachingDeviceAllocator* device_allocator() const;
+  // The CUDA tensors staged with `peer` so far (worker/device_stage.h).
+  StagedTraffic staged_traffic(const std::string& peer) const;
 
   // rpc_sync / rpc_async through a typed handle (rpc/remote_function.h) or
   // by name (rpc/agent.h); remote() returns an RRef the callee owns.

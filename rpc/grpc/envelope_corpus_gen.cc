@@ -92,6 +92,25 @@ fuzz::CorpusFiles Files() {
   with_autograd.SetHeader(2, autograd);
   files.emplace_back("request_autograd_header", Request(with_autograd));
 
+  // The device layer's header (layer 3, proto/device_rpc.proto) as
+  // worker/device_stage writes it: a request's staged tensors with source
+  // and target device; a reply's with the source only. Encoded by hand:
+  // rpc/ does not know it (its decoder's own corpus: worker/testdata).
+  const std::string to_cuda1 = Tag(1, 0) + Varint(0) + Tag(2, 0) + Varint(0) +
+                               Tag(3, 0) + Varint(1);
+  Message with_device = FullRequest();
+  with_device.ClearHeader(1);
+  with_device.SetHeader(3, Tag(1, 2) + Varint(to_cuda1.size()) + to_cuda1);
+  files.emplace_back("request_device_header", Request(with_device));
+  const std::string from_cuda2 = Tag(1, 0) + Varint(0) + Tag(2, 0) + Varint(2);
+  Message device_reply;
+  device_reply.type = MessageType::kCall;
+  device_reply.SetHeader(3,
+                         Tag(1, 2) + Varint(from_cuda2.size()) + from_cuda2);
+  device_reply.payload = Value::FromTensor(arange(16, DType::kFloat32));
+  files.emplace_back("reply_device_header",
+                     Reply(Result<Message>(device_reply)));
+
   Message reply;
   reply.type = MessageType::kCall;
   reply.SetHeader(2, "h");

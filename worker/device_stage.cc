@@ -1,0 +1,284 @@
+#include "ferry/worker/device_stage.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "ferry/common/status.h"
+#include "ferry/tensor/cuda/caching_allocator.h"
+#include "ferry/tensor/cuda/copy.h"
+#include "ferry/tensor/cuda/device_api.h"
+#include "ferry/worker/device_header.h"
+
+namespace ferry {
+namespace {
+
+// Copies run on the device's default stream and are waited for (copy.h):
+// a landed tensor is ready before the handler runs, and a staged one's host
+// bytes before the transport reads them.
+constexpr cuda::StreamHandle kStream = 0;
+
+// "the request CALL 'f'" / "the reply to CALL 'f'", for errors.
+std::string Which(const rpc::Message& m, bool request) {
+  std::string s = absl::StrCat(request ? "the request " : "the reply to ",
+                               rpc::MessageTypeName(m.type));
+  if (!m.function.empty()) absl::StrAppend(&s, " '", m.function, "'");
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
+    std::string me, const DeviceOptions& options,
+    std::shared_ptr<cuda::DeviceMemoryApi> api) {
+  RETURN_IF_ERROR(ClaimDeviceLayer());
+  std::unique_ptr<cuda::CachingDeviceAllocator> allocator;
+  if (!options.devices.empty()) {
+    if (api == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker '", me, "': devices listed but WorkerOptions::device_api is "
+          "null"));
+    }
+    ASSIGN_OR_RETURN(allocator, cuda::CachingDeviceAllocator::Create(api, {}));
+  }
+  return std::shared_ptr<DeviceStage>(new DeviceStage(
+      std::move(me), options, std::move(api), std::move(allocator)));
+}
+
+DeviceStage::DeviceStage(std::string me, const DeviceOptions& options,
+                         std::shared_ptr<cuda::DeviceMemoryApi> api,
+                         std::unique_ptr<cuda::CachingDeviceAllocator> allocator)
+    : me_(std::move(me)),
+      devices_(options.devices),
+      maps_(options.maps),
+      api_(std::move(api)),
+      allocator_(std::move(allocator)) {}
+
+DeviceStage::~DeviceStage() = default;
+
+rpc::Interceptor DeviceStage::ReceiveInterceptor(
+    std::weak_ptr<DeviceStage> stage) {
+  return [stage = std::move(stage)](rpc::InterceptPoint point,
+                                    const rpc::WorkerInfo& peer,
+                                    rpc::Message& m) -> absl::Status {
+    if (point != rpc::InterceptPoint::kReceiveRequest &&
+        point != rpc::InterceptPoint::kReceiveReply) {
+      return absl::OkStatus();
+    }
+    if (m.FindHeader(kDeviceHeaderLayer) == nullptr) return absl::OkStatus();
+    std::shared_ptr<DeviceStage> s = stage.lock();
+    if (s == nullptr) {
+      return absl::UnavailableError(
+          "a device header arrived after its worker's device stage ended");
+    }
+    return s->LandIn(peer, m,
+                     point == rpc::InterceptPoint::kReceiveRequest);
+  };
+}
+
+rpc::Interceptor DeviceStage::SendInterceptor(
+    std::weak_ptr<DeviceStage> stage) {
+  return [stage = std::move(stage)](rpc::InterceptPoint point,
+                                    const rpc::WorkerInfo& peer,
+                                    rpc::Message& m) -> absl::Status {
+    if (point != rpc::InterceptPoint::kSendRequest &&
+        point != rpc::InterceptPoint::kSendReply) {
+      return absl::OkStatus();
+    }
+    std::shared_ptr<DeviceStage> s = stage.lock();
+    if (s == nullptr) return absl::OkStatus();  // The wire refuses CUDA.
+    return s->StageOut(peer, m, point == rpc::InterceptPoint::kSendRequest);
+  };
+}
+
+bool DeviceStage::Uses(const Device& device) const {
+  return std::find(devices_.begin(), devices_.end(), device) !=
+         devices_.end();
+}
+
+std::string DeviceStage::DeviceListText() const {
+  if (devices_.empty()) return "it has no CUDA devices";
+  std::vector<std::string> names;
+  for (const Device& d : devices_) names.push_back(d.ToString());
+  return absl::StrCat("its devices: ", absl::StrJoin(names, ", "));
+}
+
+void DeviceStage::Count(const std::string& peer, const StagedTraffic& d) {
+  MutexLock lock(&mu_);
+  StagedTraffic& t = traffic_[peer];
+  t.tensors_out += d.tensors_out;
+  t.bytes_out += d.bytes_out;
+  t.to_cpu_out += d.to_cpu_out;
+  t.tensors_in += d.tensors_in;
+  t.bytes_in += d.bytes_in;
+  t.refused += d.refused;
+}
+
+absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
+                                   rpc::Message& m, bool request) {
+  // Only this stage writes the header: one another layer set is dropped.
+  m.ClearHeader(kDeviceHeaderLayer);
+  DeviceHeader header;
+  StagedTraffic counted;
+  absl::Status status;
+  uint32_t position = 0;
+  rpc::ForEachTensor(m.payload, [&](Tensor& t) {
+    const uint32_t i = position++;
+    if (!status.ok() || !t.defined() || !t.device().is_cuda()) return;
+    const Device source = t.device();
+    if (!Uses(source)) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "worker '", me_, "': tensor ", i, " of ", Which(m, request),
+          " to '", peer.name, "' is on ", source.ToString(),
+          ", which this worker does not use (", DeviceListText(),
+          "; WorkerOptions::devices)"));
+      return;
+    }
+    Device target = Device::CPU();
+    if (request) {
+      absl::StatusOr<Device> mapped =
+          maps_.Target(me_, peer.name, source, static_cast<int>(i));
+      if (!mapped.ok()) {
+        status = mapped.status();
+        return;
+      }
+      target = *mapped;
+    }
+    absl::StatusOr<Tensor> host = cuda::CopyToHost(t, kStream, *api_);
+    if (!host.ok()) {
+      status = Annotate(host.status(),
+                        absl::StrCat("worker '", me_, "': staging tensor ", i,
+                                     " (", source.ToString(), ", ", t.nbytes(),
+                                     " bytes) of ", Which(m, request),
+                                     " to '", peer.name, "'"));
+      return;
+    }
+    ++counted.tensors_out;
+    counted.bytes_out += t.nbytes();
+    if (request && target.is_cpu()) {
+      ++counted.to_cpu_out;
+    } else {
+      DevicePlacement p{i, source.index, std::nullopt};
+      if (request) p.target = target.index;
+      header.placements.push_back(p);
+    }
+    t = *std::move(host);
+  });
+  if (!status.ok()) {
+    Count(peer.name, StagedTraffic{.refused = 1});
+    return status;
+  }
+  if (!header.placements.empty()) {
+    m.SetHeader(kDeviceHeaderLayer, EncodeDeviceHeader(header));
+  }
+  if (counted.tensors_out > 0) Count(peer.name, counted);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
+                                 bool request) {
+  const std::string* bytes = m.FindHeader(kDeviceHeaderLayer);
+  if (bytes == nullptr) return absl::OkStatus();
+  const std::string what = absl::StrCat("worker '", me_, "': ",
+                                        Which(m, request), " from '",
+                                        peer.name, "'");
+  const std::vector<Tensor> tensors = m.Tensors();
+  absl::StatusOr<DeviceHeader> header =
+      DecodeDeviceHeader(*bytes, tensors.size(), request, what);
+  std::map<uint32_t, Tensor> landed;  // Released if any placement fails.
+  StagedTraffic counted;
+  absl::Status status = header.status();
+  if (status.ok()) {
+    for (const DevicePlacement& p : header->placements) {
+      const Tensor& host = tensors[p.position];
+      const std::string tensor = absl::StrCat(
+          "tensor ", p.position, " (", host.nbytes(), " bytes, from its cuda:",
+          p.source, ")");
+      if (!host.defined() || !host.device().is_cpu()) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            what, ": malformed device header: ", tensor,
+            " did not arrive as host bytes"));
+        break;
+      }
+      Device target;
+      if (request) {
+        target = Device::CUDA(*p.target);
+      } else {
+        absl::StatusOr<Device> back =
+            maps_.ReplyTarget(me_, peer.name, Device::CUDA(p.source),
+                              static_cast<int>(p.position));
+        if (!back.ok()) {
+          status = back.status();
+          break;
+        }
+        target = *back;
+      }
+      if (target.is_cpu()) continue;  // Staging to CPU was allowed.
+      if (devices_.empty()) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            what, ": ", tensor, " is sent to ", target.ToString(),
+            ", but this worker has no CUDA devices (WorkerOptions::devices)"));
+        break;
+      }
+      if (!Uses(target)) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            what, ": ", tensor, " is sent to ", target.ToString(),
+            ", which this worker does not use (", DeviceListText(), ")"));
+        break;
+      }
+      absl::StatusOr<Tensor> on_device = cuda::CopyToDevice(
+          host, target.index, kStream, *allocator_, *api_);
+      if (!on_device.ok()) {
+        status = Annotate(on_device.status(),
+                          absl::StrCat(what, ": landing ", tensor, " on ",
+                                       target.ToString()));
+        break;
+      }
+      ++counted.tensors_in;
+      counted.bytes_in += host.nbytes();
+      landed.emplace(p.position, *std::move(on_device));
+    }
+  }
+  if (!status.ok()) {
+    landed.clear();  // Back to the allocator before the error travels.
+    Count(peer.name, StagedTraffic{.refused = 1});
+    return status;
+  }
+  uint32_t position = 0;
+  rpc::ForEachTensor(m.payload, [&](Tensor& t) {
+    auto it = landed.find(position++);
+    if (it != landed.end()) t = std::move(it->second);
+  });
+  m.ClearHeader(kDeviceHeaderLayer);
+  if (counted.tensors_in > 0) Count(peer.name, counted);
+  return absl::OkStatus();
+}
+
+StagedTraffic DeviceStage::Traffic(const std::string& peer) const {
+  MutexLock lock(&mu_);
+  auto it = traffic_.find(peer);
+  return it == traffic_.end() ? StagedTraffic{} : it->second;
+}
+
+std::vector<rpc::InspectionRow> DeviceStage::Inspect() const {
+  std::map<std::string, StagedTraffic> copy;
+  {
+    MutexLock lock(&mu_);
+    copy = traffic_;
+  }
+  std::vector<rpc::InspectionRow> rows;
+  for (const auto& [peer, t] : copy) {
+    rows.push_back({"staged",
+                    {{"peer", peer},
+                     {"tensors_out", absl::StrCat(t.tensors_out)},
+                     {"bytes_out", absl::StrCat(t.bytes_out)},
+                     {"to_cpu_out", absl::StrCat(t.to_cpu_out)},
+                     {"tensors_in", absl::StrCat(t.tensors_in)},
+                     {"bytes_in", absl::StrCat(t.bytes_in)},
+                     {"refused", absl::StrCat(t.refused)}}});
+  }
+  return rows;
+}
+
+}  // namespace ferry

@@ -1,0 +1,115 @@
+// DeviceStage: CUDA tensors through RPC over the staged path (issue #32):
+// a CUDA tensor in a message leaves its sender as host bytes and lands on
+// the mapped device of the receiver, through rpc/'s interceptor seam and
+// the device layer's typed header (worker/device_header.h), so rpc/ and
+// its transports never see a device.
+//
+// Sending (a request or a reply), each CUDA tensor is copied to host memory
+// (tensor/cuda/copy.h) and replaced by that copy. A request's tensor goes
+// where this worker's map to the peer says (rpc::DeviceMaps::Target: an
+// unmapped device is InvalidArgument naming the worker, the peer, the
+// tensor's position and the device, unless staging to CPU is allowed, then
+// it stays a CPU tensor); the header records each placement. A reply's
+// tensor records only its device: the caller applies the reverse of its own
+// map (rpc::DeviceMaps::ReplyTarget) when the reply arrives, so the maps and
+// the staging option that govern a pair are always the caller's.
+// Receiving, each placement is copied onto its device, allocated from this
+// worker's CachingDeviceAllocator, before the handler (or the caller's
+// future) sees the message; on any failure the message fails and the
+// landed tensors are released to the allocator.
+//
+// Errors name this worker, the peer, the tensor's position and the device:
+// a tensor on a device this worker does not use (FailedPrecondition), a
+// header naming a device the receiver lacks (InvalidArgument; a receiver
+// without CUDA devices: FailedPrecondition), malformed header
+// (InvalidArgument), out of device memory (ResourceExhausted, the
+// allocator's text with the device and size).
+// Thread safety: every method is safe from any thread. Ownership: the agent
+// holds the interceptors, which hold the stage weakly.
+// Design: docs/design/cuda_rpc.md.
+#ifndef FERRY_WORKER_DEVICE_STAGE_H_
+#define FERRY_WORKER_DEVICE_STAGE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ferry/common/sync.h"
+#include "ferry/rpc/agent.h"
+#include "ferry/rpc/inspect.h"
+#include "ferry/rpc/message.h"
+#include "ferry/worker/device_plan.h"
+
+namespace ferry {
+
+namespace cuda {
+class CachingDeviceAllocator;
+class DeviceMemoryApi;
+}  // namespace cuda
+
+/// Counters of the tensors staged with one peer (monotonic).
+struct StagedTraffic {
+  uint64_t tensors_out = 0;  ///< CUDA tensors sent to it through host memory.
+  uint64_t bytes_out = 0;    ///< Their bytes.
+  uint64_t to_cpu_out = 0;   ///< Of tensors_out, those sent to land on its CPU.
+  uint64_t tensors_in = 0;   ///< Its tensors landed on a device here.
+  uint64_t bytes_in = 0;     ///< Their bytes.
+  uint64_t refused = 0;      ///< Messages to or from it that this stage failed.
+};
+
+/// The staged path of one worker (see the top of the file).
+class DeviceStage {
+ public:
+  /// The stage of worker `me` with `options` (parsed and checked) over
+  /// `api` (null when the worker has no devices; then a CUDA tensor sent or
+  /// a placement received is refused).
+  static absl::StatusOr<std::shared_ptr<DeviceStage>> Create(
+      std::string me, const DeviceOptions& options,
+      std::shared_ptr<cuda::DeviceMemoryApi> api);
+  ~DeviceStage();
+
+  /// Lands the placements of a received request or reply (kReceive*
+  /// points); other points pass. Add it before the layers' interceptors.
+  static rpc::Interceptor ReceiveInterceptor(std::weak_ptr<DeviceStage> stage);
+  /// Stages the CUDA tensors of an outgoing request or reply (kSend*
+  /// points); other points pass. Add it after the layers' interceptors.
+  static rpc::Interceptor SendInterceptor(std::weak_ptr<DeviceStage> stage);
+
+  /// Stages `message`'s CUDA tensors for `peer` (`request`: a request).
+  absl::Status StageOut(const rpc::WorkerInfo& peer, rpc::Message& message,
+                        bool request);
+  /// Lands `message`'s placements from `peer` (`request`: a request).
+  absl::Status LandIn(const rpc::WorkerInfo& peer, rpc::Message& message,
+                      bool request);
+
+  /// The allocator landed tensors come from; null without devices.
+  cuda::CachingDeviceAllocator* allocator() const { return allocator_.get(); }
+  /// The counters of `peer` (zeros when none moved).
+  StagedTraffic Traffic(const std::string& peer) const;
+  /// Rows for the Admin inspector "devices": one "staged" row per peer.
+  std::vector<rpc::InspectionRow> Inspect() const;
+
+ private:
+  DeviceStage(std::string me, const DeviceOptions& options,
+              std::shared_ptr<cuda::DeviceMemoryApi> api,
+              std::unique_ptr<cuda::CachingDeviceAllocator> allocator);
+  bool Uses(const Device& device) const;
+  std::string DeviceListText() const;
+  void Count(const std::string& peer, const StagedTraffic& delta);
+
+  const std::string me_;
+  const std::vector<Device> devices_;
+  const rpc::DeviceMaps maps_;
+  const std::shared_ptr<cuda::DeviceMemoryApi> api_;
+  const std::unique_ptr<cuda::CachingDeviceAllocator> allocator_;
+  mutable Mutex mu_;
+  std::map<std::string, StagedTraffic> traffic_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_WORKER_DEVICE_STAGE_H_
