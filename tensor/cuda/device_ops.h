@@ -7,8 +7,8 @@
 // loops over FakeDeviceApi memory (host_ops.h).
 //
 // Contract of every method: operands are defined float32/float64 tensors
-// (targets int64) on one device of the backend's context; results are new
-// contiguous tensors on that device. Errors are Status (InvalidArgument
+// (targets int64, conditions bool) on one device of the backend's context;
+// results are new contiguous tensors on that device. Errors are Status (InvalidArgument
 // naming the op, each operand's dtype, shape and device; FailedPrecondition
 // once the context is destroyed); nothing aborts.
 // Ownership: storages hold the backend by shared_ptr; the backend refers to
@@ -94,6 +94,29 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                         bool transpose_a,
                                         bool transpose_b) = 0;
+  /// Copies `src` (broadcast to dst's shape) into the strided view `dst`
+  /// of a device tensor (a slice of a larger one: cat, slice backward);
+  /// dst's elements must be distinct.
+  virtual absl::Status CopyInto(const Tensor& dst, const Tensor& src) = 0;
+  /// cond ? a : b elementwise, broadcasting; cond is bool.
+  virtual absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                                       const Tensor& b) = 0;
+  /// Mean over rows of -log_probs[r, target[r]], 0-d, for log_probs [N, C]
+  /// and int64 target [N]; a target outside [0, C) is InvalidArgument.
+  virtual absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                         const Tensor& target) = 0;
+  /// The log-probabilities' gradient [N, classes] from the 0-d loss
+  /// gradient (targets as the forward checked them).
+  virtual absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                                 const Tensor& grad_loss,
+                                                 int64_t classes) = 0;
+  /// A dropout mask of `sizes` on CUDA `device`: element i (row-major) is
+  /// math::DropoutScale(seed, offset + i, p), 0 or 1 / (1 - p), the same on
+  /// every backend (Philox counters); p in [0, 1].
+  virtual absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                             DType dtype, Device device,
+                                             double p, uint64_t seed,
+                                             uint64_t offset) = 0;
   /// One SGD step of contiguous `param` in place (`buf` when momentum).
   virtual absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                                const Tensor& buf,

@@ -428,6 +428,127 @@ class HostOps final : public ContextBoundOps {
     return out;
   }
 
+  absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
+    absl::ReaderMutexLock lock(&mu_);
+    RETURN_IF_ERROR(Check("copy_into", {&dst, &src}, 2).status());
+    const std::optional<std::vector<int64_t>> bcast =
+        BroadcastSizes(dst.sizes(), src.sizes());
+    if (!bcast || *bcast != dst.sizes()) {
+      return Bad("copy_into", "src does not broadcast to dst's shape",
+                 {&dst, &src});
+    }
+    dst.storage().BumpVersion();
+    const math::StridedIndexer id = Strided(dst, dst.sizes()),
+                               is = Strided(src, dst.sizes());
+    ForFloat(dst.dtype(), [&]<typename T>() {
+      const T* ps = At<T>(src);
+      T* pd = At<T>(dst);
+      for (int64_t i = 0; i < dst.numel(); ++i)
+        pd[id.Offset(i)] = ps[is.Offset(i)];
+    });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                               const Tensor& b) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Check("where", {&a, &b}, 2));
+    if (!cond.defined() || cond.device() != a.device() ||
+        cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
+      return Bad("where", "cond must be bool on a's device", {&cond, &a, &b});
+    }
+    std::optional<std::vector<int64_t>> bcast =
+        BroadcastSizes(a.sizes(), b.sizes());
+    if (bcast) bcast = BroadcastSizes(cond.sizes(), *bcast);
+    if (!bcast) return Bad("where", "shapes do not broadcast", {&cond, &a, &b});
+    const std::vector<int64_t>& sizes = *bcast;
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, a.dtype(), a.device()));
+    const math::StridedIndexer ic = Strided(cond, sizes),
+                               ia = Strided(a, sizes), ib = Strided(b, sizes);
+    const bool* pc = At<bool>(cond);
+    ForFloat(a.dtype(), [&]<typename T>() {
+      const T *pa = At<T>(a), *pb = At<T>(b);
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < out.numel(); ++i)
+        po[i] = pc[ic.Offset(i)] ? pa[ia.Offset(i)] : pb[ib.Offset(i)];
+    });
+    return out;
+  }
+
+  absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                 const Tensor& target) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("nll_loss", {&log_probs, &target}, 1));
+    RETURN_IF_ERROR(CheckRowsTargets("nll_loss", log_probs, target));
+    const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
+    ASSIGN_OR_RETURN(Tensor loss,
+                     c->Empty({}, log_probs.dtype(), log_probs.device()));
+    const math::StridedIndexer ix = Strided(log_probs, log_probs.sizes());
+    const math::StridedIndexer it = Strided(target, target.sizes());
+    const int64_t* pt = At<int64_t>(target);
+    ForFloat(log_probs.dtype(), [&]<typename T>() {
+      const T* px = At<T>(log_probs);
+      double total = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        total -= px[ix.Offset(r * cols + pt[it.Offset(r)])];
+      *At<T>(loss) = static_cast<T>(rows == 0 ? 0.0 : total / rows);
+    });
+    return loss;
+  }
+
+  absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                         const Tensor& grad_loss,
+                                         int64_t classes) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("nll_loss_backward", {&grad_loss, &target}, 1));
+    if (target.dim() != 1 || grad_loss.numel() != 1 || classes <= 0) {
+      return Bad("nll_loss_backward",
+                 absl::StrCat("needs target [N], a one-element grad_loss and "
+                              "classes > 0 (classes ", classes, ")"),
+                 {&target, &grad_loss});
+    }
+    const int64_t rows = target.size(0);
+    ASSIGN_OR_RETURN(Tensor out, c->Empty({rows, classes}, grad_loss.dtype(),
+                                          grad_loss.device()));
+    const math::StridedIndexer it = Strided(target, target.sizes());
+    const int64_t* pt = At<int64_t>(target);
+    ForFloat(grad_loss.dtype(), [&]<typename T>() {
+      const T g = *At<T>(grad_loss);
+      T* po = At<T>(out);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < classes; ++j) {
+          po[r * classes + j] =
+              math::NllLossBackward(pt[it.Offset(r)] == j, g, rows);
+        }
+      }
+    });
+    return out;
+  }
+
+  absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                     DType dtype, Device device, double p,
+                                     uint64_t seed, uint64_t offset) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Context("dropout_mask"));
+    if (!(p >= 0 && p <= 1) || !device.is_cuda() ||
+        (dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host-fake dropout_mask: needs p in [0, 1], a float dtype and a "
+          "CUDA device (p ", p, ", ", DTypeName(dtype), " [",
+          absl::StrJoin(sizes, ", "), "] on ", device.ToString(), ")"));
+    }
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, dtype, device));
+    ForFloat(dtype, [&]<typename T>() {
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < out.numel(); ++i)
+        po[i] = math::DropoutScale<T>(seed, offset + static_cast<uint64_t>(i),
+                                      p);
+    });
+    return out;
+  }
+
   absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                        const Tensor& buf, const math::SgdParams& o) override {
     absl::ReaderMutexLock lock(&mu_);

@@ -601,6 +601,149 @@ absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
   return Binary(ctx, math::BinaryOp::kAdd, y, bias);
 }
 
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst,
+                      const Tensor& src) {
+  const auto ops = {Operand{"dst", &dst}, Operand{"src", &src}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "copy_into", ops, 2));
+  std::optional<std::vector<int64_t>> bcast =
+      BroadcastSizes(dst.sizes(), src.sizes());
+  if (!bcast || *bcast != dst.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda copy_into: src does not broadcast to dst's shape (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const math::StridedIndexer id = Indexer(dst, dst.sizes()),
+                             is = Indexer(src, dst.sizes());
+  dst.storage().BumpVersion();
+  const int code = Floating(dst.dtype(), [&]<typename T>() {
+    return kernels::StridedCopy<T>(Ptr<T>(src), is, Ptr<T>(dst), id,
+                                   dst.numel(), ctx.stream(dev));
+  });
+  return Launched("copy_into", dev, code, ops);
+}
+
+absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
+                             const Tensor& a, const Tensor& b) {
+  const auto ops = {Operand{"cond", &cond}, Operand{"a", &a},
+                    Operand{"b", &b}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "where", {{"a", &a}, {"b", &b}}, 2));
+  if (!cond.defined() || cond.device() != a.device() ||
+      cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda where: cond must be bool on a's device (", DescribeAll(ops),
+        ")"));
+  }
+  std::optional<std::vector<int64_t>> sizes =
+      BroadcastSizes(a.sizes(), b.sizes());
+  if (sizes) sizes = BroadcastSizes(cond.sizes(), *sizes);
+  if (!sizes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda where: shapes do not broadcast (", DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(*sizes, a.dtype(), a.device()));
+  const math::StridedIndexer ic = Indexer(cond, *sizes),
+                             ia = Indexer(a, *sizes), ib = Indexer(b, *sizes);
+  const int code = Floating(a.dtype(), [&]<typename T>() {
+    return kernels::Where<T>(Ptr<bool>(cond), ic, Ptr<T>(a), ia, Ptr<T>(b), ib,
+                             Ptr<T>(out), out.numel(), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("where", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> NllLoss(CudaContext& ctx, const Tensor& log_probs,
+                               const Tensor& target) {
+  const auto ops = {Operand{"log_probs", &log_probs},
+                    Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "nll_loss", ops, 1));
+  if (log_probs.dim() != 2 || target.dim() != 1 ||
+      target.size(0) != log_probs.size(0) || log_probs.size(1) == 0 ||
+      !target.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss: needs log_probs [N, C>0] and contiguous target [N] (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
+  ASSIGN_OR_RETURN(Tensor loss,
+                   ctx.Empty({}, log_probs.dtype(), log_probs.device()));
+  ASSIGN_OR_RETURN(Tensor scratch, ctx.Empty({rows + kernels::kSumBlocks},
+                                             log_probs.dtype(),
+                                             log_probs.device()));
+  ASSIGN_OR_RETURN(Tensor flag, ZeroedFlag(ctx, dev));
+  const math::StridedIndexer ix = Indexer(log_probs, log_probs.sizes());
+  const int code = Floating(log_probs.dtype(), [&]<typename T>() {
+    return kernels::NllLoss<T>(Ptr<T>(log_probs), ix, Ptr<int64_t>(target),
+                               rows, cols, Ptr<T>(scratch), Ptr<T>(loss),
+                               Ptr<int32_t>(flag), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("nll_loss", dev, code, ops));
+  ASSIGN_OR_RETURN(bool bad, ReadFlag(flag));
+  if (bad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss: a target is outside [0, ", cols, ") (",
+        DescribeAll(ops), ")"));
+  }
+  if (rows == 0) RETURN_IF_ERROR(Fill(ctx, loss, 0));
+  return loss;
+}
+
+absl::StatusOr<Tensor> NllLossBackward(CudaContext& ctx, const Tensor& target,
+                                       const Tensor& grad_loss,
+                                       int64_t classes) {
+  const auto ops = {Operand{"grad_loss", &grad_loss},
+                    Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "nll_loss_backward", ops, 1));
+  if (target.dim() != 1 || !target.is_contiguous() ||
+      grad_loss.numel() != 1 || classes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss_backward: needs contiguous target [N], a one-element "
+        "grad_loss and classes > 0 (classes ",
+        classes, "; ", DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const int64_t rows = target.size(0);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad_loss));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({rows, classes}, grad_loss.dtype(),
+                                         grad_loss.device()));
+  const int code = Floating(grad_loss.dtype(), [&]<typename T>() {
+    return kernels::NllLossBackward<T>(Ptr<int64_t>(target), Ptr<T>(gc), rows,
+                                       classes, Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("nll_loss_backward", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> DropoutMask(CudaContext& ctx,
+                                   const std::vector<int64_t>& sizes,
+                                   DType dtype, Device device, double p,
+                                   uint64_t seed, uint64_t offset) {
+  if (!(p >= 0 && p <= 1) || !device.is_cuda() ||
+      (dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda dropout_mask: needs p in [0, 1], a float dtype and a CUDA "
+        "device (p ", p, ", ", DTypeName(dtype), " [",
+        absl::StrJoin(sizes, ", "), "] on ", device.ToString(), ")"));
+  }
+  RETURN_IF_ERROR(ctx.CheckCudaDevice("dropout_mask", device));
+  if (!ctx.runs_kernels()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda dropout_mask: the context's ", ctx.api().name(),
+        " devices run no kernels (", device.ToString(), ")"));
+  }
+  DeviceGuard guard(device.index);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, dtype, device));
+  const int code = Floating(dtype, [&]<typename T>() {
+    return kernels::DropoutMask<T>(seed, offset, p, Ptr<T>(out), out.numel(),
+                                   ctx.stream(device.index));
+  });
+  RETURN_IF_ERROR(Launched("dropout_mask", device.index, code,
+                           {{"mask", &out}}));
+  return out;
+}
+
 absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
                      const Tensor& buf, const math::SgdParams& o) {
   const bool momentum = o.momentum != 0;
@@ -758,6 +901,30 @@ class CudaOps final : public ContextBoundOps {
                                 bool transpose_a, bool transpose_b) override {
     FERRY_CUDA_OPS_CALL("matmul",
                         cuda::Matmul(*c, a, b, transpose_a, transpose_b));
+  }
+  absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
+    FERRY_CUDA_OPS_CALL("copy_into", cuda::CopyInto(*c, dst, src));
+  }
+  absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                               const Tensor& b) override {
+    FERRY_CUDA_OPS_CALL("where", cuda::Where(*c, cond, a, b));
+  }
+  absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                 const Tensor& target) override {
+    FERRY_CUDA_OPS_CALL("nll_loss", cuda::NllLoss(*c, log_probs, target));
+  }
+  absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                         const Tensor& grad_loss,
+                                         int64_t classes) override {
+    FERRY_CUDA_OPS_CALL("nll_loss_backward",
+                        cuda::NllLossBackward(*c, target, grad_loss, classes));
+  }
+  absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                     DType dtype, Device device, double p,
+                                     uint64_t seed, uint64_t offset) override {
+    FERRY_CUDA_OPS_CALL("dropout_mask", cuda::DropoutMask(*c, sizes, dtype,
+                                                          device, p, seed,
+                                                          offset));
   }
   absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                        const Tensor& buf, const math::SgdParams& o) override {

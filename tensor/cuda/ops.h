@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -101,6 +102,27 @@ absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
 /// x [N, in] @ weight [out, in]^T + bias [out] (bias may be undefined).
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
                               const Tensor& weight, const Tensor& bias);
+
+/// Copies `src` (broadcast to dst's shape) into the strided view `dst`
+/// (distinct elements, e.g. a slice of a larger tensor).
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& src);
+/// cond ? a : b elementwise, broadcasting (cond bool).
+absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
+                             const Tensor& a, const Tensor& b);
+/// Mean over rows of -log_probs[r, target[r]] (log_probs [N, C], target
+/// int64 [N]); a target outside [0, C) is InvalidArgument.
+absl::StatusOr<Tensor> NllLoss(CudaContext& ctx, const Tensor& log_probs,
+                               const Tensor& target);
+/// NllLoss's input gradient [N, classes] from the 0-d loss gradient.
+absl::StatusOr<Tensor> NllLossBackward(CudaContext& ctx, const Tensor& target,
+                                       const Tensor& grad_loss,
+                                       int64_t classes);
+/// Dropout mask of `sizes` on `device`: element i is
+/// math::DropoutScale(seed, offset + i, p) (Philox; p in [0, 1]).
+absl::StatusOr<Tensor> DropoutMask(CudaContext& ctx,
+                                   const std::vector<int64_t>& sizes,
+                                   DType dtype, Device device, double p,
+                                   uint64_t seed, uint64_t offset);
 
 /// One SGD step of `param` in place (optim.h's SGD rule); `buf` (the
 /// momentum buffer, same shape) is needed only when o.momentum != 0.
