@@ -657,19 +657,11 @@ std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
   return batch;
 }
 
-// op(x_i) @ op(y_i) for each i of contiguous [B, *, *] operands: one 2-D
-// product per batch entry, each copied into its slice of the result.
+// op(x_i) @ op(y_i) for each i of contiguous [B, *, *] operands (one
+// strided-batched GEMM on CUDA).
 absl::StatusOr<Tensor> DeviceBatchMm(DeviceOps& d, const Tensor& x, bool tx,
                                      const Tensor& y, bool ty) {
-  const int64_t batch = x.size(0);
-  const int64_t m = tx ? x.size(2) : x.size(1);
-  const int64_t n = ty ? y.size(1) : y.size(2);
-  ASSIGN_OR_RETURN(Tensor out, d.Empty({batch, m, n}, x.dtype(), x.device()));
-  for (int64_t i = 0; i < batch; ++i) {
-    ASSIGN_OR_RETURN(Tensor r, d.Matmul(x.select(0, i), y.select(0, i), tx, ty));
-    RETURN_IF_ERROR(d.CopyInto(out.select(0, i), r));
-  }
-  return out;
+  return d.BatchedMatmul(x, y, tx, ty);
 }
 
 // `t` contiguous on its device and viewed as `sizes`.

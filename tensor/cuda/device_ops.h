@@ -117,6 +117,12 @@ class DeviceOps : public DeviceComputeInterface {
                                              DType dtype, Device device,
                                              double p, uint64_t seed,
                                              uint64_t offset) = 0;
+  /// op(a_i) @ op(b_i) for each i of 3-D operands [B, *, *] (one
+  /// strided-batched GEMM on CUDA): [B, m, n].
+  virtual absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a,
+                                               const Tensor& b,
+                                               bool transpose_a,
+                                               bool transpose_b) = 0;
   /// One SGD step of contiguous `param` in place (`buf` when momentum).
   virtual absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                                const Tensor& buf,

@@ -408,23 +408,34 @@ class HostOps final : public ContextBoundOps {
                  {&a, &b});
     }
     ASSIGN_OR_RETURN(Tensor out, c->Empty({m, n}, a.dtype(), a.device()));
-    // Element (i, p) of op(a) and (p, j) of op(b), from the strides.
-    const int64_t ai = a.strides()[transpose_a ? 1 : 0],
-                  ap = a.strides()[transpose_a ? 0 : 1];
-    const int64_t bp = b.strides()[transpose_b ? 1 : 0],
-                  bj = b.strides()[transpose_b ? 0 : 1];
-    ForFloat(a.dtype(), [&]<typename T>() {
-      const T *pa = At<T>(a), *pb = At<T>(b);
-      T* po = At<T>(out);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          T total = 0;
-          for (int64_t p = 0; p < k; ++p)
-            total += pa[i * ai + p * ap] * pb[p * bp + j * bj];
-          po[i * n + j] = total;
-        }
-      }
-    });
+    MatmulInto(a, b, transpose_a, transpose_b, out);
+    return out;
+  }
+
+  absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a, const Tensor& b,
+                                       bool transpose_a,
+                                       bool transpose_b) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Check("batched_matmul", {&a, &b}, 2));
+    if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0)) {
+      return Bad("batched_matmul", "needs 3-D operands of one batch size",
+                 {&a, &b});
+    }
+    const int64_t m = a.size(transpose_a ? 2 : 1);
+    const int64_t k = a.size(transpose_a ? 1 : 2);
+    const int64_t kb = b.size(transpose_b ? 2 : 1);
+    const int64_t n = b.size(transpose_b ? 1 : 2);
+    if (k != kb) {
+      return Bad("batched_matmul",
+                 absl::StrCat("inner sizes ", k, " and ", kb, " differ"),
+                 {&a, &b});
+    }
+    ASSIGN_OR_RETURN(Tensor out,
+                     c->Empty({a.size(0), m, n}, a.dtype(), a.device()));
+    for (int64_t i = 0; i < a.size(0); ++i) {
+      MatmulInto(a.select(0, i), b.select(0, i), transpose_a, transpose_b,
+                 out.select(0, i));
+    }
     return out;
   }
 
@@ -627,6 +638,30 @@ class HostOps final : public ContextBoundOps {
   }
 
  private:
+  // out [m, n] (contiguous) = op(a) @ op(b) of 2-D strided operands.
+  static void MatmulInto(const Tensor& a, const Tensor& b, bool transpose_a,
+                         bool transpose_b, const Tensor& out) {
+    const int64_t m = out.size(0), n = out.size(1);
+    const int64_t k = transpose_a ? a.size(0) : a.size(1);
+    // Element (i, p) of op(a) and (p, j) of op(b), from the strides.
+    const int64_t ai = a.strides()[transpose_a ? 1 : 0],
+                  ap = a.strides()[transpose_a ? 0 : 1];
+    const int64_t bp = b.strides()[transpose_b ? 1 : 0],
+                  bj = b.strides()[transpose_b ? 0 : 1];
+    ForFloat(a.dtype(), [&]<typename T>() {
+      const T *pa = At<T>(a), *pb = At<T>(b);
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          T total = 0;
+          for (int64_t p = 0; p < k; ++p)
+            total += pa[i * ai + p * ap] * pb[p * bp + j * bj];
+          po[i * n + j] = total;
+        }
+      }
+    });
+  }
+
   // A new tensor of x's shape with element i = f(x's element i).
   template <typename F>
   static absl::StatusOr<Tensor> Map(CudaContext& c, const Tensor& x, F f) {

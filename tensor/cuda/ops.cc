@@ -589,6 +589,56 @@ absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
   return out;
 }
 
+absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
+                                     const Tensor& b, bool transpose_a,
+                                     bool transpose_b) {
+  const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "batched_matmul", ops, 2));
+  if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda batched_matmul: needs 3-D operands of one batch size (",
+        DescribeAll(ops), ")"));
+  }
+  const int64_t batch = a.size(0);
+  const int64_t m = a.size(transpose_a ? 2 : 1);
+  const int64_t k = a.size(transpose_a ? 1 : 2);
+  const int64_t kb = b.size(transpose_b ? 2 : 1);
+  const int64_t n = b.size(transpose_b ? 1 : 2);
+  if (k != kb) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda batched_matmul: inner sizes ", k, " and ", kb,
+        " differ (transpose_a ", transpose_a, ", transpose_b ", transpose_b,
+        "; ", DescribeAll(ops), ")"));
+  }
+  constexpr int64_t kIntMax = 2147483647;
+  if (m > kIntMax || n > kIntMax || k > kIntMax || batch > kIntMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda batched_matmul: a size exceeds cuBLAS's int range (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({batch, m, n}, a.dtype(), a.device()));
+  if (batch == 0 || m == 0 || n == 0) return out;
+  if (k == 0) {
+    RETURN_IF_ERROR(Fill(ctx, out, 0));
+    return out;
+  }
+  ASSIGN_OR_RETURN(Tensor ac, Contiguous(ctx, a));
+  ASSIGN_OR_RETURN(Tensor bc, Contiguous(ctx, b));
+  const absl::Status st = ctx.Gemm(
+      dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
+      static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
+      static_cast<int>(a.size(2)), bc.data_ptr(), static_cast<int>(b.size(2)),
+      out.data_ptr(), static_cast<int>(batch), a.size(1) * a.size(2),
+      b.size(1) * b.size(2));
+  if (!st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("cuda batched_matmul: ", st.message(),
+                                     " (", DescribeAll(ops), ")"));
+  }
+  return out;
+}
+
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
                               const Tensor& weight, const Tensor& bias) {
   ASSIGN_OR_RETURN(Tensor y, Matmul(ctx, x, weight, false, true));
@@ -901,6 +951,13 @@ class CudaOps final : public ContextBoundOps {
                                 bool transpose_a, bool transpose_b) override {
     FERRY_CUDA_OPS_CALL("matmul",
                         cuda::Matmul(*c, a, b, transpose_a, transpose_b));
+  }
+  absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a, const Tensor& b,
+                                       bool transpose_a,
+                                       bool transpose_b) override {
+    FERRY_CUDA_OPS_CALL("batched_matmul", cuda::BatchedMatmul(*c, a, b,
+                                                              transpose_a,
+                                                              transpose_b));
   }
   absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
     FERRY_CUDA_OPS_CALL("copy_into", cuda::CopyInto(*c, dst, src));

@@ -99,6 +99,11 @@ absl::StatusOr<Tensor> EmbeddingBackward(CudaContext& ctx, const Tensor& g,
 absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
                               const Tensor& b, bool transpose_a = false,
                               bool transpose_b = false);
+/// op(a_i) @ op(b_i) for each i of 3-D operands [B, *, *]: one
+/// strided-batched cuBLAS call, [B, m, n].
+absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
+                                     const Tensor& b, bool transpose_a = false,
+                                     bool transpose_b = false);
 /// x [N, in] @ weight [out, in]^T + bias [out] (bias may be undefined).
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
                               const Tensor& weight, const Tensor& bias);

@@ -244,6 +244,28 @@ TEST_F(CudaOpsTest, MatmulAndLinearLikeTheCpu) {
               Linear(*ctx_, Dev(x), Dev(weight), Dev(bias)), "linear");
 }
 
+TEST_F(CudaOpsTest, BatchedMatmulLikeTheCpu) {
+  SkipWithoutCublas();
+  if (IsSkipped()) return;
+  for (int64_t batch : {1, 3}) {  // 1: the plain GEMM path.
+    Tensor a = randn({batch, 4, 6}, 24), b = randn({batch, 6, 5}, 25);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor as = ta ? a.transpose(1, 2).contiguous() : a;
+        Tensor bs = tb ? b.transpose(1, 2).contiguous() : b;
+        ExpectClose(autograd::matmul(a, b),
+                    BatchedMatmul(*ctx_, Dev(as), Dev(bs), ta, tb),
+                    "batched_matmul batch=" + std::to_string(batch) +
+                        " ta=" + std::to_string(ta) +
+                        " tb=" + std::to_string(tb));
+      }
+    }
+  }
+  absl::StatusOr<Tensor> r = BatchedMatmul(*ctx_, Dev(randn({2, 3, 4}, 26)),
+                                           Dev(randn({3, 4, 2}, 26)));
+  EXPECT_THAT(r.status().message(), HasSubstr("one batch size"));
+}
+
 TEST_F(CudaOpsTest, OptimizerStepsMatchTheHostRule) {
   Tensor p = randn({33}, 20), g = randn({33}, 21);
   math::SgdParams sgd;
