@@ -427,6 +427,9 @@ TEST_P(AutogradDispatchTest, OptimizerStepsMatchHostRules) {
 }
 
 TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
+  // CUDA does not survive fork(): each death test re-runs this binary in a
+  // fresh process instead of forking this one (which has a CUDA context).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   Tensor d = Dev(ones({2, 2}));
   Tensor c = ones({2, 2});
   EXPECT_DEATH(ag::add(d, c),
@@ -458,6 +461,14 @@ TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
                "cat: operands on different devices");
   EXPECT_DEATH(ag::softmax(Dev(ones({2, 3})), 2),
                "softmax: dimension 2 out of range");
+  // Wrong dtypes: the backend's Status, naming the op and the operands.
+  EXPECT_DEATH(ag::gelu(Dev(from_vector<int64_t>({1, 2}))),
+               "gelu: .*(dtype|float32 or float64).*int64 \\[2\\] on cuda:0");
+  EXPECT_DEATH(ag::where(Dev(from_vector<bool>({true, false})),
+                         Dev(ones({2})), Dev(ones({2}, DType::kFloat64))),
+               "where: .*dtype.*float64 \\[2\\] on cuda:0");
+  EXPECT_DEATH(ag::nll_loss(Dev(ones({2, 3})), Dev(ones({2}))),
+               "nll_loss: .*(dtype|int64).*float32 \\[2\\] on cuda:0");
   // A gradient on the wrong device for the root.
   Tensor w = Dev(ones({2}));
   ag::SetRequiresGrad(w);
