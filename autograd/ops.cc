@@ -657,13 +657,6 @@ std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
   return batch;
 }
 
-// op(x_i) @ op(y_i) for each i of contiguous [B, *, *] operands (one
-// strided-batched GEMM on CUDA).
-absl::StatusOr<Tensor> DeviceBatchMm(DeviceOps& d, const Tensor& x, bool tx,
-                                     const Tensor& y, bool ty) {
-  return d.BatchedMatmul(x, y, tx, ty);
-}
-
 // `t` contiguous on its device and viewed as `sizes`.
 absl::StatusOr<Tensor> DeviceView(DeviceOps& d, const Tensor& t,
                                   const std::vector<int64_t>& sizes) {
@@ -673,7 +666,7 @@ absl::StatusOr<Tensor> DeviceView(DeviceOps& d, const Tensor& t,
 
 // matmul of N-D operands on a device, as on the CPU: N-D x 2-D folds a's
 // batch dims into rows (one product); N-D x N-D with equal batch dims is
-// one product per batch entry.
+// one batched product (strided-batched GEMM on CUDA).
 Tensor DeviceMatmulNd(DeviceOps* d, const Tensor& a, const Tensor& b) {
   if (a.dim() < 2 || b.dim() < 2) {
     TensorFail(absl::StrCat("matmul: expected at least 2-d tensors (",
@@ -721,7 +714,7 @@ Tensor DeviceMatmulNd(DeviceOps* d, const Tensor& a, const Tensor& b) {
   }
   Tensor a3 = Must(DeviceView(*d, a, {-1, m, k}), "matmul");
   Tensor b3 = Must(DeviceView(*d, b, {-1, k, n}), "matmul");
-  Tensor out = Must(DeviceBatchMm(*d, a3, false, b3, false), "matmul")
+  Tensor out = Must(d->BatchedMatmul(a3, b3, false, false), "matmul")
                    .view(WithLast2(batch, m, n));
   if (!NeedsGrad(a, b)) return out;
   return Record(
@@ -734,12 +727,12 @@ Tensor DeviceMatmulNd(DeviceOps* d, const Tensor& a, const Tensor& b) {
         Tensor ga, gb;
         if (nd[0]) {
           ASSIGN_OR_RETURN(Tensor b3, DeviceView(*dg, s[1], {-1, k, n}));
-          ASSIGN_OR_RETURN(ga, DeviceBatchMm(*dg, g3, false, b3, true));
+          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(g3, b3, false, true));
           ga = ga.view(sa);
         }
         if (nd[1]) {
           ASSIGN_OR_RETURN(Tensor a3, DeviceView(*dg, s[0], {-1, m, k}));
-          ASSIGN_OR_RETURN(gb, DeviceBatchMm(*dg, a3, true, g3, false));
+          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(a3, g3, true, false));
           gb = gb.view(sb);
         }
         return std::vector<Tensor>{ga, gb};

@@ -543,81 +543,46 @@ absl::StatusOr<Tensor> EmbeddingBackward(CudaContext& ctx, const Tensor& g,
   return out;
 }
 
-absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
-                              const Tensor& b, bool transpose_a,
-                              bool transpose_b) {
+namespace {
+
+// op(a) @ op(b) over the last two dims of 2-D operands, or of 3-D ones with
+// one leading batch size when `batched`, in one (strided-batched) cuBLAS
+// call; `op` names it in errors.
+absl::StatusOr<Tensor> Gemms(CudaContext& ctx, const char* op,
+                             const Tensor& a, const Tensor& b,
+                             bool transpose_a, bool transpose_b,
+                             bool batched) {
   const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "matmul", ops, 2));
-  if (a.dim() != 2 || b.dim() != 2) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, ops, 2));
+  const int64_t rank = batched ? 3 : 2, lead = rank - 2;
+  if (a.dim() != rank || b.dim() != rank ||
+      (batched && a.size(0) != b.size(0))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: needs 2-D operands (", DescribeAll(ops), ")"));
+        "cuda ", op, ": needs ",
+        batched ? "3-D operands of one batch size" : "2-D operands", " (",
+        DescribeAll(ops), ")"));
   }
-  const int64_t m = transpose_a ? a.size(1) : a.size(0);
-  const int64_t k = transpose_a ? a.size(0) : a.size(1);
-  const int64_t kb = transpose_b ? b.size(1) : b.size(0);
-  const int64_t n = transpose_b ? b.size(0) : b.size(1);
+  const int64_t batch = batched ? a.size(0) : 1;
+  const int64_t m = a.size(lead + (transpose_a ? 1 : 0));
+  const int64_t k = a.size(lead + (transpose_a ? 0 : 1));
+  const int64_t kb = b.size(lead + (transpose_b ? 1 : 0));
+  const int64_t n = b.size(lead + (transpose_b ? 0 : 1));
   if (k != kb) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: inner sizes ", k, " and ", kb, " differ (transpose_a ",
+        "cuda ", op, ": inner sizes ", k, " and ", kb, " differ (transpose_a ",
         transpose_a, ", transpose_b ", transpose_b, "; ", DescribeAll(ops),
         ")"));
   }
   constexpr int64_t kIntMax = 2147483647;
-  if (m > kIntMax || n > kIntMax || k > kIntMax) {
+  if (m > kIntMax || n > kIntMax || k > kIntMax || batch > kIntMax) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: a size exceeds cuBLAS's int range (", DescribeAll(ops),
+        "cuda ", op, ": a size exceeds cuBLAS's int range (", DescribeAll(ops),
         ")"));
   }
   DeviceGuard guard(dev);
-  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({m, n}, a.dtype(), a.device()));
-  if (m == 0 || n == 0) return out;
-  if (k == 0) {
-    RETURN_IF_ERROR(Fill(ctx, out, 0));
-    return out;
-  }
-  ASSIGN_OR_RETURN(Tensor ac, Contiguous(ctx, a));
-  ASSIGN_OR_RETURN(Tensor bc, Contiguous(ctx, b));
-  const absl::Status st = ctx.Gemm(
-      dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
-      static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
-      static_cast<int>(a.size(1)), bc.data_ptr(), static_cast<int>(b.size(1)),
-      out.data_ptr());
-  if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("cuda matmul: ", st.message(),
-                                                " (", DescribeAll(ops), ")"));
-  }
-  return out;
-}
-
-absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
-                                     const Tensor& b, bool transpose_a,
-                                     bool transpose_b) {
-  const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "batched_matmul", ops, 2));
-  if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda batched_matmul: needs 3-D operands of one batch size (",
-        DescribeAll(ops), ")"));
-  }
-  const int64_t batch = a.size(0);
-  const int64_t m = a.size(transpose_a ? 2 : 1);
-  const int64_t k = a.size(transpose_a ? 1 : 2);
-  const int64_t kb = b.size(transpose_b ? 2 : 1);
-  const int64_t n = b.size(transpose_b ? 1 : 2);
-  if (k != kb) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda batched_matmul: inner sizes ", k, " and ", kb,
-        " differ (transpose_a ", transpose_a, ", transpose_b ", transpose_b,
-        "; ", DescribeAll(ops), ")"));
-  }
-  constexpr int64_t kIntMax = 2147483647;
-  if (m > kIntMax || n > kIntMax || k > kIntMax || batch > kIntMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda batched_matmul: a size exceeds cuBLAS's int range (",
-        DescribeAll(ops), ")"));
-  }
-  DeviceGuard guard(dev);
-  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({batch, m, n}, a.dtype(), a.device()));
+  std::vector<int64_t> sizes = {m, n};
+  if (batched) sizes.insert(sizes.begin(), batch);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, a.dtype(), a.device()));
   if (batch == 0 || m == 0 || n == 0) return out;
   if (k == 0) {
     RETURN_IF_ERROR(Fill(ctx, out, 0));
@@ -628,15 +593,31 @@ absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
   const absl::Status st = ctx.Gemm(
       dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
       static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
-      static_cast<int>(a.size(2)), bc.data_ptr(), static_cast<int>(b.size(2)),
-      out.data_ptr(), static_cast<int>(batch), a.size(1) * a.size(2),
-      b.size(1) * b.size(2));
+      static_cast<int>(a.size(-1)), bc.data_ptr(),
+      static_cast<int>(b.size(-1)), out.data_ptr(), static_cast<int>(batch),
+      a.size(-2) * a.size(-1), b.size(-2) * b.size(-1));
   if (!st.ok()) {
-    return absl::Status(st.code(),
-                        absl::StrCat("cuda batched_matmul: ", st.message(),
-                                     " (", DescribeAll(ops), ")"));
+    return absl::Status(st.code(), absl::StrCat("cuda ", op, ": ",
+                                                st.message(), " (",
+                                                DescribeAll(ops), ")"));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
+                              const Tensor& b, bool transpose_a,
+                              bool transpose_b) {
+  return Gemms(ctx, "matmul", a, b, transpose_a, transpose_b,
+               /*batched=*/false);
+}
+
+absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
+                                     const Tensor& b, bool transpose_a,
+                                     bool transpose_b) {
+  return Gemms(ctx, "batched_matmul", a, b, transpose_a, transpose_b,
+               /*batched=*/true);
 }
 
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
