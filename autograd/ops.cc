@@ -664,6 +664,26 @@ absl::StatusOr<Tensor> DeviceView(DeviceOps& d, const Tensor& t,
   return c.view(sizes);
 }
 
+// `t` [..., r, c] as [B, *, *] for a batched product; *transposed says
+// whether that is t's transpose: a view with its last two dims swapped from
+// a contiguous tensor (attention's k^T) is passed as that tensor with the
+// flag set, without a copy; anything else is made contiguous.
+absl::StatusOr<Tensor> AsBatch(DeviceOps& d, const Tensor& t,
+                               bool* transposed) {
+  const Tensor swapped = t.transpose(t.dim() - 2, t.dim() - 1);
+  *transposed = !t.is_contiguous() && swapped.is_contiguous();
+  if (*transposed) return swapped.view({-1, t.size(-1), t.size(-2)});
+  return DeviceView(d, t, {-1, t.size(-2), t.size(-1)});
+}
+
+// Contiguous `x` holding the transpose of a tensor of `sizes` [..., r, c]
+// (so [B, c, r]), viewed back as `sizes` (last two dims swapped).
+Tensor SwapLast2View(const Tensor& x, std::vector<int64_t> sizes) {
+  const int64_t d = static_cast<int64_t>(sizes.size());
+  std::swap(sizes[d - 2], sizes[d - 1]);
+  return x.view(sizes).transpose(d - 2, d - 1);
+}
+
 // matmul of N-D operands on a device, as on the CPU: N-D x 2-D folds a's
 // batch dims into rows (one product); N-D x N-D with equal batch dims is
 // one batched product (strided-batched GEMM on CUDA).
@@ -712,27 +732,37 @@ Tensor DeviceMatmulNd(DeviceOps* d, const Tensor& a, const Tensor& b) {
     TensorFail(absl::StrCat("matmul: batch dims must match (",
                             Devices({&a, &b}), ")"));
   }
-  Tensor a3 = Must(DeviceView(*d, a, {-1, m, k}), "matmul");
-  Tensor b3 = Must(DeviceView(*d, b, {-1, k, n}), "matmul");
-  Tensor out = Must(d->BatchedMatmul(a3, b3, false, false), "matmul")
+  bool ta = false, tb = false;
+  Tensor a3 = Must(AsBatch(*d, a, &ta), "matmul");
+  Tensor b3 = Must(AsBatch(*d, b, &tb), "matmul");
+  Tensor out = Must(d->BatchedMatmul(a3, b3, ta, tb), "matmul")
                    .view(WithLast2(batch, m, n));
   if (!NeedsGrad(a, b)) return out;
   return Record(
       "BmmBackward", {a, b}, out,
       {SavedTensor(a, "self"), SavedTensor(b, "other")},
-      [m, k, n, sa = a.sizes(), sb = b.sizes()](
+      [m, n, sa = a.sizes(), sb = b.sizes()](
           const Tensor& g, const Saved& s, const Needs& nd) -> Grads {
         ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "BmmBackward"));
         ASSIGN_OR_RETURN(Tensor g3, DeviceView(*dg, g, {-1, m, n}));
+        bool ta = false, tb = false;
+        ASSIGN_OR_RETURN(Tensor a3, AsBatch(*dg, s[0], &ta));
+        ASSIGN_OR_RETURN(Tensor b3, AsBatch(*dg, s[1], &tb));
+        // Each gradient laid out like its operand: a transposed view gets
+        // the transpose of a contiguous product.
         Tensor ga, gb;
-        if (nd[0]) {
-          ASSIGN_OR_RETURN(Tensor b3, DeviceView(*dg, s[1], {-1, k, n}));
-          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(g3, b3, false, true));
+        if (nd[0] && ta) {  // (g op(b)^T)^T = op(b) g^T
+          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(b3, g3, tb, true));
+          ga = SwapLast2View(ga, sa);
+        } else if (nd[0]) {
+          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(g3, b3, false, !tb));
           ga = ga.view(sa);
         }
-        if (nd[1]) {
-          ASSIGN_OR_RETURN(Tensor a3, DeviceView(*dg, s[0], {-1, m, k}));
-          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(a3, g3, true, false));
+        if (nd[1] && tb) {  // (op(a)^T g)^T = g^T op(a)
+          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(g3, a3, true, ta));
+          gb = SwapLast2View(gb, sb);
+        } else if (nd[1]) {
+          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(a3, g3, !ta, false));
           gb = gb.view(sb);
         }
         return std::vector<Tensor>{ga, gb};

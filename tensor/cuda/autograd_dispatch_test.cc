@@ -198,6 +198,22 @@ TEST_P(AutogradDispatchTest, TransformerOpsMatchCpu) {
             return ag::matmul(v[0], ag::transpose(v[1], 2, 3));
           },
           {randn({2, 2, 3, 4}, 55), randn({2, 2, 5, 4}, 56)});
+  // Transposed views go to the batched GEMM as transpose flags (no copy);
+  // a permuted (non-swap) view is copied first.
+  Compare("bmm a^T b^T",
+          [](auto& v) {
+            return ag::matmul(ag::transpose(v[0], 1, 2),
+                              ag::transpose(v[1], 1, 2));
+          },
+          {randn({2, 4, 3}, 65), randn({2, 5, 4}, 66)});
+  Compare("bmm a^T b",
+          [](auto& v) { return ag::matmul(ag::transpose(v[0], 1, 2), v[1]); },
+          {randn({2, 4, 3}, 67), randn({2, 4, 5}, 68)});
+  Compare("bmm permuted",
+          [](auto& v) {
+            return ag::matmul(ag::permute(v[0], {1, 0, 2}), v[1]);
+          },
+          {randn({3, 2, 4}, 69), randn({2, 4, 5}, 71)});
   Compare("softmax dim 0", [](auto& v) { return ag::softmax(v[0], 0); }, {x});
   Compare("softmax dim 1", [](auto& v) { return ag::softmax(v[0], 1); }, {x});
   Compare("log_softmax dim 1",
