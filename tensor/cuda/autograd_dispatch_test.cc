@@ -223,6 +223,16 @@ TEST_P(AutogradDispatchTest, TransformerOpsMatchCpu) {
           {x, randn({2, 2, 4}, 57)});
   Compare("cat dim -1", [](auto& v) { return ag::cat({v[0], v[1]}, -1); },
           {x, randn({2, 3, 1}, 58)});
+  // cat of index tensors (int64) and masks (bool): the bytes are copied.
+  Tensor ids = ag::cat({Dev(from_vector<int64_t>({1, 2, 3, 4}, {2, 2})),
+                        Dev(from_vector<int64_t>({5, 6}, {2, 1}))},
+                       1);
+  EXPECT_EQ(Host(ids).to_vector<int64_t>(),
+            (std::vector<int64_t>{1, 2, 5, 3, 4, 6}));
+  Tensor mask = ag::cat({Dev(from_vector<bool>({true}, {1})),
+                         Dev(from_vector<bool>({false, true}, {2}))},
+                        0);
+  EXPECT_TRUE(Host(mask).equal(from_vector<bool>({true, false, true}, {3})));
   Compare("stack dim 1", [](auto& v) { return ag::stack({v[0], v[1]}, 1); },
           {x, randn({2, 3, 4}, 59)});
   Compare("slice step 2",

@@ -96,7 +96,7 @@ class DeviceOps : public DeviceComputeInterface {
                                         bool transpose_b) = 0;
   /// Copies `src` (broadcast to dst's shape) into the strided view `dst`
   /// of a device tensor (a slice of a larger one: cat, slice backward);
-  /// dst's elements must be distinct.
+  /// dst's elements must be distinct. Any dtype, the same for both.
   virtual absl::Status CopyInto(const Tensor& dst, const Tensor& src) = 0;
   /// cond ? a : b elementwise, broadcasting; cond is bool.
   virtual absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,

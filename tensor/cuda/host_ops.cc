@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -441,7 +442,7 @@ class HostOps final : public ContextBoundOps {
 
   absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
     absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(Check("copy_into", {&dst, &src}, 2).status());
+    RETURN_IF_ERROR(Check("copy_into", {&dst, &src}, kSameDType).status());
     const std::optional<std::vector<int64_t>> bcast =
         BroadcastSizes(dst.sizes(), src.sizes());
     if (!bcast || *bcast != dst.sizes()) {
@@ -451,12 +452,13 @@ class HostOps final : public ContextBoundOps {
     dst.storage().BumpVersion();
     const math::StridedIndexer id = Strided(dst, dst.sizes()),
                                is = Strided(src, dst.sizes());
-    ForFloat(dst.dtype(), [&]<typename T>() {
-      const T* ps = At<T>(src);
-      T* pd = At<T>(dst);
-      for (int64_t i = 0; i < dst.numel(); ++i)
-        pd[id.Offset(i)] = ps[is.Offset(i)];
-    });
+    // Any dtype: each element's bytes.
+    const size_t size = dst.itemsize();
+    const char* ps = At<char>(src);
+    char* pd = At<char>(dst);
+    for (int64_t i = 0; i < dst.numel(); ++i) {
+      std::memcpy(pd + id.Offset(i) * size, ps + is.Offset(i) * size, size);
+    }
     return absl::OkStatus();
   }
 
@@ -675,9 +677,13 @@ class HostOps final : public ContextBoundOps {
     return out;
   }
 
+  // Check's `nfloat` for ops that take any dtype, one for every operand.
+  static constexpr size_t kSameDType = ~size_t{0};
+
   // Operands defined, on one device of the context, the first `nfloat`
-  // float32/float64 of one dtype and the rest int64, at most
-  // math::kMaxKernelDims dimensions; returns the context.
+  // float32/float64 of one dtype and the rest int64 (with kSameDType: any
+  // dtype, the first's), at most math::kMaxKernelDims dimensions; returns
+  // the context.
   absl::StatusOr<CudaContext*> Check(const char* op, Operands ts,
                                      size_t nfloat) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -694,8 +700,11 @@ class HostOps final : public ContextBoundOps {
       }
       const bool floating =
           t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64;
-      if (i < nfloat ? !floating || t->dtype() != first.dtype()
-                     : t->dtype() != DType::kInt64) {
+      const bool bad_dtype =
+          nfloat == kSameDType ? t->dtype() != first.dtype()
+          : i < nfloat         ? !floating || t->dtype() != first.dtype()
+                               : t->dtype() != DType::kInt64;
+      if (bad_dtype) {
         return Bad(op, "operand dtypes are not as the op needs", ts);
       }
       ++i;

@@ -509,6 +509,15 @@ int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
 FERRY_INSTANTIATE(float)
 FERRY_INSTANTIATE(double)
 
+// StridedCopy moves the bits of any element type, by size.
+#define FERRY_INSTANTIATE_COPY(T)                                         \
+  template int StridedCopy<T>(const T*, const math::StridedIndexer&, T*,  \
+                              const math::StridedIndexer&, int64_t, Stream);
+FERRY_INSTANTIATE_COPY(uint8_t)
+FERRY_INSTANTIATE_COPY(uint16_t)
+FERRY_INSTANTIATE_COPY(uint32_t)
+FERRY_INSTANTIATE_COPY(uint64_t)
+
 }  // namespace kernels
 }  // namespace cuda
 }  // namespace ferry

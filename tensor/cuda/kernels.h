@@ -86,7 +86,9 @@ template <typename T>
 int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
                       int64_t width, T* grad_weight, Stream stream);
 /// dst[id.Offset(i)] = src[is.Offset(i)] for i < n: a strided copy into a
-/// view (cat, slice backward); `id` must not map two i to one element.
+/// view (cat, slice backward); `id` must not map two i to one element. T is
+/// float or double, or uint8_t/uint16_t/uint32_t/uint64_t standing for any
+/// element of that size (bool, int64, ...): the bits are copied.
 template <typename T>
 int StridedCopy(const T* src, const math::StridedIndexer& is, T* dst,
                 const math::StridedIndexer& id, int64_t n, Stream stream);

@@ -40,9 +40,13 @@ std::string DescribeAll(std::initializer_list<Operand> ops) {
   return absl::StrJoin(parts, "; ");
 }
 
+// Check's `nfloat` for ops that take any dtype, the same for every operand.
+constexpr size_t kSameDType = ~size_t{0};
+
 // Every operand defined, on one CUDA device of `ctx` that runs kernels;
 // `floats` (the first `nfloat` operands) float32/float64 of one dtype, the
-// rest int64. Returns the device index.
+// rest int64 (or, with kSameDType, every operand of the first's dtype).
+// Returns the device index.
 absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
                           std::initializer_list<Operand> ops,
                           size_t nfloat) {
@@ -65,7 +69,12 @@ absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
       return fail(absl::StrCat(o.name, " has more than ",
                                math::kMaxKernelDims, " dimensions"));
     }
-    if (i < nfloat) {
+    if (nfloat == kSameDType) {
+      if (o.t->dtype() != first.t->dtype()) {
+        return fail(absl::StrCat(o.name, " and ", first.name,
+                                 " have different dtypes"));
+      }
+    } else if (i < nfloat) {
       if (o.t->dtype() != DType::kFloat32 && o.t->dtype() != DType::kFloat64) {
         return fail(absl::StrCat(o.name, " is not float32 or float64"));
       }
@@ -635,7 +644,8 @@ absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
 absl::Status CopyInto(CudaContext& ctx, const Tensor& dst,
                       const Tensor& src) {
   const auto ops = {Operand{"dst", &dst}, Operand{"src", &src}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "copy_into", ops, 2));
+  // Any dtype, one for both (cat of int64 indices or bool masks).
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "copy_into", ops, kSameDType));
   std::optional<std::vector<int64_t>> bcast =
       BroadcastSizes(dst.sizes(), src.sizes());
   if (!bcast || *bcast != dst.sizes()) {
@@ -647,10 +657,21 @@ absl::Status CopyInto(CudaContext& ctx, const Tensor& dst,
   const math::StridedIndexer id = Indexer(dst, dst.sizes()),
                              is = Indexer(src, dst.sizes());
   dst.storage().BumpVersion();
-  const int code = Floating(dst.dtype(), [&]<typename T>() {
+  auto copy = [&]<typename T>() {
     return kernels::StridedCopy<T>(Ptr<T>(src), is, Ptr<T>(dst), id,
                                    dst.numel(), ctx.stream(dev));
-  });
+  };
+  int code = 0;
+  switch (dst.itemsize()) {
+    case 1: code = copy.template operator()<uint8_t>(); break;
+    case 2: code = copy.template operator()<uint16_t>(); break;
+    case 4: code = copy.template operator()<uint32_t>(); break;
+    case 8: code = copy.template operator()<uint64_t>(); break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda copy_into: no copy kernel for ", dst.itemsize(),
+          "-byte elements (", DescribeAll(ops), ")"));
+  }
   return Launched("copy_into", dev, code, ops);
 }
 

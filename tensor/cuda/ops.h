@@ -4,9 +4,10 @@
 // their inputs are on CUDA; the math per element is kernel_math.h's.
 //
 // Operands: float32 or float64 tensors (one dtype per call; indices and
-// targets int64) on one CUDA device of the context. Inputs may be strided
-// views; results are new contiguous tensors on that device; the in-place
-// optimizer steps need contiguous parameters and state.
+// targets int64, where's condition bool, CopyInto any dtype) on one CUDA
+// device of the context. Inputs may be strided views; results are new
+// contiguous tensors on that device; the in-place optimizer steps need
+// contiguous parameters and state.
 // Errors (InvalidArgument, naming the op, each operand's dtype, shape and
 // device): an undefined operand, a CPU operand, operands on different
 // devices, a device index the context does not have, a dtype other than the
@@ -109,7 +110,8 @@ absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
                               const Tensor& weight, const Tensor& bias);
 
 /// Copies `src` (broadcast to dst's shape) into the strided view `dst`
-/// (distinct elements, e.g. a slice of a larger tensor).
+/// (distinct elements, e.g. a slice of a larger tensor); any dtype, the
+/// same for both.
 absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& src);
 /// cond ? a : b elementwise, broadcasting (cond bool).
 absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
