@@ -8,9 +8,10 @@
 //
 // Contract of every method: operands are defined float32/float64 tensors
 // (targets int64, conditions bool) on one device of the backend's context;
-// results are new contiguous tensors on that device. Errors are Status (InvalidArgument
-// naming the op, each operand's dtype, shape and device; FailedPrecondition
-// once the context is destroyed); nothing aborts.
+// results are new contiguous tensors on that device (Fill, AddInPlace and
+// CopyInto write in place). Errors are Status (InvalidArgument naming the
+// op, each operand's dtype, shape and device; FailedPrecondition once the
+// context is destroyed); nothing aborts.
 // Ownership: storages hold the backend by shared_ptr; the backend refers to
 // its context, which detaches it on destruction (calls then fail).
 // Thread safety: every method may be called from any thread.
