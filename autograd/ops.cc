@@ -105,6 +105,11 @@ Tensor Must(absl::StatusOr<Tensor> r, const char* op) {
   return *std::move(r);
 }
 
+// The documented precondition abort naming `op` when `s` is not OK.
+void MustOk(const absl::Status& s, const char* op) {
+  if (!s.ok()) TensorFail(absl::StrCat(op, ": ", s.ToString()));
+}
+
 // The backend of gradient `g` in a backward (Status on a missing one).
 absl::StatusOr<DeviceOps*> GradOps(const Tensor& g, const char* op) {
   DeviceOps* d = cuda::DeviceOpsOf(g);
@@ -210,6 +215,9 @@ Tensor DeviceBinary(DeviceOps* d, const char* op, const char* node,
               ASSIGN_OR_RETURN(gb, ReduceToDevice(*dg, t, sb));
             }
             break;
+          case BinaryOp::kPow:
+            return absl::InternalError(
+                absl::StrCat(node, ": pow is not a broadcasting binary op"));
         }
         return std::vector<Tensor>{ga, gb};
       });
@@ -234,14 +242,16 @@ Tensor DeviceScalar(DeviceOps* d, const char* op, const char* node,
 }
 
 // How a device unary op's backward is computed from its saved tensor.
-enum class DeviceGrad { kRelu, kTanh, kSigmoid, kExp, kLog, kSqrt, kNeg };
+enum class DeviceGrad { kRelu, kTanh, kSigmoid, kGelu, kExp, kLog, kSqrt,
+                         kNeg };
 
 Tensor DeviceUnary(DeviceOps* d, const char* op, const char* node,
                    math::UnaryOp kind, DeviceGrad grad, const Tensor& a) {
   Tensor out = Must(d->Unary(kind, a), op);
   if (!NeedsGrad(a)) return out;
-  // ReLU and log keep the input; the others their output.
-  const bool save_input = grad == DeviceGrad::kRelu || grad == DeviceGrad::kLog;
+  // ReLU, GELU and log keep the input; the others their output.
+  const bool save_input = grad == DeviceGrad::kRelu ||
+                          grad == DeviceGrad::kGelu || grad == DeviceGrad::kLog;
   std::vector<SavedTensor> saved;
   if (grad != DeviceGrad::kNeg) {
     saved.push_back(save_input ? SavedTensor(a, "self")
@@ -254,14 +264,16 @@ Tensor DeviceUnary(DeviceOps* d, const char* op, const char* node,
         absl::StatusOr<Tensor> r;
         switch (grad) {
           case DeviceGrad::kRelu:
+            r = dg->UnaryBackward(math::BackwardOp::kRelu, g, s[0]);
+            break;
           case DeviceGrad::kTanh:
+            r = dg->UnaryBackward(math::BackwardOp::kTanh, g, s[0]);
+            break;
           case DeviceGrad::kSigmoid:
-            r = dg->UnaryBackward(grad == DeviceGrad::kRelu
-                                      ? math::BackwardOp::kRelu
-                                  : grad == DeviceGrad::kTanh
-                                      ? math::BackwardOp::kTanh
-                                      : math::BackwardOp::kSigmoid,
-                                  g, s[0]);
+            r = dg->UnaryBackward(math::BackwardOp::kSigmoid, g, s[0]);
+            break;
+          case DeviceGrad::kGelu:
+            r = dg->UnaryBackward(math::BackwardOp::kGelu, g, s[0]);
             break;
           case DeviceGrad::kExp:
             r = dg->Binary(math::BinaryOp::kMul, g, s[0]);
@@ -432,10 +444,21 @@ Tensor Unary(const char* name, const char* backward_name, const Tensor& a,
 }  // namespace
 
 Tensor pow(const Tensor& a, double p) {
-  if (DeviceFor("pow", {&a}) != nullptr) {
+  if (DeviceOps* d = DeviceFor("pow", {&a})) {
     if (p == 2) return mul(a, a);  // Differentiable: 2 a g.
-    TensorFail(absl::StrCat("pow: exponent ", p, " on ", Devices({&a}),
-                            " (only 2 runs on a device)"));
+    Tensor out = Must(d->Scalar(math::BinaryOp::kPow, a, p), "pow");
+    if (!NeedsGrad(a)) return out;
+    return Record(
+        "PowBackward", {a}, out, {SavedTensor(a, "self")},
+        [p](const Tensor& g, const Saved& s, const Needs&) -> Grads {
+          // g * p * a^(p - 1).
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "PowBackward"));
+          ASSIGN_OR_RETURN(Tensor t,
+                           dg->Scalar(math::BinaryOp::kPow, s[0], p - 1));
+          ASSIGN_OR_RETURN(t, dg->Scalar(math::BinaryOp::kMul, t, p));
+          ASSIGN_OR_RETURN(t, dg->Binary(math::BinaryOp::kMul, g, t));
+          return std::vector<Tensor>{t};
+        });
   }
   if (p == 2) {
     // Squares (mse_loss) skip libm's pow, which dominated a small training
@@ -505,6 +528,9 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a) {
+  if (DeviceOps* d = DeviceFor("gelu", {&a}))
+    return DeviceUnary(d, "gelu", "GeluBackward", math::UnaryOp::kGelu,
+                       DeviceGrad::kGelu, a);
   return Unary(
       "gelu", "GeluBackward", a, false,
       [](auto x) {
@@ -546,6 +572,31 @@ Tensor WhereKernel(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (DeviceOps* d = DeviceFor("where", {&cond, &a, &b})) {
+    if (cond.dtype() != DType::kBool || cond.sizes() != a.sizes() ||
+        a.sizes() != b.sizes()) {
+      TensorFail(absl::StrCat("where: expected a bool cond and cond, a, b of "
+                              "one shape (",
+                              Devices({&cond, &a, &b}), ")"));
+    }
+    Tensor out = Must(d->Where(cond, a, b), "where");
+    if (!NeedsGrad(a, b)) return out;
+    return Record(
+        "WhereBackward", {a, b}, out, {SavedTensor(cond, "condition")},
+        [](const Tensor& g, const Saved& s, const Needs& n) -> Grads {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "WhereBackward"));
+          ASSIGN_OR_RETURN(Tensor zero, dg->Empty({}, g.dtype(), g.device()));
+          RETURN_IF_ERROR(dg->Fill(zero, 0));
+          Tensor ga, gb;
+          if (n[0]) {
+            ASSIGN_OR_RETURN(ga, dg->Where(s[0], g, zero));
+          }
+          if (n[1]) {
+            ASSIGN_OR_RETURN(gb, dg->Where(s[0], zero, g));
+          }
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
   Tensor out = WhereKernel(cond, a, b);
   if (!NeedsGrad(a, b)) return out;
   return Record("WhereBackward", {a, b}, out, {SavedTensor(cond, "condition")},
@@ -606,14 +657,123 @@ std::vector<int64_t> WithLast2(std::vector<int64_t> batch, int64_t m,
   return batch;
 }
 
+// `t` contiguous on its device and viewed as `sizes`.
+absl::StatusOr<Tensor> DeviceView(DeviceOps& d, const Tensor& t,
+                                  const std::vector<int64_t>& sizes) {
+  ASSIGN_OR_RETURN(Tensor c, DeviceContiguous(d, t));
+  return c.view(sizes);
+}
+
+// `t` [..., r, c] as [B, *, *] for a batched product; *transposed says
+// whether that is t's transpose: a view with its last two dims swapped from
+// a contiguous tensor (attention's k^T) is passed as that tensor with the
+// flag set, without a copy; anything else is made contiguous.
+absl::StatusOr<Tensor> AsBatch(DeviceOps& d, const Tensor& t,
+                               bool* transposed) {
+  const Tensor swapped = t.transpose(t.dim() - 2, t.dim() - 1);
+  *transposed = !t.is_contiguous() && swapped.is_contiguous();
+  if (*transposed) return swapped.view({-1, t.size(-1), t.size(-2)});
+  return DeviceView(d, t, {-1, t.size(-2), t.size(-1)});
+}
+
+// Contiguous `x` holding the transpose of a tensor of `sizes` [..., r, c]
+// (so [B, c, r]), viewed back as `sizes` (last two dims swapped).
+Tensor SwapLast2View(const Tensor& x, std::vector<int64_t> sizes) {
+  const int64_t d = static_cast<int64_t>(sizes.size());
+  std::swap(sizes[d - 2], sizes[d - 1]);
+  return x.view(sizes).transpose(d - 2, d - 1);
+}
+
+// matmul of N-D operands on a device, as on the CPU: N-D x 2-D folds a's
+// batch dims into rows (one product); N-D x N-D with equal batch dims is
+// one batched product (strided-batched GEMM on CUDA).
+Tensor DeviceMatmulNd(DeviceOps* d, const Tensor& a, const Tensor& b) {
+  if (a.dim() < 2 || b.dim() < 2) {
+    TensorFail(absl::StrCat("matmul: expected at least 2-d tensors (",
+                            Devices({&a, &b}), ")"));
+  }
+  const int64_t k = a.size(-1), m = a.size(-2), n = b.size(-1);
+  if (b.size(-2) != k) {
+    TensorFail(absl::StrCat("matmul: inner sizes ", k, " and ", b.size(-2),
+                            " differ (", Devices({&a, &b}), ")"));
+  }
+  std::vector<int64_t> batch(a.sizes().begin(), a.sizes().end() - 2);
+  if (b.dim() == 2) {
+    Tensor a2 = Must(DeviceView(*d, a, {-1, k}), "matmul");
+    Tensor out = Must(DeviceMm(*d, a2, false, b, false), "matmul")
+                     .view(WithLast2(batch, m, n));
+    if (!NeedsGrad(a, b)) return out;
+    return Record(
+        "MatmulBackward", {a, b}, out,
+        {SavedTensor(a, "self"), SavedTensor(b, "other")},
+        [k, n, sa = a.sizes()](const Tensor& g, const Saved& s,
+                               const Needs& nd) -> Grads {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "MatmulBackward"));
+          ASSIGN_OR_RETURN(Tensor g2, DeviceView(*dg, g, {-1, n}));
+          Tensor ga, gb;
+          if (nd[0]) {
+            ASSIGN_OR_RETURN(ga, DeviceMm(*dg, g2, false, s[1], true));
+            ga = ga.view(sa);
+          }
+          if (nd[1]) {
+            ASSIGN_OR_RETURN(Tensor a2, DeviceView(*dg, s[0], {-1, k}));
+            if (IsTransposedView(s[1])) {  // Laid out like b (W^T).
+              ASSIGN_OR_RETURN(gb, DeviceMm(*dg, g2, true, a2, false));
+              gb = gb.t();
+            } else {
+              ASSIGN_OR_RETURN(gb, DeviceMm(*dg, a2, true, g2, false));
+            }
+          }
+          return std::vector<Tensor>{ga, gb};
+        });
+  }
+  if (a.dim() != b.dim() ||
+      !std::equal(batch.begin(), batch.end(), b.sizes().begin())) {
+    TensorFail(absl::StrCat("matmul: batch dims must match (",
+                            Devices({&a, &b}), ")"));
+  }
+  bool ta = false, tb = false;
+  Tensor a3 = Must(AsBatch(*d, a, &ta), "matmul");
+  Tensor b3 = Must(AsBatch(*d, b, &tb), "matmul");
+  Tensor out = Must(d->BatchedMatmul(a3, b3, ta, tb), "matmul")
+                   .view(WithLast2(batch, m, n));
+  if (!NeedsGrad(a, b)) return out;
+  return Record(
+      "BmmBackward", {a, b}, out,
+      {SavedTensor(a, "self"), SavedTensor(b, "other")},
+      [m, n, sa = a.sizes(), sb = b.sizes()](
+          const Tensor& g, const Saved& s, const Needs& nd) -> Grads {
+        ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "BmmBackward"));
+        ASSIGN_OR_RETURN(Tensor g3, DeviceView(*dg, g, {-1, m, n}));
+        bool ta = false, tb = false;
+        ASSIGN_OR_RETURN(Tensor a3, AsBatch(*dg, s[0], &ta));
+        ASSIGN_OR_RETURN(Tensor b3, AsBatch(*dg, s[1], &tb));
+        // Each gradient laid out like its operand: a transposed view gets
+        // the transpose of a contiguous product.
+        Tensor ga, gb;
+        if (nd[0] && ta) {  // (g op(b)^T)^T = op(b) g^T
+          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(b3, g3, tb, true));
+          ga = SwapLast2View(ga, sa);
+        } else if (nd[0]) {
+          ASSIGN_OR_RETURN(ga, dg->BatchedMatmul(g3, b3, false, !tb));
+          ga = ga.view(sa);
+        }
+        if (nd[1] && tb) {  // (op(a)^T g)^T = g^T op(a)
+          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(g3, a3, true, ta));
+          gb = SwapLast2View(gb, sb);
+        } else if (nd[1]) {
+          ASSIGN_OR_RETURN(gb, dg->BatchedMatmul(a3, g3, !ta, false));
+          gb = gb.view(sb);
+        }
+        return std::vector<Tensor>{ga, gb};
+      });
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (DeviceOps* d = DeviceFor("matmul", {&a, &b})) {
-    if (a.dim() != 2 || b.dim() != 2) {
-      TensorFail(absl::StrCat("matmul: only 2-D operands on a device (",
-                              Devices({&a, &b}), ")"));
-    }
+    if (a.dim() != 2 || b.dim() != 2) return DeviceMatmulNd(d, a, b);
     Tensor out = Must(DeviceMm(*d, a, false, b, false), "matmul");
     if (!NeedsGrad(a, b)) return out;
     return Record(
@@ -829,6 +989,22 @@ Tensor permute(const Tensor& a, const std::vector<int64_t>& dims) {
       });
 }
 
+namespace {
+
+// A gradient of shape `sa` on g's device: zeros, with `part(z)` (the view
+// the forward took) set to g.
+template <typename Part>
+Grads DeviceScatterGrad(const Tensor& g, const std::vector<int64_t>& sa,
+                        const char* node, Part part) {
+  ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
+  ASSIGN_OR_RETURN(Tensor z, dg->Empty(sa, g.dtype(), g.device()));
+  RETURN_IF_ERROR(dg->Fill(z, 0));
+  RETURN_IF_ERROR(dg->CopyInto(part(z), g));
+  return std::vector<Tensor>{z};
+}
+
+}  // namespace
+
 Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end,
              int64_t step) {
   Tensor out = a.slice(dim, start, end, step);
@@ -836,6 +1012,13 @@ Tensor slice(const Tensor& a, int64_t dim, int64_t start, int64_t end,
   return Record("SliceBackward", {a}, out, {},
                 [sa = a.sizes(), dim, start, end, step](
                     const Tensor& g, const Saved&, const Needs&) -> Grads {
+                  if (g.device().is_cuda()) {
+                    return DeviceScatterGrad(g, sa, "SliceBackward",
+                                             [=](const Tensor& z) {
+                                               return z.slice(dim, start, end,
+                                                              step);
+                                             });
+                  }
                   Tensor z = zeros(sa, g.dtype());
                   z.slice(dim, start, end, step).copy_(g);
                   return std::vector<Tensor>{z};
@@ -848,6 +1031,12 @@ Tensor select(const Tensor& a, int64_t dim, int64_t index) {
   return Record("SelectBackward", {a}, out, {},
                 [sa = a.sizes(), dim, index](const Tensor& g, const Saved&,
                                              const Needs&) -> Grads {
+                  if (g.device().is_cuda()) {
+                    return DeviceScatterGrad(
+                        g, sa, "SelectBackward", [=](const Tensor& z) {
+                          return z.select(dim, index);
+                        });
+                  }
                   Tensor z = zeros(sa, g.dtype());
                   z.select(dim, index).copy_(g);
                   return std::vector<Tensor>{z};
@@ -876,10 +1065,24 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     lengths.push_back(t.size(dim));
     needs = needs || NeedsGrad(t);
   }
-  Tensor out = empty(shape, first.dtype());
+  DeviceOps* d = nullptr;
+  for (const Tensor& t : tensors) {
+    if (DeviceOps* dt = DeviceFor("cat", {&first, &t})) d = dt;
+  }
+  Tensor out;
+  if (d != nullptr) {
+    out = Must(d->Empty(shape, first.dtype(), first.device()), "cat");
+  } else {
+    out = empty(shape, first.dtype());
+  }
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
-    out.slice(dim, offset, offset + t.size(dim)).copy_(t);
+    Tensor part = out.slice(dim, offset, offset + t.size(dim));
+    if (d != nullptr) {
+      MustOk(d->CopyInto(part, t), "cat");
+    } else {
+      part.copy_(t);
+    }
     offset += t.size(dim);
   }
   if (!needs) return out;
@@ -889,7 +1092,14 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
         std::vector<Tensor> grads;
         int64_t off = 0;
         for (int64_t len : lengths) {
-          grads.push_back(g.slice(dim, off, off + len).contiguous());
+          Tensor part = g.slice(dim, off, off + len);
+          if (g.device().is_cuda()) {
+            ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "CatBackward"));
+            ASSIGN_OR_RETURN(part, DeviceContiguous(*dg, part));
+            grads.push_back(part);
+          } else {
+            grads.push_back(part.contiguous());
+          }
           off += len;
         }
         return grads;
@@ -924,18 +1134,25 @@ namespace {
 // Softmax / log-softmax over the last dimension on a device.
 Tensor DeviceSoftmax(DeviceOps* d, const Tensor& a, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
-  if (dim != a.dim() - 1) {
-    TensorFail(absl::StrCat(op, ": dim ", dim, " is not the last on a device (",
-                            Devices({&a}), ")"));
-  }
-  Tensor out = Must(d->Softmax(a, log), op);
+  // Another dim is moved last (a transposed view the kernels read strided),
+  // computed there and moved back into a contiguous result.
+  const int64_t last = a.dim() - 1;
+  Tensor out = Must(d->Softmax(a.transpose(dim, last), log), op);
+  if (dim != last) out = Must(DeviceContiguous(*d, out.transpose(dim, last)), op);
   if (!NeedsGrad(a)) return out;
   const char* node = log ? "LogSoftmaxBackward" : "SoftmaxBackward";
   return Record(node, {a}, out, {SavedTensor(out, "result")},
-                [log, node](const Tensor& g, const Saved& s,
-                            const Needs&) -> Grads {
+                [log, node, dim, last](const Tensor& g, const Saved& s,
+                                       const Needs&) -> Grads {
                   ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, node));
-                  ASSIGN_OR_RETURN(Tensor r, dg->SoftmaxBackward(g, s[0], log));
+                  ASSIGN_OR_RETURN(Tensor r,
+                                   dg->SoftmaxBackward(g.transpose(dim, last),
+                                                       s[0].transpose(dim, last),
+                                                       log));
+                  if (dim != last) {
+                    ASSIGN_OR_RETURN(
+                        r, DeviceContiguous(*dg, r.transpose(dim, last)));
+                  }
                   return std::vector<Tensor>{r};
                 });
 }
@@ -1006,6 +1223,22 @@ void CheckClassIndices(const Tensor& target, int64_t rows, int64_t classes,
 }  // namespace
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
+  if (DeviceOps* d = DeviceFor("nll_loss", {&log_probs, &target})) {
+    if (log_probs.dim() != 2) {
+      TensorFail(absl::StrCat("nll_loss: expected [N, C] input (",
+                              Devices({&log_probs, &target}), ")"));
+    }
+    Tensor out = Must(d->NllLoss(log_probs, target), "nll_loss");
+    if (!NeedsGrad(log_probs)) return out;
+    return Record(
+        "NllLossBackward", {log_probs}, out, {SavedTensor(target, "target")},
+        [classes = log_probs.size(1)](const Tensor& g, const Saved& s,
+                                      const Needs&) -> Grads {
+          ASSIGN_OR_RETURN(DeviceOps * dg, GradOps(g, "NllLossBackward"));
+          ASSIGN_OR_RETURN(Tensor r, dg->NllLossBackward(s[0], g, classes));
+          return std::vector<Tensor>{r};
+        });
+  }
   log_probs.CheckCpu("nll_loss");
   target.CheckCpu("nll_loss");
   if (log_probs.dim() != 2) {
@@ -1150,6 +1383,14 @@ Tensor dropout(const Tensor& a, double p, bool training, uint64_t seed) {
   if (p < 0 || p > 1)
     TensorFail(absl::StrCat("dropout: p ", p, " not in [0, 1]"));
   if (!training || p == 0) return a;
+  if (DeviceOps* d = DeviceFor("dropout", {&a})) {
+    // A Philox mask (math::DropoutScale at positions 0..numel-1 of `seed`):
+    // the same on every backend, not the CPU generator's numbers.
+    Tensor mask = Must(
+        d->DropoutMask(a.sizes(), a.dtype(), a.device(), p, seed, 0),
+        "dropout");
+    return mul(a, mask);
+  }
   const double scale = p >= 1 ? 0.0 : 1.0 / (1.0 - p);
   Tensor mask =
       Map(rand(a.sizes(), seed, a.dtype()), "dropout", [p, scale](auto u) {

@@ -9,13 +9,10 @@
 //
 // Devices: operands on one CUDA device compute through the DeviceOps of
 // their storage (tensor/cuda/device_ops.h; docs/design/cuda_kernels.md):
-// elementwise and scalar arithmetic, neg/exp/log/sqrt/tanh/sigmoid/relu,
-// pow(x, 2), 2-D matmul, sum/mean (all or over dims), reshape and views,
-// softmax/log_softmax over the last dim, cross_entropy, embedding, and
-// to(). Other ops (where, gelu, nll_loss, cat, dropout in training, N-D
-// matmul)
-// abort naming the op and the device. Operands on different devices (CPU
-// and CUDA, or two CUDA devices) abort naming the op and every operand.
+// every op below, including views, cat/stack and to(). Device dropout draws
+// its mask from a Philox counter generator (not the CPU's numbers).
+// Operands on different devices (CPU and CUDA, or two CUDA devices) abort
+// naming the op and every operand.
 //
 // Errors: shape/dtype misuse aborts naming the op (tensor.h's Errors
 // paragraph); failures during backward (freed graph, a saved tensor

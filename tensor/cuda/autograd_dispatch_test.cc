@@ -56,9 +56,14 @@ class AutogradDispatchTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *d : Tensor();
   }
-  // `t` on the CPU.
+  // `t` on the CPU (a strided view compacted on the device first).
   Tensor Host(const Tensor& t) {
-    absl::StatusOr<Tensor> h = ctx_->To(t, Device::CPU());
+    absl::StatusOr<Tensor> c =
+        t.is_contiguous() ? absl::StatusOr<Tensor>(t)
+                          : ctx_->compute()->Unary(math::UnaryOp::kCopy, t);
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return Tensor();
+    absl::StatusOr<Tensor> h = ctx_->To(*c, Device::CPU());
     EXPECT_TRUE(h.ok()) << h.status();
     return h.ok() ? *h : Tensor();
   }
@@ -171,6 +176,137 @@ TEST_P(AutogradDispatchTest, MlpStepMatchesCpu) {
           {randn({4, 3}, 15), randn({3, 2}, 16)});
 }
 
+TEST_P(AutogradDispatchTest, TransformerOpsMatchCpu) {
+  // The ops an MLP / transformer block adds to the above: GELU, N-D
+  // matmul (x W^T over [B, T, D], attention's batched products), softmax
+  // over a non-last dim, cat/stack/slice/select, where, pow, nll_loss.
+  const Tensor x = randn({2, 3, 4}, 50), w = randn({5, 4}, 51);
+  const Tensor pos = rand({2, 3, 4}, 52).add(0.5);
+  Compare("gelu", [](auto& v) { return ag::gelu(v[0]); }, {x});
+  Compare("pow 3", [](auto& v) { return ag::pow(v[0], 3.0); }, {x});
+  Compare("pow 0.5", [](auto& v) { return ag::pow(v[0], 0.5); }, {pos});
+  Compare("pow -1.5", [](auto& v) { return ag::pow(v[0], -1.5); }, {pos});
+  Compare("matmul 3-D x W^T",
+          [](auto& v) { return ag::matmul(v[0], ag::transpose(v[1], 0, 1)); },
+          {x, w});
+  Compare("matmul 3-D x 2-D", [](auto& v) { return ag::matmul(v[0], v[1]); },
+          {x, randn({4, 2}, 53)});
+  Compare("bmm 3-D", [](auto& v) { return ag::matmul(v[0], v[1]); },
+          {x, randn({2, 4, 3}, 54)});
+  Compare("bmm 4-D (q k^T)",
+          [](auto& v) {
+            return ag::matmul(v[0], ag::transpose(v[1], 2, 3));
+          },
+          {randn({2, 2, 3, 4}, 55), randn({2, 2, 5, 4}, 56)});
+  // Transposed views go to the batched GEMM as transpose flags (no copy);
+  // a permuted (non-swap) view is copied first.
+  Compare("bmm a^T b^T",
+          [](auto& v) {
+            return ag::matmul(ag::transpose(v[0], 1, 2),
+                              ag::transpose(v[1], 1, 2));
+          },
+          {randn({2, 4, 3}, 65), randn({2, 5, 4}, 66)});
+  Compare("bmm a^T b",
+          [](auto& v) { return ag::matmul(ag::transpose(v[0], 1, 2), v[1]); },
+          {randn({2, 4, 3}, 67), randn({2, 4, 5}, 68)});
+  Compare("bmm permuted",
+          [](auto& v) {
+            return ag::matmul(ag::permute(v[0], {1, 0, 2}), v[1]);
+          },
+          {randn({3, 2, 4}, 69), randn({2, 4, 5}, 71)});
+  Compare("softmax dim 0", [](auto& v) { return ag::softmax(v[0], 0); }, {x});
+  Compare("softmax dim 1", [](auto& v) { return ag::softmax(v[0], 1); }, {x});
+  Compare("log_softmax dim 1",
+          [](auto& v) { return ag::log_softmax(v[0], 1); }, {x});
+  Compare("cat dim 1",
+          [](auto& v) { return ag::cat({v[0], v[1], v[0]}, 1); },
+          {x, randn({2, 2, 4}, 57)});
+  Compare("cat dim -1", [](auto& v) { return ag::cat({v[0], v[1]}, -1); },
+          {x, randn({2, 3, 1}, 58)});
+  // cat of index tensors (int64) and masks (bool): the bytes are copied.
+  Tensor ids = ag::cat({Dev(from_vector<int64_t>({1, 2, 3, 4}, {2, 2})),
+                        Dev(from_vector<int64_t>({5, 6}, {2, 1}))},
+                       1);
+  EXPECT_EQ(Host(ids).to_vector<int64_t>(),
+            (std::vector<int64_t>{1, 2, 5, 3, 4, 6}));
+  Tensor mask = ag::cat({Dev(from_vector<bool>({true}, {1})),
+                         Dev(from_vector<bool>({false, true}, {2}))},
+                        0);
+  EXPECT_TRUE(Host(mask).equal(from_vector<bool>({true, false, true}, {3})));
+  Compare("stack dim 1", [](auto& v) { return ag::stack({v[0], v[1]}, 1); },
+          {x, randn({2, 3, 4}, 59)});
+  Compare("slice step 2",
+          [](auto& v) { return ag::slice(v[0], 2, 1, 4, 2); }, {x});
+  Compare("select", [](auto& v) { return ag::select(v[0], 1, 2); }, {x});
+  Compare("narrow and permute",
+          [](auto& v) {
+            return ag::permute(ag::slice(v[0], 1, 0, 2, 1), {2, 0, 1});
+          },
+          {x});
+  const Tensor cond = from_vector<bool>(
+      {true, false, false, true, true, false, true, true, false, false, true,
+       false},
+      {3, 4});
+  Compare("where", [](auto& v) { return ag::where(v[2], v[0], v[1]); },
+          {randn({3, 4}, 60), randn({3, 4}, 61), cond});
+  Compare("nll_loss(log_softmax)",
+          [](auto& v) { return ag::nll_loss(ag::log_softmax(v[0], 1), v[1]); },
+          {randn({5, 4}, 62), from_vector<int64_t>({3, 0, 1, 3, 2}, {5})});
+  // A transformer-style block: LN-free attention, GELU MLP, residuals.
+  Compare("attention block",
+          [](auto& v) {
+            Tensor q = ag::matmul(v[0], ag::transpose(v[1], 0, 1));
+            Tensor att = ag::softmax(
+                ag::div(ag::matmul(q, ag::transpose(v[0], 1, 2)), 2.0), -1);
+            Tensor h = ag::add(v[0], ag::matmul(att, v[0]));
+            return ag::add(h, ag::gelu(ag::matmul(h, v[2])));
+          },
+          {x, randn({4, 4}, 63).mul(0.5), randn({4, 4}, 64).mul(0.5)});
+}
+
+TEST_P(AutogradDispatchTest, DropoutUsesThePhiloxMask) {
+  // The backend's mask is math::DropoutScale at each position (so a CUDA
+  // kernel and the host backend draw the same mask from one seed).
+  DeviceOps* ops = ctx_->compute();
+  absl::StatusOr<Tensor> m =
+      ops->DropoutMask({40, 50}, DType::kFloat32, dev(), 0.3, 9, 0);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<float> mask = Host(*m).to_vector<float>();
+  std::vector<float> expected(mask.size());
+  int kept = 0;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    expected[i] = math::DropoutScale<float>(9, i, 0.3);
+    kept += expected[i] != 0;
+  }
+  EXPECT_EQ(mask, expected);
+  EXPECT_NEAR(kept / 2000.0, 0.7, 0.04);
+  // An offset continues the same stream.
+  absl::StatusOr<Tensor> shifted =
+      ops->DropoutMask({10}, DType::kFloat64, dev(), 0.3, 9, 1990);
+  ASSERT_TRUE(shifted.ok()) << shifted.status();
+  const std::vector<double> tail = Host(*shifted).to_vector<double>();
+  for (size_t i = 0; i < tail.size(); ++i) {
+    EXPECT_EQ(tail[i] != 0, mask[1990 + i] != 0) << i;
+  }
+  // autograd's dropout on the device: a * mask, gradient mask * g.
+  const Tensor a = randn({40, 50}, 70);
+  Tensor ad = Dev(a);
+  ag::SetRequiresGrad(ad);
+  Tensor y = ag::dropout(ad, 0.3, /*training=*/true, /*seed=*/9);
+  const Tensor mask_cpu = from_vector<float>(expected, {40, 50});
+  ExpectClose(a.mul(mask_cpu), y, "dropout forward", 1e-6, 1e-7);
+  ASSERT_TRUE(ag::Backward({ag::sum(y)}).ok());
+  ExpectClose(mask_cpu, ag::GradOf(ad), "dropout grad", 1e-6, 1e-7);
+  // Not training, p = 0: the input itself; p = 1: zeros.
+  EXPECT_TRUE(ag::dropout(ad, 0.3, false, 9).is_same(ad));
+  ExpectClose(zeros({40, 50}), ag::dropout(ad, 1.0, true, 9), "p = 1");
+  absl::StatusOr<Tensor> bad =
+      ops->DropoutMask({2}, DType::kFloat32, dev(), 1.5, 9, 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("dropout_mask"), std::string::npos)
+      << bad.status();
+}
+
 TEST_P(AutogradDispatchTest, GradientsAccumulateOnDevice) {
   Tensor w = Dev(randn({3, 2}, 20));
   ag::SetRequiresGrad(w);
@@ -241,6 +377,51 @@ TEST_P(AutogradDispatchTest, DoubleGradcheckThroughTo) {
          return back(ag::sum(ag::log(ag::sqrt(x)), {1}, true));
        },
        {rand({3, 4}, 39, DType::kFloat64).add(0.5)}},
+      {"gelu pow",
+       [&](const std::vector<Tensor>& v) {
+         Tensor x = on_dev(v[0]);
+         return back(ag::add(ag::gelu(x), ag::pow(ag::exp(x), 1.5)));
+       },
+       {randn({2, 3}, 80, DType::kFloat64)}},
+      {"matmul 3-D x W^T, bmm",
+       [&](const std::vector<Tensor>& v) {
+         Tensor x = on_dev(v[0]);
+         Tensor q = ag::matmul(x, ag::transpose(on_dev(v[1]), 0, 1));
+         return back(ag::matmul(q, ag::transpose(x, 1, 2)));
+       },
+       {randn({2, 3, 4}, 81, DType::kFloat64),
+        randn({4, 4}, 82, DType::kFloat64)}},
+      {"softmax dim 0, log_softmax dim 1",
+       [&](const std::vector<Tensor>& v) {
+         Tensor x = on_dev(v[0]);
+         return back(ag::add(ag::softmax(x, 0), ag::log_softmax(x, 1)));
+       },
+       {randn({3, 4, 2}, 83, DType::kFloat64)}},
+      {"cat stack slice select",
+       [&](const std::vector<Tensor>& v) {
+         Tensor a = on_dev(v[0]), b = on_dev(v[1]);
+         Tensor c = ag::cat({a, ag::slice(b, 1, 0, 3, 2)}, 1);
+         return back(ag::stack({ag::select(c, 0, 1), ag::select(c, 0, 0)}, 0));
+       },
+       {randn({2, 3}, 84, DType::kFloat64), randn({2, 4}, 85, DType::kFloat64)}},
+      {"where",
+       [&](const std::vector<Tensor>& v) {
+         return back(ag::where(on_dev(v[2]), on_dev(v[0]), on_dev(v[1])));
+       },
+       {randn({2, 3}, 86, DType::kFloat64), randn({2, 3}, 87, DType::kFloat64),
+        from_vector<bool>({true, false, true, true, false, false}, {2, 3})}},
+      {"nll_loss",
+       [&](const std::vector<Tensor>& v) {
+         return back(
+             ag::nll_loss(ag::log_softmax(on_dev(v[0]), 1), on_dev(v[1])));
+       },
+       {randn({4, 3}, 88, DType::kFloat64),
+        from_vector<int64_t>({1, 0, 2, 2}, {4})}},
+      {"dropout (fixed seed)",
+       [&](const std::vector<Tensor>& v) {
+         return back(ag::dropout(on_dev(v[0]), 0.4, true, 5));
+       },
+       {randn({3, 4}, 89, DType::kFloat64)}},
   };
   for (const Case& c : cases) {
     absl::Status s = ag::GradCheck(c.name, c.f, c.inputs);
@@ -272,6 +453,9 @@ TEST_P(AutogradDispatchTest, OptimizerStepsMatchHostRules) {
 }
 
 TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
+  // CUDA does not survive fork(): each death test re-runs this binary in a
+  // fresh process instead of forking this one (which has a CUDA context).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   Tensor d = Dev(ones({2, 2}));
   Tensor c = ones({2, 2});
   EXPECT_DEATH(ag::add(d, c),
@@ -286,6 +470,31 @@ TEST_P(AutogradDispatchTest, BadInputNamesOpAndDevices) {
   EXPECT_DEATH(ag::embedding(Dev(ones({3, 2})),
                              Dev(from_vector<int64_t>({1, 3}, {2}))),
                "embedding: .*outside \\[0, 3\\)");
+  EXPECT_DEATH(ag::nll_loss(Dev(ones({2, 3})),
+                            Dev(from_vector<int64_t>({0, 3}, {2}))),
+               "nll_loss: .*outside \\[0, 3\\)");
+  EXPECT_DEATH(ag::matmul(Dev(ones({2, 3, 4})), Dev(ones({3, 4, 2}))),
+               "matmul: batch dims must match \\(float32 \\[2, 3, 4\\] on "
+               "cuda:0, float32 \\[3, 4, 2\\] on cuda:0\\)");
+  EXPECT_DEATH(ag::matmul(Dev(ones({2, 3, 4})), Dev(ones({3, 2}))),
+               "matmul: inner sizes 4 and 3 differ");
+  EXPECT_DEATH(ag::where(from_vector<bool>({true, false}, {2}),
+                         Dev(ones({2})), Dev(ones({2}))),
+               "where: operands on different devices \\(bool \\[2\\] on cpu");
+  EXPECT_DEATH(ag::where(Dev(ones({2})), Dev(ones({2})), Dev(ones({2}))),
+               "where: expected a bool cond");
+  EXPECT_DEATH(ag::cat({Dev(ones({2})), ones({2})}, 0),
+               "cat: operands on different devices");
+  EXPECT_DEATH(ag::softmax(Dev(ones({2, 3})), 2),
+               "softmax: dimension 2 out of range");
+  // Wrong dtypes: the backend's Status, naming the op and the operands.
+  EXPECT_DEATH(ag::gelu(Dev(from_vector<int64_t>({1, 2}))),
+               "gelu: .*(dtype|float32 or float64).*int64 \\[2\\] on cuda:0");
+  EXPECT_DEATH(ag::where(Dev(from_vector<bool>({true, false})),
+                         Dev(ones({2})), Dev(ones({2}, DType::kFloat64))),
+               "where: .*dtype.*float64 \\[2\\] on cuda:0");
+  EXPECT_DEATH(ag::nll_loss(Dev(ones({2, 3})), Dev(ones({2}))),
+               "nll_loss: .*(dtype|int64).*float32 \\[2\\] on cuda:0");
   // A gradient on the wrong device for the root.
   Tensor w = Dev(ones({2}));
   ag::SetRequiresGrad(w);

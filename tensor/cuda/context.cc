@@ -24,6 +24,8 @@ struct CudaContext::Blas {
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSgemm_v2) sgemm;
   decltype(&cublasDgemm_v2) dgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_batched;
+  decltype(&cublasDgemmStridedBatched) dgemm_batched;
   decltype(&cublasGetStatusString) status_string;
 
   static absl::StatusOr<std::unique_ptr<Blas>> Load() {
@@ -48,6 +50,8 @@ struct CudaContext::Blas {
     sym(blas->set_stream, "cublasSetStream_v2");
     sym(blas->sgemm, "cublasSgemm_v2");
     sym(blas->dgemm, "cublasDgemm_v2");
+    sym(blas->sgemm_batched, "cublasSgemmStridedBatched");
+    sym(blas->dgemm_batched, "cublasDgemmStridedBatched");
     sym(blas->status_string, "cublasGetStatusString");
     if (!ok) {
       return absl::FailedPreconditionError(
@@ -197,7 +201,12 @@ absl::StatusOr<void*> CudaContext::CublasHandle(int device) {
 absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
                                bool transpose_b, int m, int n, int k,
                                const void* a, int lda, const void* b, int ldb,
-                               void* c) {
+                               void* c, int batch, int64_t stride_a,
+                               int64_t stride_b) {
+  if (batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: batch ", batch, " is not positive"));
+  }
   ASSIGN_OR_RETURN(void* h, CublasHandle(device));
   const Blas* blas;
   {
@@ -213,7 +222,22 @@ absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
   const cublasOperation_t opb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasHandle_t handle = static_cast<cublasHandle_t>(h);
   cublasStatus_t st;
-  if (dtype == DType::kFloat64) {
+  const int64_t stride_c = static_cast<int64_t>(m) * n;
+  if (dtype == DType::kFloat64 && batch > 1) {
+    const double one = 1, zero = 0;
+    st = blas->dgemm_batched(handle, opb, opa, n, m, k, &one,
+                             static_cast<const double*>(b), ldb, stride_b,
+                             static_cast<const double*>(a), lda, stride_a,
+                             &zero, static_cast<double*>(c), n, stride_c,
+                             batch);
+  } else if (dtype == DType::kFloat32 && batch > 1) {
+    const float one = 1, zero = 0;
+    st = blas->sgemm_batched(handle, opb, opa, n, m, k, &one,
+                             static_cast<const float*>(b), ldb, stride_b,
+                             static_cast<const float*>(a), lda, stride_a,
+                             &zero, static_cast<float*>(c), n, stride_c,
+                             batch);
+  } else if (dtype == DType::kFloat64) {
     const double one = 1, zero = 0;
     st = blas->dgemm(handle, opb, opa, n, m, k, &one,
                      static_cast<const double*>(b), ldb,
@@ -234,7 +258,7 @@ absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
   if (st != CUBLAS_STATUS_SUCCESS) {
     return absl::InternalError(absl::StrCat(
         "cuBLAS gemm on cuda:", device, " (m ", m, ", n ", n, ", k ", k,
-        "): ", blas->status_string(st)));
+        ", batch ", batch, "): ", blas->status_string(st)));
   }
   return absl::OkStatus();
 }

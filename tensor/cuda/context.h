@@ -88,10 +88,14 @@ class CudaContext {
 
   /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
   /// device pointers; lda/ldb are a's and b's row lengths; op transposes
-  /// when asked), queued on stream(device) through cuBLAS.
+  /// when asked), queued on stream(device) through cuBLAS. With batch > 1,
+  /// `batch` such products in one strided-batched call: product i reads a
+  /// + i * stride_a and b + i * stride_b (elements) and writes the i-th
+  /// [m, n] block of c.
   absl::Status Gemm(int device, DType dtype, bool transpose_a,
                     bool transpose_b, int m, int n, int k, const void* a,
-                    int lda, const void* b, int ldb, void* c);
+                    int lda, const void* b, int ldb, void* c, int batch = 1,
+                    int64_t stride_a = 0, int64_t stride_b = 0);
 
  private:
   CudaContext(std::shared_ptr<DeviceMemoryApi> api,

@@ -7,10 +7,11 @@
 // loops over FakeDeviceApi memory (host_ops.h).
 //
 // Contract of every method: operands are defined float32/float64 tensors
-// (targets int64) on one device of the backend's context; results are new
-// contiguous tensors on that device. Errors are Status (InvalidArgument
-// naming the op, each operand's dtype, shape and device; FailedPrecondition
-// once the context is destroyed); nothing aborts.
+// (targets int64, conditions bool) on one device of the backend's context;
+// results are new contiguous tensors on that device (Fill, AddInPlace and
+// CopyInto write in place). Errors are Status (InvalidArgument naming the
+// op, each operand's dtype, shape and device; FailedPrecondition once the
+// context is destroyed); nothing aborts.
 // Ownership: storages hold the backend by shared_ptr; the backend refers to
 // its context, which detaches it on destruction (calls then fail).
 // Thread safety: every method may be called from any thread.
@@ -63,8 +64,6 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::Status Fill(const Tensor& x, double value) = 0;
   /// acc += x (same shape; acc contiguous).
   virtual absl::Status AddInPlace(const Tensor& acc, const Tensor& x) = 0;
-  /// dst = x (same shape and dtype; dst contiguous, x any strides).
-  virtual absl::Status CopyInto(const Tensor& dst, const Tensor& x) = 0;
   /// Sum of every element, 0-d.
   virtual absl::StatusOr<Tensor> Sum(const Tensor& x) = 0;
   /// Sum over `dim`.
@@ -96,6 +95,35 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                         bool transpose_a,
                                         bool transpose_b) = 0;
+  /// Copies `src` (broadcast to dst's shape) into the strided view `dst`
+  /// of a device tensor (a slice of a larger one: cat, slice backward);
+  /// dst's elements must be distinct. Any dtype, the same for both.
+  virtual absl::Status CopyInto(const Tensor& dst, const Tensor& src) = 0;
+  /// cond ? a : b elementwise, broadcasting; cond is bool.
+  virtual absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                                       const Tensor& b) = 0;
+  /// Mean over rows of -log_probs[r, target[r]], 0-d, for log_probs [N, C]
+  /// and int64 target [N]; a target outside [0, C) is InvalidArgument.
+  virtual absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                         const Tensor& target) = 0;
+  /// The log-probabilities' gradient [N, classes] from the 0-d loss
+  /// gradient (targets as the forward checked them).
+  virtual absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                                 const Tensor& grad_loss,
+                                                 int64_t classes) = 0;
+  /// A dropout mask of `sizes` on CUDA `device`: element i (row-major) is
+  /// math::DropoutScale(seed, offset + i, p), 0 or 1 / (1 - p), the same on
+  /// every backend (Philox counters); p in [0, 1].
+  virtual absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                             DType dtype, Device device,
+                                             double p, uint64_t seed,
+                                             uint64_t offset) = 0;
+  /// op(a_i) @ op(b_i) for each i of 3-D operands [B, *, *] (one
+  /// strided-batched GEMM on CUDA): [B, m, n].
+  virtual absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a,
+                                               const Tensor& b,
+                                               bool transpose_a,
+                                               bool transpose_b) = 0;
   /// One SGD step of contiguous `param` in place (`buf` when momentum).
   virtual absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                                const Tensor& buf,

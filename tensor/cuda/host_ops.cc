@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -148,22 +149,6 @@ class HostOps final : public ContextBoundOps {
       T* pa = At<T>(acc);
       const T* px = At<T>(x);
       for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += px[ix.Offset(i)];
-    });
-    return absl::OkStatus();
-  }
-
-  absl::Status CopyInto(const Tensor& dst, const Tensor& x) override {
-    absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(Check("copy_", {&dst, &x}, 2).status());
-    if (dst.sizes() != x.sizes() || !dst.is_contiguous()) {
-      return Bad("copy_", "needs a contiguous dst of x's shape", {&dst, &x});
-    }
-    dst.storage().BumpVersion();
-    const math::StridedIndexer ix = Strided(x, dst.sizes());
-    ForFloat(dst.dtype(), [&]<typename T>() {
-      T* pd = At<T>(dst);
-      const T* px = At<T>(x);
-      for (int64_t i = 0; i < dst.numel(); ++i) pd[i] = px[ix.Offset(i)];
     });
     return absl::OkStatus();
   }
@@ -424,22 +409,155 @@ class HostOps final : public ContextBoundOps {
                  {&a, &b});
     }
     ASSIGN_OR_RETURN(Tensor out, c->Empty({m, n}, a.dtype(), a.device()));
-    // Element (i, p) of op(a) and (p, j) of op(b), from the strides.
-    const int64_t ai = a.strides()[transpose_a ? 1 : 0],
-                  ap = a.strides()[transpose_a ? 0 : 1];
-    const int64_t bp = b.strides()[transpose_b ? 1 : 0],
-                  bj = b.strides()[transpose_b ? 0 : 1];
+    MatmulInto(a, b, transpose_a, transpose_b, out);
+    return out;
+  }
+
+  absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a, const Tensor& b,
+                                       bool transpose_a,
+                                       bool transpose_b) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Check("batched_matmul", {&a, &b}, 2));
+    if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0)) {
+      return Bad("batched_matmul", "needs 3-D operands of one batch size",
+                 {&a, &b});
+    }
+    const int64_t m = a.size(transpose_a ? 2 : 1);
+    const int64_t k = a.size(transpose_a ? 1 : 2);
+    const int64_t kb = b.size(transpose_b ? 2 : 1);
+    const int64_t n = b.size(transpose_b ? 1 : 2);
+    if (k != kb) {
+      return Bad("batched_matmul",
+                 absl::StrCat("inner sizes ", k, " and ", kb, " differ"),
+                 {&a, &b});
+    }
+    ASSIGN_OR_RETURN(Tensor out,
+                     c->Empty({a.size(0), m, n}, a.dtype(), a.device()));
+    for (int64_t i = 0; i < a.size(0); ++i) {
+      MatmulInto(a.select(0, i), b.select(0, i), transpose_a, transpose_b,
+                 out.select(0, i));
+    }
+    return out;
+  }
+
+  absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
+    absl::ReaderMutexLock lock(&mu_);
+    RETURN_IF_ERROR(Check("copy_into", {&dst, &src}, kSameDType).status());
+    const std::optional<std::vector<int64_t>> bcast =
+        BroadcastSizes(dst.sizes(), src.sizes());
+    if (!bcast || *bcast != dst.sizes()) {
+      return Bad("copy_into", "src does not broadcast to dst's shape",
+                 {&dst, &src});
+    }
+    dst.storage().BumpVersion();
+    const math::StridedIndexer id = Strided(dst, dst.sizes()),
+                               is = Strided(src, dst.sizes());
+    // Any dtype: each element's bytes.
+    const size_t size = dst.itemsize();
+    const char* ps = At<char>(src);
+    char* pd = At<char>(dst);
+    for (int64_t i = 0; i < dst.numel(); ++i) {
+      std::memcpy(pd + id.Offset(i) * size, ps + is.Offset(i) * size, size);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                               const Tensor& b) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Check("where", {&a, &b}, 2));
+    if (!cond.defined() || cond.device() != a.device() ||
+        cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
+      return Bad("where", "cond must be bool on a's device", {&cond, &a, &b});
+    }
+    std::optional<std::vector<int64_t>> bcast =
+        BroadcastSizes(a.sizes(), b.sizes());
+    if (bcast) bcast = BroadcastSizes(cond.sizes(), *bcast);
+    if (!bcast) return Bad("where", "shapes do not broadcast", {&cond, &a, &b});
+    const std::vector<int64_t>& sizes = *bcast;
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, a.dtype(), a.device()));
+    const math::StridedIndexer ic = Strided(cond, sizes),
+                               ia = Strided(a, sizes), ib = Strided(b, sizes);
+    const bool* pc = At<bool>(cond);
     ForFloat(a.dtype(), [&]<typename T>() {
       const T *pa = At<T>(a), *pb = At<T>(b);
       T* po = At<T>(out);
-      for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < n; ++j) {
-          T total = 0;
-          for (int64_t p = 0; p < k; ++p)
-            total += pa[i * ai + p * ap] * pb[p * bp + j * bj];
-          po[i * n + j] = total;
+      for (int64_t i = 0; i < out.numel(); ++i)
+        po[i] = pc[ic.Offset(i)] ? pa[ia.Offset(i)] : pb[ib.Offset(i)];
+    });
+    return out;
+  }
+
+  absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                 const Tensor& target) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("nll_loss", {&log_probs, &target}, 1));
+    RETURN_IF_ERROR(CheckRowsTargets("nll_loss", log_probs, target));
+    const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
+    ASSIGN_OR_RETURN(Tensor loss,
+                     c->Empty({}, log_probs.dtype(), log_probs.device()));
+    const math::StridedIndexer ix = Strided(log_probs, log_probs.sizes());
+    const math::StridedIndexer it = Strided(target, target.sizes());
+    const int64_t* pt = At<int64_t>(target);
+    ForFloat(log_probs.dtype(), [&]<typename T>() {
+      const T* px = At<T>(log_probs);
+      double total = 0;
+      for (int64_t r = 0; r < rows; ++r)
+        total -= px[ix.Offset(r * cols + pt[it.Offset(r)])];
+      *At<T>(loss) = static_cast<T>(rows == 0 ? 0.0 : total / rows);
+    });
+    return loss;
+  }
+
+  absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                         const Tensor& grad_loss,
+                                         int64_t classes) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c,
+                     Check("nll_loss_backward", {&grad_loss, &target}, 1));
+    if (target.dim() != 1 || grad_loss.numel() != 1 || classes <= 0) {
+      return Bad("nll_loss_backward",
+                 absl::StrCat("needs target [N], a one-element grad_loss and "
+                              "classes > 0 (classes ", classes, ")"),
+                 {&target, &grad_loss});
+    }
+    const int64_t rows = target.size(0);
+    ASSIGN_OR_RETURN(Tensor out, c->Empty({rows, classes}, grad_loss.dtype(),
+                                          grad_loss.device()));
+    const math::StridedIndexer it = Strided(target, target.sizes());
+    const int64_t* pt = At<int64_t>(target);
+    ForFloat(grad_loss.dtype(), [&]<typename T>() {
+      const T g = *At<T>(grad_loss);
+      T* po = At<T>(out);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t j = 0; j < classes; ++j) {
+          po[r * classes + j] =
+              math::NllLossBackward(pt[it.Offset(r)] == j, g, rows);
         }
       }
+    });
+    return out;
+  }
+
+  absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                     DType dtype, Device device, double p,
+                                     uint64_t seed, uint64_t offset) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Context("dropout_mask"));
+    if (!(p >= 0 && p <= 1) || !device.is_cuda() ||
+        (dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host-fake dropout_mask: needs p in [0, 1], a float dtype and a "
+          "CUDA device (p ", p, ", ", DTypeName(dtype), " [",
+          absl::StrJoin(sizes, ", "), "] on ", device.ToString(), ")"));
+    }
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, dtype, device));
+    ForFloat(dtype, [&]<typename T>() {
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < out.numel(); ++i)
+        po[i] = math::DropoutScale<T>(seed, offset + static_cast<uint64_t>(i),
+                                      p);
     });
     return out;
   }
@@ -522,6 +640,30 @@ class HostOps final : public ContextBoundOps {
   }
 
  private:
+  // out [m, n] (contiguous) = op(a) @ op(b) of 2-D strided operands.
+  static void MatmulInto(const Tensor& a, const Tensor& b, bool transpose_a,
+                         bool transpose_b, const Tensor& out) {
+    const int64_t m = out.size(0), n = out.size(1);
+    const int64_t k = transpose_a ? a.size(0) : a.size(1);
+    // Element (i, p) of op(a) and (p, j) of op(b), from the strides.
+    const int64_t ai = a.strides()[transpose_a ? 1 : 0],
+                  ap = a.strides()[transpose_a ? 0 : 1];
+    const int64_t bp = b.strides()[transpose_b ? 1 : 0],
+                  bj = b.strides()[transpose_b ? 0 : 1];
+    ForFloat(a.dtype(), [&]<typename T>() {
+      const T *pa = At<T>(a), *pb = At<T>(b);
+      T* po = At<T>(out);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          T total = 0;
+          for (int64_t p = 0; p < k; ++p)
+            total += pa[i * ai + p * ap] * pb[p * bp + j * bj];
+          po[i * n + j] = total;
+        }
+      }
+    });
+  }
+
   // A new tensor of x's shape with element i = f(x's element i).
   template <typename F>
   static absl::StatusOr<Tensor> Map(CudaContext& c, const Tensor& x, F f) {
@@ -535,9 +677,13 @@ class HostOps final : public ContextBoundOps {
     return out;
   }
 
+  // Check's `nfloat` for ops that take any dtype, one for every operand.
+  static constexpr size_t kSameDType = ~size_t{0};
+
   // Operands defined, on one device of the context, the first `nfloat`
-  // float32/float64 of one dtype and the rest int64, at most
-  // math::kMaxKernelDims dimensions; returns the context.
+  // float32/float64 of one dtype and the rest int64 (with kSameDType: any
+  // dtype, the first's), at most math::kMaxKernelDims dimensions; returns
+  // the context.
   absl::StatusOr<CudaContext*> Check(const char* op, Operands ts,
                                      size_t nfloat) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -554,8 +700,11 @@ class HostOps final : public ContextBoundOps {
       }
       const bool floating =
           t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64;
-      if (i < nfloat ? !floating || t->dtype() != first.dtype()
-                     : t->dtype() != DType::kInt64) {
+      const bool bad_dtype =
+          nfloat == kSameDType ? t->dtype() != first.dtype()
+          : i < nfloat         ? !floating || t->dtype() != first.dtype()
+                               : t->dtype() != DType::kInt64;
+      if (bad_dtype) {
         return Bad(op, "operand dtypes are not as the op needs", ts);
       }
       ++i;

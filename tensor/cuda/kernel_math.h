@@ -25,13 +25,34 @@ namespace cuda {
 namespace math {
 
 /// Binary elementwise ops (a op b).
-enum class BinaryOp : int32_t { kAdd, kSub, kMul, kDiv };
-/// Unary elementwise ops; kCopy is the identity (strided -> contiguous).
+/// kPow is a to the power b (pow(x, p) is Scalar(kPow, x, p)).
+enum class BinaryOp : int32_t { kAdd, kSub, kMul, kDiv, kPow };
+/// Unary elementwise ops; kCopy is the identity (strided -> contiguous);
+/// kGelu is the exact (erf) GELU.
 enum class UnaryOp : int32_t { kCopy, kNeg, kRelu, kTanh, kExp, kLog, kSqrt,
-                               kSigmoid };
+                               kSigmoid, kGelu };
 /// Gradient ops: (grad of the output, saved value) -> grad of the input.
-/// kRelu's saved value is the input; kTanh's and kSigmoid's the output.
-enum class BackwardOp : int32_t { kRelu, kTanh, kSigmoid };
+/// kRelu's and kGelu's saved value is the input; kTanh's and kSigmoid's the
+/// output.
+enum class BackwardOp : int32_t { kRelu, kTanh, kSigmoid, kGelu };
+
+/// 1/sqrt(2), for GELU.
+inline constexpr double kSqrtHalf = 0.70710678118654752440;
+/// 1/sqrt(2 pi): the standard normal density at 0.
+inline constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+/// GELU(x) = x * Phi(x), Phi the standard normal CDF (autograd's gelu).
+template <typename T>
+FERRY_HD inline T Gelu(T x) {
+  return T(0.5) * x * (T(1) + std::erf(x * T(kSqrtHalf)));
+}
+/// d GELU / dx = Phi(x) + x * phi(x).
+template <typename T>
+FERRY_HD inline T GeluDerivative(T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrtHalf)));
+  const T pdf = std::exp(T(-0.5) * x * x) * T(kInvSqrt2Pi);
+  return cdf + x * pdf;
+}
 
 /// a op b.
 template <typename T>
@@ -41,6 +62,7 @@ FERRY_HD inline T Binary(BinaryOp op, T a, T b) {
     case BinaryOp::kSub: return a - b;
     case BinaryOp::kMul: return a * b;
     case BinaryOp::kDiv: return a / b;
+    case BinaryOp::kPow: return std::pow(a, b);
   }
   return a;
 }
@@ -57,6 +79,7 @@ FERRY_HD inline T Unary(UnaryOp op, T x) {
     case UnaryOp::kLog: return std::log(x);
     case UnaryOp::kSqrt: return std::sqrt(x);
     case UnaryOp::kSigmoid: return T(1) / (T(1) + std::exp(-x));
+    case UnaryOp::kGelu: return Gelu(x);
   }
   return x;
 }
@@ -68,6 +91,7 @@ FERRY_HD inline T Backward(BackwardOp op, T g, T saved) {
     case BackwardOp::kRelu: return saved > T(0) ? g : T(0);
     case BackwardOp::kTanh: return g * (T(1) - saved * saved);
     case BackwardOp::kSigmoid: return g * saved * (T(1) - saved);
+    case BackwardOp::kGelu: return g * GeluDerivative(saved);
   }
   return g;
 }
@@ -207,6 +231,62 @@ FERRY_HD inline void AdagradElement(const AdagradParams& o, T& p, T grad,
   const double sum = s + g * g;
   s = static_cast<T>(sum);
   p = static_cast<T>(p - o.clr * g / (std::sqrt(sum) + o.eps));
+}
+
+/// Negative log-likelihood (mean over `rows`) backward for element
+/// (r, c) of log-probabilities: -g / rows at the row's target, else 0.
+template <typename T>
+FERRY_HD inline T NllLossBackward(bool is_target, T g, int64_t rows) {
+  return is_target ? -g / static_cast<T>(rows) : T(0);
+}
+
+/// Philox-4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1,
+/// 2, 3", SC'11), a counter-based generator: block `counter` under `key`
+/// gives four 32-bit words, the same on the host and on a GPU, so a kernel
+/// and its host twin draw identical numbers from (seed, position).
+FERRY_HD inline void Philox4x32(uint64_t counter, uint64_t key,
+                                uint32_t out[4]) {
+  uint32_t c0 = static_cast<uint32_t>(counter),
+           c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(key),
+           k1 = static_cast<uint32_t>(key >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = uint64_t{0xD2511F53u} * c0;
+    const uint64_t p1 = uint64_t{0xCD9E8D57u} * c2;
+    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32),
+                   lo0 = static_cast<uint32_t>(p0);
+    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32),
+                   lo1 = static_cast<uint32_t>(p1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  out[0] = c0;
+  out[1] = c1;
+  out[2] = c2;
+  out[3] = c3;
+}
+
+/// Uniform in [0, 1) (24 bits) at stream position `index` of generator
+/// `seed`: word index % 4 of Philox block index / 4.
+FERRY_HD inline double PhiloxUniform(uint64_t seed, uint64_t index) {
+  uint32_t w[4];
+  Philox4x32(index / 4, seed, w);
+  return static_cast<double>(w[index % 4] >> 8) * (1.0 / 16777216.0);
+}
+
+/// Dropout's mask value at stream position `index`: 0 (dropped, when the
+/// uniform draw is below p) or 1 / (1 - p); 0 everywhere when p >= 1.
+template <typename T>
+FERRY_HD inline T DropoutScale(uint64_t seed, uint64_t index, double p) {
+  if (p >= 1) return T(0);
+  return PhiloxUniform(seed, index) < p ? T(0) : static_cast<T>(1 / (1 - p));
 }
 
 /// Up to this many dimensions in a strided kernel's index arithmetic.

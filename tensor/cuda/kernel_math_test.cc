@@ -3,6 +3,7 @@
 #include "ferry/tensor/cuda/kernel_math.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -26,6 +27,39 @@ TEST(KernelMathTest, BinaryAndUnary) {
   EXPECT_DOUBLE_EQ(Unary(UnaryOp::kLog, 0.5), std::log(0.5));
   EXPECT_DOUBLE_EQ(Unary(UnaryOp::kSqrt, 2.0), std::sqrt(2.0));
   EXPECT_DOUBLE_EQ(Unary(UnaryOp::kSigmoid, 0.0), 0.5);
+  EXPECT_DOUBLE_EQ(Binary(BinaryOp::kPow, 2.0, 3.0), 8.0);
+  EXPECT_DOUBLE_EQ(Binary(BinaryOp::kPow, 4.0, 0.5), 2.0);
+  // GELU: x * Phi(x) (autograd's gelu): 0 at 0, x for large x, Phi(1) at 1.
+  EXPECT_EQ(Unary(UnaryOp::kGelu, 0.0), 0.0);
+  EXPECT_DOUBLE_EQ(Unary(UnaryOp::kGelu, 1.0), 0.8413447460685429);
+  EXPECT_NEAR(Unary(UnaryOp::kGelu, 10.0), 10.0, 1e-12);
+  EXPECT_NEAR(Unary(UnaryOp::kGelu, -10.0), 0.0, 1e-12);
+}
+
+// Philox-4x32-10's published known answer for counter 0 and key 0
+// (Random123's kat_vectors), and the dropout draw built on it.
+TEST(KernelMathTest, PhiloxKnownAnswerAndDropoutScale) {
+  uint32_t w[4];
+  Philox4x32(0, 0, w);
+  EXPECT_EQ(w[0], 0x6627e8d5u);
+  EXPECT_EQ(w[1], 0xe169c58du);
+  EXPECT_EQ(w[2], 0xbc57ac4cu);
+  EXPECT_EQ(w[3], 0x9b00dbd8u);
+  // Position i is word i % 4 of block i / 4, 24 bits in [0, 1).
+  EXPECT_EQ(PhiloxUniform(0, 1), (0xe169c58du >> 8) / 16777216.0);
+  // Dropout: 0 or 1 / (1 - p), the kept share near 1 - p, seeds differ.
+  const int n = 4000;
+  int kept = 0, same = 0;
+  for (int i = 0; i < n; ++i) {
+    const double v = DropoutScale<double>(42, i, 0.25);
+    ASSERT_TRUE(v == 0 || v == 1 / 0.75) << i << ": " << v;
+    kept += v != 0;
+    same += (v != 0) == (DropoutScale<double>(43, i, 0.25) != 0);
+  }
+  EXPECT_NEAR(kept / static_cast<double>(n), 0.75, 0.03);
+  EXPECT_LT(same, n - 100);  // Independent masks agree ~62.5% of the time.
+  EXPECT_EQ(DropoutScale<float>(1, 0, 1.0), 0.0f);
+  EXPECT_EQ(DropoutScale<float>(1, 0, 0.0), 1.0f);
 }
 
 // Each backward formula against a central difference of its forward op.
@@ -35,7 +69,8 @@ TEST(KernelMathTest, BackwardMatchesFiniteDifference) {
     for (auto [fwd, bwd, saved_is_output] :
          {std::tuple{UnaryOp::kRelu, BackwardOp::kRelu, false},
           std::tuple{UnaryOp::kTanh, BackwardOp::kTanh, true},
-          std::tuple{UnaryOp::kSigmoid, BackwardOp::kSigmoid, true}}) {
+          std::tuple{UnaryOp::kSigmoid, BackwardOp::kSigmoid, true},
+          std::tuple{UnaryOp::kGelu, BackwardOp::kGelu, false}}) {
       const double fd = (Unary(fwd, x + h) - Unary(fwd, x - h)) / (2 * h);
       const double saved = saved_is_output ? Unary(fwd, x) : x;
       EXPECT_NEAR(Backward(bwd, g, saved), g * fd, 1e-6)

@@ -217,6 +217,53 @@ __global__ void EmbeddingBackwardKernel(const T* g, const int64_t* idx,
 }
 
 template <typename T>
+__global__ void StridedCopyKernel(const T* src, math::StridedIndexer is,
+                                  T* dst, math::StridedIndexer id, int64_t n) {
+  FERRY_GRID_LOOP(i, n) dst[id.Offset(i)] = src[is.Offset(i)];
+}
+
+template <typename T>
+__global__ void WhereKernel(const bool* c, math::StridedIndexer ic,
+                            const T* a, math::StridedIndexer ia, const T* b,
+                            math::StridedIndexer ib, T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = c[ic.Offset(i)] ? a[ia.Offset(i)] : b[ib.Offset(i)];
+  }
+}
+
+template <typename T>
+__global__ void NllRowKernel(const T* x, math::StridedIndexer ix,
+                             const int64_t* target, int64_t rows,
+                             int64_t cols, T* row_loss, int32_t* bad) {
+  FERRY_GRID_LOOP(r, rows) {
+    const int64_t t = target[r];
+    if (t < 0 || t >= cols) {
+      atomicExch(bad, 1);
+      row_loss[r] = NAN;
+    } else {
+      row_loss[r] = -x[ix.Offset(r * cols + t)];
+    }
+  }
+}
+
+template <typename T>
+__global__ void NllBackwardKernel(const int64_t* target, const T* g,
+                                  int64_t rows, int64_t cols, T* out) {
+  FERRY_GRID_LOOP(k, rows * cols) {
+    const int64_t r = k / cols, c = k % cols;
+    out[k] = math::NllLossBackward(target[r] == c, *g, rows);
+  }
+}
+
+template <typename T>
+__global__ void DropoutMaskKernel(uint64_t seed, uint64_t offset, double p,
+                                  T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = math::DropoutScale<T>(seed, offset + static_cast<uint64_t>(i), p);
+  }
+}
+
+template <typename T>
 __global__ void SgdKernel(math::SgdParams o, T* p, const T* g, T* buf,
                           int64_t n) {
   FERRY_GRID_LOOP(i, n) {
@@ -311,6 +358,17 @@ int SoftmaxBackward(const T* g, const T* y, int64_t rows, int64_t cols,
                 out);
 }
 
+// *out = mean of the `rows` per-row losses at the head of `scratch` (its
+// tail, kSumBlocks elements, holds SumAll's partials); nothing for 0 rows.
+namespace {
+template <typename T>
+int MeanOfRows(T* scratch, int64_t rows, T* out, Stream s) {
+  if (rows == 0) return 0;
+  return SumAll(static_cast<const T*>(scratch), rows,
+                T(1) / static_cast<T>(rows), scratch + rows, out, s);
+}
+}  // namespace
+
 template <typename T>
 int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
                  T* lse, T* scratch, T* loss, int32_t* bad, Stream s) {
@@ -319,9 +377,7 @@ int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
       e != 0) {
     return e;
   }
-  if (rows == 0) return 0;
-  return SumAll(static_cast<const T*>(scratch), rows,
-                T(1) / static_cast<T>(rows), scratch + rows, loss, s);
+  return MeanOfRows(scratch, rows, loss, s);
 }
 
 template <typename T>
@@ -345,6 +401,47 @@ int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
                       int64_t width, T* grad_weight, Stream s) {
   return Launch(EmbeddingBackwardKernel<T>, Blocks(n * width), n * width, s, g,
                 idx, n, vocab, width, grad_weight);
+}
+
+template <typename T>
+int StridedCopy(const T* src, const math::StridedIndexer& is, T* dst,
+                const math::StridedIndexer& id, int64_t n, Stream s) {
+  return Launch(StridedCopyKernel<T>, Blocks(n), n, s, src, is, dst, id, n);
+}
+
+template <typename T>
+int Where(const bool* cond, const math::StridedIndexer& ic, const T* a,
+          const math::StridedIndexer& ia, const T* b,
+          const math::StridedIndexer& ib, T* out, int64_t n, Stream s) {
+  return Launch(WhereKernel<T>, Blocks(n), n, s, cond, ic, a, ia, b, ib, out,
+                n);
+}
+
+template <typename T>
+int NllLoss(const T* x, const math::StridedIndexer& ix, const int64_t* target,
+            int64_t rows, int64_t cols, T* scratch, T* loss, int32_t* bad,
+            Stream s) {
+  if (int e = Launch(NllRowKernel<T>, Blocks(rows), rows, s, x, ix, target,
+                     rows, cols, scratch, bad);
+      e != 0) {
+    return e;
+  }
+  return MeanOfRows(scratch, rows, loss, s);
+}
+
+template <typename T>
+int NllLossBackward(const int64_t* target, const T* g, int64_t rows,
+                    int64_t cols, T* out, Stream s) {
+  const int64_t n = rows * cols;
+  return Launch(NllBackwardKernel<T>, Blocks(n), n, s, target, g, rows, cols,
+                out);
+}
+
+template <typename T>
+int DropoutMask(uint64_t seed, uint64_t offset, double p, T* out, int64_t n,
+                Stream s) {
+  return Launch(DropoutMaskKernel<T>, Blocks(n), n, s, seed, offset, p, out,
+                n);
 }
 
 template <typename T>
@@ -390,6 +487,18 @@ int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
                             int64_t, T*, int32_t*, Stream);                   \
   template int EmbeddingBackward<T>(const T*, const int64_t*, int64_t,        \
                                     int64_t, int64_t, T*, Stream);            \
+  template int StridedCopy<T>(const T*, const math::StridedIndexer&, T*,      \
+                              const math::StridedIndexer&, int64_t, Stream);  \
+  template int Where<T>(const bool*, const math::StridedIndexer&, const T*,   \
+                        const math::StridedIndexer&, const T*,                \
+                        const math::StridedIndexer&, T*, int64_t, Stream);    \
+  template int NllLoss<T>(const T*, const math::StridedIndexer&,              \
+                          const int64_t*, int64_t, int64_t, T*, T*, int32_t*, \
+                          Stream);                                            \
+  template int NllLossBackward<T>(const int64_t*, const T*, int64_t, int64_t, \
+                                  T*, Stream);                                \
+  template int DropoutMask<T>(uint64_t, uint64_t, double, T*, int64_t,        \
+                              Stream);                                        \
   template int SgdStep<T>(const math::SgdParams&, T*, const T*, T*, int64_t,  \
                           Stream);                                            \
   template int AdamStep<T>(const math::AdamParams&, T*, const T*, T*, T*,     \
@@ -399,6 +508,15 @@ int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
 
 FERRY_INSTANTIATE(float)
 FERRY_INSTANTIATE(double)
+
+// StridedCopy moves the bits of any element type, by size.
+#define FERRY_INSTANTIATE_COPY(T)                                         \
+  template int StridedCopy<T>(const T*, const math::StridedIndexer&, T*,  \
+                              const math::StridedIndexer&, int64_t, Stream);
+FERRY_INSTANTIATE_COPY(uint8_t)
+FERRY_INSTANTIATE_COPY(uint16_t)
+FERRY_INSTANTIATE_COPY(uint32_t)
+FERRY_INSTANTIATE_COPY(uint64_t)
 
 }  // namespace kernels
 }  // namespace cuda

@@ -85,6 +85,35 @@ int Embedding(const T* weight, const int64_t* idx, int64_t n, int64_t vocab,
 template <typename T>
 int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
                       int64_t width, T* grad_weight, Stream stream);
+/// dst[id.Offset(i)] = src[is.Offset(i)] for i < n: a strided copy into a
+/// view (cat, slice backward); `id` must not map two i to one element. T is
+/// float or double, or uint8_t/uint16_t/uint32_t/uint64_t standing for any
+/// element of that size (bool, int64, ...): the bits are copied.
+template <typename T>
+int StridedCopy(const T* src, const math::StridedIndexer& is, T* dst,
+                const math::StridedIndexer& id, int64_t n, Stream stream);
+/// out[i] = cond[ic.Offset(i)] ? a[ia.Offset(i)] : b[ib.Offset(i)] (cond is
+/// bool, stored as one byte).
+template <typename T>
+int Where(const bool* cond, const math::StridedIndexer& ic, const T* a,
+          const math::StridedIndexer& ia, const T* b,
+          const math::StridedIndexer& ib, T* out, int64_t n, Stream stream);
+/// Mean negative log-likelihood of log-probabilities x [rows, cols] (read
+/// through ix) at int64 targets [rows]: *loss = -mean_r x[r, t_r];
+/// `scratch` holds rows + kSumBlocks elements. Targets outside [0, cols)
+/// set *bad.
+template <typename T>
+int NllLoss(const T* x, const math::StridedIndexer& ix, const int64_t* target,
+            int64_t rows, int64_t cols, T* scratch, T* loss, int32_t* bad,
+            Stream stream);
+/// x's gradient of NllLoss [rows, cols] from the loss gradient *g.
+template <typename T>
+int NllLossBackward(const int64_t* target, const T* g, int64_t rows,
+                    int64_t cols, T* out, Stream stream);
+/// out[i] = math::DropoutScale<T>(seed, offset + i, p) for i < n.
+template <typename T>
+int DropoutMask(uint64_t seed, uint64_t offset, double p, T* out, int64_t n,
+                Stream stream);
 /// One SGD step over n elements (buf unused without momentum).
 template <typename T>
 int SgdStep(const math::SgdParams& o, T* p, const T* g, T* buf, int64_t n,

@@ -40,9 +40,13 @@ std::string DescribeAll(std::initializer_list<Operand> ops) {
   return absl::StrJoin(parts, "; ");
 }
 
+// Check's `nfloat` for ops that take any dtype, the same for every operand.
+constexpr size_t kSameDType = ~size_t{0};
+
 // Every operand defined, on one CUDA device of `ctx` that runs kernels;
 // `floats` (the first `nfloat` operands) float32/float64 of one dtype, the
-// rest int64. Returns the device index.
+// rest int64 (or, with kSameDType, every operand of the first's dtype).
+// Returns the device index.
 absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
                           std::initializer_list<Operand> ops,
                           size_t nfloat) {
@@ -65,7 +69,12 @@ absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
       return fail(absl::StrCat(o.name, " has more than ",
                                math::kMaxKernelDims, " dimensions"));
     }
-    if (i < nfloat) {
+    if (nfloat == kSameDType) {
+      if (o.t->dtype() != first.t->dtype()) {
+        return fail(absl::StrCat(o.name, " and ", first.name,
+                                 " have different dtypes"));
+      }
+    } else if (i < nfloat) {
       if (o.t->dtype() != DType::kFloat32 && o.t->dtype() != DType::kFloat64) {
         return fail(absl::StrCat(o.name, " is not float32 or float64"));
       }
@@ -294,24 +303,6 @@ absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
                               ix, Ptr<T>(acc), acc.numel(), ctx.stream(dev));
   });
   return Launched("add_", dev, code, {{"acc", &acc}, {"x", &x}});
-}
-
-absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& x) {
-  ASSIGN_OR_RETURN(int dev,
-                   Check(ctx, "copy_", {{"dst", &dst}, {"x", &x}}, 2));
-  RETURN_IF_ERROR(SameShape("copy_", {{"dst", &dst}, {"x", &x}}));
-  if (!dst.is_contiguous()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda copy_: dst is not contiguous (dst: ", Describe(dst), ")"));
-  }
-  DeviceGuard guard(dev);
-  const math::StridedIndexer ix = Indexer(x, x.sizes());
-  dst.storage().BumpVersion();
-  const int code = Floating(dst.dtype(), [&]<typename T>() {
-    return kernels::Unary<T>(math::UnaryOp::kCopy, Ptr<T>(x), ix, Ptr<T>(dst),
-                             x.numel(), ctx.stream(dev));
-  });
-  return Launched("copy_", dev, code, {{"dst", &dst}, {"x", &x}});
 }
 
 absl::StatusOr<Tensor> Scalar(CudaContext& ctx, math::BinaryOp op,
@@ -561,34 +552,47 @@ absl::StatusOr<Tensor> EmbeddingBackward(CudaContext& ctx, const Tensor& g,
   return out;
 }
 
-absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
-                              const Tensor& b, bool transpose_a,
-                              bool transpose_b) {
+namespace {
+
+// op(a) @ op(b) over the last two dims of 2-D operands, or of 3-D ones with
+// one leading batch size when `batched`, in one (strided-batched) cuBLAS
+// call; `op` names it in errors.
+absl::StatusOr<Tensor> Gemms(CudaContext& ctx, const char* op,
+                             const Tensor& a, const Tensor& b,
+                             bool transpose_a, bool transpose_b,
+                             bool batched) {
   const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "matmul", ops, 2));
-  if (a.dim() != 2 || b.dim() != 2) {
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, ops, 2));
+  const int64_t rank = batched ? 3 : 2, lead = rank - 2;
+  if (a.dim() != rank || b.dim() != rank ||
+      (batched && a.size(0) != b.size(0))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: needs 2-D operands (", DescribeAll(ops), ")"));
+        "cuda ", op, ": needs ",
+        batched ? "3-D operands of one batch size" : "2-D operands", " (",
+        DescribeAll(ops), ")"));
   }
-  const int64_t m = transpose_a ? a.size(1) : a.size(0);
-  const int64_t k = transpose_a ? a.size(0) : a.size(1);
-  const int64_t kb = transpose_b ? b.size(1) : b.size(0);
-  const int64_t n = transpose_b ? b.size(0) : b.size(1);
+  const int64_t batch = batched ? a.size(0) : 1;
+  const int64_t m = a.size(lead + (transpose_a ? 1 : 0));
+  const int64_t k = a.size(lead + (transpose_a ? 0 : 1));
+  const int64_t kb = b.size(lead + (transpose_b ? 1 : 0));
+  const int64_t n = b.size(lead + (transpose_b ? 0 : 1));
   if (k != kb) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: inner sizes ", k, " and ", kb, " differ (transpose_a ",
+        "cuda ", op, ": inner sizes ", k, " and ", kb, " differ (transpose_a ",
         transpose_a, ", transpose_b ", transpose_b, "; ", DescribeAll(ops),
         ")"));
   }
   constexpr int64_t kIntMax = 2147483647;
-  if (m > kIntMax || n > kIntMax || k > kIntMax) {
+  if (m > kIntMax || n > kIntMax || k > kIntMax || batch > kIntMax) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda matmul: a size exceeds cuBLAS's int range (", DescribeAll(ops),
+        "cuda ", op, ": a size exceeds cuBLAS's int range (", DescribeAll(ops),
         ")"));
   }
   DeviceGuard guard(dev);
-  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({m, n}, a.dtype(), a.device()));
-  if (m == 0 || n == 0) return out;
+  std::vector<int64_t> sizes = {m, n};
+  if (batched) sizes.insert(sizes.begin(), batch);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, a.dtype(), a.device()));
+  if (batch == 0 || m == 0 || n == 0) return out;
   if (k == 0) {
     RETURN_IF_ERROR(Fill(ctx, out, 0));
     return out;
@@ -598,13 +602,31 @@ absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
   const absl::Status st = ctx.Gemm(
       dev, a.dtype(), transpose_a, transpose_b, static_cast<int>(m),
       static_cast<int>(n), static_cast<int>(k), ac.data_ptr(),
-      static_cast<int>(a.size(1)), bc.data_ptr(), static_cast<int>(b.size(1)),
-      out.data_ptr());
+      static_cast<int>(a.size(-1)), bc.data_ptr(),
+      static_cast<int>(b.size(-1)), out.data_ptr(), static_cast<int>(batch),
+      a.size(-2) * a.size(-1), b.size(-2) * b.size(-1));
   if (!st.ok()) {
-    return absl::Status(st.code(), absl::StrCat("cuda matmul: ", st.message(),
-                                                " (", DescribeAll(ops), ")"));
+    return absl::Status(st.code(), absl::StrCat("cuda ", op, ": ",
+                                                st.message(), " (",
+                                                DescribeAll(ops), ")"));
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
+                              const Tensor& b, bool transpose_a,
+                              bool transpose_b) {
+  return Gemms(ctx, "matmul", a, b, transpose_a, transpose_b,
+               /*batched=*/false);
+}
+
+absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
+                                     const Tensor& b, bool transpose_a,
+                                     bool transpose_b) {
+  return Gemms(ctx, "batched_matmul", a, b, transpose_a, transpose_b,
+               /*batched=*/true);
 }
 
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
@@ -617,6 +639,161 @@ absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
         DescribeAll({{"x", &x}, {"weight", &weight}, {"bias", &bias}}), ")"));
   }
   return Binary(ctx, math::BinaryOp::kAdd, y, bias);
+}
+
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst,
+                      const Tensor& src) {
+  const auto ops = {Operand{"dst", &dst}, Operand{"src", &src}};
+  // Any dtype, one for both (cat of int64 indices or bool masks).
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "copy_into", ops, kSameDType));
+  std::optional<std::vector<int64_t>> bcast =
+      BroadcastSizes(dst.sizes(), src.sizes());
+  if (!bcast || *bcast != dst.sizes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda copy_into: src does not broadcast to dst's shape (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const math::StridedIndexer id = Indexer(dst, dst.sizes()),
+                             is = Indexer(src, dst.sizes());
+  dst.storage().BumpVersion();
+  auto copy = [&]<typename T>() {
+    return kernels::StridedCopy<T>(Ptr<T>(src), is, Ptr<T>(dst), id,
+                                   dst.numel(), ctx.stream(dev));
+  };
+  int code = 0;
+  switch (dst.itemsize()) {
+    case 1: code = copy.template operator()<uint8_t>(); break;
+    case 2: code = copy.template operator()<uint16_t>(); break;
+    case 4: code = copy.template operator()<uint32_t>(); break;
+    case 8: code = copy.template operator()<uint64_t>(); break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda copy_into: no copy kernel for ", dst.itemsize(),
+          "-byte elements (", DescribeAll(ops), ")"));
+  }
+  return Launched("copy_into", dev, code, ops);
+}
+
+absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
+                             const Tensor& a, const Tensor& b) {
+  const auto ops = {Operand{"cond", &cond}, Operand{"a", &a},
+                    Operand{"b", &b}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "where", {{"a", &a}, {"b", &b}}, 2));
+  if (!cond.defined() || cond.device() != a.device() ||
+      cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda where: cond must be bool on a's device (", DescribeAll(ops),
+        ")"));
+  }
+  std::optional<std::vector<int64_t>> sizes =
+      BroadcastSizes(a.sizes(), b.sizes());
+  if (sizes) sizes = BroadcastSizes(cond.sizes(), *sizes);
+  if (!sizes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda where: shapes do not broadcast (", DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(*sizes, a.dtype(), a.device()));
+  const math::StridedIndexer ic = Indexer(cond, *sizes),
+                             ia = Indexer(a, *sizes), ib = Indexer(b, *sizes);
+  const int code = Floating(a.dtype(), [&]<typename T>() {
+    return kernels::Where<T>(Ptr<bool>(cond), ic, Ptr<T>(a), ia, Ptr<T>(b), ib,
+                             Ptr<T>(out), out.numel(), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("where", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> NllLoss(CudaContext& ctx, const Tensor& log_probs,
+                               const Tensor& target) {
+  const auto ops = {Operand{"log_probs", &log_probs},
+                    Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "nll_loss", ops, 1));
+  if (log_probs.dim() != 2 || target.dim() != 1 ||
+      target.size(0) != log_probs.size(0) || log_probs.size(1) == 0 ||
+      !target.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss: needs log_probs [N, C>0] and contiguous target [N] (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const int64_t rows = log_probs.size(0), cols = log_probs.size(1);
+  ASSIGN_OR_RETURN(Tensor loss,
+                   ctx.Empty({}, log_probs.dtype(), log_probs.device()));
+  ASSIGN_OR_RETURN(Tensor scratch, ctx.Empty({rows + kernels::kSumBlocks},
+                                             log_probs.dtype(),
+                                             log_probs.device()));
+  ASSIGN_OR_RETURN(Tensor flag, ZeroedFlag(ctx, dev));
+  const math::StridedIndexer ix = Indexer(log_probs, log_probs.sizes());
+  const int code = Floating(log_probs.dtype(), [&]<typename T>() {
+    return kernels::NllLoss<T>(Ptr<T>(log_probs), ix, Ptr<int64_t>(target),
+                               rows, cols, Ptr<T>(scratch), Ptr<T>(loss),
+                               Ptr<int32_t>(flag), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("nll_loss", dev, code, ops));
+  ASSIGN_OR_RETURN(bool bad, ReadFlag(flag));
+  if (bad) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss: a target is outside [0, ", cols, ") (",
+        DescribeAll(ops), ")"));
+  }
+  if (rows == 0) RETURN_IF_ERROR(Fill(ctx, loss, 0));
+  return loss;
+}
+
+absl::StatusOr<Tensor> NllLossBackward(CudaContext& ctx, const Tensor& target,
+                                       const Tensor& grad_loss,
+                                       int64_t classes) {
+  const auto ops = {Operand{"grad_loss", &grad_loss},
+                    Operand{"target", &target}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "nll_loss_backward", ops, 1));
+  if (target.dim() != 1 || !target.is_contiguous() ||
+      grad_loss.numel() != 1 || classes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda nll_loss_backward: needs contiguous target [N], a one-element "
+        "grad_loss and classes > 0 (classes ",
+        classes, "; ", DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  const int64_t rows = target.size(0);
+  ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad_loss));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty({rows, classes}, grad_loss.dtype(),
+                                         grad_loss.device()));
+  const int code = Floating(grad_loss.dtype(), [&]<typename T>() {
+    return kernels::NllLossBackward<T>(Ptr<int64_t>(target), Ptr<T>(gc), rows,
+                                       classes, Ptr<T>(out), ctx.stream(dev));
+  });
+  RETURN_IF_ERROR(Launched("nll_loss_backward", dev, code, ops));
+  return out;
+}
+
+absl::StatusOr<Tensor> DropoutMask(CudaContext& ctx,
+                                   const std::vector<int64_t>& sizes,
+                                   DType dtype, Device device, double p,
+                                   uint64_t seed, uint64_t offset) {
+  if (!(p >= 0 && p <= 1) || !device.is_cuda() ||
+      (dtype != DType::kFloat32 && dtype != DType::kFloat64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda dropout_mask: needs p in [0, 1], a float dtype and a CUDA "
+        "device (p ", p, ", ", DTypeName(dtype), " [",
+        absl::StrJoin(sizes, ", "), "] on ", device.ToString(), ")"));
+  }
+  RETURN_IF_ERROR(ctx.CheckCudaDevice("dropout_mask", device));
+  if (!ctx.runs_kernels()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda dropout_mask: the context's ", ctx.api().name(),
+        " devices run no kernels (", device.ToString(), ")"));
+  }
+  DeviceGuard guard(device.index);
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, dtype, device));
+  const int code = Floating(dtype, [&]<typename T>() {
+    return kernels::DropoutMask<T>(seed, offset, p, Ptr<T>(out), out.numel(),
+                                   ctx.stream(device.index));
+  });
+  RETURN_IF_ERROR(Launched("dropout_mask", device.index, code,
+                           {{"mask", &out}}));
+  return out;
 }
 
 absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
@@ -732,9 +909,6 @@ class CudaOps final : public ContextBoundOps {
   absl::Status AddInPlace(const Tensor& acc, const Tensor& x) override {
     FERRY_CUDA_OPS_CALL("add_", cuda::AddInPlace(*c, acc, x));
   }
-  absl::Status CopyInto(const Tensor& dst, const Tensor& x) override {
-    FERRY_CUDA_OPS_CALL("copy_", cuda::CopyInto(*c, dst, x));
-  }
   absl::StatusOr<Tensor> Sum(const Tensor& x) override {
     FERRY_CUDA_OPS_CALL("sum", cuda::Sum(*c, x));
   }
@@ -779,6 +953,37 @@ class CudaOps final : public ContextBoundOps {
                                 bool transpose_a, bool transpose_b) override {
     FERRY_CUDA_OPS_CALL("matmul",
                         cuda::Matmul(*c, a, b, transpose_a, transpose_b));
+  }
+  absl::StatusOr<Tensor> BatchedMatmul(const Tensor& a, const Tensor& b,
+                                       bool transpose_a,
+                                       bool transpose_b) override {
+    FERRY_CUDA_OPS_CALL("batched_matmul", cuda::BatchedMatmul(*c, a, b,
+                                                              transpose_a,
+                                                              transpose_b));
+  }
+  absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
+    FERRY_CUDA_OPS_CALL("copy_into", cuda::CopyInto(*c, dst, src));
+  }
+  absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
+                               const Tensor& b) override {
+    FERRY_CUDA_OPS_CALL("where", cuda::Where(*c, cond, a, b));
+  }
+  absl::StatusOr<Tensor> NllLoss(const Tensor& log_probs,
+                                 const Tensor& target) override {
+    FERRY_CUDA_OPS_CALL("nll_loss", cuda::NllLoss(*c, log_probs, target));
+  }
+  absl::StatusOr<Tensor> NllLossBackward(const Tensor& target,
+                                         const Tensor& grad_loss,
+                                         int64_t classes) override {
+    FERRY_CUDA_OPS_CALL("nll_loss_backward",
+                        cuda::NllLossBackward(*c, target, grad_loss, classes));
+  }
+  absl::StatusOr<Tensor> DropoutMask(const std::vector<int64_t>& sizes,
+                                     DType dtype, Device device, double p,
+                                     uint64_t seed, uint64_t offset) override {
+    FERRY_CUDA_OPS_CALL("dropout_mask", cuda::DropoutMask(*c, sizes, dtype,
+                                                          device, p, seed,
+                                                          offset));
   }
   absl::Status SgdStep(const Tensor& param, const Tensor& grad,
                        const Tensor& buf, const math::SgdParams& o) override {

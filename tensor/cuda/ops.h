@@ -4,9 +4,10 @@
 // their inputs are on CUDA; the math per element is kernel_math.h's.
 //
 // Operands: float32 or float64 tensors (one dtype per call; indices and
-// targets int64) on one CUDA device of the context. Inputs may be strided
-// views; results are new contiguous tensors on that device; the in-place
-// optimizer steps need contiguous parameters and state.
+// targets int64, where's condition bool, CopyInto any dtype) on one CUDA
+// device of the context. Inputs may be strided views; results are new
+// contiguous tensors on that device; the in-place optimizer steps need
+// contiguous parameters and state.
 // Errors (InvalidArgument, naming the op, each operand's dtype, shape and
 // device): an undefined operand, a CPU operand, operands on different
 // devices, a device index the context does not have, a dtype other than the
@@ -23,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,8 +54,6 @@ absl::StatusOr<Tensor> Contiguous(CudaContext& ctx, const Tensor& x);
 absl::Status Fill(CudaContext& ctx, const Tensor& x, double value);
 /// acc += x (same shape, acc contiguous): gradient accumulation on device.
 absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x);
-/// dst = x (same shape and dtype, dst contiguous): a bucket's slot.
-absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& x);
 
 /// Sum of all elements, 0-d.
 absl::StatusOr<Tensor> Sum(CudaContext& ctx, const Tensor& x);
@@ -100,9 +100,36 @@ absl::StatusOr<Tensor> EmbeddingBackward(CudaContext& ctx, const Tensor& g,
 absl::StatusOr<Tensor> Matmul(CudaContext& ctx, const Tensor& a,
                               const Tensor& b, bool transpose_a = false,
                               bool transpose_b = false);
+/// op(a_i) @ op(b_i) for each i of 3-D operands [B, *, *]: one
+/// strided-batched cuBLAS call, [B, m, n].
+absl::StatusOr<Tensor> BatchedMatmul(CudaContext& ctx, const Tensor& a,
+                                     const Tensor& b, bool transpose_a = false,
+                                     bool transpose_b = false);
 /// x [N, in] @ weight [out, in]^T + bias [out] (bias may be undefined).
 absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
                               const Tensor& weight, const Tensor& bias);
+
+/// Copies `src` (broadcast to dst's shape) into the strided view `dst`
+/// (distinct elements, e.g. a slice of a larger tensor); any dtype, the
+/// same for both.
+absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& src);
+/// cond ? a : b elementwise, broadcasting (cond bool).
+absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
+                             const Tensor& a, const Tensor& b);
+/// Mean over rows of -log_probs[r, target[r]] (log_probs [N, C], target
+/// int64 [N]); a target outside [0, C) is InvalidArgument.
+absl::StatusOr<Tensor> NllLoss(CudaContext& ctx, const Tensor& log_probs,
+                               const Tensor& target);
+/// NllLoss's input gradient [N, classes] from the 0-d loss gradient.
+absl::StatusOr<Tensor> NllLossBackward(CudaContext& ctx, const Tensor& target,
+                                       const Tensor& grad_loss,
+                                       int64_t classes);
+/// Dropout mask of `sizes` on `device`: element i is
+/// math::DropoutScale(seed, offset + i, p) (Philox; p in [0, 1]).
+absl::StatusOr<Tensor> DropoutMask(CudaContext& ctx,
+                                   const std::vector<int64_t>& sizes,
+                                   DType dtype, Device device, double p,
+                                   uint64_t seed, uint64_t offset);
 
 /// One SGD step of `param` in place (optim.h's SGD rule); `buf` (the
 /// momentum buffer, same shape) is needed only when o.momentum != 0.

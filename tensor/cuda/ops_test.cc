@@ -244,6 +244,28 @@ TEST_F(CudaOpsTest, MatmulAndLinearLikeTheCpu) {
               Linear(*ctx_, Dev(x), Dev(weight), Dev(bias)), "linear");
 }
 
+TEST_F(CudaOpsTest, BatchedMatmulLikeTheCpu) {
+  SkipWithoutCublas();
+  if (IsSkipped()) return;
+  for (int64_t batch : {1, 3}) {  // 1: the plain GEMM path.
+    Tensor a = randn({batch, 4, 6}, 24), b = randn({batch, 6, 5}, 25);
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor as = ta ? a.transpose(1, 2).contiguous() : a;
+        Tensor bs = tb ? b.transpose(1, 2).contiguous() : b;
+        ExpectClose(autograd::matmul(a, b),
+                    BatchedMatmul(*ctx_, Dev(as), Dev(bs), ta, tb),
+                    "batched_matmul batch=" + std::to_string(batch) +
+                        " ta=" + std::to_string(ta) +
+                        " tb=" + std::to_string(tb));
+      }
+    }
+  }
+  absl::StatusOr<Tensor> r = BatchedMatmul(*ctx_, Dev(randn({2, 3, 4}, 26)),
+                                           Dev(randn({3, 4, 2}, 26)));
+  EXPECT_THAT(r.status().message(), HasSubstr("one batch size"));
+}
+
 TEST_F(CudaOpsTest, OptimizerStepsMatchTheHostRule) {
   Tensor p = randn({33}, 20), g = randn({33}, 21);
   math::SgdParams sgd;
@@ -334,6 +356,64 @@ TEST_F(CudaOpsTest, GradCheckMatmul) {
             Host(Matmul(*ctx_, da, dgm, true, false)));
 }
 
+TEST_F(CudaOpsTest, GeluPowWhereCopyIntoLikeTheCpu) {
+  Tensor s = randn({4, 7}, 40), x = rand({4, 7}, 41).add(0.1);
+  Tensor ds = Dev(s), dx = Dev(x), w = randn({4, 7}, 42);
+  ExpectClose(autograd::gelu(s), Unary(*ctx_, UnaryOp::kGelu, ds), "gelu");
+  ExpectClose(CpuGrad(autograd::gelu, s, w),
+              UnaryBackward(*ctx_, BackwardOp::kGelu, Dev(w), ds),
+              "gelu backward");
+  ExpectClose(autograd::pow(x, 2.7), Scalar(*ctx_, BinaryOp::kPow, dx, 2.7),
+              "pow");
+  const std::vector<bool> row = {true, false, true, true, false, false, true};
+  std::vector<bool> rows;
+  for (int i = 0; i < 4; ++i) rows.insert(rows.end(), row.begin(), row.end());
+  ExpectClose(autograd::where(from_vector<bool>(rows, {4, 7}), s, x),
+              Where(*ctx_, Dev(from_vector<bool>(row, {7})), ds, dx),
+              "where broadcasting cond");
+  // Into a column slice of a zeroed [4, 9]: the rest stays 0.
+  Tensor big = *ctx_->Empty({4, 9}, DType::kFloat32, Device::CUDA(0));
+  ASSERT_TRUE(Fill(*ctx_, big, 0).ok());
+  ASSERT_TRUE(CopyInto(*ctx_, big.slice(1, 1, 8), ds).ok());
+  Tensor expected = zeros({4, 9});
+  expected.slice(1, 1, 8).copy_(s);
+  ExpectClose(expected, big, "copy_into");
+}
+
+TEST_F(CudaOpsTest, NllLossAndDropoutMask) {
+  Tensor lp = randn({5, 4}, 43, DType::kFloat64);
+  Tensor target = from_vector<int64_t>({3, 0, 1, 3, 2}, {5});
+  Tensor dt = Dev(target);
+  ExpectClose(autograd::nll_loss(lp, target), NllLoss(*ctx_, Dev(lp), dt),
+              "nll_loss");
+  ExpectClose(CpuGrad([&](const Tensor& t) {
+                return autograd::nll_loss(t, target);
+              }, lp, full({}, 0.7, DType::kFloat64)),
+              NllLossBackward(*ctx_, dt, Dev(full({}, 0.7, DType::kFloat64)),
+                              4),
+              "nll_loss backward");
+  GradCheck("nll_loss",
+            [&](const Tensor& t) { return NllLoss(*ctx_, t, dt); }, lp,
+            full({}, 0.7, DType::kFloat64),
+            Host(NllLossBackward(*ctx_, dt,
+                                 Dev(full({}, 0.7, DType::kFloat64)), 4)));
+  absl::StatusOr<Tensor> bad = NllLoss(*ctx_, Dev(lp),
+                                       Dev(from_vector<int64_t>({0, 1, 4, 0, 0})));
+  EXPECT_THAT(bad.status().message(), HasSubstr("outside [0, 4)"));
+  // The kernel's mask is kernel_math's, element by element (a grid-stride
+  // loop over more elements than one launch's threads).
+  const int64_t n = 70000;
+  Tensor m = Host(DropoutMask(*ctx_, {n}, DType::kFloat32, Device::CUDA(0),
+                              0.2, 123, 7));
+  ASSERT_TRUE(m.defined());
+  const float* pm = m.data<float>();
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    mismatches += pm[i] != math::DropoutScale<float>(123, 7 + i, 0.2);
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST_F(CudaOpsTest, BadInputIsAStatusNamingTheOp) {
   Tensor a = Dev(randn({2, 3}, 27)), b = Dev(randn({4}, 28));
   absl::StatusOr<Tensor> r = Binary(*ctx_, BinaryOp::kAdd, a, b);
@@ -349,6 +429,12 @@ TEST_F(CudaOpsTest, BadInputIsAStatusNamingTheOp) {
   EXPECT_THAT(ce.status().message(), HasSubstr("outside [0, 3)"));
   r = Embedding(*ctx_, logits, Dev(from_vector<int64_t>({-1})));
   EXPECT_THAT(r.status().message(), HasSubstr("outside [0, 2)"));
+  r = Where(*ctx_, a, a, a);  // cond is not bool.
+  EXPECT_THAT(r.status().message(), HasSubstr("cuda where: cond must be bool"));
+  absl::Status st = CopyInto(*ctx_, a, b);
+  EXPECT_THAT(st.message(), HasSubstr("cuda copy_into: src does not broadcast"));
+  r = DropoutMask(*ctx_, {2}, DType::kFloat32, Device::CUDA(0), -0.5, 1, 0);
+  EXPECT_THAT(r.status().message(), HasSubstr("dropout_mask: needs p in"));
   r = Binary(*ctx_, BinaryOp::kAdd, a, randn({2, 3}, 30));
   EXPECT_THAT(r.status().message(), HasSubstr("not on a CUDA device"));
   if (ctx_->device_count() >= 2) {
