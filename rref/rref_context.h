@@ -19,10 +19,9 @@
 //  I6 a queued deletion is never lost.
 //
 // Errors: owner death fails to_here, proxies and pending creations with the
-// transport's error (Unavailable naming the owner) or their timeout,
-// annotated with the RRef id and owner; once the owner is down in the
-// agent's peer-state table (Agent::IsPeerDown, any reason) they fail at
-// once, and a down worker's forks are dropped by its owners.
+// transport's error (Unavailable naming the owner) or their timeout, naming
+// the RRef and owner; once the owner is down in the agent's peer-state table
+// (Agent::IsPeerDown) they fail at once; its owners drop a down worker's forks.
 // Lifetime: Install() registers handlers and an interceptor on the agent that
 // hold the context weakly, so it may die before the agent (they then answer
 // Unavailable); handles (RRefState) hold it weakly too.
