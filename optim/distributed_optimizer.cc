@@ -15,6 +15,12 @@ namespace {
 
 using rpc::Message;
 
+// The peer-state reasons that release a creator's optimizers: it failed
+// (the transport found it) or it left the group.
+constexpr rpc::PeerDownReasons kReleasingReasons =
+    static_cast<rpc::PeerDownReasons>(rpc::PeerDownReason::kTransportFailure) |
+    static_cast<rpc::PeerDownReasons>(rpc::PeerDownReason::kDeparted);
+
 absl::Status ClaimMessages() {
   static const rpc::LayerClaim* const kClaim =
       new rpc::LayerClaim{"optim",
@@ -163,20 +169,15 @@ DistOptimizerService::Install(rpc::Agent& agent, Options options) {
     return Reply(Value::None());
   }));
   // A creator that died or left takes its optimizers' state with it (a
-  // departed worker destroyed them itself unless it failed first).
-  agent.AddPeerFailureListener(
-      [weak](const rpc::WorkerInfo& peer, const absl::Status&) {
+  // departed worker destroyed them itself unless it failed first): the
+  // agent's peer-state entries for those two reasons.
+  agent.AddPeerDownListener(
+      [weak](const rpc::PeerDown& down) {
         if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
-          self->ReleaseWorker(peer.id);
+          self->ReleaseWorker(down.peer.id);
         }
-      });
-  agent.AddMembershipListener(
-      [weak](const rpc::WorkerInfo& worker, rpc::MembershipChange change) {
-        if (change != rpc::MembershipChange::kLeft) return;
-        if (std::shared_ptr<DistOptimizerService> self = weak.lock()) {
-          self->ReleaseWorker(worker.id);
-        }
-      });
+      },
+      kReleasingReasons);
   RETURN_IF_ERROR(s->dist_->SetFusedStepHandler(
       [weak, gone](int64_t id, const Tensor& leaf, const Tensor& grad) {
         std::shared_ptr<DistOptimizerService> self = weak.lock();
@@ -200,7 +201,6 @@ size_t DistOptimizerService::num_optimizers_of(int worker_id) const {
 size_t DistOptimizerService::ReleaseWorker(int worker_id) {
   std::vector<std::shared_ptr<Owned>> gone;  // Freed outside the lock.
   MutexLock l(&mu_);
-  released_creators_.insert(worker_id);  // Ids are never reused.
   for (auto it = optimizers_.begin(); it != optimizers_.end();) {
     if (it->second->creator == worker_id) {
       gone.push_back(std::move(it->second));
@@ -243,8 +243,10 @@ absl::StatusOr<int64_t> DistOptimizerService::Create(
   }
   MutexLock l(&mu_);
   // A request that was still queued when its creator failed or left would
-  // otherwise leave an optimizer nobody releases.
-  if (released_creators_.count(creator) > 0) {
+  // otherwise leave an optimizer nobody releases. Checked under mu_: an
+  // entry recorded after this check is released by the listener, which
+  // waits for mu_ (ids are never reused).
+  if (agent_.IsPeerDown(creator, kReleasingReasons)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker '", agent_.self().name, "': optimizer creator id ", creator,
         " failed or left; its optimizers were released"));

@@ -32,7 +32,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <utility>
 #include <variant>
@@ -105,8 +104,9 @@ class DistOptimizerService {
   // Of those, the ones worker `worker_id` created.
   size_t num_optimizers_of(int worker_id) const;
   // Frees the optimizers (and their state) worker `worker_id` created;
-  // returns how many. Called by the service itself when the agent reports
-  // the worker failed or left.
+  // returns how many. Called by the service itself when the agent's
+  // peer-state table records the worker failed or departed (from then on
+  // Create refuses it).
   size_t ReleaseWorker(int worker_id);
   // How many optimizers of `worker_id` ReleaseWorker freed so far.
   size_t released_of(int worker_id) const;
@@ -138,8 +138,6 @@ class DistOptimizerService {
   mutable Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<int64_t, std::shared_ptr<Owned>> optimizers_ ABSL_GUARDED_BY(mu_);
-  // Workers ReleaseWorker ran for: Create refuses them.
-  std::set<int> released_creators_ ABSL_GUARDED_BY(mu_);
   std::map<int, size_t> released_of_ ABSL_GUARDED_BY(mu_);
 };
 

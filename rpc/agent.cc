@@ -110,39 +110,162 @@ absl::Status Agent::Intercept(const InterceptorList& list, InterceptPoint point,
 }
 
 // ---------------------------------------------------------------------------
-// Peer failures.
+// Peer state.
 
-void Agent::AddPeerFailureListener(PeerFailureListener listener) {
-  std::map<int, absl::Status> known;
+absl::string_view PeerDownReasonName(PeerDownReason reason) {
+  switch (reason) {
+    case PeerDownReason::kTransportFailure:
+      return "transport failure";
+    case PeerDownReason::kDeparted:
+      return "departed";
+    case PeerDownReason::kDetectorReport:
+      return "reported by a detector";
+    case PeerDownReason::kRetriesExhausted:
+      return "retries exhausted";
+  }
+  return "unknown reason";
+}
+
+namespace {
+
+bool Selects(PeerDownReasons reasons, PeerDownReason reason) {
+  return (reasons & static_cast<PeerDownReasons>(reason)) != 0;
+}
+
+}  // namespace
+
+std::optional<Agent::NewPeerDown> Agent::RecordPeerDown(
+    const WorkerInfo& peer, PeerDownReason reason, const absl::Status& cause) {
+  std::vector<PeerDown>& entries = peers_down_[peer.id];
+  for (const PeerDown& e : entries) {
+    if (e.reason == reason) return std::nullopt;
+  }
+  NewPeerDown out;
+  PeerDown& down = out.down;
+  down.peer = peer;
+  down.reason = reason;
+  down.cause = cause;
+  down.why = absl::Status(
+      cause.code(),
+      absl::StrCat("worker '", peer.name, "' (id ", peer.id, ") is down (",
+                   PeerDownReasonName(reason), "): ", cause.message()));
+  down.first = entries.empty();
+  entries.push_back(down);
+  any_peer_down_.store(true, std::memory_order_release);
+  // Taken with the entry, so that a listener added after it learns of it
+  // once, from the replay (AddPeerDownListener).
+  for (const PeerDownSubscription& s : peer_down_listeners_) {
+    if (Selects(s.reasons, reason)) out.listeners.push_back(s.listener);
+  }
+  return out;
+}
+
+bool Agent::IsPeerDownLocked(int id, PeerDownReasons reasons) const {
+  auto it = peers_down_.find(id);
+  if (it == peers_down_.end()) return false;
+  for (const PeerDown& e : it->second) {
+    if (Selects(reasons, e.reason)) return true;
+  }
+  return false;
+}
+
+void Agent::TellPeerDownListeners(const NewPeerDown& news) {
+  for (const PeerDownListener& l : news.listeners) l(news.down);
+}
+
+void Agent::AddPeerDownListener(PeerDownListener listener,
+                                PeerDownReasons reasons) {
+  std::vector<PeerDown> known;
   {
     MutexLock lock(&mu_);
-    failure_listeners_.push_back(listener);
-    known = failed_peers_;
+    peer_down_listeners_.push_back({reasons, listener});
+    for (const auto& [id, entries] : peers_down_) {
+      for (const PeerDown& e : entries) {
+        if (Selects(reasons, e.reason)) known.push_back(e);
+      }
+    }
   }
-  for (const auto& [id, why] : known) listener(KnownWorker(id), why);
+  for (const PeerDown& e : known) listener(e);
+}
+
+bool Agent::IsPeerDown(int id, PeerDownReasons reasons) const {
+  if (!any_peer_down_.load(std::memory_order_acquire)) return false;
+  MutexLock lock(&mu_);
+  return IsPeerDownLocked(id, reasons);
+}
+
+std::vector<PeerDown> Agent::PeersDown() const {
+  std::vector<PeerDown> out;
+  MutexLock lock(&mu_);
+  for (const auto& [id, entries] : peers_down_) {
+    out.insert(out.end(), entries.begin(), entries.end());
+  }
+  return out;
+}
+
+absl::Status Agent::ReportPeerDown(int id, PeerDownReason reason,
+                                   const absl::Status& cause) {
+  const std::string what =
+      absl::StrCat("worker '", self_.name, "': reporting worker id ", id,
+                   " down (", PeerDownReasonName(reason), ")");
+  if (reason != PeerDownReason::kDetectorReport &&
+      reason != PeerDownReason::kRetriesExhausted) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": only a detector's report or exhausted retries are taken "
+              "here (the agent records transport failures and departures "
+              "itself)"));
+  }
+  if (cause.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the cause must be an error, not OK"));
+  }
+  if (id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": worker ids are not negative"));
+  }
+  if (id == self_.id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a worker cannot report itself down"));
+  }
+  const WorkerInfo peer = KnownWorker(id);
+  std::optional<NewPeerDown> news;
+  {
+    MutexLock lock(&mu_);
+    news = RecordPeerDown(peer, reason, cause);
+  }
+  if (!news) return absl::OkStatus();
+  FERRY_LOG(INFO) << "worker '" << self_.name << "': " << news->down.why;
+  TellPeerDownListeners(*news);
+  return absl::OkStatus();
+}
+
+void Agent::AddPeerFailureListener(PeerFailureListener listener) {
+  AddPeerDownListener(
+      [listener = std::move(listener)](const PeerDown& down) {
+        listener(down.peer, down.cause);
+      },
+      static_cast<PeerDownReasons>(PeerDownReason::kTransportFailure));
 }
 
 bool Agent::IsPeerFailed(int id) const {
-  MutexLock lock(&mu_);
-  return failed_peers_.count(id) > 0;
+  return IsPeerDown(
+      id, static_cast<PeerDownReasons>(PeerDownReason::kTransportFailure));
 }
 
 void Agent::ReportPeerFailure(int id, const absl::Status& why) {
-  std::vector<PeerFailureListener> listeners;
   // Only present members fail: a departed worker left gracefully.
   absl::StatusOr<WorkerInfo> peer = GetWorkerInfo(id);
   if (!peer.ok()) return;
+  std::optional<NewPeerDown> news;
   {
     MutexLock lock(&mu_);
-    if (stopping_ || !group_known_ || id == self_.id ||
-        !failed_peers_.emplace(id, why).second) {
-      return;
-    }
-    listeners = failure_listeners_;
+    if (stopping_ || !group_known_ || id == self_.id) return;
+    news = RecordPeerDown(*peer, PeerDownReason::kTransportFailure, why);
+    if (!news) return;
   }
   FERRY_LOG(WARNING) << "worker '" << self_.name << "': peer '" << peer->name
                      << "' (rank " << id << ") failed: " << why;
-  for (const PeerFailureListener& l : listeners) l(*peer, why);
+  TellPeerDownListeners(*news);
 }
 
 // ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 #define FERRY_RPC_AGENT_H_
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -111,6 +112,53 @@ using Interceptor = std::function<absl::Status(
 using PeerFailureListener =
     std::function<void(const WorkerInfo& peer, const absl::Status& why)>;
 
+// Why a peer is down, in the agent's peer-state table (one table per agent;
+// docs/design/grpc_agent.md, "Peer state"). A peer may be down for several
+// reasons; each is recorded once, with the status that showed it. What the
+// agent itself does per reason, unchanged by the table (layers decide the
+// rest; IsPeerFailed drives Announce, WaitForWorker and the gRPC probe):
+//
+//   reason             from            IsPeerFailed  failure    membership
+//                                                    listeners  listeners
+//   kTransportFailure  the transport   yes           told       -
+//   kDeparted          member table    no            -          told kLeft
+//   kDetectorReport    ReportPeerDown  no            -          -
+//   kRetriesExhausted  ReportPeerDown  no            -          -
+//
+// Every reason is told to the peer-down listeners that asked for it.
+enum class PeerDownReason : uint32_t {
+  kTransportFailure = 1,   // The transport found it dead or unreachable.
+  kDeparted = 2,           // It left the group (or a restart took its name).
+  kDetectorReport = 4,     // An outside failure detector reported it.
+  kRetriesExhausted = 8,   // A layer's retried message to it still failed.
+};
+// A set of PeerDownReason values (their bits or-ed together).
+using PeerDownReasons = uint32_t;
+// Every reason.
+inline constexpr PeerDownReasons kAnyPeerDownReason = 1 | 2 | 4 | 8;
+// "transport failure", "departed", "reported by a detector", "retries
+// exhausted".
+absl::string_view PeerDownReasonName(PeerDownReason reason);
+
+// One (peer, reason) entry of the peer-state table.
+struct PeerDown {
+  WorkerInfo peer;  // As the member table knows it (name empty if never).
+  PeerDownReason reason = PeerDownReason::kTransportFailure;  // Why.
+  // The status as reported (a transport's error, the departure, a
+  // reporter's status); what PeerFailureListener gets.
+  absl::Status cause;
+  // cause's code; the message names the worker, its id and the reason,
+  // then cause's message.
+  absl::Status why;
+  // Whether no other reason was recorded for `peer` before this one (a
+  // layer that treats every reason alike acts on this entry only).
+  bool first = false;
+};
+// Told of one new entry of the peer-state table, once; on the reporting
+// thread (often a transport thread), with no agent lock held: must not
+// block.
+using PeerDownListener = std::function<void(const PeerDown& down)>;
+
 // What happened to a member (MembershipListener).
 enum class MembershipChange { kJoined = 1, kLeft = 2 };
 // Told that `worker` joined or left the group. Runs on the thread that
@@ -185,13 +233,38 @@ class Agent {
   // Adds an interceptor; interceptors run in the order added.
   void AddInterceptor(Interceptor interceptor);
 
-  // --- Peer failures. ---
+  // --- Peer state (PeerDownReason above). ---
 
-  // Subscribes `listener` for this agent's life (capture weak references).
-  // Peers already found failed are reported to it at once, on this thread;
-  // each later failure once, to every listener, in the order added.
+  // Subscribes `listener` for this agent's life (capture weak references)
+  // to the entries whose reason is in `reasons`: those recorded already at
+  // once, on this thread (by id, each peer's in recording order); each later
+  // one once, to every listener, in the order added.
+  void AddPeerDownListener(PeerDownListener listener,
+                           PeerDownReasons reasons = kAnyPeerDownReason);
+  // Whether worker `id` is down for a reason in `reasons`. Lock-free while
+  // no peer is down.
+  bool IsPeerDown(int id, PeerDownReasons reasons = kAnyPeerDownReason) const;
+  // Every entry of the table, by id, each peer's in recording order.
+  std::vector<PeerDown> PeersDown() const;
+  // Records that worker `id` is down for `reason`, kDetectorReport (an
+  // outside failure detector: a launcher that saw the process exit) or
+  // kRetriesExhausted (a layer whose retried message still failed), as the
+  // non-OK `cause` shows; tells the peer-down listeners once. Taken at any
+  // time, also while this agent stops, for any id (a worker not known yet
+  // is recorded by id). The agent acts on neither reason itself (see the
+  // table above). OK when already recorded; InvalidArgument naming the
+  // worker for a negative id, this worker itself, another reason or an OK
+  // `cause`.
+  absl::Status ReportPeerDown(int id, PeerDownReason reason,
+                              const absl::Status& cause);
+
+  // Subscribes `listener` for this agent's life (capture weak references) to
+  // kTransportFailure entries, with their cause: AddPeerDownListener for
+  // that reason alone. Peers already found failed are reported to it at
+  // once, on this thread; each later failure once, in the order added.
   void AddPeerFailureListener(PeerFailureListener listener);
-  // Whether worker `id` was reported failed.
+  // Whether worker `id` was reported failed by the transport:
+  // IsPeerDown(id, kTransportFailure).
   bool IsPeerFailed(int id) const;
   // Waits until a present member named `name` is neither reported failed nor
   // worker `stale_id` (the id whose call failed; -1: any), and returns it: a
@@ -373,9 +446,10 @@ class Agent {
   // the first call's state stays.
   void BeginStop(absl::string_view state = "shutting down");
 
-  // Transport: worker `id` is dead or unreachable, as `why` shows. The first
-  // report of a peer tells every listener (on this thread, no lock held);
-  // repeats, self, unknown ids and reports after BeginStop are ignored.
+  // Transport: worker `id` is dead or unreachable, as `why` shows: a
+  // kTransportFailure entry. The first report of a peer tells every listener
+  // (on this thread, no lock held); repeats, self, unknown or departed ids
+  // and reports after BeginStop are ignored.
   void ReportPeerFailure(int id, const absl::Status& why);
 
   const Options& options() const { return options_; }  // As constructed.
@@ -462,6 +536,25 @@ class Agent {
   Future<Message> ServeCall(Message request);
   Answer ServeFunction(const FunctionEntry& entry, Message&& request);
   WorkerInfo PeerInfo(int id, const std::string& name) const;
+  // A new entry of the peer-state table and the listeners to tell of it
+  // (those subscribed when it was recorded).
+  struct NewPeerDown {
+    PeerDown down;
+    std::vector<PeerDownListener> listeners;
+  };
+  // Adds (`peer`, `reason`) to the peer-state table; nullopt when it was
+  // there.
+  std::optional<NewPeerDown> RecordPeerDown(const WorkerInfo& peer,
+                                            PeerDownReason reason,
+                                            const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether worker `id` has an entry with a reason in `reasons`.
+  bool IsPeerDownLocked(int id, PeerDownReasons reasons) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the listeners of `news` (no lock held).
+  void TellPeerDownListeners(const NewPeerDown& news);
+  // Records `worker`'s departure (kDeparted) and tells the listeners.
+  void RecordDeparture(const WorkerInfo& worker);
   // Worker `id`, present or departed; {"", id, ""} when unknown.
   WorkerInfo KnownWorker(int id) const;
 
@@ -487,9 +580,16 @@ class Agent {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string stop_state_ ABSL_GUARDED_BY(mu_);  // BeginStop's `state`.
   int awaiting_group_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<PeerFailureListener> failure_listeners_ ABSL_GUARDED_BY(mu_);
-  // Failed peers with the error that showed it.
-  std::map<int, absl::Status> failed_peers_ ABSL_GUARDED_BY(mu_);
+  // A peer-down listener and the reasons it asked for.
+  struct PeerDownSubscription {
+    PeerDownReasons reasons;
+    PeerDownListener listener;
+  };
+  std::vector<PeerDownSubscription> peer_down_listeners_ ABSL_GUARDED_BY(mu_);
+  // The peer-state table: by id, each peer's entries in recording order.
+  std::map<int, std::vector<PeerDown>> peers_down_ ABSL_GUARDED_BY(mu_);
+  // Set (under mu_) with the table's first entry: IsPeerDown's fast path.
+  std::atomic<bool> any_peer_down_{false};
   std::vector<MembershipListener> membership_listeners_ ABSL_GUARDED_BY(mu_);
 };
 

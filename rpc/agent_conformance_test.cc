@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "ferry/common/poll.h"
 #include "ferry/common/status.h"
@@ -562,6 +563,58 @@ TEST_P(AgentConformance, CalleeDeadlineIsTheCallersRemainingTime) {
   EXPECT_TRUE(c->ShutdownAll().ok());
 }
 
+// What one agent's peer-down listener heard, in order.
+struct DownReports {
+  Mutex mu;
+  std::vector<PeerDown> seen ABSL_GUARDED_BY(mu);
+  void Listen(Agent& agent, PeerDownReasons reasons = kAnyPeerDownReason) {
+    agent.AddPeerDownListener(
+        [this](const PeerDown& down) {
+          MutexLock lock(&mu);
+          seen.push_back(down);
+        },
+        reasons);
+  }
+  std::vector<PeerDown> Get() {
+    MutexLock lock(&mu);
+    return seen;
+  }
+  // Waits (bounded) until `n` entries were heard; returns whether they were.
+  bool AwaitCount(size_t n, absl::Duration limit = absl::Seconds(30)) {
+    MutexLock lock(&mu);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return seen.size() >= n;
+    };
+    return mu.AwaitWithTimeout(absl::Condition(&enough), limit);
+  }
+};
+
+// `down` is worker `name` (id `id`) down for `reason`, and its status says
+// so: the code of `cause_code`, the worker, its id and the reason named.
+void ExpectEntry(const PeerDown& down, const std::string& name, int id,
+                 PeerDownReason reason, absl::StatusCode cause_code,
+                 bool first) {
+  EXPECT_EQ(down.peer.name, name);
+  EXPECT_EQ(down.peer.id, id);
+  EXPECT_EQ(down.reason, reason) << down.why;
+  EXPECT_EQ(down.first, first) << down.why;
+  EXPECT_EQ(down.cause.code(), cause_code) << down.cause;
+  EXPECT_EQ(down.why.code(), cause_code) << down.why;
+  const std::string text(down.why.message());
+  EXPECT_NE(text.find(absl::StrCat("worker '", name, "' (id ", id, ")")),
+            std::string::npos)
+      << down.why;
+  EXPECT_NE(text.find(std::string(PeerDownReasonName(reason))),
+            std::string::npos)
+      << down.why;
+  EXPECT_NE(text.find(std::string(down.cause.message())), std::string::npos)
+      << down.why;
+}
+
+constexpr PeerDownReasons Only(PeerDownReason r) {
+  return static_cast<PeerDownReasons>(r);
+}
+
 // Failure reports: a listener learns once that a killed peer failed (the
 // in-process agent at the kill, the gRPC agent once a call to it failed and
 // its health probe did too), a listener added later learns it at once, and a
@@ -580,8 +633,11 @@ TEST_P(AgentConformance, PeerFailureListenersLearnOfADeadPeerOnce) {
         MutexLock lock(&reports->mu);
         reports->seen.emplace_back(peer, why);
       });
+  DownReports downs;  // The same failure, as a peer-state entry.
+  downs.Listen(a);
   ASSERT_TRUE(a.rpc_sync("b", "noop").ok());
   EXPECT_FALSE(a.IsPeerFailed(1));
+  EXPECT_FALSE(a.IsPeerDown(1));
   c->Kill(1);
   Result<Value> r =
       a.CallAsync("b", "noop", {}, absl::Seconds(20)).Get(absl::Seconds(30));
@@ -601,6 +657,19 @@ TEST_P(AgentConformance, PeerFailureListenersLearnOfADeadPeerOnce) {
   }
   EXPECT_TRUE(a.IsPeerFailed(1));
   EXPECT_FALSE(a.IsPeerFailed(2));
+  // The peer-state table holds it, for this reason alone.
+  EXPECT_TRUE(a.IsPeerDown(1));
+  EXPECT_TRUE(a.IsPeerDown(1, Only(PeerDownReason::kTransportFailure)));
+  EXPECT_FALSE(a.IsPeerDown(1, Only(PeerDownReason::kDeparted)));
+  EXPECT_FALSE(a.IsPeerDown(2));
+  ASSERT_TRUE(downs.AwaitCount(1));
+  ASSERT_EQ(a.PeersDown().size(), 1u);
+  ExpectEntry(a.PeersDown()[0], "b", 1, PeerDownReason::kTransportFailure,
+              absl::StatusCode::kUnavailable, /*first=*/true);
+  {
+    MutexLock lock(&reports->mu);
+    EXPECT_EQ(a.PeersDown()[0].cause, reports->seen[0].second);
+  }
   // Once failed, later failed calls report nothing more.
   EXPECT_FALSE(a.rpc_sync_for(absl::Seconds(20), "b", "noop").ok());
   std::atomic<int> late{0};
@@ -614,8 +683,159 @@ TEST_P(AgentConformance, PeerFailureListenersLearnOfADeadPeerOnce) {
   EXPECT_TRUE(a.rpc_sync("c", "noop").ok());
   EXPECT_TRUE(c->agent(2).Shutdown(/*graceful=*/false).ok());
   EXPECT_TRUE(a.Shutdown(/*graceful=*/false).ok());
+  EXPECT_EQ(downs.Get().size(), 1u);
   MutexLock lock(&reports->mu);
   EXPECT_EQ(reports->seen.size(), 1u);
+}
+
+// The two reasons reported from outside the agent (a detector, a layer's
+// exhausted retries): recorded once per reason, queried, told once to the
+// listeners that asked for them (and to one added later), each status naming
+// the worker and the reason; the agent does nothing else with them: the
+// peers still serve, are not "failed", and the failure listeners hear
+// nothing. A report is taken while the agent stops too.
+TEST_P(AgentConformance, ReportedPeersAreRecordedAndTheAgentCarriesOn) {
+  auto c = Start({"a", "b", "c"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+  std::atomic<int> failures{0};
+  a.AddPeerFailureListener(
+      [&failures](const WorkerInfo&, const absl::Status&) { ++failures; });
+  DownReports all;
+  all.Listen(a);
+  DownReports retries;
+  retries.Listen(a, Only(PeerDownReason::kRetriesExhausted));
+  const absl::Status exited = absl::UnavailableError("launcher: pid 4242 exited");
+  const absl::Status spent = absl::UnavailableError("last attempt refused");
+  EXPECT_TRUE(a.ReportPeerDown(1, PeerDownReason::kDetectorReport, exited).ok());
+  EXPECT_TRUE(
+      a.ReportPeerDown(2, PeerDownReason::kRetriesExhausted, spent).ok());
+  // Repeats change nothing; a second reason for b is its own entry.
+  EXPECT_TRUE(a.ReportPeerDown(1, PeerDownReason::kDetectorReport,
+                               absl::UnavailableError("again"))
+                  .ok());
+  EXPECT_TRUE(
+      a.ReportPeerDown(1, PeerDownReason::kRetriesExhausted, spent).ok());
+  EXPECT_TRUE(
+      a.ReportPeerDown(2, PeerDownReason::kRetriesExhausted, spent).ok());
+
+  std::vector<PeerDown> heard = all.Get();
+  ASSERT_EQ(heard.size(), 3u);
+  ExpectEntry(heard[0], "b", 1, PeerDownReason::kDetectorReport,
+              absl::StatusCode::kUnavailable, /*first=*/true);
+  EXPECT_EQ(heard[0].cause, exited);
+  ExpectEntry(heard[1], "c", 2, PeerDownReason::kRetriesExhausted,
+              absl::StatusCode::kUnavailable, /*first=*/true);
+  ExpectEntry(heard[2], "b", 1, PeerDownReason::kRetriesExhausted,
+              absl::StatusCode::kUnavailable, /*first=*/false);
+  std::vector<PeerDown> only_retries = retries.Get();
+  ASSERT_EQ(only_retries.size(), 2u);
+  EXPECT_EQ(only_retries[0].peer.name, "c");
+  EXPECT_EQ(only_retries[1].peer.name, "b");
+
+  EXPECT_TRUE(a.IsPeerDown(1));
+  EXPECT_TRUE(a.IsPeerDown(1, Only(PeerDownReason::kDetectorReport)));
+  EXPECT_TRUE(a.IsPeerDown(2, Only(PeerDownReason::kRetriesExhausted)));
+  EXPECT_FALSE(a.IsPeerDown(2, Only(PeerDownReason::kDetectorReport)));
+  EXPECT_FALSE(a.IsPeerDown(0));
+  // The table, by id: b's two entries in order, then c's.
+  std::vector<PeerDown> table = a.PeersDown();
+  ASSERT_EQ(table.size(), 3u);
+  EXPECT_EQ(table[0].reason, PeerDownReason::kDetectorReport);
+  EXPECT_EQ(table[1].reason, PeerDownReason::kRetriesExhausted);
+  EXPECT_EQ(table[1].peer.name, "b");
+  EXPECT_EQ(table[2].peer.name, "c");
+  // Another agent's table is its own.
+  EXPECT_FALSE(c->agent(2).IsPeerDown(1));
+
+  // What the agent does is as before: not failed, still served and waited
+  // for, no failure report.
+  EXPECT_FALSE(a.IsPeerFailed(1));
+  EXPECT_FALSE(a.IsPeerFailed(2));
+  EXPECT_TRUE(a.rpc_sync("b", "noop").ok());
+  EXPECT_TRUE(a.rpc_sync("c", "noop").ok());
+  absl::StatusOr<WorkerInfo> back = a.WaitForWorker("b", absl::Seconds(10));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->id, 1);
+  EXPECT_EQ(failures.load(), 0);
+
+  // A listener added later hears every entry once, at once.
+  DownReports late;
+  late.Listen(a);
+  EXPECT_EQ(late.Get().size(), 3u);
+  EXPECT_TRUE(c->ShutdownAll().ok());
+  EXPECT_TRUE(a.ReportPeerDown(2, PeerDownReason::kDetectorReport, exited).ok());
+  EXPECT_TRUE(a.IsPeerDown(2, Only(PeerDownReason::kDetectorReport)));
+  EXPECT_EQ(all.Get().size(), 4u);
+  EXPECT_EQ(late.Get().size(), 4u);
+  EXPECT_EQ(failures.load(), 0);
+}
+
+// ReportPeerDown refuses what it cannot record, naming the worker: a
+// negative id, this worker itself, the reasons the agent records itself, an
+// OK cause. Nothing is recorded.
+TEST_P(AgentConformance, ReportPeerDownRefusesBadReports) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+  const absl::Status down = absl::UnavailableError("gone");
+  struct Case {
+    int id;
+    PeerDownReason reason;
+    absl::Status cause;
+    std::string says;
+  };
+  const Case cases[] = {
+      {-1, PeerDownReason::kDetectorReport, down, "not negative"},
+      {0, PeerDownReason::kDetectorReport, down, "itself"},
+      {1, PeerDownReason::kTransportFailure, down, "transport failure"},
+      {1, PeerDownReason::kDeparted, down, "departed"},
+      {1, PeerDownReason::kRetriesExhausted, absl::OkStatus(), "not OK"},
+  };
+  for (const Case& k : cases) {
+    absl::Status s = a.ReportPeerDown(k.id, k.reason, k.cause);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("worker 'a'"), std::string::npos) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("worker id ", k.id)),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.message().find(k.says), std::string::npos) << s;
+  }
+  EXPECT_TRUE(a.PeersDown().empty());
+  EXPECT_FALSE(a.IsPeerDown(1));
+  EXPECT_TRUE(c->ShutdownAll().ok());
+}
+
+// A peer a detector reported first still fails at the transport as before:
+// the failure is its own entry (not the first), the failure listeners hear
+// it, and IsPeerFailed holds.
+TEST_P(AgentConformance, AReportedPeerStillFailsAtTheTransport) {
+  auto c = Start({"a", "b"}, BasicRegistry());
+  ASSERT_NE(c, nullptr);
+  Agent& a = c->agent(0);
+  std::atomic<int> failures{0};
+  a.AddPeerFailureListener(
+      [&failures](const WorkerInfo& peer, const absl::Status&) {
+        if (peer.id == 1) ++failures;
+      });
+  DownReports downs;
+  downs.Listen(a);
+  ASSERT_TRUE(a.ReportPeerDown(1, PeerDownReason::kDetectorReport,
+                               absl::UnavailableError("heartbeat stopped"))
+                  .ok());
+  c->Kill(1);
+  Result<Value> r =
+      a.CallAsync("b", "noop", {}, absl::Seconds(20)).Get(absl::Seconds(30));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  ASSERT_TRUE(downs.AwaitCount(2));
+  std::vector<PeerDown> heard = downs.Get();
+  ASSERT_EQ(heard.size(), 2u);
+  EXPECT_EQ(heard[0].reason, PeerDownReason::kDetectorReport);
+  ExpectEntry(heard[1], "b", 1, PeerDownReason::kTransportFailure,
+              absl::StatusCode::kUnavailable, /*first=*/false);
+  EXPECT_TRUE(a.IsPeerFailed(1));
+  EXPECT_EQ(failures.load(), 1);
+  EXPECT_TRUE(a.Shutdown(/*graceful=*/false).ok());
 }
 
 // Non-blocking functions beside blocking ones that nest calls: with one
@@ -722,6 +942,8 @@ TEST_P(AgentConformance, LeftWorkerDisappearsAndCallsToItFailNamingIt) {
       [&failures](const WorkerInfo&, const absl::Status&) { ++failures; });
   Changes heard;
   heard.Listen(a);
+  DownReports downs;
+  downs.Listen(a);
   absl::StatusOr<Agent*> t = c->Join("t");
   ASSERT_TRUE(t.ok()) << t.status();
   const int old_id = (*t)->self().id;
@@ -743,6 +965,19 @@ TEST_P(AgentConformance, LeftWorkerDisappearsAndCallsToItFailNamingIt) {
   }
   EXPECT_EQ(failures.load(), 0);
   EXPECT_FALSE(a.IsPeerFailed(old_id));
+  // The peer-state table holds the departure, once, as that alone.
+  EXPECT_TRUE(a.IsPeerDown(old_id));
+  EXPECT_TRUE(a.IsPeerDown(old_id, Only(PeerDownReason::kDeparted)));
+  EXPECT_FALSE(a.IsPeerDown(old_id, Only(PeerDownReason::kTransportFailure)));
+  std::vector<PeerDown> left = downs.Get();
+  ASSERT_EQ(left.size(), 1u);
+  ExpectEntry(left[0], "t", old_id, PeerDownReason::kDeparted,
+              absl::StatusCode::kUnavailable, /*first=*/true);
+  EXPECT_NE(left[0].why.message().find("left the group"), std::string::npos)
+      << left[0].why;
+  DownReports late;
+  late.Listen(a, Only(PeerDownReason::kDeparted));
+  EXPECT_EQ(late.Get().size(), 1u);
   // The departed worker cannot call either.
   EXPECT_EQ((*t)->rpc_sync("a", "noop").status().code(),
             absl::StatusCode::kUnavailable);
@@ -752,8 +987,10 @@ TEST_P(AgentConformance, LeftWorkerDisappearsAndCallsToItFailNamingIt) {
   EXPECT_GT((*again)->self().id, old_id);  // Ids are never reused.
   EXPECT_EQ(*a.rpc_sync<std::string>("t", "whoami"), "a");
   EXPECT_EQ(*(*again)->rpc_sync<std::string>("b", "whoami"), "t");
+  EXPECT_FALSE(a.IsPeerDown((*again)->self().id));
   EXPECT_TRUE((*again)->Leave().ok());
   EXPECT_TRUE(c->ShutdownAll().ok());
+  EXPECT_EQ(downs.Get().size(), 2u);  // The second departure, once.
 }
 
 TEST_P(AgentConformance, JoinRefusesANameAPresentWorkerHolds) {

@@ -171,7 +171,7 @@ absl::StatusOr<WorkerInfo> Agent::WaitForWorker(const std::string& name,
   std::optional<WorkerInfo> found;
   bool stopped = false;
   // Re-checked whenever mu_ is released: every table change tells the
-  // listeners under mu_, and failures are recorded under it.
+  // listeners under mu_, and the peer-state table is written under it.
   auto back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stopping_) {
       stopped = true;
@@ -180,7 +180,8 @@ absl::StatusOr<WorkerInfo> Agent::WaitForWorker(const std::string& name,
     std::shared_ptr<const Group> g = group();
     auto it = g->present_by_name.find(name);
     if (it == g->present_by_name.end() || it->second == stale_id ||
-        failed_peers_.count(it->second) > 0) {
+        IsPeerDownLocked(it->second, static_cast<PeerDownReasons>(
+                                         PeerDownReason::kTransportFailure))) {
       return false;
     }
     found = g->Find(it->second)->info;
@@ -221,6 +222,7 @@ bool Agent::AddMember(const WorkerInfo& worker) {
   if (!added) return false;
   if (replaced) {
     TellMembershipListeners(*replaced, MembershipChange::kLeft);
+    RecordDeparture(*replaced);
   }
   TellMembershipListeners(worker, MembershipChange::kJoined);
   return true;
@@ -238,8 +240,21 @@ bool Agent::RemoveMember(const WorkerInfo& worker) {
     g.departed_by_name[e.info.name] = e.info.id;
     return true;
   });
-  if (removed) TellMembershipListeners(gone, MembershipChange::kLeft);
+  if (removed) {
+    TellMembershipListeners(gone, MembershipChange::kLeft);
+    RecordDeparture(gone);
+  }
   return removed;
+}
+
+void Agent::RecordDeparture(const WorkerInfo& worker) {
+  std::optional<NewPeerDown> news;
+  {
+    MutexLock lock(&mu_);
+    news = RecordPeerDown(worker, PeerDownReason::kDeparted,
+                          LeftError(worker));
+  }
+  if (news) TellPeerDownListeners(*news);
 }
 
 // ---------------------------------------------------------------------------

@@ -69,7 +69,7 @@ void InternalSender::Try(const std::shared_ptr<Pending>& m, Ledger& ledger) {
           return;
         }
         if (code == absl::StatusCode::kUnavailable && m->retry_timeouts) {
-          ledger->GaveUp(m->to);  // Retries exhausted.
+          ledger->GaveUp(m->to, r.status());  // Retries exhausted.
         }
         if (m->done) m->done(r);
         ledger->EndMessage();

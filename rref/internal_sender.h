@@ -29,6 +29,7 @@
 #include <optional>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "ferry/common/future.h"
 #include "ferry/rpc/message.h"
@@ -57,8 +58,9 @@ class InternalSender {
     virtual void CountAttempt(rpc::MessageType type) = 0;
     // Whether worker `to` is known failed.
     virtual bool IsFailed(int to) = 0;
-    // Every retry to `to` failed with Unavailable: it is known failed now.
-    virtual void GaveUp(int to) = 0;
+    // Every retry to `to` failed with Unavailable, the last with `last`: it
+    // is known failed now (the context reports it to its agent).
+    virtual void GaveUp(int to, const absl::Status& last) = 0;
     // A message BeginMessage counted ended (after its `done` ran).
     virtual void EndMessage() = 0;
   };

@@ -41,10 +41,11 @@ class FakeLedger : public InternalSender::Ledger {
     MutexLock lock(&mu_);
     return failed_.count(to) > 0;
   }
-  void GaveUp(int to) override {
+  void GaveUp(int to, const absl::Status& last) override {
     MutexLock lock(&mu_);
     ++gave_up_;
     failed_.insert(to);
+    last_give_up_ = last;
   }
   void EndMessage() override {
     MutexLock lock(&mu_);
@@ -67,6 +68,11 @@ class FakeLedger : public InternalSender::Ledger {
     MutexLock lock(&mu_);
     return gave_up_;
   }
+  // The last attempt's status GaveUp was given (OK: never called).
+  absl::Status last_give_up() const {
+    MutexLock lock(&mu_);
+    return last_give_up_;
+  }
 
  private:
   mutable Mutex mu_;
@@ -74,6 +80,7 @@ class FakeLedger : public InternalSender::Ledger {
   std::map<rpc::MessageType, int> attempts_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int gave_up_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_give_up_ ABSL_GUARDED_BY(mu_);
 };
 
 // The send function: answers each attempt with the next scripted status
@@ -157,6 +164,14 @@ TEST(InternalSenderTest, EveryOutcomeSequence) {
                     static_cast<size_t>(expect_attempts))
               << what;
           EXPECT_EQ(ledger->gave_up(), expect_gave_up ? 1 : 0) << what;
+          // The report carries the last attempt's error (the agent records
+          // it as the peer's cause).
+          if (expect_gave_up) {
+            EXPECT_EQ(ledger->last_give_up().code(),
+                      absl::StatusCode::kUnavailable)
+                << what;
+            EXPECT_EQ(ledger->last_give_up().message(), "down") << what;
+          }
           EXPECT_EQ(ledger->in_flight(), 0) << what;  // Leak check.
           ++runs;
         }

@@ -197,22 +197,16 @@ absl::Status RRefContext::Install() {
         std::shared_ptr<RRefContext> ctx = weak.lock();
         return ctx ? ctx->Intercept(point, peer, m) : absl::OkStatus();
       });
-  // The agent's failure detector makes a peer known dead here too.
-  agent_->AddPeerFailureListener(
-      [weak](const WorkerInfo& peer, const absl::Status&) {
-        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
-          ctx->NotifyWorkerFailed(peer.id);
-        }
-      });
-  // A worker that left is gone as surely (its own Leave released what it
-  // could first): the forks it still held go.
-  agent_->AddMembershipListener(
-      [weak](const WorkerInfo& worker, rpc::MembershipChange change) {
-        if (change != rpc::MembershipChange::kLeft) return;
-        if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
-          ctx->NotifyWorkerFailed(worker.id);
-        }
-      });
+  // A peer down in the agent's table, for any reason, is known dead here:
+  // a transport failure, a departure (its own Leave released what it could
+  // first), a detector's report, or this context's exhausted retries. Its
+  // forks and the children sent to it go once, at its first entry.
+  agent_->AddPeerDownListener([weak](const rpc::PeerDown& down) {
+    if (!down.first) return;
+    if (std::shared_ptr<RRefContext> ctx = weak.lock()) {
+      ctx->DropPeer(down.peer.id);
+    }
+  });
   return agent_->inspectors().Register("rref", [weak] {
     std::shared_ptr<RRefContext> ctx = weak.lock();
     return ctx ? ctx->Inspect() : std::vector<rpc::InspectionRow>{};
@@ -658,7 +652,7 @@ void RRefContext::OnStateDropped(bool is_owner, const WorkerInfo& owner,
   {
     MutexLock lock(&mu_);
     users_.Forget(fork_id);
-    if (owner.id < 0 || dead_.count(owner.id)) return;
+    if (owner.id < 0 || IsPeerDown(owner.id)) return;
     users_.AddPendingDelete();
   }
   // I1: the deletion goes out once the owner confirmed the fork (or its
@@ -677,7 +671,7 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
   DeleteBatch batch;
   {
     MutexLock lock(&mu_);
-    if (dead_.count(owner)) {
+    if (IsPeerDown(owner)) {
       users_.SettleDeletes(1);  // Its forks were dropped with it.
       return;
     }
@@ -690,7 +684,7 @@ void RRefContext::QueueUserDelete(int owner, GlobalId rref_id,
 }
 
 DeleteBatch RRefContext::EndBatch(int owner) {
-  DeleteBatcher::Ended ended = batcher_.EndBatch(owner, dead_.count(owner) > 0);
+  DeleteBatcher::Ended ended = batcher_.EndBatch(owner, IsPeerDown(owner));
   users_.SettleDeletes(ended.dropped);
   return std::move(ended.next);
 }
@@ -728,7 +722,7 @@ DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
   DeleteBatch batch;
   {
     MutexLock lock(&mu_);
-    if (dead_.count(owner)) return batch;
+    if (IsPeerDown(owner)) return batch;
     batch = batcher_.Attach(owner);
     if (batch.empty()) return batch;
   }
@@ -744,7 +738,7 @@ DeleteBatch RRefContext::AttachDeletes(int owner, Message& m) {
 void RRefContext::CarrierDone(int owner, DeleteBatch batch,
                               const absl::Status& s) {
   if (batch.empty()) return;
-  if (!s.ok() && !IsKnownDead(owner)) {
+  if (!s.ok() && !IsPeerDown(owner)) {
     // Delivered or not, the batch goes again alone (deletions are
     // idempotent, I4); it stays the batch in flight.
     SendUserDeletes(owner, std::move(batch));
@@ -831,7 +825,7 @@ bool RRefContext::AwaitDueDeletes(
     due = batcher_.TakeDue(
         absl::Now(),
         [this](int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return dead_.count(owner) > 0;  // Called by TakeDue, under mu_.
+          return IsPeerDown(owner);  // Called by TakeDue, under mu_.
         },
         &dropped);
     users_.SettleDeletes(dropped);
@@ -973,7 +967,7 @@ Future<Value> RRefContext::Fetch(const std::shared_ptr<RRefState>& state,
           return *v;
         });
   }
-  if (IsKnownDead(state->owner().id)) {
+  if (IsPeerDown(state->owner().id)) {
     return MakeErrorFuture<Value>(absl::UnavailableError(
         absl::StrCat("to_here of ", what, ": ", DeadOwner(state->owner()))));
   }
@@ -1085,7 +1079,7 @@ Future<Value> RRefContext::CallMethod(const std::shared_ptr<RRefState>& state,
   const std::string what =
       absl::StrCat("method '", method, "' of ",
                    Describe(state->rref_id(), state->owner().name));
-  if (IsKnownDead(state->owner().id)) {
+  if (IsPeerDown(state->owner().id)) {
     return MakeErrorFuture<Value>(
         absl::UnavailableError(absl::StrCat(what, ": ", DeadOwner(state->owner()))));
   }
@@ -1119,7 +1113,7 @@ void RRefContext::SendInternal(int to, Message message, Done done,
 
 bool RRefContext::BeginMessage(int to) {
   MutexLock lock(&mu_);
-  if (dead_.count(to)) return false;
+  if (IsPeerDown(to)) return false;
   ++in_flight_;
   return true;
 }
@@ -1137,20 +1131,24 @@ void RRefContext::EndMessage() {
 // ---------------------------------------------------------------------------
 // Failures, shutdown, inspection
 
-void RRefContext::NotifyWorkerFailed(int id) {
+void RRefContext::DropPeer(int id) {
   std::vector<std::shared_ptr<Slot>> doomed;
   std::vector<PendingChild> released;
   MutexLock lock(&mu_);
-  if (id == agent_->self().id || !dead_.insert(id).second) return;
+  if (id == agent_->self().id) return;
   doomed = owned_.DropHolder(id);
   released = users_.DropChildrenTo(id);
   // `doomed` and `released` die after the lock is released.
 }
 
-bool RRefContext::IsKnownDead(int id) const {
-  MutexLock lock(&mu_);
-  return dead_.count(id) > 0;
+void RRefContext::GaveUp(int to, const absl::Status& last) {
+  // This worker itself is refused by the agent (InvalidArgument), as the
+  // context's own copy ignored it before the agent held the table.
+  agent_->ReportPeerDown(to, rpc::PeerDownReason::kRetriesExhausted, last)
+      .IgnoreError();
 }
+
+bool RRefContext::IsPeerDown(int id) const { return agent_->IsPeerDown(id); }
 
 absl::Status RRefContext::AwaitSettled(absl::Duration timeout) const {
   MutexLock lock(&mu_);

@@ -19,9 +19,9 @@
 //  I6 a queued deletion is never lost.
 //
 // Errors: owner death fails to_here, proxies and pending creations with the
-// transport's error (Unavailable naming the owner) or their timeout,
-// annotated with the RRef id and owner; once the owner is known dead they
-// fail at once. A known-dead worker's forks are dropped by its owners.
+// transport's error (Unavailable naming the owner) or their timeout, naming
+// the RRef and owner; once the owner is down in the agent's peer-state table
+// (Agent::IsPeerDown) they fail at once; its owners drop a down worker's forks.
 // Lifetime: Install() registers handlers and an interceptor on the agent that
 // hold the context weakly, so it may die before the agent (they then answer
 // Unavailable); handles (RRefState) hold it weakly too.
@@ -35,7 +35,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -181,10 +180,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext>,
 
   // --- Failures and shutdown. ---
 
-  // Makes worker `id` known dead (see header). Idempotent.
-  void NotifyWorkerFailed(int id);
-  bool IsKnownDead(int id) const;  // Whether worker `id` was made known dead.
-
   // Waits until this worker has no internal message in flight, no pending
   // child and no deletion waiting for a confirmation. DeadlineExceeded
   // (listing what is pending) after `timeout`.
@@ -321,12 +316,19 @@ class RRefContext : public std::enable_shared_from_this<RRefContext>,
   void SendInternal(int to, rpc::Message message, Done done,
                     std::optional<absl::Duration> timeout = std::nullopt,
                     bool retry_timeouts = true);
-  // InternalSender::Ledger: in_flight_, sent_ and dead_ under mu_.
+  // InternalSender::Ledger: in_flight_ and sent_ under mu_; failed peers
+  // are the agent's (IsPeerDown), exhausted retries reported to it.
   bool BeginMessage(int to) override;
   void CountAttempt(rpc::MessageType type) override;
-  bool IsFailed(int to) override { return IsKnownDead(to); }
-  void GaveUp(int to) override { NotifyWorkerFailed(to); }
+  bool IsFailed(int to) override { return IsPeerDown(to); }
+  // Whether worker `id` is known dead: down, for any reason, in the agent's
+  // peer-state table (Agent::IsPeerDown).
+  bool IsPeerDown(int id) const;
+  void GaveUp(int to, const absl::Status& last) override;
   void EndMessage() override;
+  // Worker `id`'s first entry in the agent's peer-state table: the forks it
+  // held here and the children sent to it go (see the header).
+  void DropPeer(int id);
 
   absl::StatusOr<GlobalId> NextId();
   absl::StatusOr<rpc::WorkerInfo> Worker(int id) const;
@@ -350,7 +352,6 @@ class RRefContext : public std::enable_shared_from_this<RRefContext>,
   bool stop_flusher_ ABSL_GUARDED_BY(mu_) = false;
   std::thread flusher_;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  std::set<int> dead_ ABSL_GUARDED_BY(mu_);
   std::map<rpc::MessageType, int> sent_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -437,10 +437,10 @@ TEST_F(ProtocolTest, ReceiverDeathReleasesPendingChild) {
   Future<Value> call = net_.agent("a").rpc_async("c", "hold", r);
   r = RRef<int64_t>();
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 1u);
-  EXPECT_FALSE(ctx_["a"]->IsKnownDead(2));
+  EXPECT_FALSE(net_.agent("a").IsPeerDown(2));
   ASSERT_TRUE(net_.Kill("c").ok());
   EXPECT_FALSE(call.Get(kWait).ok());
-  EXPECT_TRUE(ctx_["a"]->IsKnownDead(2));
+  EXPECT_TRUE(net_.agent("a").IsPeerDown(2));
   EXPECT_EQ(ctx_["a"]->num_pending_children(), 0u);
   RoundTrip(kRRefUserDelete, "a", "b");
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);

@@ -368,8 +368,82 @@ TEST_F(RRefTest, UserDeathReleasesItsForks) {
   ASSERT_EQ(holders(), std::vector<int>{2});  // c is rank 2.
   // The agent reports c's death to b's context, which drops c's fork.
   ASSERT_TRUE(net_.Kill("c").ok());
-  EXPECT_TRUE(ctx_["b"]->IsKnownDead(2));
+  EXPECT_TRUE(net_.agent("b").IsPeerDown(2));
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+}
+
+// An outside failure detector reports c down to the owner's agent (say, a
+// launcher saw c's process exit): the owner's context, which holds no copy
+// of the peer state, drops c's fork from that report alone, and treats c as
+// dead; the agent itself does not (c is not "failed").
+TEST_F(RRefTest, DetectorReportToTheAgentReleasesTheWorkersForks) {
+  RRef<int64_t> r = remote<int64_t>(*ctx_["c"], "b", "add", 1, 2);
+  ASSERT_TRUE(r.creation().Get(kWait).ok());
+  ASSERT_TRUE(ctx_["c"]->AwaitSettled(kWait).ok());
+  ASSERT_EQ(ctx_["b"]->num_owned(), 1u);
+  rpc::Agent& b = net_.agent("b");
+  ASSERT_TRUE(b.ReportPeerDown(2, rpc::PeerDownReason::kDetectorReport,
+                               absl::UnavailableError("launcher: c exited"))
+                  .ok());
+  EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
+  EXPECT_TRUE(b.IsPeerDown(2));
+  EXPECT_FALSE(b.IsPeerFailed(2));
+  // A second reason for c is not a second release (nothing to see but
+  // that nothing breaks), and b still owns what others create.
+  ASSERT_TRUE(b.ReportPeerDown(2, rpc::PeerDownReason::kRetriesExhausted,
+                               absl::UnavailableError("spent"))
+                  .ok());
+  RRef<int64_t> other = remote<int64_t>(*ctx_["a"], "b", "add", 2, 2);
+  EXPECT_EQ(*other.to_here(kWait), 4);
+  EXPECT_EQ(ctx_["b"]->num_owned(), 1u);
+}
+
+// a's deletions to b fail with Unavailable at every attempt (an interceptor
+// refuses them): a's context gives up and reports b to a's agent as
+// kRetriesExhausted, with the last error; from then on a's context treats b
+// as dead (to_here fails at once, naming b), while the agent still calls b.
+TEST_F(RRefTest, ExhaustedRetriesAreReportedToTheAgent) {
+  rpc::Agent& a = net_.agent("a");
+  RRef<int64_t> kept = remote<int64_t>(*ctx_["a"], "b", "add", 1, 1);
+  RRef<int64_t> r = remote<int64_t>(*ctx_["a"], "b", "add", 1, 2);
+  ASSERT_TRUE(kept.creation().Get(kWait).ok());
+  ASSERT_TRUE(r.creation().Get(kWait).ok());
+  a.AddInterceptor([](rpc::InterceptPoint point, const rpc::WorkerInfo& peer,
+                      rpc::Message& m) {
+    if (point == rpc::InterceptPoint::kSendRequest && peer.id == 1 &&
+        m.type == kRRefUserDelete) {
+      return absl::UnavailableError("test: deletions to b refused");
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_FALSE(a.IsPeerDown(1));
+  r = RRef<int64_t>();  // Its deletion is refused at every attempt.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return a.IsPeerDown(1,
+                            static_cast<rpc::PeerDownReasons>(
+                                rpc::PeerDownReason::kRetriesExhausted));
+      },
+      kWait));
+  std::vector<rpc::PeerDown> table = a.PeersDown();
+  ASSERT_EQ(table.size(), 1u);
+  EXPECT_EQ(table[0].peer.name, "b");
+  EXPECT_TRUE(table[0].first);
+  EXPECT_EQ(table[0].cause.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(table[0].why.message().find("retries exhausted"),
+            std::string::npos)
+      << table[0].why;
+  EXPECT_NE(table[0].why.message().find("deletions to b refused"),
+            std::string::npos)
+      << table[0].why;
+  absl::StatusOr<int64_t> v = kept.to_here(kWait);
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable) << v.status();
+  EXPECT_NE(v.status().message().find("'b'"), std::string::npos)
+      << v.status();
+  EXPECT_NE(v.status().message().find("is dead"), std::string::npos)
+      << v.status();
+  EXPECT_FALSE(a.IsPeerFailed(1));
+  EXPECT_EQ(*a.rpc_sync<int64_t>("b", "add", 2, 3), 5);
 }
 
 TEST_F(RRefTest, GracefulShutdownReleasesUsersAndReportsNoLeak) {
@@ -445,7 +519,9 @@ TEST_F(ElasticRRefTest, OwnerDropsForksOfAWorkerThatLeft) {
   ASSERT_TRUE(r.creation().Get(kWait).ok());
   ASSERT_EQ(HoldersAtB(), std::vector<int>{t_->self().id});
   ASSERT_TRUE(t_->Leave(kWait).ok());
-  EXPECT_TRUE(ctx_["b"]->IsKnownDead(t_->self().id));
+  EXPECT_TRUE(net_.agent("b").IsPeerDown(
+      t_->self().id,
+      static_cast<rpc::PeerDownReasons>(rpc::PeerDownReason::kDeparted)));
   EXPECT_EQ(ctx_["b"]->num_owned(), 0u);
   // Dropping the stale handle sends nothing the owner counts, and ends.
   r = RRef<int64_t>();

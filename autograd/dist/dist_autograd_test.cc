@@ -63,7 +63,7 @@ class DistAutogradTest : public ::testing::Test {
   DistAutogradContainer& dist(int i) { return *dist_[i]; }
   void ExpectNoContexts() {
     for (int i = 0; i < net_->size(); ++i) {
-      if (net_->IsDead(agent(i).self().name)) continue;
+      if (net_->IsKilled(agent(i).self().name)) continue;
       EXPECT_EQ(dist(i).NumContexts(), 0u) << "worker " << agent(i).self().name;
     }
   }

@@ -44,7 +44,7 @@ class InProcessCluster final : public AgentCluster {
  private:
   int size() const override { return network_.size(); }
   bool alive(int i) const override {
-    return !network_.IsDead(network_.agent(i).self().name);
+    return !network_.IsKilled(network_.agent(i).self().name);
   }
   mutable InProcessNetwork network_;  // alive() looks up names.
 };

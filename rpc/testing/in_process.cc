@@ -190,7 +190,7 @@ absl::StatusOr<InProcessAgent*> InProcessNetwork::Join(const std::string& name,
     members.erase(std::remove_if(members.begin(), members.end(),
                                  [this](const WorkerInfo& w) {
                                    mu_.AssertHeld();
-                                   return dead_.count(w.id) > 0 ||
+                                   return killed_.count(w.id) > 0 ||
                                           stopped_.count(w.id) > 0;
                                  }),
                   members.end());
@@ -334,7 +334,7 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
   std::vector<int> survivors;
   {
     MutexLock lock(&mu_);
-    dead_.insert(id);
+    killed_.insert(id);
     for (auto q = queue_.begin(); q != queue_.end();) {
       if (q->second.from_id == id || q->second.to_id == id) {
         q = queue_.erase(q);
@@ -349,7 +349,7 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
     });
     ++generation_;
     for (int i = 0; i < size(); ++i) {
-      if (dead_.count(i) == 0) survivors.push_back(i);
+      if (killed_.count(i) == 0) survivors.push_back(i);
     }
   }
   for (auto& [p, s] : failed) p.SetError(s);
@@ -359,10 +359,10 @@ absl::Status InProcessNetwork::Kill(const std::string& worker) {
   return absl::OkStatus();
 }
 
-bool InProcessNetwork::IsDead(const std::string& worker) const {
+bool InProcessNetwork::IsKilled(const std::string& worker) const {
   const int id = IdOf(worker);
   MutexLock lock(&mu_);
-  return id >= 0 && dead_.count(id) > 0;
+  return id >= 0 && killed_.count(id) > 0;
 }
 
 std::vector<std::pair<Promise<Message>, absl::Status>>
@@ -402,12 +402,12 @@ Future<Message> InProcessNetwork::Transmit(int from, const WorkerInfo& to,
   Future<Message> out = promise.GetFuture();
   {
     MutexLock lock(&mu_);
-    if (dead_.count(from) || stopped_.count(from)) {
+    if (killed_.count(from) || stopped_.count(from)) {
       return MakeErrorFuture<Message>(absl::UnavailableError(
           absl::StrCat("worker '", e.summary.from, "' is ", StateOf(from),
                        "; cannot reach ", target)));
     }
-    if (dead_.count(to.id) || stopped_.count(to.id)) {
+    if (killed_.count(to.id) || stopped_.count(to.id)) {
       return MakeErrorFuture<Message>(absl::UnavailableError(
           absl::StrCat(target, " at ", to.address, " is unavailable: worker '",
                        to.name, "' is ", StateOf(to.id))));
@@ -424,7 +424,7 @@ Future<Message> InProcessNetwork::Transmit(int from, const WorkerInfo& to,
 void InProcessNetwork::Post(Envelope e) {
   {
     MutexLock lock(&mu_);
-    if (dead_.count(e.from_id) || dead_.count(e.to_id)) return;
+    if (killed_.count(e.from_id) || killed_.count(e.to_id)) return;
     e.summary.seq = next_seq_++;
     if (!auto_deliver_ || (hold_ != nullptr && hold_(e.summary))) {
       const uint64_t seq = e.summary.seq;
@@ -442,7 +442,7 @@ void InProcessNetwork::DeliverEnvelope(Envelope e) {
   }
   {
     MutexLock lock(&mu_);
-    if (dead_.count(e.to_id) || dead_.count(e.from_id)) return;
+    if (killed_.count(e.to_id) || killed_.count(e.from_id)) return;
     if (stopped_.count(e.to_id)) {
       // Answered like a refused connection.
       e.body = absl::UnavailableError(
@@ -529,7 +529,7 @@ absl::Status InProcessNetwork::AwaitNoCallsFrom(int from, absl::Time deadline) {
 bool InProcessNetwork::BarrierCompleteLocked() const {
   if (at_barrier_.empty()) return false;
   for (int i = 0; i < size(); ++i) {
-    if (!at_barrier_.count(i) && !dead_.count(i) && !left_.count(i)) {
+    if (!at_barrier_.count(i) && !killed_.count(i) && !left_.count(i)) {
       return false;
     }
   }
@@ -562,7 +562,7 @@ void InProcessNetwork::MarkStopped(int id, bool left) {
 }
 
 std::string InProcessNetwork::StateOf(int id) const {
-  if (dead_.count(id)) return "dead";
+  if (killed_.count(id)) return "dead";
   return left_.count(id) ? "gone (it left the group)" : "shut down";
 }
 

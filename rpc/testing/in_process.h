@@ -171,8 +171,10 @@ class InProcessNetwork {
   // its peer-failure listeners (rpc/agent.h), on Kill's thread. NotFound for
   // an unknown worker.
   absl::Status Kill(const std::string& worker);
-  // Whether Kill(worker) was called.
-  bool IsDead(const std::string& worker) const;
+  // Whether Kill(worker) was called: the simulated network's own record of
+  // what it did, not an agent's view (an agent's is its peer-state table,
+  // Agent::IsPeerDown).
+  bool IsKilled(const std::string& worker) const;
 
   // --- Membership (rpc/agent.h). ---
 
@@ -244,7 +246,7 @@ class InProcessNetwork {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Envelope> queue_ ABSL_GUARDED_BY(mu_);
   std::map<CallKey, PendingCall> calls_ ABSL_GUARDED_BY(mu_);
-  std::set<int> dead_ ABSL_GUARDED_BY(mu_);
+  std::set<int> killed_ ABSL_GUARDED_BY(mu_);
   std::set<int> stopped_ ABSL_GUARDED_BY(mu_);
   std::set<int> at_barrier_ ABSL_GUARDED_BY(mu_);
   int ignored_replies_ ABSL_GUARDED_BY(mu_) = 0;

@@ -146,7 +146,7 @@ TEST(InProcessNetwork, KilledWorkerFailsPendingAndLaterCalls) {
   ASSERT_TRUE(net.AwaitQueued(Matching("a", "b"), kWait).ok());
   ASSERT_TRUE(net.AwaitQueued(Matching("b", "c"), kWait).ok());
   ASSERT_TRUE(net.Kill("b").ok());
-  EXPECT_TRUE(net.IsDead("b"));
+  EXPECT_TRUE(net.IsKilled("b"));
   for (auto* f : {&to_b, &from_b}) {
     Result<std::string> r = f->Get(kWait);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
