@@ -41,11 +41,11 @@ constexpr double kAtol = 1e-12;
 constexpr int kSteps = 3;
 constexpr double kLr = 0.1;
 
-using testing::Inputs;
-using testing::kBatch;
-using testing::MakeMlp;
-using testing::Shard;
-using testing::Targets;
+using testutil::Inputs;
+using testutil::kBatch;
+using testutil::MakeMlp;
+using testutil::Shard;
+using testutil::Targets;
 
 absl::Status Step(nn::Module& m) {
   optim::SgdState state;
@@ -85,7 +85,7 @@ class DdpDeviceTest : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "host") {
       ASSERT_TRUE(registry
                       ->RegisterBackend("host-device",
-                                        c10d::testing::HostDeviceBackendFactory(),
+                                        testutil::HostDeviceBackendFactory(),
                                         {DeviceType::kCUDA})
                       .ok());
       spec = "cpu:gloo,cuda:host-device";
@@ -184,7 +184,7 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
     });
     if (HasFatalFailure() || IsSkipped()) return;
     const std::vector<Tensor> expected =
-        testing::TrainedReference(c.world, kSteps, kLr);
+        testutil::TrainedReference(c.world, kSteps, kLr);
     for (int r = 0; r < c.world; ++r) {
       EXPECT_EQ(grad_devices[r], r == 0 || GetParam() == "host"
                                      ? "cuda:0"
@@ -229,7 +229,7 @@ TEST_P(DdpDeviceTest, NoSyncAccumulatesOnTheDeviceThenReducesTheSum) {
       synced[r].push_back(rank.Host(autograd::GradOf(p)));
   });
   if (HasFatalFailure() || IsSkipped()) return;
-  const std::vector<Tensor> want = testing::AccumulatedReference(kWorld, 2);
+  const std::vector<Tensor> want = testutil::AccumulatedReference(kWorld, 2);
   for (int r = 0; r < kWorld; ++r) {
     EXPECT_EQ(bytes_after_local[r], 0) << "the no_sync pass communicated";
     for (size_t i = 0; i < want.size(); ++i) {

@@ -57,12 +57,12 @@ void RunRanks(int n, const Body& body, absl::Duration timeout = kTimeout,
       });
 }
 
-using testing::Inputs;
-using testing::kBatch;
-using testing::MakeMlp;
-using testing::Snapshot;
-using testing::SgdStep;
-using testing::Targets;
+using testutil::Inputs;
+using testutil::kBatch;
+using testutil::MakeMlp;
+using testutil::Snapshot;
+using testutil::SgdStep;
+using testutil::Targets;
 
 // Zeroes gradients in place (keeps bucket views attached).
 void ZeroInPlace(nn::Module& m) {
@@ -76,7 +76,7 @@ constexpr int kSteps = 3;
 constexpr double kLr = 0.1;
 
 std::vector<Tensor> Reference(int world) {
-  return testing::TrainedReference(world, kSteps, kLr);
+  return testutil::TrainedReference(world, kSteps, kLr);
 }
 
 struct EquivalenceCase {
@@ -314,7 +314,7 @@ TEST(DdpTest, NoSyncAccumulatesLocallyThenReducesTheSum) {
         synced[rank].push_back(autograd::GradOf(p).clone());
     });
     // Reference: both micro-batches of every rank, accumulated.
-    const std::vector<Tensor> want = testing::AccumulatedReference(kWorld, 2);
+    const std::vector<Tensor> want = testutil::AccumulatedReference(kWorld, 2);
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_EQ(bytes_after_local[r], 0) << "no_sync pass communicated";
       for (size_t i = 0; i < want.size(); ++i) {

@@ -6,7 +6,7 @@
 #include "ferry/autograd/ops.h"
 #include "gtest/gtest.h"
 
-namespace ferry::ddp::testing {
+namespace ferry::testutil {
 
 std::shared_ptr<nn::Sequential> MakeMlp(uint64_t seed) {
   auto m = std::make_shared<nn::Sequential>();
@@ -71,4 +71,4 @@ std::vector<Tensor> AccumulatedReference(int world, int steps) {
   return out;
 }
 
-}  // namespace ferry::ddp::testing
+}  // namespace ferry::testutil

@@ -14,7 +14,7 @@
 #include "ferry/autograd/nn.h"
 #include "ferry/tensor/tensor.h"
 
-namespace ferry::ddp::testing {
+namespace ferry::testutil {
 
 /// Rows per rank per step.
 inline constexpr int64_t kBatch = 4;
@@ -41,6 +41,6 @@ std::vector<Tensor> TrainedReference(int world, int steps, double lr);
 /// on the concatenated batch (what no_sync then a synced pass yield).
 std::vector<Tensor> AccumulatedReference(int world, int steps);
 
-}  // namespace ferry::ddp::testing
+}  // namespace ferry::testutil
 
 #endif  // FERRY_DDP_TEST_MODEL_H_

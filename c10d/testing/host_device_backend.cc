@@ -11,9 +11,15 @@
 #include "ferry/tensor/tensor.h"
 
 namespace ferry {
-namespace c10d {
-namespace testing {
+namespace testutil {
 namespace {
+
+using c10d::Backend;
+using c10d::BackendConfig;
+using c10d::GlooBackend;
+using c10d::Work;
+using c10d::AllreduceOptions;
+using c10d::BroadcastOptions;
 
 class HostDeviceBackend final : public Backend {
  public:
@@ -55,7 +61,7 @@ class HostDeviceBackend final : public Backend {
 
 }  // namespace
 
-BackendFactory HostDeviceBackendFactory() {
+c10d::BackendFactory HostDeviceBackendFactory() {
   return [](const BackendConfig& c)
              -> absl::StatusOr<std::unique_ptr<Backend>> {
     absl::StatusOr<std::unique_ptr<GlooBackend>> gloo =
@@ -65,6 +71,5 @@ BackendFactory HostDeviceBackendFactory() {
   };
 }
 
-}  // namespace testing
-}  // namespace c10d
+}  // namespace testutil
 }  // namespace ferry

@@ -18,14 +18,12 @@
 #include "ferry/c10d/registry.h"
 
 namespace ferry {
-namespace c10d {
-namespace testing {
+namespace testutil {
 
 /// A factory for BackendRegistry::RegisterBackend (devices {cuda}).
-BackendFactory HostDeviceBackendFactory();
+c10d::BackendFactory HostDeviceBackendFactory();
 
-}  // namespace testing
-}  // namespace c10d
+}  // namespace testutil
 }  // namespace ferry
 
 #endif  // FERRY_C10D_TESTING_HOST_DEVICE_BACKEND_H_

@@ -40,7 +40,7 @@ TEST_P(GrpcAgentLarge, OneGibTensorArgument) {
   std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> agents =
       testing::StartGrpcAgents({.names = {"sender", "receiver"},
                                    .registry = registry,
-                                   .options = [&](int) { return options; },
+                                   .options = testing::EveryRank(options),
                                    .store = store});
   ASSERT_TRUE(agents[0].ok()) << agents[0].status();
   ASSERT_TRUE(agents[1].ok()) << agents[1].status();

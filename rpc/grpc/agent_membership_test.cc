@@ -34,7 +34,7 @@ Agents StartGroup(const std::vector<std::string>& names,
   for (auto& s : testing::StartGrpcAgents(
            {.names = names,
             .registry = std::move(registry),
-            .options = [&](int) { return options; },
+            .options = testing::EveryRank(options),
             .store = nullptr},
            [&](int) { return store_for(); })) {
     EXPECT_TRUE(s.ok()) << s.status();

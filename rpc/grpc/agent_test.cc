@@ -29,23 +29,6 @@ namespace {
 
 using Agents = std::vector<std::unique_ptr<GrpcAgent>>;
 
-// Starts a group of `names` sharing `registry`, all with `options`.
-absl::StatusOr<Agents> StartGroup(const std::vector<std::string>& names,
-                                  std::shared_ptr<FunctionRegistry> registry,
-                                  GrpcAgentOptions options = {},
-                                  std::shared_ptr<Store> store = nullptr) {
-  return testing::StartGrpcGroup(
-      {.names = names,
-       .registry = std::move(registry),
-       .options = [&](int) { return options; },
-       .store = std::move(store)});
-}
-
-void ShutdownAll(Agents& agents) {
-  absl::Status s = testing::ShutdownGrpcGroup(agents);
-  EXPECT_TRUE(s.ok()) << s;
-}
-
 std::shared_ptr<FunctionRegistry> BasicRegistry() {
   auto reg = std::make_shared<FunctionRegistry>();
   EXPECT_TRUE(
@@ -114,7 +97,7 @@ TEST(GrpcAgent, DuplicateNameFailsOnEveryWorker) {
   auto store = std::make_shared<HashStore>();
   GrpcAgentOptions opts;
   opts.join_timeout = absl::Seconds(30);
-  auto agents = StartGroup({"x", "y", "x"}, BasicRegistry(), opts, store);
+  auto agents = testing::StartGrpcGroup({"x", "y", "x"}, BasicRegistry(), opts, store);
   ASSERT_FALSE(agents.ok());
   EXPECT_EQ(agents.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(agents.status().message().find(
@@ -175,7 +158,7 @@ TEST(GrpcAgent, JoinWithoutARunningGroupTimesOut) {
 }
 
 TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
-  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  auto agents = testing::StartGrpcGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   auto channel = grpc::CreateChannel((*agents)[1]->address(),
                                      grpc::InsecureChannelCredentials());
@@ -200,11 +183,11 @@ TEST(GrpcAgent, MalformedEnvelopesAreRejectedAndTheServerLives) {
   EXPECT_EQ(
       *(*agents)[0]->rpc_sync<std::string>("b", "concat", std::string("ok"), 1),
       "ok1");
-  ShutdownAll(*agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*agents).ok());
 }
 
 TEST(GrpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
-  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  auto agents = testing::StartGrpcGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   ASSERT_TRUE((*agents)[0]
                   ->rpc_sync<std::string>("b", "concat", std::string("s"), 1)
@@ -242,14 +225,14 @@ TEST(GrpcAgent, AdminServiceReportsWorkersFunctionsAndStats) {
     EXPECT_EQ(stats.functions(0).function(), "concat");
     EXPECT_GT(stats.functions(0).bytes_in(), 0u);
   }
-  ShutdownAll(*agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*agents).ok());
 }
 
 // Admin Inspect serves what layers registered on the agent (rpc/inspect.h):
 // one inspector by name or all; an unknown one is NOT_FOUND naming those
 // registered.
 TEST(GrpcAgent, AdminInspectServesRegisteredInspectors) {
-  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  auto agents = testing::StartGrpcGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   std::atomic<int> live{3};
   ASSERT_TRUE(
@@ -300,13 +283,13 @@ TEST(GrpcAgent, AdminInspectServesRegisteredInspectors) {
         ferry::admin::v1::Admin::NewStub(ca)->Inspect(&ctx, {}, &resp).ok());
     EXPECT_EQ(resp.inspections_size(), 0);
   }
-  ShutdownAll(*agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*agents).ok());
 }
 
 // Every message type with a handler is served; others are refused naming
 // the worker and the type, and the server lives on.
 TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
-  auto agents = StartGroup({"a", "b"}, BasicRegistry());
+  auto agents = testing::StartGrpcGroup({"a", "b"}, BasicRegistry());
   ASSERT_TRUE(agents.ok()) << agents.status();
   constexpr auto kToy = static_cast<MessageType>(1001);
   ASSERT_TRUE((*agents)[1]
@@ -345,7 +328,7 @@ TEST(GrpcAgent, ServesRegisteredMessageTypesAndRefusesOthers) {
   auto r = (*agents)[0]->Send("b", m).Get(absl::Seconds(30));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r->payload.if_string(), "a:hello");
-  ShutdownAll(*agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*agents).ok());
 }
 
 // A request that reaches a worker before it knows its group (its server is
@@ -449,7 +432,7 @@ TEST(GrpcAgent, RequestsBeforeTheGroupIsKnownWaitForIt) {
   Agents agents;
   agents.push_back(*std::move(a));
   agents.push_back(*std::move(b));
-  ShutdownAll(agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(agents).ok());
 }
 
 // A function registered non-blocking is served on gRPC's thread: it answers
@@ -471,7 +454,7 @@ TEST(GrpcAgent, NonBlockingFunctionRunsWhileTheExecutorIsBusy) {
       reg->RegisterNonBlocking("open", [opened] { opened->Notify(); }).ok());
   GrpcAgentOptions opts;
   opts.num_worker_threads = 1;
-  auto agents = StartGroup({"a", "b"}, reg, opts);
+  auto agents = testing::StartGrpcGroup({"a", "b"}, reg, opts);
   ASSERT_TRUE(agents.ok()) << agents.status();
   Future<bool> waiting = (*agents)[0]->rpc_async<bool>("b", "wait_open");
   ASSERT_TRUE(started->WaitForNotificationWithTimeout(absl::Seconds(30)));
@@ -481,7 +464,7 @@ TEST(GrpcAgent, NonBlockingFunctionRunsWhileTheExecutorIsBusy) {
   Result<bool> waited = waiting.Get(absl::Seconds(30));
   ASSERT_TRUE(waited.ok()) << waited.status();
   EXPECT_TRUE(*waited);
-  ShutdownAll(*agents);
+  EXPECT_TRUE(testing::ShutdownGrpcGroup(*agents).ok());
 }
 
 }  // namespace

@@ -76,12 +76,8 @@ absl::StatusOr<std::unique_ptr<AgentCluster>> Start(
     const ClusterSpec& spec, GrpcAgentOptions options) {
   auto store = std::make_shared<HashStore>();
   static_cast<Agent::Options&>(options) = spec.options;
-  ASSIGN_OR_RETURN(
-      std::vector<std::unique_ptr<GrpcAgent>> agents,
-      StartGrpcGroup({.names = spec.names,
-                      .registry = spec.registry,
-                      .options = [&](int) { return options; },
-                      .store = store}));
+  ASSIGN_OR_RETURN(std::vector<std::unique_ptr<GrpcAgent>> agents,
+                   StartGrpcGroup(spec.names, spec.registry, options, store));
   return std::make_unique<GrpcCluster>(std::move(agents), store, options,
                                        spec.registry);
 }
@@ -121,6 +117,20 @@ absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
     agents.push_back(*std::move(r));
   }
   return agents;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
+    const std::vector<std::string>& names,
+    std::shared_ptr<FunctionRegistry> registry, GrpcAgentOptions options,
+    std::shared_ptr<Store> store) {
+  return StartGrpcGroup({.names = names,
+                         .registry = std::move(registry),
+                         .options = EveryRank(std::move(options)),
+                         .store = std::move(store)});
+}
+
+std::function<GrpcAgentOptions(int rank)> EveryRank(GrpcAgentOptions options) {
+  return [options = std::move(options)](int) { return options; };
 }
 
 absl::Status ShutdownGrpcGroup(std::vector<std::unique_ptr<GrpcAgent>>& agents) {

@@ -40,6 +40,14 @@ std::vector<absl::StatusOr<std::unique_ptr<GrpcAgent>>> StartGrpcAgents(
 // Every agent, or the first failure.
 absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
     const GrpcGroupSpec& spec);
+// The same with one `options` for every worker (store null: a fresh
+// HashStore).
+absl::StatusOr<std::vector<std::unique_ptr<GrpcAgent>>> StartGrpcGroup(
+    const std::vector<std::string>& names,
+    std::shared_ptr<FunctionRegistry> registry, GrpcAgentOptions options = {},
+    std::shared_ptr<Store> store = nullptr);
+// A GrpcGroupSpec::options giving every rank `options`.
+std::function<GrpcAgentOptions(int rank)> EveryRank(GrpcAgentOptions options);
 // Graceful shutdown is collective (a barrier), so every non-null agent shuts
 // down at once, each on its own thread. Returns the first error, naming the
 // worker.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ferry/autograd/dist/dist_autograd.h"
+#include "ferry/common/status.h"
 #include "gtest/gtest.h"
 #include "ferry/proto/admin.grpc.pb.h"
 #include "ferry/rpc/grpc/agent.h"
@@ -28,30 +29,14 @@ constexpr absl::Duration kWait = absl::Seconds(30);
 using Worker = testutil::LayeredWorker;
 
 absl::StatusOr<std::vector<Worker>> StartWorkers() {
-  auto store = std::make_shared<HashStore>();
   auto registry = std::make_shared<rpc::FunctionRegistry>();
   if (auto s = registry->Register("seven", [] { return int64_t{7}; });
       !s.ok()) {
     return s;
   }
-  std::vector<Worker> workers(2);
-  std::vector<absl::Status> status(2);
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      Worker& w = workers[i];
-      rpc::GrpcAgentOptions o;
-      o.before_serving = testutil::InstallLayers(w);
-      auto agent =
-          rpc::GrpcAgent::Start(i == 0 ? "a" : "b", i, 2, store, o, registry);
-      status[i] = agent.status();
-      if (agent.ok()) w.agent = *std::move(agent);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const absl::Status& s : status) {
-    if (!s.ok()) return s;
-  }
+  std::vector<Worker> workers;
+  RETURN_IF_ERROR(
+      testutil::StartLayeredWorkers({"a", "b"}, registry, nullptr, workers));
   return workers;
 }
 

@@ -5,6 +5,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "ferry/autograd/dist/dist_autograd.h"
@@ -22,6 +24,17 @@ struct LayeredWorker {
 // A GrpcAgentOptions::before_serving that installs both layers into `w`
 // (which outlives the agent's start).
 std::function<absl::Status(rpc::Agent&)> InstallLayers(LayeredWorker& w);
+
+// Starts the group `names` (worker i has rank i) in this process through
+// rpc::testing::StartGrpcAgents, sharing `registry` and one HashStore, with
+// both layers installed into workers[i] (resized to names.size());
+// `options` (may be null) gives each worker's other options. The first
+// worker's error, if any (the others are still filled in).
+absl::Status StartLayeredWorkers(
+    const std::vector<std::string>& names,
+    std::shared_ptr<rpc::FunctionRegistry> registry,
+    const std::function<rpc::GrpcAgentOptions(int rank)>& options,
+    std::vector<LayeredWorker>& workers);
 
 }  // namespace ferry::testutil
 

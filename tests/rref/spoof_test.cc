@@ -41,10 +41,9 @@ class SpoofTest : public testing::TestWithParam<Mode> {
       ASSERT_TRUE(pki.ok()) << pki.status();
       pki_ = *pki;
     }
-    auto store = std::make_shared<HashStore>();
     auto registry = std::make_shared<rpc::FunctionRegistry>();
     ASSERT_TRUE(registry->Register("seven", [] { return int64_t{7}; }).ok());
-    const char* names[2] = {"ps0", "trainer0"};
+    const std::vector<std::string> names = {"ps0", "trainer0"};
     std::vector<rpc::GrpcAgentOptions> options(2);
     for (int i = 0; i < 2; ++i) {
       if (GetParam() == Mode::kStoreSecret) {
@@ -55,18 +54,9 @@ class SpoofTest : public testing::TestWithParam<Mode> {
         options[i].tls = {pki_.ca, id->cert, id->key, true, ""};
       }
     }
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        testutil::LayeredWorker& w = workers_[i];
-        options[i].before_serving = testutil::InstallLayers(w);
-        auto agent =
-            rpc::GrpcAgent::Start(names[i], i, 2, store, options[i], registry);
-        EXPECT_TRUE(agent.ok()) << agent.status();
-        if (agent.ok()) w.agent = *std::move(agent);
-      });
-    }
-    for (auto& t : threads) t.join();
+    absl::Status started = testutil::StartLayeredWorkers(
+        names, registry, [&](int rank) { return options[rank]; }, workers_);
+    EXPECT_TRUE(started.ok()) << started;
   }
 
   void TearDown() override {
@@ -91,7 +81,7 @@ class SpoofTest : public testing::TestWithParam<Mode> {
   }
 
   testutil::TestPki pki_;
-  testutil::LayeredWorker workers_[2];
+  std::vector<testutil::LayeredWorker> workers_;
 };
 
 TEST_P(SpoofTest, ProtocolMessagesAsAnotherWorkerChangeNothing) {
