@@ -38,6 +38,10 @@ absl::Status CopyInto(const Tensor& dst, const Tensor& src) {
         " for a bucket on ", dst.device().ToString()));
   }
   ASSIGN_OR_RETURN(cuda::DeviceOps * ops, OpsOf(dst, "a bucket"));
+  if (src.dtype() != dst.dtype()) {  // A compression hook's result.
+    ASSIGN_OR_RETURN(Tensor cast, ops->Cast(src, dst.dtype()));
+    return ops->CopyInto(dst, cast);
+  }
   return ops->CopyInto(dst, src);
 }
 
@@ -80,10 +84,21 @@ Future<Tensor> WhenDone(const std::shared_ptr<c10d::Work>& work, Tensor out) {
 CommHook CompressHook(DType wire) {
   return [wire](c10d::ProcessGroup& pg, const GradBucket& b) -> Future<Tensor> {
     if (!b.buffer.device().is_cpu()) {
-      return MakeErrorFuture<Tensor>(absl::UnimplementedError(absl::StrCat(
-          "DDP ", DTypeName(wire), " compression hook: bucket ", b.index,
-          " is on ", b.buffer.device().ToString(),
-          ", and converting dtypes on a device is not built yet")));
+      // On a device: divide, convert, all-reduce the 16-bit copy; the
+      // reducer converts it back into the bucket.
+      absl::StatusOr<cuda::DeviceOps*> ops = OpsOf(b.buffer, "a bucket");
+      if (!ops.ok()) return MakeErrorFuture<Tensor>(ops.status());
+      absl::StatusOr<Tensor> scaled =
+          (*ops)->Scalar(cuda::math::BinaryOp::kDiv, b.buffer,
+                         static_cast<double>(b.world_size));
+      if (!scaled.ok()) return MakeErrorFuture<Tensor>(scaled.status());
+      absl::StatusOr<Tensor> compressed = (*ops)->Cast(*scaled, wire);
+      if (!compressed.ok()) {
+        return MakeErrorFuture<Tensor>(Annotate(
+            compressed.status(),
+            absl::StrCat("DDP ", DTypeName(wire), " hook, bucket ", b.index)));
+      }
+      return WhenDone(pg.Allreduce(*compressed), *compressed);
     }
     Tensor compressed = b.buffer.div(b.world_size).to(wire);
     return WhenDone(pg.Allreduce(compressed), compressed);

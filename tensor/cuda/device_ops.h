@@ -99,6 +99,10 @@ class DeviceOps : public DeviceComputeInterface {
   /// of a device tensor (a slice of a larger one: cat, slice backward);
   /// dst's elements must be distinct. Any dtype, the same for both.
   virtual absl::Status CopyInto(const Tensor& dst, const Tensor& src) = 0;
+  /// A contiguous copy of `x` (float32/float64/float16/bfloat16) as
+  /// `dtype` (one of those); 16-bit results round to nearest even from
+  /// float32, as the CPU's conversions do.
+  virtual absl::StatusOr<Tensor> Cast(const Tensor& x, DType dtype) = 0;
   /// cond ? a : b elementwise, broadcasting; cond is bool.
   virtual absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
                                        const Tensor& b) = 0;

@@ -462,6 +462,36 @@ class HostOps final : public ContextBoundOps {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<Tensor> Cast(const Tensor& x, DType dtype) override {
+    absl::ReaderMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(CudaContext * c, Check("cast", {&x}, kSameDType));
+    auto floating16 = [](DType d) {
+      return d == DType::kFloat32 || d == DType::kFloat64 ||
+             d == DType::kFloat16 || d == DType::kBFloat16;
+    };
+    if (!floating16(x.dtype()) || !floating16(dtype)) {
+      return Bad("cast",
+                 "converts only between float32, float64, float16 and "
+                 "bfloat16",
+                 {&x});
+    }
+    // The device bytes are host memory: the CPU's conversion over an alias.
+    const Storage& s = x.storage();
+    auto keep = std::make_shared<Storage>(s);
+    ASSIGN_OR_RETURN(
+        Tensor alias,
+        Tensor::FromStorage(
+            Storage::Wrap(s.data(), s.nbytes(), Device::CPU(),
+                          std::shared_ptr<const void>(keep, keep.get())),
+            x.dtype(), x.sizes(), x.strides(), x.storage_offset()));
+    const Tensor converted = alias.to(dtype).contiguous();
+    ASSIGN_OR_RETURN(Tensor out, c->Empty(x.sizes(), dtype, x.device()));
+    if (out.nbytes() > 0) {
+      std::memcpy(out.data_ptr(), converted.data_ptr(), out.nbytes());
+    }
+    return out;
+  }
+
   absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
                                const Tensor& b) override {
     absl::ReaderMutexLock lock(&mu_);

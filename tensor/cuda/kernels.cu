@@ -1,6 +1,8 @@
 // Ferry's CUDA kernels (see kernels.h for the contract and kernel_math.h for
 // the per-element math they share with the host tests). Compiled by nvcc
 // through tools/cuda.bzl; docs/design/cuda_kernels.md.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -222,6 +224,35 @@ __global__ void StridedCopyKernel(const T* src, math::StridedIndexer is,
   FERRY_GRID_LOOP(i, n) dst[id.Offset(i)] = src[is.Offset(i)];
 }
 
+__device__ double LoadAs(const void* p, CastType t, int64_t i) {
+  switch (t) {
+    case CastType::kFloat32: return static_cast<const float*>(p)[i];
+    case CastType::kFloat64: return static_cast<const double*>(p)[i];
+    case CastType::kFloat16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  }
+}
+
+__device__ void StoreAs(void* p, CastType t, int64_t i, double v) {
+  switch (t) {
+    case CastType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case CastType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case CastType::kFloat16:
+      static_cast<__half*>(p)[i] = __float2half_rn(static_cast<float>(v));
+      break;
+    default:
+      static_cast<__nv_bfloat16*>(p)[i] =
+          __float2bfloat16_rn(static_cast<float>(v));
+  }
+}
+
+__global__ void CastKernel(const void* x, CastType from, void* out,
+                           CastType to, int64_t n) {
+  FERRY_GRID_LOOP(i, n) StoreAs(out, to, i, LoadAs(x, from, i));
+}
+
 template <typename T>
 __global__ void WhereKernel(const bool* c, math::StridedIndexer ic,
                             const T* a, math::StridedIndexer ia, const T* b,
@@ -298,6 +329,11 @@ int Launch(void (*kernel)(Params...), int64_t blocks, int64_t work, Stream s,
 
 const char* ErrorString(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+int Cast(const void* x, CastType from, void* out, CastType to, int64_t n,
+         Stream s) {
+  return Launch(CastKernel, Blocks(n), n, s, x, from, out, to, n);
 }
 
 template <typename T>

@@ -92,6 +92,13 @@ int EmbeddingBackward(const T* g, const int64_t* idx, int64_t n, int64_t vocab,
 template <typename T>
 int StridedCopy(const T* src, const math::StridedIndexer& is, T* dst,
                 const math::StridedIndexer& id, int64_t n, Stream stream);
+/// The floating element types Cast converts between.
+enum class CastType : int32_t { kFloat32, kFloat64, kFloat16, kBFloat16 };
+/// out[i] = x[i] converted from `from` to `to` (both contiguous, n
+/// elements); 16-bit results are rounded to nearest even from float32 (a
+/// float64 goes through float32 first), as the CPU's Half/BFloat16 do.
+int Cast(const void* x, CastType from, void* out, CastType to, int64_t n,
+         Stream stream);
 /// out[i] = cond[ic.Offset(i)] ? a[ia.Offset(i)] : b[ib.Offset(i)] (cond is
 /// bool, stored as one byte).
 template <typename T>

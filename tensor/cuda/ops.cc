@@ -675,6 +675,38 @@ absl::Status CopyInto(CudaContext& ctx, const Tensor& dst,
   return Launched("copy_into", dev, code, ops);
 }
 
+namespace {
+std::optional<kernels::CastType> CastTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return kernels::CastType::kFloat32;
+    case DType::kFloat64: return kernels::CastType::kFloat64;
+    case DType::kFloat16: return kernels::CastType::kFloat16;
+    case DType::kBFloat16: return kernels::CastType::kBFloat16;
+    default: return std::nullopt;
+  }
+}
+}  // namespace
+
+absl::StatusOr<Tensor> Cast(CudaContext& ctx, const Tensor& x, DType dtype) {
+  const auto ops = {Operand{"x", &x}};
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "cast", ops, kSameDType));
+  const std::optional<kernels::CastType> from = CastTypeOf(x.dtype()),
+                                         to = CastTypeOf(dtype);
+  if (!from || !to) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda cast to ", DTypeName(dtype),
+        ": converts only between float32, float64, float16 and bfloat16 (",
+        DescribeAll(ops), ")"));
+  }
+  DeviceGuard guard(dev);
+  ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
+  ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), dtype, x.device()));
+  const int code = kernels::Cast(xc.data_ptr(), *from, out.data_ptr(), *to,
+                                 x.numel(), ctx.stream(dev));
+  RETURN_IF_ERROR(Launched("cast", dev, code, ops));
+  return out;
+}
+
 absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
                              const Tensor& a, const Tensor& b) {
   const auto ops = {Operand{"cond", &cond}, Operand{"a", &a},
@@ -963,6 +995,9 @@ class CudaOps final : public ContextBoundOps {
   }
   absl::Status CopyInto(const Tensor& dst, const Tensor& src) override {
     FERRY_CUDA_OPS_CALL("copy_into", cuda::CopyInto(*c, dst, src));
+  }
+  absl::StatusOr<Tensor> Cast(const Tensor& x, DType dtype) override {
+    FERRY_CUDA_OPS_CALL("cast", cuda::Cast(*c, x, dtype));
   }
   absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
                                const Tensor& b) override {

@@ -113,6 +113,9 @@ absl::StatusOr<Tensor> Linear(CudaContext& ctx, const Tensor& x,
 /// (distinct elements, e.g. a slice of a larger tensor); any dtype, the
 /// same for both.
 absl::Status CopyInto(CudaContext& ctx, const Tensor& dst, const Tensor& src);
+/// A contiguous copy of `x` as `dtype` (each float32, float64, float16 or
+/// bfloat16): DDP's compression hooks.
+absl::StatusOr<Tensor> Cast(CudaContext& ctx, const Tensor& x, DType dtype);
 /// cond ? a : b elementwise, broadcasting (cond bool).
 absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
                              const Tensor& a, const Tensor& b);

@@ -380,6 +380,31 @@ TEST_F(CudaOpsTest, GeluPowWhereCopyIntoLikeTheCpu) {
   ExpectClose(expected, big, "copy_into");
 }
 
+// float32/float64 <-> float16/bfloat16 round like the CPU's conversions:
+// the same bits, not merely close.
+TEST_F(CudaOpsTest, CastRoundsLikeTheCpu) {
+  const Tensor x = randn({3, 33}, 44).mul(100.0);
+  const Tensor x64 = randn({5, 7}, 45, DType::kFloat64);
+  for (DType to : {DType::kFloat16, DType::kBFloat16}) {
+    for (const Tensor& from : {x, x64}) {
+      Tensor h = Host(Cast(*ctx_, Dev(from), to));
+      ASSERT_TRUE(h.defined());
+      EXPECT_TRUE(h.equal(from.to(to)))
+          << DTypeName(from.dtype()) << " -> " << DTypeName(to);
+      // And back, exactly (16-bit values are exact in float32).
+      Tensor back = Host(Cast(*ctx_, Dev(from.to(to)), DType::kFloat32));
+      EXPECT_TRUE(back.equal(from.to(to).to(DType::kFloat32)));
+    }
+  }
+  // A strided source converts in place order.
+  ExpectClose(x.t().to(DType::kFloat64),
+              Cast(*ctx_, Dev(x).t(), DType::kFloat64), "strided cast", 0, 0);
+  EXPECT_EQ(Cast(*ctx_, Dev(from_vector<int64_t>({1, 2})), DType::kFloat32)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaOpsTest, NllLossAndDropoutMask) {
   Tensor lp = randn({5, 4}, 43, DType::kFloat64);
   Tensor target = from_vector<int64_t>({3, 0, 1, 3, 2}, {5});
