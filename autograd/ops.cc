@@ -264,17 +264,17 @@ Tensor DeviceUnary(DeviceOps* d, const char* op, const char* node,
         absl::StatusOr<Tensor> r;
         switch (grad) {
           case DeviceGrad::kRelu:
-            r = dg->UnaryBackward(math::BackwardOp::kRelu, g, s[0]);
-            break;
           case DeviceGrad::kTanh:
-            r = dg->UnaryBackward(math::BackwardOp::kTanh, g, s[0]);
-            break;
           case DeviceGrad::kSigmoid:
-            r = dg->UnaryBackward(math::BackwardOp::kSigmoid, g, s[0]);
+          case DeviceGrad::kGelu: {
+            const math::BackwardOp op =
+                grad == DeviceGrad::kRelu   ? math::BackwardOp::kRelu
+                : grad == DeviceGrad::kTanh ? math::BackwardOp::kTanh
+                : grad == DeviceGrad::kSigmoid ? math::BackwardOp::kSigmoid
+                                               : math::BackwardOp::kGelu;
+            r = dg->UnaryBackward(op, g, s[0]);
             break;
-          case DeviceGrad::kGelu:
-            r = dg->UnaryBackward(math::BackwardOp::kGelu, g, s[0]);
-            break;
+          }
           case DeviceGrad::kExp:
             r = dg->Binary(math::BinaryOp::kMul, g, s[0]);
             break;
