@@ -295,6 +295,41 @@ TEST(Spoof, StoreSecretBindsTheCallerToItsProof) {
   EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
 }
 
+// A stranger's plain CALL runs, but its layer headers reach no layer: a
+// layer would otherwise act on RRef, autograd or device fields under the
+// worker name the stranger claims. A proven worker's headers arrive.
+TEST(Spoof, AStrangersCallCarriesNoLayerHeaders) {
+  std::vector<Served> served(2);
+  GrpcAgentOptions o;
+  o.secret = "shared-by-the-job";
+  o.same_host.enabled = false;
+  auto agents = StartGroup({"ps0", "trainer0"}, {o, o}, served);
+  ASSERT_TRUE(agents[0] && agents[1]);
+  GrpcAgent& ps0 = *agents[0];
+  Mutex mu;
+  std::vector<bool> had_header;  // Per CALL of "whoami" received.
+  ps0.AddInterceptor([&](InterceptPoint point, const WorkerInfo&,
+                         Message& m) -> absl::Status {
+    if (point == InterceptPoint::kReceiveRequest &&
+        m.type == MessageType::kCall && m.function == "whoami") {
+      MutexLock lock(&mu);
+      had_header.push_back(m.FindHeader(1) != nullptr);
+    }
+    return absl::OkStatus();
+  });
+  auto stub = RawClient(ps0);
+  const CallerVerifier job("ps0", "shared-by-the-job", false);
+  v1::RpcRequest call = Claiming(MessageType::kCall, "trainer0", 1);
+  call.set_function("whoami");
+  EXPECT_TRUE(Send(*stub, call).ok());  // No proof: a stranger.
+  EXPECT_TRUE(Send(*stub, call, job.MakeProof("trainer0", "ps0")).ok());
+  {
+    MutexLock lock(&mu);
+    EXPECT_EQ(had_header, (std::vector<bool>{false, true}));
+  }
+  EXPECT_TRUE(testing::StopGrpcGroup(agents).ok());
+}
+
 class TlsSpoof : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -93,11 +93,14 @@ grpc::ServerUnaryReactor* WorkerService::Call(
         Annotate(split.status(), absl::StrCat("worker '", name(), "'"))));
     return reactor;
   }
-  absl::StatusOr<std::shared_ptr<void>> slot = Admit(split->header, *context);
+  bool stranger = false;
+  absl::StatusOr<std::shared_ptr<void>> slot =
+      Admit(split->header, *context, &stranger);
   if (!slot.ok()) {
     reactor->Reply(ToGrpcStatus(slot.status()));
     return reactor;
   }
+  if (stranger) split->header.clear_headers();
   Serve(start, *std::move(split), *std::move(slot),
         [reactor](grpc::Status status, EncodedParts* parts) {
           if (parts == nullptr) {
@@ -117,7 +120,7 @@ WorkerService::CallStream(grpc::CallbackServerContext* context) {
 
 absl::Status WorkerService::CheckCaller(
     const ferry::rpc::v1::RpcRequest& header,
-    const grpc::ServerContextBase& context) {
+    const grpc::ServerContextBase& context, bool* stranger) {
   grpc_agent::CallerVerifier& verifier = *agent_->verifier_;
   const MessageType type = static_cast<MessageType>(header.type());
   const ProvenIdentity proven = verifier.Identify(context);
@@ -125,8 +128,11 @@ absl::Status WorkerService::CheckCaller(
       proven, type, header.caller_name(),
       [this](const std::string& n) { return agent_->GetWorkerInfo(n).ok(); });
   const auto& names = proven.names;
-  if (s.ok() && std::find(names.begin(), names.end(), header.caller_name()) !=
-                    names.end()) {
+  const bool proven_caller = std::find(names.begin(), names.end(),
+                                       header.caller_name()) != names.end();
+  // Admitted without being the worker it names: a stranger's plain CALL.
+  *stranger = s.ok() && !proven_caller;
+  if (s.ok() && proven_caller) {
     // The declared id is the proven name's (a joiner is not known yet).
     absl::StatusOr<WorkerInfo> w =
         agent_->GetWorkerInfo(static_cast<int>(header.caller_id()));
@@ -145,9 +151,10 @@ absl::Status WorkerService::CheckCaller(
 
 absl::StatusOr<std::shared_ptr<void>> WorkerService::Admit(
     const ferry::rpc::v1::RpcRequest& header,
-    const grpc::ServerContextBase& context) {
+    const grpc::ServerContextBase& context, bool* stranger) {
+  *stranger = false;
   if (agent_->verifier_->enforcing()) {
-    RETURN_IF_ERROR(CheckCaller(header, context));
+    RETURN_IF_ERROR(CheckCaller(header, context, stranger));
   }
   const MessageType type = static_cast<MessageType>(header.type());
   // kCall's handler is built in (rpc/agent.h): no lookup for it.

@@ -55,12 +55,16 @@ class WorkerService final
   // The steps both methods share. Admit checks a request's fields (its
   // declared caller against the connection's identity; a handler serves its
   // type; a slot under the in-flight caps, held until the handle is
-  // dropped). Serve runs the admitted request and calls `reply` once, on
-  // any thread, with the encoded reply (status OK) or the error to send.
+  // dropped). `*stranger` is set when it admits a plain CALL from a
+  // connection that proved no worker's identity (the agent enforces one):
+  // the caller drops that request's layer headers before serving it, so no
+  // layer acts on a stranger's RRef, autograd or device fields under the
+  // name it claims. Serve runs the admitted request and calls `reply` once,
+  // on any thread, with the encoded reply (status OK) or the error to send.
   using Replier = std::function<void(grpc::Status, EncodedParts*)>;
   absl::StatusOr<std::shared_ptr<void>> Admit(
       const ferry::rpc::v1::RpcRequest& header,
-      const grpc::ServerContextBase& context);
+      const grpc::ServerContextBase& context, bool* stranger);
   void Serve(absl::Time start, ReceivedRequest received,
              std::shared_ptr<void> slot, Replier reply);
 
@@ -72,7 +76,8 @@ class WorkerService final
  private:
   // Identity check of Admit (only when the agent enforces one).
   absl::Status CheckCaller(const ferry::rpc::v1::RpcRequest& header,
-                           const grpc::ServerContextBase& context);
+                           const grpc::ServerContextBase& context,
+                           bool* stranger);
 
   GrpcAgent* const agent_;
   CallLimiter limiter_;

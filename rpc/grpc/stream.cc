@@ -129,7 +129,8 @@ class ServerStream final
                       : std::string("payload"));
             },
             [this](const v1::RpcRequest& h) {
-              ASSIGN_OR_RETURN(slot_, service_->Admit(h, *context_));
+              ASSIGN_OR_RETURN(slot_,
+                               service_->Admit(h, *context_, &stranger_));
               return absl::OkStatus();
             }) {}
 
@@ -149,6 +150,8 @@ class ServerStream final
     } else if (*complete) {
       ReceivedRequest request;
       request.header = receiver_.header();
+      // A stranger's layer headers reach no layer (WorkerService::Admit).
+      if (stranger_) request.header.clear_headers();
       request.parts = receiver_.Take();
       Dispatch(std::move(request));
     } else {
@@ -266,6 +269,7 @@ class ServerStream final
   grpc::ByteBuffer out_;
   uint64_t out_bytes_ = 0;
   std::shared_ptr<void> slot_;  // Set by Admit, before receiver_ allocates.
+  bool stranger_ = false;       // Set by Admit (see there).
   StreamReceiver<v1::RpcRequest> receiver_;
   std::optional<PieceWriter> writer_;
 };
