@@ -136,6 +136,9 @@ bool Selects(PeerDownReasons reasons, PeerDownReason reason) {
 
 std::optional<Agent::NewPeerDown> Agent::RecordPeerDown(
     const WorkerInfo& peer, PeerDownReason reason, const absl::Status& cause) {
+  // Never this worker itself, whichever path reports it (a notice naming
+  // this worker's id as replaced or departed included).
+  if (peer.id == self_.id) return std::nullopt;
   std::vector<PeerDown>& entries = peers_down_[peer.id];
   for (const PeerDown& e : entries) {
     if (e.reason == reason) return std::nullopt;

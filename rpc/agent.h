@@ -543,7 +543,7 @@ class Agent {
     std::vector<PeerDownListener> listeners;
   };
   // Adds (`peer`, `reason`) to the peer-state table; nullopt when it was
-  // there.
+  // there or `peer` is this worker.
   std::optional<NewPeerDown> RecordPeerDown(const WorkerInfo& peer,
                                             PeerDownReason reason,
                                             const absl::Status& cause)

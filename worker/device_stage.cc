@@ -106,7 +106,12 @@ std::string DeviceStage::DeviceListText() const {
 
 void DeviceStage::Count(const std::string& peer, const StagedTraffic& d) {
   MutexLock lock(&mu_);
-  StagedTraffic& t = traffic_[peer];
+  // Keyed by the peer's declared name: bounded, so that names a caller
+  // makes up cannot grow it (the rest is counted together).
+  constexpr size_t kMaxPeers = 1024;
+  const bool known = traffic_.count(peer) > 0;
+  StagedTraffic& t =
+      traffic_[known || traffic_.size() < kMaxPeers ? peer : "(other)"];
   t.tensors_out += d.tensors_out;
   t.bytes_out += d.bytes_out;
   t.to_cpu_out += d.to_cpu_out;
@@ -193,8 +198,8 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
     for (const DevicePlacement& p : header->placements) {
       const Tensor& host = tensors[p.position];
       const std::string tensor = absl::StrCat(
-          "tensor ", p.position, " (", host.nbytes(), " bytes, from its cuda:",
-          p.source, ")");
+          "tensor ", p.position, " (", host.defined() ? host.nbytes() : 0,
+          " bytes, from its cuda:", p.source, ")");
       if (!host.defined() || !host.device().is_cpu()) {
         status = absl::InvalidArgumentError(absl::StrCat(
             what, ": malformed device header: ", tensor,
