@@ -473,7 +473,11 @@ TEST(DeviceStage, RRefValuesLandOnTheOwnersDeviceAndComeBackOnTheReverse) {
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
   cuda::FakeDeviceApi* api0 = p.api0.get();
   Worker& w0 = **w[0];
-  const Tensor cpu = arange(1000, DType::kFloat32);
+  // Values above the RRef layer's inline limit (4096 bytes), so the
+  // creation reply never carries them and each to_here() fetches: the
+  // counts below are exact whatever the reply's timing. (A carried value
+  // counts once more when to_here() is issued after the reply arrived.)
+  const Tensor cpu = arange(2000, DType::kFloat32);
   const Tensor x = OnDevice(cpu, 0, *w0.device_allocator(), *api0);
   {
     // remote(): the argument lands on w1's cuda:1, the owner keeps the
@@ -487,11 +491,12 @@ TEST(DeviceStage, RRefValuesLandOnTheOwnersDeviceAndComeBackOnTheReverse) {
     EXPECT_EQ((*w[1])->staged_traffic("w0").tensors_in, 1u);
     // A value the owner made on its cuda:1 comes home the same way.
     rref::RRef<Tensor> made =
-        w0.remote<Tensor>("w1", "make_on", int64_t{1}, int64_t{64});
+        w0.remote<Tensor>("w1", "make_on", int64_t{1}, int64_t{2048});
     absl::StatusOr<Tensor> made_here = made.to_here(absl::Seconds(20));
     ASSERT_TRUE(made_here.ok()) << made_here.status();
     EXPECT_EQ(made_here->device(), Device::CUDA(0));
-    EXPECT_TRUE(SameBytes(*made_here, arange(64, DType::kFloat32), *api0));
+    EXPECT_TRUE(
+        SameBytes(*made_here, arange(2048, DType::kFloat32), *api0));
     EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 2u);
   }
   ShutdownWorkerGroup(w);
