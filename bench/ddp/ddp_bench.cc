@@ -8,6 +8,13 @@
 // warm-up (ranks stay in lockstep through the all-reduces).
 // allreduce_bytes is what the communication hook put on the wire per step
 // and rank (half of the gradient bytes with --fp16).
+// --device=cuda: model, batch, gradients and buckets on cuda:(LOCAL_RANK mod
+// GPUs), buckets all-reduced by NCCL (group "cpu:gloo,cuda:nccl"), ranks
+// sharing a GPU with their own NCCL_HOSTID (tensor/cuda/local_rank.h); each
+// timed loop ends with a device synchronization. tools/gpu_check runs it at
+// 2 processes on one GPU with --mlp=4096-4096-2048-10 (25.2M parameters)
+// beside torch_ddp_bench.py --device=cuda (step ddp_bench). Without CUDA it
+// exits 2 naming the reason.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,6 +37,11 @@
 #include "ferry/ddp/optimizer_in_backward.h"
 #include "ferry/optim/optim.h"
 #include "ferry/store/tcp_store.h"
+#include "ferry/tensor/cuda/device_ops.h"
+#ifdef FERRY_DDP_BENCH_CUDA
+#include "ferry/tensor/cuda/local_rank.h"
+#include "ferry/tensor/cuda/ops.h"
+#endif
 
 ABSL_FLAG(std::string, mode, "single", "single or ddp");
 ABSL_FLAG(std::string, mlp, "1024-1024-1024-10", "layer widths");
@@ -40,6 +52,7 @@ ABSL_FLAG(bool, fp16, false, "fp16 compression hook");
 ABSL_FLAG(bool, optimizer_in_backward, false, "SGD step per bucket");
 ABSL_FLAG(bool, bucket_view, true, "gradient_as_bucket_view");
 ABSL_FLAG(int, threads, 1, "threads (reported; set via the environment)");
+ABSL_FLAG(std::string, device, "cpu", "cpu, or cuda (see the top)");
 
 namespace ferry {
 namespace {
@@ -59,7 +72,7 @@ int EnvInt(const char* name, int fallback) {
   return v != nullptr && absl::SimpleAtoi(v, &out) ? out : fallback;
 }
 
-std::shared_ptr<c10d::ProcessGroup> InitGroup() {
+std::shared_ptr<c10d::ProcessGroup> InitGroup(const std::string& backend) {
   TcpStoreOptions so;
   const char* addr = std::getenv("MASTER_ADDR");
   so.host = addr != nullptr ? addr : "127.0.0.1";
@@ -74,12 +87,67 @@ std::shared_ptr<c10d::ProcessGroup> InitGroup() {
   o.rank = EnvInt("RANK", 0);
   o.world_size = EnvInt("WORLD_SIZE", 1);
   o.group.timeout = absl::Seconds(120);
+  if (!backend.empty()) o.group.backend = backend;
   auto pg = c10d::InitProcessGroup(std::move(o));
   Check(pg.status());
   return *pg;
 }
 
+// The device the bench runs on; `ops` is null on the CPU.
+struct Place {
+  Device device;
+  cuda::DeviceOps* ops = nullptr;
+#ifdef FERRY_DDP_BENCH_CUDA
+  std::unique_ptr<cuda::CudaContext> ctx;
+#endif
+  Tensor Put(const Tensor& t) const {
+    if (ops == nullptr) return t;
+    absl::StatusOr<Tensor> out = ops->To(t, device);
+    Check(out.status());
+    return *out;
+  }
+  absl::Status Sync() const {
+#ifdef FERRY_DDP_BENCH_CUDA
+    if (ctx != nullptr) return ctx->Synchronize(device);
+#endif
+    return absl::OkStatus();
+  }
+};
+
+Place MakePlace() {
+  Place place;
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu") return place;
+#ifdef FERRY_DDP_BENCH_CUDA
+  if (device == "cuda") {
+    auto ctx = cuda::CreateComputeContext({});
+    if (!ctx.ok()) {
+      std::fprintf(stderr, "ddp_bench: %s\n", ctx.status().ToString().c_str());
+      std::exit(2);
+    }
+    place.ctx = *std::move(ctx);
+    const cuda::LocalRankDevice mine = cuda::DeviceForLocalRank(
+        EnvInt("LOCAL_RANK", EnvInt("RANK", 0)), place.ctx->device_count());
+    place.device = mine.device;
+    place.ops = place.ctx->compute();
+    if (!mine.nccl_hostid.empty()) {
+      setenv("NCCL_HOSTID", mine.nccl_hostid.c_str(), 1);
+    }
+    return place;
+  }
+#endif
+  std::fprintf(stderr, "ddp_bench: --device=%s: not cpu%s\n", device.c_str(),
+#ifdef FERRY_DDP_BENCH_CUDA
+               " or cuda"
+#else
+               " (built without CUDA)"
+#endif
+  );
+  std::exit(2);
+}
+
 int Run() {
+  const Place place = MakePlace();
   std::vector<int64_t> widths;
   for (absl::string_view w : absl::StrSplit(absl::GetFlag(FLAGS_mlp), '-')) {
     int64_t v = 0;
@@ -94,6 +162,7 @@ int Run() {
         std::make_shared<nn::Linear>(widths[i], widths[i + 1], 10 + i));
     params += widths[i] * widths[i + 1] + widths[i + 1];
   }
+  if (place.ops != nullptr) Check(model->to(place.device, place.ops));
   const bool ddp_mode = absl::GetFlag(FLAGS_mode) == "ddp";
   std::shared_ptr<c10d::ProcessGroup> pg;
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
@@ -101,7 +170,7 @@ int Run() {
   optim::SgdOptions sgd_options{.lr = 0.01};
   const bool in_backward = absl::GetFlag(FLAGS_optimizer_in_backward);
   if (ddp_mode) {
-    pg = InitGroup();
+    pg = InitGroup(place.ops != nullptr ? "cpu:gloo,cuda:nccl" : "");
     ddp::DdpOptions o;
     o.gradient_as_bucket_view = absl::GetFlag(FLAGS_bucket_view);
     ddp::CommHook inner = absl::GetFlag(FLAGS_fp16) ? ddp::Fp16CompressHook()
@@ -126,15 +195,20 @@ int Run() {
   }
   const int rank = pg != nullptr ? pg->rank() : 0;
   const int64_t batch = absl::GetFlag(FLAGS_batch);
-  Tensor x = randn({batch, widths.front()}, 1 + rank);
+  Tensor x = place.Put(randn({batch, widths.front()}, 1 + rank));
   std::vector<int64_t> labels(batch);
   for (int64_t i = 0; i < batch; ++i) labels[i] = (i + rank) % widths.back();
-  Tensor y = from_vector<int64_t>(labels, {batch});
+  Tensor y = place.Put(from_vector<int64_t>(labels, {batch}));
   optim::SGD sgd(model->parameters(), sgd_options);
   auto step = [&] {
     for (const Tensor& p : model->parameters()) {
       Tensor g = autograd::GradOf(p);
-      if (g.defined()) g.zero_();
+      if (!g.defined()) continue;
+      if (place.ops != nullptr) {
+        Check(place.ops->Fill(g, 0));
+      } else {
+        g.zero_();
+      }
     }
     Tensor loss = autograd::cross_entropy(model->Forward(x), y);
     if (ddp != nullptr) {
@@ -146,11 +220,13 @@ int Run() {
   };
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int i = 0; i < std::max(2, iters / 5); ++i) step();
+  Check(place.Sync());
   double best = 1e300;
   wire_bytes->store(0);
   for (int r = 0; r < absl::GetFlag(FLAGS_repeats); ++r) {
     const auto t0 = Clock::now();
     for (int i = 0; i < iters; ++i) step();
+    Check(place.Sync());
     best = std::min(
         best, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
   }
@@ -160,11 +236,12 @@ int Run() {
     std::printf(
         "{\"bench\": \"ddp\", \"impl\": \"ferry\", \"mode\": \"%s\", "
         "\"world\": %d, \"mlp\": \"%s\", \"params\": %lld, \"batch\": %lld, "
-        "\"fp16\": %s, \"optimizer_in_backward\": %s, \"buckets\": %zu, "
+        "\"device\": \"%s\", \"fp16\": %s, \"optimizer_in_backward\": %s, "
+        "\"buckets\": %zu, "
         "\"threads\": %d, \"time_us\": %.1f, \"allreduce_bytes\": %lld}\n",
         ddp_mode ? "ddp" : "single", pg != nullptr ? pg->size() : 1,
         absl::GetFlag(FLAGS_mlp).c_str(), static_cast<long long>(params),
-        static_cast<long long>(batch),
+        static_cast<long long>(batch), place.ops != nullptr ? "cuda" : "cpu",
         absl::GetFlag(FLAGS_fp16) ? "true" : "false",
         in_backward ? "true" : "false",
         ddp != nullptr ? ddp->reducer().buckets().size() : size_t{0},

@@ -22,6 +22,8 @@ for r in rows:
           f"{str(r['optimizer_in_backward']):9} {r['time_us'] / 1000:8.2f} "
           f"{over:>9} {r['allreduce_bytes']:>11}")
 f = by.get(("ferry", "ddp", False, False))
-t = by.get(("pytorch-1.13", "ddp", False, False))
+t = next((r for k, r in by.items()
+          if k[0].startswith("pytorch") and k[1:] == ("ddp", False, False)), None)
 if f and t:
-    print(f"Ferry DDP / PyTorch DDP step time: {f['time_us'] / t['time_us']:.2f}")
+    print(f"Ferry DDP / PyTorch DDP step time ({f.get('device', 'cpu')}): "
+          f"{f['time_us'] / t['time_us']:.2f}")

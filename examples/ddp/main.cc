@@ -36,6 +36,7 @@
 #include "ferry/ferry.h"
 #include "ferry/store.h"
 #ifdef FERRY_DDP_EXAMPLE_CUDA
+#include "ferry/tensor/cuda/local_rank.h"
 #include "ferry/tensor/cuda/ops.h"
 #endif
 
@@ -142,14 +143,12 @@ absl::StatusOr<Place> MakePlace(const std::string& device) {
   }
 #ifdef FERRY_DDP_EXAMPLE_CUDA
   ASSIGN_OR_RETURN(place.ctx, cuda::CreateComputeContext({}));
-  const int local = EnvInt("LOCAL_RANK", EnvInt("RANK", 0));
-  const int gpus = place.ctx->device_count();
-  place.device = Device::CUDA(local % gpus);
+  const cuda::LocalRankDevice mine = cuda::DeviceForLocalRank(
+      EnvInt("LOCAL_RANK", EnvInt("RANK", 0)), place.ctx->device_count());
+  place.device = mine.device;
   place.ops = place.ctx->compute();
-  if (local >= gpus) {
-    // Shares a device with a lower local rank (see the top).
-    setenv("NCCL_HOSTID", absl::StrCat("ferry-ddp-local-rank-", local).c_str(),
-           1);
+  if (!mine.nccl_hostid.empty()) {  // Shares a device (see the top).
+    setenv("NCCL_HOSTID", mine.nccl_hostid.c_str(), 1);
   }
   return place;
 #else
