@@ -158,5 +158,71 @@ absl::Status CudaDeviceApi::SynchronizeStream(int device,
   return absl::OkStatus();
 }
 
+absl::StatusOr<void*> CudaDeviceApi::HostAlloc(size_t nbytes) {
+  if (nbytes == 0) {
+    return absl::InvalidArgumentError("cuda:host: HostAlloc of 0 bytes");
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Out of memory is not sticky: clear it.
+    const std::string msg =
+        absl::StrCat("cuda:host: cudaHostAlloc of ", nbytes, " bytes: ",
+                     cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+    if (err == cudaErrorMemoryAllocation) {
+      return absl::ResourceExhaustedError(msg);
+    }
+    return absl::InternalError(msg);
+  }
+  return p;
+}
+
+absl::Status CudaDeviceApi::HostFree(void* ptr) {
+  cudaError_t err = cudaFreeHost(ptr);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat(
+        "cuda:host: cudaFreeHost(%p): %s (%s)", ptr, cudaGetErrorName(err),
+        cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceApi::WaitEvent(int device, EventHandle event) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  cudaError_t err = cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(event));
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventSynchronize");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> CudaDeviceApi::CreateStream(int device) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaStream_t s = nullptr;
+  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamCreate");
+  return reinterpret_cast<StreamHandle>(s);
+}
+
+absl::Status CudaDeviceApi::DestroyStream(int device, StreamHandle stream) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  if (stream == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda:", device, ": DestroyStream of the default stream"));
+  }
+  DeviceScope scope(device);
+  if (scope.status() != cudaSuccess) {
+    return Failed(scope.status(), device, "cudaSetDevice");
+  }
+  cudaError_t err = cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamDestroy");
+  return absl::OkStatus();
+}
+
 }  // namespace cuda
 }  // namespace ferry
