@@ -1,6 +1,7 @@
 // CachingHostAllocator: pinned (page-locked) host memory for copies between
 // the host and devices, kept in a cache, since cudaHostAlloc and
-// cudaFreeHost cost far more than a copy and cudaFreeHost synchronizes.
+// cudaFreeHost cost far more than a copy (and a page-locked allocation is
+// one of the calls CUDA lists as implicitly synchronizing).
 //
 // Blocks: Storages on Device::CPU() (ordinary host tensors can live in
 // them). A request is rounded up to the device allocator's size classes
