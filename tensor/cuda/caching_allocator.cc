@@ -28,6 +28,13 @@ constexpr size_t kMaxRequest = size_t{1} << 48;
 
 }  // namespace
 
+std::string DescribeHeldBytes(const AllocatorStats& stats, uint64_t limit) {
+  return absl::StrFormat(
+      "%d bytes in use, %d cached, %d pending, limit %s",
+      stats.allocated_bytes, stats.cached_bytes, stats.pending_bytes,
+      limit == 0 ? std::string("none") : absl::StrCat(limit));
+}
+
 size_t CachingDeviceAllocator::RoundSize(size_t nbytes) {
   if (nbytes == 0) nbytes = 1;
   if (nbytes <= kSmallLimit) {
@@ -306,14 +313,10 @@ class CachingDeviceAllocator::State
   absl::Status OutOfMemory(int device, size_t nbytes, size_t size,
                            absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const AllocatorStats& st = stats_[device];
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: out of memory: requested %d bytes (block of %d): %s; %d bytes "
-        "in use, %d cached, %d pending, limit %s",
-        DeviceName(device), nbytes, size, why, st.allocated_bytes,
-        st.cached_bytes, st.pending_bytes,
-        options_.limit_bytes == 0 ? std::string("none")
-                                  : absl::StrCat(options_.limit_bytes)));
+        "%s: out of memory: requested %d bytes (block of %d): %s; %s",
+        DeviceName(device), nbytes, size, why,
+        DescribeHeldBytes(stats_[device], options_.limit_bytes)));
   }
 
   const std::shared_ptr<DeviceMemoryApi> api_;

@@ -6,7 +6,8 @@
 // the source may be pageable memory the caller reuses at once.
 // Asynchronous (CopyToDeviceAsync, CopyToHostAsync): the host side is a
 // pinned block from a CachingHostAllocator (a pageable source is first
-// copied into one on the calling thread; a pinned source is used as is);
+// copied into one on the calling thread; a pinned source is read in place,
+// so it must not be written before the event is done);
 // the copy is queued on `stream` and the call returns at once with a
 // StreamEvent recorded after it. The pinned block (or pinned source) and
 // the device storage are declared to their allocators (RecordStream), so

@@ -245,11 +245,9 @@ class CachingHostAllocator::State
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s pinned host memory exhausted: requested %d bytes (block of %d): "
-        "%s; %d bytes in use, %d cached, %d pending, limit %s",
-        api_->name(), nbytes, size, why, stats_.allocated_bytes,
-        stats_.cached_bytes, stats_.pending_bytes,
-        options_.limit_bytes == 0 ? std::string("none")
-                                  : absl::StrCat(options_.limit_bytes)));
+        "%s; %s",
+        api_->name(), nbytes, size, why,
+        DescribeHeldBytes(stats_, options_.limit_bytes)));
   }
 
   const std::shared_ptr<DeviceMemoryApi> api_;

@@ -46,11 +46,9 @@ namespace cuda {
 /// The pinned host allocator with a cache (see the top of the file).
 class CachingHostAllocator {
  public:
-  /// Configuration.
-  struct Options {
-    /// Most pinned bytes held; 0: no limit but the host's.
-    uint64_t limit_bytes = 0;
-  };
+  /// Configuration: limit_bytes bounds the pinned bytes held (0: no limit
+  /// but the host's).
+  using Options = CachingDeviceAllocator::Options;
 
   /// An allocator over `api` (which must not be null).
   static absl::StatusOr<std::unique_ptr<CachingHostAllocator>> Create(
