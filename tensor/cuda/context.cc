@@ -175,6 +175,11 @@ absl::StatusOr<StreamEvent> CudaContext::RecordEvent(Device device) {
   return StreamEvent::Record(api_, device.index, stream(device.index));
 }
 
+absl::Status CudaContext::StreamWait(Device device, const StreamEvent& event) {
+  RETURN_IF_ERROR(CheckCudaDevice("StreamWait", device));
+  return event.MakeStreamWait(device.index, stream(device.index));
+}
+
 absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device,
                                        bool non_blocking) {
   if (!t.defined()) return absl::InvalidArgumentError("To: undefined tensor");
@@ -188,8 +193,9 @@ absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device,
       ASSIGN_OR_RETURN(AsyncCopy c,
                        CopyToHostAsync(t, from, *alloc_, *pinned_));
       if (device.is_cpu()) return std::move(c.tensor);
-      // The second half reads the pinned bytes on another device's stream.
-      RETURN_IF_ERROR(c.done.Wait());
+      // The second half, on another device's stream, reads the pinned bytes
+      // after the first half wrote them.
+      RETURN_IF_ERROR(StreamWait(device, c.done));
       host = std::move(c.tensor);
     } else {
       ASSIGN_OR_RETURN(host, CopyToHost(t, from, *api_));

@@ -13,9 +13,9 @@
 // Streams: each device has a current stream (the legacy default stream, 0,
 // until SetStream; NewStream makes streams the context owns), on which ops,
 // copies and Gemm are queued, so work on one stream is ordered. Across
-// streams the caller orders work (RecordEvent, then Wait on the host) and
-// calls allocator().RecordStream for a tensor one stream made and another
-// uses, as for copy.h.
+// streams the caller orders work (RecordEvent, then StreamWait on the
+// device or Wait on the host) and calls allocator().RecordStream for a
+// tensor one stream made and another uses, as for copy.h.
 //
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
@@ -86,6 +86,9 @@ class CudaContext {
       ABSL_LOCKS_EXCLUDED(mu_);
   /// An event after the work queued so far on `device`'s current stream.
   absl::StatusOr<StreamEvent> RecordEvent(Device device);
+  /// Makes work queued later on `device`'s current stream wait, on the
+  /// device, for `event` (from any device or stream); the host goes on.
+  absl::Status StreamWait(Device device, const StreamEvent& event);
 
   /// OK if `device` is CUDA with an index below device_count(), else
   /// InvalidArgument naming `op`, the device and the count.
@@ -99,8 +102,8 @@ class CudaContext {
   /// done (copy.h). With `non_blocking`, returns once it is queued, staged
   /// through pinned memory: device work queued later on that stream sees
   /// the bytes; a CPU result is pinned and readable after Synchronize(the
-  /// source device) or a RecordEvent's Wait; CUDA->CUDA waits for the
-  /// device-to-host half before queuing the second.
+  /// source device) or a RecordEvent's Wait; CUDA->CUDA queues the second
+  /// half behind a device-side wait for the first.
   absl::StatusOr<Tensor> To(const Tensor& t, Device device,
                             bool non_blocking = false);
   /// Waits for the work queued on `device` so far.

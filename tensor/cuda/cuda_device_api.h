@@ -47,6 +47,8 @@ class CudaDeviceApi : public DeviceMemoryApi {
   absl::Status WaitEvent(int device, EventHandle event) override;
   absl::StatusOr<StreamHandle> CreateStream(int device) override;
   absl::Status DestroyStream(int device, StreamHandle stream) override;
+  absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                               EventHandle event) override;
 
  private:
   explicit CudaDeviceApi(int devices) : devices_(devices) {}

@@ -80,6 +80,11 @@ class DeviceMemoryApi {
   virtual absl::StatusOr<StreamHandle> CreateStream(int device) = 0;
   /// Releases `stream` from CreateStream (its queued work still runs).
   virtual absl::Status DestroyStream(int device, StreamHandle stream) = 0;
+  /// Work queued on `stream` of `device` after this call waits, on the
+  /// device, for the work before `event` (recorded on any device); the host
+  /// does not wait.
+  virtual absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                                       EventHandle event) = 0;
 };
 
 /// OK if 0 <= device < api.DeviceCount(); else InvalidArgument naming both.

@@ -269,6 +269,31 @@ TEST_P(DeviceApiConformanceTest, CreatedStreamsAndWaitedEvents) {
               HasSubstr(absl::StrCat(api.name(), ":", bad)));
 }
 
+TEST_P(DeviceApiConformanceTest, StreamWaitEventOrdersTwoStreams) {
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<StreamHandle> s1 = fixture_->NewStream(0);
+  absl::StatusOr<StreamHandle> s2 = fixture_->NewStream(0);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  absl::StatusOr<void*> dev = api.Malloc(0, 1 << 20);
+  absl::StatusOr<void*> in = api.HostAlloc(1 << 20);
+  absl::StatusOr<void*> out = api.HostAlloc(1 << 20);
+  ASSERT_TRUE(dev.ok() && in.ok() && out.ok());
+  std::memset(*in, 0x2b, 1 << 20);
+  std::memset(*out, 0, 1 << 20);
+  ASSERT_TRUE(api.MemcpyAsync(0, *dev, *in, 1 << 20, *s1).ok());
+  absl::StatusOr<EventHandle> ev = api.RecordEvent(0, *s1);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_TRUE(api.StreamWaitEvent(0, *s2, *ev).ok());
+  ASSERT_TRUE(api.MemcpyAsync(0, *out, *dev, 1 << 20, *s2).ok());
+  ASSERT_TRUE(fixture_->Drain(0, *s1).ok());
+  ASSERT_TRUE(fixture_->Drain(0, *s2).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(*out)[(1 << 20) - 1], 0x2b);
+  EXPECT_TRUE(api.DestroyEvent(0, *ev).ok());
+  EXPECT_TRUE(api.HostFree(*in).ok());
+  EXPECT_TRUE(api.HostFree(*out).ok());
+  EXPECT_TRUE(api.Free(0, *dev).ok());
+}
+
 TEST_P(DeviceApiConformanceTest, PinnedBlockIsReusedOnceItsStreamDrained) {
   auto pinned = NewPinned(*fixture_);
   ASSERT_NE(pinned, nullptr);

@@ -66,5 +66,11 @@ absl::Status StreamEvent::Wait() {
   return absl::OkStatus();
 }
 
+absl::Status StreamEvent::MakeStreamWait(int device,
+                                         StreamHandle stream) const {
+  if (done_) return absl::OkStatus();
+  return api_->StreamWaitEvent(device, stream, event_);
+}
+
 }  // namespace cuda
 }  // namespace ferry

@@ -39,6 +39,10 @@ class StreamEvent {
   absl::StatusOr<bool> Query();
   /// Returns once the work before the event has finished.
   absl::Status Wait();
+  /// Makes work queued later on `stream` of `device` wait, on the device,
+  /// for the work before the event (the host does not wait; nothing for a
+  /// handle without an event or one seen done).
+  absl::Status MakeStreamWait(int device, StreamHandle stream) const;
   /// The device the event was recorded on (-1 when none).
   int device() const { return device_; }
   /// The API's handle (0 when none).

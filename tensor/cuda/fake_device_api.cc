@@ -74,7 +74,11 @@ absl::StatusOr<EventHandle> FakeDeviceApi::RecordEvent(int device,
         absl::StrCat("fake:", device, ": RecordEvent failed (injected)"));
   }
   const EventHandle id = next_event_++;
-  events_[id] = Event{device, stream, ++recorded_[{device, stream}]};
+  const uint64_t seq = ++recorded_[{device, stream}];
+  events_[id] = Event{device, stream, seq};
+  Op marker;
+  marker.seq = seq;
+  queues_[{device, stream}].push_back(marker);
   return id;
 }
 
@@ -109,23 +113,45 @@ absl::Status FakeDeviceApi::MemcpyAsync(int device, void* dst, const void* src,
   }
   absl::MutexLock lock(&mu_);
   if (InHostBlock(dst) || InHostBlock(src)) ++pinned_copies_;
-  copies_[{device, stream}].push_back(Copy{dst, src, nbytes});
+  Op copy;
+  copy.dst = dst;
+  copy.src = src;
+  copy.nbytes = nbytes;
+  queues_[{device, stream}].push_back(copy);
   return absl::OkStatus();
 }
 
 absl::Status FakeDeviceApi::SynchronizeStream(int device, StreamHandle stream) {
   absl::Status valid = CheckDevice(*this, device);
   if (!valid.ok()) return valid;
-  CompleteStream(device, stream);
+  if (!CompleteStream(device, stream)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake:", device, ": stream ", stream,
+        " waits for an event whose stream the test has not completed"));
+  }
   return absl::OkStatus();
 }
 
-void FakeDeviceApi::CompleteStream(int device, StreamHandle stream) {
+bool FakeDeviceApi::CompleteStream(int device, StreamHandle stream) {
   absl::MutexLock lock(&mu_);
-  std::vector<Copy>& queued = copies_[{device, stream}];
-  for (const Copy& c : queued) std::memcpy(c.dst, c.src, c.nbytes);
-  queued.clear();
-  completed_[{device, stream}] = recorded_[{device, stream}];
+  return RunQueue({device, stream});
+}
+
+bool FakeDeviceApi::RunQueue(std::pair<int, StreamHandle> where) {
+  std::vector<Op>& queued = queues_[where];
+  size_t ran = 0;
+  for (; ran < queued.size(); ++ran) {
+    const Op& op = queued[ran];
+    if (op.wait) {
+      if (completed_[op.wait_on] < op.seq) break;
+    } else if (op.seq > 0) {
+      completed_[where] = op.seq;
+    } else {
+      std::memcpy(op.dst, op.src, op.nbytes);
+    }
+  }
+  queued.erase(queued.begin(), queued.begin() + ran);
+  return queued.empty();
 }
 
 void FakeDeviceApi::FailRecordEvent(int n) {
@@ -191,8 +217,9 @@ absl::Status FakeDeviceApi::HostFree(void* ptr) {
   }
   const char* lo = it->first;
   const char* hi = lo + it->second;
-  for (const auto& [where, queued] : copies_) {
-    for (const Copy& c : queued) {
+  for (const auto& [where, queued] : queues_) {
+    for (const Op& c : queued) {
+      if (c.nbytes == 0) continue;  // Not a copy.
       const char* d = static_cast<const char*>(c.dst);
       const char* s = static_cast<const char*>(c.src);
       if ((d >= lo && d < hi) || (s >= lo && s < hi)) {
@@ -222,6 +249,30 @@ absl::Status FakeDeviceApi::WaitEvent(int device, EventHandle event) {
     stream = it->second.stream;
   }
   CompleteStream(device, stream);
+  absl::StatusOr<bool> done = EventDone(device, event);
+  if (done.ok() && !*done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake:", device, ": event ", event, " is behind a stream wait that "
+        "the test has not let through"));
+  }
+  return done.status();
+}
+
+absl::Status FakeDeviceApi::StreamWaitEvent(int device, StreamHandle stream,
+                                            EventHandle event) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event);
+  if (it == events_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fake:", device, ": StreamWaitEvent: no event ", event));
+  }
+  Op wait;
+  wait.seq = it->second.seq;
+  wait.wait = true;
+  wait.wait_on = {it->second.device, it->second.stream};
+  queues_[{device, stream}].push_back(wait);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,10 @@
 // pageable memory, pinned_copies counts copies that used one, and HostFree
 // of a block a queued copy still uses fails (FailedPrecondition) instead of
 // freeing it, so a release ordered too early shows up in a test. WaitEvent
-// completes the event's stream, as SynchronizeStream does.
+// completes the event's stream, as SynchronizeStream does. StreamWaitEvent
+// queues a wait: completing the stream stops there until the awaited
+// event's stream has been completed past it (SynchronizeStream and
+// WaitEvent then fail with FailedPrecondition, where CUDA would hang).
 //
 // Thread safety: every call is safe from any thread (one annotated mutex).
 // Design: docs/design/cuda_allocator.md.
@@ -55,10 +58,13 @@ class FakeDeviceApi : public DeviceMemoryApi {
   absl::Status WaitEvent(int device, EventHandle event) override;
   absl::StatusOr<StreamHandle> CreateStream(int device) override;
   absl::Status DestroyStream(int device, StreamHandle stream) override;
+  absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                               EventHandle event) override;
 
-  /// Runs everything queued on `stream` of `device` so far (its copies, in
-  /// order) and marks its events done.
-  void CompleteStream(int device, StreamHandle stream);
+  /// Runs what is queued on `stream` of `device` so far, in order (copies,
+  /// events become done), up to a StreamWaitEvent whose event is not done;
+  /// returns whether all of it ran.
+  bool CompleteStream(int device, StreamHandle stream);
   /// The next `n` RecordEvent calls fail with Internal.
   void FailRecordEvent(int n);
 
@@ -101,13 +107,21 @@ class FakeDeviceApi : public DeviceMemoryApi {
   std::map<std::pair<int, StreamHandle>, uint64_t> completed_
       ABSL_GUARDED_BY(mu_);
   std::map<EventHandle, Event> events_ ABSL_GUARDED_BY(mu_);
-  struct Copy {
-    void* dst;
-    const void* src;
-    size_t nbytes;
+  // One item queued on a stream: a copy (nbytes, dst, src), an event
+  // (seq > 0: done once run), or a wait for (wait_on, seq).
+  struct Op {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t nbytes = 0;
+    uint64_t seq = 0;
+    bool wait = false;
+    std::pair<int, StreamHandle> wait_on;
   };
-  std::map<std::pair<int, StreamHandle>, std::vector<Copy>> copies_
+  std::map<std::pair<int, StreamHandle>, std::vector<Op>> queues_
       ABSL_GUARDED_BY(mu_);
+  // Runs the queue of `where` (see CompleteStream).
+  bool RunQueue(std::pair<int, StreamHandle> where)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EventHandle next_event_ ABSL_GUARDED_BY(mu_) = 1;
   int fail_events_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t mallocs_ ABSL_GUARDED_BY(mu_) = 0;

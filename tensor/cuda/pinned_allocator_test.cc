@@ -362,6 +362,36 @@ TEST_F(PinnedTest, AsyncCopiesRefuseBadInputNamingIt) {
   EXPECT_EQ(api_->pinned_copies(), 0u);  // Nothing was queued.
 }
 
+TEST_F(PinnedTest, AStreamWaitHoldsLaterWorkUntilTheEventsStreamRan) {
+  absl::StatusOr<Storage> a = pinned_->Allocate(512);
+  absl::StatusOr<Storage> b = pinned_->Allocate(512);
+  absl::StatusOr<Storage> dev = alloc_->Allocate(0, 512, 1);
+  ASSERT_TRUE(a.ok() && b.ok() && dev.ok());
+  std::memset(a->data(), 0x11, 512);
+  std::memset(b->data(), 0, 512);
+  ASSERT_TRUE(api_->MemcpyAsync(0, dev->data(), a->data(), 512, 1).ok());
+  absl::StatusOr<StreamEvent> written = StreamEvent::Record(api_, 0, 1);
+  ASSERT_TRUE(written.ok());
+  ASSERT_TRUE(written->MakeStreamWait(0, 2).ok());
+  ASSERT_TRUE(api_->MemcpyAsync(0, b->data(), dev->data(), 512, 2).ok());
+  absl::StatusOr<EventHandle> read = api_->RecordEvent(0, 2);
+  ASSERT_TRUE(read.ok());
+  // Stream 2 stops at the wait: its copy has not run, its event is not done.
+  EXPECT_FALSE(api_->CompleteStream(0, 2));
+  EXPECT_EQ(static_cast<unsigned char*>(b->data())[0], 0);
+  EXPECT_EQ(api_->SynchronizeStream(0, 2).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(api_->WaitEvent(0, *read).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(api_->CompleteStream(0, 1));
+  EXPECT_TRUE(api_->CompleteStream(0, 2));
+  EXPECT_EQ(static_cast<unsigned char*>(b->data())[511], 0x11);
+  absl::StatusOr<bool> done = api_->EventDone(0, *read);
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  ASSERT_TRUE(api_->DestroyEvent(0, *read).ok());
+}
+
 TEST_F(PinnedTest, StreamEventsAreSmallMoveOnlyHandles) {
   StreamEvent none;
   absl::StatusOr<bool> d = none.Query();
