@@ -6,7 +6,8 @@
 //   allocator_bench [--cycles=10000] [--window=16] [--reps=5] [--apis=fake,cuda]
 //
 // Rows: "ferry caching" over each API (fake: host memory, so the row is the
-// allocator's bookkeeping; cuda: the real device), and the floors: host
+// allocator's bookkeeping; cuda: the real device), the pinned host
+// allocator's bookkeeping over the fake API, and the floors: host
 // aligned_alloc/free, and on a GPU cudaMalloc/cudaFree and the driver's
 // stream-ordered pool (cudaMallocAsync/cudaFreeAsync). The best of `reps`
 // runs; ns per cycle. A table, then one JSON line per figure.
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/cuda/pinned_allocator.h"
 #ifdef FERRY_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -77,18 +79,15 @@ struct Row {
   double ns;
 };
 
-double Caching(std::shared_ptr<ferry::cuda::DeviceMemoryApi> api,
-               const std::vector<size_t>& sizes, int window, int reps,
-               uint64_t* hits) {
-  auto alloc = CachingDeviceAllocator::Create(api, {});
-  if (!alloc.ok()) {
-    std::fprintf(stderr, "%s\n", alloc.status().ToString().c_str());
-    std::exit(1);
-  }
-  const double ns = NsPerCycle(
+// NsPerCycle of `allocate(n)` (a caching allocator's call returning a
+// StatusOr<Storage>), exiting on the first error.
+template <typename Allocate>
+double StorageCycles(const std::vector<size_t>& sizes, int window, int reps,
+                     Allocate allocate) {
+  return NsPerCycle(
       sizes, window, reps,
       [&](size_t n) {
-        absl::StatusOr<Storage> s = (*alloc)->Allocate(0, n, 0);
+        absl::StatusOr<Storage> s = allocate(n);
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", s.status().ToString().c_str());
           std::exit(1);
@@ -96,8 +95,43 @@ double Caching(std::shared_ptr<ferry::cuda::DeviceMemoryApi> api,
         return *std::move(s);
       },
       [](Storage& s) { s = Storage(); });
-  ferry::cuda::AllocatorStats st = (*alloc)->Stats(0);
-  *hits = st.cache_hits * 1000 / std::max<uint64_t>(st.allocations, 1);
+}
+
+// Exits naming the error unless `made` is OK.
+template <typename T>
+T Made(absl::StatusOr<T> made) {
+  if (!made.ok()) {
+    std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(made);
+}
+
+uint64_t HitPermille(const ferry::cuda::AllocatorStats& st) {
+  return st.cache_hits * 1000 / std::max<uint64_t>(st.allocations, 1);
+}
+
+double Caching(std::shared_ptr<ferry::cuda::DeviceMemoryApi> api,
+               const std::vector<size_t>& sizes, int window, int reps,
+               uint64_t* hits) {
+  auto alloc = Made(CachingDeviceAllocator::Create(api, {}));
+  const double ns = StorageCycles(sizes, window, reps, [&](size_t n) {
+    return alloc->Allocate(0, n, 0);
+  });
+  *hits = HitPermille(alloc->Stats(0));
+  return ns;
+}
+
+// The pinned host allocator on the same sequence (no copies: bookkeeping
+// and, on CUDA, cudaHostAlloc for each block the cache lacks).
+double Pinned(std::shared_ptr<ferry::cuda::DeviceMemoryApi> api,
+              const std::vector<size_t>& sizes, int window, int reps,
+              uint64_t* hits) {
+  auto alloc = Made(ferry::cuda::CachingHostAllocator::Create(api, {}));
+  const double ns = StorageCycles(sizes, window, reps, [&](size_t n) {
+    return alloc->Allocate(n);
+  });
+  *hits = HitPermille(alloc->Stats());
   return ns;
 }
 
@@ -138,6 +172,12 @@ int main(int argc, char** argv) {
                       },
                       [](void* p) { std::free(p); })});
       std::printf("# fake api: %.1f%% of allocations served from the cache\n",
+                  permille / 10.0);
+      rows.push_back({"host", "ferry pinned caching (fake api)",
+                      Pinned(std::make_shared<ferry::cuda::FakeDeviceApi>(
+                                 1, uint64_t{64} << 30),
+                             sizes, window, reps, &permille)});
+      std::printf("# fake api, pinned: %.1f%% served from the cache\n",
                   permille / 10.0);
     } else if (api == "cuda") {
 #ifdef FERRY_WITH_CUDA

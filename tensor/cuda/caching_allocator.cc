@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/common/logging.h"
+#include "ferry/tensor/cuda/stream_uses.h"
 
 namespace ferry {
 namespace cuda {
@@ -26,6 +27,13 @@ constexpr size_t kSmallLimit = size_t{1} << 20;
 constexpr size_t kMaxRequest = size_t{1} << 48;
 
 }  // namespace
+
+std::string DescribeHeldBytes(const AllocatorStats& stats, uint64_t limit) {
+  return absl::StrFormat(
+      "%d bytes in use, %d cached, %d pending, limit %s",
+      stats.allocated_bytes, stats.cached_bytes, stats.pending_bytes,
+      limit == 0 ? std::string("none") : absl::StrCat(limit));
+}
 
 size_t CachingDeviceAllocator::RoundSize(size_t nbytes) {
   if (nbytes == 0) nbytes = 1;
@@ -49,7 +57,7 @@ class CachingDeviceAllocator::State
     absl::MutexLock lock(&mu_);
     for (void* ptr : pending_) {
       Block& b = blocks_.at(ptr);
-      DestroyEvents(b);
+      b.uses.DestroyEvents(*api_);
       FreeToDevice(ptr, b).IgnoreError();
     }
     pending_.clear();
@@ -88,7 +96,7 @@ class CachingDeviceAllocator::State
         absl::StatusOr<void*> fresh = FromDevice(device, nbytes, size);
         if (!fresh.ok()) return fresh.status();
         ptr = *fresh;
-        blocks_[ptr] = Block{device, size, stream, {}, {}};
+        blocks_[ptr] = Block{device, size, stream, {}};
       }
       st.allocated_bytes += size;
       st.peak_allocated_bytes =
@@ -110,11 +118,7 @@ class CachingDeviceAllocator::State
           api_->name()));
     }
     Block& b = it->second;
-    if (stream != b.stream &&
-        std::find(b.other_streams.begin(), b.other_streams.end(), stream) ==
-            b.other_streams.end()) {
-      b.other_streams.push_back(stream);
-    }
+    if (stream != b.stream) b.uses.Add(b.device, stream);
     return absl::OkStatus();
   }
 
@@ -152,9 +156,8 @@ class CachingDeviceAllocator::State
   struct Block {
     int device;
     size_t size;
-    StreamHandle stream;                      // Allocated for.
-    std::vector<StreamHandle> other_streams;  // From RecordStream.
-    std::vector<EventHandle> events;          // While pending.
+    StreamHandle stream;  // Allocated for.
+    StreamUses uses;      // Other streams (RecordStream), events once freed.
   };
   struct FreeKey {
     int device;
@@ -192,26 +195,20 @@ class CachingDeviceAllocator::State
     Block& b = it->second;
     AllocatorStats& st = stats_[b.device];
     st.allocated_bytes -= b.size;
-    if (b.other_streams.empty()) {
+    if (!b.uses.has_uses()) {
       ToFreeList(ptr, b);
       return;
     }
-    for (StreamHandle s : b.other_streams) {
-      absl::StatusOr<EventHandle> ev = api_->RecordEvent(b.device, s);
-      if (!ev.ok()) {
-        // Cannot order the reuse: give the block back to the device, whose
-        // free waits for its work, rather than risk reusing it early.
-        FERRY_LOG(WARNING) << DeviceName(b.device)
-                           << ": caching allocator: block of " << b.size
-                           << " bytes returned to the device: "
-                           << ev.status();
-        DestroyEvents(b);
-        FreeToDevice(ptr, b).IgnoreError();
-        return;
-      }
-      b.events.push_back(*ev);
+    absl::Status recorded = b.uses.RecordEvents(*api_);
+    if (!recorded.ok()) {
+      // Cannot order the reuse: give the block back to the device, whose
+      // free waits for its work, rather than risk reusing it early.
+      FERRY_LOG(WARNING) << DeviceName(b.device)
+                         << ": caching allocator: block of " << b.size
+                         << " bytes returned to the device: " << recorded;
+      FreeToDevice(ptr, b).IgnoreError();
+      return;
     }
-    b.other_streams.clear();
     st.pending_bytes += b.size;
     pending_.push_back(ptr);
   }
@@ -226,44 +223,26 @@ class CachingDeviceAllocator::State
     std::vector<void*> still;
     for (void* ptr : pending_) {
       Block& b = blocks_.at(ptr);
-      bool done = true;
-      for (EventHandle ev : b.events) {
-        absl::StatusOr<bool> d = api_->EventDone(b.device, ev);
-        if (!d.ok()) {
-          FERRY_LOG(WARNING) << DeviceName(b.device)
-                             << ": caching allocator: event query failed ("
-                             << d.status() << "); block of " << b.size
-                             << " bytes returned to the device";
-          stats_[b.device].pending_bytes -= b.size;
-          DestroyEvents(b);
-          FreeToDevice(ptr, b).IgnoreError();
-          done = false;
-          ptr = nullptr;
-          break;
-        }
-        if (!*d) {
-          done = false;
-          break;
-        }
+      absl::StatusOr<bool> done = b.uses.EventsDone(*api_);
+      if (!done.ok()) {
+        FERRY_LOG(WARNING) << DeviceName(b.device)
+                           << ": caching allocator: event query failed ("
+                           << done.status() << "); block of " << b.size
+                           << " bytes returned to the device";
+        stats_[b.device].pending_bytes -= b.size;
+        b.uses.DestroyEvents(*api_);
+        FreeToDevice(ptr, b).IgnoreError();
+        continue;
       }
-      if (ptr == nullptr) continue;
-      if (!done) {
+      if (!*done) {
         still.push_back(ptr);
         continue;
       }
-      DestroyEvents(b);
+      b.uses.DestroyEvents(*api_);
       stats_[b.device].pending_bytes -= b.size;
       ToFreeList(ptr, b);
     }
     pending_ = std::move(still);
-  }
-
-  void DestroyEvents(Block& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (EventHandle ev : b.events) {
-      absl::Status s = api_->DestroyEvent(b.device, ev);
-      if (!s.ok()) FERRY_LOG(WARNING) << DeviceName(b.device) << ": " << s;
-    }
-    b.events.clear();
   }
 
   // Frees `ptr` (not in any list any more) and forgets it.
@@ -334,14 +313,10 @@ class CachingDeviceAllocator::State
   absl::Status OutOfMemory(int device, size_t nbytes, size_t size,
                            absl::string_view why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const AllocatorStats& st = stats_[device];
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: out of memory: requested %d bytes (block of %d): %s; %d bytes "
-        "in use, %d cached, %d pending, limit %s",
-        DeviceName(device), nbytes, size, why, st.allocated_bytes,
-        st.cached_bytes, st.pending_bytes,
-        options_.limit_bytes == 0 ? std::string("none")
-                                  : absl::StrCat(options_.limit_bytes)));
+        "%s: out of memory: requested %d bytes (block of %d): %s; %s",
+        DeviceName(device), nbytes, size, why,
+        DescribeHeldBytes(stats_[device], options_.limit_bytes)));
   }
 
   const std::shared_ptr<DeviceMemoryApi> api_;

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,10 @@ struct AllocatorStats {
   uint64_t device_frees = 0;          ///< DeviceMemoryApi::Free calls.
   uint64_t out_of_memory = 0;         ///< ResourceExhausted answers.
 };
+
+/// "B bytes in use, C cached, P pending, limit L" (L "none" when 0): the
+/// end of both caching allocators' out-of-memory messages.
+std::string DescribeHeldBytes(const AllocatorStats& stats, uint64_t limit);
 
 /// The device allocator with a cache (see the top of the file).
 class CachingDeviceAllocator {

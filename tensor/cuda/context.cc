@@ -5,11 +5,13 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 #include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/cuda_device_api.h"
@@ -74,19 +76,29 @@ absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::CreateForApi(
   }
   ASSIGN_OR_RETURN(std::unique_ptr<CachingDeviceAllocator> alloc,
                    CachingDeviceAllocator::Create(api, options.allocator));
-  return std::unique_ptr<CudaContext>(
-      new CudaContext(std::move(api), std::move(alloc), runs_kernels));
+  ASSIGN_OR_RETURN(std::unique_ptr<CachingHostAllocator> pinned,
+                   CachingHostAllocator::Create(api, options.pinned));
+  return std::unique_ptr<CudaContext>(new CudaContext(
+      std::move(api), std::move(alloc), std::move(pinned), runs_kernels));
 }
 
 CudaContext::CudaContext(std::shared_ptr<DeviceMemoryApi> api,
                          std::unique_ptr<CachingDeviceAllocator> alloc,
+                         std::unique_ptr<CachingHostAllocator> pinned,
                          bool runs_kernels)
     : api_(std::move(api)), alloc_(std::move(alloc)),
+      pinned_(std::move(pinned)),
+      streams_(static_cast<size_t>(std::max(api_->DeviceCount(), 0))),
       runs_kernels_(runs_kernels) {}
 
 CudaContext::~CudaContext() {
   if (compute_ != nullptr) compute_->Detach();
   absl::MutexLock lock(&mu_);
+  for (const auto& [device, s] : owned_streams_) {
+    absl::Status done = api_->SynchronizeStream(device, s);
+    done.Update(api_->DestroyStream(device, s));
+    if (!done.ok()) FERRY_LOG(WARNING) << "CudaContext: " << done;
+  }
   for (auto& [device, handle] : cublas_) {
     int previous = 0;
     cudaGetDevice(&previous);
@@ -139,20 +151,65 @@ absl::StatusOr<CudaContext*> ContextBoundOps::Context(const char* op) const {
   return ctx_;
 }
 
-absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device) {
+StreamHandle CudaContext::stream(int device) const {
+  if (device < 0 || device >= static_cast<int>(streams_.size())) return 0;
+  return streams_[device].load(std::memory_order_acquire);
+}
+
+absl::Status CudaContext::SetStream(Device device, StreamHandle stream) {
+  RETURN_IF_ERROR(CheckCudaDevice("SetStream", device));
+  streams_[device.index].store(stream, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> CudaContext::NewStream(Device device) {
+  RETURN_IF_ERROR(CheckCudaDevice("NewStream", device));
+  ASSIGN_OR_RETURN(StreamHandle s, api_->CreateStream(device.index));
+  absl::MutexLock lock(&mu_);
+  owned_streams_.emplace_back(device.index, s);
+  return s;
+}
+
+absl::StatusOr<StreamEvent> CudaContext::RecordEvent(Device device) {
+  RETURN_IF_ERROR(CheckCudaDevice("RecordEvent", device));
+  return StreamEvent::Record(api_, device.index, stream(device.index));
+}
+
+absl::Status CudaContext::StreamWait(Device device, const StreamEvent& event) {
+  RETURN_IF_ERROR(CheckCudaDevice("StreamWait", device));
+  return event.MakeStreamWait(device.index, stream(device.index));
+}
+
+absl::StatusOr<Tensor> CudaContext::To(const Tensor& t, Device device,
+                                       bool non_blocking) {
   if (!t.defined()) return absl::InvalidArgumentError("To: undefined tensor");
   if (device.is_cuda()) RETURN_IF_ERROR(CheckCudaDevice("To", device));
   if (t.device().is_cuda()) RETURN_IF_ERROR(CheckCudaDevice("To", t.device()));
   if (t.device() == device) return t;
   Tensor host = t;
   if (t.device().is_cuda()) {
-    ASSIGN_OR_RETURN(host,
-                     CopyToHost(t, stream(t.device().index), *api_));
-    if (device.is_cpu()) return host;
+    const StreamHandle from = stream(t.device().index);
+    if (non_blocking) {
+      ASSIGN_OR_RETURN(AsyncCopy c,
+                       CopyToHostAsync(t, from, *alloc_, *pinned_));
+      if (device.is_cpu()) return std::move(c.tensor);
+      // The second half, on another device's stream, reads the pinned bytes
+      // after the first half wrote them.
+      RETURN_IF_ERROR(StreamWait(device, c.done));
+      host = std::move(c.tensor);
+    } else {
+      ASSIGN_OR_RETURN(host, CopyToHost(t, from, *api_));
+      if (device.is_cpu()) return host;
+    }
   }
-  ASSIGN_OR_RETURN(Tensor out, CopyToDevice(host, device.index,
-                                            stream(device.index), *alloc_,
-                                            *api_));
+  const StreamHandle to = stream(device.index);
+  if (non_blocking) {
+    ASSIGN_OR_RETURN(AsyncCopy c, CopyToDeviceAsync(host, device.index, to,
+                                                    *alloc_, *pinned_));
+    return Attach(std::move(c.tensor));
+  }
+  ASSIGN_OR_RETURN(Tensor out,
+                   CopyToDevice(host, device.index, to, *alloc_, *api_));
   return Attach(std::move(out));
 }
 
@@ -184,10 +241,6 @@ absl::StatusOr<void*> CudaContext::CublasHandle(int device) {
   cudaSetDevice(device);
   cublasHandle_t handle = nullptr;
   cublasStatus_t st = blas_->create(&handle);
-  if (st == CUBLAS_STATUS_SUCCESS) {
-    st = blas_->set_stream(handle,
-                           reinterpret_cast<cudaStream_t>(stream(device)));
-  }
   cudaSetDevice(previous);
   if (st != CUBLAS_STATUS_SUCCESS) {
     if (handle != nullptr) blas_->destroy(handle);
@@ -208,11 +261,10 @@ absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
         absl::StrCat("Gemm: batch ", batch, " is not positive"));
   }
   ASSIGN_OR_RETURN(void* h, CublasHandle(device));
-  const Blas* blas;
-  {
-    absl::MutexLock lock(&mu_);
-    blas = blas_.get();  // Set once, never replaced while *this lives.
-  }
+  // Held for the call: the handle is bound to the current stream, which
+  // another thread may have changed since.
+  absl::MutexLock lock(&mu_);
+  const Blas* blas = blas_.get();  // Set once, never replaced.
   int previous = 0;
   cudaGetDevice(&previous);
   cudaSetDevice(device);
@@ -221,7 +273,13 @@ absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
   const cublasOperation_t opa = transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasHandle_t handle = static_cast<cublasHandle_t>(h);
-  cublasStatus_t st;
+  cublasStatus_t st = blas->set_stream(
+      handle, reinterpret_cast<cudaStream_t>(stream(device)));
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cudaSetDevice(previous);
+    return absl::InternalError(absl::StrCat("cublasSetStream on cuda:", device,
+                                            ": ", blas->status_string(st)));
+  }
   const int64_t stride_c = static_cast<int64_t>(m) * n;
   if (dtype == DType::kFloat64 && batch > 1) {
     const double one = 1, zero = 0;

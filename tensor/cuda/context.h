@@ -1,6 +1,7 @@
 // CudaContext: what device tensors and the CUDA ops (ops.h) need, owned by
 // one explicit object the program creates and passes around: the device
-// API, one CachingDeviceAllocator serving every device, and cuBLAS (loaded
+// API, one CachingDeviceAllocator serving every device, a pinned
+// CachingHostAllocator for asynchronous copies, and cuBLAS (loaded
 // with dlopen on the first Gemm, so binaries run where only the driver and
 // cudart are: then Gemm is FailedPrecondition naming the library; one
 // handle per device). There is no process-wide instance: a
@@ -9,20 +10,24 @@
 // tensors or queued work is. Device tensors' storage keeps the allocator's
 // state alive on its own (caching_allocator.h).
 //
-// Streams: every op and copy runs on the device's legacy default stream
-// (handle 0) for now, so work on one device is ordered; multi-stream work
-// and events across streams are not built yet.
+// Streams: each device has a current stream (the legacy default stream, 0,
+// until SetStream; NewStream makes streams the context owns), on which ops,
+// copies and Gemm are queued, so work on one stream is ordered. Across
+// streams the caller orders work (RecordEvent, then StreamWait on the
+// device or Wait on the host) and calls allocator().RecordStream for a
+// tensor one stream made and another uses, as for copy.h.
 //
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
 // naming it and the count; copies report as copy.h.
-// Thread safety: every method may be called from any thread (cuBLAS and
-// its handles are set up under an annotated mutex; a handle stays bound to
-// stream 0, and cuBLAS allows one handle on several threads then).
+// Thread safety: every method may be called from any thread (cuBLAS, its
+// handles and the owned streams are under an annotated mutex; Gemm binds a
+// handle to the current stream and calls it under that mutex).
 // Design: docs/design/cuda_kernels.md.
 #ifndef FERRY_TENSOR_CUDA_CONTEXT_H_
 #define FERRY_TENSOR_CUDA_CONTEXT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +40,8 @@
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/device_api.h"
 #include "ferry/tensor/cuda/device_ops.h"
+#include "ferry/tensor/cuda/event.h"
+#include "ferry/tensor/cuda/pinned_allocator.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry {
@@ -46,6 +53,7 @@ class CudaContext {
   /// Configuration.
   struct Options {
     CachingDeviceAllocator::Options allocator;  ///< Limits of the cache.
+    CachingHostAllocator::Options pinned;  ///< Limit of the pinned cache.
   };
   /// A context over the CUDA runtime's visible devices.
   static absl::StatusOr<std::unique_ptr<CudaContext>> Create(Options options);
@@ -63,8 +71,24 @@ class CudaContext {
   bool runs_kernels() const { return runs_kernels_; }  ///< See CreateForApi.
   DeviceMemoryApi& api() { return *api_; }  ///< The device calls.
   CachingDeviceAllocator& allocator() { return *alloc_; }  ///< The cache.
-  /// The stream work on `device` is queued on (0: see the top).
-  StreamHandle stream(int /*device*/) const { return 0; }
+  /// Pinned host memory for asynchronous copies.
+  CachingHostAllocator& pinned() { return *pinned_; }
+  /// The current stream of `device`, which work on it is queued on (0, the
+  /// legacy default stream, unless SetStream chose another; 0 for an index
+  /// out of range).
+  StreamHandle stream(int device) const;
+  /// Makes `stream` (0, or a stream of that device) the current stream of
+  /// `device` for work queued from now on (see the top for ordering).
+  absl::Status SetStream(Device device, StreamHandle stream);
+  /// A new stream of `device`, owned by the context (destroyed, after its
+  /// work, when the context is).
+  absl::StatusOr<StreamHandle> NewStream(Device device)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// An event after the work queued so far on `device`'s current stream.
+  absl::StatusOr<StreamEvent> RecordEvent(Device device);
+  /// Makes work queued later on `device`'s current stream wait, on the
+  /// device, for `event` (from any device or stream); the host goes on.
+  absl::Status StreamWait(Device device, const StreamEvent& event);
 
   /// OK if `device` is CUDA with an index below device_count(), else
   /// InvalidArgument naming `op`, the device and the count.
@@ -73,9 +97,15 @@ class CudaContext {
   absl::StatusOr<Tensor> Empty(const std::vector<int64_t>& sizes, DType dtype,
                                Device device);
   /// `t` on `device`: `t` itself when it is there already, else a
-  /// contiguous copy (CPU->CUDA, CUDA->CPU, or CUDA->CUDA through the host);
-  /// returns once the copy is done (copy.h).
-  absl::StatusOr<Tensor> To(const Tensor& t, Device device);
+  /// contiguous copy (CPU->CUDA, CUDA->CPU, or CUDA->CUDA through the host)
+  /// on the devices' current streams. Blocking: returns once the copy is
+  /// done (copy.h). With `non_blocking`, returns once it is queued, staged
+  /// through pinned memory: device work queued later on that stream sees
+  /// the bytes; a CPU result is pinned and readable after Synchronize(the
+  /// source device) or a RecordEvent's Wait; CUDA->CUDA queues the second
+  /// half behind a device-side wait for the first.
+  absl::StatusOr<Tensor> To(const Tensor& t, Device device,
+                            bool non_blocking = false);
   /// Waits for the work queued on `device` so far.
   absl::Status Synchronize(Device device);
   /// Makes `ops` the backend recorded in every device storage this context
@@ -99,10 +129,14 @@ class CudaContext {
 
  private:
   CudaContext(std::shared_ptr<DeviceMemoryApi> api,
-              std::unique_ptr<CachingDeviceAllocator> alloc, bool runs_kernels);
+              std::unique_ptr<CachingDeviceAllocator> alloc,
+              std::unique_ptr<CachingHostAllocator> pinned, bool runs_kernels);
 
   const std::shared_ptr<DeviceMemoryApi> api_;
   const std::unique_ptr<CachingDeviceAllocator> alloc_;
+  const std::unique_ptr<CachingHostAllocator> pinned_;
+  // Current stream per device (read on every launch, hence atomics).
+  std::vector<std::atomic<StreamHandle>> streams_;
   const bool runs_kernels_;
   std::shared_ptr<DeviceOps> compute_;
   // `t` over the same bytes with compute_ recorded in its storage.
@@ -115,6 +149,8 @@ class CudaContext {
   std::unique_ptr<Blas> blas_ ABSL_GUARDED_BY(mu_);
   absl::Status blas_error_ ABSL_GUARDED_BY(mu_);  // Why loading failed.
   std::map<int, void*> cublas_ ABSL_GUARDED_BY(mu_);
+  // Streams from NewStream: (device, stream).
+  std::vector<std::pair<int, StreamHandle>> owned_streams_ ABSL_GUARDED_BY(mu_);
 };
 
 /// Base of backends bound to one context: holds the context pointer under a

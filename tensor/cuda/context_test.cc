@@ -21,10 +21,12 @@ class ContextTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<CudaContext>> c = CudaContext::CreateForApi(
-        std::make_shared<FakeDeviceApi>(2, 1 << 20), {}, /*runs_kernels=*/false);
+        api_, {}, /*runs_kernels=*/false);
     ASSERT_TRUE(c.ok()) << c.status();
     ctx_ = *std::move(c);
   }
+  std::shared_ptr<FakeDeviceApi> api_ =
+      std::make_shared<FakeDeviceApi>(2, 1 << 20);
   std::unique_ptr<CudaContext> ctx_;
 };
 
@@ -112,6 +114,74 @@ TEST_F(ContextTest, OpsCheckDevicesAndDtypesBeforeLaunching) {
                        d0.data_ptr(), 1, d0.data_ptr(), 1, d0.data_ptr())
                 .code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ContextTest, EachDeviceHasACurrentStream) {
+  EXPECT_EQ(ctx_->stream(0), 0u);
+  absl::StatusOr<StreamHandle> s = ctx_->NewStream(Device::CUDA(1));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(*s, 0u);
+  EXPECT_EQ(api_->live_streams(), 1u);
+  ASSERT_TRUE(ctx_->SetStream(Device::CUDA(1), *s).ok());
+  EXPECT_EQ(ctx_->stream(1), *s);
+  EXPECT_EQ(ctx_->stream(0), 0u);  // Per device.
+  // Work on device 1 goes to its current stream: a non-blocking copy runs
+  // when that stream does, and not with the default stream.
+  Tensor x = arange(0.0, 64.0, 1.0, DType::kFloat32);
+  absl::StatusOr<Tensor> d = ctx_->To(x, Device::CUDA(1), /*non_blocking=*/true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<StreamEvent> ev = ctx_->RecordEvent(Device::CUDA(1));
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  api_->CompleteStream(1, 0);
+  absl::StatusOr<bool> done = ev->Query();
+  ASSERT_TRUE(done.ok());
+  EXPECT_FALSE(*done);
+  api_->CompleteStream(1, *s);
+  done = ev->Query();
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  absl::StatusOr<Tensor> back = ctx_->To(*d, Device::CPU());
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->equal(x));
+  EXPECT_EQ(ctx_->SetStream(Device::CUDA(2), *s).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ctx_->NewStream(Device::CPU()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ctx_.reset();  // Destroys the streams it made.
+  EXPECT_EQ(api_->live_streams(), 0u);
+}
+
+TEST_F(ContextTest, NonBlockingCopiesGoThroughPinnedMemory) {
+  Tensor x = randn({16, 8}, 3);
+  absl::StatusOr<Tensor> d0 = ctx_->To(x, Device::CUDA(0), true);
+  ASSERT_TRUE(d0.ok()) << d0.status();
+  EXPECT_EQ(d0->device(), Device::CUDA(0));
+  EXPECT_EQ(api_->pinned_copies(), 1u);
+  EXPECT_GT(ctx_->pinned().Stats().pending_bytes, 0u);  // Staged, queued.
+  // To the CPU without waiting: a pinned tensor, filled once the stream ran.
+  absl::StatusOr<Tensor> h = ctx_->To(*d0, Device::CPU(), true);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_TRUE(api_->IsPinned(h->data_ptr()));
+  EXPECT_EQ(api_->pinned_copies(), 2u);
+  ASSERT_TRUE(ctx_->Synchronize(Device::CUDA(0)).ok());
+  EXPECT_TRUE(h->equal(x));
+  // Device to device: the second half waits on the device for the first,
+  // so cuda:1's stream cannot finish before cuda:0's (the fake says so
+  // where CUDA would wait).
+  absl::StatusOr<Tensor> d1 = ctx_->To(*d0, Device::CUDA(1), true);
+  ASSERT_TRUE(d1.ok()) << d1.status();
+  EXPECT_EQ(ctx_->Synchronize(Device::CUDA(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(ctx_->Synchronize(Device::CUDA(0)).ok());
+  ASSERT_TRUE(ctx_->Synchronize(Device::CUDA(1)).ok());
+  absl::StatusOr<Tensor> back = ctx_->To(*d1, Device::CPU());
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(back->equal(x));
+  // The staging block's release recorded events after the streams ran; the
+  // fake marks them done when the streams are completed again.
+  ASSERT_TRUE(ctx_->Synchronize(Device::CUDA(0)).ok());
+  ASSERT_TRUE(ctx_->Synchronize(Device::CUDA(1)).ok());
+  EXPECT_EQ(ctx_->pinned().Stats().pending_bytes, 0u);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "ferry/tensor/cuda/copy.h"
 
+#include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,20 +17,42 @@ std::string Describe(const Tensor& t) {
                       "] on ", t.device().ToString());
 }
 
+absl::Status CheckHostSource(const char* op, const Tensor& src,
+                             absl::string_view api, int device) {
+  if (!src.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": undefined tensor"));
+  }
+  if (!src.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, " to ", api, ":", device, ": the source is a ", Describe(src),
+        ", not on cpu"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDeviceSource(const char* op, const Tensor& src) {
+  if (!src.defined()) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": undefined tensor"));
+  }
+  if (!src.device().is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the source is a ", Describe(src), ", not a device tensor"));
+  }
+  if (!src.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the source, a ", Describe(src),
+        ", is not contiguous (no device kernel compacts it yet)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Tensor> CopyToDevice(const Tensor& src, int device,
                                     StreamHandle stream,
                                     CachingDeviceAllocator& alloc,
                                     DeviceMemoryApi& api) {
-  if (!src.defined()) {
-    return absl::InvalidArgumentError("CopyToDevice: undefined tensor");
-  }
-  if (!src.device().is_cpu()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyToDevice to ", api.name(), ":", device, ": the source is a ",
-        Describe(src), ", not on cpu"));
-  }
+  RETURN_IF_ERROR(CheckHostSource("CopyToDevice", src, api.name(), device));
   const Tensor host = src.contiguous();
   ASSIGN_OR_RETURN(Storage storage,
                    alloc.Allocate(device, host.nbytes(), stream));
@@ -41,24 +65,69 @@ absl::StatusOr<Tensor> CopyToDevice(const Tensor& src, int device,
 
 absl::StatusOr<Tensor> CopyToHost(const Tensor& src, StreamHandle stream,
                                   DeviceMemoryApi& api) {
-  if (!src.defined()) {
-    return absl::InvalidArgumentError("CopyToHost: undefined tensor");
-  }
-  if (!src.device().is_cuda()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyToHost: the source is a ", Describe(src), ", not a device tensor"));
-  }
-  if (!src.is_contiguous()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyToHost: the source, a ", Describe(src),
-        ", is not contiguous (no device kernel compacts it yet)"));
-  }
+  RETURN_IF_ERROR(CheckDeviceSource("CopyToHost", src));
   const int device = src.device().index;
   ASSIGN_OR_RETURN(Tensor out, Tensor::TryEmpty(src.sizes(), src.dtype()));
   RETURN_IF_ERROR(api.MemcpyAsync(device, out.data_ptr(), src.data_ptr(),
                                   src.nbytes(), stream));
   RETURN_IF_ERROR(api.SynchronizeStream(device, stream));
   return out;
+}
+
+absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
+                                            StreamHandle stream,
+                                            CachingDeviceAllocator& alloc,
+                                            CachingHostAllocator& pinned) {
+  DeviceMemoryApi& api = *pinned.api();
+  RETURN_IF_ERROR(
+      CheckHostSource("CopyToDeviceAsync", src, api.name(), device));
+  RETURN_IF_ERROR(CheckDevice(api, device));
+  const Tensor host = src.contiguous();
+  const size_t nbytes = host.nbytes();
+  // The host side: `host` itself when it is pinned here, else a staged copy.
+  Storage staged = host.storage();
+  const void* from = host.data_ptr();
+  if (!pinned.IsPinned(staged)) {
+    ASSIGN_OR_RETURN(staged, pinned.Allocate(nbytes));
+    if (nbytes > 0) std::memcpy(staged.data(), host.data_ptr(), nbytes);
+    from = staged.data();
+  }
+  ASSIGN_OR_RETURN(Storage storage, alloc.Allocate(device, nbytes, stream));
+  RETURN_IF_ERROR(pinned.RecordStream(staged, device, stream));
+  RETURN_IF_ERROR(api.MemcpyAsync(device, storage.data(), from, nbytes, stream));
+  ASSIGN_OR_RETURN(StreamEvent done,
+                   StreamEvent::Record(pinned.api(), device, stream));
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::FromStorage(std::move(storage), host.dtype(),
+                                       host.sizes(),
+                                       ContiguousStrides(host.sizes())));
+  return AsyncCopy{std::move(out), std::move(done)};
+}
+
+absl::StatusOr<AsyncCopy> CopyToHostAsync(const Tensor& src,
+                                          StreamHandle stream,
+                                          CachingDeviceAllocator& alloc,
+                                          CachingHostAllocator& pinned) {
+  RETURN_IF_ERROR(CheckDeviceSource("CopyToHostAsync", src));
+  const int device = src.device().index;
+  DeviceMemoryApi& api = *pinned.api();
+  RETURN_IF_ERROR(CheckDevice(api, device));
+  // The device block may belong to another stream: order its reuse too.
+  absl::Status recorded = alloc.RecordStream(src.storage(), stream);
+  if (!recorded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyToHostAsync: the source, a ", Describe(src),
+        ", is not from the given device allocator: ", recorded.message()));
+  }
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::TryEmpty(src.sizes(), src.dtype(),
+                                    pinned.allocator()));
+  RETURN_IF_ERROR(pinned.RecordStream(out.storage(), device, stream));
+  RETURN_IF_ERROR(api.MemcpyAsync(device, out.data_ptr(), src.data_ptr(),
+                                  src.nbytes(), stream));
+  ASSIGN_OR_RETURN(StreamEvent done,
+                   StreamEvent::Record(pinned.api(), device, stream));
+  return AsyncCopy{std::move(out), std::move(done)};
 }
 
 }  // namespace cuda

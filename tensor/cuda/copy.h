@@ -1,19 +1,27 @@
 // Copies between CPU tensors and device memory, through a DeviceMemoryApi
-// and a CachingDeviceAllocator (what `Tensor::to(device)` will call).
+// and a CachingDeviceAllocator (what CudaContext::To calls).
 //
-// Ordering: each copy is queued on the caller's stream, after the work
-// already there, and both calls return once the copy has run: CopyToDevice
-// because the source may be pageable memory the caller reuses at once,
-// CopyToHost because the caller reads the result. Work queued later on the
-// same stream sees the device bytes; another stream must wait for an event
-// (and CachingDeviceAllocator::RecordStream the storage). Asynchronous
-// copies from pinned host memory, returning an event, are not built yet.
+// Synchronous (CopyToDevice, CopyToHost): queued on the caller's stream,
+// after the work already there; they return once the copy has run, since
+// the source may be pageable memory the caller reuses at once.
+// Asynchronous (CopyToDeviceAsync, CopyToHostAsync): the host side is a
+// pinned block from a CachingHostAllocator (a pageable source is first
+// copied into one on the calling thread; a pinned source is read in place,
+// so it must not be written before the event is done);
+// the copy is queued on `stream` and the call returns at once with a
+// StreamEvent recorded after it. The pinned block (or pinned source) and
+// the device storage are declared to their allocators (RecordStream), so
+// neither is reused before the copy ran, even if the caller drops the
+// tensors and the event at once. Work queued later on the same stream sees
+// the bytes; a host reader waits for the event first.
 //
 // Errors: InvalidArgument naming the op, the devices and the shape for an
 // undefined tensor, a source on the wrong kind of device, or a device tensor
-// that is not contiguous (no device kernel can compact it yet); allocation
-// and copy failures come from the allocator and the API, naming the device.
-// Thread safety: as the allocator and the API (any thread).
+// that is not contiguous (no device kernel can compact it yet) or not from
+// `alloc`; allocation and copy failures come from the allocators and the
+// API, naming the device. Nothing is queued when an error is returned
+// before the copy, and after it the error comes from recording the event.
+// Thread safety: as the allocators and the API (any thread).
 // Design: docs/design/cuda_allocator.md.
 #ifndef FERRY_TENSOR_CUDA_COPY_H_
 #define FERRY_TENSOR_CUDA_COPY_H_
@@ -21,6 +29,8 @@
 #include "absl/status/statusor.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/event.h"
+#include "ferry/tensor/cuda/pinned_allocator.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry {
@@ -37,6 +47,29 @@ absl::StatusOr<Tensor> CopyToDevice(const Tensor& src, int device,
 /// read by a copy queued on `stream` (see the top).
 absl::StatusOr<Tensor> CopyToHost(const Tensor& src, StreamHandle stream,
                                   DeviceMemoryApi& api);
+
+/// A tensor whose bytes an asynchronous copy writes, and the event after it.
+struct AsyncCopy {
+  Tensor tensor;     ///< Readable on the host once `done` is done.
+  StreamEvent done;  ///< Recorded after the copy on the caller's stream.
+};
+
+/// A contiguous copy of CPU tensor `src` on `device`, allocated from `alloc`
+/// for `stream`; staged through `pinned` (unless `src` is pinned there) and
+/// queued on `stream` without waiting (see the top). `pinned` and `alloc`
+/// must be over the same API.
+absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
+                                            StreamHandle stream,
+                                            CachingDeviceAllocator& alloc,
+                                            CachingHostAllocator& pinned);
+
+/// A new CPU tensor in pinned memory from `pinned` that a copy queued on
+/// `stream` fills with the elements of contiguous device tensor `src`
+/// (whose storage is from `alloc`); returns without waiting (see the top).
+absl::StatusOr<AsyncCopy> CopyToHostAsync(const Tensor& src,
+                                          StreamHandle stream,
+                                          CachingDeviceAllocator& alloc,
+                                          CachingHostAllocator& pinned);
 
 }  // namespace cuda
 }  // namespace ferry

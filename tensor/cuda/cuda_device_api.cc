@@ -22,12 +22,16 @@ absl::Status Failed(cudaError_t err, int device, absl::string_view call) {
   return absl::InternalError(msg);
 }
 
-// Makes `device` current for the scope and restores the previous one.
+// Checks `device` against `api`, makes it current for the scope and
+// restores the previous one; status() says why not.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
+  DeviceScope(const DeviceMemoryApi& api, int device)
+      : status_(CheckDevice(api, device)) {
+    if (!status_.ok()) return;
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    status_ = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+    cudaError_t err = previous_ == device ? cudaSuccess : cudaSetDevice(device);
+    if (err != cudaSuccess) status_ = Failed(err, device, "cudaSetDevice");
   }
   ~DeviceScope() {
     int now = -1;
@@ -36,11 +40,11 @@ class DeviceScope {
       cudaSetDevice(previous_);
     }
   }
-  cudaError_t status() const { return status_; }
+  const absl::Status& status() const { return status_; }
 
  private:
+  absl::Status status_;
   int previous_ = -1;
-  cudaError_t status_ = cudaSuccess;
 };
 
 }  // namespace
@@ -62,12 +66,8 @@ absl::StatusOr<std::shared_ptr<CudaDeviceApi>> CudaDeviceApi::Create() {
 }
 
 absl::StatusOr<void*> CudaDeviceApi::Malloc(int device, size_t nbytes) {
-  absl::Status valid = CheckDevice(*this, device);
-  if (!valid.ok()) return valid;
-  DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Failed(scope.status(), device, "cudaSetDevice");
-  }
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, nbytes);
   if (err != cudaSuccess) {
@@ -78,12 +78,8 @@ absl::StatusOr<void*> CudaDeviceApi::Malloc(int device, size_t nbytes) {
 }
 
 absl::Status CudaDeviceApi::Free(int device, void* ptr) {
-  absl::Status valid = CheckDevice(*this, device);
-  if (!valid.ok()) return valid;
-  DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Failed(scope.status(), device, "cudaSetDevice");
-  }
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
   cudaError_t err = cudaFree(ptr);
   if (err != cudaSuccess) {
     return Failed(err, device, absl::StrFormat("cudaFree(%p)", ptr));
@@ -93,12 +89,8 @@ absl::Status CudaDeviceApi::Free(int device, void* ptr) {
 
 absl::StatusOr<EventHandle> CudaDeviceApi::RecordEvent(int device,
                                                        StreamHandle stream) {
-  absl::Status valid = CheckDevice(*this, device);
-  if (!valid.ok()) return valid;
-  DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Failed(scope.status(), device, "cudaSetDevice");
-  }
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
   cudaEvent_t ev = nullptr;
   cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
   if (err != cudaSuccess) return Failed(err, device, "cudaEventCreate");
@@ -129,12 +121,8 @@ absl::Status CudaDeviceApi::DestroyEvent(int device, EventHandle event) {
 
 absl::Status CudaDeviceApi::MemcpyAsync(int device, void* dst, const void* src,
                                         size_t nbytes, StreamHandle stream) {
-  absl::Status valid = CheckDevice(*this, device);
-  if (!valid.ok()) return valid;
-  DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Failed(scope.status(), device, "cudaSetDevice");
-  }
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
   cudaError_t err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault,
                                     reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
@@ -146,15 +134,80 @@ absl::Status CudaDeviceApi::MemcpyAsync(int device, void* dst, const void* src,
 
 absl::Status CudaDeviceApi::SynchronizeStream(int device,
                                               StreamHandle stream) {
-  absl::Status valid = CheckDevice(*this, device);
-  if (!valid.ok()) return valid;
-  DeviceScope scope(device);
-  if (scope.status() != cudaSuccess) {
-    return Failed(scope.status(), device, "cudaSetDevice");
-  }
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
   cudaError_t err =
       cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) return Failed(err, device, "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> CudaDeviceApi::HostAlloc(size_t nbytes) {
+  if (nbytes == 0) {
+    return absl::InvalidArgumentError("cuda:host: HostAlloc of 0 bytes");
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // Out of memory is not sticky: clear it.
+    const std::string msg =
+        absl::StrCat("cuda:host: cudaHostAlloc of ", nbytes, " bytes: ",
+                     cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+    if (err == cudaErrorMemoryAllocation) {
+      return absl::ResourceExhaustedError(msg);
+    }
+    return absl::InternalError(msg);
+  }
+  return p;
+}
+
+absl::Status CudaDeviceApi::HostFree(void* ptr) {
+  cudaError_t err = cudaFreeHost(ptr);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrFormat(
+        "cuda:host: cudaFreeHost(%p): %s (%s)", ptr, cudaGetErrorName(err),
+        cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceApi::WaitEvent(int device, EventHandle event) {
+  absl::Status valid = CheckDevice(*this, device);
+  if (!valid.ok()) return valid;
+  cudaError_t err = cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(event));
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventSynchronize");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StreamHandle> CudaDeviceApi::CreateStream(int device) {
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
+  cudaStream_t s = nullptr;
+  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamCreate");
+  return reinterpret_cast<StreamHandle>(s);
+}
+
+absl::Status CudaDeviceApi::DestroyStream(int device, StreamHandle stream) {
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
+  if (stream == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda:", device, ": DestroyStream of the default stream"));
+  }
+  cudaError_t err = cudaStreamDestroy(reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamDestroy");
+  return absl::OkStatus();
+}
+
+absl::Status CudaDeviceApi::StreamWaitEvent(int device, StreamHandle stream,
+                                            EventHandle event) {
+  DeviceScope scope(*this, device);
+  if (!scope.status().ok()) return scope.status();
+  cudaError_t err =
+      cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream),
+                          reinterpret_cast<cudaEvent_t>(event), 0);
+  if (err != cudaSuccess) return Failed(err, device, "cudaStreamWaitEvent");
   return absl::OkStatus();
 }
 

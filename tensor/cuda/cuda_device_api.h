@@ -6,7 +6,9 @@
 // Without a driver or a visible device, Create answers FailedPrecondition
 // naming the CUDA error, so callers (and tests, which skip) report it cleanly.
 // Out of memory is ResourceExhausted naming the device and the size; other
-// CUDA errors name the call and CUDA's message.
+// CUDA errors name the call and CUDA's message. Pinned host memory is
+// cudaHostAlloc(portable), so copies on every device may use it; its errors
+// name "cuda:host".
 //
 // Thread safety: every call may be made from any thread; each sets the
 // device it needs and restores the thread's current device before it
@@ -40,6 +42,13 @@ class CudaDeviceApi : public DeviceMemoryApi {
   absl::Status MemcpyAsync(int device, void* dst, const void* src,
                            size_t nbytes, StreamHandle stream) override;
   absl::Status SynchronizeStream(int device, StreamHandle stream) override;
+  absl::StatusOr<void*> HostAlloc(size_t nbytes) override;
+  absl::Status HostFree(void* ptr) override;
+  absl::Status WaitEvent(int device, EventHandle event) override;
+  absl::StatusOr<StreamHandle> CreateStream(int device) override;
+  absl::Status DestroyStream(int device, StreamHandle stream) override;
+  absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                               EventHandle event) override;
 
  private:
   explicit CudaDeviceApi(int devices) : devices_(devices) {}

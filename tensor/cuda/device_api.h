@@ -61,6 +61,30 @@ class DeviceMemoryApi {
                                    size_t nbytes, StreamHandle stream) = 0;
   /// Returns once the work queued on `stream` so far has finished.
   virtual absl::Status SynchronizeStream(int device, StreamHandle stream) = 0;
+
+  // Pinned host memory (and the stream and event calls its asynchronous
+  // copies need: copy.h, pinned_allocator.h).
+  /// `nbytes` (> 0) page-locked host bytes, aligned to at least 256, that
+  /// copies queued on any device's streams may read or write without the
+  /// driver staging them (cudaHostAlloc, portable). Out of memory is
+  /// ResourceExhausted naming the size.
+  virtual absl::StatusOr<void*> HostAlloc(size_t nbytes) = 0;
+  /// Returns memory from HostAlloc. Copies queued on it must have run: the
+  /// caller orders the release, as for Free.
+  virtual absl::Status HostFree(void* ptr) = 0;
+  /// Returns once the work queued before `event` (recorded on `device` by
+  /// RecordEvent) has finished; the event stays valid.
+  virtual absl::Status WaitEvent(int device, EventHandle event) = 0;
+  /// A new stream of `device` that does not wait for the default stream;
+  /// the caller releases it with DestroyStream.
+  virtual absl::StatusOr<StreamHandle> CreateStream(int device) = 0;
+  /// Releases `stream` from CreateStream (its queued work still runs).
+  virtual absl::Status DestroyStream(int device, StreamHandle stream) = 0;
+  /// Work queued on `stream` of `device` after this call waits, on the
+  /// device, for the work before `event` (recorded on any device); the host
+  /// does not wait.
+  virtual absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                                       EventHandle event) = 0;
 };
 
 /// OK if 0 <= device < api.DeviceCount(); else InvalidArgument naming both.

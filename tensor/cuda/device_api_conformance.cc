@@ -1,6 +1,7 @@
 #include "ferry/tensor/cuda/device_api_conformance.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -8,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/copy.h"
+#include "ferry/tensor/cuda/event.h"
+#include "ferry/tensor/cuda/pinned_allocator.h"
 #include "ferry/tensor/tensor.h"
 #include "gmock/gmock.h"
 
@@ -212,6 +215,163 @@ TEST_P(DeviceApiConformanceTest, TensorsRoundTripThroughTheDevice) {
   absl::StatusOr<Tensor> strided = CopyToHost(dev->transpose(0, 1), *s, api);
   EXPECT_TRUE(absl::IsInvalidArgument(strided.status()));
   EXPECT_THAT(strided.status().message(), HasSubstr("not contiguous"));
+}
+
+std::unique_ptr<CachingHostAllocator> NewPinned(DeviceApiFixture& f,
+                                                uint64_t limit = 0) {
+  absl::StatusOr<std::unique_ptr<CachingHostAllocator>> a =
+      CachingHostAllocator::Create(f.api(), {.limit_bytes = limit});
+  EXPECT_TRUE(a.ok()) << a.status();
+  return a.ok() ? std::move(*a) : nullptr;
+}
+
+TEST_P(DeviceApiConformanceTest, PinnedHostMemoryIsAlignedWritableAndFreeable) {
+  DeviceMemoryApi& api = *fixture_->api();
+  for (size_t n : {size_t{1}, size_t{4096}, (size_t{2} << 20) + 3}) {
+    absl::StatusOr<void*> p = api.HostAlloc(n);
+    ASSERT_TRUE(p.ok()) << n << ": " << p.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % 256, 0u) << n;
+    static_cast<char*>(*p)[0] = 1;
+    static_cast<char*>(*p)[n - 1] = 2;
+    EXPECT_TRUE(api.HostFree(*p).ok()) << n;
+  }
+  EXPECT_TRUE(absl::IsInvalidArgument(api.HostAlloc(0).status()));
+}
+
+TEST_P(DeviceApiConformanceTest, CreatedStreamsAndWaitedEvents) {
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<StreamHandle> s = api.CreateStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(*s, 0u);
+  absl::StatusOr<void*> dev = api.Malloc(0, 4096);
+  absl::StatusOr<void*> host = api.HostAlloc(4096);
+  ASSERT_TRUE(dev.ok() && host.ok());
+  std::memset(*host, 0x61, 4096);
+  ASSERT_TRUE(api.MemcpyAsync(0, *dev, *host, 4096, *s).ok());
+  ASSERT_TRUE(api.SynchronizeStream(0, *s).ok());
+  std::memset(*host, 0, 4096);  // Overwritten by the copy back below.
+  ASSERT_TRUE(api.MemcpyAsync(0, *host, *dev, 4096, *s).ok());
+  absl::StatusOr<EventHandle> ev = api.RecordEvent(0, *s);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_TRUE(api.WaitEvent(0, *ev).ok());
+  absl::StatusOr<bool> done = api.EventDone(0, *ev);
+  ASSERT_TRUE(done.ok());
+  EXPECT_TRUE(*done);
+  EXPECT_EQ(static_cast<unsigned char*>(*host)[4095], 0x61);
+  EXPECT_TRUE(api.DestroyEvent(0, *ev).ok());
+  EXPECT_TRUE(api.HostFree(*host).ok());
+  EXPECT_TRUE(api.Free(0, *dev).ok());
+  EXPECT_TRUE(api.DestroyStream(0, *s).ok());
+  const int bad = api.DeviceCount();
+  absl::StatusOr<StreamHandle> none = api.CreateStream(bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(none.status())) << none.status();
+  EXPECT_THAT(none.status().message(),
+              HasSubstr(absl::StrCat(api.name(), ":", bad)));
+}
+
+TEST_P(DeviceApiConformanceTest, StreamWaitEventOrdersTwoStreams) {
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<StreamHandle> s1 = fixture_->NewStream(0);
+  absl::StatusOr<StreamHandle> s2 = fixture_->NewStream(0);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  absl::StatusOr<void*> dev = api.Malloc(0, 1 << 20);
+  absl::StatusOr<void*> in = api.HostAlloc(1 << 20);
+  absl::StatusOr<void*> out = api.HostAlloc(1 << 20);
+  ASSERT_TRUE(dev.ok() && in.ok() && out.ok());
+  std::memset(*in, 0x2b, 1 << 20);
+  std::memset(*out, 0, 1 << 20);
+  ASSERT_TRUE(api.MemcpyAsync(0, *dev, *in, 1 << 20, *s1).ok());
+  absl::StatusOr<EventHandle> ev = api.RecordEvent(0, *s1);
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  ASSERT_TRUE(api.StreamWaitEvent(0, *s2, *ev).ok());
+  ASSERT_TRUE(api.MemcpyAsync(0, *out, *dev, 1 << 20, *s2).ok());
+  ASSERT_TRUE(fixture_->Drain(0, *s1).ok());
+  ASSERT_TRUE(fixture_->Drain(0, *s2).ok());
+  EXPECT_EQ(static_cast<unsigned char*>(*out)[(1 << 20) - 1], 0x2b);
+  EXPECT_TRUE(api.DestroyEvent(0, *ev).ok());
+  EXPECT_TRUE(api.HostFree(*in).ok());
+  EXPECT_TRUE(api.HostFree(*out).ok());
+  EXPECT_TRUE(api.Free(0, *dev).ok());
+}
+
+TEST_P(DeviceApiConformanceTest, PinnedBlockIsReusedOnceItsStreamDrained) {
+  auto pinned = NewPinned(*fixture_);
+  ASSERT_NE(pinned, nullptr);
+  absl::StatusOr<StreamHandle> s = fixture_->NewStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  DeviceMemoryApi& api = *fixture_->api();
+  absl::StatusOr<void*> dev = api.Malloc(0, 1 << 16);
+  ASSERT_TRUE(dev.ok());
+  void* first = nullptr;
+  {
+    absl::StatusOr<Storage> a = pinned->Allocate(1 << 16);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(a->device().is_cpu());
+    ASSERT_TRUE(pinned->RecordStream(*a, 0, *s).ok());
+    ASSERT_TRUE(api.MemcpyAsync(0, *dev, a->data(), 1 << 16, *s).ok());
+    first = a->data();
+  }
+  ASSERT_TRUE(fixture_->Drain(0, *s).ok());
+  AllocatorStats st = pinned->Stats();
+  EXPECT_EQ(st.pending_bytes, 0u);
+  EXPECT_EQ(st.cached_bytes, uint64_t{1} << 16);
+  absl::StatusOr<Storage> b = pinned->Allocate(1 << 16);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->data(), first);
+  EXPECT_EQ(pinned->Stats().device_mallocs, 1u);
+  EXPECT_TRUE(api.Free(0, *dev).ok());
+}
+
+TEST_P(DeviceApiConformanceTest, PinnedLimitRefusesNamingTheRequestAndCache) {
+  const uint64_t mib = uint64_t{1} << 20;
+  auto pinned = NewPinned(*fixture_, 4 * mib);
+  ASSERT_NE(pinned, nullptr);
+  absl::StatusOr<Storage> a = pinned->Allocate(3 * mib);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<Storage> b = pinned->Allocate(2 * mib);
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr("requested 2097152 bytes"));
+  EXPECT_THAT(b.status().message(), HasSubstr("3145728 bytes in use"));
+  EXPECT_THAT(b.status().message(), HasSubstr("limit 4194304"));
+  *a = Storage();
+  ASSERT_TRUE(pinned->Allocate(2 * mib).ok());
+  ASSERT_TRUE(pinned->EmptyCache().ok());
+  AllocatorStats st = pinned->Stats();
+  EXPECT_EQ(st.device_frees, 2u);
+  EXPECT_EQ(st.reserved_bytes, 0u);
+}
+
+TEST_P(DeviceApiConformanceTest, AsyncCopiesRoundTripThroughPinnedMemory) {
+  auto alloc = NewAllocator(*fixture_);
+  auto pinned = NewPinned(*fixture_);
+  ASSERT_TRUE(alloc != nullptr && pinned != nullptr);
+  absl::StatusOr<StreamHandle> s = fixture_->NewStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const Tensor src = arange(0.0, 3000.0, 1.0, DType::kFloat64)
+                         .reshape({60, 50})
+                         .transpose(0, 1);
+  absl::StatusOr<AsyncCopy> there =
+      CopyToDeviceAsync(src, 0, *s, *alloc, *pinned);
+  ASSERT_TRUE(there.ok()) << there.status();
+  EXPECT_EQ(there->tensor.device(), Device::CUDA(0));
+  // Queued behind the first copy on the same stream: no wait between.
+  absl::StatusOr<AsyncCopy> back =
+      CopyToHostAsync(there->tensor, *s, *alloc, *pinned);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->tensor.device().is_cpu());
+  EXPECT_TRUE(pinned->IsPinned(back->tensor.storage()));
+  ASSERT_TRUE(back->done.Wait().ok());
+  absl::StatusOr<bool> first_done = there->done.Query();
+  ASSERT_TRUE(first_done.ok());
+  EXPECT_TRUE(*first_done);  // Recorded before the later, waited event.
+  EXPECT_TRUE(back->tensor.equal(src.contiguous()));
+  // Everything dropped and the stream drained: nothing stays pending.
+  there->tensor = Tensor();
+  back->tensor = Tensor();
+  ASSERT_TRUE(fixture_->Drain(0, *s).ok());
+  EXPECT_EQ(pinned->Stats().pending_bytes, 0u);
+  EXPECT_EQ(pinned->Stats().allocated_bytes, 0u);
+  EXPECT_EQ(alloc->Stats(0).pending_bytes, 0u);
 }
 
 }  // namespace
