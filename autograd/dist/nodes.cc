@@ -33,12 +33,13 @@ absl::StatusOr<std::vector<Tensor>> SendNode::Apply(GraphTask&,
 }
 
 RecvNode::RecvNode(int peer, std::string peer_name, GlobalId message_id,
-                   std::vector<TensorSpec> specs)
+                   std::vector<TensorSpec> specs, bool from_request)
     : Node("RecvRpcBackward", static_cast<int>(specs.size())),
       peer_(peer),
       peer_name_(std::move(peer_name)),
       message_id_(message_id),
-      specs_(std::move(specs)) {
+      specs_(std::move(specs)),
+      from_request_(from_request) {
   set_input_shapes(Shapes(specs_));
 }
 
