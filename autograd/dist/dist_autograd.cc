@@ -1006,9 +1006,13 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
             message_id.ToString(), " is not a ", DTypeName(want.dtype),
             " tensor of shape ", ShapeString(zeros(want.sizes)))));
       }
-      // Where the tensor was sent from (a device map that does not bring
-      // it back, or staging to CPU, would mix devices in the graph).
-      if (g->device() != want.device) {
+      // Where the tensor was sent from. A CPU gradient of a tensor staged
+      // to the peer's CPU (stage_unmapped_to_cpu) is moved back onto its
+      // device by the send node; any other mismatch (a device map that
+      // does not bring it back) would mix devices in the graph.
+      const bool moved_back = g->device().is_cpu() && want.device.is_cuda() &&
+                              want.compute != nullptr;
+      if (g->device() != want.device && !moved_back) {
         return fail(absl::InvalidArgumentError(absl::StrCat(
             Where(context_id), ": gradient ", i, " for message ",
             message_id.ToString(), " from '", m.caller_name, "' arrived on ",

@@ -43,7 +43,9 @@ struct TensorSpec {
 };
 
 // Sender side: one input per sent tensor that required grad; passes the
-// gradients it receives to those tensors' gradient edges unchanged.
+// gradients it receives to those tensors' gradient edges unchanged, except
+// a CPU gradient of a tensor sent from a CUDA device (staged to the peer's
+// CPU), which it copies back onto that device first.
 class SendNode final : public Node {
  public:
   // `edges[i]` is the gradient edge of the i-th recorded tensor.
