@@ -41,6 +41,7 @@ std::string EncodeDeviceHeader(const DeviceHeader& header) {
     out->set_source(p.source);
     if (p.target.has_value()) out->set_target(*p.target);
   }
+  proto.set_returning(header.returning);
   return proto.SerializeAsString();
 }
 
@@ -54,7 +55,13 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
     return Bad(what, absl::StrCat("not a DeviceHeader (", bytes.size(),
                                   " bytes)"));
   }
+  if (proto.returning() && !request) {
+    return Bad(what, "a reply marked returning (only requests return tensors)");
+  }
+  // Targets only where the sender's map chose them.
+  const bool targeted = request && !proto.returning();
   DeviceHeader out;
+  out.returning = proto.returning();
   out.placements.reserve(proto.placements_size());
   for (int i = 0; i < proto.placements_size(); ++i) {
     const device::v1::DeviceHeader::Placement& p = proto.placements(i);
@@ -74,11 +81,13 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
       return s;
     }
     DevicePlacement placement{p.position(), p.source(), std::nullopt};
-    if (request != p.has_target()) {
-      return Bad(what, absl::StrCat("placement ", i, " of a ",
-                                    request ? "request" : "reply",
-                                    request ? " has no" : " has a",
-                                    " target device"));
+    if (targeted != p.has_target()) {
+      return Bad(
+          what,
+          absl::StrCat(
+              "placement ", i, " of a ",
+              !request ? "reply" : (targeted ? "request" : "returning request"),
+              targeted ? " has no" : " has a", " target device"));
     }
     if (p.has_target()) {
       if (absl::Status s = CheckIndex(what, p.target(), "target", i);

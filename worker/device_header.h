@@ -10,7 +10,9 @@
 // strictly increasing, a negative device index or one over kMaxDeviceIndex,
 // a request placement without a target or a reply placement with one are
 // InvalidArgument naming the sender, the message and the field; it never
-// crashes (//worker:device_header_fuzz).
+// crashes (//worker:device_header_fuzz). A returning request (gradients
+// going back along a forward request) carries its placements as a reply
+// does, without targets; `returning` on a reply is refused.
 //
 // Thread safety: reentrant functions. Design: docs/design/cuda_rpc.md.
 #ifndef FERRY_WORKER_DEVICE_HEADER_H_
@@ -46,6 +48,9 @@ struct DevicePlacement {
 /// The header: the placements, by increasing position.
 struct DeviceHeader {
   std::vector<DevicePlacement> placements;  ///< Strictly increasing position.
+  /// A request whose tensors return to the worker they came from: no
+  /// targets; the receiver applies the reverse of its own map.
+  bool returning = false;
 };
 
 /// Claims the "device" layer and its header id (rpc/layer.h); idempotent.

@@ -33,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       absl::StatusOr<ferry::DeviceHeader> again = ferry::DecodeDeviceHeader(
           ferry::EncodeDeviceHeader(*h), tensors, request, "fuzz");
-      if (!again.ok() || again->placements != h->placements) {
+      if (!again.ok() || again->placements != h->placements ||
+          again->returning != h->returning) {
         Fail("a decoded header does not survive re-encoding");
       }
     }

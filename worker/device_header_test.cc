@@ -27,6 +27,14 @@ TEST(DeviceHeader, RoundTripsRequestsAndReplies) {
       DecodeDeviceHeader(EncodeDeviceHeader({{{0, 0, 0}}}), 1, true, "w");
   ASSERT_TRUE(zero.ok()) << zero.status();
   EXPECT_EQ(zero->placements[0].target, 0);
+  EXPECT_FALSE(zero->returning);
+  // A returning request (gradients back along a forward request) carries
+  // no targets, as a reply.
+  DeviceHeader returning{{{1, 2, std::nullopt}}, /*returning=*/true};
+  back = DecodeDeviceHeader(EncodeDeviceHeader(returning), 2, true, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->returning);
+  EXPECT_EQ(back->placements, returning.placements);
   EXPECT_TRUE(ClaimDeviceLayer().ok());
   EXPECT_TRUE(ClaimDeviceLayer().ok());  // Idempotent.
 }
@@ -40,8 +48,9 @@ TEST(DeviceHeader, MalformedFieldsAreInvalidArgumentNamingThem) {
   };
   const Case cases[] = {
       {"\xff\xff\xff", 1, true, "not a DeviceHeader"},
-      {EncodeDeviceHeader({{{3, 0, 0}}}), 3, true, "names tensor 3 of a "
-                                                   "payload with 3 tensors"},
+      {EncodeDeviceHeader({{{3, 0, 0}}}), 3, true,
+       "names tensor 3 of a "
+       "payload with 3 tensors"},
       {EncodeDeviceHeader({{{1, 0, 0}, {1, 0, 0}}}), 3, true,
        "positions must increase"},
       {EncodeDeviceHeader({{{0, -1, 0}}}), 1, true, "source device index -1"},
@@ -52,6 +61,10 @@ TEST(DeviceHeader, MalformedFieldsAreInvalidArgumentNamingThem) {
        "request has no target"},
       {EncodeDeviceHeader({{{0, 0, 1}}}), 1, false, "reply has a target"},
       {EncodeDeviceHeader({{{0, 0, 0}}}), 0, true, "payload with 0 tensors"},
+      {EncodeDeviceHeader({{{0, 0, 1}}, true}), 1, true,
+       "returning request has a target"},
+      {EncodeDeviceHeader({{{0, 0, std::nullopt}}, true}), 1, false,
+       "a reply marked returning"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<DeviceHeader> h = DecodeDeviceHeader(

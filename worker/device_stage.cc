@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ferry/autograd/dist/messages.h"
 #include "ferry/common/status.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/copy.h"
@@ -31,7 +32,8 @@ std::string Which(const rpc::Message& m, bool request) {
 
 absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
     std::string me, const DeviceOptions& options,
-    std::shared_ptr<cuda::DeviceMemoryApi> api) {
+    std::shared_ptr<cuda::DeviceMemoryApi> api,
+    std::shared_ptr<DeviceComputeInterface> compute) {
   RETURN_IF_ERROR(ClaimDeviceLayer());
   std::unique_ptr<cuda::CachingDeviceAllocator> allocator;
   if (!options.devices.empty()) {
@@ -42,18 +44,22 @@ absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
     }
     ASSIGN_OR_RETURN(allocator, cuda::CachingDeviceAllocator::Create(api, {}));
   }
-  return std::shared_ptr<DeviceStage>(new DeviceStage(
-      std::move(me), options, std::move(api), std::move(allocator)));
+  return std::shared_ptr<DeviceStage>(
+      new DeviceStage(std::move(me), options, std::move(api),
+                      std::move(allocator), std::move(compute)));
 }
 
-DeviceStage::DeviceStage(std::string me, const DeviceOptions& options,
-                         std::shared_ptr<cuda::DeviceMemoryApi> api,
-                         std::unique_ptr<cuda::CachingDeviceAllocator> allocator)
+DeviceStage::DeviceStage(
+    std::string me, const DeviceOptions& options,
+    std::shared_ptr<cuda::DeviceMemoryApi> api,
+    std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
+    std::shared_ptr<DeviceComputeInterface> compute)
     : me_(std::move(me)),
       devices_(options.devices),
       maps_(options.maps),
       api_(std::move(api)),
-      allocator_(std::move(allocator)) {}
+      allocator_(std::move(allocator)),
+      compute_(std::move(compute)) {}
 
 DeviceStage::~DeviceStage() = default;
 
@@ -125,6 +131,10 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   // Only this stage writes the header: one another layer set is dropped.
   m.ClearHeader(kDeviceHeaderLayer);
   DeviceHeader header;
+  // Gradients going back along a forward request travel as a reply's (the
+  // receiver's map governs); the local mark never travels.
+  header.returning =
+      m.context.erase(autograd::dist::kReturningEntry) > 0 && request;
   StagedTraffic counted;
   absl::Status status;
   uint32_t position = 0;
@@ -141,7 +151,7 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       return;
     }
     Device target = Device::CPU();
-    if (request) {
+    if (request && !header.returning) {
       absl::StatusOr<Device> mapped =
           maps_.Target(me_, peer.name, source, static_cast<int>(i));
       if (!mapped.ok()) {
@@ -161,11 +171,11 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
     }
     ++counted.tensors_out;
     counted.bytes_out += t.nbytes();
-    if (request && target.is_cpu()) {
+    if (request && !header.returning && target.is_cpu()) {
       ++counted.to_cpu_out;
     } else {
       DevicePlacement p{i, source.index, std::nullopt};
-      if (request) p.target = target.index;
+      if (request && !header.returning) p.target = target.index;
       header.placements.push_back(p);
     }
     t = *std::move(host);
@@ -207,7 +217,7 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
         break;
       }
       Device target;
-      if (request) {
+      if (request && !header->returning) {
         target = Device::CUDA(*p.target);
       } else {
         absl::StatusOr<Device> back =
@@ -239,6 +249,18 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
                           absl::StrCat(what, ": landing ", tensor, " on ",
                                        target.ToString()));
         break;
+      }
+      if (compute_ != nullptr) {  // So autograd can compute on it.
+        const Storage& s = on_device->storage();
+        on_device = Tensor::FromStorage(
+            Storage::Wrap(s.data(), s.nbytes(), s.device(),
+                          std::make_shared<Storage>(s), compute_),
+            on_device->dtype(), on_device->sizes(), on_device->strides(),
+            on_device->storage_offset());
+        if (!on_device.ok()) {
+          status = Annotate(on_device.status(), what);
+          break;
+        }
       }
       ++counted.tensors_in;
       counted.bytes_in += host.nbytes();

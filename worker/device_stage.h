@@ -12,11 +12,12 @@
 // it stays a CPU tensor); the header records each placement. A reply's
 // tensor records only its device: the caller applies the reverse of its own
 // map (rpc::DeviceMaps::ReplyTarget) when the reply arrives, so the maps and
-// the staging option that govern a pair are always the caller's.
-// Receiving, each placement is copied onto its device, allocated from this
-// worker's CachingDeviceAllocator, before the handler (or the caller's
-// future) sees the message; on any failure the message fails and the
-// landed tensors are released to the allocator.
+// the staging option that govern a pair are always the caller's; so do a
+// request's marked autograd::dist::kReturningEntry (gradients going back).
+// Receiving, each placement is copied onto its device (this worker's
+// CachingDeviceAllocator) before the handler (or the caller's future) sees
+// the message; on any failure the message fails and the landed tensors are
+// released to the allocator.
 //
 // Errors name this worker, the peer, the tensor's position and the device:
 // a tensor on a device this worker does not use (FailedPrecondition), a
@@ -42,6 +43,7 @@
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/inspect.h"
 #include "ferry/rpc/message.h"
+#include "ferry/tensor/storage.h"
 #include "ferry/worker/device_plan.h"
 
 namespace ferry {
@@ -66,10 +68,12 @@ class DeviceStage {
  public:
   /// The stage of worker `me` with `options` (parsed and checked) over
   /// `api` (null when the worker has no devices; then a CUDA tensor sent or
-  /// a placement received is refused).
+  /// a placement received is refused). Landed tensors record `compute`
+  /// (may be null) as their storage's backend, so autograd computes on them.
   static absl::StatusOr<std::shared_ptr<DeviceStage>> Create(
       std::string me, const DeviceOptions& options,
-      std::shared_ptr<cuda::DeviceMemoryApi> api);
+      std::shared_ptr<cuda::DeviceMemoryApi> api,
+      std::shared_ptr<DeviceComputeInterface> compute = nullptr);
   ~DeviceStage();
 
   /// Lands the placements of a received request or reply (kReceive*
@@ -96,7 +100,8 @@ class DeviceStage {
  private:
   DeviceStage(std::string me, const DeviceOptions& options,
               std::shared_ptr<cuda::DeviceMemoryApi> api,
-              std::unique_ptr<cuda::CachingDeviceAllocator> allocator);
+              std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
+              std::shared_ptr<DeviceComputeInterface> compute);
   bool Uses(const Device& device) const;
   std::string DeviceListText() const;
   void Count(const std::string& peer, const StagedTraffic& delta);
@@ -106,6 +111,7 @@ class DeviceStage {
   const rpc::DeviceMaps maps_;
   const std::shared_ptr<cuda::DeviceMemoryApi> api_;
   const std::unique_ptr<cuda::CachingDeviceAllocator> allocator_;
+  const std::shared_ptr<DeviceComputeInterface> compute_;
   mutable Mutex mu_;
   std::map<std::string, StagedTraffic> traffic_ ABSL_GUARDED_BY(mu_);
 };

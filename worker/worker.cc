@@ -129,7 +129,8 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
           o.cuda_transport,
           o.device_api != nullptr ? o.device_api->DeviceCount() : -1));
   ASSIGN_OR_RETURN(impl->stage,
-                   DeviceStage::Create(o.name, impl->devices, o.device_api));
+                   DeviceStage::Create(o.name, impl->devices, o.device_api,
+                                       o.device_compute));
   impl->registry = o.registry != nullptr
                        ? o.registry
                        : std::make_shared<rpc::FunctionRegistry>();

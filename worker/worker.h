@@ -131,6 +131,11 @@ struct WorkerOptions {
   // Where `devices` live (cuda/cuda_device_api.h on a GPU machine);
   // required when `devices` is not empty.
   std::shared_ptr<cuda::DeviceMemoryApi> device_api;
+  // The compute backend recorded in the tensors landed on `devices` (a
+  // CudaContext's shared_compute() over the same device_api), so autograd
+  // and optimizers compute on them (distributed autograd with CUDA tensors
+  // needs it on every worker with devices); null: they carry none.
+  std::shared_ptr<DeviceComputeInterface> device_compute;
   // Runs once the layers are installed and before the worker serves:
   // register remote classes, interceptors, membership listeners. An error
   // fails InitWorker.

@@ -1,10 +1,11 @@
 #include "ferry/autograd/dist/dist_autograd.h"
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <deque>
 #include <unordered_map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,6 +13,7 @@
 #include "ferry/autograd/grad_mode.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd::dist {
 
@@ -28,14 +30,35 @@ Tensor GradientMap::Get(const Tensor& leaf) const {
   return it == index_.end() ? Tensor() : entries_[it->second].second;
 }
 
-Tensor GradientMap::Accumulate(const Tensor& leaf, const Tensor& grad) {
+namespace {
+
+// a + b, out of place (either may be shared elsewhere); CUDA gradients
+// through the backend of a's storage. InvalidArgument naming both when
+// they are on different devices or a device one has no backend.
+absl::StatusOr<Tensor> SumGradients(const Tensor& a, const Tensor& b) {
+  if (!a.device().is_cuda() && !b.device().is_cuda()) return a.add(b);
+  cuda::DeviceOps* d = cuda::DeviceOpsOf(a);
+  if (d == nullptr || a.device() != b.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot sum gradients ", cuda::DescribeOperand(a), " and ",
+        cuda::DescribeOperand(b),
+        d == nullptr ? " (no compute backend for the device tensor)"
+                     : " (different devices)"));
+  }
+  return d->Binary(cuda::math::BinaryOp::kAdd, a, b);
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> GradientMap::Accumulate(const Tensor& leaf,
+                                               const Tensor& grad) {
   auto [it, fresh] = index_.emplace(leaf.autograd_meta(), entries_.size());
   if (fresh) {
     entries_.emplace_back(leaf, grad);
     return grad;
   }
   Tensor& slot = entries_[it->second].second;
-  slot = slot.add(grad);  // Out of place: `grad` may be shared elsewhere.
+  ASSIGN_OR_RETURN(slot, SumGradients(slot, grad));
   return slot;
 }
 
@@ -83,7 +106,9 @@ class ContextSink final : public GradientSink {
       MutexLock l(&ctx_->mu_);
       // A released context keeps no gradients (invariant 2).
       if (ctx_->released_) return absl::OkStatus();
-      total = ctx_->grads_.Accumulate(leaf, grad);
+      absl::StatusOr<Tensor> sum = ctx_->grads_.Accumulate(leaf, grad);
+      if (!sum.ok()) return sum.status();
+      total = *std::move(sum);
     }
     for (int64_t id : plan_->mine) {
       if (absl::Status s = (*plan_->handler)(id, leaf, total); !s.ok()) {
@@ -100,9 +125,14 @@ class ContextSink final : public GradientSink {
 
 namespace {
 
-void AddInto(Tensor& slot, const Tensor& grad) {
-  if (!grad.defined()) return;
-  slot = slot.defined() ? slot.add(grad) : grad;
+absl::Status AddInto(Tensor& slot, const Tensor& grad) {
+  if (!grad.defined()) return absl::OkStatus();
+  if (!slot.defined()) {
+    slot = grad;
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(slot, SumGradients(slot, grad));
+  return absl::OkStatus();
 }
 
 std::unordered_map<Node*, int> CountDependencies(
@@ -159,13 +189,17 @@ struct Pass {
   std::deque<Node*> ready;
 
   // Adds `grad` to input `input_nr` of `node`; queues the node once its
-  // dependencies are met.
+  // dependencies are met. A sum that cannot be made (devices differ)
+  // becomes the pass's error, naming the node.
   void Feed(const std::shared_ptr<Node>& node, int input_nr,
             const Tensor& grad) {
     Node* n = node.get();
     auto& buf = buffers[n];
     if (buf.empty()) buf.resize(n->num_inputs());
-    AddInto(buf[input_nr], grad);
+    if (absl::Status s = AddInto(buf[input_nr], grad); !s.ok() && error.ok()) {
+      error = absl::Status(
+          s.code(), absl::StrCat("backward of ", n->name(), ": ", s.message()));
+    }
     owners.emplace(n, node);
   }
 };
@@ -254,6 +288,29 @@ absl::StatusOr<std::optional<GlobalId>> ContextIdOf(
   return std::optional<GlobalId>(GlobalId::FromValue(v));
 }
 
+// What a gradient of `t` must look like, where it must be.
+TensorSpec SpecOf(const Tensor& t) {
+  return TensorSpec{
+      t.sizes(), t.dtype(), t.device(),
+      t.device().is_cuda() ? t.storage().shared_compute() : nullptr};
+}
+
+// `value`-filled tensor of `spec` on its device (through its backend when
+// it is a CUDA device); FailedPrecondition without a backend.
+absl::StatusOr<Tensor> FilledLike(const TensorSpec& spec, double value) {
+  if (!spec.device.is_cuda()) return full(spec.sizes, value, spec.dtype);
+  auto* d = dynamic_cast<cuda::DeviceOps*>(spec.compute.get());
+  if (d == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a ", DTypeName(spec.dtype), " tensor on ", spec.device.ToString(),
+        " has no compute backend to make its gradient (landed without "
+        "WorkerOptions::device_compute?)"));
+  }
+  ASSIGN_OR_RETURN(Tensor t, d->Empty(spec.sizes, spec.dtype, spec.device));
+  RETURN_IF_ERROR(d->Fill(t, value));
+  return t;
+}
+
 GradTensors TakeGradTensors(Value& payload) {
   GradTensors out;
   int i = 0;
@@ -261,7 +318,7 @@ GradTensors TakeGradTensors(Value& payload) {
     if (t.defined() && RequiresGrad(t)) {
       out.indices.push_back(i);
       out.edges.push_back(GradientEdge(t));
-      out.specs.push_back(TensorSpec{t.sizes(), t.dtype()});
+      out.specs.push_back(SpecOf(t));
       t = Detach(t);
     }
     ++i;
@@ -284,7 +341,12 @@ absl::StatusOr<std::vector<std::pair<Edge, Tensor>>> RootEdges(
           absl::StrCat("root ", i, " has shape ", ShapeString(roots[i]),
                        ": distributed backward seeds one-element roots"));
     }
-    out.emplace_back(std::move(e), ones_like(roots[i]));
+    // The seed of one on the root's device (a CUDA root: its backend).
+    absl::StatusOr<Tensor> one = FilledLike(SpecOf(roots[i]), 1.0);
+    if (!one.ok()) {
+      return Annotate(one.status(), absl::StrCat("seeding root ", i));
+    }
+    out.emplace_back(std::move(e), *std::move(one));
   }
   return out;
 }
@@ -512,6 +574,8 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
   // Only the header's typed field says which context a request is in; the
   // handler's thread gets it as its context entry (for its nested calls).
   m.context.erase(kContextKey);
+  // A sender's local mark for its device stage; never the handler's.
+  m.context.erase(kReturningEntry);
   if (header.context.has_value()) {
     m.context[kContextKey] = std::to_string(header.context->value());
   }
@@ -541,7 +605,7 @@ absl::Status DistAutogradContainer::OnReceiveRequest(const WorkerInfo& peer,
     return absl::OkStatus();
   }
   return RecordRecv(*ctx, peer, header.fields->grad_tensors,
-                    header.fields->message_id, m);
+                    header.fields->message_id, m, /*from_request=*/true);
 }
 
 absl::Status DistAutogradContainer::OnSendReply(const WorkerInfo& peer,
@@ -584,7 +648,8 @@ absl::Status DistAutogradContainer::OnReceiveReply(const WorkerInfo& peer,
   std::shared_ptr<DistAutogradContext> ctx = Find(fields.context_id);
   // Released while the call was in flight: the tensors arrive detached.
   if (ctx == nullptr) return absl::OkStatus();
-  return RecordRecv(*ctx, peer, fields.grad_tensors, fields.message_id, m);
+  return RecordRecv(*ctx, peer, fields.grad_tensors, fields.message_id, m,
+                    /*from_request=*/false);
 }
 
 absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
@@ -614,8 +679,8 @@ absl::Status DistAutogradContainer::RecordSend(DistAutogradContext& ctx,
 absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
                                                const WorkerInfo& peer,
                                                const std::vector<int>& indices,
-                                               GlobalId message_id,
-                                               Message& m) {
+                                               GlobalId message_id, Message& m,
+                                               bool from_request) {
   // First pass: the specs, so the node exists before the tensors point at it.
   std::vector<TensorSpec> specs;
   {
@@ -623,7 +688,7 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
     int i = 0;
     rpc::ForEachTensor(m.payload, [&](Tensor& t) {
       if (next < indices.size() && indices[next] == i) {
-        specs.push_back(TensorSpec{t.sizes(), t.dtype()});
+        specs.push_back(SpecOf(t));
         ++next;
       }
       ++i;
@@ -635,7 +700,7 @@ absl::Status DistAutogradContainer::RecordRecv(DistAutogradContext& ctx,
         " tensors requiring grad but carries ", specs.size()));
   }
   auto node = std::make_shared<RecvNode>(peer.id, peer.name, message_id,
-                                         std::move(specs));
+                                         std::move(specs), from_request);
   size_t next = 0;
   int i = 0;
   rpc::ForEachTensor(m.payload, [&](Tensor& t) {
@@ -767,19 +832,31 @@ void DistAutogradContainer::Drain(
   for (;;) {
     std::shared_ptr<Node> node;
     std::vector<Tensor> inputs;
+    absl::Status failed;
     {
       MutexLock l(&ctx->mu_);
       if (pass.ready.empty() || !pass.error.ok()) {
         pass.running = false;
-        return;
+        failed = pass.error;
+      } else {
+        Node* n = pass.ready.front();
+        pass.ready.pop_front();
+        node = std::move(pass.owners[n]);
+        pass.owners.erase(n);
+        inputs = std::move(pass.buffers[n]);
+        pass.buffers.erase(n);
       }
-      Node* n = pass.ready.front();
-      pass.ready.pop_front();
-      node = std::move(pass.owners[n]);
-      pass.owners.erase(n);
-      inputs = std::move(pass.buffers[n]);
-      pass.buffers.erase(n);
     }
+    if (!failed.ok()) {
+      // The pass failed (a node here or a gradient sum in Feed): this
+      // thread's work fails with it, naming the worker and context.
+      const std::string where = Where(ctx->id());
+      rpcs.Fail(absl::StartsWith(failed.message(), where)
+                    ? failed
+                    : Annotate(failed, where));
+      return;
+    }
+    if (node == nullptr) return;  // Nothing left to run.
     absl::StatusOr<std::vector<Tensor>> outs =
         RunNode(*ctx, pass, *node, std::move(inputs), rpcs);
     if (outs.ok() && outs->size() != node->next_edges().size()) {
@@ -828,14 +905,29 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
                                           const RecvNode& node,
                                           std::vector<Tensor> grads,
                                           Outstanding& rpcs) {
+  std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
+                                  node.message_id().ToString(), " to worker '",
+                                  node.peer_name(), "'");
   Value::List list;
   for (size_t i = 0; i < grads.size(); ++i) {
     const TensorSpec& spec = node.specs()[i];
-    list.push_back(Value::FromTensor(
-        grads[i].defined() ? grads[i] : zeros(spec.sizes, spec.dtype)));
+    if (grads[i].defined()) {
+      list.push_back(Value::FromTensor(grads[i]));
+      continue;
+    }
+    // No gradient reached it: zeros where the tensor was.
+    absl::StatusOr<Tensor> zero = FilledLike(spec, 0.0);
+    if (!zero.ok()) {
+      rpcs.Fail(Annotate(zero.status(), absl::StrCat(what, ", gradient ", i)));
+      return;
+    }
+    list.push_back(Value::FromTensor(*std::move(zero)));
   }
   Message m;
   m.type = kBackward;
+  // Back along a forward request: the gradients go where the forward's
+  // caller maps them (its device stage reads the mark).
+  if (node.from_request()) m.context[kReturningEntry] = "1";
   AutogradHeader h;
   h.fields = AutogradFields{ctx.id(), node.message_id(), pass.retain_graph, {}};
   h.fused_steps = pass.fused.steps;
@@ -844,9 +936,6 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
       Value::FromList({Value::Int(static_cast<int64_t>(pass.id.value())),
                        Value::FromList(std::move(list))});
   const bool confirm = pass.fused.owners.count(node.peer()) > 0;
-  std::string what = absl::StrCat(Where(ctx.id()), ": gradients of message ",
-                                  node.message_id().ToString(), " to worker '",
-                                  node.peer_name(), "'");
   rpcs.Add(
       agent_.Send(node.peer(), std::move(m), options_.rpc_timeout)
           .Then([what, confirm](const Result<Message>& r) -> absl::Status {
@@ -916,6 +1005,19 @@ Future<Message> DistAutogradContainer::OnBackward(const Message& m) {
             Where(context_id), ": gradient ", i, " for message ",
             message_id.ToString(), " is not a ", DTypeName(want.dtype),
             " tensor of shape ", ShapeString(zeros(want.sizes)))));
+      }
+      // Where the tensor was sent from. A CPU gradient of a tensor staged
+      // to the peer's CPU (stage_unmapped_to_cpu) is moved back onto its
+      // device by the send node; any other mismatch (a device map that
+      // does not bring it back) would mix devices in the graph.
+      const bool moved_back = g->device().is_cpu() && want.device.is_cuda() &&
+                              want.compute != nullptr;
+      if (g->device() != want.device && !moved_back) {
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            Where(context_id), ": gradient ", i, " for message ",
+            message_id.ToString(), " from '", m.caller_name, "' arrived on ",
+            g->device().ToString(), ", but the tensor was sent from ",
+            want.device.ToString())));
       }
     }
     if (pass_id == ctx->finished_pass_) {

@@ -108,8 +108,9 @@ class GradientMap {
   const std::vector<std::pair<Tensor, Tensor>>& entries() const {
     return entries_;
   }
-  // Adds `grad` to `leaf`'s gradient (out of place); returns the sum.
-  Tensor Accumulate(const Tensor& leaf, const Tensor& grad);
+  // Adds `grad` to `leaf`'s gradient (out of place); returns the sum
+  // (InvalidArgument naming both when their devices differ).
+  absl::StatusOr<Tensor> Accumulate(const Tensor& leaf, const Tensor& grad);
 
  private:
   std::vector<std::pair<Tensor, Tensor>> entries_;
@@ -289,9 +290,10 @@ class DistAutogradContainer
                           AutogradHeader& h);
   // Gives the tensors of an incoming message at `indices` (depth-first,
   // increasing) a RecvNode paired with the sender's send node `message_id`.
+  // `from_request`: `m` is a request (else a reply).
   absl::Status RecordRecv(DistAutogradContext& ctx, const rpc::WorkerInfo& peer,
                           const std::vector<int>& indices, GlobalId message_id,
-                          rpc::Message& m);
+                          rpc::Message& m, bool from_request);
   // A received message's autograd header; InvalidArgument naming `peer`.
   absl::StatusOr<AutogradHeader> ReceivedHeader(const rpc::WorkerInfo& peer,
                                                 const rpc::Message& m) const;

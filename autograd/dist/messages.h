@@ -36,6 +36,15 @@ inline constexpr rpc::MessageType kCleanupAutogradContext =
 // The layer-header id autograd fields travel under.
 inline constexpr uint32_t kAutogradHeader = 2;
 
+// Context entry (any value) a BACKWARD carries on its sender when its
+// gradients go back along a forward REQUEST (the recv node came from one):
+// its CUDA tensors then travel as a reply's, with only their device, and
+// the receiver (the forward's caller) lands them with the reverse of its
+// own map (worker/device_stage.h consumes the entry before the message
+// leaves; docs/design/cuda_rpc.md). Along a forward reply the BACKWARD is
+// the caller's own request and follows its map as usual.
+inline constexpr char kReturningEntry[] = "device/returning";
+
 // Send/recv pairing and BACKWARD / CLEANUP fields.
 struct AutogradFields {
   GlobalId context_id;  // The autograd context.

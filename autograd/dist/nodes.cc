@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd::dist {
 
@@ -29,16 +30,33 @@ SendNode::SendNode(int peer, GlobalId message_id, std::vector<Edge> edges,
 
 absl::StatusOr<std::vector<Tensor>> SendNode::Apply(GraphTask&,
                                                     std::vector<Tensor> grads) {
+  for (size_t i = 0; i < grads.size() && i < specs_.size(); ++i) {
+    const TensorSpec& spec = specs_[i];
+    if (!grads[i].defined() || grads[i].device() == spec.device) continue;
+    // A CPU gradient of a tensor that left from a device (staged to the
+    // peer's CPU): back onto that device, through the backend it had.
+    auto* d = dynamic_cast<cuda::DeviceOps*>(spec.compute.get());
+    if (d == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "gradient ", i, " of message ", message_id_.ToString(), " is on ",
+          grads[i].device().ToString(), " but its tensor was sent from ",
+          spec.device.ToString(), ", which has no compute backend here"));
+    }
+    absl::StatusOr<Tensor> moved = d->To(grads[i], spec.device);
+    if (!moved.ok()) return moved.status();
+    grads[i] = *std::move(moved);
+  }
   return grads;
 }
 
 RecvNode::RecvNode(int peer, std::string peer_name, GlobalId message_id,
-                   std::vector<TensorSpec> specs)
+                   std::vector<TensorSpec> specs, bool from_request)
     : Node("RecvRpcBackward", static_cast<int>(specs.size())),
       peer_(peer),
       peer_name_(std::move(peer_name)),
       message_id_(message_id),
-      specs_(std::move(specs)) {
+      specs_(std::move(specs)),
+      from_request_(from_request) {
   set_input_shapes(Shapes(specs_));
 }
 

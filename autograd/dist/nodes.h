@@ -18,6 +18,7 @@
 #define FERRY_AUTOGRAD_DIST_NODES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,18 +26,26 @@
 #include "ferry/autograd/node.h"
 #include "ferry/common/ids.h"
 #include "ferry/tensor/dtype.h"
+#include "ferry/tensor/storage.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry::autograd::dist {
 
-// Shape and dtype of one tensor that crossed a worker boundary.
+// Shape, dtype and device of one tensor that crossed a worker boundary.
 struct TensorSpec {
   std::vector<int64_t> sizes;  // The shape.
   DType dtype = DType::kFloat32;  // The element type.
+  // Its device on this worker (where its gradient must be).
+  Device device = Device::CPU();
+  // A CUDA tensor's compute backend (makes a zero gradient there); null on
+  // the CPU or when it has none.
+  std::shared_ptr<DeviceComputeInterface> compute;
 };
 
 // Sender side: one input per sent tensor that required grad; passes the
-// gradients it receives to those tensors' gradient edges unchanged.
+// gradients it receives to those tensors' gradient edges unchanged, except
+// a CPU gradient of a tensor sent from a CUDA device (staged to the peer's
+// CPU), which it copies back onto that device first.
 class SendNode final : public Node {
  public:
   // `edges[i]` is the gradient edge of the i-th recorded tensor.
@@ -61,9 +70,10 @@ class SendNode final : public Node {
 // i for the i-th of them). Has no next edges: its gradients leave the worker.
 class RecvNode final : public Node {
  public:
-  // Tensors received from `peer` in message `message_id`, as `specs`.
+  // Tensors received from `peer` in message `message_id`, as `specs`;
+  // `from_request`: the message was a request (else a reply).
   RecvNode(int peer, std::string peer_name, GlobalId message_id,
-           std::vector<TensorSpec> specs);
+           std::vector<TensorSpec> specs, bool from_request);
 
   int peer() const { return peer_; }  // The sending worker's id.
   // The sender's name.
@@ -71,6 +81,9 @@ class RecvNode final : public Node {
   GlobalId message_id() const { return message_id_; }  // The message.
   // The received tensors' shapes and dtypes.
   const std::vector<TensorSpec>& specs() const { return specs_; }
+  // Whether they came in a request (their gradients then return as a
+  // reply's tensors would: kReturningEntry).
+  bool from_request() const { return from_request_; }
 
   // Always FailedPrecondition: only the distributed runner may run it.
   absl::StatusOr<std::vector<Tensor>> Apply(GraphTask& task,
@@ -81,6 +94,7 @@ class RecvNode final : public Node {
   const std::string peer_name_;
   const GlobalId message_id_;
   const std::vector<TensorSpec> specs_;
+  const bool from_request_;
 };
 
 }  // namespace ferry::autograd::dist

@@ -115,6 +115,9 @@ class CudaContext {
   void set_compute(std::shared_ptr<DeviceOps> ops) { compute_ = std::move(ops); }
   /// The backend given to set_compute (null when none).
   DeviceOps* compute() const { return compute_.get(); }
+  /// The same, shared: for owners that record it in tensors they make
+  /// themselves (WorkerOptions::device_compute, landed RPC tensors).
+  std::shared_ptr<DeviceOps> shared_compute() const { return compute_; }
 
   /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
   /// device pointers; lda/ldb are a's and b's row lengths; op transposes
