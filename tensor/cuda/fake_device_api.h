@@ -8,14 +8,21 @@
 // SynchronizeStream), so a test decides when a stream's work ends, and a
 // reader that forgot to wait for a copy sees the old bytes.
 // FailRecordEvent makes the next RecordEvent calls fail, for error paths.
+// IPC (device_ipc.h): fakes built on one FakeHost pose as processes of one
+// machine and open each other's handles (the same host memory); a handle
+// from another FakeHost, or any IPC call of a fake without one, fails as a
+// handle from another host or container would. A stream that waits on a
+// peer's event completes the peer's stream first when it completes.
 //
-// Thread safety: every call is safe from any thread (one annotated mutex).
-// Design: docs/design/cuda_allocator.md.
+// Thread safety: every call is safe from any thread (one annotated mutex
+// per fake, and the FakeHost's, always taken before a fake's).
+// Design: docs/design/cuda_allocator.md, docs/design/cuda_rpc.md.
 #ifndef FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
 #define FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,15 +30,51 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/device_ipc.h"
 
 namespace ferry {
 namespace cuda {
 
-/// Host-memory devices with hand-driven streams (see the top of the file).
-class FakeDeviceApi : public DeviceMemoryApi {
+class FakeDeviceApi;
+
+/// One machine shared by the FakeDeviceApis that pose as its processes:
+/// what one exports, the others open (see the top of the file).
+class FakeHost {
  public:
-  /// `devices` devices of `capacity_bytes` each.
+  /// A host called `name` (in errors).
+  explicit FakeHost(std::string name);
+  /// Its name.
+  const std::string& name() const { return name_; }
+
+ private:
+  friend class FakeDeviceApi;
+  struct Memory {
+    FakeDeviceApi* owner;
+    int device;
+    void* base;
+    uint64_t bytes;
+  };
+  struct SharedEvent {
+    FakeDeviceApi* owner;
+    int device;
+    EventHandle event;
+  };
+  const std::string name_;
+  const uint64_t nonce_;  // In every handle: another host's never matches.
+  absl::Mutex mu_;
+  std::map<uint64_t, Memory> memory_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, SharedEvent> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+/// Host-memory devices with hand-driven streams (see the top of the file).
+class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
+ public:
+  /// `devices` devices of `capacity_bytes` each; IPC calls fail.
   FakeDeviceApi(int devices, uint64_t capacity_bytes);
+  /// The same on `host` (not null), whose other fakes it shares IPC with.
+  FakeDeviceApi(int devices, uint64_t capacity_bytes,
+                std::shared_ptr<FakeHost> host);
   ~FakeDeviceApi() override;
 
   std::string name() const override { return "fake"; }
@@ -46,6 +89,22 @@ class FakeDeviceApi : public DeviceMemoryApi {
                            size_t nbytes, StreamHandle stream) override;
   absl::Status SynchronizeStream(int device, StreamHandle stream) override;
 
+  // IPC (device_ipc.h).
+  absl::StatusOr<IpcMemory> ExportMemory(int device, const void* ptr) override;
+  absl::StatusOr<IpcMapping> OpenMemory(int device,
+                                        absl::string_view handle) override;
+  absl::Status CloseMemory(int device, void* base) override;
+  absl::StatusOr<EventHandle> CreateIpcEvent(int device) override;
+  absl::Status RecordIpcEvent(int device, EventHandle event,
+                              StreamHandle stream) override;
+  absl::StatusOr<std::string> ExportEvent(int device,
+                                          EventHandle event) override;
+  absl::StatusOr<EventHandle> OpenEvent(int device,
+                                        absl::string_view handle) override;
+  absl::Status StreamWaitEvent(int device, StreamHandle stream,
+                               EventHandle event) override;
+  absl::Status DestroyIpcEvent(int device, EventHandle event) override;
+
   /// Runs everything queued on `stream` of `device` so far (its copies, in
   /// order) and marks its events done.
   void CompleteStream(int device, StreamHandle stream);
@@ -59,8 +118,24 @@ class FakeDeviceApi : public DeviceMemoryApi {
   uint64_t mallocs();
   uint64_t frees();   ///< See mallocs().
   uint64_t live_events();  ///< See mallocs().
+  /// OpenMemory calls that succeeded, and mappings not yet closed.
+  uint64_t ipc_opens();
+  uint64_t open_mappings();  ///< See ipc_opens().
 
  private:
+  absl::Status NoHost(int device, absl::string_view call) const;
+  absl::StatusOr<uint64_t> HandleId(int device, absl::string_view handle,
+                                    char kind, absl::string_view call) const;
+  absl::Status FreeLocked(int device, void* ptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the queued copies of (device, stream) and completes its events.
+  void CompleteLocked(int device, StreamHandle stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the stream `event` was recorded on (a peer waits on it).
+  void CompleteEventStream(EventHandle event);
+  // Forgets what this fake exported at `base` (all when null).
+  void UnexportLocked(void* base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(host_->mu_);
+
   struct Event {
     int device;
     StreamHandle stream;
@@ -68,6 +143,7 @@ class FakeDeviceApi : public DeviceMemoryApi {
   };
   const int devices_;
   const uint64_t capacity_;
+  const std::shared_ptr<FakeHost> host_;  // Null: IPC calls fail.
   absl::Mutex mu_;
   std::map<void*, std::pair<int, size_t>> blocks_ ABSL_GUARDED_BY(mu_);
   std::map<int, uint64_t> in_use_ ABSL_GUARDED_BY(mu_);
@@ -87,6 +163,14 @@ class FakeDeviceApi : public DeviceMemoryApi {
   int fail_events_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t mallocs_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
+  // Events a peer's event handle was opened as: local handle -> the
+  // host's id of the exported event.
+  std::map<EventHandle, uint64_t> imported_ ABSL_GUARDED_BY(mu_);
+  // Per stream: the host ids of peer events its completion waits for.
+  std::map<std::pair<int, StreamHandle>, std::vector<uint64_t>> waits_
+      ABSL_GUARDED_BY(mu_);
+  std::map<void*, uint64_t> mappings_ ABSL_GUARDED_BY(mu_);  // Open counts.
+  uint64_t ipc_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cuda
