@@ -5,7 +5,6 @@
 #include "ferry/worker/device_ipc.h"
 
 #include <atomic>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -16,10 +15,10 @@
 #include "ferry/common/poll.h"
 #include "ferry/rpc/function_registry.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
-#include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/worker/device_header.h"
+#include "ferry/worker/device_testing.h"
 #include "ferry/worker/test_group.h"
 #include "ferry/worker/worker.h"
 #include "gmock/gmock.h"
@@ -93,23 +92,10 @@ std::unique_ptr<Pair> StartPair(const std::string& tag, bool same_host) {
   return p;
 }
 
+// `cpu` on `device` of w's devices, from w's allocator.
 Tensor OnDevice(const Tensor& cpu, int device, Worker& w,
                 cuda::DeviceMemoryApi& api) {
-  absl::StatusOr<Tensor> t =
-      cuda::CopyToDevice(cpu, device, 0, *w.device_allocator(), api);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : Tensor();
-}
-
-bool SameBytes(const Tensor& dev, const Tensor& cpu,
-               cuda::DeviceMemoryApi& api) {
-  absl::StatusOr<Tensor> host = cuda::CopyToHost(dev, 0, api);
-  if (!host.ok()) {
-    ADD_FAILURE() << host.status();
-    return false;
-  }
-  return host->sizes() == cpu.sizes() && host->dtype() == cpu.dtype() &&
-         std::memcmp(host->data_ptr(), cpu.data_ptr(), cpu.nbytes()) == 0;
+  return ::ferry::OnDevice(cpu, device, *w.device_allocator(), api);
 }
 
 TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
