@@ -1,7 +1,6 @@
 #include "ferry/worker/device_ipc.h"
 
 #include <algorithm>
-#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -288,6 +287,7 @@ void DeviceIpc::Count(const std::string& peer, const IpcTraffic& d) {
 
 void DeviceIpc::Hold(GlobalId id, Held held) {
   MutexLock lock(&mu_);
+  next_expiry_ = std::min(next_expiry_, held.deadline);
   held_[id.value()] = std::move(held);
 }
 
@@ -301,11 +301,14 @@ void DeviceIpc::DestroyEvents(
 
 void DeviceIpc::TakeExpired(std::vector<Held>& out) {
   const absl::Time now = absl::Now();
+  if (now <= next_expiry_) return;  // Nothing can have expired yet.
+  next_expiry_ = absl::InfiniteFuture();
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.deadline < now) {
       out.push_back(std::move(it->second));
       it = held_.erase(it);
     } else {
+      next_expiry_ = std::min(next_expiry_, it->second.deadline);
       ++it;
     }
   }
@@ -339,10 +342,19 @@ void DeviceIpc::ExpectReply(const std::string& peer, GlobalId id,
                             absl::Time deadline) {
   MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
-  for (auto it = acks_.begin(); it != acks_.end();) {
-    it = it->second < now ? acks_.erase(it) : std::next(it);
+  if (now > next_ack_expiry_) {
+    next_ack_expiry_ = absl::InfiniteFuture();
+    for (auto it = acks_.begin(); it != acks_.end();) {
+      if (it->second < now) {
+        it = acks_.erase(it);
+      } else {
+        next_ack_expiry_ = std::min(next_ack_expiry_, it->second);
+        ++it;
+      }
+    }
   }
   if (acks_.size() >= kMaxPendingAcks) acks_.erase(acks_.begin());
+  next_ack_expiry_ = std::min(next_ack_expiry_, deadline);
   acks_[{peer, id.value()}] = deadline;
 }
 

@@ -218,6 +218,9 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   // Callee: (peer, request id) -> deadline, of requests to acknowledge.
   std::map<std::pair<std::string, uint64_t>, absl::Time> acks_
       ABSL_GUARDED_BY(mu_);
+  // No hold (ack) expires before this: sweeps are skipped until then.
+  absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Time next_ack_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<std::string, IpcTraffic> traffic_ ABSL_GUARDED_BY(mu_);
 };
 
