@@ -32,6 +32,31 @@
 namespace ferry {
 namespace {
 
+// Echoes float tensors of 4 KiB to 256 MiB from w0's cuda:0 through w1;
+// each must come back on cuda:0 with its bytes. Prints each round trip.
+void EchoEachSize(Worker& w0, cuda::CudaDeviceApi& api, const char* label) {
+  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20,
+                       size_t{256} << 20}) {
+    const Tensor cpu =
+        arange(static_cast<int64_t>(bytes / 4), DType::kFloat32);
+    absl::StatusOr<Tensor> x =
+        cuda::CopyToDevice(cpu, 0, 0, *w0.device_allocator(), api);
+    ASSERT_TRUE(x.ok()) << x.status();
+    const absl::Time start = absl::Now();
+    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", *x);
+    const absl::Duration took = absl::Now() - start;
+    ASSERT_TRUE(back.ok()) << bytes << ": " << back.status();
+    EXPECT_EQ(back->device(), Device::CUDA(0));
+    absl::StatusOr<Tensor> host = cuda::CopyToHost(*back, 0, api);
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_EQ(std::memcmp(host->data_ptr(), cpu.data_ptr(), bytes), 0)
+        << bytes;
+    std::printf("%s %zu bytes: %.3f ms round trip (%.2f GB/s, both ways)\n",
+                label, bytes, absl::ToDoubleMilliseconds(took),
+                2.0 * bytes / absl::ToDoubleSeconds(took) / 1e9);
+  }
+}
+
 TEST(CudaRpcGpu, StagedEchoFrom4KiBTo256MiBComesBackOnTheDevice) {
   absl::StatusOr<std::shared_ptr<cuda::CudaDeviceApi>> api =
       cuda::CudaDeviceApi::Create();
@@ -51,27 +76,7 @@ TEST(CudaRpcGpu, StagedEchoFrom4KiBTo256MiBComesBackOnTheDevice) {
   WorkerGroup w = StartWorkerGroup("gpu", o);
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
   Worker& w0 = **w[0];
-  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20,
-                       size_t{256} << 20}) {
-    const Tensor cpu =
-        arange(static_cast<int64_t>(bytes / 4), DType::kFloat32);
-    absl::StatusOr<Tensor> x =
-        cuda::CopyToDevice(cpu, 0, 0, *w0.device_allocator(), **api);
-    ASSERT_TRUE(x.ok()) << x.status();
-    const absl::Time start = absl::Now();
-    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", *x);
-    const absl::Duration took = absl::Now() - start;
-    ASSERT_TRUE(back.ok()) << bytes << ": " << back.status();
-    EXPECT_EQ(back->device(), Device::CUDA(0));
-    absl::StatusOr<Tensor> host = cuda::CopyToHost(*back, 0, **api);
-    ASSERT_TRUE(host.ok()) << host.status();
-    EXPECT_EQ(std::memcmp(host->data_ptr(), cpu.data_ptr(), bytes), 0)
-        << bytes;
-    std::printf(
-        "staged echo %zu bytes: %.3f ms round trip (%.2f GB/s, both ways)\n",
-        bytes, absl::ToDoubleMilliseconds(took),
-        2.0 * bytes / absl::ToDoubleSeconds(took) / 1e9);
-  }
+  EchoEachSize(w0, **api, "staged echo");
   EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 4u);
   ShutdownWorkerGroup(w);
 }
@@ -119,26 +124,7 @@ TEST(CudaRpcGpu, IpcEchoBetweenTwoProcessesFrom4KiBTo256MiB) {
   absl::StatusOr<std::unique_ptr<Worker>> started = InitWorker(o);
   ASSERT_TRUE(started.ok()) << started.status();
   Worker& w0 = **started;
-  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20,
-                       size_t{256} << 20}) {
-    const Tensor cpu =
-        arange(static_cast<int64_t>(bytes / 4), DType::kFloat32);
-    absl::StatusOr<Tensor> x =
-        cuda::CopyToDevice(cpu, 0, 0, *w0.device_allocator(), **api);
-    ASSERT_TRUE(x.ok()) << x.status();
-    const absl::Time start = absl::Now();
-    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", *x);
-    const absl::Duration took = absl::Now() - start;
-    ASSERT_TRUE(back.ok()) << bytes << ": " << back.status();
-    EXPECT_EQ(back->device(), Device::CUDA(0));
-    absl::StatusOr<Tensor> host = cuda::CopyToHost(*back, 0, **api);
-    ASSERT_TRUE(host.ok()) << host.status();
-    EXPECT_EQ(std::memcmp(host->data_ptr(), cpu.data_ptr(), bytes), 0)
-        << bytes;
-    std::printf(
-        "ipc request + staged reply, %zu bytes: %.3f ms round trip\n", bytes,
-        absl::ToDoubleMilliseconds(took));
-  }
+  EchoEachSize(w0, **api, "ipc request + staged reply");
   EXPECT_EQ(w0.ipc_traffic("w1").tensors_out, 4u);
   EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
   EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 0u);
