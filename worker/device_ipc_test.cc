@@ -178,6 +178,32 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
   EXPECT_EQ(p->api1->open_mappings(), 0u);
 }
 
+TEST(DeviceIpc, ConcurrentCallsFromOneBlockOpenItOnceAndAllLand) {
+  std::unique_ptr<Pair> p = StartPair("ipc_many", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(5000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 1, w0, *p->api0);
+  // 16 requests in flight at once, all exporting the same block.
+  std::vector<Future<Tensor>> calls;
+  for (int i = 0; i < 16; ++i) {
+    calls.push_back(w0.agent().rpc_async<Tensor>("w1", "echo", x));
+  }
+  for (Future<Tensor>& call : calls) {
+    Result<Tensor> back = call.Get(absl::Seconds(30));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->device(), Device::CUDA(1));
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  }
+  const IpcTraffic in = w1.ipc_traffic("w0");
+  EXPECT_EQ(in.tensors_in, 16u);
+  EXPECT_EQ(in.handles_opened, 1u);  // Opened under the lock, once.
+  EXPECT_EQ(in.handle_reuses, 15u);
+  EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
+  ShutdownWorkerGroup(p->w);
+}
+
 TEST(DeviceIpc, TheReceiverWaitsForTheSendersProducerWork) {
   std::unique_ptr<Pair> p = StartPair("ipc_order", /*same_host=*/true);
   for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
