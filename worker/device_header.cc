@@ -25,6 +25,68 @@ absl::Status CheckIndex(absl::string_view what, int index,
   return absl::OkStatus();
 }
 
+absl::StatusOr<IpcTensor> DecodeIpc(
+    absl::string_view what, const device::v1::DeviceHeader::IpcTensor& p,
+    bool targeted, int events, int i) {
+  const std::string field = absl::StrCat("placement ", i, "'s IPC tensor");
+  if (!targeted) {
+    return Bad(what, absl::StrCat(field, " rides on a reply or a returning "
+                                         "request (IPC carries forward "
+                                         "requests only)"));
+  }
+  if (p.memory_handle().size() != kIpcHandleSize) {
+    return Bad(what, absl::StrCat(field, " has a memory handle of ",
+                                  p.memory_handle().size(), " bytes (",
+                                  kIpcHandleSize, " expected)"));
+  }
+  if (p.allocation_bytes() == 0 || p.allocation_bytes() > kMaxIpcAllocation) {
+    return Bad(what, absl::StrCat(field, " names an allocation of ",
+                                  p.allocation_bytes(), " bytes (valid: 1..",
+                                  kMaxIpcAllocation, ")"));
+  }
+  if (p.offset() >= p.allocation_bytes()) {
+    return Bad(what, absl::StrCat(field, " has offset ", p.offset(),
+                                  " outside its allocation of ",
+                                  p.allocation_bytes(), " bytes"));
+  }
+  if (p.sizes_size() > kMaxIpcDims) {
+    return Bad(what, absl::StrCat(field, " has ", p.sizes_size(),
+                                  " dimensions (at most ", kMaxIpcDims, ")"));
+  }
+  // Every element takes at least one byte: the shape must fit the bytes
+  // after the offset (the stage checks the dtype's size).
+  const uint64_t room = p.allocation_bytes() - p.offset();
+  uint64_t numel = 1;
+  for (int d = 0; d < p.sizes_size(); ++d) {
+    const int64_t n = p.sizes(d);
+    if (n < 0) {
+      return Bad(what, absl::StrCat(field, " has size ", n, " at dimension ",
+                                    d));
+    }
+    if (n != 0 && numel > room / static_cast<uint64_t>(n)) {
+      return Bad(what, absl::StrCat(field, "'s shape holds more elements "
+                                           "than the ", room,
+                                    " bytes after its offset"));
+    }
+    numel *= static_cast<uint64_t>(n);
+  }
+  if (numel == 0) {
+    return Bad(what, absl::StrCat(field, " has no elements (empty tensors "
+                                         "travel staged)"));
+  }
+  if (static_cast<int64_t>(p.event()) >= events) {
+    return Bad(what, absl::StrCat(field, " names event ", p.event(), " of ",
+                                  events));
+  }
+  IpcTensor out;
+  out.memory_handle = p.memory_handle();
+  out.offset = p.offset();
+  out.allocation_bytes = p.allocation_bytes();
+  out.sizes.assign(p.sizes().begin(), p.sizes().end());
+  out.event = p.event();
+  return out;
+}
+
 }  // namespace
 
 absl::Status ClaimDeviceLayer() {
@@ -40,8 +102,18 @@ std::string EncodeDeviceHeader(const DeviceHeader& header) {
     out->set_position(p.position);
     out->set_source(p.source);
     if (p.target.has_value()) out->set_target(*p.target);
+    if (p.ipc.has_value()) {
+      device::v1::DeviceHeader::IpcTensor* ipc = out->mutable_ipc();
+      ipc->set_memory_handle(p.ipc->memory_handle);
+      ipc->set_offset(p.ipc->offset);
+      ipc->set_allocation_bytes(p.ipc->allocation_bytes);
+      for (int64_t d : p.ipc->sizes) ipc->add_sizes(d);
+      ipc->set_event(p.ipc->event);
+    }
   }
   proto.set_returning(header.returning);
+  for (const std::string& e : header.events) proto.add_events(e);
+  if (header.ipc_ack.has_value()) proto.set_ipc_ack(*header.ipc_ack);
   return proto.SerializeAsString();
 }
 
@@ -96,7 +168,25 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
       }
       placement.target = p.target();
     }
+    if (p.has_ipc()) {
+      absl::StatusOr<IpcTensor> ipc =
+          DecodeIpc(what, p.ipc(), targeted, proto.events_size(), i);
+      if (!ipc.ok()) return ipc.status();
+      placement.ipc = *std::move(ipc);
+    }
     out.placements.push_back(placement);
+  }
+  for (int i = 0; i < proto.events_size(); ++i) {
+    if (proto.events(i).size() != kIpcHandleSize) {
+      return Bad(what, absl::StrCat("event ", i, " has ",
+                                    proto.events(i).size(), " bytes (",
+                                    kIpcHandleSize, " expected)"));
+    }
+    out.events.push_back(proto.events(i));
+  }
+  if (proto.has_ipc_ack()) {
+    if (request) return Bad(what, "a request carries an IPC acknowledgement");
+    out.ipc_ack = proto.ipc_ack();
   }
   return out;
 }

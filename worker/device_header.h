@@ -4,15 +4,21 @@
 // carries it as the opaque bytes of layer header kDeviceHeaderLayer
 // (proto/device_rpc.proto); worker/device_stage.h writes and reads it.
 //
+// A placement may instead carry an IPC tensor (same-host requests): the
+// sender's allocation handle, offset, size and shape, and an event index;
+// a reply may acknowledge such a request (ipc_ack).
 // A message whose tensors are all on the CPU carries no header, so CPU
 // traffic and peers that never stage are unchanged. Decode trusts nothing:
 // unparsable bytes, a position not below the message's tensor count or not
 // strictly increasing, a negative device index or one over kMaxDeviceIndex,
-// a request placement without a target or a reply placement with one are
-// InvalidArgument naming the sender, the message and the field; it never
-// crashes (//worker:device_header_fuzz). A returning request (gradients
-// going back along a forward request) carries its placements as a reply
-// does, without targets; `returning` on a reply is refused.
+// a request placement without a target or a reply placement with one, an
+// IPC tensor in a reply or in a returning request, a handle not of
+// kIpcHandleBytes, a bad shape, an offset or size outside the allocation,
+// an event index without an event, an IPC acknowledgement on a request,
+// `returning` on a reply are InvalidArgument naming the sender, the message
+// and the field; it never crashes (//worker:device_header_fuzz). A
+// returning request (gradients going back along a forward request) carries
+// its placements as a reply does, without targets.
 //
 // Thread safety: reentrant functions. Design: docs/design/cuda_rpc.md.
 #ifndef FERRY_WORKER_DEVICE_HEADER_H_
@@ -34,6 +40,22 @@ namespace ferry {
 inline constexpr uint32_t kDeviceHeaderLayer = 3;
 /// Largest CUDA device index a header may name.
 inline constexpr int kMaxDeviceIndex = 1023;
+/// Bytes of an IPC memory or event handle (tensor/cuda/device_ipc.h).
+inline constexpr size_t kIpcHandleSize = 64;
+/// Most dimensions of an IPC tensor (tensor/tensor.h's kMaxTensorDims).
+inline constexpr int kMaxIpcDims = 64;
+/// Largest allocation an IPC tensor may name (1 TiB).
+inline constexpr uint64_t kMaxIpcAllocation = uint64_t{1} << 40;
+
+/// A CUDA tensor that stays in the sender's memory (the IPC path).
+struct IpcTensor {
+  std::string memory_handle;      ///< kIpcHandleSize bytes.
+  uint64_t offset = 0;            ///< Its first byte in the allocation.
+  uint64_t allocation_bytes = 0;  ///< The allocation's size.
+  std::vector<int64_t> sizes;     ///< Its shape (contiguous).
+  uint32_t event = 0;             ///< Index into DeviceHeader::events.
+  friend bool operator==(const IpcTensor&, const IpcTensor&) = default;
+};
 
 /// One staged tensor of a message.
 struct DevicePlacement {
@@ -41,6 +63,8 @@ struct DevicePlacement {
   int source = 0;         ///< The sender's CUDA device index.
   /// The receiver's CUDA device index (requests); nullopt in replies.
   std::optional<int> target;
+  /// Set when the tensor travels by IPC (requests only).
+  std::optional<IpcTensor> ipc = std::nullopt;
   friend bool operator==(const DevicePlacement&,
                          const DevicePlacement&) = default;
 };
@@ -51,6 +75,10 @@ struct DeviceHeader {
   /// A request whose tensors return to the worker they came from: no
   /// targets; the receiver applies the reverse of its own map.
   bool returning = false;
+  /// Interprocess event handles the IPC placements index.
+  std::vector<std::string> events = {};
+  /// A reply's: the request whose IPC tensors were copied (a GlobalId).
+  std::optional<uint64_t> ipc_ack = std::nullopt;
 };
 
 /// Claims the "device" layer and its header id (rpc/layer.h); idempotent.

@@ -34,7 +34,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<ferry::DeviceHeader> again = ferry::DecodeDeviceHeader(
           ferry::EncodeDeviceHeader(*h), tensors, request, "fuzz");
       if (!again.ok() || again->placements != h->placements ||
-          again->returning != h->returning) {
+          again->returning != h->returning ||
+          again->events != h->events ||
+          again->ipc_ack != h->ipc_ack) {
         Fail("a decoded header does not survive re-encoding");
       }
     }

@@ -2,7 +2,10 @@
 // as InvalidArgument naming the message and the field.
 #include "ferry/worker/device_header.h"
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -73,6 +76,95 @@ TEST(DeviceHeader, MalformedFieldsAreInvalidArgumentNamingThem) {
     EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(h.status().message(),
                 HasSubstr("worker 'b': the request CALL 'f'"));
+    EXPECT_THAT(h.status().message(), HasSubstr(c.expect));
+  }
+}
+
+// A request header with one IPC placement of a [4, 8] tensor at `offset` in
+// an allocation of `bytes`, and one event.
+DeviceHeader IpcRequest(uint64_t offset, uint64_t bytes) {
+  DevicePlacement p{1, 0, 1, IpcTensor{std::string(64, 'h'), offset, bytes,
+                                       {4, 8}, 0}};
+  return DeviceHeader{{p}, /*returning=*/false, {std::string(64, 'e')}};
+}
+
+TEST(DeviceHeader, IpcPlacementsRoundTrip) {
+  const DeviceHeader h = IpcRequest(512, 4096);
+  absl::StatusOr<DeviceHeader> back =
+      DecodeDeviceHeader(EncodeDeviceHeader(h), 2, true, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->placements, h.placements);
+  EXPECT_EQ(back->events, h.events);
+  ASSERT_TRUE(back->placements[0].ipc.has_value());
+  EXPECT_EQ(back->placements[0].ipc->sizes, (std::vector<int64_t>{4, 8}));
+}
+
+TEST(DeviceHeader, ARepliesIpcAcknowledgementRoundTripsAndARequestsIsRefused) {
+  DeviceHeader ack;
+  ack.ipc_ack = 0;  // Worker 0's first request: present, not "unset".
+  absl::StatusOr<DeviceHeader> back =
+      DecodeDeviceHeader(EncodeDeviceHeader(ack), 0, false, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ipc_ack, std::optional<uint64_t>(0));
+  absl::StatusOr<DeviceHeader> request =
+      DecodeDeviceHeader(EncodeDeviceHeader(ack), 0, true, "worker 'b'");
+  ASSERT_FALSE(request.ok());
+  EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(request.status().message(),
+              HasSubstr("worker 'b': malformed device header: a request "
+                        "carries an IPC acknowledgement"));
+}
+
+TEST(DeviceHeader, MalformedIpcFieldsAreInvalidArgumentNamingThem) {
+  struct Case {
+    DeviceHeader header;
+    bool request;
+    std::string expect;
+  };
+  std::vector<Case> cases;
+  DeviceHeader reply = IpcRequest(0, 4096);
+  reply.placements[0].target = std::nullopt;
+  cases.push_back({reply, false, "rides on a reply"});
+  DeviceHeader returning = IpcRequest(0, 4096);  // Gradients going back.
+  returning.returning = true;
+  returning.placements[0].target = std::nullopt;
+  cases.push_back({returning, true, "rides on a reply or a returning request"});
+  DeviceHeader short_handle = IpcRequest(0, 4096);
+  short_handle.placements[0].ipc->memory_handle = "abc";
+  cases.push_back({short_handle, true, "memory handle of 3 bytes"});
+  cases.push_back({IpcRequest(4096, 4096), true,
+                   "offset 4096 outside its allocation of 4096 bytes"});
+  cases.push_back({IpcRequest(0, 0), true, "allocation of 0 bytes"});
+  cases.push_back({IpcRequest(0, uint64_t{1} << 41), true,
+                   "allocation of 2199023255552 bytes"});
+  // 32 elements need at least 32 bytes; 4090 + 32 > 4096.
+  cases.push_back({IpcRequest(4090, 4096), true,
+                   "more elements than the 6 bytes after its offset"});
+  DeviceHeader negative = IpcRequest(0, 4096);
+  negative.placements[0].ipc->sizes = {4, -1};
+  cases.push_back({negative, true, "size -1 at dimension 1"});
+  DeviceHeader huge = IpcRequest(0, 4096);
+  huge.placements[0].ipc->sizes = {int64_t{1} << 40, int64_t{1} << 40};
+  cases.push_back({huge, true, "more elements than"});
+  DeviceHeader empty = IpcRequest(0, 4096);
+  empty.placements[0].ipc->sizes = {0};
+  cases.push_back({empty, true, "no elements"});
+  DeviceHeader dims = IpcRequest(0, 4096);
+  dims.placements[0].ipc->sizes = std::vector<int64_t>(65, 1);
+  cases.push_back({dims, true, "65 dimensions"});
+  DeviceHeader no_event = IpcRequest(0, 4096);
+  no_event.events.clear();
+  cases.push_back({no_event, true, "names event 0 of 0"});
+  DeviceHeader bad_event = IpcRequest(0, 4096);
+  bad_event.events[0] = "short";
+  cases.push_back({bad_event, true, "event 0 has 5 bytes"});
+  for (const Case& c : cases) {
+    absl::StatusOr<DeviceHeader> h =
+        DecodeDeviceHeader(EncodeDeviceHeader(c.header), 2, c.request,
+                           "worker 'b': the request CALL 'f' from 'a'");
+    ASSERT_FALSE(h.ok()) << c.expect;
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(h.status().message(), HasSubstr("worker 'b'"));
     EXPECT_THAT(h.status().message(), HasSubstr(c.expect));
   }
 }

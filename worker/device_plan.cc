@@ -194,20 +194,27 @@ const PeerDevicePlan* DevicePlan::Find(absl::string_view peer) const {
   return nullptr;
 }
 
-std::vector<rpc::InspectionRow> DevicePlan::Inspect() const {
+std::vector<rpc::InspectionRow> DevicePlan::Inspect(
+    const std::string& ipc_unavailable) const {
   std::vector<rpc::InspectionRow> rows;
   rows.push_back({"worker",
                   {{"devices", DeviceList(devices_)},
                    {"stage_unmapped_to_cpu",
                     stage_unmapped_to_cpu_ ? "true" : "false"}}});
   for (const PeerDevicePlan& p : peers_) {
-    rows.push_back(
-        {"peer",
-         {{"peer", p.peer},
-          {"path", CudaPathName(p.path)},
-          // What carries tensors today: IPC is planned, not built.
-          {"carried", "staged"},
-          {"map", absl::StrJoin(p.map, ",", absl::PairFormatter("->"))}}});
+    // What carries requests' tensors (replies are always staged).
+    const bool ipc = p.path == CudaPath::kIpc && ipc_unavailable.empty();
+    rpc::InspectionRow row{
+        "peer",
+        {{"peer", p.peer},
+         {"path", CudaPathName(p.path)},
+         {"carried", ipc ? "ipc" : "staged"},
+         {"replies", "staged"},
+         {"map", absl::StrJoin(p.map, ",", absl::PairFormatter("->"))}}};
+    if (p.path == CudaPath::kIpc && !ipc) {
+      row.fields.push_back({"ipc_unavailable", ipc_unavailable});
+    }
+    rows.push_back(std::move(row));
   }
   return rows;
 }

@@ -9,9 +9,10 @@
 // one host, staging through host memory otherwise; a forced "ipc" between
 // two hosts is an error naming both workers.
 //
-// Calls follow the maps through worker/device_stage.h, always over the
-// staged path: IPC is planned per pair but not built (the Admin inspector
-// "devices" shows the plan and "carried: staged"; docs/design/cuda_rpc.md).
+// Calls follow the maps through worker/device_stage.h: requests of an "ipc"
+// pair by CUDA IPC (worker/device_ipc.h) when the device API supports it,
+// everything else staged; the Admin inspector "devices" shows the plan and
+// what carries it (docs/design/cuda_rpc.md).
 //
 // Errors: InvalidArgument naming the worker and the option for malformed
 // devices, maps or transport; FailedPrecondition naming both workers and the
@@ -106,8 +107,10 @@ class DevicePlan {
   const std::vector<PeerDevicePlan>& peers() const { return peers_; }
   /// The entry of `peer`, or null when it has no map.
   const PeerDevicePlan* Find(absl::string_view peer) const;
-  /// Rows for the Admin inspector "devices": one per mapped peer.
-  std::vector<rpc::InspectionRow> Inspect() const;
+  /// Rows for the Admin inspector "devices": one per mapped peer; a pair
+  /// planned "ipc" is carried by IPC unless `ipc_unavailable` says why not.
+  std::vector<rpc::InspectionRow> Inspect(
+      const std::string& ipc_unavailable = "not built") const;
 
  private:
   std::vector<PeerDevicePlan> peers_;

@@ -18,6 +18,7 @@
 #include "ferry/tensor/cuda/fake_device_api.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/worker/device_header.h"
+#include "ferry/worker/device_testing.h"
 #include "ferry/worker/test_group.h"
 #include "ferry/worker/worker.h"
 #include "gmock/gmock.h"
@@ -199,27 +200,6 @@ TEST(DevicePlan, AMapToADeviceThePeerLacksFailsInitWorkerNamingBoth) {
 }
 
 // --- CUDA tensors through rpc_sync, staged through host memory. ---
-
-// `cpu` copied onto `device` of `api`, from `alloc`.
-Tensor OnDevice(const Tensor& cpu, int device, cuda::CachingDeviceAllocator& alloc,
-                cuda::DeviceMemoryApi& api) {
-  absl::StatusOr<Tensor> t = cuda::CopyToDevice(cpu, device, 0, alloc, api);
-  EXPECT_TRUE(t.ok()) << t.status();
-  return t.ok() ? *std::move(t) : Tensor();
-}
-
-// Whether device tensor `dev` (of `api`) holds the bytes of CPU tensor `cpu`.
-bool SameBytes(const Tensor& dev, const Tensor& cpu,
-               cuda::DeviceMemoryApi& api) {
-  absl::StatusOr<Tensor> host = cuda::CopyToHost(dev, 0, api);
-  if (!host.ok()) {
-    ADD_FAILURE() << host.status();
-    return false;
-  }
-  return host->sizes() == cpu.sizes() && host->dtype() == cpu.dtype() &&
-         (cpu.nbytes() == 0 ||
-          std::memcmp(host->data_ptr(), cpu.data_ptr(), cpu.nbytes()) == 0);
-}
 
 // Functions every callee serves: `make_on` makes a tensor on its own
 // device (from `alloc` over `api`; may be null for a worker without).

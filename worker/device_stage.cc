@@ -59,7 +59,8 @@ DeviceStage::DeviceStage(
       maps_(options.maps),
       api_(std::move(api)),
       allocator_(std::move(allocator)),
-      compute_(std::move(compute)) {}
+      compute_(std::move(compute)),
+      ipc_(DeviceIpc::Create(me_, api_, allocator_.get())) {}
 
 DeviceStage::~DeviceStage() = default;
 
@@ -137,6 +138,11 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       m.context.erase(autograd::dist::kReturningEntry) > 0 && request;
   StagedTraffic counted;
   absl::Status status;
+  // Forward requests to a peer on this host: handles instead of host bytes
+  // (a returning request's gradients travel as a reply's: staged).
+  std::unique_ptr<IpcOutgoing> ipc =
+      request && !header.returning && ipc_ != nullptr ? ipc_->Begin(peer.name)
+                                                      : nullptr;
   uint32_t position = 0;
   rpc::ForEachTensor(m.payload, [&](Tensor& t) {
     const uint32_t i = position++;
@@ -159,6 +165,22 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
         return;
       }
       target = *mapped;
+    }
+    if (ipc != nullptr && target.is_cuda() && t.nbytes() > 0 &&
+        t.is_contiguous()) {  // IPC (worker/device_ipc.h).
+      DevicePlacement p{i, source.index, target.index};
+      absl::StatusOr<Tensor> placeholder = ipc->Add(t, p, header);
+      if (!placeholder.ok()) {
+        status = Annotate(placeholder.status(),
+                          absl::StrCat("worker '", me_, "': exporting tensor ",
+                                       i, " (", source.ToString(), ") of ",
+                                       Which(m, request), " to '", peer.name,
+                                       "' by CUDA IPC"));
+        return;
+      }
+      header.placements.push_back(std::move(p));
+      t = *std::move(placeholder);
+      return;
     }
     absl::StatusOr<Tensor> host = cuda::CopyToHost(t, kStream, *api_);
     if (!host.ok()) {
@@ -184,11 +206,25 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
     Count(peer.name, StagedTraffic{.refused = 1});
     return status;
   }
-  if (!header.placements.empty()) {
+  // A reply acknowledges a request whose tensors came by IPC.
+  if (!request && ipc_ != nullptr && ipc_->TakeReply(peer.name, m.id)) {
+    header.ipc_ack = m.id.value();
+  }
+  if (!header.placements.empty() || header.ipc_ack.has_value()) {
     m.SetHeader(kDeviceHeaderLayer, EncodeDeviceHeader(header));
   }
+  if (ipc != nullptr) ipc->Commit(m.id, m.deadline);
   if (counted.tensors_out > 0) Count(peer.name, counted);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> DeviceStage::WithCompute(Tensor t) const {
+  if (compute_ == nullptr) return t;  // So autograd can compute on it.
+  const Storage& s = t.storage();
+  return Tensor::FromStorage(
+      Storage::Wrap(s.data(), s.nbytes(), s.device(),
+                    std::make_shared<Storage>(s), compute_),
+      t.dtype(), t.sizes(), t.strides(), t.storage_offset());
 }
 
 absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
@@ -202,8 +238,13 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
   absl::StatusOr<DeviceHeader> header =
       DecodeDeviceHeader(*bytes, tensors.size(), request, what);
   std::map<uint32_t, Tensor> landed;  // Released if any placement fails.
+  std::unique_ptr<IpcIncoming> ipc;   // Copies from a peer's handles.
   StagedTraffic counted;
   absl::Status status = header.status();
+  if (status.ok() && header->ipc_ack.has_value() && ipc_ != nullptr) {
+    // The callee copied the request's IPC tensors: release them.
+    ipc_->Replied(peer.name, GlobalId::FromValue(*header->ipc_ack));
+  }
   if (status.ok()) {
     for (const DevicePlacement& p : header->placements) {
       const Tensor& host = tensors[p.position];
@@ -242,6 +283,24 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
             ", which this worker does not use (", DeviceListText(), ")"));
         break;
       }
+      if (p.ipc.has_value()) {  // IPC (worker/device_ipc.h).
+        if (ipc == nullptr && ipc_ != nullptr) {
+          ipc = ipc_->Receive(peer.name, header->events);
+        }
+        absl::StatusOr<Tensor> copied =
+            ipc != nullptr
+                ? ipc->Land(p, host, target.index, what, tensor)
+                : absl::FailedPreconditionError(absl::StrCat(
+                      what, ": ", tensor, " came by CUDA IPC, which this "
+                      "worker's device API (", api_->name(), ") lacks"));
+        if (copied.ok()) copied = WithCompute(*std::move(copied));
+        if (!copied.ok()) {
+          status = copied.status();  // Land's errors name `what`.
+          break;
+        }
+        landed.emplace(p.position, *std::move(copied));
+        continue;
+      }
       absl::StatusOr<Tensor> on_device = cuda::CopyToDevice(
           host, target.index, kStream, *allocator_, *api_);
       if (!on_device.ok()) {
@@ -250,22 +309,19 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
                                        target.ToString()));
         break;
       }
-      if (compute_ != nullptr) {  // So autograd can compute on it.
-        const Storage& s = on_device->storage();
-        on_device = Tensor::FromStorage(
-            Storage::Wrap(s.data(), s.nbytes(), s.device(),
-                          std::make_shared<Storage>(s), compute_),
-            on_device->dtype(), on_device->sizes(), on_device->strides(),
-            on_device->storage_offset());
-        if (!on_device.ok()) {
-          status = Annotate(on_device.status(), what);
-          break;
-        }
+      on_device = WithCompute(*std::move(on_device));
+      if (!on_device.ok()) {
+        status = Annotate(on_device.status(), what);
+        break;
       }
       ++counted.tensors_in;
       counted.bytes_in += host.nbytes();
       landed.emplace(p.position, *std::move(on_device));
     }
+  }
+  if (status.ok() && ipc != nullptr) {
+    status = ipc->Finish();
+    if (status.ok()) ipc_->ExpectReply(peer.name, m.id, m.deadline);
   }
   if (!status.ok()) {
     landed.clear();  // Back to the allocator before the error travels.

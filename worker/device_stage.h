@@ -17,7 +17,8 @@
 // Receiving, each placement is copied onto its device (this worker's
 // CachingDeviceAllocator) before the handler (or the caller's future) sees
 // the message; on any failure the message fails and the landed tensors are
-// released to the allocator.
+// released to the allocator. Forward requests to a peer the IPC path
+// carries send handles instead of host bytes (worker/device_ipc.h).
 //
 // Errors name this worker, the peer, the tensor's position and the device:
 // a tensor on a device this worker does not use (FailedPrecondition), a
@@ -44,6 +45,7 @@
 #include "ferry/rpc/inspect.h"
 #include "ferry/rpc/message.h"
 #include "ferry/tensor/storage.h"
+#include "ferry/worker/device_ipc.h"
 #include "ferry/worker/device_plan.h"
 
 namespace ferry {
@@ -87,11 +89,16 @@ class DeviceStage {
   absl::Status StageOut(const rpc::WorkerInfo& peer, rpc::Message& message,
                         bool request);
   /// Lands `message`'s placements from `peer` (`request`: a request).
+  // `t` with this worker's compute backend attached (when it has one), so
+  // autograd can compute on a landed tensor.
+  absl::StatusOr<Tensor> WithCompute(Tensor t) const;
   absl::Status LandIn(const rpc::WorkerInfo& peer, rpc::Message& message,
                       bool request);
 
   /// The allocator landed tensors come from; null without devices.
   cuda::CachingDeviceAllocator* allocator() const { return allocator_.get(); }
+  /// The IPC path (worker/device_ipc.h); null when the API has none.
+  const std::shared_ptr<DeviceIpc>& ipc() const { return ipc_; }
   /// The counters of `peer` (zeros when none moved).
   StagedTraffic Traffic(const std::string& peer) const;
   /// Rows for the Admin inspector "devices": one "staged" row per peer.
@@ -112,6 +119,7 @@ class DeviceStage {
   const std::shared_ptr<cuda::DeviceMemoryApi> api_;
   const std::unique_ptr<cuda::CachingDeviceAllocator> allocator_;
   const std::shared_ptr<DeviceComputeInterface> compute_;
+  const std::shared_ptr<DeviceIpc> ipc_;  // After allocator_: goes first.
   mutable Mutex mu_;
   std::map<std::string, StagedTraffic> traffic_ ABSL_GUARDED_BY(mu_);
 };

@@ -168,10 +168,39 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
                      DevicePlan::Settle(w.options.name, w.devices,
                                         grpc->store(), w.options.join_timeout));
     agent.AddInterceptor(DeviceStage::SendInterceptor(w.stage));
+    // Requests to peers on this host by CUDA IPC, when the device API
+    // supports it (worker/device_ipc.h); held tensors go back on the
+    // acknowledging reply, the deadline or the peer's failure.
+    if (const std::shared_ptr<DeviceIpc>& ipc = w.stage->ipc()) {
+      std::vector<std::string> peers;
+      for (const PeerDevicePlan& p : w.device_plan.peers()) {
+        if (p.path == CudaPath::kIpc) peers.push_back(p.peer);
+      }
+      absl::Status usable = ipc->UsePeers(peers, w.devices.devices[0].index);
+      if (!usable.ok()) {
+        FERRY_LOG(WARNING) << usable << "; tensors to " << peers.size()
+                           << " peer(s) on this host are staged instead";
+      }
+      agent.AddPeerFailureListener(
+          [weak = std::weak_ptr<DeviceIpc>(ipc)](const rpc::WorkerInfo& peer,
+                                                 const absl::Status&) {
+            if (std::shared_ptr<DeviceIpc> s = weak.lock()) {
+              s->PeerFailed(peer.name);
+            }
+          });
+    }
     RETURN_IF_ERROR(agent.inspectors().Register("devices", [&w] {
-      std::vector<rpc::InspectionRow> rows = w.device_plan.Inspect();
+      const std::shared_ptr<DeviceIpc>& ipc = w.stage->ipc();
+      std::vector<rpc::InspectionRow> rows = w.device_plan.Inspect(
+          ipc != nullptr ? ipc->unavailable()
+                         : "the device API has no CUDA IPC");
       for (rpc::InspectionRow& r : w.stage->Inspect()) {
         rows.push_back(std::move(r));
+      }
+      if (ipc != nullptr) {
+        for (rpc::InspectionRow& r : ipc->Inspect()) {
+          rows.push_back(std::move(r));
+        }
       }
       return rows;
     }));
@@ -244,6 +273,11 @@ cuda::CachingDeviceAllocator* Worker::device_allocator() const {
 
 StagedTraffic Worker::staged_traffic(const std::string& peer) const {
   return impl_->stage->Traffic(peer);
+}
+
+IpcTraffic Worker::ipc_traffic(const std::string& peer) const {
+  const std::shared_ptr<DeviceIpc>& ipc = impl_->stage->ipc();
+  return ipc != nullptr ? ipc->Traffic(peer) : IpcTraffic{};
 }
 
 WorkerStats Worker::stats() const {

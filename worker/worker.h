@@ -117,8 +117,9 @@ struct WorkerOptions {
   std::function<void(const Tensor& param)> optimizer_after_update;
   // CUDA tensors over RPC (issue #32, worker/device_plan.h,
   // worker/device_stage.h): checked and planned at InitWorker; a CUDA
-  // tensor in a message is staged through host memory and lands on the
-  // device this worker's map names. The CUDA devices this worker uses
+  // tensor in a message lands on the device this worker's map names, by
+  // CUDA IPC in requests to a peer on this host (worker/device_ipc.h),
+  // staged through host memory otherwise. The CUDA devices this worker uses
   // ("cuda:N"), which must exist on device_api.
   std::vector<std::string> devices;
   // Per peer: this worker's device -> the peer's ("cuda:0" -> "cuda:1"),
@@ -211,6 +212,9 @@ class Worker {
   cuda::CachingDeviceAllocator* device_allocator() const;
   // The CUDA tensors staged with `peer` so far (worker/device_stage.h).
   StagedTraffic staged_traffic(const std::string& peer) const;
+  // The CUDA tensors carried by IPC with `peer` so far, handles opened, and
+  // requests whose tensors are held now (worker/device_ipc.h).
+  IpcTraffic ipc_traffic(const std::string& peer) const;
 
   // rpc_sync / rpc_async through a typed handle (rpc/remote_function.h) or
   // by name (rpc/agent.h); remote() returns an RRef the callee owns.

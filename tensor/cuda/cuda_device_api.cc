@@ -1,6 +1,9 @@
 #include "ferry/tensor/cuda/cuda_device_api.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,6 +23,35 @@ absl::Status Failed(cudaError_t err, int device, absl::string_view call) {
     return absl::InvalidArgumentError(msg);
   }
   return absl::InternalError(msg);
+}
+
+static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleBytes);
+static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes);
+
+// The allocation holding `ptr` (the current device's), through the driver's
+// cuMemGetAddressRange, reached without linking libcuda.
+absl::Status AddressRange(int device, const void* ptr, char** base,
+                          size_t* bytes) {
+  using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t err = cudaGetDriverEntryPointByVersion(
+      "cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
+  if (err != cudaSuccess || fn == nullptr ||
+      found != cudaDriverEntryPointSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, ": the driver has no cuMemGetAddressRange"));
+  }
+  CUdeviceptr b = 0;
+  const CUresult r = reinterpret_cast<Fn>(fn)(
+      &b, bytes, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cuda:%d: cuMemGetAddressRange(%p): error %d (not device memory?)",
+        device, ptr, static_cast<int>(r)));
+  }
+  *base = reinterpret_cast<char*>(b);
+  return absl::OkStatus();
 }
 
 // Checks `device` against `api`, makes it current for the scope and
@@ -210,6 +242,132 @@ absl::Status CudaDeviceApi::StreamWaitEvent(int device, StreamHandle stream,
   if (err != cudaSuccess) return Failed(err, device, "cudaStreamWaitEvent");
   return absl::OkStatus();
 }
+
+// Makes `device` current for the rest of the function (see DeviceScope).
+#define FERRY_CUDA_SCOPE(device)         \
+  DeviceScope scope(*this, device);        \
+  if (!scope.status().ok()) return scope.status()
+
+
+absl::StatusOr<IpcMemory> CudaDeviceApi::ExportMemory(int device,
+                                                      const void* ptr) {
+  FERRY_CUDA_SCOPE(device);
+  char* base = nullptr;
+  size_t bytes = 0;
+  absl::Status range = AddressRange(device, ptr, &base, &bytes);
+  if (!range.ok()) return range;
+  cudaIpcMemHandle_t h;
+  cudaError_t err = cudaIpcGetMemHandle(&h, base);
+  if (err != cudaSuccess) {
+    return Failed(err, device, absl::StrFormat("cudaIpcGetMemHandle(%p)", base));
+  }
+  IpcMemory out;
+  out.handle.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  out.offset = static_cast<uint64_t>(static_cast<const char*>(ptr) - base);
+  out.allocation_bytes = bytes;
+  return out;
+}
+
+absl::StatusOr<IpcMapping> CudaDeviceApi::OpenMemory(int device,
+                                                     absl::string_view handle) {
+  FERRY_CUDA_SCOPE(device);
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda:", device, ": cudaIpcOpenMemHandle: a handle of ",
+                     handle.size(), " bytes (", sizeof(cudaIpcMemHandle_t),
+                     " expected)"));
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  void* p = nullptr;
+  cudaError_t err =
+      cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, ": cudaIpcOpenMemHandle: ", cudaGetErrorName(err),
+        " (", cudaGetErrorString(err),
+        "; another host or container, the exporting process itself, or a "
+        "freed allocation)"));
+  }
+  char* base = nullptr;
+  size_t bytes = 0;
+  absl::Status range = AddressRange(device, p, &base, &bytes);
+  if (!range.ok()) {
+    cudaIpcCloseMemHandle(p);
+    return range;
+  }
+  return IpcMapping{p, bytes};
+}
+
+absl::Status CudaDeviceApi::CloseMemory(int device, void* base) {
+  FERRY_CUDA_SCOPE(device);
+  cudaError_t err = cudaIpcCloseMemHandle(base);
+  if (err != cudaSuccess) {
+    return Failed(err, device, absl::StrFormat("cudaIpcCloseMemHandle(%p)", base));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EventHandle> CudaDeviceApi::CreateIpcEvent(int device) {
+  FERRY_CUDA_SCOPE(device);
+  cudaEvent_t ev = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(
+      &ev, cudaEventDisableTiming | cudaEventInterprocess);
+  if (err != cudaSuccess) {
+    return Failed(err, device, "cudaEventCreate(interprocess)");
+  }
+  return reinterpret_cast<EventHandle>(ev);
+}
+
+absl::Status CudaDeviceApi::RecordIpcEvent(int device, EventHandle event,
+                                           StreamHandle stream) {
+  FERRY_CUDA_SCOPE(device);
+  cudaError_t err = cudaEventRecord(reinterpret_cast<cudaEvent_t>(event),
+                                    reinterpret_cast<cudaStream_t>(stream));
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventRecord");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaDeviceApi::ExportEvent(int device,
+                                                       EventHandle event) {
+  FERRY_CUDA_SCOPE(device);
+  cudaIpcEventHandle_t h;
+  cudaError_t err =
+      cudaIpcGetEventHandle(&h, reinterpret_cast<cudaEvent_t>(event));
+  if (err != cudaSuccess) return Failed(err, device, "cudaIpcGetEventHandle");
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+absl::StatusOr<EventHandle> CudaDeviceApi::OpenEvent(int device,
+                                                     absl::string_view handle) {
+  FERRY_CUDA_SCOPE(device);
+  if (handle.size() != sizeof(cudaIpcEventHandle_t)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda:", device, ": cudaIpcOpenEventHandle: a handle of ",
+                     handle.size(), " bytes"));
+  }
+  cudaIpcEventHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  cudaEvent_t ev = nullptr;
+  cudaError_t err = cudaIpcOpenEventHandle(&ev, h);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda:", device, ": cudaIpcOpenEventHandle: ", cudaGetErrorName(err),
+        " (", cudaGetErrorString(err), ")"));
+  }
+  return reinterpret_cast<EventHandle>(ev);
+}
+
+absl::Status CudaDeviceApi::DestroyIpcEvent(int device, EventHandle event) {
+  FERRY_CUDA_SCOPE(device);
+  cudaError_t err = cudaEventDestroy(reinterpret_cast<cudaEvent_t>(event));
+  if (err != cudaSuccess) return Failed(err, device, "cudaEventDestroy");
+  return absl::OkStatus();
+}
+
+#undef FERRY_CUDA_SCOPE
 
 }  // namespace cuda
 }  // namespace ferry

@@ -10,9 +10,14 @@
 // cudaHostAlloc(portable), so copies on every device may use it; its errors
 // name "cuda:host".
 //
+// IPC (device_ipc.h): cudaIpcGetMemHandle of the allocation's base (found
+// with the driver's cuMemGetAddressRange), cudaIpcOpenMemHandle with lazy
+// peer access, interprocess events (cudaEventInterprocess). CUDA refuses to
+// open a handle in the process that exported it. Compiled, never run here.
+//
 // Thread safety: every call may be made from any thread; each sets the
 // device it needs and restores the thread's current device before it
-// returns. Design: docs/design/cuda_allocator.md.
+// returns. Design: docs/design/cuda_allocator.md, docs/design/cuda_rpc.md.
 #ifndef FERRY_TENSOR_CUDA_CUDA_DEVICE_API_H_
 #define FERRY_TENSOR_CUDA_CUDA_DEVICE_API_H_
 
@@ -20,12 +25,13 @@
 #include <string>
 
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/device_ipc.h"
 
 namespace ferry {
 namespace cuda {
 
 /// The CUDA runtime as a DeviceMemoryApi (see the top of the file).
-class CudaDeviceApi : public DeviceMemoryApi {
+class CudaDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
  public:
   /// The API over every visible device, or FailedPrecondition naming why
   /// there is none.
@@ -49,6 +55,21 @@ class CudaDeviceApi : public DeviceMemoryApi {
   absl::Status DestroyStream(int device, StreamHandle stream) override;
   absl::Status StreamWaitEvent(int device, StreamHandle stream,
                                EventHandle event) override;
+
+  // IPC (device_ipc.h).
+  absl::StatusOr<IpcMemory> ExportMemory(int device, const void* ptr) override;
+  absl::StatusOr<IpcMapping> OpenMemory(int device,
+                                        absl::string_view handle) override;
+  absl::Status CloseMemory(int device, void* base) override;
+  absl::StatusOr<EventHandle> CreateIpcEvent(int device) override;
+  absl::Status RecordIpcEvent(int device, EventHandle event,
+                              StreamHandle stream) override;
+  absl::StatusOr<std::string> ExportEvent(int device,
+                                          EventHandle event) override;
+  absl::StatusOr<EventHandle> OpenEvent(int device,
+                                        absl::string_view handle) override;
+  // StreamWaitEvent (above) serves both interfaces.
+  absl::Status DestroyIpcEvent(int device, EventHandle event) override;
 
  private:
   explicit CudaDeviceApi(int devices) : devices_(devices) {}

@@ -3,20 +3,64 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "ferry/common/status.h"
 
 namespace ferry {
 namespace cuda {
 
+namespace {
+
+// A handle: magic, the host's nonce, the kind ('M' memory, 'E' event) and
+// the host's id, then zeros up to kIpcHandleBytes.
+constexpr char kMagic[8] = {'f', 'e', 'r', 'r', 'y', 'f', 'k', '1'};
+
+std::string MakeHandle(uint64_t nonce, char kind, uint64_t id) {
+  std::string h(kIpcHandleBytes, '\0');
+  std::memcpy(h.data(), kMagic, 8);
+  std::memcpy(h.data() + 8, &nonce, 8);
+  h[16] = kind;
+  std::memcpy(h.data() + 24, &id, 8);
+  return h;
+}
+
+}  // namespace
+
+FakeHost::FakeHost(std::string name)
+    : name_(std::move(name)), nonce_(absl::Uniform<uint64_t>(absl::BitGen())) {}
+
 FakeDeviceApi::FakeDeviceApi(int devices, uint64_t capacity_bytes)
     : devices_(devices), capacity_(capacity_bytes) {}
 
+FakeDeviceApi::FakeDeviceApi(int devices, uint64_t capacity_bytes,
+                             std::shared_ptr<FakeHost> host)
+    : devices_(devices), capacity_(capacity_bytes), host_(std::move(host)) {}
+
 FakeDeviceApi::~FakeDeviceApi() {
+  if (host_ != nullptr) {
+    absl::MutexLock host_lock(&host_->mu_);
+    UnexportLocked(nullptr);
+  }
   absl::MutexLock lock(&mu_);
   for (auto& [ptr, where] : blocks_) std::free(ptr);
   for (auto& [ptr, size] : host_blocks_) std::free(const_cast<char*>(ptr));
+}
+
+void FakeDeviceApi::UnexportLocked(void* base) {
+  for (auto it = host_->memory_.begin(); it != host_->memory_.end();) {
+    const bool mine = it->second.owner == this &&
+                      (base == nullptr || it->second.base == base);
+    it = mine ? host_->memory_.erase(it) : std::next(it);
+  }
+  if (base != nullptr) return;
+  for (auto it = host_->events_.begin(); it != host_->events_.end();) {
+    it = it->second.owner == this ? host_->events_.erase(it) : std::next(it);
+  }
 }
 
 absl::StatusOr<void*> FakeDeviceApi::Malloc(int device, size_t nbytes) {
@@ -49,7 +93,18 @@ absl::StatusOr<void*> FakeDeviceApi::Malloc(int device, size_t nbytes) {
 absl::Status FakeDeviceApi::Free(int device, void* ptr) {
   absl::Status valid = CheckDevice(*this, device);
   if (!valid.ok()) return valid;
+  if (host_ != nullptr) {
+    // An exported allocation is forgotten by its host (peers' opens fail).
+    absl::MutexLock host_lock(&host_->mu_);
+    UnexportLocked(ptr);
+    absl::MutexLock lock(&mu_);
+    return FreeLocked(device, ptr);
+  }
   absl::MutexLock lock(&mu_);
+  return FreeLocked(device, ptr);
+}
+
+absl::Status FakeDeviceApi::FreeLocked(int device, void* ptr) {
   auto it = blocks_.find(ptr);
   if (it == blocks_.end() || it->second.first != device) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -133,6 +188,25 @@ absl::Status FakeDeviceApi::SynchronizeStream(int device, StreamHandle stream) {
 }
 
 bool FakeDeviceApi::CompleteStream(int device, StreamHandle stream) {
+  std::vector<uint64_t> waits;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waits_.find({device, stream});
+    if (it != waits_.end()) {
+      waits = std::move(it->second);
+      waits_.erase(it);
+    }
+  }
+  // Peers' events first: their streams complete before this one's queue
+  // runs (a peer that went away counts as done).
+  if (!waits.empty() && host_ != nullptr) {
+    absl::MutexLock host_lock(&host_->mu_);
+    for (uint64_t id : waits) {
+      auto ev = host_->events_.find(id);
+      if (ev == host_->events_.end()) continue;
+      ev->second.owner->CompleteEventStream(ev->second.event);
+    }
+  }
   absl::MutexLock lock(&mu_);
   return RunQueue({device, stream});
 }
@@ -152,6 +226,202 @@ bool FakeDeviceApi::RunQueue(std::pair<int, StreamHandle> where) {
   }
   queued.erase(queued.begin(), queued.begin() + ran);
   return queued.empty();
+}
+
+void FakeDeviceApi::CompleteEventStream(EventHandle event) {
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event);
+  if (it == events_.end() || it->second.seq == 0) return;
+  RunQueue({it->second.device, it->second.stream});
+}
+
+absl::Status FakeDeviceApi::NoHost(int device, absl::string_view call) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "fake:", device, ": ", call,
+      ": this FakeDeviceApi is on no FakeHost, so it shares no memory with "
+      "another process"));
+}
+
+absl::StatusOr<uint64_t> FakeDeviceApi::HandleId(int device,
+                                                 absl::string_view handle,
+                                                 char kind,
+                                                 absl::string_view call) const {
+  if (handle.size() != kIpcHandleBytes ||
+      std::memcmp(handle.data(), kMagic, 8) != 0 || handle[16] != kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fake:", device, ": ", call, ": not a fake IPC ",
+        kind == 'M' ? "memory" : "event", " handle (", handle.size(),
+        " bytes)"));
+  }
+  uint64_t nonce = 0;
+  uint64_t id = 0;
+  std::memcpy(&nonce, handle.data() + 8, 8);
+  std::memcpy(&id, handle.data() + 24, 8);
+  if (nonce != host_->nonce_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake:", device, ": ", call,
+        ": the handle was exported on another host than fake host '",
+        host_->name(), "'"));
+  }
+  return id;
+}
+
+absl::StatusOr<IpcMemory> FakeDeviceApi::ExportMemory(int device,
+                                                      const void* ptr) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "ExportMemory");
+  absl::MutexLock host_lock(&host_->mu_);
+  absl::MutexLock lock(&mu_);
+  const char* p = static_cast<const char*>(ptr);
+  auto it = blocks_.upper_bound(const_cast<void*>(ptr));
+  bool held = it != blocks_.begin();
+  if (held) {
+    --it;
+    held = it->second.first == device &&
+           p < static_cast<const char*>(it->first) + it->second.second;
+  }
+  if (!held) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fake:%d: ExportMemory of %p, which no allocation of this device "
+        "holds", device, ptr));
+  }
+  void* base = it->first;
+  const uint64_t bytes = it->second.second;
+  uint64_t id = 0;
+  for (const auto& [each, m] : host_->memory_) {
+    if (m.owner == this && m.base == base) id = each;
+  }
+  if (id == 0) {
+    id = host_->next_++;
+    host_->memory_[id] = FakeHost::Memory{this, device, base, bytes};
+  }
+  return IpcMemory{MakeHandle(host_->nonce_, 'M', id),
+                   static_cast<uint64_t>(p - static_cast<const char*>(base)),
+                   bytes};
+}
+
+absl::StatusOr<IpcMapping> FakeDeviceApi::OpenMemory(int device,
+                                                     absl::string_view handle) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "OpenMemory");
+  ASSIGN_OR_RETURN(uint64_t id, HandleId(device, handle, 'M', "OpenMemory"));
+  absl::MutexLock host_lock(&host_->mu_);
+  auto it = host_->memory_.find(id);
+  if (it == host_->memory_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake:", device, ": OpenMemory: no allocation is exported under the "
+        "handle on fake host '", host_->name(), "' (freed?)"));
+  }
+  const FakeHost::Memory m = it->second;
+  absl::MutexLock lock(&mu_);
+  ++mappings_[m.base];
+  ++ipc_opens_;
+  return IpcMapping{m.base, m.bytes};
+}
+
+absl::Status FakeDeviceApi::CloseMemory(int device, void* base) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  absl::MutexLock lock(&mu_);
+  auto it = mappings_.find(base);
+  if (it == mappings_.end()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "fake:%d: CloseMemory of %p, which OpenMemory did not return", device,
+        base));
+  }
+  if (--it->second == 0) mappings_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EventHandle> FakeDeviceApi::CreateIpcEvent(int device) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "CreateIpcEvent");
+  absl::MutexLock lock(&mu_);
+  const EventHandle id = next_event_++;
+  events_[id] = Event{device, 0, 0};  // Never recorded: done.
+  return id;
+}
+
+absl::Status FakeDeviceApi::RecordIpcEvent(int device, EventHandle event,
+                                           StreamHandle stream) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  absl::MutexLock lock(&mu_);
+  auto it = events_.find(event);
+  if (it == events_.end() || it->second.device != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fake:", device, ": RecordIpcEvent: no event ", event));
+  }
+  it->second.stream = stream;
+  it->second.seq = ++recorded_[{device, stream}];
+  Op marker;  // Done once the stream's queue runs past it.
+  marker.seq = it->second.seq;
+  queues_[{device, stream}].push_back(marker);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> FakeDeviceApi::ExportEvent(int device,
+                                                       EventHandle event) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "ExportEvent");
+  absl::MutexLock host_lock(&host_->mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = events_.find(event);
+    if (it == events_.end() || it->second.device != device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fake:", device, ": ExportEvent: no event ", event));
+    }
+  }
+  const uint64_t id = host_->next_++;
+  host_->events_[id] = FakeHost::SharedEvent{this, device, event};
+  return MakeHandle(host_->nonce_, 'E', id);
+}
+
+absl::StatusOr<EventHandle> FakeDeviceApi::OpenEvent(int device,
+                                                     absl::string_view handle) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "OpenEvent");
+  ASSIGN_OR_RETURN(uint64_t id, HandleId(device, handle, 'E', "OpenEvent"));
+  absl::MutexLock host_lock(&host_->mu_);
+  if (host_->events_.count(id) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fake:", device, ": OpenEvent: no event is exported under the handle "
+        "on fake host '", host_->name(), "'"));
+  }
+  absl::MutexLock lock(&mu_);
+  const EventHandle local = next_event_++;
+  imported_[local] = id;
+  return local;
+}
+
+absl::Status FakeDeviceApi::DestroyIpcEvent(int device, EventHandle event) {
+  RETURN_IF_ERROR(CheckDevice(*this, device));
+  if (host_ == nullptr) return NoHost(device, "DestroyIpcEvent");
+  absl::MutexLock host_lock(&host_->mu_);
+  absl::MutexLock lock(&mu_);
+  if (imported_.erase(event) > 0) return absl::OkStatus();
+  auto it = events_.find(event);
+  if (it == events_.end() || it->second.device != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fake:", device, ": DestroyIpcEvent: no event ", event));
+  }
+  events_.erase(it);
+  for (auto e = host_->events_.begin(); e != host_->events_.end();) {
+    const bool mine = e->second.owner == this && e->second.event == event;
+    e = mine ? host_->events_.erase(e) : std::next(e);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t FakeDeviceApi::ipc_opens() {
+  absl::MutexLock lock(&mu_);
+  return ipc_opens_;
+}
+
+uint64_t FakeDeviceApi::open_mappings() {
+  absl::MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [base, count] : mappings_) n += count;
+  return n;
 }
 
 void FakeDeviceApi::FailRecordEvent(int n) {
@@ -263,6 +533,11 @@ absl::Status FakeDeviceApi::StreamWaitEvent(int device, StreamHandle stream,
   absl::Status valid = CheckDevice(*this, device);
   if (!valid.ok()) return valid;
   absl::MutexLock lock(&mu_);
+  auto imported = imported_.find(event);
+  if (imported != imported_.end()) {  // A peer's (OpenEvent).
+    waits_[{device, stream}].push_back(imported->second);
+    return absl::OkStatus();
+  }
   auto it = events_.find(event);
   if (it == events_.end()) {
     return absl::InvalidArgumentError(

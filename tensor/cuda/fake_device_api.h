@@ -16,14 +16,21 @@
 // queues a wait: completing the stream stops there until the awaited
 // event's stream has been completed past it (SynchronizeStream and
 // WaitEvent then fail with FailedPrecondition, where CUDA would hang).
+// IPC (device_ipc.h): fakes built on one FakeHost pose as processes of one
+// machine and open each other's handles (the same host memory); a handle
+// from another FakeHost, or any IPC call of a fake without one, fails as a
+// handle from another host or container would. A stream that waits on a
+// peer's event completes the peer's stream first when it completes.
 //
-// Thread safety: every call is safe from any thread (one annotated mutex).
-// Design: docs/design/cuda_allocator.md.
+// Thread safety: every call is safe from any thread (one annotated mutex
+// per fake, and the FakeHost's, always taken before a fake's).
+// Design: docs/design/cuda_allocator.md, docs/design/cuda_rpc.md.
 #ifndef FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
 #define FERRY_TENSOR_CUDA_FAKE_DEVICE_API_H_
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,15 +38,51 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/device_ipc.h"
 
 namespace ferry {
 namespace cuda {
 
-/// Host-memory devices with hand-driven streams (see the top of the file).
-class FakeDeviceApi : public DeviceMemoryApi {
+class FakeDeviceApi;
+
+/// One machine shared by the FakeDeviceApis that pose as its processes:
+/// what one exports, the others open (see the top of the file).
+class FakeHost {
  public:
-  /// `devices` devices of `capacity_bytes` each.
+  /// A host called `name` (in errors).
+  explicit FakeHost(std::string name);
+  /// Its name.
+  const std::string& name() const { return name_; }
+
+ private:
+  friend class FakeDeviceApi;
+  struct Memory {
+    FakeDeviceApi* owner;
+    int device;
+    void* base;
+    uint64_t bytes;
+  };
+  struct SharedEvent {
+    FakeDeviceApi* owner;
+    int device;
+    EventHandle event;
+  };
+  const std::string name_;
+  const uint64_t nonce_;  // In every handle: another host's never matches.
+  absl::Mutex mu_;
+  std::map<uint64_t, Memory> memory_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, SharedEvent> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+/// Host-memory devices with hand-driven streams (see the top of the file).
+class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
+ public:
+  /// `devices` devices of `capacity_bytes` each; IPC calls fail.
   FakeDeviceApi(int devices, uint64_t capacity_bytes);
+  /// The same on `host` (not null), whose other fakes it shares IPC with.
+  FakeDeviceApi(int devices, uint64_t capacity_bytes,
+                std::shared_ptr<FakeHost> host);
   ~FakeDeviceApi() override;
 
   std::string name() const override { return "fake"; }
@@ -61,9 +104,24 @@ class FakeDeviceApi : public DeviceMemoryApi {
   absl::Status StreamWaitEvent(int device, StreamHandle stream,
                                EventHandle event) override;
 
+  // IPC (device_ipc.h).
+  absl::StatusOr<IpcMemory> ExportMemory(int device, const void* ptr) override;
+  absl::StatusOr<IpcMapping> OpenMemory(int device,
+                                        absl::string_view handle) override;
+  absl::Status CloseMemory(int device, void* base) override;
+  absl::StatusOr<EventHandle> CreateIpcEvent(int device) override;
+  absl::Status RecordIpcEvent(int device, EventHandle event,
+                              StreamHandle stream) override;
+  absl::StatusOr<std::string> ExportEvent(int device,
+                                          EventHandle event) override;
+  absl::StatusOr<EventHandle> OpenEvent(int device,
+                                        absl::string_view handle) override;
+  absl::Status DestroyIpcEvent(int device, EventHandle event) override;
+
   /// Runs what is queued on `stream` of `device` so far, in order (copies,
   /// events become done), up to a StreamWaitEvent whose event is not done;
-  /// returns whether all of it ran.
+  /// returns whether all of it ran. A wait on a peer's event (OpenEvent)
+  /// completes the peer's stream first.
   bool CompleteStream(int device, StreamHandle stream);
   /// The next `n` RecordEvent calls fail with Internal.
   void FailRecordEvent(int n);
@@ -75,6 +133,9 @@ class FakeDeviceApi : public DeviceMemoryApi {
   uint64_t mallocs();
   uint64_t frees();   ///< See mallocs().
   uint64_t live_events();  ///< See mallocs().
+  /// OpenMemory calls that succeeded, and mappings not yet closed.
+  uint64_t ipc_opens();
+  uint64_t open_mappings();  ///< See ipc_opens().
 
   /// HostAlloc past `bytes` of live pinned memory is ResourceExhausted
   /// (default: no limit).
@@ -92,6 +153,16 @@ class FakeDeviceApi : public DeviceMemoryApi {
   uint64_t live_streams();
 
  private:
+  absl::Status NoHost(int device, absl::string_view call) const;
+  absl::StatusOr<uint64_t> HandleId(int device, absl::string_view handle,
+                                    char kind, absl::string_view call) const;
+  absl::Status FreeLocked(int device, void* ptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the stream `event` was recorded on (a peer waits on it).
+  void CompleteEventStream(EventHandle event);
+  // Forgets what this fake exported at `base` (all when null).
+  void UnexportLocked(void* base) ABSL_EXCLUSIVE_LOCKS_REQUIRED(host_->mu_);
+
   struct Event {
     int device;
     StreamHandle stream;
@@ -99,6 +170,7 @@ class FakeDeviceApi : public DeviceMemoryApi {
   };
   const int devices_;
   const uint64_t capacity_;
+  const std::shared_ptr<FakeHost> host_;  // Null: IPC calls fail.
   absl::Mutex mu_;
   std::map<void*, std::pair<int, size_t>> blocks_ ABSL_GUARDED_BY(mu_);
   std::map<int, uint64_t> in_use_ ABSL_GUARDED_BY(mu_);
@@ -137,6 +209,14 @@ class FakeDeviceApi : public DeviceMemoryApi {
   std::map<std::pair<int, StreamHandle>, bool> streams_ ABSL_GUARDED_BY(mu_);
   // Created streams get handles from here up, apart from hand-picked ones.
   StreamHandle next_stream_ ABSL_GUARDED_BY(mu_) = StreamHandle{1} << 32;
+  // Events a peer's event handle was opened as: local handle -> the
+  // host's id of the exported event.
+  std::map<EventHandle, uint64_t> imported_ ABSL_GUARDED_BY(mu_);
+  // Per stream: the host ids of peer events its completion waits for.
+  std::map<std::pair<int, StreamHandle>, std::vector<uint64_t>> waits_
+      ABSL_GUARDED_BY(mu_);
+  std::map<void*, uint64_t> mappings_ ABSL_GUARDED_BY(mu_);  // Open counts.
+  uint64_t ipc_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cuda

@@ -1,8 +1,13 @@
 // The DeviceMemoryApi conformance suite on FakeDeviceApi.
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "ferry/tensor/cuda/device_api_conformance.h"
+#include "ferry/tensor/cuda/device_ipc.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 
 namespace ferry {
 namespace cuda {
@@ -32,6 +37,77 @@ INSTANTIATE_TEST_SUITE_P(
           return std::make_unique<FakeFixture>();
         }}),
     [](const auto& info) { return info.param.name; });
+
+using ::testing::HasSubstr;
+
+// Two fakes on one FakeHost share an allocation through its handle; the
+// reader's stream waits on the writer's event; a fake on another host, a
+// freed allocation and malformed bytes are refused.
+TEST(FakeDeviceIpc, FakesOnOneHostShareMemoryAndOthersCannot) {
+  auto host = std::make_shared<FakeHost>("h1");
+  auto writer = std::make_shared<FakeDeviceApi>(1, 1 << 20, host);
+  auto reader = std::make_shared<FakeDeviceApi>(1, 1 << 20, host);
+  auto stranger = std::make_shared<FakeDeviceApi>(
+      1, 1 << 20, std::make_shared<FakeHost>("h2"));
+  ASSERT_NE(AsIpc(std::shared_ptr<DeviceMemoryApi>(writer)), nullptr);
+  void* block = writer->Malloc(0, 4096).value();
+  const char* inside = static_cast<const char*>(block) + 100;
+  absl::StatusOr<IpcMemory> exported = writer->ExportMemory(0, inside);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->handle.size(), kIpcHandleBytes);
+  EXPECT_EQ(exported->offset, 100u);
+  EXPECT_EQ(exported->allocation_bytes, 4096u);
+  // The same allocation exports the same handle.
+  EXPECT_EQ(writer->ExportMemory(0, block).value().handle, exported->handle);
+  // A write queued on the writer's stream, then an event after it.
+  const std::string text = "through the handle";
+  ASSERT_TRUE(writer->MemcpyAsync(0, const_cast<char*>(inside), text.data(),
+                                  text.size(), 0).ok());
+  EventHandle ev = writer->CreateIpcEvent(0).value();
+  ASSERT_TRUE(writer->RecordIpcEvent(0, ev, 0).ok());
+  std::string ev_handle = writer->ExportEvent(0, ev).value();
+  absl::StatusOr<IpcMapping> mapped = reader->OpenMemory(0, exported->handle);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ(mapped->bytes, 4096u);
+  EventHandle theirs = reader->OpenEvent(0, ev_handle).value();
+  ASSERT_TRUE(reader->StreamWaitEvent(0, 7, theirs).ok());
+  std::string out(text.size(), '?');
+  ASSERT_TRUE(reader->MemcpyAsync(0, out.data(),
+                                  static_cast<char*>(mapped->base) + 100,
+                                  text.size(), 7).ok());
+  ASSERT_TRUE(reader->SynchronizeStream(0, 7).ok());
+  EXPECT_EQ(out, text);  // The wait ran the writer's queued copy first.
+  EXPECT_EQ(reader->ipc_opens(), 1u);
+  EXPECT_EQ(reader->open_mappings(), 1u);
+  ASSERT_TRUE(reader->CloseMemory(0, mapped->base).ok());
+  EXPECT_EQ(reader->open_mappings(), 0u);
+  EXPECT_FALSE(reader->CloseMemory(0, mapped->base).ok());
+  ASSERT_TRUE(reader->DestroyIpcEvent(0, theirs).ok());
+  ASSERT_TRUE(writer->DestroyIpcEvent(0, ev).ok());
+  // Another host: FailedPrecondition naming it.
+  absl::StatusOr<IpcMapping> far = stranger->OpenMemory(0, exported->handle);
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(far.status().message(), HasSubstr("another host"));
+  // Malformed bytes: InvalidArgument.
+  absl::StatusOr<IpcMapping> junk =
+      reader->OpenMemory(0, std::string(kIpcHandleBytes, 'x'));
+  ASSERT_FALSE(junk.ok());
+  EXPECT_EQ(junk.status().code(), absl::StatusCode::kInvalidArgument);
+  // A freed allocation cannot be opened any more.
+  ASSERT_TRUE(writer->Free(0, block).ok());
+  absl::StatusOr<IpcMapping> freed = reader->OpenMemory(0, exported->handle);
+  ASSERT_FALSE(freed.ok());
+  EXPECT_EQ(freed.status().code(), absl::StatusCode::kFailedPrecondition);
+  // A pointer no allocation holds is not exported; a fake without a host
+  // has no IPC at all.
+  int local = 0;
+  EXPECT_EQ(writer->ExportMemory(0, &local).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  FakeDeviceApi alone(1, 1 << 20);
+  EXPECT_THAT(alone.CreateIpcEvent(0).status().message(),
+              HasSubstr("no FakeHost"));
+}
 
 }  // namespace
 }  // namespace cuda

@@ -1,0 +1,419 @@
+#include "ferry/worker/device_ipc.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "ferry/common/logging.h"
+#include "ferry/common/status.h"
+
+namespace ferry {
+namespace {
+
+// The IPC path's copies run on each device's default stream, as the staged
+// path's do (worker/device_stage.cc).
+constexpr cuda::StreamHandle kStream = 0;
+
+// Per-peer tables are bounded as the stage's are: names a caller makes up
+// are counted together beyond this many.
+constexpr size_t kMaxPeers = 1024;
+
+}  // namespace
+
+// A peer's allocation opened here; closed when the last user lets go.
+struct DeviceIpc::Mapping {
+  std::shared_ptr<cuda::DeviceIpcApi> ipc;
+  int device = 0;
+  char* base = nullptr;
+  uint64_t bytes = 0;
+  ~Mapping() {
+    absl::Status s = ipc->CloseMemory(device, base);
+    if (!s.ok()) FERRY_LOG(WARNING) << "closing an IPC mapping: " << s;
+  }
+};
+
+// --- Sending ---------------------------------------------------------------
+
+absl::StatusOr<Tensor> IpcOutgoing::Add(const Tensor& t,
+                                        DevicePlacement& placement,
+                                        DeviceHeader& header) {
+  const int device = t.device().index;
+  cuda::DeviceIpcApi& api = *ipc_->ipc_;
+  auto found = event_index_.find(device);
+  if (found == event_index_.end()) {
+    // One event per device and message, recorded after the work queued on
+    // the device so far: the tensors' producers.
+    ASSIGN_OR_RETURN(cuda::EventHandle ev, api.CreateIpcEvent(device));
+    events_.push_back({device, ev});
+    RETURN_IF_ERROR(api.RecordIpcEvent(device, ev, kStream));
+    ASSIGN_OR_RETURN(std::string handle, api.ExportEvent(device, ev));
+    found = event_index_
+                .emplace(device, static_cast<uint32_t>(header.events.size()))
+                .first;
+    header.events.push_back(std::move(handle));
+  }
+  ASSIGN_OR_RETURN(cuda::IpcMemory memory,
+                   api.ExportMemory(device, t.data_ptr()));
+  ASSIGN_OR_RETURN(Tensor placeholder, Tensor::TryEmpty({0}, t.dtype()));
+  placement.ipc = IpcTensor{std::move(memory.handle), memory.offset,
+                            memory.allocation_bytes, t.sizes(),
+                            found->second};
+  tensors_.push_back(t);
+  bytes_ += t.nbytes();
+  return placeholder;
+}
+
+void IpcOutgoing::Commit(GlobalId id, absl::Time deadline) {
+  if (tensors_.empty() && events_.empty()) return;
+  ipc_->Count(peer_, IpcTraffic{.tensors_out = tensors_.size(),
+                                .bytes_out = bytes_});
+  ipc_->Hold(id, DeviceIpc::Held{peer_, deadline, std::move(tensors_),
+                                 std::move(events_)});
+  tensors_.clear();
+  events_.clear();
+}
+
+IpcOutgoing::~IpcOutgoing() { ipc_->DestroyEvents(events_); }
+
+// --- Receiving -------------------------------------------------------------
+
+absl::StatusOr<Tensor> IpcIncoming::Land(const DevicePlacement& p,
+                                         const Tensor& placeholder, int target,
+                                         const std::string& what,
+                                         const std::string& tensor) {
+  const IpcTensor& t = *p.ipc;
+  const std::string on = absl::StrCat("cuda:", target);
+  if (!placeholder.defined() || !placeholder.device().is_cpu() ||
+      placeholder.numel() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": malformed device header: ", tensor,
+                     " has an IPC handle but did not arrive as an empty CPU "
+                     "tensor"));
+  }
+  int64_t nbytes = 0;
+  absl::Status shape = CheckShape(t.sizes, placeholder.dtype(), &nbytes);
+  if (!shape.ok() ||
+      static_cast<uint64_t>(nbytes) > t.allocation_bytes - t.offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": malformed device header: ", tensor, "'s IPC shape (",
+        shape.ok() ? absl::StrCat(nbytes, " bytes") : shape.message(),
+        ") does not fit the ", t.allocation_bytes - t.offset,
+        " bytes after offset ", t.offset, " of its allocation"));
+  }
+  absl::StatusOr<std::shared_ptr<const DeviceIpc::Mapping>> mapping =
+      ipc_->Open(peer_, target, t.memory_handle, counted_);
+  if (!mapping.ok()) {
+    return Annotate(mapping.status(),
+                    absl::StrCat(what, ": ", tensor, ": opening the IPC "
+                                 "memory handle of '", peer_, "' on ", on));
+  }
+  const DeviceIpc::Mapping& m = **mapping;
+  if (t.offset + static_cast<uint64_t>(nbytes) > m.bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": malformed device header: ", tensor, ": ", nbytes,
+        " bytes at offset ", t.offset, " overrun the peer's allocation of ",
+        m.bytes, " bytes opened on ", on));
+  }
+  cuda::DeviceIpcApi& api = *ipc_->ipc_;
+  auto ev = opened_.find({target, t.event});
+  if (ev == opened_.end()) {
+    absl::StatusOr<cuda::EventHandle> opened =
+        api.OpenEvent(target, events_[t.event]);
+    if (!opened.ok()) {
+      return Annotate(opened.status(),
+                      absl::StrCat(what, ": ", tensor, ": opening the IPC "
+                                   "event of '", peer_, "' on ", on));
+    }
+    ev = opened_.emplace(std::make_pair(target, t.event), *opened).first;
+    // The copies below run after the sender's producers.
+    RETURN_IF_ERROR(Annotate(api.StreamWaitEvent(target, kStream, *opened),
+                             absl::StrCat(what, ": ", tensor, " on ", on)));
+  }
+  absl::StatusOr<Storage> storage = ipc_->allocator_->Allocate(
+      target, static_cast<size_t>(nbytes), kStream);
+  if (!storage.ok()) {
+    return Annotate(storage.status(), absl::StrCat(what, ": landing ", tensor,
+                                                   " on ", on));
+  }
+  targets_.insert(target);
+  in_use_.push_back(*mapping);
+  RETURN_IF_ERROR(Annotate(
+      ipc_->api_->MemcpyAsync(target, storage->data(), m.base + t.offset,
+                              static_cast<size_t>(nbytes), kStream),
+      absl::StrCat(what, ": copying ", tensor, " onto ", on)));
+  ++counted_.tensors_in;
+  counted_.bytes_in += static_cast<uint64_t>(nbytes);
+  return Tensor::FromStorage(*std::move(storage), placeholder.dtype(), t.sizes,
+                             ContiguousStrides(t.sizes));
+}
+
+absl::Status IpcIncoming::Finish() {
+  for (int target : targets_) {
+    RETURN_IF_ERROR(Annotate(ipc_->api_->SynchronizeStream(target, kStream),
+                             absl::StrCat("worker '", ipc_->me_,
+                                          "': waiting for the IPC copies "
+                                          "from '", peer_, "' on cuda:",
+                                          target)));
+  }
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+IpcIncoming::~IpcIncoming() {
+  if (!finished_) {
+    // A failed message: no queued copy may outlive the mappings it reads.
+    for (int target : targets_) {
+      ipc_->api_->SynchronizeStream(target, kStream).IgnoreError();
+    }
+  }
+  std::vector<std::pair<int, cuda::EventHandle>> events;
+  for (const auto& [key, ev] : opened_) events.push_back({key.first, ev});
+  ipc_->DestroyEvents(events);
+  // Handles opened count even when the message failed afterwards.
+  if (!finished_) counted_.tensors_in = counted_.bytes_in = 0;
+  if (counted_.tensors_in > 0 || counted_.handles_opened > 0 ||
+      counted_.handle_reuses > 0) {
+    ipc_->Count(peer_, counted_);
+  }
+}
+
+// --- DeviceIpc -------------------------------------------------------------
+
+std::shared_ptr<DeviceIpc> DeviceIpc::Create(
+    std::string me, const std::shared_ptr<cuda::DeviceMemoryApi>& api,
+    cuda::CachingDeviceAllocator* allocator) {
+  std::shared_ptr<cuda::DeviceIpcApi> ipc = cuda::AsIpc(api);
+  if (ipc == nullptr || allocator == nullptr) return nullptr;
+  return std::shared_ptr<DeviceIpc>(
+      new DeviceIpc(std::move(me), std::move(ipc), api, allocator));
+}
+
+DeviceIpc::~DeviceIpc() {
+  std::map<uint64_t, Held> held;
+  decltype(mappings_) mappings;
+  {
+    MutexLock lock(&mu_);
+    held.swap(held_);
+    mappings.swap(mappings_);
+  }
+  for (auto& [id, h] : held) DestroyEvents(h.events);
+}
+
+absl::Status DeviceIpc::UsePeers(const std::vector<std::string>& peers,
+                                 int probe_device) {
+  if (peers.empty()) return absl::OkStatus();
+  absl::StatusOr<cuda::EventHandle> probe = ipc_->CreateIpcEvent(probe_device);
+  MutexLock lock(&mu_);
+  if (!probe.ok()) {
+    unavailable_ = std::string(probe.status().message());
+    return Annotate(probe.status(),
+                    absl::StrCat("worker '", me_, "': CUDA IPC unavailable"));
+  }
+  ipc_->DestroyIpcEvent(probe_device, *probe).IgnoreError();
+  peers_.insert(peers.begin(), peers.end());
+  unavailable_.clear();
+  return absl::OkStatus();
+}
+
+bool DeviceIpc::Carries(const std::string& peer) const {
+  MutexLock lock(&mu_);
+  return peers_.count(peer) > 0;
+}
+
+std::string DeviceIpc::unavailable() const {
+  MutexLock lock(&mu_);
+  return unavailable_;
+}
+
+std::unique_ptr<IpcOutgoing> DeviceIpc::Begin(const std::string& peer) {
+  if (!Carries(peer)) return nullptr;
+  ReleaseExpired();
+  return std::unique_ptr<IpcOutgoing>(
+      new IpcOutgoing(shared_from_this(), peer));
+}
+
+std::unique_ptr<IpcIncoming> DeviceIpc::Receive(
+    const std::string& peer, std::vector<std::string> events) {
+  return std::unique_ptr<IpcIncoming>(
+      new IpcIncoming(shared_from_this(), peer, std::move(events)));
+}
+
+absl::StatusOr<std::shared_ptr<const DeviceIpc::Mapping>> DeviceIpc::Open(
+    const std::string& peer, int device, const std::string& handle,
+    IpcTraffic& counted) {
+  std::vector<std::shared_ptr<const Mapping>> evicted;  // Closed unlocked.
+  MutexLock lock(&mu_);
+  auto key = std::make_tuple(peer, device, handle);
+  auto it = mappings_.find(key);
+  if (it != mappings_.end()) {
+    it->second.second = ++uses_;
+    ++counted.handle_reuses;
+    return it->second.first;
+  }
+  // Opened under the lock: two landings of one allocation never open it
+  // twice (CUDA refuses a second open in one process).
+  absl::StatusOr<cuda::IpcMapping> opened = ipc_->OpenMemory(device, handle);
+  if (!opened.ok()) return opened.status();
+  auto m = std::make_shared<Mapping>();
+  m->ipc = ipc_;
+  m->device = device;
+  m->base = static_cast<char*>(opened->base);
+  m->bytes = opened->bytes;
+  ++counted.handles_opened;
+  if (mappings_.size() >= kMaxMappings) {
+    auto oldest = std::min_element(
+        mappings_.begin(), mappings_.end(), [](const auto& a, const auto& b) {
+          return a.second.second < b.second.second;
+        });
+    evicted.push_back(std::move(oldest->second.first));
+    mappings_.erase(oldest);
+  }
+  mappings_[std::move(key)] = {m, ++uses_};
+  return std::shared_ptr<const Mapping>(std::move(m));
+}
+
+void DeviceIpc::Count(const std::string& peer, const IpcTraffic& d) {
+  MutexLock lock(&mu_);
+  const bool known = traffic_.count(peer) > 0;
+  IpcTraffic& t =
+      traffic_[known || traffic_.size() < kMaxPeers ? peer : "(other)"];
+  t.tensors_out += d.tensors_out;
+  t.bytes_out += d.bytes_out;
+  t.tensors_in += d.tensors_in;
+  t.bytes_in += d.bytes_in;
+  t.handles_opened += d.handles_opened;
+  t.handle_reuses += d.handle_reuses;
+}
+
+void DeviceIpc::Hold(GlobalId id, Held held) {
+  MutexLock lock(&mu_);
+  next_expiry_ = std::min(next_expiry_, held.deadline);
+  held_[id.value()] = std::move(held);
+}
+
+void DeviceIpc::DestroyEvents(
+    const std::vector<std::pair<int, cuda::EventHandle>>& events) {
+  for (const auto& [device, ev] : events) {
+    absl::Status s = ipc_->DestroyIpcEvent(device, ev);
+    if (!s.ok()) FERRY_LOG(WARNING) << "worker '" << me_ << "': " << s;
+  }
+}
+
+void DeviceIpc::TakeExpired(std::vector<Held>& out) {
+  const absl::Time now = absl::Now();
+  if (now <= next_expiry_) return;  // Nothing can have expired yet.
+  next_expiry_ = absl::InfiniteFuture();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->second.deadline < now) {
+      out.push_back(std::move(it->second));
+      it = held_.erase(it);
+    } else {
+      next_expiry_ = std::min(next_expiry_, it->second.deadline);
+      ++it;
+    }
+  }
+}
+
+void DeviceIpc::ReleaseExpired() {
+  std::vector<Held> done;
+  {
+    MutexLock lock(&mu_);
+    TakeExpired(done);
+  }
+  for (const Held& h : done) DestroyEvents(h.events);
+}
+
+void DeviceIpc::Replied(const std::string& peer, GlobalId id) {
+  std::vector<Held> done;
+  {
+    MutexLock lock(&mu_);
+    auto it = held_.find(id.value());
+    // Only the peer the request went to may release it.
+    if (it != held_.end() && it->second.peer == peer) {
+      done.push_back(std::move(it->second));
+      held_.erase(it);
+    }
+    TakeExpired(done);
+  }
+  for (const Held& h : done) DestroyEvents(h.events);
+}
+
+void DeviceIpc::ExpectReply(const std::string& peer, GlobalId id,
+                            absl::Time deadline) {
+  MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now > next_ack_expiry_) {
+    next_ack_expiry_ = absl::InfiniteFuture();
+    for (auto it = acks_.begin(); it != acks_.end();) {
+      if (it->second < now) {
+        it = acks_.erase(it);
+      } else {
+        next_ack_expiry_ = std::min(next_ack_expiry_, it->second);
+        ++it;
+      }
+    }
+  }
+  if (acks_.size() >= kMaxPendingAcks) acks_.erase(acks_.begin());
+  next_ack_expiry_ = std::min(next_ack_expiry_, deadline);
+  acks_[{peer, id.value()}] = deadline;
+}
+
+bool DeviceIpc::TakeReply(const std::string& peer, GlobalId id) {
+  MutexLock lock(&mu_);
+  return acks_.erase({peer, id.value()}) > 0;
+}
+
+void DeviceIpc::PeerFailed(const std::string& peer) {
+  std::vector<Held> done;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->second.peer == peer) {
+        done.push_back(std::move(it->second));
+        it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Held& h : done) DestroyEvents(h.events);
+}
+
+IpcTraffic DeviceIpc::Traffic(const std::string& peer) {
+  ReleaseExpired();
+  MutexLock lock(&mu_);
+  auto it = traffic_.find(peer);
+  IpcTraffic t = it == traffic_.end() ? IpcTraffic{} : it->second;
+  for (const auto& [id, h] : held_) t.held_calls += h.peer == peer ? 1 : 0;
+  return t;
+}
+
+size_t DeviceIpc::held_calls() {
+  ReleaseExpired();
+  MutexLock lock(&mu_);
+  return held_.size();
+}
+
+std::vector<rpc::InspectionRow> DeviceIpc::Inspect() {
+  std::vector<std::string> peers;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [peer, t] : traffic_) peers.push_back(peer);
+  }
+  std::vector<rpc::InspectionRow> rows;
+  for (const std::string& peer : peers) {
+    const IpcTraffic t = Traffic(peer);
+    rows.push_back({"ipc",
+                    {{"peer", peer},
+                     {"tensors_out", absl::StrCat(t.tensors_out)},
+                     {"bytes_out", absl::StrCat(t.bytes_out)},
+                     {"tensors_in", absl::StrCat(t.tensors_in)},
+                     {"bytes_in", absl::StrCat(t.bytes_in)},
+                     {"handles_opened", absl::StrCat(t.handles_opened)},
+                     {"handle_reuses", absl::StrCat(t.handle_reuses)},
+                     {"held_calls", absl::StrCat(t.held_calls)}}});
+  }
+  return rows;
+}
+
+}  // namespace ferry

@@ -1,0 +1,371 @@
+// The CUDA IPC path (worker/device_ipc.h) between two workers in one
+// process whose devices are FakeDeviceApi host memory: fakes on one FakeHost
+// open each other's handles as processes of one machine would; a fake on
+// another FakeHost cannot, as a different host or container cannot.
+#include "ferry/worker/device_ipc.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "ferry/common/poll.h"
+#include "ferry/rpc/function_registry.h"
+#include "ferry/tensor/cuda/caching_allocator.h"
+#include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/tensor.h"
+#include "ferry/worker/device_header.h"
+#include "ferry/worker/device_testing.h"
+#include "ferry/worker/test_group.h"
+#include "ferry/worker/worker.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Edits the device header of w0's next requests (after staging).
+using Tamper = std::function<void(DeviceHeader&)>;
+
+struct Pair {
+  std::shared_ptr<cuda::FakeDeviceApi> api0;
+  std::shared_ptr<cuda::FakeDeviceApi> api1;
+  std::shared_ptr<Tamper> tamper = std::make_shared<Tamper>();
+  WorkerGroup w;
+  Worker& w0() { return **w[0]; }
+  Worker& w1() { return **w[1]; }
+};
+
+// w0 (cuda:0, cuda:1) maps cuda:0 -> w1's cuda:1 and cuda:1 -> w1's cuda:0,
+// with the ipc path forced; w1 serves echo, where and sum. `same_host`: both
+// fakes on one FakeHost, else on two.
+std::unique_ptr<Pair> StartPair(const std::string& tag, bool same_host) {
+  auto p = std::make_unique<Pair>();
+  auto host = std::make_shared<cuda::FakeHost>("h1");
+  p->api0 = std::make_shared<cuda::FakeDeviceApi>(2, 64 << 20, host);
+  p->api1 = std::make_shared<cuda::FakeDeviceApi>(
+      2, 64 << 20,
+      same_host ? host : std::make_shared<cuda::FakeHost>("h2"));
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  EXPECT_TRUE(registry->Register("echo", [](Tensor t) { return t; }).ok());
+  EXPECT_TRUE(registry
+                  ->Register("where",
+                             [](Tensor a, Tensor b) {
+                               return absl::StrCat(a.device().ToString(), ",",
+                                                   b.device().ToString());
+                             })
+                  .ok());
+  EXPECT_TRUE(registry->Register("ping", [](int64_t x) { return x + 1; }).ok());
+  std::vector<WorkerOptions> o(2);
+  o[0].devices = {"cuda:0", "cuda:1"};
+  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}};
+  o[0].device_api = p->api0;
+  o[0].cuda_transport = "ipc";
+  o[0].before_serving = [tamper = p->tamper](Worker& w) {
+    w.agent().AddInterceptor([tamper](rpc::InterceptPoint point,
+                                      const rpc::WorkerInfo&,
+                                      rpc::Message& m) -> absl::Status {
+      const std::string* bytes = m.FindHeader(kDeviceHeaderLayer);
+      if (point != rpc::InterceptPoint::kSendRequest || !*tamper ||
+          bytes == nullptr) {
+        return absl::OkStatus();
+      }
+      absl::StatusOr<DeviceHeader> h =
+          DecodeDeviceHeader(*bytes, m.Tensors().size(), true, "tamper");
+      if (!h.ok()) return h.status();
+      (*tamper)(*h);
+      m.SetHeader(kDeviceHeaderLayer, EncodeDeviceHeader(*h));
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  };
+  o[1].devices = {"cuda:0", "cuda:1"};
+  o[1].device_api = p->api1;
+  o[1].registry = registry;
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  p->w = StartWorkerGroup(tag, o);
+  return p;
+}
+
+// `cpu` on `device` of w's devices, from w's allocator.
+Tensor OnDevice(const Tensor& cpu, int device, Worker& w,
+                cuda::DeviceMemoryApi& api) {
+  return ::ferry::OnDevice(cpu, device, *w.device_allocator(), api);
+}
+
+TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
+  std::unique_ptr<Pair> p = StartPair("ipc_echo", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  uint64_t sent = 0;
+  uint64_t sent_bytes = 0;
+  // One element, odd, 1 MiB, 3 MiB, from both devices; a float64 too.
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{262144},
+                    int64_t{786432}}) {
+    for (int device : {0, 1}) {
+      for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+        const Tensor cpu = arange(n, dtype);
+        const Tensor x = OnDevice(cpu, device, w0, *p->api0);
+        Result<std::string> where =
+            w0.agent().rpc_sync<std::string>("w1", "where", x, x);
+        ASSERT_TRUE(where.ok()) << where.status();
+        const std::string on1 = device == 0 ? "cuda:1" : "cuda:0";
+        EXPECT_EQ(*where, absl::StrCat(on1, ",", on1));
+        Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+        ASSERT_TRUE(back.ok()) << back.status();
+        EXPECT_EQ(back->device(), Device::CUDA(device));
+        EXPECT_TRUE(SameBytes(*back, cpu, *p->api0))
+            << n << " from cuda:" << device;
+        sent += 3;
+        sent_bytes += 3 * cpu.nbytes();
+      }
+    }
+  }
+  // The requests went by IPC, none staged; replies are staged.
+  const IpcTraffic out = w0.ipc_traffic("w1");
+  EXPECT_EQ(out.tensors_out, sent);
+  EXPECT_EQ(out.bytes_out, sent_bytes);
+  EXPECT_EQ(out.held_calls, 0u);  // Each reply released its request.
+  EXPECT_EQ(w1.ipc_traffic("w0").tensors_in, sent);
+  EXPECT_EQ(w1.ipc_traffic("w0").bytes_in, sent_bytes);
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 0u);
+  EXPECT_EQ(w1.staged_traffic("w0").tensors_in, 0u);
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_in, sent / 3);  // Replies.
+  // 10 calls with one tensor (a size class not used above, so a block not
+  // opened before) open its handle once and reuse it 9 times.
+  const Tensor cpu = arange(1 << 20, DType::kFloat32);  // 4 MiB.
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  const IpcTraffic before = w1.ipc_traffic("w0");
+  const uint64_t api_opens = p->api1->ipc_opens();
+  for (int i = 0; i < 10; ++i) {
+    Result<std::string> where =
+        w0.agent().rpc_sync<std::string>("w1", "where", x, arange(2));
+    ASSERT_TRUE(where.ok()) << where.status();
+    EXPECT_EQ(*where, "cuda:1,cpu");
+  }
+  const IpcTraffic after = w1.ipc_traffic("w0");
+  EXPECT_EQ(after.handles_opened - before.handles_opened, 1u);
+  EXPECT_EQ(after.handle_reuses - before.handle_reuses, 9u);
+  EXPECT_EQ(p->api1->ipc_opens() - api_opens, 1u);
+  // Operators see what carries the pair, and the counters.
+  absl::StatusOr<std::vector<rpc::Inspection>> seen =
+      w0.agent().inspectors().Inspect("devices");
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  bool peer_row = false;
+  bool ipc_row = false;
+  for (const rpc::InspectionRow& r : (*seen)[0].rows) {
+    if (r.kind == "peer") {
+      peer_row = true;
+      EXPECT_EQ(r.Get("path"), "ipc");
+      EXPECT_EQ(r.Get("carried"), "ipc");
+    }
+    if (r.kind == "ipc") {
+      ipc_row = true;
+      EXPECT_EQ(r.Get("tensors_out"), absl::StrCat(sent + 10));
+    }
+  }
+  EXPECT_TRUE(peer_row);
+  EXPECT_TRUE(ipc_row);
+  ShutdownWorkerGroup(p->w);
+  // The receiver closed every mapping with its stage.
+  p->w.clear();
+  EXPECT_EQ(p->api1->open_mappings(), 0u);
+}
+
+TEST(DeviceIpc, ConcurrentCallsFromOneBlockOpenItOnceAndAllLand) {
+  std::unique_ptr<Pair> p = StartPair("ipc_many", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(5000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 1, w0, *p->api0);
+  // 16 requests in flight at once, all exporting the same block.
+  std::vector<Future<Tensor>> calls;
+  for (int i = 0; i < 16; ++i) {
+    calls.push_back(w0.agent().rpc_async<Tensor>("w1", "echo", x));
+  }
+  for (Future<Tensor>& call : calls) {
+    Result<Tensor> back = call.Get(absl::Seconds(30));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->device(), Device::CUDA(1));
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  }
+  const IpcTraffic in = w1.ipc_traffic("w0");
+  EXPECT_EQ(in.tensors_in, 16u);
+  EXPECT_EQ(in.handles_opened, 1u);  // Opened under the lock, once.
+  EXPECT_EQ(in.handle_reuses, 15u);
+  EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
+  ShutdownWorkerGroup(p->w);
+}
+
+TEST(DeviceIpc, TheReceiverWaitsForTheSendersProducerWork) {
+  std::unique_ptr<Pair> p = StartPair("ipc_order", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  const Tensor x = OnDevice(arange(4096, DType::kFloat32), 0, w0, *p->api0);
+  // A write queued on w0's stream and not waited for: the fake runs it only
+  // when the stream completes, so a receiver that did not wait on the
+  // sender's event would copy the old bytes.
+  const Tensor fresh = full({4096}, 7.0, DType::kFloat32);
+  ASSERT_TRUE(p->api0
+                  ->MemcpyAsync(0, x.data_ptr(), fresh.data_ptr(),
+                                fresh.nbytes(), 0)
+                  .ok());
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameBytes(*back, fresh, *p->api0));
+  EXPECT_EQ(w0.ipc_traffic("w1").tensors_out, 1u);
+  ShutdownWorkerGroup(p->w);
+}
+
+TEST(DeviceIpc, AHandleFromAnotherHostFailsTheCallAndLeaksNothing) {
+  std::unique_ptr<Pair> p = StartPair("ipc_hosts", /*same_host=*/false);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor x = OnDevice(arange(1000, DType::kFloat32), 0, w0, *p->api0);
+  Result<Tensor> failed =
+      w0.agent().rpc_sync_for<Tensor>(absl::Seconds(2), "w1", "echo", x);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("worker 'w1': the request CALL 'echo' from 'w0'"));
+  EXPECT_THAT(failed.status().message(),
+              HasSubstr("opening the IPC memory handle of 'w0' on cuda:1"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("another host"));
+  // The receiver holds nothing: no device bytes, no mapping.
+  EXPECT_EQ(w1.device_allocator()->Stats(1).allocated_bytes, 0u);
+  EXPECT_EQ(p->api1->open_mappings(), 0u);
+  EXPECT_GE(w1.staged_traffic("w0").refused, 1u);
+  // No reply releases the sender's tensor (rpc/ runs no interceptor on a
+  // failed call): its hold ends at the call's deadline.
+  EXPECT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 0; },
+                        absl::Seconds(20)));
+  // Both keep serving.
+  Result<int64_t> ping = w0.agent().rpc_sync<int64_t>("w1", "ping", 41);
+  ASSERT_TRUE(ping.ok()) << ping.status();
+  EXPECT_EQ(*ping, 42);
+  ShutdownWorkerGroup(p->w);
+}
+
+TEST(DeviceIpc, MalformedHandleFieldsAreInvalidArgumentAndTheWorkerServes) {
+  std::unique_ptr<Pair> p = StartPair("ipc_bad", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(1000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  struct Case {
+    std::string name;
+    Tamper tamper;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"garbage handle",
+       [](DeviceHeader& h) {
+         h.placements[1].ipc->memory_handle = std::string(64, 'x');
+       },
+       "not a fake IPC memory handle"},
+      {"short handle",
+       [](DeviceHeader& h) { h.placements[1].ipc->memory_handle = "x"; },
+       "memory handle of 1 bytes"},
+      {"offset out of the block",
+       [](DeviceHeader& h) {
+         IpcTensor& t = *h.placements[1].ipc;
+         t.offset = t.allocation_bytes + 8;
+       },
+       "outside its allocation"},
+      {"size beyond the opened block",
+       [](DeviceHeader& h) {
+         IpcTensor& t = *h.placements[1].ipc;
+         t.allocation_bytes *= 64;
+         t.sizes = {static_cast<int64_t>(t.allocation_bytes / 8)};
+       },
+       "overrun the peer's allocation"},
+      {"shape past the claimed block",
+       [](DeviceHeader& h) {
+         IpcTensor& t = *h.placements[1].ipc;
+         t.sizes = {static_cast<int64_t>(t.allocation_bytes / 2)};
+       },
+       "does not fit the"},
+      {"event out of range",
+       [](DeviceHeader& h) { h.placements[1].ipc->event = 7; },
+       "names event 7"},
+      {"bad event bytes",
+       [](DeviceHeader& h) { h.events[0] = std::string(64, 'e'); },
+       "not a fake IPC event handle"},
+  };
+  for (const Case& c : cases) {
+    *p->tamper = c.tamper;
+    // Two tensors: the first lands before the second fails, and goes back.
+    Result<std::string> bad =
+        w0.agent().rpc_sync_for<std::string>(absl::Seconds(2), "w1", "where",
+                                             x, x);
+    *p->tamper = nullptr;
+    ASSERT_FALSE(bad.ok()) << c.name;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.name << ": " << bad.status();
+    EXPECT_THAT(bad.status().message(),
+                HasSubstr("worker 'w1': the request CALL 'where' from 'w0'"))
+        << c.name;
+    EXPECT_THAT(bad.status().message(), HasSubstr(c.expect)) << c.name;
+    EXPECT_EQ(w1.device_allocator()->Stats(1).allocated_bytes, 0u) << c.name;
+  }
+  // Still serving, by IPC.
+  const uint64_t before = w0.ipc_traffic("w1").tensors_out;
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  EXPECT_EQ(w0.ipc_traffic("w1").tensors_out, before + 1);
+  ShutdownWorkerGroup(p->w);
+}
+
+TEST(DeviceIpc, AFakeWithoutAHostStagesAndSaysWhy) {
+  // The plan says ipc (forced), but the device API cannot share memory:
+  // the pair is staged and the inspector names the reason.
+  auto api0 = std::make_shared<cuda::FakeDeviceApi>(1, 8 << 20);
+  auto api1 = std::make_shared<cuda::FakeDeviceApi>(1, 8 << 20);
+  auto registry = std::make_shared<rpc::FunctionRegistry>();
+  ASSERT_TRUE(registry->Register("echo", [](Tensor t) { return t; }).ok());
+  std::vector<WorkerOptions> o(2);
+  o[0].devices = {"cuda:0"};
+  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:0"}}}};
+  o[0].device_api = api0;
+  o[0].cuda_transport = "ipc";
+  o[1].devices = {"cuda:0"};
+  o[1].device_api = api1;
+  o[1].registry = registry;
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  WorkerGroup w = StartWorkerGroup("ipc_nohost", o);
+  for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = **w[0];
+  const Tensor cpu = arange(100, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, w0, *api0);
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameBytes(*back, cpu, *api0));
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 1u);
+  EXPECT_EQ(w0.ipc_traffic("w1").tensors_out, 0u);
+  absl::StatusOr<std::vector<rpc::Inspection>> seen =
+      w0.agent().inspectors().Inspect("devices");
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  bool row = false;
+  for (const rpc::InspectionRow& r : (*seen)[0].rows) {
+    if (r.kind != "peer") continue;
+    row = true;
+    EXPECT_EQ(r.Get("path"), "ipc");
+    EXPECT_EQ(r.Get("carried"), "staged");
+    EXPECT_THAT(r.Get("ipc_unavailable"), HasSubstr("no FakeHost"));
+  }
+  EXPECT_TRUE(row);
+  ShutdownWorkerGroup(w);
+}
+
+}  // namespace
+}  // namespace ferry
