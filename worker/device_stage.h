@@ -15,10 +15,9 @@
 // the staging option that govern a pair are always the caller's; so do a
 // request's marked autograd::dist::kReturningEntry (gradients going back).
 // Receiving, each placement is copied onto its device (this worker's
-// CachingDeviceAllocator) before the handler (or the caller's future) sees
-// the message; on any failure the message fails and the landed tensors are
-// released to the allocator. Forward requests to a peer the IPC path
-// carries send handles instead of host bytes (worker/device_ipc.h).
+// CachingDeviceAllocator) before the handler or the caller's future sees the
+// message; on any failure the message fails and the landed tensors go back
+// to the allocator. Forward requests on an IPC pair carry handles instead.
 //
 // Errors name this worker, the peer, the tensor's position and the device:
 // a tensor on a device this worker does not use (FailedPrecondition), a
@@ -88,10 +87,10 @@ class DeviceStage {
   /// Stages `message`'s CUDA tensors for `peer` (`request`: a request).
   absl::Status StageOut(const rpc::WorkerInfo& peer, rpc::Message& message,
                         bool request);
-  /// Lands `message`'s placements from `peer` (`request`: a request).
-  // `t` with this worker's compute backend attached (when it has one), so
-  // autograd can compute on a landed tensor.
+  /// `t` with this worker's compute backend attached (when it has one), so
+  /// autograd can compute on a landed tensor.
   absl::StatusOr<Tensor> WithCompute(Tensor t) const;
+  /// Lands `message`'s placements from `peer` (`request`: a request).
   absl::Status LandIn(const rpc::WorkerInfo& peer, rpc::Message& message,
                       bool request);
 
