@@ -1,6 +1,7 @@
 #include "ferry/worker/device_stage.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,15 +11,40 @@
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/event.h"
+#include "ferry/tensor/cuda/pinned_allocator.h"
 #include "ferry/worker/device_header.h"
 
 namespace ferry {
 namespace {
 
-// Copies run on the device's default stream and are waited for (copy.h):
-// a landed tensor is ready before the handler runs, and a staged one's host
-// bytes before the transport reads them.
+// Copies are queued on the device's default stream, where the handler's
+// work also goes, and each device's stream is waited for once per message:
+// a landed tensor is ready before the handler runs (also for a handler that
+// reads it on the host), and a staged one's host bytes before the
+// transport reads them.
 constexpr cuda::StreamHandle kStream = 0;
+
+// Waits, once per device in `devices`, for the work queued on kStream so
+// far (an event recorded there now); the first error, naming the device.
+absl::Status WaitForDevices(const std::set<int>& devices,
+                            const std::shared_ptr<cuda::DeviceMemoryApi>& api,
+                            absl::string_view what) {
+  absl::Status first;
+  for (int d : devices) {
+    absl::StatusOr<cuda::StreamEvent> event =
+        cuda::StreamEvent::Record(api, d, kStream);
+    absl::Status s = event.ok() ? event->Wait() : event.status();
+    if (!s.ok()) {
+      // Without an event, the whole stream still orders the host.
+      if (!event.ok()) s = api->SynchronizeStream(d, kStream);
+      if (!s.ok() && first.ok()) {
+        first = Annotate(s, absl::StrCat(what, ": waiting for cuda:", d));
+      }
+    }
+  }
+  return first;
+}
 
 // "the request CALL 'f'" / "the reply to CALL 'f'", for errors.
 std::string Which(const rpc::Message& m, bool request) {
@@ -36,6 +62,7 @@ absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
     std::shared_ptr<DeviceComputeInterface> compute) {
   RETURN_IF_ERROR(ClaimDeviceLayer());
   std::unique_ptr<cuda::CachingDeviceAllocator> allocator;
+  std::unique_ptr<cuda::CachingHostAllocator> pinned;
   if (!options.devices.empty()) {
     if (api == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -43,22 +70,25 @@ absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
           "null"));
     }
     ASSIGN_OR_RETURN(allocator, cuda::CachingDeviceAllocator::Create(api, {}));
+    ASSIGN_OR_RETURN(pinned, cuda::CachingHostAllocator::Create(api, {}));
   }
-  return std::shared_ptr<DeviceStage>(
-      new DeviceStage(std::move(me), options, std::move(api),
-                      std::move(allocator), std::move(compute)));
+  return std::shared_ptr<DeviceStage>(new DeviceStage(
+      std::move(me), options, std::move(api), std::move(allocator),
+      std::move(pinned), std::move(compute)));
 }
 
 DeviceStage::DeviceStage(
     std::string me, const DeviceOptions& options,
     std::shared_ptr<cuda::DeviceMemoryApi> api,
     std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
+    std::unique_ptr<cuda::CachingHostAllocator> pinned,
     std::shared_ptr<DeviceComputeInterface> compute)
     : me_(std::move(me)),
       devices_(options.devices),
       maps_(options.maps),
       api_(std::move(api)),
       allocator_(std::move(allocator)),
+      pinned_(std::move(pinned)),
       compute_(std::move(compute)),
       ipc_(DeviceIpc::Create(me_, api_, allocator_.get())) {}
 
@@ -143,6 +173,9 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   std::unique_ptr<IpcOutgoing> ipc =
       request && !header.returning && ipc_ != nullptr ? ipc_->Begin(peer.name)
                                                       : nullptr;
+  // Sources stay alive until their queued copies ran (WaitForDevices).
+  std::vector<Tensor> sources;
+  std::set<int> queued;  // Devices with copies queued on kStream.
   uint32_t position = 0;
   rpc::ForEachTensor(m.payload, [&](Tensor& t) {
     const uint32_t i = position++;
@@ -182,7 +215,7 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       t = *std::move(placeholder);
       return;
     }
-    absl::StatusOr<Tensor> host = cuda::CopyToHost(t, kStream, *api_);
+    absl::StatusOr<Tensor> host = QueueToHost(t);
     if (!host.ok()) {
       status = Annotate(host.status(),
                         absl::StrCat("worker '", me_, "': staging tensor ", i,
@@ -200,8 +233,18 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       if (request && !header.returning) p.target = target.index;
       header.placements.push_back(p);
     }
+    queued.insert(source.index);
+    sources.push_back(std::move(t));
     t = *std::move(host);
   });
+  // One wait per device, also after a failure (the queued copies still
+  // read the sources and write pinned blocks).
+  absl::Status waited = WaitForDevices(
+      queued, api_,
+      absl::StrCat("worker '", me_, "': staging ", Which(m, request),
+                   " to '", peer.name, "'"));
+  sources.clear();
+  if (status.ok()) status = waited;
   if (!status.ok()) {
     Count(peer.name, StagedTraffic{.refused = 1});
     return status;
@@ -216,6 +259,20 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   if (ipc != nullptr) ipc->Commit(m.id, m.deadline);
   if (counted.tensors_out > 0) Count(peer.name, counted);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> DeviceStage::QueueToHost(const Tensor& t) const {
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError(
+        "the tensor is not contiguous (no device kernel compacts it yet)");
+  }
+  const int device = t.device().index;
+  ASSIGN_OR_RETURN(Tensor out, Tensor::TryEmpty(t.sizes(), t.dtype(),
+                                                pinned_->allocator()));
+  RETURN_IF_ERROR(pinned_->RecordStream(out.storage(), device, kStream));
+  RETURN_IF_ERROR(api_->MemcpyAsync(device, out.data_ptr(), t.data_ptr(),
+                                    t.nbytes(), kStream));
+  return out;
 }
 
 absl::StatusOr<Tensor> DeviceStage::WithCompute(Tensor t) const {
@@ -239,6 +296,7 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
       DecodeDeviceHeader(*bytes, tensors.size(), request, what);
   std::map<uint32_t, Tensor> landed;  // Released if any placement fails.
   std::unique_ptr<IpcIncoming> ipc;   // Copies from a peer's handles.
+  std::set<int> queued;  // Devices with staged copies queued on kStream.
   StagedTraffic counted;
   absl::Status status = header.status();
   if (status.ok() && header->ipc_ack.has_value() && ipc_ != nullptr) {
@@ -301,15 +359,17 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
         landed.emplace(p.position, *std::move(copied));
         continue;
       }
-      absl::StatusOr<Tensor> on_device = cuda::CopyToDevice(
-          host, target.index, kStream, *allocator_, *api_);
-      if (!on_device.ok()) {
-        status = Annotate(on_device.status(),
+      absl::StatusOr<cuda::AsyncCopy> copy = cuda::CopyToDeviceAsync(
+          host, target.index, kStream, *allocator_, *pinned_);
+      if (!copy.ok()) {
+        status = Annotate(copy.status(),
                           absl::StrCat(what, ": landing ", tensor, " on ",
                                        target.ToString()));
         break;
       }
-      on_device = WithCompute(*std::move(on_device));
+      // The per-copy event is dropped: one wait per device follows.
+      queued.insert(target.index);
+      absl::StatusOr<Tensor> on_device = WithCompute(std::move(copy->tensor));
       if (!on_device.ok()) {
         status = Annotate(on_device.status(), what);
         break;
@@ -319,6 +379,10 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
       landed.emplace(p.position, *std::move(on_device));
     }
   }
+  // One wait per device, also after a failure: the landed tensors are
+  // released only once nothing queued writes them.
+  absl::Status waited = WaitForDevices(queued, api_, what);
+  if (status.ok()) status = waited;
   if (status.ok() && ipc != nullptr) {
     status = ipc->Finish();
     if (status.ok()) ipc_->ExpectReply(peer.name, m.id, m.deadline);
@@ -360,6 +424,16 @@ std::vector<rpc::InspectionRow> DeviceStage::Inspect() const {
                      {"tensors_in", absl::StrCat(t.tensors_in)},
                      {"bytes_in", absl::StrCat(t.bytes_in)},
                      {"refused", absl::StrCat(t.refused)}}});
+  }
+  if (pinned_ != nullptr) {
+    const cuda::AllocatorStats p = pinned_->Stats();
+    rows.push_back({"pinned",
+                    {{"allocated_bytes", absl::StrCat(p.allocated_bytes)},
+                     {"cached_bytes", absl::StrCat(p.cached_bytes)},
+                     {"pending_bytes", absl::StrCat(p.pending_bytes)},
+                     {"allocations", absl::StrCat(p.allocations)},
+                     {"cache_hits", absl::StrCat(p.cache_hits)},
+                     {"host_allocs", absl::StrCat(p.device_mallocs)}}});
   }
   return rows;
 }

@@ -3,22 +3,22 @@
 // the mapped device of the receiver, through rpc/'s interceptor seam and
 // the device layer's typed header (worker/device_header.h), so rpc/ and
 // its transports never see a device.
-//
-// Sending (a request or a reply), each CUDA tensor is copied to host memory
-// (tensor/cuda/copy.h) and replaced by that copy. A request's tensor goes
-// where this worker's map to the peer says (rpc::DeviceMaps::Target: an
-// unmapped device is InvalidArgument naming the worker, the peer, the
+// Sending (a request or a reply), each CUDA tensor is copied into pinned
+// host memory (the stage's CachingHostAllocator) and replaced by it; the
+// copies are queued, then each device waited for once. A request's tensor
+// goes where this worker's map to the peer says (rpc::DeviceMaps::Target:
+// an unmapped device is InvalidArgument naming the worker, the peer, the
 // tensor's position and the device, unless staging to CPU is allowed, then
 // it stays a CPU tensor); the header records each placement. A reply's
 // tensor records only its device: the caller applies the reverse of its own
-// map (rpc::DeviceMaps::ReplyTarget) when the reply arrives, so the maps and
-// the staging option that govern a pair are always the caller's; so do a
-// request's marked autograd::dist::kReturningEntry (gradients going back).
-// Receiving, each placement is copied onto its device (this worker's
-// CachingDeviceAllocator) before the handler or the caller's future sees the
-// message; on any failure the message fails and the landed tensors go back
-// to the allocator. Forward requests on an IPC pair carry handles instead.
-//
+// map (rpc::DeviceMaps::ReplyTarget) on arrival, so the maps and staging
+// option governing a pair are always the caller's; so do a request's
+// marked autograd::dist::kReturningEntry (gradients going back). Receiving,
+// each placement's copy onto its device (this worker's allocator, through
+// pinned staging) is queued, each device waited for once, before the
+// handler or the caller's future sees the message; on any failure the
+// message fails and the landed tensors go back to the allocator. Forward
+// requests on an IPC pair carry handles instead.
 // Errors name this worker, the peer, the tensor's position and the device:
 // a tensor on a device this worker does not use (FailedPrecondition), a
 // header naming a device the receiver lacks (InvalidArgument; a receiver
@@ -51,6 +51,7 @@ namespace ferry {
 
 namespace cuda {
 class CachingDeviceAllocator;
+class CachingHostAllocator;
 class DeviceMemoryApi;
 }  // namespace cuda
 
@@ -96,19 +97,26 @@ class DeviceStage {
 
   /// The allocator landed tensors come from; null without devices.
   cuda::CachingDeviceAllocator* allocator() const { return allocator_.get(); }
+  /// The pinned host memory staged copies go through; null without devices.
+  cuda::CachingHostAllocator* pinned() const { return pinned_.get(); }
   /// The IPC path (worker/device_ipc.h); null when the API has none.
   const std::shared_ptr<DeviceIpc>& ipc() const { return ipc_; }
   /// The counters of `peer` (zeros when none moved).
   StagedTraffic Traffic(const std::string& peer) const;
-  /// Rows for the Admin inspector "devices": one "staged" row per peer.
+  /// Rows for the Admin inspector "devices": one "staged" row per peer and
+  /// a "pinned" row (the pinned allocator's counters) when it has devices.
   std::vector<rpc::InspectionRow> Inspect() const;
 
  private:
   DeviceStage(std::string me, const DeviceOptions& options,
               std::shared_ptr<cuda::DeviceMemoryApi> api,
               std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
+              std::unique_ptr<cuda::CachingHostAllocator> pinned,
               std::shared_ptr<DeviceComputeInterface> compute);
   bool Uses(const Device& device) const;
+  // A pinned CPU tensor that a copy queued on the default stream of `t`'s
+  // device fills with CUDA tensor `t` (contiguous); the caller waits.
+  absl::StatusOr<Tensor> QueueToHost(const Tensor& t) const;
   std::string DeviceListText() const;
   void Count(const std::string& peer, const StagedTraffic& delta);
 
@@ -117,6 +125,7 @@ class DeviceStage {
   const rpc::DeviceMaps maps_;
   const std::shared_ptr<cuda::DeviceMemoryApi> api_;
   const std::unique_ptr<cuda::CachingDeviceAllocator> allocator_;
+  const std::unique_ptr<cuda::CachingHostAllocator> pinned_;
   const std::shared_ptr<DeviceComputeInterface> compute_;
   const std::shared_ptr<DeviceIpc> ipc_;  // After allocator_: goes first.
   mutable Mutex mu_;

@@ -179,6 +179,10 @@ absl::Status FakeDeviceApi::MemcpyAsync(int device, void* dst, const void* src,
 absl::Status FakeDeviceApi::SynchronizeStream(int device, StreamHandle stream) {
   absl::Status valid = CheckDevice(*this, device);
   if (!valid.ok()) return valid;
+  {
+    absl::MutexLock lock(&mu_);
+    ++host_waits_;
+  }
   if (!CompleteStream(device, stream)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fake:", device, ": stream ", stream,
@@ -511,6 +515,7 @@ absl::Status FakeDeviceApi::WaitEvent(int device, EventHandle event) {
   StreamHandle stream;
   {
     absl::MutexLock lock(&mu_);
+    ++host_waits_;
     auto it = events_.find(event);
     if (it == events_.end() || it->second.device != device) {
       return absl::InvalidArgumentError(
@@ -600,6 +605,11 @@ uint64_t FakeDeviceApi::host_frees() {
 uint64_t FakeDeviceApi::pinned_copies() {
   absl::MutexLock lock(&mu_);
   return pinned_copies_;
+}
+
+uint64_t FakeDeviceApi::host_waits() {
+  absl::MutexLock lock(&mu_);
+  return host_waits_;
 }
 
 uint64_t FakeDeviceApi::live_streams() {

@@ -151,6 +151,8 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
   uint64_t pinned_copies();
   /// Streams from CreateStream not yet destroyed.
   uint64_t live_streams();
+  /// SynchronizeStream and WaitEvent calls: how often the host waited.
+  uint64_t host_waits();
 
  private:
   absl::Status NoHost(int device, absl::string_view call) const;
@@ -206,6 +208,7 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
   uint64_t host_allocs_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t host_frees_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pinned_copies_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t host_waits_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::pair<int, StreamHandle>, bool> streams_ ABSL_GUARDED_BY(mu_);
   // Created streams get handles from here up, apart from hand-picked ones.
   StreamHandle next_stream_ ABSL_GUARDED_BY(mu_) = StreamHandle{1} << 32;
