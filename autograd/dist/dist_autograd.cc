@@ -927,7 +927,7 @@ void DistAutogradContainer::SendGradients(DistAutogradContext& ctx, Pass& pass,
   m.type = kBackward;
   // Back along a forward request: the gradients go where the forward's
   // caller maps them (its device stage reads the mark).
-  if (node.from_request()) m.context[kReturningEntry] = "1";
+  if (node.from_request()) m.context.emplace(kReturningEntry, "1");
   AutogradHeader h;
   h.fields = AutogradFields{ctx.id(), node.message_id(), pass.retain_graph, {}};
   h.fused_steps = pass.fused.steps;
