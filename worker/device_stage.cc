@@ -164,8 +164,11 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   DeviceHeader header;
   // Gradients going back along a forward request travel as a reply's (the
   // receiver's map governs); the local mark never travels.
+  // (The key is built once: this runs on every message.)
+  static const std::string* const kReturning =
+      new std::string(autograd::dist::kReturningEntry);
   header.returning =
-      m.context.erase(autograd::dist::kReturningEntry) > 0 && request;
+      !m.context.empty() && m.context.erase(*kReturning) > 0 && request;
   StagedTraffic counted;
   absl::Status status;
   // Forward requests to a peer on this host: handles instead of host bytes
@@ -239,12 +242,14 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   });
   // One wait per device, also after a failure (the queued copies still
   // read the sources and write pinned blocks).
-  absl::Status waited = WaitForDevices(
-      queued, api_,
-      absl::StrCat("worker '", me_, "': staging ", Which(m, request),
-                   " to '", peer.name, "'"));
-  sources.clear();
-  if (status.ok()) status = waited;
+  if (!queued.empty()) {
+    absl::Status waited = WaitForDevices(
+        queued, api_,
+        absl::StrCat("worker '", me_, "': staging ", Which(m, request),
+                     " to '", peer.name, "'"));
+    sources.clear();
+    if (status.ok()) status = waited;
+  }
   if (!status.ok()) {
     Count(peer.name, StagedTraffic{.refused = 1});
     return status;
