@@ -365,12 +365,22 @@ bool DeviceIpc::TakeReply(const std::string& peer, GlobalId id) {
 
 void DeviceIpc::PeerFailed(const std::string& peer) {
   std::vector<Held> done;
+  // Closed once unlocked, each when its last landing lets go of it.
+  std::vector<std::shared_ptr<const Mapping>> closed;
   {
     MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->second.peer == peer) {
         done.push_back(std::move(it->second));
         it = held_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = mappings_.begin(); it != mappings_.end();) {
+      if (std::get<0>(it->first) == peer) {
+        closed.push_back(std::move(it->second.first));
+        it = mappings_.erase(it);
       } else {
         ++it;
       }

@@ -152,7 +152,8 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
 
   /// Caller: `peer` acknowledged request `id`; releases its tensors.
   void Replied(const std::string& peer, GlobalId id);
-  /// Caller: releases the tensors of every request to `peer`.
+  /// `peer` is down: releases the tensors of every request to it, and
+  /// closes the mappings of its memory (each once no landing uses it).
   void PeerFailed(const std::string& peer);
   /// Callee: request `id` of `peer` landed by IPC; its reply (before
   /// `deadline`) acknowledges it. At most kMaxPendingAcks are remembered.

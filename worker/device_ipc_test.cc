@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "ferry/common/poll.h"
 #include "ferry/rpc/function_registry.h"
@@ -33,6 +34,9 @@ using ::testing::HasSubstr;
 using Tamper = std::function<void(DeviceHeader&)>;
 
 struct Pair {
+  // w1's "gate" returns once this is notified (or after 30 s).
+  std::shared_ptr<absl::Notification> gate =
+      std::make_shared<absl::Notification>();
   std::shared_ptr<cuda::FakeDeviceApi> api0;
   std::shared_ptr<cuda::FakeDeviceApi> api1;
   std::shared_ptr<Tamper> tamper = std::make_shared<Tamper>();
@@ -61,6 +65,14 @@ std::unique_ptr<Pair> StartPair(const std::string& tag, bool same_host) {
                              })
                   .ok());
   EXPECT_TRUE(registry->Register("ping", [](int64_t x) { return x + 1; }).ok());
+  EXPECT_TRUE(registry
+                  ->Register("gate",
+                             [gate = p->gate](Tensor t) {
+                               gate->WaitForNotificationWithTimeout(
+                                   absl::Seconds(30));
+                               return t.numel();
+                             })
+                  .ok());
   std::vector<WorkerOptions> o(2);
   o[0].devices = {"cuda:0", "cuda:1"};
   o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:0"}}}};
@@ -200,6 +212,51 @@ TEST(DeviceIpc, ConcurrentCallsFromOneBlockOpenItOnceAndAllLand) {
   EXPECT_EQ(in.tensors_in, 16u);
   EXPECT_EQ(in.handles_opened, 1u);  // Opened under the lock, once.
   EXPECT_EQ(in.handle_reuses, 15u);
+  EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
+  ShutdownWorkerGroup(p->w);
+}
+
+// A peer down for any reason (here an outside detector's report, which the
+// transport does not act on) acknowledges nothing more: the sender releases
+// what it holds for its requests at once, not at their deadline, and the
+// receiver closes the mappings of the peer's memory.
+TEST(DeviceIpc, APeerReportedDownReleasesHeldTensorsAndItsMappings) {
+  std::unique_ptr<Pair> p = StartPair("ipc_down", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor x = OnDevice(arange(3000, DType::kFloat32), 0, w0, *p->api0);
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(p->api1->open_mappings(), 1u);  // Cached for the next call.
+  // A call whose handler waits: its request stays held on w0.
+  Future<int64_t> waiting =
+      w0.agent().rpc_async_for<int64_t>(absl::Seconds(60), "w1", "gate", x);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return w1.ipc_traffic("w0").tensors_in == 2 &&
+               w0.ipc_traffic("w1").held_calls == 1;
+      },
+      absl::Seconds(20)));
+  ASSERT_TRUE(w0.agent()
+                  .ReportPeerDown(w1.agent().self().id,
+                                  rpc::PeerDownReason::kDetectorReport,
+                                  absl::UnavailableError("test detector"))
+                  .ok());
+  EXPECT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 0; },
+                        absl::Seconds(10)));  // Its deadline is 60 s away.
+  ASSERT_TRUE(w1.agent()
+                  .ReportPeerDown(w0.agent().self().id,
+                                  rpc::PeerDownReason::kDetectorReport,
+                                  absl::UnavailableError("test detector"))
+                  .ok());
+  EXPECT_EQ(p->api1->open_mappings(), 0u);
+  p->gate->Notify();
+  // The call itself goes on (the agent does not act on a detector's
+  // report); its late acknowledgement finds nothing held.
+  Result<int64_t> done = waiting.Get(absl::Seconds(30));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(*done, 3000);
   EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
   ShutdownWorkerGroup(p->w);
 }

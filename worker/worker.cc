@@ -181,11 +181,14 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
         FERRY_LOG(WARNING) << usable << "; tensors to " << peers.size()
                            << " peer(s) on this host are staged instead";
       }
-      agent.AddPeerFailureListener(
-          [weak = std::weak_ptr<DeviceIpc>(ipc)](const rpc::WorkerInfo& peer,
-                                                 const absl::Status&) {
+      // A peer down for any reason (transport, departure, a detector's
+      // report, exhausted retries) acknowledges nothing more: its holds and
+      // the mappings of its memory go, once, at its first entry.
+      agent.AddPeerDownListener(
+          [weak = std::weak_ptr<DeviceIpc>(ipc)](const rpc::PeerDown& down) {
+            if (!down.first) return;
             if (std::shared_ptr<DeviceIpc> s = weak.lock()) {
-              s->PeerFailed(peer.name);
+              s->PeerFailed(down.peer.name);
             }
           });
     }
