@@ -218,7 +218,8 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       t = *std::move(placeholder);
       return;
     }
-    absl::StatusOr<Tensor> host = QueueToHost(t);
+    absl::StatusOr<Tensor> host =
+        cuda::QueueCopyToPinned(t, kStream, *pinned_);
     if (!host.ok()) {
       status = Annotate(host.status(),
                         absl::StrCat("worker '", me_, "': staging tensor ", i,
@@ -264,20 +265,6 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   if (ipc != nullptr) ipc->Commit(m.id, m.deadline);
   if (counted.tensors_out > 0) Count(peer.name, counted);
   return absl::OkStatus();
-}
-
-absl::StatusOr<Tensor> DeviceStage::QueueToHost(const Tensor& t) const {
-  if (!t.is_contiguous()) {
-    return absl::InvalidArgumentError(
-        "the tensor is not contiguous (no device kernel compacts it yet)");
-  }
-  const int device = t.device().index;
-  ASSIGN_OR_RETURN(Tensor out, Tensor::TryEmpty(t.sizes(), t.dtype(),
-                                                pinned_->allocator()));
-  RETURN_IF_ERROR(pinned_->RecordStream(out.storage(), device, kStream));
-  RETURN_IF_ERROR(api_->MemcpyAsync(device, out.data_ptr(), t.data_ptr(),
-                                    t.nbytes(), kStream));
-  return out;
 }
 
 absl::StatusOr<Tensor> DeviceStage::WithCompute(Tensor t) const {

@@ -114,9 +114,6 @@ class DeviceStage {
               std::unique_ptr<cuda::CachingHostAllocator> pinned,
               std::shared_ptr<DeviceComputeInterface> compute);
   bool Uses(const Device& device) const;
-  // A pinned CPU tensor that a copy queued on the default stream of `t`'s
-  // device fills with CUDA tensor `t` (contiguous); the caller waits.
-  absl::StatusOr<Tensor> QueueToHost(const Tensor& t) const;
   std::string DeviceListText() const;
   void Count(const std::string& peer, const StagedTraffic& delta);
 

@@ -104,6 +104,22 @@ absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
   return AsyncCopy{std::move(out), std::move(done)};
 }
 
+absl::StatusOr<Tensor> QueueCopyToPinned(const Tensor& src,
+                                         StreamHandle stream,
+                                         CachingHostAllocator& pinned) {
+  RETURN_IF_ERROR(CheckDeviceSource("QueueCopyToPinned", src));
+  const int device = src.device().index;
+  DeviceMemoryApi& api = *pinned.api();
+  RETURN_IF_ERROR(CheckDevice(api, device));
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::TryEmpty(src.sizes(), src.dtype(),
+                                    pinned.allocator()));
+  RETURN_IF_ERROR(pinned.RecordStream(out.storage(), device, stream));
+  RETURN_IF_ERROR(api.MemcpyAsync(device, out.data_ptr(), src.data_ptr(),
+                                  src.nbytes(), stream));
+  return out;
+}
+
 absl::StatusOr<AsyncCopy> CopyToHostAsync(const Tensor& src,
                                           StreamHandle stream,
                                           CachingDeviceAllocator& alloc,
@@ -119,12 +135,7 @@ absl::StatusOr<AsyncCopy> CopyToHostAsync(const Tensor& src,
         "CopyToHostAsync: the source, a ", Describe(src),
         ", is not from the given device allocator: ", recorded.message()));
   }
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::TryEmpty(src.sizes(), src.dtype(),
-                                    pinned.allocator()));
-  RETURN_IF_ERROR(pinned.RecordStream(out.storage(), device, stream));
-  RETURN_IF_ERROR(api.MemcpyAsync(device, out.data_ptr(), src.data_ptr(),
-                                  src.nbytes(), stream));
+  ASSIGN_OR_RETURN(Tensor out, QueueCopyToPinned(src, stream, pinned));
   ASSIGN_OR_RETURN(StreamEvent done,
                    StreamEvent::Record(pinned.api(), device, stream));
   return AsyncCopy{std::move(out), std::move(done)};

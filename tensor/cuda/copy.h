@@ -64,6 +64,14 @@ absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
                                             CachingHostAllocator& pinned);
 
 /// A new CPU tensor in pinned memory from `pinned` that a copy queued on
+/// `stream` fills with the elements of contiguous device tensor `src`; no
+/// event and no claim on `src`'s allocator: the caller keeps `src` alive and
+/// waits for `stream` before reading (one wait for many such copies).
+absl::StatusOr<Tensor> QueueCopyToPinned(const Tensor& src,
+                                         StreamHandle stream,
+                                         CachingHostAllocator& pinned);
+
+/// A new CPU tensor in pinned memory from `pinned` that a copy queued on
 /// `stream` fills with the elements of contiguous device tensor `src`
 /// (whose storage is from `alloc`); returns without waiting (see the top).
 absl::StatusOr<AsyncCopy> CopyToHostAsync(const Tensor& src,
