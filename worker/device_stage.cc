@@ -351,7 +351,8 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
         landed.emplace(p.position, *std::move(copied));
         continue;
       }
-      absl::StatusOr<cuda::AsyncCopy> copy = cuda::CopyToDeviceAsync(
+      // No event per copy: one wait per device follows.
+      absl::StatusOr<Tensor> copy = cuda::QueueCopyToDevice(
           host, target.index, kStream, *allocator_, *pinned_);
       if (!copy.ok()) {
         status = Annotate(copy.status(),
@@ -359,9 +360,8 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
                                        target.ToString()));
         break;
       }
-      // The per-copy event is dropped: one wait per device follows.
       queued.insert(target.index);
-      absl::StatusOr<Tensor> on_device = WithCompute(std::move(copy->tensor));
+      absl::StatusOr<Tensor> on_device = WithCompute(*std::move(copy));
       if (!on_device.ok()) {
         status = Annotate(on_device.status(), what);
         break;

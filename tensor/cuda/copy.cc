@@ -74,10 +74,10 @@ absl::StatusOr<Tensor> CopyToHost(const Tensor& src, StreamHandle stream,
   return out;
 }
 
-absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
-                                            StreamHandle stream,
-                                            CachingDeviceAllocator& alloc,
-                                            CachingHostAllocator& pinned) {
+absl::StatusOr<Tensor> QueueCopyToDevice(const Tensor& src, int device,
+                                         StreamHandle stream,
+                                         CachingDeviceAllocator& alloc,
+                                         CachingHostAllocator& pinned) {
   DeviceMemoryApi& api = *pinned.api();
   RETURN_IF_ERROR(
       CheckHostSource("CopyToDeviceAsync", src, api.name(), device));
@@ -95,12 +95,18 @@ absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
   ASSIGN_OR_RETURN(Storage storage, alloc.Allocate(device, nbytes, stream));
   RETURN_IF_ERROR(pinned.RecordStream(staged, device, stream));
   RETURN_IF_ERROR(api.MemcpyAsync(device, storage.data(), from, nbytes, stream));
+  return Tensor::FromStorage(std::move(storage), host.dtype(), host.sizes(),
+                             ContiguousStrides(host.sizes()));
+}
+
+absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
+                                            StreamHandle stream,
+                                            CachingDeviceAllocator& alloc,
+                                            CachingHostAllocator& pinned) {
+  ASSIGN_OR_RETURN(Tensor out,
+                   QueueCopyToDevice(src, device, stream, alloc, pinned));
   ASSIGN_OR_RETURN(StreamEvent done,
                    StreamEvent::Record(pinned.api(), device, stream));
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::FromStorage(std::move(storage), host.dtype(),
-                                       host.sizes(),
-                                       ContiguousStrides(host.sizes())));
   return AsyncCopy{std::move(out), std::move(done)};
 }
 

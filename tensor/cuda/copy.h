@@ -56,8 +56,15 @@ struct AsyncCopy {
 
 /// A contiguous copy of CPU tensor `src` on `device`, allocated from `alloc`
 /// for `stream`; staged through `pinned` (unless `src` is pinned there) and
-/// queued on `stream` without waiting (see the top). `pinned` and `alloc`
-/// must be over the same API.
+/// queued on `stream` without waiting (see the top), with no event: work
+/// queued later on `stream` sees the bytes (one wait for many such copies).
+/// `pinned` and `alloc` must be over the same API.
+absl::StatusOr<Tensor> QueueCopyToDevice(const Tensor& src, int device,
+                                         StreamHandle stream,
+                                         CachingDeviceAllocator& alloc,
+                                         CachingHostAllocator& pinned);
+
+/// As QueueCopyToDevice, with an event recorded after the copy.
 absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
                                             StreamHandle stream,
                                             CachingDeviceAllocator& alloc,
