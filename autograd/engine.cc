@@ -76,10 +76,11 @@ struct StreamRef {
   }
 };
 
-StreamRef RefOf(const NodeStream& s) {
-  auto* ops = dynamic_cast<cuda::DeviceOps*>(s.compute.get());
+StreamRef RefOf(const NodeStream* s) {
+  if (s == nullptr) return {};
+  auto* ops = dynamic_cast<cuda::DeviceOps*>(s->compute.get());
   if (ops == nullptr) return {};
-  return {ops, s.device, s.stream};
+  return {ops, s->device, s->stream};
 }
 
 // The calling thread's current stream of `grad`'s device (a root gradient
@@ -167,12 +168,17 @@ absl::StatusOr<NodeState*> Deposit(NodeMap& nodes, const Edge& edge,
     st.owner = edge.node;
     st.stream = RefOf(edge.node->stream());
   }
-  if (st.stream.ops == nullptr) st.stream = producer;
-  absl::Status s = Order(st.stream, producer);
-  if (s.ok()) {
-    StreamScope scope(st.stream);
-    s = scope.status().ok() ? AddInto(st.inputs[edge.input_nr], grad)
-                            : scope.status();
+  absl::Status s;
+  if (st.stream.ops == nullptr && producer.ops == nullptr) {
+    s = AddInto(st.inputs[edge.input_nr], grad);  // Host work: no stream.
+  } else {
+    if (st.stream.ops == nullptr) st.stream = producer;
+    s = Order(st.stream, producer);
+    if (s.ok()) {
+      StreamScope scope(st.stream);
+      s = scope.status().ok() ? AddInto(st.inputs[edge.input_nr], grad)
+                              : scope.status();
+    }
   }
   if (!s.ok()) return WithNode(s, *edge.node);
   return &st;
@@ -205,26 +211,28 @@ absl::Status GraphTask::Execute(
     std::vector<Tensor> inputs = std::move(st.inputs);
     const StreamRef stream = st.stream;
     inputs.resize(node->num_inputs());
-    absl::StatusOr<std::vector<Tensor>> outs;
-    {
-      // Hooks and the node's math run on its stream.
-      StreamScope scope(stream);
-      if (!scope.status().ok()) return WithNode(scope.status(), *node);
-      if (stream.ops != nullptr &&
-          std::find(used.begin(), used.end(), stream) == used.end()) {
-        used.push_back(stream);
-      }
+    // Hooks and the node's math, on the node's stream when it has one.
+    auto run = [&]() -> absl::StatusOr<std::vector<Tensor>> {
       for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
         if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
         for (const auto& [edge, slot] : captures_) {
           if (edge.node.get() == node && edge.input_nr == i) {
-            absl::Status s = AddInto(captured_[slot], inputs[i]);
-            if (!s.ok()) return WithNode(s, *node);
+            RETURN_IF_ERROR(AddInto(captured_[slot], inputs[i]));
           }
         }
       }
-      outs = node->Apply(*this, std::move(inputs));
-    }
+      return node->Apply(*this, std::move(inputs));
+    };
+    absl::StatusOr<std::vector<Tensor>> outs =
+        [&]() -> absl::StatusOr<std::vector<Tensor>> {
+      if (stream.ops == nullptr) return run();
+      StreamScope scope(stream);
+      if (!scope.status().ok()) return scope.status();
+      if (std::find(used.begin(), used.end(), stream) == used.end()) {
+        used.push_back(stream);
+      }
+      return run();
+    }();
     if (!outs.ok()) return WithNode(outs.status(), *node);
     if (!retain_graph_) node->Release();
     const std::vector<Edge>& edges = node->next_edges();

@@ -86,9 +86,13 @@ class Node : public std::enable_shared_from_this<Node> {
   void set_next_edges(std::vector<Edge> edges) {
     next_edges_ = std::move(edges);
   }
-  // Where the forward op ran (see NodeStream); set while the graph is built.
-  const NodeStream& stream() const { return stream_; }
-  void set_stream(NodeStream s) { stream_ = std::move(s); }  // See stream().
+  // Where the forward op ran (see NodeStream), or null (CPU ops); set
+  // while the graph is built.
+  const NodeStream* stream() const { return stream_.get(); }
+  // See stream().
+  void set_stream(NodeStream s) {
+    stream_ = std::make_unique<const NodeStream>(std::move(s));
+  }
   // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
   std::string shapes() const;
   // Records the forward inputs' shapes (see shapes()).
@@ -115,7 +119,7 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::string name_;
   const int num_inputs_;
   std::vector<Edge> next_edges_;
-  NodeStream stream_;
+  std::unique_ptr<const NodeStream> stream_;  // Null for host ops.
   // Flattened: rank, then sizes, per input.
   std::vector<int64_t> input_shapes_;
   Mutex mu_;
