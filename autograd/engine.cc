@@ -1,10 +1,12 @@
 #include "ferry/autograd/engine.h"
 
+#include <algorithm>
 #include <deque>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "ferry/autograd/grad_mode.h"
+#include "ferry/common/status.h"
 #include "ferry/tensor/cuda/device_ops.h"
 
 namespace ferry::autograd {
@@ -63,11 +65,73 @@ absl::Status WithNode(const absl::Status& s, const Node& node) {
                                    node.shapes(), "): ", s.message()));
 }
 
+// A stream of a device through its backend; `ops` null: no stream (host
+// work, or a device op whose stream was not recorded).
+struct StreamRef {
+  cuda::DeviceOps* ops = nullptr;
+  Device device;
+  uint64_t stream = 0;
+  friend bool operator==(const StreamRef& a, const StreamRef& b) {
+    return a.ops == b.ops && a.device == b.device && a.stream == b.stream;
+  }
+};
+
+StreamRef RefOf(const NodeStream* s) {
+  if (s == nullptr) return {};
+  auto* ops = dynamic_cast<cuda::DeviceOps*>(s->compute.get());
+  if (ops == nullptr) return {};
+  return {ops, s->device, s->stream};
+}
+
+// The calling thread's current stream of `grad`'s device (a root gradient
+// was made there); none for a host gradient.
+absl::StatusOr<StreamRef> CallerRef(const Tensor& grad) {
+  cuda::DeviceOps* d = cuda::DeviceOpsOf(grad);
+  if (d == nullptr) return StreamRef{};
+  absl::StatusOr<uint64_t> stream = d->CurrentStream(grad.device());
+  if (!stream.ok()) return stream.status();
+  return StreamRef{d, grad.device(), *stream};
+}
+
+// Makes `ref` the calling thread's stream of its device while it lives.
+class StreamScope {
+ public:
+  explicit StreamScope(const StreamRef& ref) : ref_(ref) {
+    if (ref_.ops != nullptr) status_ = ref_.ops->PushStream(ref_.device,
+                                                            ref_.stream);
+  }
+  ~StreamScope() {
+    if (ref_.ops != nullptr && status_.ok()) ref_.ops->PopStream(ref_.device);
+  }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+  const absl::Status& status() const { return status_; }  // Of the push.
+
+ private:
+  StreamRef ref_;
+  absl::Status status_;
+};
+
+// Device-side: `waiter`'s later work waits for `producer`'s work so far.
+// Streams of different backends are not ordered here: a backend's To()
+// waits for its copies on the host.
+absl::Status Order(const StreamRef& waiter, const StreamRef& producer) {
+  if (waiter.ops == nullptr || producer.ops != waiter.ops ||
+      producer == waiter) {
+    return absl::OkStatus();
+  }
+  return waiter.ops->StreamWaitStream(waiter.device, waiter.stream,
+                                      producer.device, producer.stream);
+}
+
 // Per-node bookkeeping of one pass.
 struct NodeState {
   int dependencies = 0;         // Edges from nodes that have not run yet.
   std::vector<Tensor> inputs;   // Gradients arrived so far (summed).
   std::shared_ptr<Node> owner;  // Keeps the node alive while pending.
+  // Where the node runs: its forward's stream, else that of the first
+  // device gradient to arrive.
+  StreamRef stream;
 };
 using NodeMap = std::unordered_map<Node*, NodeState>;
 
@@ -92,13 +156,30 @@ NodeMap CountDependencies(const std::vector<std::pair<Edge, Tensor>>& roots) {
   return nodes;
 }
 
-// Adds `grad` into `edge`'s input slot, recording the owner.
+// Adds `grad`, made on `producer`, into `edge`'s input slot, recording the
+// owner. The node's stream first waits for the producer's (so the sum and
+// the node read a finished gradient), and the sum is queued on it.
 absl::StatusOr<NodeState*> Deposit(NodeMap& nodes, const Edge& edge,
-                                   const Tensor& grad) {
+                                   const Tensor& grad,
+                                   const StreamRef& producer) {
   NodeState& st = nodes[edge.node.get()];
   if (st.inputs.empty()) st.inputs.resize(edge.node->num_inputs());
-  if (st.owner == nullptr) st.owner = edge.node;
-  absl::Status s = AddInto(st.inputs[edge.input_nr], grad);
+  if (st.owner == nullptr) {
+    st.owner = edge.node;
+    st.stream = RefOf(edge.node->stream());
+  }
+  absl::Status s;
+  if (st.stream.ops == nullptr && producer.ops == nullptr) {
+    s = AddInto(st.inputs[edge.input_nr], grad);  // Host work: no stream.
+  } else {
+    if (st.stream.ops == nullptr) st.stream = producer;
+    s = Order(st.stream, producer);
+    if (s.ok()) {
+      StreamScope scope(st.stream);
+      s = scope.status().ok() ? AddInto(st.inputs[edge.input_nr], grad)
+                              : scope.status();
+    }
+  }
   if (!s.ok()) return WithNode(s, *edge.node);
   return &st;
 }
@@ -111,9 +192,14 @@ absl::Status GraphTask::Execute(
   NoGradGuard no_grad;
   NodeMap nodes = CountDependencies(roots);
   std::deque<Node*> ready;
+  // Device streams the pass queued work on; the caller's streams wait for
+  // them at the end, so .grad is ready for work the caller queues next.
+  std::vector<StreamRef> used;
   for (const auto& [edge, grad] : roots) {
     const bool first = nodes[edge.node.get()].owner == nullptr;
-    absl::StatusOr<NodeState*> st = Deposit(nodes, edge, grad);
+    absl::StatusOr<StreamRef> caller = CallerRef(grad);
+    if (!caller.ok()) return caller.status();
+    absl::StatusOr<NodeState*> st = Deposit(nodes, edge, grad, *caller);
     if (!st.ok()) return st.status();
     if (first && (*st)->dependencies == 0) ready.push_back(edge.node.get());
   }
@@ -123,18 +209,30 @@ absl::Status GraphTask::Execute(
     NodeState& st = nodes[node];
     std::shared_ptr<Node> keep = std::move(st.owner);
     std::vector<Tensor> inputs = std::move(st.inputs);
+    const StreamRef stream = st.stream;
     inputs.resize(node->num_inputs());
-    for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
-      if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
-      for (const auto& [edge, slot] : captures_) {
-        if (edge.node.get() == node && edge.input_nr == i) {
-          absl::Status s = AddInto(captured_[slot], inputs[i]);
-          if (!s.ok()) return WithNode(s, *node);
+    // Hooks and the node's math, on the node's stream when it has one.
+    auto run = [&]() -> absl::StatusOr<std::vector<Tensor>> {
+      for (int i = 0; i < static_cast<int>(inputs.size()); ++i) {
+        if (inputs[i].defined()) inputs[i] = node->RunPreHooks(i, inputs[i]);
+        for (const auto& [edge, slot] : captures_) {
+          if (edge.node.get() == node && edge.input_nr == i) {
+            RETURN_IF_ERROR(AddInto(captured_[slot], inputs[i]));
+          }
         }
       }
-    }
+      return node->Apply(*this, std::move(inputs));
+    };
     absl::StatusOr<std::vector<Tensor>> outs =
-        node->Apply(*this, std::move(inputs));
+        [&]() -> absl::StatusOr<std::vector<Tensor>> {
+      if (stream.ops == nullptr) return run();
+      StreamScope scope(stream);
+      if (!scope.status().ok()) return scope.status();
+      if (std::find(used.begin(), used.end(), stream) == used.end()) {
+        used.push_back(stream);
+      }
+      return run();
+    }();
     if (!outs.ok()) return WithNode(outs.status(), *node);
     if (!retain_graph_) node->Release();
     const std::vector<Edge>& edges = node->next_edges();
@@ -146,10 +244,16 @@ absl::Status GraphTask::Execute(
     }
     for (size_t j = 0; j < edges.size(); ++j) {
       if (!edges[j].valid()) continue;
-      absl::StatusOr<NodeState*> next = Deposit(nodes, edges[j], (*outs)[j]);
+      absl::StatusOr<NodeState*> next =
+          Deposit(nodes, edges[j], (*outs)[j], stream);
       if (!next.ok()) return next.status();
       if (--(*next)->dependencies == 0) ready.push_back(edges[j].node.get());
     }
+  }
+  for (const StreamRef& s : used) {
+    absl::StatusOr<uint64_t> caller = s.ops->CurrentStream(s.device);
+    if (!caller.ok()) return caller.status();
+    RETURN_IF_ERROR(Order({s.ops, s.device, *caller}, s));
   }
   return absl::OkStatus();
 }

@@ -51,6 +51,16 @@ struct Edge {
   bool valid() const { return node != nullptr; }  // node is set.
 };
 
+// The device stream a node's forward op ran on; the engine runs the node's
+// backward there (docs/design/cuda_kernels.md, "Streams in backward").
+struct NodeStream {
+  // The backend of the op's result (a tensor/cuda DeviceOps); null when
+  // none was recorded (a CPU op, or a node that is not a built-in op).
+  std::shared_ptr<DeviceComputeInterface> compute;
+  Device device;        // The result's device.
+  uint64_t stream = 0;  // The forward thread's current stream there.
+};
+
 // Called with a gradient; returns a replacement gradient, or an undefined
 // tensor to keep it unchanged.
 using GradHook = std::function<Tensor(const Tensor& grad)>;
@@ -75,6 +85,13 @@ class Node : public std::enable_shared_from_this<Node> {
   // Sets next_edges() (while the graph is built).
   void set_next_edges(std::vector<Edge> edges) {
     next_edges_ = std::move(edges);
+  }
+  // Where the forward op ran (see NodeStream), or null (CPU ops); set
+  // while the graph is built.
+  const NodeStream* stream() const { return stream_.get(); }
+  // See stream().
+  void set_stream(NodeStream s) {
+    stream_ = std::make_unique<const NodeStream>(std::move(s));
   }
   // Shapes of the forward inputs, for error messages: "[2, 3], [3]".
   std::string shapes() const;
@@ -102,6 +119,7 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::string name_;
   const int num_inputs_;
   std::vector<Edge> next_edges_;
+  std::unique_ptr<const NodeStream> stream_;  // Null for host ops.
   // Flattened: rank, then sizes, per input.
   std::vector<int64_t> input_shapes_;
   Mutex mu_;

@@ -39,6 +39,16 @@ Tensor Record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
     if (out.is_same(t)) out = Detach(out);
   }
   node->set_next_edges(std::move(edges));
+  if (out.device().is_cuda()) {
+    // Backward runs on the stream this op was queued on (engine.cc).
+    if (cuda::DeviceOps* d = cuda::DeviceOpsOf(out)) {
+      absl::StatusOr<uint64_t> stream = d->CurrentStream(out.device());
+      if (stream.ok()) {
+        node->set_stream({out.storage().shared_compute(), out.device(),
+                          *stream});
+      }
+    }
+  }
   auto meta = std::make_shared<AutogradMeta>();
   meta->grad_fn = std::move(node);
   out.set_autograd_meta(std::move(meta));

@@ -151,9 +151,81 @@ absl::StatusOr<CudaContext*> ContextBoundOps::Context(const char* op) const {
   return ctx_;
 }
 
+absl::StatusOr<uint64_t> ContextBoundOps::CurrentStream(Device device) {
+  absl::ReaderMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("current_stream"));
+  RETURN_IF_ERROR(c->CheckCudaDevice("current_stream", device));
+  return c->stream(device.index);
+}
+
+absl::Status ContextBoundOps::PushStream(Device device, uint64_t stream) {
+  absl::ReaderMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("push_stream"));
+  return c->PushThreadStream(device, stream);
+}
+
+void ContextBoundOps::PopStream(Device device) {
+  absl::ReaderMutexLock lock(&mu_);
+  absl::StatusOr<CudaContext*> c = Context("pop_stream");
+  if (c.ok()) (*c)->PopThreadStream(device);
+}
+
+absl::Status ContextBoundOps::StreamWaitStream(Device waiter_device,
+                                               uint64_t waiter,
+                                               Device producer_device,
+                                               uint64_t producer) {
+  absl::ReaderMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("stream_wait"));
+  return c->StreamWaitStream(waiter_device, waiter, producer_device,
+                             producer);
+}
+
+namespace {
+
+// A thread's streams put over contexts' current ones (PushThreadStream),
+// innermost last. Keyed by context, so several contexts (workers) in one
+// process do not see each other's; empty on almost every thread.
+struct ThreadStream {
+  const CudaContext* context;
+  int device;
+  StreamHandle stream;
+};
+thread_local std::vector<ThreadStream> thread_streams;
+
+}  // namespace
+
 StreamHandle CudaContext::stream(int device) const {
   if (device < 0 || device >= static_cast<int>(streams_.size())) return 0;
+  for (auto it = thread_streams.rbegin(); it != thread_streams.rend(); ++it) {
+    if (it->context == this && it->device == device) return it->stream;
+  }
   return streams_[device].load(std::memory_order_acquire);
+}
+
+absl::Status CudaContext::PushThreadStream(Device device, StreamHandle stream) {
+  RETURN_IF_ERROR(CheckCudaDevice("PushThreadStream", device));
+  thread_streams.push_back({this, device.index, stream});
+  return absl::OkStatus();
+}
+
+void CudaContext::PopThreadStream(Device device) {
+  for (auto it = thread_streams.rbegin(); it != thread_streams.rend(); ++it) {
+    if (it->context == this && it->device == device.index) {
+      thread_streams.erase(std::next(it).base());
+      return;
+    }
+  }
+}
+
+absl::Status CudaContext::StreamWaitStream(Device waiter_device,
+                                           StreamHandle waiter,
+                                           Device producer_device,
+                                           StreamHandle producer) {
+  RETURN_IF_ERROR(CheckCudaDevice("StreamWaitStream", waiter_device));
+  RETURN_IF_ERROR(CheckCudaDevice("StreamWaitStream", producer_device));
+  ASSIGN_OR_RETURN(StreamEvent event,
+                   StreamEvent::Record(api_, producer_device.index, producer));
+  return event.MakeStreamWait(waiter_device.index, waiter);
 }
 
 absl::Status CudaContext::SetStream(Device device, StreamHandle stream) {

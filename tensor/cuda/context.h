@@ -15,7 +15,9 @@
 // copies and Gemm are queued, so work on one stream is ordered. Across
 // streams the caller orders work (RecordEvent, then StreamWait on the
 // device or Wait on the host) and calls allocator().RecordStream for a
-// tensor one stream made and another uses, as for copy.h.
+// tensor one stream made and another uses, as for copy.h. A thread may put
+// its own stream over a device's current one (PushThreadStream), as the
+// autograd engine does to run a backward op on its forward op's stream.
 //
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
@@ -84,6 +86,17 @@ class CudaContext {
   /// work, when the context is).
   absl::StatusOr<StreamHandle> NewStream(Device device)
       ABSL_LOCKS_EXCLUDED(mu_);
+  /// Makes `stream` the current stream of `device` for the calling thread
+  /// only, until the matching PopThreadStream (pushes nest; stream() then
+  /// answers the innermost). InvalidArgument for a bad device.
+  absl::Status PushThreadStream(Device device, StreamHandle stream);
+  /// Ends the innermost PushThreadStream of this thread for `device`.
+  void PopThreadStream(Device device);
+  /// Device-side: work queued later on stream `waiter` of `waiter_device`
+  /// waits for the work queued so far on stream `producer` of
+  /// `producer_device` (an event between them); the host goes on.
+  absl::Status StreamWaitStream(Device waiter_device, StreamHandle waiter,
+                                Device producer_device, StreamHandle producer);
   /// An event after the work queued so far on `device`'s current stream.
   absl::StatusOr<StreamEvent> RecordEvent(Device device);
   /// Makes work queued later on `device`'s current stream wait, on the
@@ -164,6 +177,19 @@ class ContextBoundOps : public DeviceOps {
   /// Bound to `ctx`, which must call Detach before it dies.
   explicit ContextBoundOps(CudaContext* ctx) : ctx_(ctx) {}
   void Detach() override ABSL_LOCKS_EXCLUDED(mu_);
+  /// The context's stream(device.index) for this thread.
+  absl::StatusOr<uint64_t> CurrentStream(Device device) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// The context's PushThreadStream.
+  absl::Status PushStream(Device device, uint64_t stream) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  /// The context's PopThreadStream (nothing once detached).
+  void PopStream(Device device) override ABSL_LOCKS_EXCLUDED(mu_);
+  /// The context's StreamWaitStream.
+  absl::Status StreamWaitStream(Device waiter_device, uint64_t waiter,
+                                Device producer_device,
+                                uint64_t producer) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  protected:
   /// The context, or FailedPrecondition naming `op` once detached.

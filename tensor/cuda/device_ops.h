@@ -42,6 +42,21 @@ class DeviceOps : public DeviceComputeInterface {
   /// Called by the context's destructor: later calls fail.
   virtual void Detach() = 0;
 
+  /// The stream work on CUDA `device` is queued on for the calling thread
+  /// (an opaque handle; 0 is the legacy default stream).
+  virtual absl::StatusOr<uint64_t> CurrentStream(Device device) = 0;
+  /// Makes `stream` the calling thread's current stream of `device` until
+  /// the matching PopStream (pushes nest). The autograd engine runs each
+  /// backward op on the stream its forward op ran on this way.
+  virtual absl::Status PushStream(Device device, uint64_t stream) = 0;
+  /// Ends the innermost PushStream of this thread for `device`.
+  virtual void PopStream(Device device) = 0;
+  /// Device-side: work queued later on `waiter` (a stream of
+  /// `waiter_device`) waits for the work queued so far on `producer` (of
+  /// `producer_device`); the host does not wait.
+  virtual absl::Status StreamWaitStream(Device waiter_device, uint64_t waiter,
+                                        Device producer_device,
+                                        uint64_t producer) = 0;
   /// `t` on `device` (CPU or one of this backend's devices); `t` itself
   /// when already there; waits for the copy.
   virtual absl::StatusOr<Tensor> To(const Tensor& t, Device device) = 0;
