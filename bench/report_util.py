@@ -4,8 +4,9 @@ number formatting, ratios and the goal verdict table."""
 import json
 
 
-def load(paths, bench):
-    """{(impl, name): record} from every JSON line with "bench": bench."""
+def load(paths, bench, key=lambda r: (r["impl"], r["name"])):
+    """{key(record): record} (by default (impl, name)) from every JSON line
+    with "bench": bench."""
     fig = {}
     for path in paths:
         with open(path) as f:
@@ -14,7 +15,7 @@ def load(paths, bench):
                 if line.startswith("{"):
                     r = json.loads(line)
                     if r.get("bench") == bench:
-                        fig[(r["impl"], r["name"])] = r
+                        fig[key(r)] = r
     return fig
 
 

@@ -111,6 +111,7 @@ rpc::GrpcAgentOptions AgentOptions(const WorkerOptions& o) {
   a.secret = o.store_secret;
   a.max_message_bytes = o.max_message_bytes;
   a.same_host.enabled = o.same_host;
+  a.stream.after_piece_received = o.after_piece_received;
   a.enable_admin_invoke = o.enable_admin_invoke;
   return a;
 }

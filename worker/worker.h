@@ -103,6 +103,10 @@ struct WorkerOptions {
   int max_message_bytes = 0x7fffffff;
   // Tensor payloads to workers on this host through cross-memory attach.
   bool same_host = true;
+  /// For tests: called on gRPC's thread after each received piece of a
+  /// streamed payload (rpc/grpc/stream_pieces.h's StreamOptions), with the
+  /// bytes received so far and the total; a slow hook is a slow receiver.
+  std::function<void(uint64_t received, uint64_t total)> after_piece_received;
   // Serve the admin Invoke method (operators run functions with grpcurl).
   bool enable_admin_invoke = false;
   // The functions this worker serves; null: a new registry. Register what
