@@ -181,6 +181,9 @@ ABSL_FLAG(std::string, device, "cpu",
 ABSL_FLAG(std::string, server_devices, "",
           "where each server keeps its shard: one of cpu, cuda[:N] per "
           "server, comma-separated (empty: every server on --device)");
+ABSL_FLAG(std::string, cuda_transport, "",
+          "device tensors between processes: auto, ipc or staged (empty: the "
+          "binary's choice, auto on CUDA, staged over the fake)");
 ABSL_FLAG(bool, print_step_times, false,
           "trainers end with a line of each step's end (unix us; bench/fault)");
 
@@ -1021,7 +1024,8 @@ void SetDevices(WorkerOptions& o, Device device, const PsDevices* devices) {
   o.devices = {device.ToString()};
   o.device_api = devices->api;
   o.device_compute = devices->compute;
-  o.cuda_transport = devices->transport;
+  const std::string transport = absl::GetFlag(FLAGS_cuda_transport);
+  o.cuda_transport = transport.empty() ? devices->transport : transport;
 }
 
 // Server m; `devices` is this process's (null when its shard is on the CPU).

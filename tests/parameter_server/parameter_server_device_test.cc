@@ -8,6 +8,7 @@
 // must reach the CPU job's held-out accuracy (the threshold of
 // //tests/parameter_server:parameter_server_example_test at this size).
 // The real CUDA binary runs in tools/gpu_check's step "ps".
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,14 +30,15 @@ using testutil::RunfilePath;
 
 constexpr char kFake[] = "examples/parameter_server/parameter_server_fake";
 
-std::pair<int, std::string> Launch(int nproc, std::vector<std::string> flags) {
+// ferry_run --nproc `nproc` [`launcher` flags] -- the fake binary `flags`.
+std::pair<int, std::string> Launch(int nproc, std::vector<std::string> flags,
+                                   std::vector<std::string> launcher = {}) {
   std::vector<std::string> argv = {RunfilePath("tools/launcher/ferry_run"),
-                                   "--nproc",
-                                   absl::StrCat(nproc),
-                                   "--timeout_s",
-                                   "240",
-                                   "--",
-                                   RunfilePath(kFake)};
+                                   "--nproc", absl::StrCat(nproc),
+                                   "--timeout_s", "240"};
+  argv.insert(argv.end(), launcher.begin(), launcher.end());
+  argv.push_back("--");
+  argv.push_back(RunfilePath(kFake));
   argv.insert(argv.end(), flags.begin(), flags.end());
   return RunCommand(std::move(argv), {}, absl::Minutes(5));
 }
@@ -123,6 +125,57 @@ TEST(ParameterServerDevice, ShardsOnTheDeviceAndTheCpuReachTheCpuAccuracy) {
         absl::StrSplit(out, "target 0.85 reached");
     EXPECT_EQ(reached.size(), 3u) << out;  // One per trainer.
   }
+}
+
+// --fault_tolerant with checkpoints: ps0, its shard and the head on cuda:0,
+// SIGKILLs itself at applied step 60; ferry_run restarts it, it restores its
+// newest checkpoint (written from host copies of the device parameters)
+// onto cuda:0 with the fingerprint the snapshot had, rejoins, and the
+// trainers, after re-creating their optimizers there, reach the target.
+TEST(ParameterServerDevice, ADeviceServerRestoresItsCheckpointOntoTheDevice) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  ASSERT_NE(tmp, nullptr);
+  auto [code, out] = Launch(
+      4,
+      {"--servers=2", "--trainers=2", "--iterations=150", "--log_every=50",
+       "--vocab=200", "--target_accuracy=0.85", "--device=cuda",
+       "--server_devices=cuda,cpu", "--fault_tolerant",
+       absl::StrCat("--checkpoint_dir=", tmp, "/ckpt"), "--checkpoint_every=20",
+       "--kill_server=0", "--kill_server_at_step=60"},
+      {"--elastic_ranks", "2-3", "--restart_ranks", "0-1", "--rank_restarts",
+       "2"});
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(out, "[0]: ps0: killing itself (SIGKILL) at "
+                                     "applied step 60"))
+      << out;
+  // "restored applied step K from DIR/ps0.ckpt (fingerprint F)".
+  const std::string restored = "[0]: ps0: restarted (FERRY_RUN_RESTART=1): "
+                               "restored applied step ";
+  const size_t at = out.find(restored);
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line =
+      out.substr(at + restored.size(),
+                 out.find('\n', at) - at - restored.size());
+  const std::string step = line.substr(0, line.find(' '));
+  const size_t f = line.find("(fingerprint ");
+  ASSERT_NE(f, std::string::npos) << line;
+  const std::string fingerprint = line.substr(f);
+  EXPECT_TRUE(absl::StrContains(
+      out, absl::StrCat("[0]: ps0: checkpoint of applied step ", step,
+                        " taken ", fingerprint)))
+      << step << " " << fingerprint << "\n" << out;
+  // Both instances serve from cuda:0.
+  const std::vector<std::string> starts = absl::StrSplit(
+      out, "[0]: ps0: owns embedding rows [0, 100) and the dense head on "
+           "cuda:0\n");
+  EXPECT_EQ(starts.size(), 3u) << out;
+  EXPECT_EQ(Field(out, {"ps0: inspect parameter_server", "restart=1"},
+                  "shard_device"),
+            "cuda:0")
+      << out;
+  const std::vector<std::string> reached =
+      absl::StrSplit(out, "target 0.85 reached");
+  EXPECT_EQ(reached.size(), 3u) << out;
 }
 
 // A shard device the server does not have: the job stops at once (no
