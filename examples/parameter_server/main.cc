@@ -75,6 +75,19 @@
 // optimizers on the other servers keep their state) and goes on.
 // --kill_server=M --kill_server_at_step=S: ps<M> SIGKILLs itself right
 // after applying its step S (first start only; fault injection).
+//
+// Devices (--device=cuda; the parameter_server_cuda binary, or the testonly
+// parameter_server_fake over FakeDeviceApi; design: docs/design/cuda_rpc.md,
+// "The parameter-server job on devices"): trainers compute on --device
+// (cuda = cuda:0), each server keeps its shard where --server_devices says
+// (one entry per server, cpu or cuda[:N]; empty: all on --device). Every
+// device process has its own compute context (ps_devices.h); a trainer maps
+// its device to each GPU server's shard device (two processes may share one
+// GPU), moves a CPU server's partial sums onto its device with the
+// differentiable autograd::to and h to the CPU before calling a CPU ps0.
+// Servers build lookup indices and masks on the host and move them to the
+// shard's device; losses, accuracy counts, fingerprints and checkpoints read
+// host copies, and a restore is copied onto the device.
 #include <signal.h>
 #include <unistd.h>
 
@@ -99,14 +112,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "ferry/autograd/node.h"
 #include "ferry/autograd/ops.h"
 #include "ferry/common/status.h"
 #include "ferry/common/sync.h"
+#include "ferry/examples/parameter_server/ps_devices.h"
 #include "ferry/ferry.h"
 #include "ferry/optim/checkpoint.h"
 #include "ferry/store.h"
+#include "ferry/tensor/cuda/device_ops.h"
 
 ABSL_FLAG(int, servers, 2, "M: parameter servers (ranks 0..M-1)");
 ABSL_FLAG(int, trainers, 2, "N: trainers (ranks M..M+N-1)");
@@ -160,6 +176,14 @@ ABSL_FLAG(int, kill_server_at_step, 0,
 ABSL_FLAG(int, server_wait_s, 60,
           "--fault_tolerant: how long a trainer waits for a dead server to "
           "come back");
+ABSL_FLAG(std::string, device, "cpu",
+          "where trainers compute: cpu, or cuda[:N] (parameter_server_cuda)");
+ABSL_FLAG(std::string, server_devices, "",
+          "where each server keeps its shard: one of cpu, cuda[:N] per "
+          "server, comma-separated (empty: every server on --device)");
+ABSL_FLAG(std::string, cuda_transport, "",
+          "device tensors between processes: auto, ipc or staged (empty: the "
+          "binary's choice, auto on CUDA, staged over the fake)");
 ABSL_FLAG(bool, print_step_times, false,
           "trainers end with a line of each step's end (unix us; bench/fault)");
 
@@ -183,7 +207,29 @@ struct Config {
   int kill_server = -1, kill_server_at_step = 0, server_wait_s = 60;
   // ferry_run's FERRY_RUN_RESTART: 0 at first start, k >= 1 on restarts.
   int restart = 0;
+  // --device and --server_devices (one per server once validated).
+  std::string device_flag = "cpu", server_devices_flag = "";
+  Device device = Device::CPU();
+  std::vector<Device> server_device = {};
+  // A trainer's compute backend on `device` (null on the CPU); Run sets it.
+  cuda::DeviceOps* ops = nullptr;
+  // Whether any process of the job uses a device.
+  bool on_devices() const { return device.is_cuda(); }
 };
+
+// "cpu", "cuda" (cuda:0) or "cuda:N"; InvalidArgument naming `flag`.
+absl::StatusOr<Device> ParseDeviceFlag(const std::string& flag,
+                                       const std::string& text) {
+  if (text == "cpu") return Device::CPU();
+  if (text == "cuda") return Device::CUDA(0);
+  int index = -1;
+  if (absl::StartsWith(text, "cuda:") &&
+      absl::SimpleAtoi(text.substr(5), &index) && index >= 0) {
+    return Device::CUDA(index);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, ": '", text, "' is not cpu, cuda or cuda:N"));
+}
 
 Config FromFlags() {
   Config c = {absl::GetFlag(FLAGS_servers),      absl::GetFlag(FLAGS_trainers),
@@ -206,6 +252,8 @@ Config FromFlags() {
   c.kill_server = absl::GetFlag(FLAGS_kill_server);
   c.kill_server_at_step = absl::GetFlag(FLAGS_kill_server_at_step);
   c.server_wait_s = absl::GetFlag(FLAGS_server_wait_s);
+  c.device_flag = absl::GetFlag(FLAGS_device);
+  c.server_devices_flag = absl::GetFlag(FLAGS_server_devices);
   const char* restart = std::getenv("FERRY_RUN_RESTART");
   if (restart == nullptr || !absl::SimpleAtoi(restart, &c.restart)) {
     c.restart = 0;
@@ -228,6 +276,25 @@ absl::Duration Timeout() {
 // Set by ps0 in the job's store once elastic trainers may join.
 constexpr char kJoinsOpenKey[] = "ps_example/joins_open";
 
+// `t` itself on the CPU, else a host copy through its storage's backend
+// (FailedPrecondition naming the device when it has none).
+absl::StatusOr<Tensor> OnHost(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  cuda::DeviceOps* ops = cuda::DeviceOpsOf(t);
+  if (ops == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a tensor on ", t.device().ToString(), " has no compute backend"));
+  }
+  return ops->To(t, Device::CPU());
+}
+
+// A tensor that needs no gradient (indices, masks, labels) on `device`.
+absl::StatusOr<Tensor> ToDevice(const Tensor& t, Device device,
+                                cuda::DeviceOps* ops) {
+  if (device.is_cpu()) return t;
+  return ops->To(t, device);
+}
+
 Tensor Parameter(std::vector<int64_t> sizes, uint64_t seed, double scale) {
   Tensor t = randn(sizes, seed).mul(scale);
   autograd::SetRequiresGrad(t);
@@ -246,11 +313,39 @@ struct Shard {
   // Applied steps: updates of `embedding` (every trainer step updates it
   // once), under *mu; restored from a checkpoint on a restart.
   int64_t applied = 0;
+  // Where the parameters live (--server_devices) and, on a device, the
+  // backend they compute with.
+  Device device = Device::CPU();
+  cuda::DeviceOps* ops = nullptr;
 
   std::vector<Tensor> Params() const {
     std::vector<Tensor> p = {embedding};
     p.insert(p.end(), head.begin(), head.end());
     return p;
+  }
+  // Host copies of Params() (the parameters themselves on the CPU).
+  absl::StatusOr<std::vector<Tensor>> HostParams() const {
+    std::vector<Tensor> p = Params();
+    if (device.is_cpu()) return p;
+    for (Tensor& t : p) {
+      ASSIGN_OR_RETURN(t, OnHost(autograd::Detach(t)));
+    }
+    return p;
+  }
+  // Moves the parameters (seeded or restored on the CPU) onto `to`, before
+  // the server serves: each becomes a leaf requiring grad there.
+  absl::Status MoveTo(Device to, cuda::DeviceOps* backend) {
+    if (to.is_cpu()) return absl::OkStatus();
+    device = to;
+    ops = backend;
+    std::vector<Tensor*> all = {&embedding};
+    for (Tensor& t : head) all.push_back(&t);
+    for (Tensor* t : all) {
+      ASSIGN_OR_RETURN(Tensor moved, ops->To(autograd::Detach(*t), to));
+      autograd::SetRequiresGrad(moved);
+      *t = moved;
+    }
+    return absl::OkStatus();
   }
   static std::vector<std::string> Names(size_t n) {
     std::vector<std::string> names = {"embedding"};
@@ -261,6 +356,7 @@ struct Shard {
 
 // The sum of every element of `params` (a fingerprint logged at each
 // checkpoint and restore: a restored shard must show one written).
+// Reads host copies (Shard::HostParams).
 double Fingerprint(const std::vector<Tensor>& params) {
   double sum = 0;
   for (const Tensor& t : params) {
@@ -290,9 +386,11 @@ Shard MakeShard(const Config& c, int m) {
 // zero).
 absl::StatusOr<Tensor> Lookup(const Shard& s, const std::string& me,
                               const Tensor& ids) {
-  if (ids.dtype() != DType::kInt64 || ids.dim() != 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(me, " lookup: expected int64 ids [batch, tokens]"));
+  if (ids.dtype() != DType::kInt64 || ids.dim() != 2 ||
+      !ids.device().is_cpu()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        me, " lookup: expected int64 ids [batch, tokens] on the cpu, got ",
+        autograd::ShapeString(ids), " on ", ids.device().ToString()));
   }
   const int64_t b = ids.size(0), k = ids.size(1), n = b * k;
   std::vector<int64_t> local = ids.to_vector<int64_t>();
@@ -302,14 +400,19 @@ absl::StatusOr<Tensor> Lookup(const Shard& s, const std::string& me,
     mask[i] = mine ? 1.0f : 0.0f;
     local[i] = mine ? local[i] - s.begin : 0;
   }
+  // Built on the host, then moved to the shard's device.
+  ASSIGN_OR_RETURN(Tensor indices,
+                   ToDevice(from_vector(local), s.device, s.ops));
+  ASSIGN_OR_RETURN(Tensor weights,
+                   ToDevice(from_vector(mask, {n, 1}), s.device, s.ops));
   Tensor rows;
   {
     // The rows are copied out under the lock; the embedding's backward
     // needs only their indices, never the table's contents.
     MutexLock l(s.mu.get());
-    rows = autograd::embedding(s.embedding, from_vector(local));
+    rows = autograd::embedding(s.embedding, indices);
   }
-  Tensor masked = autograd::mul(rows, from_vector(mask, {n, 1}));
+  Tensor masked = autograd::mul(rows, weights);
   return autograd::sum(autograd::reshape(masked, {b, k, s.embedding.size(1)}),
                        {1});
 }
@@ -321,9 +424,11 @@ absl::StatusOr<Tensor> Head(const Shard& s, const std::string& me,
     return absl::FailedPreconditionError(me + " does not own the head");
   }
   if (h.dtype() != DType::kFloat32 || h.dim() != 2 ||
-      h.size(1) != s.head[0].size(0)) {
+      h.size(1) != s.head[0].size(0) || h.device() != s.device) {
     return absl::InvalidArgumentError(absl::StrCat(
-        me, " head: expected float32 [batch, ", s.head[0].size(0), "]"));
+        me, " head: expected float32 [batch, ", s.head[0].size(0), "] on ",
+        s.device.ToString(), ", got ", autograd::ShapeString(h), " on ",
+        h.device().ToString()));
   }
   std::vector<Tensor> p;
   {
@@ -520,7 +625,7 @@ class ServerView {
     if (check) {
       Value payload = m.payload;  // Shared tensor handles, not copies.
       rpc::ForEachTensor(payload, [&](Tensor& t) {
-        for (float g : t.to_vector<float>()) changes = changes || g != 0;
+        changes = changes || NonZero(t);
       });
     }
     MutexLock l(&mu_);
@@ -563,9 +668,18 @@ class ServerView {
         GlobalId::FromValue(static_cast<uint64_t>(*(*list)[1].if_int())));
     if (!grads.ok()) return false;
     for (const auto& [leaf, grad] : grads->entries()) {
-      for (float g : grad.to_vector<float>()) {
-        if (g != 0) return true;
-      }
+      if (NonZero(grad)) return true;
+    }
+    return false;
+  }
+
+  // Whether float tensor `t` (on any device: read through a host copy) has
+  // a non-zero element; false when it cannot be read.
+  static bool NonZero(const Tensor& t) {
+    absl::StatusOr<Tensor> host = OnHost(t);
+    if (!host.ok()) return false;
+    for (float g : host->to_vector<float>()) {
+      if (g != 0) return true;
     }
     return false;
   }
@@ -903,8 +1017,21 @@ absl::Status Restore(const Config& c, const std::string& me, Shard& shard) {
   return absl::OkStatus();
 }
 
-absl::Status Serve(const Config& c, int m) {
+// Fills `o`'s device fields for a process on `devices` that uses `device`
+// (nothing for the CPU).
+void SetDevices(WorkerOptions& o, Device device, const PsDevices* devices) {
+  if (device.is_cpu() || devices == nullptr) return;
+  o.devices = {device.ToString()};
+  o.device_api = devices->api;
+  o.device_compute = devices->compute;
+  const std::string transport = absl::GetFlag(FLAGS_cuda_transport);
+  o.cuda_transport = transport.empty() ? devices->transport : transport;
+}
+
+// Server m; `devices` is this process's (null when its shard is on the CPU).
+absl::Status Serve(const Config& c, int m, const PsDevices* devices) {
   const std::string me = ServerName(m);
+  const Device shard_device = c.server_device[m];
   Shard shard = MakeShard(c, m);
   // A server restarted by ferry_run (--restart_ranks) in fault-tolerant
   // mode joins the running group under its name (the static group formed
@@ -918,6 +1045,14 @@ absl::Status Serve(const Config& c, int m) {
                 me.c_str(), c.restart);
   }
   const int64_t restored = shard.applied;
+  // Seeded or restored on the host; onto the shard's device before serving.
+  if (shard_device.is_cuda()) {
+    absl::Status moved = shard.MoveTo(shard_device, devices->compute.get());
+    if (!moved.ok()) {
+      return Annotate(moved, absl::StrCat(me, ": moving its shard to ",
+                                          shard_device.ToString()));
+    }
+  }
   std::unique_ptr<optim::Checkpointer> ck;
   if (!c.checkpoint_dir.empty()) {
     ASSIGN_OR_RETURN(
@@ -950,14 +1085,25 @@ absl::Status Serve(const Config& c, int m) {
                     me.c_str(), static_cast<long>(written),
                     optim::LatestCheckpointPath(c.checkpoint_dir, me).c_str());
       }
-      const std::vector<Tensor> params = shp->Params();
-      const std::vector<std::string> names = Shard::Names(params.size());
+      const std::vector<std::string> names =
+          Shard::Names(shp->Params().size());
       double fingerprint = 0;
-      const bool took =
-          ckp->MaybeCheckpoint(step, [&](optim::ShardCheckpoint& out) {
-            optim::SnapshotShardInto(out, step, params, nullptr, names);
-            fingerprint = Fingerprint(params);
+      bool took = false;
+      if (ckp->Due(step)) {
+        // Host copies of device parameters (the parameters on the CPU),
+        // made only when a snapshot is due.
+        absl::StatusOr<std::vector<Tensor>> params = shp->HostParams();
+        if (!params.ok()) {
+          std::printf("%s: checkpoint of applied step %ld skipped: %s\n",
+                      me.c_str(), static_cast<long>(step),
+                      params.status().ToString().c_str());
+        } else {
+          took = ckp->MaybeCheckpoint(step, [&](optim::ShardCheckpoint& out) {
+            optim::SnapshotShardInto(out, step, *params, nullptr, names);
+            fingerprint = Fingerprint(*params);
           });
+        }
+      }
       if (took) {
         std::printf("%s: checkpoint of applied step %ld taken (fingerprint "
                     "%.9g)\n",
@@ -1017,6 +1163,7 @@ absl::Status Serve(const Config& c, int m) {
   options.registry = registry;
   options.optimizer_param_mutex = shard.mu;
   options.optimizer_after_update = after_update;
+  SetDevices(options, shard_device, devices);
   // The static group: elastic trainers (all trainers with
   // --fault_tolerant) join it later; a restarted server joins too.
   if (rejoin) {
@@ -1038,14 +1185,19 @@ absl::Status Serve(const Config& c, int m) {
                 static_cast<long>(absl::ToUnixMicros(absl::Now())),
                 static_cast<long>(restored));
   }
-  std::printf("%s: owns embedding rows [%ld, %ld)%s\n", me.c_str(),
+  std::printf("%s: owns embedding rows [%ld, %ld)%s%s\n", me.c_str(),
               static_cast<long>(shard.begin), static_cast<long>(shard.end),
-              shard.head.empty() ? "" : " and the dense head");
+              shard.head.empty() ? "" : " and the dense head",
+              c.on_devices()
+                  ? absl::StrCat(" on ", shard.embedding.device().ToString())
+                        .c_str()
+                  : "");
   // What an operator sees through the Admin service's Inspect (grpcurl):
   // this server's generation, steps and what it survived. Everything it
   // reads outlives the worker.
   RETURN_IF_ERROR(w->agent().inspectors().Register(
-      "parameter_server", [sp, vp, ckp, me, restart = c.restart, restored] {
+      "parameter_server", [sp, vp, ckp, me, restart = c.restart, restored,
+                           on_devices = c.on_devices()] {
         rpc::InspectionRow row;
         row.kind = "server";
         int64_t applied;
@@ -1060,6 +1212,11 @@ absl::Status Serve(const Config& c, int m) {
                       {"restored_step", absl::StrCat(restored)},
                       {"trainers_left", absl::StrCat(left)},
                       {"trainers_died", absl::StrCat(dead)}};
+        if (on_devices) {
+          // Where the parameters really are (read from the tensors).
+          row.fields.push_back(
+              {"shard_device", sp->embedding.device().ToString()});
+        }
         if (ckp != nullptr) {
           const optim::Checkpointer::Stats st = ckp->stats();
           row.fields.push_back({"checkpoints_written", absl::StrCat(st.written)});
@@ -1106,14 +1263,17 @@ absl::Status Serve(const Config& c, int m) {
   PrintInspection(w->agent(), me, "parameter_server");
   // A restarted server is a joined member: it leaves (the static group's
   // barrier counted its dead instance in).
+  absl::Status left;
   if (rejoin) {
-    absl::Status left = w->Leave(Timeout());
-    RETURN_IF_ERROR(hosted);
-    return left;
+    left = w->Leave(Timeout());
+  } else {
+    // Serves until every trainer has finished and joined the shutdown (with
+    // --fault_tolerant: every other server; the trainers are gone).
+    left = w->Shutdown(Timeout());
   }
-  // Serves until every trainer has finished and joined the shutdown (with
-  // --fault_tolerant: every other server; the trainers are gone).
-  absl::Status left = w->Shutdown(Timeout());
+  // On devices: the device plan and what was staged with each trainer over
+  // the whole job.
+  if (c.on_devices()) PrintInspection(w->agent(), me, "devices");
   RETURN_IF_ERROR(hosted);
   return left;
 }
@@ -1164,6 +1324,10 @@ class Task {
 
 // The model's forward pass from a trainer: partial sums from every server
 // in parallel, then the head on ps0.
+// On devices (--device=cuda): a CPU server's partial sums are moved onto
+// the trainer's device and, for a CPU ps0, h onto the CPU, both with the
+// differentiable autograd::to (its gradient goes back the same way); a GPU
+// server's tensors land on the trainer's device by its device map.
 absl::StatusOr<Tensor> Forward(rpc::Agent& agent, const Config& c,
                                const Tensor& ids) {
   std::vector<Future<Tensor>> parts;
@@ -1171,16 +1335,33 @@ absl::StatusOr<Tensor> Forward(rpc::Agent& agent, const Config& c,
     parts.push_back(agent.rpc_async<Tensor>(ServerName(m), "lookup", ids));
   }
   Tensor h;
-  for (Future<Tensor>& part : parts) {
-    ASSIGN_OR_RETURN(Tensor p, part.Get());
+  for (int m = 0; m < c.servers; ++m) {
+    ASSIGN_OR_RETURN(Tensor p, parts[m].Get());
+    if (p.device() != c.device) {
+      if (c.server_device[m].is_cuda()) {
+        return absl::InternalError(absl::StrCat(
+            ServerName(m), "'s partial sums landed on ",
+            p.device().ToString(), ", not on ", c.device.ToString()));
+      }
+      p = autograd::to(p, c.device, c.ops);
+    }
     h = h.defined() ? autograd::add(h, p) : p;
   }
-  return agent.rpc_sync<Tensor>(ServerName(0), "head",
-                                autograd::mul(h, 1.0 / c.tokens));
+  Tensor in = autograd::mul(h, 1.0 / c.tokens);
+  if (in.device() != c.server_device[0]) {
+    in = autograd::to(in, c.server_device[0]);
+  }
+  ASSIGN_OR_RETURN(Tensor logits,
+                   agent.rpc_sync<Tensor>(ServerName(0), "head", in));
+  if (logits.device() != c.device) {
+    logits = autograd::to(logits, c.device, c.ops);
+  }
+  return logits;
 }
 
-int64_t Correct(const Tensor& logits, const Tensor& labels) {
-  std::vector<float> l = autograd::Detach(logits).to_vector<float>();
+absl::StatusOr<int64_t> Correct(const Tensor& logits, const Tensor& labels) {
+  ASSIGN_OR_RETURN(Tensor host, OnHost(autograd::Detach(logits)));
+  std::vector<float> l = host.to_vector<float>();
   std::vector<int64_t> y = labels.to_vector<int64_t>();
   const int n = static_cast<int>(logits.size(1));
   int64_t correct = 0;
@@ -1197,7 +1378,8 @@ absl::StatusOr<double> HeldOutAccuracy(rpc::Agent& agent, const Config& c) {
     const int b = std::min(500, c.test_samples - static_cast<int>(seen));
     Batch batch = test.Next(b);
     ASSIGN_OR_RETURN(Tensor logits, Forward(agent, c, batch.ids));
-    correct += Correct(logits, batch.labels);
+    ASSIGN_OR_RETURN(int64_t right, Correct(logits, batch.labels));
+    correct += right;
     seen += b;
   }
   return static_cast<double>(correct) / static_cast<double>(seen);
@@ -1420,7 +1602,10 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
           std::fflush(stdout);
           kill(getpid(), SIGKILL);
         }
-        loss = autograd::cross_entropy(logits, batch.labels);
+        absl::StatusOr<Tensor> labels =
+            ToDevice(batch.labels, c.device, c.ops);
+        if (!labels.ok()) return labels.status();
+        loss = autograd::cross_entropy(logits, *labels);
         failed = w.dist_autograd().Backward(ctx.id(), {loss},
                                             {.fused_optimizer = &opt});
       } else {
@@ -1438,8 +1623,10 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
     }
     for (int m = 0; m < c.servers; ++m) rec.steps_since[m] += rec.at[m] > 0;
     if (print_steps) step_ends.push_back(absl::ToUnixMicros(absl::Now()));
-    loss_sum += loss.item();
-    correct += Correct(logits, batch.labels);
+    ASSIGN_OR_RETURN(Tensor host_loss, OnHost(loss));
+    loss_sum += host_loss.item();
+    ASSIGN_OR_RETURN(int64_t right, Correct(logits, batch.labels));
+    correct += right;
     seen += c.batch;
     if (it % c.log_every == 0 || it == run.iterations) {
       const absl::Time now = absl::Now();
@@ -1485,6 +1672,20 @@ absl::Status TrainerLoop(Worker& w, const Config& c, const TrainerRun& run) {
   return absl::OkStatus();
 }
 
+// A trainer's devices: its --device, mapped to each GPU server's shard
+// device (the same index on a shared GPU); CPU servers get no map (their
+// tensors are moved with autograd::to in Forward).
+void SetTrainerDevices(const Config& c, WorkerOptions& o,
+                       const PsDevices* devices) {
+  SetDevices(o, c.device, devices);
+  if (o.devices.empty()) return;
+  for (int m = 0; m < c.servers; ++m) {
+    if (c.server_device[m].is_cpu()) continue;
+    o.device_maps[ServerName(m)] = {
+        {c.device.ToString(), c.server_device[m].ToString()}};
+  }
+}
+
 // --fault_tolerant: trainers serve "ps_alive" (the servers' heartbeat).
 std::shared_ptr<rpc::FunctionRegistry> TrainerRegistry() {
   auto registry = std::make_shared<rpc::FunctionRegistry>();
@@ -1497,13 +1698,14 @@ std::shared_ptr<rpc::FunctionRegistry> TrainerRegistry() {
 }
 
 // --fault_tolerant trainer `t`: joins the servers' group, trains, leaves.
-absl::Status TrainJoined(const Config& c, int t) {
+absl::Status TrainJoined(const Config& c, int t, const PsDevices* devices) {
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
                        static_cast<uint64_t>(t), /*check_accuracy=*/true,
                        c.kill_trainer == t ? c.kill_at_step : 0,
                        c.kill_after_us};
   WorkerOptions options;
   options.name = run.me;
+  SetTrainerDevices(c, options, devices);
   options.join = true;
   options.join_timeout = absl::Seconds(120);
   options.registry = TrainerRegistry();
@@ -1517,14 +1719,15 @@ absl::Status TrainJoined(const Config& c, int t) {
   return left;
 }
 
-absl::Status Train(const Config& c, int t) {
-  if (c.fault_tolerant) return TrainJoined(c, t);
+absl::Status Train(const Config& c, int t, const PsDevices* devices) {
+  if (c.fault_tolerant) return TrainJoined(c, t, devices);
   const TrainerRun run{absl::StrCat("trainer", t), c.iterations,
                        static_cast<uint64_t>(t), /*check_accuracy=*/true,
                        c.kill_trainer == t ? c.kill_at_step : 0,
                        c.kill_after_us};
   WorkerOptions options;
   options.name = run.me;
+  SetTrainerDevices(c, options, devices);
   options.world_size = c.servers + c.trainers;
   options.join_timeout = absl::Seconds(120);
   ASSIGN_OR_RETURN(std::unique_ptr<Worker> w, InitWorker(std::move(options)));
@@ -1537,7 +1740,7 @@ absl::Status Train(const Config& c, int t) {
 }
 
 // Elastic trainer `k`: joins once ps0 opened the job, trains, leaves.
-absl::Status TrainElastic(const Config& c, int k) {
+absl::Status TrainElastic(const Config& c, int k, const PsDevices* devices) {
   const TrainerRun run{absl::StrCat("elastic", k), c.elastic_iterations,
                        static_cast<uint64_t>(c.trainers + k),
                        /*check_accuracy=*/false};
@@ -1551,6 +1754,7 @@ absl::Status TrainElastic(const Config& c, int k) {
   }
   WorkerOptions options;
   options.name = run.me;
+  SetTrainerDevices(c, options, devices);
   options.join = true;
   options.join_timeout = absl::Seconds(120);
   if (c.fault_tolerant) options.registry = TrainerRegistry();
@@ -1612,17 +1816,63 @@ absl::Status Validate(const Config& c, const InitMethod& launch) {
   return absl::OkStatus();
 }
 
+// --device and --server_devices into c.device and c.server_device (one
+// per server); InvalidArgument naming the flag and the server.
+absl::Status ParseDevices(Config& c) {
+  ASSIGN_OR_RETURN(c.device, ParseDeviceFlag("--device", c.device_flag));
+  c.server_device.assign(c.servers, c.device);
+  if (!c.server_devices_flag.empty()) {
+    const std::vector<std::string> each =
+        absl::StrSplit(c.server_devices_flag, ',');
+    if (static_cast<int>(each.size()) != c.servers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--server_devices=", c.server_devices_flag, " names ", each.size(),
+          " devices, --servers=", c.servers, " needs one per server"));
+    }
+    for (int m = 0; m < c.servers; ++m) {
+      ASSIGN_OR_RETURN(c.server_device[m],
+                       ParseDeviceFlag(absl::StrCat("--server_devices (",
+                                                    ServerName(m), ")"),
+                                       each[m]));
+    }
+  }
+  for (int m = 0; m < c.servers; ++m) {
+    if (c.server_device[m].is_cuda() && c.device.is_cpu()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--server_devices puts ", ServerName(m), "'s shard on ",
+          c.server_device[m].ToString(),
+          ", which needs trainers on a device too (--device=cuda)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
-  const Config c = FromFlags();
+  Config c = FromFlags();
   // Rank and world size as env:// reads them (RANK/WORLD_SIZE, Open MPI's
   // or Slurm's variables): the same binary runs under ferry_run and mpirun.
   ASSIGN_OR_RETURN(InitMethod launch, ParseInitMethod("env://"));
   RETURN_IF_ERROR(Validate(c, launch));
+  RETURN_IF_ERROR(ParseDevices(c));
   const int rank = launch.rank.value_or(-1);
   if (rank < 0) return absl::InvalidArgumentError("the launcher set no rank");
-  if (rank < c.servers) return Serve(c, rank);
-  if (rank < c.servers + c.trainers) return Train(c, rank - c.servers);
-  return TrainElastic(c, rank - c.servers - c.trainers);
+  const bool server = rank < c.servers;
+  const bool trainer = !server && rank < c.servers + c.trainers;
+  const std::string me =
+      server ? ServerName(rank)
+             : trainer ? absl::StrCat("trainer", rank - c.servers)
+                       : absl::StrCat("elastic", rank - c.servers - c.trainers);
+  // This process's compute context, when it uses a device: it outlives the
+  // worker and every tensor below.
+  std::optional<PsDevices> devices;
+  if ((server ? c.server_device[rank] : c.device).is_cuda()) {
+    ASSIGN_OR_RETURN(devices, OpenPsDevices(me));
+    if (!server) c.ops = devices->compute.get();
+  }
+  const PsDevices* d = devices.has_value() ? &*devices : nullptr;
+  if (server) return Serve(c, rank, d);
+  if (trainer) return Train(c, rank - c.servers, d);
+  return TrainElastic(c, rank - c.servers - c.trainers, d);
 }
 
 }  // namespace

@@ -154,6 +154,20 @@ TEST(ParameterServerExample, WorldSizeMismatchIsAClearError) {
       << elastic_out;
 }
 
+// The CPU binary has no CUDA: --device=cuda is refused at once, naming the
+// binary that has it (examples/parameter_server:parameter_server_cuda).
+TEST(ParameterServerExample, DeviceCudaNeedsTheCudaBinary) {
+  auto [code, out] = Launch(3, "examples/parameter_server/parameter_server",
+                            {"--servers=1", "--trainers=2", "--device=cuda",
+                             "--server_devices=cpu"});
+  EXPECT_NE(code, 0) << out;
+  EXPECT_TRUE(absl::StrContains(
+      out, "this parameter_server binary is built without CUDA; "
+           "--device=cuda needs //examples/parameter_server:"
+           "parameter_server_cuda"))
+      << out;
+}
+
 // The same job under Open MPI's mpirun, unchanged: rank and world size come
 // from env://, which reads OMPI_COMM_WORLD_RANK / _SIZE (no RANK set), and
 // rank 0 serves the store at MASTER_ADDR:MASTER_PORT.
