@@ -11,11 +11,12 @@
 // state alive on its own (caching_allocator.h).
 //
 // Streams: each device has a current stream (the legacy default stream, 0,
-// until SetStream; NewStream makes streams the context owns), on which ops,
-// copies and Gemm are queued, so work on one stream is ordered. Across
-// streams the caller orders work (RecordEvent, then StreamWait on the
-// device or Wait on the host) and calls allocator().RecordStream for a
-// tensor one stream made and another uses, as for copy.h.
+// until SetStream; NewStream makes streams the context owns; a thread may
+// override it for itself with SetThreadStream), on which ops, copies and
+// Gemm are queued, so work on one stream is ordered. Across streams the
+// caller orders work (RecordEvent, then StreamWait on the device or Wait on
+// the host) and calls allocator().RecordStream for a tensor one stream made
+// and another uses, as for copy.h.
 //
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -73,10 +75,20 @@ class CudaContext {
   CachingDeviceAllocator& allocator() { return *alloc_; }  ///< The cache.
   /// Pinned host memory for asynchronous copies.
   CachingHostAllocator& pinned() { return *pinned_; }
-  /// The current stream of `device`, which work on it is queued on (0, the
-  /// legacy default stream, unless SetStream chose another; 0 for an index
-  /// out of range).
+  /// The current stream of `device` for the calling thread, which its work
+  /// on the device is queued on: the thread's SetThreadStream choice, else
+  /// the device's (0, the legacy default stream, unless SetStream chose
+  /// another; 0 for an index out of range).
   StreamHandle stream(int device) const;
+  /// Makes `stream` (nullopt: none) the calling thread's own current stream
+  /// of `device` in this context, over SetStream's; returns the thread's
+  /// previous choice. Undo it before the context goes (ThreadStreamGuard).
+  absl::StatusOr<std::optional<StreamHandle>> SetThreadStream(
+      Device device, std::optional<StreamHandle> stream);
+  /// Work queued later on `waiter` of `device` waits, on the device, for
+  /// the work queued on `producer` so far (an event recorded now).
+  absl::Status StreamWaitStream(Device device, StreamHandle waiter,
+                                StreamHandle producer);
   /// Makes `stream` (0, or a stream of that device) the current stream of
   /// `device` for work queued from now on (see the top for ordering).
   absl::Status SetStream(Device device, StreamHandle stream);
@@ -164,6 +176,16 @@ class ContextBoundOps : public DeviceOps {
   /// Bound to `ctx`, which must call Detach before it dies.
   explicit ContextBoundOps(CudaContext* ctx) : ctx_(ctx) {}
   void Detach() override ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream calls, forwarded to the context.
+  absl::StatusOr<uintptr_t> NewStream(Device device) override;
+  absl::StatusOr<uintptr_t> CurrentStream(Device device) override;
+  absl::StatusOr<std::optional<uintptr_t>> SetThreadStream(
+      Device device, std::optional<uintptr_t> stream) override;
+  absl::Status StreamWaitStream(Device device, uintptr_t waiter,
+                                uintptr_t producer) override;
+  absl::Status CopyAsync(const Tensor& dst, const Tensor& src,
+                         uintptr_t stream) override;
+  absl::Status RecordStream(const Tensor& t, uintptr_t stream) override;
 
  protected:
   /// The context, or FailedPrecondition naming `op` once detached.

@@ -141,6 +141,50 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
                                    const Tensor& sum,
                                    const math::AdagradParams& o) = 0;
+
+  // Streams, for code that orders its own work across streams (DDP's
+  // communication stream). A stream is the context's StreamHandle
+  // (device_api.h: a cudaStream_t on CUDA); every op above is queued on
+  // CurrentStream of its operands' device.
+  /// A new stream of CUDA `device`, owned by the backend's context.
+  virtual absl::StatusOr<uintptr_t> NewStream(Device device) = 0;
+  /// The stream work queued by this thread on `device` goes to.
+  virtual absl::StatusOr<uintptr_t> CurrentStream(Device device) = 0;
+  /// Makes `stream` the current stream of `device` for this thread only
+  /// (nullopt: back to the device's own); returns the thread's previous
+  /// choice. Use ThreadStreamGuard.
+  virtual absl::StatusOr<std::optional<uintptr_t>> SetThreadStream(
+      Device device, std::optional<uintptr_t> stream) = 0;
+  /// Work queued later on `waiter` waits, on the device, for the work
+  /// queued on `producer` so far (an event recorded now); the host goes on.
+  virtual absl::Status StreamWaitStream(Device device, uintptr_t waiter,
+                                        uintptr_t producer) = 0;
+  /// Queues a copy of contiguous `src` into contiguous `dst` (one device,
+  /// dtype and element count) on `stream`; returns once queued.
+  virtual absl::Status CopyAsync(const Tensor& dst, const Tensor& src,
+                                 uintptr_t stream) = 0;
+  /// Notes that work on `stream` uses `t`'s memory: the allocator reuses
+  /// it only after that work (CachingDeviceAllocator::RecordStream).
+  virtual absl::Status RecordStream(const Tensor& t, uintptr_t stream) = 0;
+};
+
+/// Makes a stream this thread's current one on a device for its lifetime
+/// (DeviceOps::SetThreadStream), restoring the previous choice after.
+class ThreadStreamGuard {
+ public:
+  /// `ops` (not null) must outlive the guard. Check status() after.
+  ThreadStreamGuard(DeviceOps* ops, Device device, uintptr_t stream);
+  ~ThreadStreamGuard();
+  ThreadStreamGuard(const ThreadStreamGuard&) = delete;
+  ThreadStreamGuard& operator=(const ThreadStreamGuard&) = delete;
+  /// Why the stream could not be set (then the guard does nothing).
+  const absl::Status& status() const { return status_; }
+
+ private:
+  DeviceOps* ops_;
+  Device device_;
+  std::optional<uintptr_t> previous_;
+  absl::Status status_;
 };
 
 /// The backend of device tensor `t` (its storage's), or null for a CPU
