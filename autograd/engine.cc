@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -70,7 +71,7 @@ absl::Status WithNode(const absl::Status& s, const Node& node) {
 struct StreamRef {
   cuda::DeviceOps* ops = nullptr;
   Device device;
-  uint64_t stream = 0;
+  uintptr_t stream = 0;
   friend bool operator==(const StreamRef& a, const StreamRef& b) {
     return a.ops == b.ops && a.device == b.device && a.stream == b.stream;
   }
@@ -88,40 +89,38 @@ StreamRef RefOf(const NodeStream* s) {
 absl::StatusOr<StreamRef> CallerRef(const Tensor& grad) {
   cuda::DeviceOps* d = cuda::DeviceOpsOf(grad);
   if (d == nullptr) return StreamRef{};
-  absl::StatusOr<uint64_t> stream = d->CurrentStream(grad.device());
+  absl::StatusOr<uintptr_t> stream = d->CurrentStream(grad.device());
   if (!stream.ok()) return stream.status();
   return StreamRef{d, grad.device(), *stream};
 }
 
-// Makes `ref` the calling thread's stream of its device while it lives.
+// Makes `ref` the calling thread's stream of its device while it lives
+// (nothing for a host ref).
 class StreamScope {
  public:
-  explicit StreamScope(const StreamRef& ref) : ref_(ref) {
-    if (ref_.ops != nullptr) status_ = ref_.ops->PushStream(ref_.device,
-                                                            ref_.stream);
+  explicit StreamScope(const StreamRef& ref) {
+    if (ref.ops != nullptr) guard_.emplace(ref.ops, ref.device, ref.stream);
   }
-  ~StreamScope() {
-    if (ref_.ops != nullptr && status_.ok()) ref_.ops->PopStream(ref_.device);
+  // Why the stream could not be set.
+  absl::Status status() const {
+    return guard_.has_value() ? guard_->status() : absl::OkStatus();
   }
-  StreamScope(const StreamScope&) = delete;
-  StreamScope& operator=(const StreamScope&) = delete;
-  const absl::Status& status() const { return status_; }  // Of the push.
 
  private:
-  StreamRef ref_;
-  absl::Status status_;
+  std::optional<cuda::ThreadStreamGuard> guard_;
 };
 
 // Device-side: `waiter`'s later work waits for `producer`'s work so far.
-// Streams of different backends are not ordered here: a backend's To()
-// waits for its copies on the host.
+// Only streams of one backend and device are ordered here: a gradient
+// reaches another device or backend through a To(), which waits for its
+// copy on the host.
 absl::Status Order(const StreamRef& waiter, const StreamRef& producer) {
   if (waiter.ops == nullptr || producer.ops != waiter.ops ||
-      producer == waiter) {
+      producer.device != waiter.device || producer.stream == waiter.stream) {
     return absl::OkStatus();
   }
   return waiter.ops->StreamWaitStream(waiter.device, waiter.stream,
-                                      producer.device, producer.stream);
+                                      producer.stream);
 }
 
 // Per-node bookkeeping of one pass.
@@ -251,7 +250,7 @@ absl::Status GraphTask::Execute(
     }
   }
   for (const StreamRef& s : used) {
-    absl::StatusOr<uint64_t> caller = s.ops->CurrentStream(s.device);
+    absl::StatusOr<uintptr_t> caller = s.ops->CurrentStream(s.device);
     if (!caller.ok()) return caller.status();
     RETURN_IF_ERROR(Order({s.ops, s.device, *caller}, s));
   }

@@ -58,7 +58,7 @@ struct NodeStream {
   // none was recorded (a CPU op, or a node that is not a built-in op).
   std::shared_ptr<DeviceComputeInterface> compute;
   Device device;        // The result's device.
-  uint64_t stream = 0;  // The forward thread's current stream there.
+  uintptr_t stream = 0;  // The forward thread's current stream there.
 };
 
 // Called with a gradient; returns a replacement gradient, or an undefined

@@ -42,7 +42,7 @@ Tensor Record(const char* name, const std::vector<Tensor>& inputs, Tensor out,
   if (out.device().is_cuda()) {
     // Backward runs on the stream this op was queued on (engine.cc).
     if (cuda::DeviceOps* d = cuda::DeviceOpsOf(out)) {
-      absl::StatusOr<uint64_t> stream = d->CurrentStream(out.device());
+      absl::StatusOr<uintptr_t> stream = d->CurrentStream(out.device());
       if (stream.ok()) {
         node->set_stream({out.storage().shared_compute(), out.device(),
                           *stream});

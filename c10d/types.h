@@ -71,6 +71,11 @@ absl::string_view OpTypeName(OpType op);
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::kSum;  // How values combine.
   std::optional<absl::Duration> timeout = std::nullopt;  // nullopt: default
+  // Device tensors: the caller's stream on their device (a StreamHandle,
+  // e.g. a cudaStream_t; 0: the legacy default stream). The collective
+  // runs after the work queued on it before the call (nccl; backends whose
+  // tensors are host memory ignore it).
+  uintptr_t stream = 0;
 };
 
 // Backend::Broadcast's options.

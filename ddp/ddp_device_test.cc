@@ -6,6 +6,8 @@
 // so it skips, naming the reason, with fewer GPUs than ranks; one GPU shared
 // by processes is examples/ddp's shape in tools/gpu_check). Ranks are
 // threads; float64 models make "same as one process" checks tight.
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,18 +63,46 @@ struct Rank {
   std::unique_ptr<cuda::CudaContext> ctx;
   std::shared_ptr<c10d::ProcessGroup> pg;
   Device device;
+  // The "host" backend's device, whose streams run only when driven.
+  std::shared_ptr<cuda::FakeDeviceApi> fake;
 
+  // Before a host transfer: the fake device runs what the default stream
+  // waits for (DDP's communication stream), as a GPU does by itself.
+  void RunDevice() {
+    if (fake != nullptr) {
+      EXPECT_TRUE(fake->CompleteStreamAndWaits(0, ctx->stream(0)));
+    }
+  }
   Tensor Dev(const Tensor& t) {
+    RunDevice();
     absl::StatusOr<Tensor> d = ctx->To(t, device);
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *d : Tensor();
   }
   Tensor Host(const Tensor& t) {
+    RunDevice();
     absl::StatusOr<Tensor> h = ctx->To(t, Device::CPU());
     EXPECT_TRUE(h.ok()) << h.status();
     return h.ok() ? *h : Tensor();
   }
 };
+
+// max |a - b| of two float64 CPU tensors of one shape.
+double MaxDifference(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.contiguous().to_vector<double>(),
+                            y = b.contiguous().to_vector<double>();
+  double most = 0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i)
+    most = std::max(most, std::abs(x[i] - y[i]));
+  return most;
+}
+
+// The float64 values of a device tensor's bytes as they are now (host
+// memory on the fake), without any stream synchronization.
+std::vector<double> RawValues(const Tensor& t) {
+  const double* p = static_cast<const double*>(t.data_ptr());
+  return std::vector<double>(p, p + t.numel());
+}
 
 class DdpDeviceTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -113,9 +143,9 @@ class DdpDeviceTest : public ::testing::TestWithParam<std::string> {
           Rank rank;
           rank.pg = *pg;
           if (GetParam() == "host") {
-            auto c = cuda::CreateHostComputeContext(
-                std::make_shared<cuda::FakeDeviceApi>(1, uint64_t{1} << 26),
-                {});
+            rank.fake =
+                std::make_shared<cuda::FakeDeviceApi>(1, uint64_t{1} << 26);
+            auto c = cuda::CreateHostComputeContext(rank.fake, {});
             ASSERT_TRUE(c.ok()) << c.status();
             rank.ctx = *std::move(c);
             rank.device = Device::CUDA(0);
@@ -146,10 +176,11 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
     SCOPED_TRACE(::testing::Message()
                  << c.world << " ranks, cap " << c.cap << ", view " << c.view
                  << ", step in backward " << c.in_backward);
-    std::vector<std::vector<Tensor>> result(c.world);
+    std::vector<std::vector<Tensor>> result(c.world), on_cpu(c.world);
     std::vector<std::string> grad_devices(c.world);
     RunRanks(c.world, [&](int r, Rank& rank) {
       auto model = MakeMlp(100 + 7 * r);  // Differs until broadcast.
+      auto cpu_model = MakeMlp(100 + 7 * r);  // The same DDP on the CPU.
       ASSERT_TRUE(model->to(rank.device, rank.ctx->compute()).ok());
       DdpOptions o;
       o.first_bucket_bytes = c.cap;
@@ -162,8 +193,17 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
         o.optimizer_in_backward =
             SgdInBackward(so, model->parameters().size());
       }
+      DdpOptions cpu_o = o;
+      if (c.in_backward) {
+        optim::SgdOptions so;
+        so.lr = kLr;
+        cpu_o.optimizer_in_backward =
+            SgdInBackward(so, cpu_model->parameters().size());
+      }
       auto ddp = DistributedDataParallel::Create(model, rank.pg, o);
       ASSERT_TRUE(ddp.ok()) << ddp.status();
+      auto cpu = DistributedDataParallel::Create(cpu_model, rank.pg, cpu_o);
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
       for (int step = 0; step < kSteps; ++step) {
         model->ZeroGrad();
         Tensor x = rank.Dev(
@@ -176,11 +216,20 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
         if (!c.in_backward) {
           ASSERT_TRUE(Step(*model).ok());
         }
+        cpu_model->ZeroGrad();
+        s = (*cpu)->Backward(autograd::mse_loss(
+            (*cpu)->Forward(Shard(Inputs(step, c.world), r)),
+            Shard(Targets(step, c.world), r)));
+        ASSERT_TRUE(s.ok()) << s;
+        if (!c.in_backward) {
+          ASSERT_TRUE(Step(*cpu_model).ok());
+        }
       }
       grad_devices[r] =
           autograd::GradOf(model->parameters()[0]).device().ToString();
       for (const Tensor& p : model->parameters())
         result[r].push_back(rank.Host(p));
+      on_cpu[r] = cpu_model->parameters();
     });
     if (HasFatalFailure() || IsSkipped()) return;
     const std::vector<Tensor> expected =
@@ -196,7 +245,204 @@ TEST_P(DdpDeviceTest, MatchesOneCpuProcessOnConcatenatedBatch) {
             << result[r][i] << "\nvs\n"
             << expected[i];
         EXPECT_TRUE(result[r][i].equal(result[0][i])) << "rank " << r;
+        if (GetParam() == "host") {
+          // The host kernels' last bits differ from the CPU's (the MLP's
+          // arithmetic, not DDP's: see ExactGradientsAverageLikeTheCpu).
+          EXPECT_TRUE(result[r][i].allclose(on_cpu[r][i], kRtol, kAtol))
+              << "rank " << r << " param " << i << ": max difference "
+              << MaxDifference(result[r][i], on_cpu[r][i]);
+        }
       }
+    }
+  }
+}
+
+// Through the communication stream, the averaged gradients equal the CPU
+// DDP's bit for bit when the local gradients do: a loss linear in the
+// parameters gives every rank exact, distinct gradients (world 3 makes the
+// division round), over two passes, with bucket views and with the SGD
+// step in backward.
+TEST_P(DdpDeviceTest, ExactGradientsAverageLikeTheCpu) {
+  if (GetParam() != "host") GTEST_SKIP() << "compares the host kernels' bits";
+  constexpr int kWorld = 3;
+  for (const bool view : {false, true}) {
+    for (const bool in_backward : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "view " << view
+                                        << ", step in backward "
+                                        << in_backward);
+      std::vector<std::vector<Tensor>> dev(kWorld), cpu(kWorld);
+      RunRanks(kWorld, [&](int r, Rank& rank) {
+        const Tensor ca = from_vector<double>({0.1 * (r + 1), 1.0 / 3, -1.0 * r});
+        const Tensor cb = from_vector<double>({0.7 / (r + 2), 5});
+        for (const bool on_device : {true, false}) {
+          auto make = [&](std::vector<double> v) {
+            Tensor t = from_vector<double>(v);
+            if (on_device) t = rank.Dev(t);
+            autograd::SetRequiresGrad(t);
+            return t;
+          };
+          Tensor a = make({1, 2, 3}), b = make({4, 5});
+          DdpOptions o;
+          o.first_bucket_bytes = 8;  // Two buckets.
+          o.gradient_as_bucket_view = view;
+          o.timeout = kTimeout;
+          if (in_backward) {
+            optim::SgdOptions so;
+            so.lr = kLr;
+            o.optimizer_in_backward = SgdInBackward(so, 2);
+          }
+          auto ddp = DistributedDataParallel::Create(
+              std::vector<std::pair<std::string, Tensor>>{{"a", a},
+                                                          {"b", b}},
+              rank.pg, o);
+          ASSERT_TRUE(ddp.ok()) << ddp.status();
+          const Tensor da = on_device ? rank.Dev(ca) : ca;
+          const Tensor db = on_device ? rank.Dev(cb) : cb;
+          for (int pass = 0; pass < 2; ++pass) {
+            Tensor loss = autograd::add(autograd::sum(autograd::mul(a, da)),
+                                        autograd::sum(autograd::mul(b, db)));
+            absl::Status s = (*ddp)->Backward(loss);
+            ASSERT_TRUE(s.ok()) << s;
+          }
+          for (const Tensor& p : {a, b}) {
+            Tensor g = autograd::GradOf(p);
+            (on_device ? dev : cpu)[r].push_back(on_device ? rank.Host(g)
+                                                           : g.clone());
+          }
+        }
+      });
+      if (HasFatalFailure() || IsSkipped()) return;
+      for (int r = 0; r < kWorld; ++r) {
+        ASSERT_EQ(dev[r].size(), 2u);
+        ASSERT_EQ(cpu[r].size(), 2u);
+        for (size_t i = 0; i < 2; ++i) {
+          EXPECT_TRUE(dev[r][i].equal(cpu[r][i]))
+              << "rank " << r << " param " << i << ": " << dev[r][i]
+              << " vs " << cpu[r][i];
+          EXPECT_TRUE(dev[r][i].equal(dev[0][i])) << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// The communication stream copies a gradient into its bucket only after
+// the stream that produced it got there (a device-side wait): held on the
+// fake device, the copy waits for the producer's queued work, then copies
+// what that work wrote.
+TEST_P(DdpDeviceTest, CommStreamCopiesAGradientOnlyAfterItsProducer) {
+  if (GetParam() != "host") GTEST_SKIP() << "holds the fake device's streams";
+  RunRanks(1, [&](int, Rank& rank) {
+    Tensor a = rank.Dev(from_vector<double>({0, 0, 0}));
+    Tensor b = rank.Dev(from_vector<double>({0, 0}));
+    autograd::SetRequiresGrad(a);
+    autograd::SetRequiresGrad(b);
+    DdpOptions o;
+    o.gradient_as_bucket_view = true;  // .grad becomes the bucket slot.
+    o.timeout = kTimeout;
+    auto ddp = DistributedDataParallel::Create(
+        std::vector<std::pair<std::string, Tensor>>{{"a", a}, {"b", b}},
+        rank.pg, o);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    Reducer& reducer = (*ddp)->reducer();
+    const uintptr_t comm = reducer.comm_stream();
+    ASSERT_NE(comm, rank.ctx->stream(0));
+    // a's gradient: -1s, overwritten by work queued on the default stream
+    // (its producer) that has not run yet.
+    Tensor ga = rank.Dev(from_vector<double>({-1, -1, -1}));
+    const std::vector<double> produced = {1.5, 2.5, 3.5};
+    ASSERT_TRUE(rank.fake
+                    ->MemcpyAsync(0, ga.data_ptr(), produced.data(),
+                                  produced.size() * sizeof(double), 0)
+                    .ok());
+    autograd::SetGrad(a, ga);
+    ASSERT_TRUE((*ddp)->PrepareForBackward({}).ok());
+    reducer.OnGradReady(0);  // a's hook, as backward fires it.
+    Tensor slot = autograd::GradOf(a);
+    ASSERT_FALSE(slot.is_same(ga));
+    EXPECT_FALSE(rank.fake->CompleteStream(0, comm))
+        << "the communication stream does not wait for the producer";
+    EXPECT_EQ(RawValues(slot), std::vector<double>({0, 0, 0}));
+    ASSERT_TRUE(rank.fake->CompleteStream(0, 0));  // The producer runs.
+    EXPECT_TRUE(rank.fake->CompleteStream(0, comm));
+    EXPECT_EQ(RawValues(slot), produced);
+    // b's gradient fills the bucket, which is reduced (one rank: as is).
+    autograd::SetGrad(b, rank.Dev(from_vector<double>({4, 5})));
+    reducer.OnGradReady(1);
+    absl::Status s = (*ddp)->FinishBackward();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(rank.Host(autograd::GradOf(a)).equal(
+        from_vector<double>(produced)));
+    EXPECT_TRUE(rank.Host(autograd::GradOf(b)).equal(
+        from_vector<double>({4, 5})));
+  });
+}
+
+// The bucket hooks run with the communication stream current, and the
+// averaged gradients are copied out on it: after Backward they sit queued
+// there, the caller's (default) stream waits for them, and the buckets'
+// memory is not reused before that stream is done with it.
+TEST_P(DdpDeviceTest, CallersStreamWaitsForTheCopiesOutOnTheCommStream) {
+  if (GetParam() != "host") GTEST_SKIP() << "holds the fake device's streams";
+  constexpr int kWorld = 2;
+  std::vector<std::vector<Tensor>> before(kWorld), after(kWorld);
+  RunRanks(kWorld, [&](int r, Rank& rank) {
+    int hooks = 0;
+    uintptr_t bucket_stream = 0, current_in_hook = 0;
+    auto model = MakeMlp(100);
+    ASSERT_TRUE(model->to(rank.device, rank.ctx->compute()).ok());
+    DdpOptions o;
+    o.timeout = kTimeout;
+    o.comm_hook = [&, inner = AllreduceHook()](c10d::ProcessGroup& pg,
+                                               const GradBucket& b) {
+      ++hooks;
+      bucket_stream = b.stream;
+      current_in_hook = rank.ctx->stream(0);
+      return inner(pg, b);
+    };
+    auto ddp = DistributedDataParallel::Create(model, rank.pg, o);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    const uintptr_t comm = (*ddp)->reducer().comm_stream();
+    Tensor x = rank.Dev(Shard(Inputs(0, kWorld), r));
+    Tensor y = rank.Dev(Shard(Targets(0, kWorld), r));
+    // The first pass rebuilds the buckets (which runs the device); the
+    // second, on the same batch, is held.
+    for (int pass = 0; pass < 2; ++pass) {
+      rank.RunDevice();
+      model->ZeroGrad();
+      absl::Status s =
+          (*ddp)->Backward(autograd::mse_loss((*ddp)->Forward(x), y));
+      ASSERT_TRUE(s.ok()) << s;
+    }
+    EXPECT_EQ(hooks, 2);
+    EXPECT_NE(comm, 0u);
+    EXPECT_EQ(bucket_stream, comm);
+    EXPECT_EQ(current_in_hook, comm);
+    EXPECT_EQ(rank.ctx->stream(0), 0u) << "the hook's stream stayed current";
+    for (const Tensor& p : model->parameters()) {
+      before[r].push_back(
+          from_vector<double>(RawValues(autograd::GradOf(p)))
+              .reshape(p.sizes()));
+    }
+    ddp->reset();  // Its buckets go, while the stream still reads them.
+    EXPECT_GT(rank.ctx->allocator().Stats(0).pending_bytes, 0u);
+    EXPECT_FALSE(rank.fake->CompleteStream(0, 0))
+        << "the default stream does not wait for the communication stream";
+    EXPECT_TRUE(rank.fake->CompleteStream(0, comm));
+    EXPECT_TRUE(rank.fake->CompleteStream(0, 0));
+    EXPECT_EQ(rank.ctx->allocator().Stats(0).pending_bytes, 0u);
+    for (const Tensor& p : model->parameters())
+      after[r].push_back(rank.Host(autograd::GradOf(p)));
+  });
+  if (HasFatalFailure() || IsSkipped()) return;
+  const std::vector<Tensor> want = testutil::AccumulatedReference(kWorld, 1);
+  for (int r = 0; r < kWorld; ++r) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(after[r][i].allclose(want[i], kRtol, kAtol))
+          << "rank " << r << " param " << i;
+      EXPECT_FALSE(before[r][i].allclose(want[i], kRtol, kAtol))
+          << "rank " << r << " param " << i
+          << " was averaged before the communication stream ran";
     }
   }
 }

@@ -81,6 +81,13 @@ Future<Tensor> WhenDone(const std::shared_ptr<c10d::Work>& work, Tensor out) {
       });
 }
 
+// A device bucket's collective runs after the work queued on its stream.
+c10d::AllreduceOptions OnStream(const GradBucket& b) {
+  c10d::AllreduceOptions o;
+  o.stream = b.stream;
+  return o;
+}
+
 CommHook CompressHook(DType wire) {
   return [wire](c10d::ProcessGroup& pg, const GradBucket& b) -> Future<Tensor> {
     if (!b.buffer.device().is_cpu()) {
@@ -98,7 +105,7 @@ CommHook CompressHook(DType wire) {
             compressed.status(),
             absl::StrCat("DDP ", DTypeName(wire), " hook, bucket ", b.index)));
       }
-      return WhenDone(pg.Allreduce(*compressed), *compressed);
+      return WhenDone(pg.Allreduce(*compressed, OnStream(b)), *compressed);
     }
     Tensor compressed = b.buffer.div(b.world_size).to(wire);
     return WhenDone(pg.Allreduce(compressed), compressed);
@@ -121,7 +128,7 @@ CommHook AllreduceHook() {
     absl::StatusOr<Tensor> scaled = (*ops)->Scalar(
         cuda::math::BinaryOp::kDiv, buffer, static_cast<double>(b.world_size));
     if (!scaled.ok()) return MakeErrorFuture<Tensor>(scaled.status());
-    return WhenDone(pg.Allreduce(*scaled), *scaled);
+    return WhenDone(pg.Allreduce(*scaled, OnStream(b)), *scaled);
   };
 }
 
@@ -186,6 +193,18 @@ absl::StatusOr<std::shared_ptr<Reducer>> Reducer::Create(
   if (options.comm_hook == nullptr) options.comm_hook = AllreduceHook();
   std::shared_ptr<Reducer> r(
       new Reducer(std::move(named_params), std::move(pg), std::move(options)));
+  if (!first.device().is_cpu()) {
+    // Device gradients are bucketed and reduced on a stream of their own.
+    ASSIGN_OR_RETURN(r->ops_, OpsOf(r->params_[0], "a parameter"));
+    r->device_ = r->params_[0].device();
+    absl::StatusOr<uintptr_t> comm = r->ops_->NewStream(r->device_);
+    if (!comm.ok()) {
+      return Annotate(comm.status(),
+                      absl::StrCat("DDP: making the communication stream on ",
+                                   r->device_.ToString()));
+    }
+    r->comm_stream_ = *comm;
+  }
   std::vector<int> reverse(r->params_.size());
   for (size_t i = 0; i < reverse.size(); ++i)
     reverse[i] = static_cast<int>(reverse.size() - 1 - i);
@@ -249,6 +268,10 @@ absl::Status Reducer::BuildBuckets(
       numel += params_[index].numel();
     }
     ASSIGN_OR_RETURN(b.buffer, ZeroBuffer(numel, params_[group[0]]));
+    if (ops_ != nullptr) {
+      // Made on the compute stream, used on the communication stream.
+      RETURN_IF_ERROR(ops_->RecordStream(b.buffer, comm_stream_));
+    }
     for (size_t k = 0; k < group.size(); ++k) {
       const int index = group[k];
       bucket_of_[index] = static_cast<int>(buckets_.size());
@@ -269,11 +292,32 @@ absl::Status Reducer::BuildBuckets(
   return absl::OkStatus();
 }
 
+absl::Status Reducer::FillSlot(const Tensor& slot, const Tensor& g) {
+  if (ops_ == nullptr) {
+    if (g.defined() && g.is_same(slot)) return absl::OkStatus();
+    return g.defined() ? CopyInto(slot, g) : ZeroOut(slot);
+  }
+  // The communication stream goes on once the gradient's producer (this
+  // thread's current stream) has made it; the host does not wait.
+  ASSIGN_OR_RETURN(uintptr_t producer, ops_->CurrentStream(device_));
+  RETURN_IF_ERROR(ops_->StreamWaitStream(device_, comm_stream_, producer));
+  if (g.defined() && g.is_same(slot)) return absl::OkStatus();  // The view.
+  cuda::ThreadStreamGuard on_comm(ops_, device_, comm_stream_);
+  RETURN_IF_ERROR(on_comm.status());
+  if (!g.defined()) return ZeroOut(slot);
+  // The gradient's memory is not reused before the copy has read it.
+  RETURN_IF_ERROR(ops_->RecordStream(g, comm_stream_));
+  if (g.is_contiguous() && g.dtype() == slot.dtype() &&
+      g.device() == slot.device()) {
+    return ops_->CopyAsync(slot, g, comm_stream_);
+  }
+  return CopyInto(slot, g);  // A kernel on the communication stream.
+}
+
 void Reducer::CopyIntoSlot(int index) {
   Tensor slot = views_[index];
   Tensor g = autograd::GradOf(params_[index]);
-  if (g.defined() && g.is_same(slot)) return;  // Already the bucket view.
-  absl::Status s = g.defined() ? CopyInto(slot, g) : ZeroOut(slot);
+  absl::Status s = FillSlot(slot, g);
   if (!s.ok() && deferred_.ok()) {
     // The bucket still launches (every rank issues the same collectives);
     // Finish reports this and breaks the reducer.
@@ -304,9 +348,19 @@ void Reducer::LaunchReadyBuckets() {
   while (next_launch_ < static_cast<int>(buckets_.size()) &&
          buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    GradBucket view{next_launch_, b.buffer, b.params, pg_->size()};
+    GradBucket view{next_launch_, b.buffer, b.params, pg_->size(),
+                    comm_stream_};
     bytes_reduced_ += static_cast<int64_t>(b.buffer.nbytes());
-    b.result = options_.comm_hook(*pg_, view);
+    if (ops_ == nullptr) {
+      b.result = options_.comm_hook(*pg_, view);
+    } else {
+      // The hook's kernels go on the communication stream, after the
+      // bucket's copies; its collectives are ordered after them too.
+      cuda::ThreadStreamGuard on_comm(ops_, device_, comm_stream_);
+      b.result = on_comm.status().ok()
+                     ? options_.comm_hook(*pg_, view)
+                     : MakeErrorFuture<Tensor>(on_comm.status());
+    }
     ++next_launch_;
   }
   if (options_.optimizer_in_backward) CompleteFinishedBuckets();
@@ -332,28 +386,79 @@ absl::Status Reducer::CompleteBucket(int k) {
         absl::StrCat(where, ": comm hook returned ", r->numel(),
                      " elements, not ", b.buffer.numel()));
   }
-  if (!r->is_same(b.buffer)) {
-    RETURN_IF_ERROR(Annotate(CopyInto(b.buffer, r->reshape({b.buffer.numel()})),
-                             where));
-  }
   std::vector<Tensor> params, grads;
   for (int i : b.params) {
     params.push_back(params_[i]);
     grads.push_back(views_[i]);
-    if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
-    Tensor g = autograd::GradOf(params_[i]);
-    if (g.defined()) {
-      // In place: the caller's .grad tensor.
-      RETURN_IF_ERROR(Annotate(CopyInto(g, views_[i]), where));
-    } else {
-      absl::StatusOr<Tensor> copy = CloneOf(views_[i]);
-      if (!copy.ok()) return Annotate(copy.status(), where);
-      autograd::SetGrad(params_[i], *copy);
+  }
+  if (ops_ != nullptr) {
+    RETURN_IF_ERROR(Annotate(CopyOutOnComm(b, *r), where));
+  } else {
+    if (!r->is_same(b.buffer)) {
+      RETURN_IF_ERROR(Annotate(
+          CopyInto(b.buffer, r->reshape({b.buffer.numel()})), where));
+    }
+    for (int i : b.params) {
+      if (options_.gradient_as_bucket_view) continue;  // .grad is the view.
+      Tensor g = autograd::GradOf(params_[i]);
+      if (g.defined()) {
+        // In place: the caller's .grad tensor.
+        RETURN_IF_ERROR(Annotate(CopyInto(g, views_[i]), where));
+      } else {
+        absl::StatusOr<Tensor> copy = CloneOf(views_[i]);
+        if (!copy.ok()) return Annotate(copy.status(), where);
+        autograd::SetGrad(params_[i], *copy);
+      }
     }
   }
   if (!options_.optimizer_in_backward) return absl::OkStatus();
+  if (ops_ != nullptr) {
+    // The step runs on the compute stream, after the copies out.
+    RETURN_IF_ERROR(Annotate(ComputeWaitsForComm(), where));
+  }
   return Annotate(options_.optimizer_in_backward(b.params, params, grads),
                   absl::StrCat(where, ": optimizer step"));
+}
+
+absl::Status Reducer::ComputeWaitsForComm() {
+  ASSIGN_OR_RETURN(uintptr_t compute, ops_->CurrentStream(device_));
+  return ops_->StreamWaitStream(device_, compute, comm_stream_);
+}
+
+absl::Status Reducer::CopyOutOnComm(const Bucket& b, const Tensor& result) {
+  // Tensors made here for the caller are used on its (compute) stream.
+  ASSIGN_OR_RETURN(uintptr_t compute, ops_->CurrentStream(device_));
+  cuda::ThreadStreamGuard on_comm(ops_, device_, comm_stream_);
+  RETURN_IF_ERROR(on_comm.status());
+  // Queued on the communication stream: the hook's kernels and (through
+  // the stream the collective waited on) the copies in come first.
+  auto copy = [&](const Tensor& dst, const Tensor& src) -> absl::Status {
+    if (src.is_contiguous() && src.dtype() == dst.dtype()) {
+      return ops_->CopyAsync(dst, src, comm_stream_);
+    }
+    return CopyInto(dst, src);  // A conversion kernel on the stream.
+  };
+  if (!result.is_same(b.buffer)) {
+    RETURN_IF_ERROR(copy(b.buffer, result.reshape({b.buffer.numel()})));
+  }
+  if (options_.gradient_as_bucket_view) return absl::OkStatus();
+  for (int i : b.params) {
+    Tensor g = autograd::GradOf(params_[i]);
+    if (!g.defined() || !g.is_contiguous() || g.dtype() != views_[i].dtype()) {
+      if (g.defined()) {  // In place: the caller's .grad tensor.
+        RETURN_IF_ERROR(ops_->RecordStream(g, comm_stream_));
+        RETURN_IF_ERROR(CopyInto(g, views_[i]));
+        continue;
+      }
+      ASSIGN_OR_RETURN(g, ops_->Empty(views_[i].sizes(), views_[i].dtype(),
+                                      device_));
+      RETURN_IF_ERROR(ops_->RecordStream(g, compute));
+      autograd::SetGrad(params_[i], g);
+    }
+    RETURN_IF_ERROR(ops_->RecordStream(g, comm_stream_));
+    RETURN_IF_ERROR(ops_->CopyAsync(g, views_[i], comm_stream_));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<bool> Reducer::Reachable(const std::vector<Tensor>& outputs) const {
@@ -448,6 +553,16 @@ absl::Status Reducer::Finish() {
                  : Annotate(waited, absl::StrCat("DDP bucket ", k, " on rank ",
                                                  pg_->rank()));
   }
+  if (ops_ != nullptr) {
+    // The caller's stream (the optimizer, the next pass) goes on after
+    // the communication stream's copies out; the host does not wait.
+    absl::Status ordered = ComputeWaitsForComm();
+    if (status.ok() && !ordered.ok()) {
+      status = Annotate(ordered, absl::StrCat("DDP on rank ", pg_->rank(),
+                                              ": ordering the compute stream "
+                                              "after communication"));
+    }
+  }
   if (!status.ok()) {
     state_ = State::kBroken;
     return status;
@@ -506,6 +621,8 @@ int64_t Reducer::steps_during_backward() const {
   MutexLock l(&mu_);
   return steps_during_backward_;
 }
+
+uintptr_t Reducer::comm_stream() const { return comm_stream_; }
 
 int64_t Reducer::passes() const {
   MutexLock l(&mu_);

@@ -21,6 +21,8 @@
 //      next_complete_ <= next_launch_.
 //   6. Outside kActive no launched future is outstanding.
 //
+// Device gradients: bucketed and reduced on a communication stream after
+// each producer's stream; the caller's stream then waits for it (ddp.md).
 // Thread safety: Prepare/Finish are called from the training thread; hooks
 // fire on the backward pass's thread. Communication hooks run under the
 // reducer's lock on the backward thread: they must only issue collectives
@@ -44,6 +46,7 @@
 #include "ferry/c10d/process_group.h"
 #include "ferry/common/future.h"
 #include "ferry/common/sync.h"
+#include "ferry/tensor/cuda/device_ops.h"
 #include "ferry/tensor/tensor.h"
 
 namespace ferry::ddp {
@@ -57,6 +60,9 @@ struct GradBucket {
   // Indices (registration order) of the parameters in this bucket.
   std::vector<int> parameters;
   int world_size = 1;  // The group's size.
+  // Device buckets: the communication stream, current on the hook's thread
+  // while it runs; pass it as AllreduceOptions::stream. 0 on the CPU.
+  uintptr_t stream = 0;
 };
 
 // Returns a future of the bucket's *averaged* gradients: a flat tensor with
@@ -141,6 +147,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   int64_t passes() const;
   // Bucket optimizer steps that ran before Finish (during backward).
   int64_t steps_during_backward() const;
+  // The stream device buckets are filled and reduced on (0 on the CPU).
+  uintptr_t comm_stream() const;
 
   // For the hooks only.
   void OnGradReady(int index);
@@ -165,6 +173,16 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Puts the parameter's current .grad (or zeros) into its slot; a device
   // copy's failure is kept in deferred_ for Finish.
   void CopyIntoSlot(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gradient `g` (undefined: zeros) into `slot`; on a device, on the
+  // communication stream after the gradient's producer.
+  absl::Status FillSlot(const Tensor& slot, const Tensor& g)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Device: bucket `b`'s averaged `result` into its buffer and .grad, on
+  // the communication stream.
+  absl::Status CopyOutOnComm(const Bucket& b, const Tensor& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Device: this thread's current stream waits for the communication one.
+  absl::Status ComputeWaitsForComm() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkReady(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LaunchReadyBuckets() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes bucket `k` (its result is ready): averaged values into the
@@ -184,6 +202,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   const ReducerOptions options_;
   // Autograd meta address of each parameter -> index (graph traversal).
   std::unordered_map<const void*, int> index_of_;
+  // Device parameters (set by Create, before any hook; then read-only):
+  // their backend (kept alive by their storage), device and the
+  // communication stream the backend owns. Null / 0 on the CPU.
+  cuda::DeviceOps* ops_ = nullptr;
+  Device device_;
+  uintptr_t comm_stream_ = 0;
 
   mutable Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kIdle;

@@ -262,7 +262,40 @@ struct NcclBackend::Op {
   absl::Status local_error;
   absl::AnyInvocable<absl::Status(void*, void*)> enqueue;
   std::vector<Tensor> keep_alive;
+  // Recorded at the call on the caller's stream: the backend's stream waits
+  // for it before the operation (null: no device tensors).
+  cudaEvent_t ready = nullptr;
+  ~Op() {
+    if (ready != nullptr) cudaEventDestroy(ready);  // Pending is fine.
+  }
 };
+
+namespace {
+
+// An event after the work queued so far on `stream` (0: the legacy default
+// stream) of `device`, recorded on the calling thread; its current device
+// is left as it was.
+absl::StatusOr<cudaEvent_t> RecordCallerEvent(int device, uintptr_t stream) {
+  int previous = 0;
+  RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device),
+                             absl::StrCat("cudaSetDevice(", device, ")")));
+  cudaEvent_t e = nullptr;
+  absl::Status s = CudaStatus(
+      cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags");
+  if (s.ok()) {
+    s = CudaStatus(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(stream)),
+                   absl::StrCat("cudaEventRecord on the caller's stream of "
+                                "cuda:", device));
+    if (!s.ok()) cudaEventDestroy(e);
+  }
+  cudaSetDevice(previous);
+  if (!s.ok()) return s;
+  return e;
+}
+
+}  // namespace
 
 struct NcclBackend::Impl {
   std::shared_ptr<Store> store;
@@ -485,7 +518,12 @@ absl::Status NcclBackend::Impl::EnsureComm(const Op& op) {
     ncclCommAbort(c);
     return NcclStatus(state, "NCCL communicator setup");
   }
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream), "cudaStreamCreate"));
+  // Non-blocking: device work on the legacy default stream (backward's
+  // kernels) overlaps the collectives; Submit orders each operation after
+  // its caller's stream instead.
+  RETURN_IF_ERROR(CudaStatus(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags"));
   CudaAllocator allocator(dev);
   ASSIGN_OR_RETURN(barrier_buf,
                    Tensor::TryEmpty({1}, DType::kFloat32, &allocator));
@@ -554,6 +592,10 @@ absl::Status NcclBackend::Impl::Enqueue(Op& op, absl::Time deadline) {
   MutexLock lock(&comm_mu);
   if (comm == nullptr || comm_aborted) {
     return absl::FailedPreconditionError("the NCCL communicator was aborted");
+  }
+  if (op.ready != nullptr) {
+    RETURN_IF_ERROR(CudaStatus(cudaStreamWaitEvent(stream, op.ready, 0),
+                               "cudaStreamWaitEvent for the caller's stream"));
   }
   t_enqueue = {deadline, &shared->aborting};
   absl::Status s = op.enqueue(comm, stream);
@@ -735,11 +777,23 @@ std::shared_ptr<Work> NcclBackend::Submit(
     OpType type, absl::Status local_error, int device,
     const std::optional<absl::Duration>& timeout,
     absl::AnyInvocable<absl::Status(void*, void*)> enqueue,
-    std::vector<Tensor> keep_alive) {
+    std::vector<Tensor> keep_alive, uintptr_t caller_stream) {
   auto op = std::make_unique<Op>();
   op->type = type;
   op->local_error = CopyStatus(local_error);
   op->device = device;
+  // The backend's stream does not wait for the default stream by itself:
+  // order the operation after what the caller queued (without a device,
+  // EnsureComm reports that instead).
+  if (op->local_error.ok() && device >= 0 && CudaDeviceCount() > 0) {
+    absl::StatusOr<cudaEvent_t> ready = RecordCallerEvent(device,
+                                                          caller_stream);
+    if (ready.ok()) {
+      op->ready = *ready;
+    } else {
+      op->local_error = ready.status();
+    }
+  }
   op->timeout = TimeoutOr(timeout);
   op->enqueue = std::move(enqueue);
   op->keep_alive = std::move(keep_alive);
@@ -788,7 +842,7 @@ std::shared_ptr<Work> NcclBackend::Allreduce(Tensor tensor,
             static_cast<ncclComm_t>(comm), static_cast<cudaStream_t>(stream)));
         return absl::OkStatus();
       },
-      {tensor});
+      {tensor}, options.stream);
 }
 
 std::shared_ptr<Work> NcclBackend::Broadcast(Tensor tensor,

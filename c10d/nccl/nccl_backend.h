@@ -6,8 +6,9 @@
 // the same device (InvalidArgument otherwise). Creating the backend needs no
 // GPU; without one, the first operation fails with FailedPrecondition.
 //
-// Work::Wait returning OK means the results are in device memory and visible
-// to the host. Operations run in issue order on the backend's own CUDA stream.
+// Work::Wait OK: the results are in device memory, visible to the host.
+// Operations run in issue order on the backend's own stream, each after the
+// work queued before the call on AllreduceOptions::stream (else stream 0).
 //
 // Errors: an operation past its deadline (enqueue time + timeout) makes the
 // watchdog abort the communicator, fail it with DeadlineExceeded naming the
@@ -25,8 +26,7 @@
 // RecvAnysource is Unimplemented.
 //
 // Thread safety: as Backend. The destructor cancels queued operations,
-// aborts the communicator if anything is still in flight, and joins its
-// threads.
+// aborts the communicator if anything is in flight, and joins its threads.
 // Design: docs/design/c10d_nccl_and_mpi.md
 #ifndef FERRY_C10D_NCCL_NCCL_BACKEND_H_
 #define FERRY_C10D_NCCL_NCCL_BACKEND_H_
@@ -97,11 +97,13 @@ class NcclBackend : public Backend {
   ArgChecks Checks() const;
   // `enqueue` issues the NCCL calls on the stream; it runs on the worker.
   // `device` is the CUDA device of the tensors (-1: any, e.g. Barrier).
+  // The operation runs after the work queued so far on `caller_stream` of
+  // `device` (0: the legacy default stream).
   std::shared_ptr<Work> Submit(
       OpType type, absl::Status local_error, int device,
       const std::optional<absl::Duration>& timeout,
       absl::AnyInvocable<absl::Status(void* comm, void* stream)> enqueue,
-      std::vector<Tensor> keep_alive);
+      std::vector<Tensor> keep_alive, uintptr_t caller_stream = 0);
 
   std::unique_ptr<Impl> impl_;
 };

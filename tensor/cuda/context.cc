@@ -151,81 +151,104 @@ absl::StatusOr<CudaContext*> ContextBoundOps::Context(const char* op) const {
   return ctx_;
 }
 
-absl::StatusOr<uint64_t> ContextBoundOps::CurrentStream(Device device) {
+namespace {
+// A thread's own current streams: (context, device) -> stream. Few entries
+// (one per guard alive on the thread), so a vector.
+struct ThreadStream {
+  const CudaContext* ctx;
+  int device;
+  StreamHandle stream;
+};
+thread_local std::vector<ThreadStream> t_streams;
+}  // namespace
+
+StreamHandle CudaContext::stream(int device) const {
+  if (device < 0 || device >= static_cast<int>(streams_.size())) return 0;
+  for (const ThreadStream& t : t_streams) {
+    if (t.ctx == this && t.device == device) return t.stream;
+  }
+  return streams_[device].load(std::memory_order_acquire);
+}
+
+absl::StatusOr<std::optional<StreamHandle>> CudaContext::SetThreadStream(
+    Device device, std::optional<StreamHandle> stream) {
+  RETURN_IF_ERROR(CheckCudaDevice("SetThreadStream", device));
+  std::optional<StreamHandle> previous;
+  auto it = std::find_if(t_streams.begin(), t_streams.end(),
+                         [&](const ThreadStream& t) {
+                           return t.ctx == this && t.device == device.index;
+                         });
+  if (it != t_streams.end()) {
+    previous = it->stream;
+    t_streams.erase(it);
+  }
+  if (stream.has_value()) t_streams.push_back({this, device.index, *stream});
+  return previous;
+}
+
+absl::Status CudaContext::StreamWaitStream(Device device, StreamHandle waiter,
+                                           StreamHandle producer) {
+  RETURN_IF_ERROR(CheckCudaDevice("StreamWaitStream", device));
+  if (waiter == producer) return absl::OkStatus();  // Ordered already.
+  ASSIGN_OR_RETURN(StreamEvent e,
+                   StreamEvent::Record(api_, device.index, producer));
+  return e.MakeStreamWait(device.index, waiter);
+}
+
+absl::StatusOr<uintptr_t> ContextBoundOps::NewStream(Device device) {
+  absl::ReaderMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("new_stream"));
+  return c->NewStream(device);
+}
+
+absl::StatusOr<uintptr_t> ContextBoundOps::CurrentStream(Device device) {
   absl::ReaderMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(CudaContext * c, Context("current_stream"));
   RETURN_IF_ERROR(c->CheckCudaDevice("current_stream", device));
   return c->stream(device.index);
 }
 
-absl::Status ContextBoundOps::PushStream(Device device, uint64_t stream) {
+absl::StatusOr<std::optional<uintptr_t>> ContextBoundOps::SetThreadStream(
+    Device device, std::optional<uintptr_t> stream) {
   absl::ReaderMutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(CudaContext * c, Context("push_stream"));
-  return c->PushThreadStream(device, stream);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("set_thread_stream"));
+  return c->SetThreadStream(device, stream);
 }
 
-void ContextBoundOps::PopStream(Device device) {
+absl::Status ContextBoundOps::StreamWaitStream(Device device, uintptr_t waiter,
+                                               uintptr_t producer) {
   absl::ReaderMutexLock lock(&mu_);
-  absl::StatusOr<CudaContext*> c = Context("pop_stream");
-  if (c.ok()) (*c)->PopThreadStream(device);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("stream_wait_stream"));
+  return c->StreamWaitStream(device, waiter, producer);
 }
 
-absl::Status ContextBoundOps::StreamWaitStream(Device waiter_device,
-                                               uint64_t waiter,
-                                               Device producer_device,
-                                               uint64_t producer) {
+absl::Status ContextBoundOps::CopyAsync(const Tensor& dst, const Tensor& src,
+                                        uintptr_t stream) {
   absl::ReaderMutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(CudaContext * c, Context("stream_wait"));
-  return c->StreamWaitStream(waiter_device, waiter, producer_device,
-                             producer);
-}
-
-namespace {
-
-// A thread's streams put over contexts' current ones (PushThreadStream),
-// innermost last. Keyed by context, so several contexts (workers) in one
-// process do not see each other's; empty on almost every thread.
-struct ThreadStream {
-  const CudaContext* context;
-  int device;
-  StreamHandle stream;
-};
-thread_local std::vector<ThreadStream> thread_streams;
-
-}  // namespace
-
-StreamHandle CudaContext::stream(int device) const {
-  if (device < 0 || device >= static_cast<int>(streams_.size())) return 0;
-  for (auto it = thread_streams.rbegin(); it != thread_streams.rend(); ++it) {
-    if (it->context == this && it->device == device) return it->stream;
+  ASSIGN_OR_RETURN(CudaContext * c, Context("copy_async"));
+  if (!dst.defined() || !src.defined() || dst.device() != src.device() ||
+      dst.dtype() != src.dtype() || dst.numel() != src.numel() ||
+      !dst.is_contiguous() || !src.is_contiguous()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), " copy_async: needs contiguous tensors of one device, dtype "
+        "and element count (dst ", DescribeOperand(dst), "; src ",
+        DescribeOperand(src), ")"));
   }
-  return streams_[device].load(std::memory_order_acquire);
+  RETURN_IF_ERROR(c->CheckCudaDevice("copy_async", dst.device()));
+  dst.storage().BumpVersion();
+  return c->api().MemcpyAsync(dst.device().index, dst.data_ptr(),
+                              src.data_ptr(), dst.nbytes(), stream);
 }
 
-absl::Status CudaContext::PushThreadStream(Device device, StreamHandle stream) {
-  RETURN_IF_ERROR(CheckCudaDevice("PushThreadStream", device));
-  thread_streams.push_back({this, device.index, stream});
-  return absl::OkStatus();
-}
-
-void CudaContext::PopThreadStream(Device device) {
-  for (auto it = thread_streams.rbegin(); it != thread_streams.rend(); ++it) {
-    if (it->context == this && it->device == device.index) {
-      thread_streams.erase(std::next(it).base());
-      return;
-    }
+absl::Status ContextBoundOps::RecordStream(const Tensor& t, uintptr_t stream) {
+  absl::ReaderMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(CudaContext * c, Context("record_stream"));
+  if (!t.defined() || !t.device().is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name(), " record_stream: needs a device tensor (", DescribeOperand(t),
+        ")"));
   }
-}
-
-absl::Status CudaContext::StreamWaitStream(Device waiter_device,
-                                           StreamHandle waiter,
-                                           Device producer_device,
-                                           StreamHandle producer) {
-  RETURN_IF_ERROR(CheckCudaDevice("StreamWaitStream", waiter_device));
-  RETURN_IF_ERROR(CheckCudaDevice("StreamWaitStream", producer_device));
-  ASSIGN_OR_RETURN(StreamEvent event,
-                   StreamEvent::Record(api_, producer_device.index, producer));
-  return event.MakeStreamWait(waiter_device.index, waiter);
+  return c->allocator().RecordStream(t.storage(), stream);
 }
 
 absl::Status CudaContext::SetStream(Device device, StreamHandle stream) {

@@ -11,13 +11,12 @@
 // state alive on its own (caching_allocator.h).
 //
 // Streams: each device has a current stream (the legacy default stream, 0,
-// until SetStream; NewStream makes streams the context owns), on which ops,
-// copies and Gemm are queued, so work on one stream is ordered. Across
-// streams the caller orders work (RecordEvent, then StreamWait on the
-// device or Wait on the host) and calls allocator().RecordStream for a
-// tensor one stream made and another uses, as for copy.h. A thread may put
-// its own stream over a device's current one (PushThreadStream), as the
-// autograd engine does to run a backward op on its forward op's stream.
+// until SetStream; NewStream makes streams the context owns; a thread may
+// override it for itself with SetThreadStream), on which ops, copies and
+// Gemm are queued, so work on one stream is ordered. Across streams the
+// caller orders work (RecordEvent, then StreamWait on the device or Wait on
+// the host) and calls allocator().RecordStream for a tensor one stream made
+// and another uses, as for copy.h.
 //
 // Errors: Create without a driver or device is FailedPrecondition naming
 // CUDA's reason; a device index outside [0, device_count) is InvalidArgument
@@ -33,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -75,10 +75,20 @@ class CudaContext {
   CachingDeviceAllocator& allocator() { return *alloc_; }  ///< The cache.
   /// Pinned host memory for asynchronous copies.
   CachingHostAllocator& pinned() { return *pinned_; }
-  /// The current stream of `device`, which work on it is queued on (0, the
-  /// legacy default stream, unless SetStream chose another; 0 for an index
-  /// out of range).
+  /// The current stream of `device` for the calling thread, which its work
+  /// on the device is queued on: the thread's SetThreadStream choice, else
+  /// the device's (0, the legacy default stream, unless SetStream chose
+  /// another; 0 for an index out of range).
   StreamHandle stream(int device) const;
+  /// Makes `stream` (nullopt: none) the calling thread's own current stream
+  /// of `device` in this context, over SetStream's; returns the thread's
+  /// previous choice. Undo it before the context goes (ThreadStreamGuard).
+  absl::StatusOr<std::optional<StreamHandle>> SetThreadStream(
+      Device device, std::optional<StreamHandle> stream);
+  /// Work queued later on `waiter` of `device` waits, on the device, for
+  /// the work queued on `producer` so far (an event recorded now).
+  absl::Status StreamWaitStream(Device device, StreamHandle waiter,
+                                StreamHandle producer);
   /// Makes `stream` (0, or a stream of that device) the current stream of
   /// `device` for work queued from now on (see the top for ordering).
   absl::Status SetStream(Device device, StreamHandle stream);
@@ -86,17 +96,6 @@ class CudaContext {
   /// work, when the context is).
   absl::StatusOr<StreamHandle> NewStream(Device device)
       ABSL_LOCKS_EXCLUDED(mu_);
-  /// Makes `stream` the current stream of `device` for the calling thread
-  /// only, until the matching PopThreadStream (pushes nest; stream() then
-  /// answers the innermost). InvalidArgument for a bad device.
-  absl::Status PushThreadStream(Device device, StreamHandle stream);
-  /// Ends the innermost PushThreadStream of this thread for `device`.
-  void PopThreadStream(Device device);
-  /// Device-side: work queued later on stream `waiter` of `waiter_device`
-  /// waits for the work queued so far on stream `producer` of
-  /// `producer_device` (an event between them); the host goes on.
-  absl::Status StreamWaitStream(Device waiter_device, StreamHandle waiter,
-                                Device producer_device, StreamHandle producer);
   /// An event after the work queued so far on `device`'s current stream.
   absl::StatusOr<StreamEvent> RecordEvent(Device device);
   /// Makes work queued later on `device`'s current stream wait, on the
@@ -177,19 +176,16 @@ class ContextBoundOps : public DeviceOps {
   /// Bound to `ctx`, which must call Detach before it dies.
   explicit ContextBoundOps(CudaContext* ctx) : ctx_(ctx) {}
   void Detach() override ABSL_LOCKS_EXCLUDED(mu_);
-  /// The context's stream(device.index) for this thread.
-  absl::StatusOr<uint64_t> CurrentStream(Device device) override
-      ABSL_LOCKS_EXCLUDED(mu_);
-  /// The context's PushThreadStream.
-  absl::Status PushStream(Device device, uint64_t stream) override
-      ABSL_LOCKS_EXCLUDED(mu_);
-  /// The context's PopThreadStream (nothing once detached).
-  void PopStream(Device device) override ABSL_LOCKS_EXCLUDED(mu_);
-  /// The context's StreamWaitStream.
-  absl::Status StreamWaitStream(Device waiter_device, uint64_t waiter,
-                                Device producer_device,
-                                uint64_t producer) override
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream calls, forwarded to the context.
+  absl::StatusOr<uintptr_t> NewStream(Device device) override;
+  absl::StatusOr<uintptr_t> CurrentStream(Device device) override;
+  absl::StatusOr<std::optional<uintptr_t>> SetThreadStream(
+      Device device, std::optional<uintptr_t> stream) override;
+  absl::Status StreamWaitStream(Device device, uintptr_t waiter,
+                                uintptr_t producer) override;
+  absl::Status CopyAsync(const Tensor& dst, const Tensor& src,
+                         uintptr_t stream) override;
+  absl::Status RecordStream(const Tensor& t, uintptr_t stream) override;
 
  protected:
   /// The context, or FailedPrecondition naming `op` once detached.

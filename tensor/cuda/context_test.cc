@@ -4,9 +4,12 @@
 #include "ferry/tensor/cuda/context.h"
 
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/cuda/host_ops.h"
 #include "ferry/tensor/cuda/ops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -149,6 +152,79 @@ TEST_F(ContextTest, EachDeviceHasACurrentStream) {
             absl::StatusCode::kInvalidArgument);
   ctx_.reset();  // Destroys the streams it made.
   EXPECT_EQ(api_->live_streams(), 0u);
+}
+
+// A thread's own current stream overrides the device's for that thread
+// only; StreamWaitStream orders one stream after another on the device.
+TEST_F(ContextTest, ThreadStreamsAndStreamWaits) {
+  absl::StatusOr<StreamHandle> s = ctx_->NewStream(Device::CUDA(0));
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::optional<StreamHandle>> previous =
+      ctx_->SetThreadStream(Device::CUDA(0), *s);
+  ASSERT_TRUE(previous.ok()) << previous.status();
+  EXPECT_FALSE(previous->has_value());
+  EXPECT_EQ(ctx_->stream(0), *s);
+  EXPECT_EQ(ctx_->stream(1), 0u);  // Per device.
+  StreamHandle elsewhere = *s;
+  std::thread([&] { elsewhere = ctx_->stream(0); }).join();
+  EXPECT_EQ(elsewhere, 0u);  // Per thread.
+  previous = ctx_->SetThreadStream(Device::CUDA(0), std::nullopt);
+  ASSERT_TRUE(previous.ok()) << previous.status();
+  EXPECT_EQ(*previous, std::optional<StreamHandle>(*s));
+  EXPECT_EQ(ctx_->stream(0), 0u);
+  EXPECT_EQ(ctx_->SetThreadStream(Device::CUDA(2), *s).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // s waits, on the device, for what stream 0 queued so far.
+  const int produced = 7;
+  int middle = -1, last = -1;
+  ASSERT_TRUE(api_->MemcpyAsync(0, &middle, &produced, sizeof(int), 0).ok());
+  ASSERT_TRUE(ctx_->StreamWaitStream(Device::CUDA(0), *s, 0).ok());
+  ASSERT_TRUE(api_->MemcpyAsync(0, &last, &middle, sizeof(int), *s).ok());
+  EXPECT_FALSE(api_->CompleteStream(0, *s));
+  EXPECT_EQ(last, -1);
+  EXPECT_TRUE(api_->CompleteStream(0, 0));
+  EXPECT_TRUE(api_->CompleteStream(0, *s));
+  EXPECT_EQ(last, produced);
+}
+
+// The host backend runs a kernel after the work queued on its current
+// stream, as its place in stream order asks; ThreadStreamGuard moves this
+// thread's kernels to another stream and back.
+TEST(HostOpsStreams, KernelsRunAfterTheirStreamsQueuedWork) {
+  auto api = std::make_shared<FakeDeviceApi>(1, 1 << 20);
+  absl::StatusOr<std::unique_ptr<CudaContext>> ctx =
+      CreateHostComputeContext(api, {});
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  DeviceOps* ops = (*ctx)->compute();
+  const Device dev = Device::CUDA(0);
+  absl::StatusOr<Tensor> x = (*ctx)->To(from_vector<double>({1, 2}), dev);
+  absl::StatusOr<Tensor> y = ops->Empty({2}, DType::kFloat64, dev);
+  ASSERT_TRUE(x.ok() && y.ok());
+  ASSERT_TRUE(ops->Fill(*y, -1).ok());
+  absl::StatusOr<uintptr_t> s = ops->NewStream(dev);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(ops->CopyAsync(*y, *x, *s).ok());  // Queued on s.
+  absl::StatusOr<Tensor> on_default = ops->Sum(*y);  // Not after s's copy.
+  absl::StatusOr<Tensor> on_s;
+  {
+    ThreadStreamGuard guard(ops, dev, *s);
+    ASSERT_TRUE(guard.status().ok()) << guard.status();
+    EXPECT_EQ(ops->CurrentStream(dev).value_or(0), *s);
+    on_s = ops->Sum(*y);  // After it.
+  }
+  EXPECT_EQ(ops->CurrentStream(dev).value_or(1), 0u);
+  ASSERT_TRUE(on_default.ok() && on_s.ok());
+  absl::StatusOr<Tensor> a = (*ctx)->To(*on_default, Device::CPU());
+  absl::StatusOr<Tensor> b = (*ctx)->To(*on_s, Device::CPU());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->to_vector<double>(), std::vector<double>({-2}));
+  EXPECT_EQ(b->to_vector<double>(), std::vector<double>({3}));
+  // CopyAsync refuses what a byte copy cannot do, naming the operands.
+  absl::StatusOr<Tensor> f = ops->Empty({2}, DType::kFloat32, dev);
+  ASSERT_TRUE(f.ok());
+  absl::Status bad = ops->CopyAsync(*f, *x, *s);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("float32 [2] on cuda:0"));
 }
 
 TEST_F(ContextTest, NonBlockingCopiesGoThroughPinnedMemory) {

@@ -8,6 +8,22 @@
 namespace ferry {
 namespace cuda {
 
+ThreadStreamGuard::ThreadStreamGuard(DeviceOps* ops, Device device,
+                                     uintptr_t stream)
+    : ops_(ops), device_(device) {
+  absl::StatusOr<std::optional<uintptr_t>> previous =
+      ops_->SetThreadStream(device, stream);
+  if (previous.ok()) {
+    previous_ = *previous;
+  } else {
+    status_ = previous.status();
+  }
+}
+
+ThreadStreamGuard::~ThreadStreamGuard() {
+  if (status_.ok()) ops_->SetThreadStream(device_, previous_).IgnoreError();
+}
+
 DeviceOps* DeviceOpsOf(const Tensor& t) {
   if (!t.defined() || !t.device().is_cuda()) return nullptr;
   return dynamic_cast<DeviceOps*>(t.storage().compute());

@@ -42,21 +42,6 @@ class DeviceOps : public DeviceComputeInterface {
   /// Called by the context's destructor: later calls fail.
   virtual void Detach() = 0;
 
-  /// The stream work on CUDA `device` is queued on for the calling thread
-  /// (an opaque handle; 0 is the legacy default stream).
-  virtual absl::StatusOr<uint64_t> CurrentStream(Device device) = 0;
-  /// Makes `stream` the calling thread's current stream of `device` until
-  /// the matching PopStream (pushes nest). The autograd engine runs each
-  /// backward op on the stream its forward op ran on this way.
-  virtual absl::Status PushStream(Device device, uint64_t stream) = 0;
-  /// Ends the innermost PushStream of this thread for `device`.
-  virtual void PopStream(Device device) = 0;
-  /// Device-side: work queued later on `waiter` (a stream of
-  /// `waiter_device`) waits for the work queued so far on `producer` (of
-  /// `producer_device`); the host does not wait.
-  virtual absl::Status StreamWaitStream(Device waiter_device, uint64_t waiter,
-                                        Device producer_device,
-                                        uint64_t producer) = 0;
   /// `t` on `device` (CPU or one of this backend's devices); `t` itself
   /// when already there; waits for the copy.
   virtual absl::StatusOr<Tensor> To(const Tensor& t, Device device) = 0;
@@ -156,6 +141,50 @@ class DeviceOps : public DeviceComputeInterface {
   virtual absl::Status AdagradStep(const Tensor& param, const Tensor& grad,
                                    const Tensor& sum,
                                    const math::AdagradParams& o) = 0;
+
+  // Streams, for code that orders its own work across streams (DDP's
+  // communication stream). A stream is the context's StreamHandle
+  // (device_api.h: a cudaStream_t on CUDA); every op above is queued on
+  // CurrentStream of its operands' device.
+  /// A new stream of CUDA `device`, owned by the backend's context.
+  virtual absl::StatusOr<uintptr_t> NewStream(Device device) = 0;
+  /// The stream work queued by this thread on `device` goes to.
+  virtual absl::StatusOr<uintptr_t> CurrentStream(Device device) = 0;
+  /// Makes `stream` the current stream of `device` for this thread only
+  /// (nullopt: back to the device's own); returns the thread's previous
+  /// choice. Use ThreadStreamGuard.
+  virtual absl::StatusOr<std::optional<uintptr_t>> SetThreadStream(
+      Device device, std::optional<uintptr_t> stream) = 0;
+  /// Work queued later on `waiter` waits, on the device, for the work
+  /// queued on `producer` so far (an event recorded now); the host goes on.
+  virtual absl::Status StreamWaitStream(Device device, uintptr_t waiter,
+                                        uintptr_t producer) = 0;
+  /// Queues a copy of contiguous `src` into contiguous `dst` (one device,
+  /// dtype and element count) on `stream`; returns once queued.
+  virtual absl::Status CopyAsync(const Tensor& dst, const Tensor& src,
+                                 uintptr_t stream) = 0;
+  /// Notes that work on `stream` uses `t`'s memory: the allocator reuses
+  /// it only after that work (CachingDeviceAllocator::RecordStream).
+  virtual absl::Status RecordStream(const Tensor& t, uintptr_t stream) = 0;
+};
+
+/// Makes a stream this thread's current one on a device for its lifetime
+/// (DeviceOps::SetThreadStream), restoring the previous choice after.
+class ThreadStreamGuard {
+ public:
+  /// `ops` (not null) must outlive the guard. Check status() after.
+  ThreadStreamGuard(DeviceOps* ops, Device device, uintptr_t stream);
+  ~ThreadStreamGuard();
+  ThreadStreamGuard(const ThreadStreamGuard&) = delete;
+  ThreadStreamGuard& operator=(const ThreadStreamGuard&) = delete;
+  /// Why the stream could not be set (then the guard does nothing).
+  const absl::Status& status() const { return status_; }
+
+ private:
+  DeviceOps* ops_;
+  Device device_;
+  std::optional<uintptr_t> previous_;
+  absl::Status status_;
 };
 
 /// The backend of device tensor `t` (its storage's), or null for a CPU

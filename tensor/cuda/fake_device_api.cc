@@ -215,6 +215,36 @@ bool FakeDeviceApi::CompleteStream(int device, StreamHandle stream) {
   return RunQueue({device, stream});
 }
 
+bool FakeDeviceApi::CompleteStreamAndWaits(int device, StreamHandle stream) {
+  std::vector<std::pair<int, StreamHandle>> up;
+  return CompleteWithWaits({device, stream}, up);
+}
+
+bool FakeDeviceApi::CompleteWithWaits(
+    std::pair<int, StreamHandle> where,
+    std::vector<std::pair<int, StreamHandle>>& up) {
+  if (std::find(up.begin(), up.end(), where) != up.end()) return false;
+  up.push_back(where);
+  bool done = false;
+  // Each round passes at least one wait, so the queue's length bounds it.
+  for (;;) {
+    if (CompleteStream(where.first, where.second)) {
+      done = true;
+      break;
+    }
+    std::pair<int, StreamHandle> on;
+    {
+      absl::MutexLock lock(&mu_);
+      const std::vector<Op>& queued = queues_[where];
+      if (queued.empty() || !queued.front().wait) break;
+      on = queued.front().wait_on;
+    }
+    if (!CompleteWithWaits(on, up)) break;
+  }
+  up.pop_back();
+  return done;
+}
+
 bool FakeDeviceApi::RunQueue(std::pair<int, StreamHandle> where) {
   std::vector<Op>& queued = queues_[where];
   size_t ran = 0;

@@ -21,6 +21,8 @@
 // from another FakeHost, or any IPC call of a fake without one, fails as a
 // handle from another host or container would. A stream that waits on a
 // peer's event completes the peer's stream first when it completes.
+// CompleteStreamAndWaits also completes the streams of this fake that a
+// stream waits on, as a device would on its own.
 //
 // Thread safety: every call is safe from any thread (one annotated mutex
 // per fake, and the FakeHost's, always taken before a fake's).
@@ -123,6 +125,11 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
   /// returns whether all of it ran. A wait on a peer's event (OpenEvent)
   /// completes the peer's stream first.
   bool CompleteStream(int device, StreamHandle stream);
+  /// CompleteStream, and where `stream` waits for an event of another
+  /// stream of this fake, that stream is completed first, the same way:
+  /// what a device does by itself (host_ops.h runs a kernel after it).
+  /// False when a wait cannot be met (the streams wait on each other).
+  bool CompleteStreamAndWaits(int device, StreamHandle stream);
   /// The next `n` RecordEvent calls fail with Internal.
   void FailRecordEvent(int n);
 
@@ -160,6 +167,9 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
                                     char kind, absl::string_view call) const;
   absl::Status FreeLocked(int device, void* ptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CompleteStreamAndWaits, with the streams being completed further up.
+  bool CompleteWithWaits(std::pair<int, StreamHandle> where,
+                         std::vector<std::pair<int, StreamHandle>>& up);
   // Completes the stream `event` was recorded on (a peer waits on it).
   void CompleteEventStream(EventHandle event);
   // Forgets what this fake exported at `base` (all when null).

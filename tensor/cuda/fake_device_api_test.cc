@@ -109,6 +109,39 @@ TEST(FakeDeviceIpc, FakesOnOneHostShareMemoryAndOthersCannot) {
               HasSubstr("no FakeHost"));
 }
 
+// CompleteStream stops at a wait for another stream's event;
+// CompleteStreamAndWaits runs that stream first (as a device would), and
+// refuses streams that wait on each other.
+TEST(FakeDeviceApi, CompleteStreamAndWaitsRunsTheAwaitedStreamFirst) {
+  FakeDeviceApi api(1, uint64_t{1} << 20);
+  const int produced = 7, stale = -1;
+  int middle = stale, last = stale;
+  ASSERT_TRUE(api.MemcpyAsync(0, &middle, &produced, sizeof(int), 1).ok());
+  absl::StatusOr<EventHandle> e1 = api.RecordEvent(0, 1);
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  ASSERT_TRUE(api.StreamWaitEvent(0, 2, *e1).ok());
+  ASSERT_TRUE(api.MemcpyAsync(0, &last, &middle, sizeof(int), 2).ok());
+  EXPECT_FALSE(api.CompleteStream(0, 2));
+  EXPECT_EQ(last, stale);
+  EXPECT_TRUE(api.CompleteStreamAndWaits(0, 2));
+  EXPECT_EQ(middle, produced);
+  EXPECT_EQ(last, produced);
+  // Streams 3 and 4 each wait for an event recorded after the other's wait.
+  absl::StatusOr<EventHandle> e3 = api.RecordEvent(0, 3);
+  absl::StatusOr<EventHandle> e4 = api.RecordEvent(0, 4);
+  ASSERT_TRUE(e3.ok() && e4.ok());
+  ASSERT_TRUE(api.StreamWaitEvent(0, 3, *e4).ok());
+  ASSERT_TRUE(api.StreamWaitEvent(0, 4, *e3).ok());
+  absl::StatusOr<EventHandle> e3b = api.RecordEvent(0, 3);
+  absl::StatusOr<EventHandle> e4b = api.RecordEvent(0, 4);
+  ASSERT_TRUE(e3b.ok() && e4b.ok());
+  ASSERT_TRUE(api.StreamWaitEvent(0, 3, *e4b).ok());
+  ASSERT_TRUE(api.StreamWaitEvent(0, 4, *e3b).ok());
+  EXPECT_FALSE(api.CompleteStreamAndWaits(0, 3));
+  for (EventHandle e : {*e1, *e3, *e4, *e3b, *e4b})
+    ASSERT_TRUE(api.DestroyEvent(0, e).ok());
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace ferry

@@ -57,7 +57,8 @@ auto ForFloat(DType dtype, F&& f) {
 
 class HostOps final : public ContextBoundOps {
  public:
-  using ContextBoundOps::ContextBoundOps;
+  HostOps(CudaContext* ctx, std::shared_ptr<FakeDeviceApi> api)
+      : ContextBoundOps(ctx), api_(std::move(api)) {}
   std::string name() const override { return "host-fake"; }
 
   absl::StatusOr<Tensor> To(const Tensor& t, Device device) override {
@@ -740,8 +741,22 @@ class HostOps final : public ContextBoundOps {
       ++i;
     }
     RETURN_IF_ERROR(c->CheckCudaDevice(op, first.device()));
+    // A host "kernel" runs now, so first what a kernel queued on the
+    // current stream would run after: the stream's queued work, and what
+    // it waits for on other streams.
+    const int device = first.device().index;
+    const StreamHandle stream = c->stream(device);
+    if (!api_->CompleteStreamAndWaits(device, stream)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "host-fake ", op, ": stream ", stream, " of ",
+          first.device().ToString(),
+          " waits for work that cannot complete (streams waiting on each "
+          "other)"));
+    }
     return c;
   }
+
+  const std::shared_ptr<FakeDeviceApi> api_;
 
   static absl::Status CheckRowsTargets(const char* op, const Tensor& logits,
                                        const Tensor& target) {
@@ -770,9 +785,9 @@ class HostOps final : public ContextBoundOps {
 absl::StatusOr<std::unique_ptr<CudaContext>> CreateHostComputeContext(
     std::shared_ptr<FakeDeviceApi> api, CudaContext::Options options) {
   ASSIGN_OR_RETURN(std::unique_ptr<CudaContext> ctx,
-                   CudaContext::CreateForApi(std::move(api), options,
+                   CudaContext::CreateForApi(api, options,
                                              /*runs_kernels=*/false));
-  ctx->set_compute(std::make_shared<HostOps>(ctx.get()));
+  ctx->set_compute(std::make_shared<HostOps>(ctx.get(), std::move(api)));
   return ctx;
 }
 

@@ -3,7 +3,9 @@
 // loops around the per-element math of kernel_math.h (the functions
 // kernels.cu calls), with plain loops for matrix products. Autograd on such
 // "cuda:N" tensors runs the device dispatch end to end, so it can be
-// compared with CPU autograd on any machine.
+// compared with CPU autograd on any machine. An op runs at once, after
+// completing what its device's current stream has queued and waits for
+// (FakeDeviceApi::CompleteStreamAndWaits), as a kernel queued there would.
 //
 // What it does not test: the CUDA kernels' indexing, launch configuration,
 // block reductions and cuBLAS (those run only on a GPU, in ops_test and
