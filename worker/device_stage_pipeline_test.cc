@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -154,6 +155,22 @@ struct Pair {
   }
 };
 
+// The pinned bytes `w` holds for messages now (the inspector's "pinned"
+// row); -1 when it shows none.
+int64_t PinnedAllocated(Worker& w) {
+  absl::StatusOr<std::vector<rpc::Inspection>> seen =
+      w.agent().inspectors().Inspect("devices");
+  if (!seen.ok() || seen->empty()) return -1;
+  for (const rpc::InspectionRow& row : (*seen)[0].rows) {
+    int64_t bytes = 0;
+    if (row.kind == "pinned" &&
+        absl::SimpleAtoi(row.Get("allocated_bytes"), &bytes)) {
+      return bytes;
+    }
+  }
+  return -1;
+}
+
 // 4 MiB of distinct floats.
 Tensor Large() { return arange(1 << 20, DType::kFloat32); }
 
@@ -211,6 +228,10 @@ TEST(PipelinedStaging, AChunkThatFailsFailsTheCallNamingTensorAndDevice) {
   EXPECT_THAT(back.status().message(), HasSubstr("copy failed (injected)"));
   // w1 got the first piece only and dispatched nothing.
   EXPECT_EQ(p.w(1).staged_traffic("w0").tensors_in, 0u);
+  // The message went with the call: its pinned block is back in w0's cache.
+  EXPECT_TRUE(PollUntil([&] { return PinnedAllocated(p.w(0)) == 0; },
+                        absl::Seconds(30)))
+      << PinnedAllocated(p.w(0));
   // The worker still serves small calls afterwards.
   const Tensor small = arange(16, DType::kFloat32);
   Result<Tensor> again = p.w(0).rpc_sync<Tensor>(
