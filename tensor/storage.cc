@@ -35,6 +35,14 @@ Storage Storage::Wrap(void* data, size_t nbytes, Device device,
   return s;
 }
 
+Storage Storage::WrapGated(void* data, size_t nbytes, Device device,
+                           std::shared_ptr<const void> owner,
+                           std::shared_ptr<ReadyGate> gate) {
+  Storage s = Wrap(data, nbytes, device, std::move(owner));
+  std::const_pointer_cast<Impl>(s.impl_)->gate = std::move(gate);
+  return s;
+}
+
 namespace {
 
 class CpuAllocator final : public Allocator {

@@ -7,9 +7,14 @@
 // (DLPack imports, received gRPC slices), with an owner object that is
 // destroyed on release.
 //
+// A storage may carry a ReadyGate: its bytes are still being written (a
+// device-to-host copy in flight) and a reader waits on the gate for the
+// prefix it reads; gate() is null for ordinary storage, whose bytes are
+// ready. (docs/design/cuda_rpc.md, "Pipelined staging".)
+//
 // Thread safety: Storage handles may be copied and destroyed concurrently
 // from any thread (the count is atomic). The bytes themselves are not
-// synchronized. Allocators must be safe to call from any thread.
+// synchronized. Allocators and gates must be safe to call from any thread.
 #ifndef FERRY_TENSOR_STORAGE_H_
 #define FERRY_TENSOR_STORAGE_H_
 
@@ -19,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ferry {
@@ -55,6 +61,17 @@ class DeviceComputeInterface {
   virtual ~DeviceComputeInterface() = default;
 };
 
+/// Readiness of a storage whose bytes are written after it was handed on
+/// (layer-neutral: tensor/ knows no device). Safe from any thread.
+class ReadyGate {
+ public:
+  virtual ~ReadyGate() = default;
+  /// Returns once bytes [0, `bytes`) of the storage are valid, or the error
+  /// that keeps them from ever being (the same error on every later call).
+  /// Blocks for as long as the writes take.
+  virtual absl::Status WaitReady(uint64_t bytes) = 0;
+};
+
 // Memory returned by Ferry's allocators starts on this boundary.
 inline constexpr size_t kStorageAlignment = 64;
 
@@ -77,6 +94,12 @@ class Storage {
                       std::shared_ptr<const void> owner,
                       std::shared_ptr<DeviceComputeInterface> compute);
 
+  /// As Wrap above, with `gate` (not null): readers wait on it before
+  /// reading (see the top of the file).
+  static Storage WrapGated(void* data, size_t nbytes, Device device,
+                           std::shared_ptr<const void> owner,
+                           std::shared_ptr<ReadyGate> gate);
+
   bool defined() const { return impl_ != nullptr; }  // Not null.
   // The bytes; null if null.
   void* data() const { return impl_ ? impl_->data : nullptr; }
@@ -92,6 +115,8 @@ class Storage {
   std::shared_ptr<DeviceComputeInterface> shared_compute() const {
     return impl_ ? impl_->compute : nullptr;
   }
+  /// The gate readers wait on; null when the bytes are ready.
+  ReadyGate* gate() const { return impl_ ? impl_->gate.get() : nullptr; }
   // Number of handles sharing these bytes (for tests and diagnostics).
   long use_count() const { return impl_.use_count(); }
   // Same bytes (not equal values).
@@ -116,6 +141,7 @@ class Storage {
     Device device;
     std::shared_ptr<const void> owner;
     std::shared_ptr<DeviceComputeInterface> compute;
+    std::shared_ptr<ReadyGate> gate;
     mutable std::atomic<uint64_t> version{0};
   };
   std::shared_ptr<const Impl> impl_;

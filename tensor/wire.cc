@@ -339,6 +339,9 @@ class Encoder {
     }
     Tensor t = t_in;
     if (!t.is_contiguous()) {
+      if (ReadyGate* gate = t.storage().gate()) {
+        RETURN_IF_ERROR(gate->WaitReady(t.storage().nbytes()));
+      }
       t = t.contiguous();
       if (stats_) stats_->payload_bytes_copied += t.nbytes();
     }
@@ -937,6 +940,22 @@ size_t EncodedValue::total_bytes() const {
   size_t n = head.size();
   for (const WirePayload& p : payloads) n += p.size + p.padding;
   return n;
+}
+
+absl::Status WaitPayloadReady(const WirePayload& p, size_t bytes) {
+  const Storage& s = p.tensor.storage();
+  ReadyGate* gate = s.gate();
+  if (gate == nullptr || bytes == 0) return absl::OkStatus();
+  const size_t offset = static_cast<size_t>(
+      p.data - static_cast<const char*>(s.data()));
+  return gate->WaitReady(offset + std::min(bytes, p.size));
+}
+
+absl::Status WaitPayloadsReady(const EncodedValue& v) {
+  for (const WirePayload& p : v.payloads) {
+    RETURN_IF_ERROR(WaitPayloadReady(p, p.size));
+  }
+  return absl::OkStatus();
 }
 
 std::string EncodedValue::Flatten() const {

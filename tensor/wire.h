@@ -24,6 +24,8 @@
 // nesting or sizes over WireLimits, trailing bytes) is an InvalidArgument
 // naming it.
 //
+// A payload with a ReadyGate (tensor/storage.h) is still being written: its
+// reader waits first (WaitPayloadsReady; the transports do, Flatten not).
 // Thread safety: the functions are reentrant; WireStats is not synchronized
 // (use one per call or per thread).
 #ifndef FERRY_TENSOR_WIRE_H_
@@ -87,6 +89,12 @@ struct EncodedValue {
   // The whole stream in one string (copies every payload).
   std::string Flatten() const;
 };
+
+/// Returns once the first `bytes` bytes of `p` are readable: at once when its
+/// storage has no ReadyGate, else that gate's error if it fails.
+absl::Status WaitPayloadReady(const WirePayload& p, size_t bytes);
+/// WaitPayloadReady for the whole of every payload of `v`; the first error.
+absl::Status WaitPayloadsReady(const EncodedValue& v);
 
 // kWireAlignment zero bytes, for padding without allocating.
 const char* WirePaddingBytes();

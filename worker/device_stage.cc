@@ -46,6 +46,62 @@ absl::Status WaitForDevices(const std::set<int>& devices,
   return first;
 }
 
+// The readiness of a pipelined staged tensor (tensor/storage.h's
+// ReadyGate): its chunks' events, waited in order; the first error sticks.
+// Holds the device source until every chunk ran (the caller may drop it);
+// its destructor waits for the chunks still queued.
+class ChunkGate final : public ReadyGate {
+ public:
+  ChunkGate(std::shared_ptr<cuda::DeviceMemoryApi> api, cuda::ChunkedCopy copy,
+            Tensor source, std::string what)
+      : api_(std::move(api)),
+        device_(source.device().index),
+        chunk_bytes_(copy.chunk_bytes),
+        what_(std::move(what)),
+        events_(std::move(copy.events)),
+        source_(std::move(source)) {}
+
+  ~ChunkGate() override {
+    if (WaitReady(UINT64_MAX).ok()) return;
+    // A failed event: the whole stream still orders the host (as
+    // WaitForDevices), so nothing queued reads the source after this.
+    (void)api_->SynchronizeStream(device_, kStream);
+  }
+
+  absl::Status WaitReady(uint64_t bytes) override {
+    MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    const uint64_t n = events_.size();
+    const uint64_t needed = bytes >= n * chunk_bytes_
+                                ? n
+                                : (bytes + chunk_bytes_ - 1) / chunk_bytes_;
+    while (ready_ < needed) {
+      absl::Status s = events_[ready_].Wait();
+      if (!s.ok()) {
+        error_ = Annotate(
+            s, absl::StrCat(what_, ": chunk ", ready_, " of ", n, " (",
+                            chunk_bytes_, " bytes each) of its copy to "
+                            "pinned memory"));
+        return error_;
+      }
+      ++ready_;
+    }
+    if (ready_ == n) source_ = Tensor();  // Every chunk ran.
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::shared_ptr<cuda::DeviceMemoryApi> api_;
+  const int device_;
+  const uint64_t chunk_bytes_;
+  const std::string what_;  // "worker 'a': staging tensor 0 (cuda:0, ...".
+  Mutex mu_;
+  std::vector<cuda::StreamEvent> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t ready_ ABSL_GUARDED_BY(mu_) = 0;  // Chunks seen done.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  Tensor source_ ABSL_GUARDED_BY(mu_);
+};
+
 // "the request CALL 'f'" / "the reply to CALL 'f'", for errors.
 std::string Which(const rpc::Message& m, bool request) {
   std::string s = absl::StrCat(request ? "the request " : "the reply to ",
@@ -179,6 +235,19 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   // Sources stay alive until their queued copies ran (WaitForDevices).
   std::vector<Tensor> sources;
   std::set<int> queued;  // Devices with copies queued on kStream.
+  // Tensors to pipeline (in m.payload, which keeps its shape meanwhile).
+  struct Later {
+    Tensor* tensor;
+    uint32_t position;
+  };
+  std::vector<Later> later;
+  // "worker 'a': staging tensor 0 (cuda:0, 16 bytes) of ... to 'b'".
+  auto staging = [&](uint32_t i, const Tensor& t) {
+    return absl::StrCat("worker '", me_, "': staging tensor ", i, " (",
+                        t.device().ToString(), ", ", t.nbytes(),
+                        " bytes) of ", Which(m, request), " to '", peer.name,
+                        "'");
+  };
   uint32_t position = 0;
   rpc::ForEachTensor(m.payload, [&](Tensor& t) {
     const uint32_t i = position++;
@@ -218,15 +287,21 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       t = *std::move(placeholder);
       return;
     }
-    absl::StatusOr<Tensor> host =
-        cuda::QueueCopyToPinned(t, kStream, *pinned_);
-    if (!host.ok()) {
-      status = Annotate(host.status(),
-                        absl::StrCat("worker '", me_, "': staging tensor ", i,
-                                     " (", source.ToString(), ", ", t.nbytes(),
-                                     " bytes) of ", Which(m, request),
-                                     " to '", peer.name, "'"));
-      return;
+    // Large tensors are pipelined, after the small ones' wait (below).
+    const bool pipelined =
+        t.nbytes() >= kPipelineMinBytes && t.is_contiguous();
+    if (pipelined) {
+      later.push_back({&t, i});
+    } else {
+      absl::StatusOr<Tensor> host =
+          cuda::QueueCopyToPinned(t, kStream, *pinned_);
+      if (!host.ok()) {
+        status = Annotate(host.status(), staging(i, t));
+        return;
+      }
+      queued.insert(source.index);
+      sources.push_back(std::move(t));
+      t = *std::move(host);
     }
     ++counted.tensors_out;
     counted.bytes_out += t.nbytes();
@@ -237,9 +312,6 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       if (request && !header.returning) p.target = target.index;
       header.placements.push_back(p);
     }
-    queued.insert(source.index);
-    sources.push_back(std::move(t));
-    t = *std::move(host);
   });
   // One wait per device, also after a failure (the queued copies still
   // read the sources and write pinned blocks).
@@ -250,6 +322,35 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
                      " to '", peer.name, "'"));
     sources.clear();
     if (status.ok()) status = waited;
+  }
+  // Pipelined: each large tensor's copy is queued in chunks, an event after
+  // each, and the pinned tensor goes into the message at once with a gate
+  // on those events (tensor/storage.h's ReadyGate); the transport waits on
+  // it piece by piece (docs/design/cuda_rpc.md, "Pipelined staging").
+  for (const Later& each : later) {
+    if (!status.ok()) break;
+    Tensor& t = *each.tensor;
+    absl::StatusOr<cuda::ChunkedCopy> copy = cuda::QueueChunkedCopyToPinned(
+        t, kStream, *pinned_, kPipelineChunkBytes);
+    if (!copy.ok()) {
+      status = Annotate(copy.status(), staging(each.position, t));
+      // Chunks already queued still read the source: wait before it goes.
+      (void)WaitForDevices({t.device().index}, api_, staging(each.position, t));
+      break;
+    }
+    Tensor host = copy->tensor;
+    const Storage& s = host.storage();
+    auto gate = std::make_shared<ChunkGate>(api_, *std::move(copy), t,
+                                            staging(each.position, t));
+    absl::StatusOr<Tensor> gated = Tensor::FromStorage(
+        Storage::WrapGated(s.data(), s.nbytes(), s.device(),
+                           std::make_shared<Storage>(s), std::move(gate)),
+        host.dtype(), host.sizes(), host.strides(), host.storage_offset());
+    if (!gated.ok()) {  // The gate, dropped, waits for the chunks.
+      status = Annotate(gated.status(), staging(each.position, t));
+      break;
+    }
+    t = *std::move(gated);
   }
   if (!status.ok()) {
     Count(peer.name, StagedTraffic{.refused = 1});

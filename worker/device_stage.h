@@ -5,8 +5,9 @@
 // its transports never see a device.
 // Sending (a request or a reply), each CUDA tensor is copied into pinned
 // host memory (the stage's CachingHostAllocator) and replaced by it; the
-// copies are queued, then each device waited for once. A request's tensor
-// goes where this worker's map to the peer says (rpc::DeviceMaps::Target:
+// copies are queued, then each device waited for once (a large tensor's
+// copy goes on in chunks the transport waits for: pipelined). A request's
+// tensor goes where this worker's map to the peer says (DeviceMaps::Target:
 // an unmapped device is InvalidArgument naming the worker, the peer, the
 // tensor's position and the device, unless staging to CPU is allowed, then
 // it stays a CPU tensor); the header records each placement. A reply's
@@ -25,8 +26,7 @@
 // without CUDA devices: FailedPrecondition), malformed header
 // (InvalidArgument), out of device memory (ResourceExhausted, the
 // allocator's text with the device and size).
-// Thread safety: every method is safe from any thread. Ownership: the agent
-// holds the interceptors, which hold the stage weakly.
+// Thread safety: any thread. The agent holds the interceptors, they the stage.
 // Design: docs/design/cuda_rpc.md.
 #ifndef FERRY_WORKER_DEVICE_STAGE_H_
 #define FERRY_WORKER_DEVICE_STAGE_H_
@@ -68,6 +68,14 @@ struct StagedTraffic {
 /// The staged path of one worker (see the top of the file).
 class DeviceStage {
  public:
+  /// A CUDA tensor of at least this many bytes (contiguous, not by IPC) is
+  /// staged pipelined: its copy is queued in chunks of kPipelineChunkBytes
+  /// and the message goes on at once; the transport sends each piece once
+  /// the chunks it covers ran (docs/design/cuda_rpc.md).
+  static constexpr uint64_t kPipelineMinBytes = uint64_t{2} << 20;
+  /// See kPipelineMinBytes.
+  static constexpr uint64_t kPipelineChunkBytes = uint64_t{1} << 20;
+
   /// The stage of worker `me` with `options` (parsed and checked) over
   /// `api` (null when the worker has no devices; then a CUDA tensor sent or
   /// a placement received is refused). Landed tensors record `compute`

@@ -514,6 +514,17 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
   uint64_t payload_bytes = 0;
   if (encoded.ok()) {
     payload_bytes = encoded->bytes();
+    // Payloads still being written (pipelined device staging) are waited for
+    // whole unless streamed, which waits piece by piece (stream_pieces.h).
+    if ((same_host_ != nullptr && same_host_->UsableTo(to.id)) ||
+        !grpc_agent::ShouldStream(grpc_options_.stream, payload_bytes)) {
+      if (absl::Status ready = WaitPayloadsReady(encoded->payload);
+          !ready.ok()) {
+        encoded = std::move(ready);
+      }
+    }
+  }
+  if (encoded.ok()) {
     // The same-host channel takes precedence over streaming: what it takes
     // leaves a small envelope.
     grpc_agent::OfferSameHost(*encoded, {same_host_.get(), to.id},

@@ -103,8 +103,11 @@ grpc::ServerUnaryReactor* WorkerService::Call(
   if (stranger) split->header.clear_headers();
   Serve(start, *std::move(split), *std::move(slot),
         [reactor](grpc::Status status, EncodedParts* parts) {
-          if (parts == nullptr) {
-            reactor->Reply(std::move(status));
+          absl::Status ready;
+          if (parts != nullptr) ready = WaitPayloadsReady(parts->payload);
+          if (parts == nullptr || !ready.ok()) {
+            reactor->Reply(parts == nullptr ? std::move(status)
+                                            : ToGrpcStatus(ready));
           } else {
             reactor->Reply(std::move(status),
                            ToEnvelope(std::move(*parts)).buffer);
@@ -221,6 +224,17 @@ void WorkerService::Serve(absl::Time start, ReceivedRequest received,
     }
     const uint64_t bytes_out = encoded->bytes();
     // Taken by the same-host channel, the reply is small: never streamed.
+    // The channel's reader takes the payload whole: staged device bytes
+    // still being copied are waited for first (the unary path waits too).
+    if (s.link.channel != nullptr && s.link.channel->UsableTo(s.link.peer)) {
+      if (absl::Status ready = WaitPayloadsReady(encoded->payload);
+          !ready.ok()) {
+        agent->stats_.Record(RpcStats::Direction::kIn, s.key,
+                             absl::Now() - s.start, true, s.bytes_in, 0);
+        s.reply(ToGrpcStatus(ready), nullptr);
+        return;
+      }
+    }
     OfferSameHost(*encoded, s.link, /*lease=*/nullptr);
     agent->stats_.Record(RpcStats::Direction::kIn, s.key, absl::Now() - s.start,
                          !result.ok(), s.bytes_in, bytes_out);

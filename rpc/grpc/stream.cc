@@ -47,6 +47,13 @@ void ClientStream::Start(grpc::GenericStub* stub,
 }
 
 void ClientStream::WriteNext() {
+  // A piece of a payload still being written waits for its bytes (on this
+  // thread: the caller's for the first, else gRPC's, for about one chunk's
+  // copy; docs/design/cuda_rpc.md, "Pipelined staging").
+  if (absl::Status ready = writer_.WaitForNext(); !ready.ok()) {
+    Fail(std::move(ready));  // OnDone follows; nothing was written.
+    return;
+  }
   writer_.Next(&out_, &out_bytes_);
   FERRY_TSAN_RELEASE(this);
   if (writer_.last()) {
@@ -215,6 +222,10 @@ class ServerStream final
     const GrpcAgentOptions& options = service_->options();
     // An empty payload (a None result, an error) goes in one message.
     if (parts->bytes() == 0 || !ShouldStream(options.stream, parts->bytes())) {
+      if (absl::Status ready = WaitPayloadsReady(parts->payload); !ready.ok()) {
+        FinishWith(ready);
+        return;
+      }
       out_ = ToEnvelope(std::move(*parts)).buffer;
       WriteLast();
       return;
@@ -233,6 +244,10 @@ class ServerStream final
   }
 
   void WriteNext() {
+    if (absl::Status ready = writer_->WaitForNext(); !ready.ok()) {
+      FinishWith(ready);  // As the client's WriteNext.
+      return;
+    }
     writer_->Next(&out_, &out_bytes_);
     if (writer_->last()) {
       // No OnWriteDone for this one: counted as handed over.

@@ -77,6 +77,13 @@ absl::Status CheckStreamSize(uint64_t bytes, int max_message_bytes,
 
 PieceWriter::PieceWriter(EncodedParts parts, size_t piece_bytes)
     : header_(std::move(parts.header)), total_(parts.payload.total_bytes()) {
+  uint64_t at = parts.payload.head.size();
+  for (const WirePayload& p : parts.payload.payloads) {
+    if (p.tensor.storage().gate() != nullptr && p.size > 0) {
+      gated_.push_back({at, p});
+    }
+    at += p.size + p.padding;
+  }
   grpc::ByteBuffer payload = ToByteBuffer(std::move(parts.payload));
   (void)payload.Dump(&slices_);
   // Empty slices carry nothing; without them an empty payload (no arguments,
@@ -91,6 +98,19 @@ PieceWriter::PieceWriter(EncodedParts parts, size_t piece_bytes)
   target_ = (total_ + count - 1) / count;
   AppendVarint(&header_, kPayloadBytesTag);
   AppendVarint(&header_, total_);
+}
+
+absl::Status PieceWriter::WaitForNext() {
+  const uint64_t end = std::min(total_, position_ + target_);
+  while (gated_done_ < gated_.size()) {
+    const Gated& g = gated_[gated_done_];
+    if (g.begin >= end) break;
+    const uint64_t covered = std::min<uint64_t>(end - g.begin, g.payload.size);
+    RETURN_IF_ERROR(WaitPayloadReady(g.payload, covered));
+    if (covered < g.payload.size) break;
+    ++gated_done_;
+  }
+  return absl::OkStatus();
 }
 
 bool PieceWriter::Next(grpc::ByteBuffer* message, uint64_t* payload_bytes) {
@@ -115,6 +135,7 @@ bool PieceWriter::Next(grpc::ByteBuffer* message, uint64_t* payload_bytes) {
   slices[0] = grpc::Slice(head);  // A few bytes, copied.
   *message = grpc::ByteBuffer(slices.data(), slices.size());
   *payload_bytes = taken;
+  position_ += taken;
   return true;
 }
 

@@ -73,9 +73,14 @@ absl::Status CheckStreamSize(uint64_t bytes, int max_message_bytes,
                              const WireLimits& limits, const std::string& what);
 
 // Cuts an envelope into CallStream messages. No tensor byte is copied.
+// Payloads still being written (a ReadyGate on their storage, pipelined
+// device staging) are waited for piece by piece: WaitForNext, before Next.
 class PieceWriter {
  public:
   PieceWriter(EncodedParts parts, size_t piece_bytes);
+  // Returns once the payload bytes the next message covers are readable
+  // (at once without gated payloads); the gate's error if a write failed.
+  absl::Status WaitForNext();
   // The next message, and the payload bytes in it; false after the last.
   bool Next(grpc::ByteBuffer* message, uint64_t* payload_bytes);
   bool last() const { return index_ >= slices_.size(); }
@@ -88,7 +93,15 @@ class PieceWriter {
   size_t offset_ = 0;  // Bytes of it already sent.
   uint64_t total_ = 0;
   uint64_t target_ = 0;  // Payload bytes per message.
+  uint64_t position_ = 0;  // Payload bytes taken into messages so far.
   bool started_ = false;
+  // Gated payloads, in stream order, from where each begins in the stream.
+  struct Gated {
+    uint64_t begin;
+    WirePayload payload;
+  };
+  std::vector<Gated> gated_;
+  size_t gated_done_ = 0;  // gated_[0, gated_done_) are wholly readable.
 };
 
 // Puts a streamed payload back together in one aligned buffer.

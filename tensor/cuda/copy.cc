@@ -1,5 +1,6 @@
 #include "ferry/tensor/cuda/copy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -123,6 +124,36 @@ absl::StatusOr<Tensor> QueueCopyToPinned(const Tensor& src,
   RETURN_IF_ERROR(pinned.RecordStream(out.storage(), device, stream));
   RETURN_IF_ERROR(api.MemcpyAsync(device, out.data_ptr(), src.data_ptr(),
                                   src.nbytes(), stream));
+  return out;
+}
+
+absl::StatusOr<ChunkedCopy> QueueChunkedCopyToPinned(
+    const Tensor& src, StreamHandle stream, CachingHostAllocator& pinned,
+    size_t chunk_bytes) {
+  RETURN_IF_ERROR(CheckDeviceSource("QueueChunkedCopyToPinned", src));
+  if (chunk_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "QueueChunkedCopyToPinned: chunk_bytes is 0");
+  }
+  const int device = src.device().index;
+  DeviceMemoryApi& api = *pinned.api();
+  RETURN_IF_ERROR(CheckDevice(api, device));
+  ChunkedCopy out;
+  ASSIGN_OR_RETURN(out.tensor, Tensor::TryEmpty(src.sizes(), src.dtype(),
+                                                pinned.allocator()));
+  RETURN_IF_ERROR(pinned.RecordStream(out.tensor.storage(), device, stream));
+  out.chunk_bytes = chunk_bytes;
+  const size_t total = src.nbytes();
+  char* dst = static_cast<char*>(out.tensor.data_ptr());
+  const char* from = static_cast<const char*>(src.data_ptr());
+  out.events.reserve((total + chunk_bytes - 1) / chunk_bytes);
+  for (size_t at = 0; at < total; at += chunk_bytes) {
+    const size_t n = std::min(chunk_bytes, total - at);
+    RETURN_IF_ERROR(api.MemcpyAsync(device, dst + at, from + at, n, stream));
+    ASSIGN_OR_RETURN(StreamEvent done,
+                     StreamEvent::Record(pinned.api(), device, stream));
+    out.events.push_back(std::move(done));
+  }
   return out;
 }
 

@@ -26,6 +26,9 @@
 #ifndef FERRY_TENSOR_CUDA_COPY_H_
 #define FERRY_TENSOR_CUDA_COPY_H_
 
+#include <cstddef>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/device_api.h"
@@ -77,6 +80,23 @@ absl::StatusOr<AsyncCopy> CopyToDeviceAsync(const Tensor& src, int device,
 absl::StatusOr<Tensor> QueueCopyToPinned(const Tensor& src,
                                          StreamHandle stream,
                                          CachingHostAllocator& pinned);
+
+/// A QueueCopyToPinned cut in chunks, each followed by its event.
+struct ChunkedCopy {
+  Tensor tensor;  ///< The pinned copy; bytes valid as its events complete.
+  size_t chunk_bytes = 0;  ///< Bytes per chunk (the last may be fewer).
+  /// events[k] is done once bytes [0, min((k+1) * chunk_bytes, nbytes))
+  /// of `tensor` are written.
+  std::vector<StreamEvent> events;
+};
+
+/// As QueueCopyToPinned, the copy queued as chunks of `chunk_bytes` (> 0)
+/// with an event recorded after each, so a reader can start on the first
+/// bytes while the rest still copy. On an error after a chunk was queued,
+/// the queued chunks still read `src`: the caller waits for `stream`.
+absl::StatusOr<ChunkedCopy> QueueChunkedCopyToPinned(
+    const Tensor& src, StreamHandle stream, CachingHostAllocator& pinned,
+    size_t chunk_bytes);
 
 /// A new CPU tensor in pinned memory from `pinned` that a copy queued on
 /// `stream` fills with the elements of contiguous device tensor `src`
