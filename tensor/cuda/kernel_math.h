@@ -37,26 +37,19 @@ struct BF16 {
   uint16_t bits;  ///< The upper 16 bits of a float32.
 };
 
+/// The object representation of `v` as a `To` of the same size (memcpy,
+/// which nvcc also compiles in device code).
+template <typename To, typename From>
+FERRY_HD inline To BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast: sizes differ");
+  To out;
+  memcpy(&out, &v, sizeof(out));
+  return out;
+}
 /// The bits of float `f`.
-FERRY_HD inline uint32_t BitsOfFloat(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-#endif
-}
+FERRY_HD inline uint32_t BitsOfFloat(float f) { return BitCast<uint32_t>(f); }
 /// The float whose bits are `u`.
-FERRY_HD inline float FloatOfBits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-#endif
-}
+FERRY_HD inline float FloatOfBits(uint32_t u) { return BitCast<float>(u); }
 
 /// binary16 `h` as a float (exact).
 FERRY_HD inline float F16ToFloat(uint16_t h) {
