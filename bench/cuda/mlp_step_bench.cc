@@ -2,8 +2,13 @@
 // on a CUDA device through autograd's device dispatch: forward, backward
 // and the optimizer step, timed per step after a device synchronization.
 // bench/cuda/torch_mlp_step.py times PyTorch's same step; tools/gpu_check
-// runs both (step mlp_bench). Without a GPU it exits 2 naming CUDA's reason.
+// runs both (step mlp_bench), in float32 and bfloat16. Without a GPU it
+// exits 2 naming CUDA's reason. --dtype=bf16 (or fp16) makes the
+// parameters, the input and every activation and gradient 16-bit (pure
+// 16-bit training: cuBLAS accumulates in float32, the other kernels compute
+// in float32; no float32 master weights), like PyTorch's model.to(dtype).
 //   mlp_step_bench [--dims=4096,4096,4096,10] [--batch=256] [--steps=30]
+//                  [--dtype=fp32|bf16|fp16]
 #include <chrono>
 #include <cstdint>
 #include <iostream>
@@ -25,6 +30,9 @@ ABSL_FLAG(std::string, dims, "4096,4096,4096,10",
           "input width, hidden widths, classes");
 ABSL_FLAG(int64_t, batch, 256, "batch size");
 ABSL_FLAG(int64_t, steps, 30, "timed steps (after 5 warm-up steps)");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "parameter and activation dtype: fp32, bf16 or fp16 (or float32, "
+          "bfloat16, float16)");
 
 namespace {
 
@@ -50,6 +58,19 @@ int Run() {
                  "--batch and --steps\n";
     return 2;
   }
+  const std::string dtype_flag = absl::GetFlag(FLAGS_dtype);
+  ferry::DType dtype;
+  if (dtype_flag == "fp32" || dtype_flag == "float32") {
+    dtype = ferry::DType::kFloat32;
+  } else if (dtype_flag == "bf16" || dtype_flag == "bfloat16") {
+    dtype = ferry::DType::kBFloat16;
+  } else if (dtype_flag == "fp16" || dtype_flag == "float16") {
+    dtype = ferry::DType::kFloat16;
+  } else {
+    std::cerr << "mlp_step_bench: --dtype '" << dtype_flag
+              << "' is not fp32, bf16 or fp16\n";
+    return 2;
+  }
   auto made = ferry::cuda::CreateComputeContext({});
   if (!made.ok()) {
     std::cerr << "mlp_step_bench: " << made.status() << "\n";
@@ -59,7 +80,8 @@ int Run() {
   const Device dev = Device::CUDA(0);
   nn::Sequential model;
   for (size_t i = 0; i + 1 < dims.size(); ++i) {
-    model.Append(std::make_shared<nn::Linear>(dims[i], dims[i + 1], 10 + i));
+    model.Append(std::make_shared<nn::Linear>(dims[i], dims[i + 1], 10 + i,
+                                              /*bias=*/true, dtype));
     if (i + 2 < dims.size()) model.Append(std::make_shared<nn::ReLU>());
   }
   if (absl::Status s = model.to(dev, ctx->compute()); !s.ok()) {
@@ -68,7 +90,8 @@ int Run() {
   }
   std::vector<int64_t> labels(batch);
   for (int64_t i = 0; i < batch; ++i) labels[i] = i % dims.back();
-  absl::StatusOr<Tensor> x = ctx->To(ferry::randn({batch, dims[0]}, 1), dev);
+  absl::StatusOr<Tensor> x =
+      ctx->To(ferry::randn({batch, dims[0]}, 1).to(dtype), dev);
   absl::StatusOr<Tensor> y =
       ctx->To(ferry::from_vector<int64_t>(labels, {batch}), dev);
   if (!x.ok() || !y.ok()) {
@@ -104,7 +127,8 @@ int Run() {
                         .count() /
                     static_cast<double>(steps);
   std::cout << "{\"impl\": \"ferry\", \"dims\": \"" << absl::GetFlag(FLAGS_dims)
-            << "\", \"batch\": " << batch << ", \"dtype\": \"float32\", "
+            << "\", \"batch\": " << batch << ", \"dtype\": \""
+            << ferry::DTypeName(dtype) << "\", "
             << "\"ms_per_step\": " << ms << "}\n";
   return 0;
 }

@@ -28,6 +28,20 @@ struct CudaContext::Blas {
   decltype(&cublasDgemm_v2) dgemm;
   decltype(&cublasSgemmStridedBatched) sgemm_batched;
   decltype(&cublasDgemmStridedBatched) dgemm_batched;
+  // cuBLAS's C++ header overloads these (a legacy cudaDataType compute
+  // type), so the exported signatures are spelled out.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t,
+                            cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t);
+  cublasStatus_t (*gemm_batched_ex)(
+      cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+      const void*, const void*, cudaDataType, int, long long int,  // NOLINT
+      const void*, cudaDataType, int, long long int,               // NOLINT
+      const void*, void*, cudaDataType, int, long long int,        // NOLINT
+      int, cublasComputeType_t, cublasGemmAlgo_t);
   decltype(&cublasGetStatusString) status_string;
 
   static absl::StatusOr<std::unique_ptr<Blas>> Load() {
@@ -54,6 +68,8 @@ struct CudaContext::Blas {
     sym(blas->dgemm, "cublasDgemm_v2");
     sym(blas->sgemm_batched, "cublasSgemmStridedBatched");
     sym(blas->dgemm_batched, "cublasDgemmStridedBatched");
+    sym(blas->gemm_ex, "cublasGemmEx");
+    sym(blas->gemm_batched_ex, "cublasGemmStridedBatchedEx");
     sym(blas->status_string, "cublasGetStatusString");
     if (!ok) {
       return absl::FailedPreconditionError(
@@ -402,10 +418,26 @@ absl::Status CudaContext::Gemm(int device, DType dtype, bool transpose_a,
                      static_cast<const float*>(b), ldb,
                      static_cast<const float*>(a), lda, &zero,
                      static_cast<float*>(c), n);
+  } else if (dtype == DType::kFloat16 || dtype == DType::kBFloat16) {
+    // 16-bit operands and result, float32 accumulation and scalars.
+    const cudaDataType_t t =
+        dtype == DType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+    const float one = 1, zero = 0;
+    if (batch > 1) {
+      st = blas->gemm_batched_ex(handle, opb, opa, n, m, k, &one, b, t, ldb,
+                                 stride_b, a, t, lda, stride_a, &zero, c, t,
+                                 n, stride_c, batch, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT);
+    } else {
+      st = blas->gemm_ex(handle, opb, opa, n, m, k, &one, b, t, ldb, a, t, lda,
+                         &zero, c, t, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT);
+    }
   } else {
     cudaSetDevice(previous);
     return absl::InvalidArgumentError(absl::StrCat(
-        "Gemm: dtype ", DTypeName(dtype), " is not float32 or float64"));
+        "Gemm: dtype ", DTypeName(dtype),
+        " is not float32, float64, float16 or bfloat16"));
   }
   cudaSetDevice(previous);
   if (st != CUBLAS_STATUS_SUCCESS) {

@@ -131,9 +131,10 @@ class CudaContext {
   /// themselves (WorkerOptions::device_compute, landed RPC tensors).
   std::shared_ptr<DeviceOps> shared_compute() const { return compute_; }
 
-  /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32 or float64
-  /// device pointers; lda/ldb are a's and b's row lengths; op transposes
-  /// when asked), queued on stream(device) through cuBLAS. With batch > 1,
+  /// Row-major c[m, n] = op(a) @ op(b) on `device` (float32, float64,
+  /// float16 or bfloat16 device pointers, the 16-bit ones accumulated in
+  /// float32 by cublasGemmEx; lda/ldb are a's and b's row lengths; op
+  /// transposes when asked), queued on stream(device) through cuBLAS. With batch > 1,
   /// `batch` such products in one strided-batched call: product i reads a
   /// + i * stride_a and b + i * stride_b (elements) and writes the i-th
   /// [m, n] block of c.

@@ -95,7 +95,18 @@ TEST_F(ContextTest, OpsCheckDevicesAndDtypesBeforeLaunching) {
   EXPECT_THAT(r.status().message(), HasSubstr("different dtypes"));
   Tensor di = *ctx_->To(arange(6), Device::CUDA(0));
   r = Unary(*ctx_, math::UnaryOp::kTanh, di);
-  EXPECT_THAT(r.status().message(), HasSubstr("not float32 or float64"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("x is int64, not float32, float64, float16 or "
+                        "bfloat16 as unary needs"));
+  // 16-bit floats compute in the elementwise ops, not in embedding.
+  Tensor dh = *ctx_->To(cpu.to(DType::kBFloat16), Device::CUDA(0));
+  r = Embedding(*ctx_, dh, di);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("weight is bfloat16, not float32 or float64 as "
+                        "embedding needs"));
+  r = Binary(*ctx_, math::BinaryOp::kMul, dh, dh);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition)
+      << r.status();  // Past the dtype checks: the fake runs no kernels.
   r = Embedding(*ctx_, d0, d0);
   EXPECT_THAT(r.status().message(), HasSubstr("indices is not int64"));
   // A tensor on a device index the context does not have.

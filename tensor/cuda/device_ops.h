@@ -7,7 +7,9 @@
 // loops over FakeDeviceApi memory (host_ops.h).
 //
 // Contract of every method: operands are defined float32/float64 tensors
-// (targets int64, conditions bool) on one device of the backend's context;
+// (targets int64, conditions bool; float16/bfloat16 too, computed in
+// float32, except for embedding, nll_loss and dropout masks) on one device
+// of the backend's context;
 // results are new contiguous tensors on that device (Fill, AddInPlace and
 // CopyInto write in place). Errors are Status (InvalidArgument naming the
 // op, each operand's dtype, shape and device; FailedPrecondition once the

@@ -55,6 +55,25 @@ auto ForFloat(DType dtype, F&& f) {
   return f.template operator()<float>();
 }
 
+// ForFloat, also for the kernels' 16-bit types (computing in float through
+// math::Load/Store, as kernels.cu does).
+template <typename F>
+auto ForCompute(DType dtype, F&& f) {
+  if (dtype == DType::kFloat16) return f.template operator()<math::F16>();
+  if (dtype == DType::kBFloat16) return f.template operator()<math::BF16>();
+  return ForFloat(dtype, std::forward<F>(f));
+}
+
+// Device bytes of float16/bfloat16 tensors are read as the kernels' types.
+static_assert(sizeof(math::F16) == sizeof(Half) &&
+              sizeof(math::BF16) == sizeof(BFloat16));
+
+// The element at `p[i]` widened to math::Acc<T>.
+template <typename T>
+math::Acc<T> Ld(const T* p, int64_t i) {
+  return math::Load(p[i]);
+}
+
 class HostOps final : public ContextBoundOps {
  public:
   HostOps(CudaContext* ctx, std::shared_ptr<FakeDeviceApi> api)
@@ -75,25 +94,26 @@ class HostOps final : public ContextBoundOps {
 
   absl::StatusOr<Tensor> Unary(math::UnaryOp op, const Tensor& x) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("unary", {&x}, 1));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("unary", {&x}, 1, true));
     return Map(*c, x, [op](auto v) { return math::Unary(op, v); });
   }
 
   absl::StatusOr<Tensor> Binary(math::BinaryOp op, const Tensor& a,
                                 const Tensor& b) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("binary", {&a, &b}, 2));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("binary", {&a, &b}, 2, true));
     const std::optional<std::vector<int64_t>> bcast =
         BroadcastSizes(a.sizes(), b.sizes());
     if (!bcast) return Bad("binary", "shapes do not broadcast", {&a, &b});
     const std::vector<int64_t>& sizes = *bcast;
     ASSIGN_OR_RETURN(Tensor out, c->Empty(sizes, a.dtype(), a.device()));
     const math::StridedIndexer ia = Strided(a, sizes), ib = Strided(b, sizes);
-    ForFloat(a.dtype(), [&]<typename T>() {
+    ForCompute(a.dtype(), [&]<typename T>() {
       const T *pa = At<T>(a), *pb = At<T>(b);
       T* po = At<T>(out);
       for (int64_t i = 0; i < out.numel(); ++i)
-        po[i] = math::Binary(op, pa[ia.Offset(i)], pb[ib.Offset(i)]);
+        po[i] = math::Store<T>(
+            math::Binary(op, Ld(pa, ia.Offset(i)), Ld(pb, ib.Offset(i))));
     });
     return out;
   }
@@ -101,7 +121,7 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> Scalar(math::BinaryOp op, const Tensor& x,
                                 double s) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("scalar", {&x}, 1));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("scalar", {&x}, 1, true));
     return Map(*c, x, [op, s](auto v) {
       return math::Binary(op, v, static_cast<decltype(v)>(s));
     });
@@ -111,59 +131,62 @@ class HostOps final : public ContextBoundOps {
                                        const Tensor& saved) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c,
-                     Check("unary_backward", {&g, &saved}, 2));
+                     Check("unary_backward", {&g, &saved}, 2, true));
     if (g.sizes() != saved.sizes()) {
       return Bad("unary_backward", "shapes differ", {&g, &saved});
     }
     ASSIGN_OR_RETURN(Tensor out, c->Empty(g.sizes(), g.dtype(), g.device()));
     const math::StridedIndexer ig = Strided(g, g.sizes()),
                                is = Strided(saved, g.sizes());
-    ForFloat(g.dtype(), [&]<typename T>() {
+    ForCompute(g.dtype(), [&]<typename T>() {
       const T *pg = At<T>(g), *ps = At<T>(saved);
       T* po = At<T>(out);
       for (int64_t i = 0; i < out.numel(); ++i)
-        po[i] = math::Backward(op, pg[ig.Offset(i)], ps[is.Offset(i)]);
+        po[i] = math::Store<T>(
+            math::Backward(op, Ld(pg, ig.Offset(i)), Ld(ps, is.Offset(i))));
     });
     return out;
   }
 
   absl::Status Fill(const Tensor& x, double value) override {
     absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(Check("fill_", {&x}, 1).status());
+    RETURN_IF_ERROR(Check("fill_", {&x}, 1, true).status());
     if (!x.is_contiguous()) return Bad("fill_", "x is not contiguous", {&x});
     x.storage().BumpVersion();
-    ForFloat(x.dtype(), [&]<typename T>() {
-      std::fill_n(At<T>(x), x.numel(), static_cast<T>(value));
+    ForCompute(x.dtype(), [&]<typename T>() {
+      std::fill_n(At<T>(x), x.numel(),
+                  math::Store<T>(static_cast<math::Acc<T>>(value)));
     });
     return absl::OkStatus();
   }
 
   absl::Status AddInPlace(const Tensor& acc, const Tensor& x) override {
     absl::ReaderMutexLock lock(&mu_);
-    RETURN_IF_ERROR(Check("add_", {&acc, &x}, 2).status());
+    RETURN_IF_ERROR(Check("add_", {&acc, &x}, 2, true).status());
     if (acc.sizes() != x.sizes() || !acc.is_contiguous()) {
       return Bad("add_", "needs a contiguous acc of x's shape", {&acc, &x});
     }
     acc.storage().BumpVersion();
     const math::StridedIndexer ix = Strided(x, acc.sizes());
-    ForFloat(acc.dtype(), [&]<typename T>() {
+    ForCompute(acc.dtype(), [&]<typename T>() {
       T* pa = At<T>(acc);
       const T* px = At<T>(x);
-      for (int64_t i = 0; i < acc.numel(); ++i) pa[i] += px[ix.Offset(i)];
+      for (int64_t i = 0; i < acc.numel(); ++i)
+        pa[i] = math::Store<T>(Ld(pa, i) + Ld(px, ix.Offset(i)));
     });
     return absl::OkStatus();
   }
 
   absl::StatusOr<Tensor> Sum(const Tensor& x) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("sum", {&x}, 1));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("sum", {&x}, 1, true));
     ASSIGN_OR_RETURN(Tensor out, c->Empty({}, x.dtype(), x.device()));
     const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
+    ForCompute(x.dtype(), [&]<typename T>() {
       const T* px = At<T>(x);
       double total = 0;
-      for (int64_t i = 0; i < x.numel(); ++i) total += px[ix.Offset(i)];
-      *At<T>(out) = static_cast<T>(total);
+      for (int64_t i = 0; i < x.numel(); ++i) total += Ld(px, ix.Offset(i));
+      *At<T>(out) = math::Store<T>(static_cast<math::Acc<T>>(total));
     });
     return out;
   }
@@ -171,7 +194,7 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> SumDim(const Tensor& x, int64_t dim,
                                 bool keepdim) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("sum", {&x}, 1));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("sum", {&x}, 1, true));
     const int64_t d = dim < 0 ? dim + x.dim() : dim;
     if (d < 0 || d >= x.dim()) {
       return Bad("sum", absl::StrCat("dim ", dim, " out of range"), {&x});
@@ -188,15 +211,16 @@ class HostOps final : public ContextBoundOps {
     for (int64_t i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
     const int64_t n = x.size(d);
     const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
+    ForCompute(x.dtype(), [&]<typename T>() {
       const T* px = At<T>(x);
       T* po = At<T>(out);
       for (int64_t o = 0; o < outer; ++o) {
         for (int64_t in = 0; in < inner; ++in) {
           double total = 0;
           for (int64_t j = 0; j < n; ++j)
-            total += px[ix.Offset((o * n + j) * inner + in)];
-          po[o * inner + in] = static_cast<T>(total);
+            total += Ld(px, ix.Offset((o * n + j) * inner + in));
+          po[o * inner + in] =
+              math::Store<T>(static_cast<math::Acc<T>>(total));
         }
       }
     });
@@ -205,21 +229,23 @@ class HostOps final : public ContextBoundOps {
 
   absl::StatusOr<Tensor> Softmax(const Tensor& x, bool log) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("softmax", {&x}, 1));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("softmax", {&x}, 1, true));
     if (x.dim() == 0) return Bad("softmax", "x is 0-d", {&x});
     ASSIGN_OR_RETURN(Tensor out, c->Empty(x.sizes(), x.dtype(), x.device()));
     const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
     const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
+    ForCompute(x.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       const T* px = At<T>(x);
       T* po = At<T>(out);
       for (int64_t r = 0; r < rows; ++r) {
-        math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
-        for (int64_t j = 0; j < cols; ++j) acc.Add(px[ix.Offset(r * cols + j)]);
-        const T lse = acc.LogSumExp();
+        math::SoftmaxAcc<A> acc = math::EmptySoftmaxAcc<A>();
+        for (int64_t j = 0; j < cols; ++j)
+          acc.Add(Ld(px, ix.Offset(r * cols + j)));
+        const A lse = acc.LogSumExp();
         for (int64_t j = 0; j < cols; ++j) {
-          const T shifted = px[ix.Offset(r * cols + j)] - lse;
-          po[r * cols + j] = log ? shifted : std::exp(shifted);
+          const A shifted = Ld(px, ix.Offset(r * cols + j)) - lse;
+          po[r * cols + j] = math::Store<T>(log ? shifted : std::exp(shifted));
         }
       }
     });
@@ -229,7 +255,7 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> SoftmaxBackward(const Tensor& g, const Tensor& y,
                                          bool log) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("softmax_backward", {&g, &y}, 2));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("softmax_backward", {&g, &y}, 2, true));
     if (g.sizes() != y.sizes() || y.dim() == 0) {
       return Bad("softmax_backward", "needs g and y of one shape, not 0-d",
                  {&g, &y});
@@ -238,20 +264,22 @@ class HostOps final : public ContextBoundOps {
     const int64_t cols = y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
     const math::StridedIndexer ig = Strided(g, y.sizes()),
                                iy = Strided(y, y.sizes());
-    ForFloat(y.dtype(), [&]<typename T>() {
+    ForCompute(y.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       const T *pg = At<T>(g), *py = At<T>(y);
       T* po = At<T>(out);
       for (int64_t r = 0; r < rows; ++r) {
-        T row = 0;  // sum(g) for log-softmax, dot(g, y) for softmax.
+        A row = 0;  // sum(g) for log-softmax, dot(g, y) for softmax.
         for (int64_t j = 0; j < cols; ++j) {
           const int64_t i = r * cols + j;
-          row += log ? pg[ig.Offset(i)] : pg[ig.Offset(i)] * py[iy.Offset(i)];
+          const A gv = Ld(pg, ig.Offset(i));
+          row += log ? gv : gv * Ld(py, iy.Offset(i));
         }
         for (int64_t j = 0; j < cols; ++j) {
           const int64_t i = r * cols + j;
-          const T gv = pg[ig.Offset(i)], yv = py[iy.Offset(i)];
-          po[i] = log ? math::LogSoftmaxBackward(gv, yv, row)
-                      : math::SoftmaxBackward(gv, yv, row);
+          const A gv = Ld(pg, ig.Offset(i)), yv = Ld(py, iy.Offset(i));
+          po[i] = math::Store<T>(log ? math::LogSoftmaxBackward(gv, yv, row)
+                                     : math::SoftmaxBackward(gv, yv, row));
         }
       }
     });
@@ -262,7 +290,7 @@ class HostOps final : public ContextBoundOps {
       const Tensor& logits, const Tensor& target) override {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c,
-                     Check("cross_entropy", {&logits, &target}, 1));
+                     Check("cross_entropy", {&logits, &target}, 1, true));
     RETURN_IF_ERROR(CheckRowsTargets("cross_entropy", logits, target));
     const int64_t rows = logits.size(0), cols = logits.size(1);
     ASSIGN_OR_RETURN(Tensor loss, c->Empty({}, logits.dtype(), logits.device()));
@@ -271,17 +299,21 @@ class HostOps final : public ContextBoundOps {
     const math::StridedIndexer ix = Strided(logits, logits.sizes());
     const math::StridedIndexer it = Strided(target, target.sizes());
     const int64_t* pt = At<int64_t>(target);
-    ForFloat(logits.dtype(), [&]<typename T>() {
+    ForCompute(logits.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       const T* px = At<T>(logits);
       T* pl = At<T>(lse);
       double total = 0;
       for (int64_t r = 0; r < rows; ++r) {
-        math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
-        for (int64_t j = 0; j < cols; ++j) acc.Add(px[ix.Offset(r * cols + j)]);
-        pl[r] = acc.LogSumExp();
-        total += pl[r] - px[ix.Offset(r * cols + pt[it.Offset(r)])];
+        math::SoftmaxAcc<A> acc = math::EmptySoftmaxAcc<A>();
+        for (int64_t j = 0; j < cols; ++j)
+          acc.Add(Ld(px, ix.Offset(r * cols + j)));
+        const A l = acc.LogSumExp();
+        pl[r] = math::Store<T>(l);
+        total += l - Ld(px, ix.Offset(r * cols + pt[it.Offset(r)]));
       }
-      *At<T>(loss) = static_cast<T>(rows == 0 ? 0.0 : total / rows);
+      *At<T>(loss) =
+          math::Store<T>(static_cast<A>(rows == 0 ? 0.0 : total / rows));
     });
     return std::make_pair(loss, lse);
   }
@@ -292,7 +324,7 @@ class HostOps final : public ContextBoundOps {
     absl::ReaderMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(CudaContext * c,
                      Check("cross_entropy_backward",
-                           {&logits, &lse, &grad_loss, &target}, 3));
+                           {&logits, &lse, &grad_loss, &target}, 3, true));
     RETURN_IF_ERROR(
         CheckRowsTargets("cross_entropy_backward", logits, target));
     if (lse.dim() != 1 || lse.size(0) != logits.size(0) ||
@@ -308,15 +340,15 @@ class HostOps final : public ContextBoundOps {
     const math::StridedIndexer it = Strided(target, target.sizes());
     const math::StridedIndexer il = Strided(lse, lse.sizes());
     const int64_t* pt = At<int64_t>(target);
-    ForFloat(logits.dtype(), [&]<typename T>() {
+    ForCompute(logits.dtype(), [&]<typename T>() {
       const T *px = At<T>(logits), *pl = At<T>(lse);
-      const T g = *At<T>(grad_loss);
+      const math::Acc<T> g = Ld(At<T>(grad_loss), 0);
       T* po = At<T>(out);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t j = 0; j < cols; ++j) {
-          po[r * cols + j] = math::CrossEntropyBackward(
-              px[ix.Offset(r * cols + j)], pl[il.Offset(r)],
-              pt[it.Offset(r)] == j, g, rows);
+          po[r * cols + j] = math::Store<T>(math::CrossEntropyBackward(
+              Ld(px, ix.Offset(r * cols + j)), Ld(pl, il.Offset(r)),
+              pt[it.Offset(r)] == j, g, rows));
         }
       }
     });
@@ -396,7 +428,7 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> Matmul(const Tensor& a, const Tensor& b,
                                 bool transpose_a, bool transpose_b) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("matmul", {&a, &b}, 2));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("matmul", {&a, &b}, 2, true));
     if (a.dim() != 2 || b.dim() != 2) {
       return Bad("matmul", "needs 2-D operands", {&a, &b});
     }
@@ -418,7 +450,7 @@ class HostOps final : public ContextBoundOps {
                                        bool transpose_a,
                                        bool transpose_b) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("batched_matmul", {&a, &b}, 2));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("batched_matmul", {&a, &b}, 2, true));
     if (a.dim() != 3 || b.dim() != 3 || a.size(0) != b.size(0)) {
       return Bad("batched_matmul", "needs 3-D operands of one batch size",
                  {&a, &b});
@@ -496,7 +528,7 @@ class HostOps final : public ContextBoundOps {
   absl::StatusOr<Tensor> Where(const Tensor& cond, const Tensor& a,
                                const Tensor& b) override {
     absl::ReaderMutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(CudaContext * c, Check("where", {&a, &b}, 2));
+    ASSIGN_OR_RETURN(CudaContext * c, Check("where", {&a, &b}, 2, true));
     if (!cond.defined() || cond.device() != a.device() ||
         cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
       return Bad("where", "cond must be bool on a's device", {&cond, &a, &b});
@@ -510,7 +542,7 @@ class HostOps final : public ContextBoundOps {
     const math::StridedIndexer ic = Strided(cond, sizes),
                                ia = Strided(a, sizes), ib = Strided(b, sizes);
     const bool* pc = At<bool>(cond);
-    ForFloat(a.dtype(), [&]<typename T>() {
+    ForCompute(a.dtype(), [&]<typename T>() {
       const T *pa = At<T>(a), *pb = At<T>(b);
       T* po = At<T>(out);
       for (int64_t i = 0; i < out.numel(); ++i)
@@ -598,7 +630,8 @@ class HostOps final : public ContextBoundOps {
     absl::ReaderMutexLock lock(&mu_);
     const bool momentum = o.momentum != 0;
     const Tensor& b = momentum ? buf : param;
-    RETURN_IF_ERROR(Check("sgd_step", {&param, &grad, &b}, 3).status());
+    RETURN_IF_ERROR(
+        Check("sgd_step", {&param, &grad, &b}, 3, true).status());
     if (param.sizes() != grad.sizes() || b.sizes() != param.sizes() ||
         !param.is_contiguous() || !b.is_contiguous()) {
       return Bad("sgd_step", "needs contiguous param and buf of grad's shape",
@@ -606,14 +639,17 @@ class HostOps final : public ContextBoundOps {
     }
     param.storage().BumpVersion();
     const math::StridedIndexer ig = Strided(grad, param.sizes());
-    ForFloat(param.dtype(), [&]<typename T>() {
+    ForCompute(param.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       T* pp = At<T>(param);
       T* pb = momentum ? At<T>(b) : nullptr;
       const T* pg = At<T>(grad);
-      T unused = 0;
-      for (int64_t i = 0; i < param.numel(); ++i)
-        math::SgdElement(o, pp[i], pg[ig.Offset(i)],
-                         momentum ? pb[i] : unused);
+      for (int64_t i = 0; i < param.numel(); ++i) {
+        A pv = Ld(pp, i), bv = momentum ? Ld(pb, i) : A(0);
+        math::SgdElement(o, pv, Ld(pg, ig.Offset(i)), bv);
+        pp[i] = math::Store<T>(pv);
+        if (momentum) pb[i] = math::Store<T>(bv);
+      }
     });
     return absl::OkStatus();
   }
@@ -623,7 +659,7 @@ class HostOps final : public ContextBoundOps {
                         const math::AdamParams& o) override {
     absl::ReaderMutexLock lock(&mu_);
     RETURN_IF_ERROR(
-        Check("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq}, 4)
+        Check("adam_step", {&param, &grad, &exp_avg, &exp_avg_sq}, 4, true)
             .status());
     for (const Tensor* t : {&grad, &exp_avg, &exp_avg_sq}) {
       if (t->sizes() != param.sizes()) {
@@ -638,11 +674,17 @@ class HostOps final : public ContextBoundOps {
     }
     param.storage().BumpVersion();
     const math::StridedIndexer ig = Strided(grad, param.sizes());
-    ForFloat(param.dtype(), [&]<typename T>() {
+    ForCompute(param.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       T *pp = At<T>(param), *pm = At<T>(exp_avg), *pv = At<T>(exp_avg_sq);
       const T* pg = At<T>(grad);
-      for (int64_t i = 0; i < param.numel(); ++i)
-        math::AdamElement(o, pp[i], pg[ig.Offset(i)], pm[i], pv[i]);
+      for (int64_t i = 0; i < param.numel(); ++i) {
+        A p = Ld(pp, i), m = Ld(pm, i), v = Ld(pv, i);
+        math::AdamElement(o, p, Ld(pg, ig.Offset(i)), m, v);
+        pp[i] = math::Store<T>(p);
+        pm[i] = math::Store<T>(m);
+        pv[i] = math::Store<T>(v);
+      }
     });
     return absl::OkStatus();
   }
@@ -652,7 +694,7 @@ class HostOps final : public ContextBoundOps {
                            const math::AdagradParams& o) override {
     absl::ReaderMutexLock lock(&mu_);
     RETURN_IF_ERROR(
-        Check("adagrad_step", {&param, &grad, &sum}, 3).status());
+        Check("adagrad_step", {&param, &grad, &sum}, 3, true).status());
     if (grad.sizes() != param.sizes() || sum.sizes() != param.sizes() ||
         !param.is_contiguous() || !sum.is_contiguous()) {
       return Bad("adagrad_step",
@@ -661,11 +703,16 @@ class HostOps final : public ContextBoundOps {
     }
     param.storage().BumpVersion();
     const math::StridedIndexer ig = Strided(grad, param.sizes());
-    ForFloat(param.dtype(), [&]<typename T>() {
+    ForCompute(param.dtype(), [&]<typename T>() {
+      using A = math::Acc<T>;
       T *pp = At<T>(param), *ps = At<T>(sum);
       const T* pg = At<T>(grad);
-      for (int64_t i = 0; i < param.numel(); ++i)
-        math::AdagradElement(o, pp[i], pg[ig.Offset(i)], ps[i]);
+      for (int64_t i = 0; i < param.numel(); ++i) {
+        A p = Ld(pp, i), sv = Ld(ps, i);
+        math::AdagradElement(o, p, Ld(pg, ig.Offset(i)), sv);
+        pp[i] = math::Store<T>(p);
+        ps[i] = math::Store<T>(sv);
+      }
     });
     return absl::OkStatus();
   }
@@ -681,15 +728,16 @@ class HostOps final : public ContextBoundOps {
                   ap = a.strides()[transpose_a ? 0 : 1];
     const int64_t bp = b.strides()[transpose_b ? 1 : 0],
                   bj = b.strides()[transpose_b ? 0 : 1];
-    ForFloat(a.dtype(), [&]<typename T>() {
+    // 16-bit operands accumulate in float, as cuBLAS's CUBLAS_COMPUTE_32F.
+    ForCompute(a.dtype(), [&]<typename T>() {
       const T *pa = At<T>(a), *pb = At<T>(b);
       T* po = At<T>(out);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
-          T total = 0;
+          math::Acc<T> total = 0;
           for (int64_t p = 0; p < k; ++p)
-            total += pa[i * ai + p * ap] * pb[p * bp + j * bj];
-          po[i * n + j] = total;
+            total += Ld(pa, i * ai + p * ap) * Ld(pb, p * bp + j * bj);
+          po[i * n + j] = math::Store<T>(total);
         }
       }
     });
@@ -700,10 +748,11 @@ class HostOps final : public ContextBoundOps {
   static absl::StatusOr<Tensor> Map(CudaContext& c, const Tensor& x, F f) {
     ASSIGN_OR_RETURN(Tensor out, c.Empty(x.sizes(), x.dtype(), x.device()));
     const math::StridedIndexer ix = Strided(x, x.sizes());
-    ForFloat(x.dtype(), [&]<typename T>() {
+    ForCompute(x.dtype(), [&]<typename T>() {
       const T* px = At<T>(x);
       T* po = At<T>(out);
-      for (int64_t i = 0; i < out.numel(); ++i) po[i] = f(px[ix.Offset(i)]);
+      for (int64_t i = 0; i < out.numel(); ++i)
+        po[i] = math::Store<T>(f(Ld(px, ix.Offset(i))));
     });
     return out;
   }
@@ -716,7 +765,7 @@ class HostOps final : public ContextBoundOps {
   // dtype, the first's), at most math::kMaxKernelDims dimensions; returns
   // the context.
   absl::StatusOr<CudaContext*> Check(const char* op, Operands ts,
-                                     size_t nfloat) const
+                                     size_t nfloat, bool halves = false) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     ASSIGN_OR_RETURN(CudaContext * c, Context(op));
     const Tensor& first = **ts.begin();
@@ -730,13 +779,21 @@ class HostOps final : public ContextBoundOps {
         return Bad(op, "an operand has too many dimensions", ts);
       }
       const bool floating =
-          t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64;
+          t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64 ||
+          (halves && (t->dtype() == DType::kFloat16 ||
+                      t->dtype() == DType::kBFloat16));
       const bool bad_dtype =
           nfloat == kSameDType ? t->dtype() != first.dtype()
           : i < nfloat         ? !floating || t->dtype() != first.dtype()
                                : t->dtype() != DType::kInt64;
       if (bad_dtype) {
-        return Bad(op, "operand dtypes are not as the op needs", ts);
+        return Bad(op,
+                   absl::StrCat("operand dtypes are not as the op needs (",
+                                halves ? "float32, float64, float16 or "
+                                         "bfloat16"
+                                       : "float32 or float64",
+                                ", one for all; indices int64)"),
+                   ts);
       }
       ++i;
     }

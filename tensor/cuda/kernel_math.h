@@ -4,7 +4,9 @@
 // Plain C++ (no CUDA headers): FERRY_HD is __host__ __device__ only under
 // nvcc. Each function matches the CPU op it stands for (autograd/ops.cc,
 // optim/optim.cc), in the element type T (float or double), except the
-// optimizer steps, which compute in double as optim.cc does.
+// optimizer steps, which compute in double as optim.cc does. The 16-bit
+// storage types F16 and BF16 compute in float: Load widens an element,
+// Store<T> rounds back (to nearest even, as ferry::Half/BFloat16 do).
 //
 // Thread safety: pure functions. Errors: none (callers check shapes).
 // Design: docs/design/cuda_kernels.md.
@@ -13,6 +15,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define FERRY_HD __host__ __device__
@@ -23,6 +26,128 @@
 namespace ferry {
 namespace cuda {
 namespace math {
+
+/// IEEE binary16 as kernels store it: its bits (ferry::Half's layout).
+struct F16 {
+  uint16_t bits;  ///< The binary16 encoding.
+};
+/// bfloat16 as kernels store it: a float32's upper half (ferry::BFloat16's
+/// layout).
+struct BF16 {
+  uint16_t bits;  ///< The upper 16 bits of a float32.
+};
+
+/// The object representation of `v` as a `To` of the same size (memcpy,
+/// which nvcc also compiles in device code).
+template <typename To, typename From>
+FERRY_HD inline To BitCast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "BitCast: sizes differ");
+  To out;
+  memcpy(&out, &v, sizeof(out));
+  return out;
+}
+/// The bits of float `f`.
+FERRY_HD inline uint32_t BitsOfFloat(float f) { return BitCast<uint32_t>(f); }
+/// The float whose bits are `u`.
+FERRY_HD inline float FloatOfBits(uint32_t u) { return BitCast<float>(u); }
+
+/// binary16 `h` as a float (exact).
+FERRY_HD inline float F16ToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;  // Exponent and mantissa.
+  if (em >= 0x7c00u) {  // Inf or NaN: all-ones exponent, mantissa kept.
+    return FloatOfBits(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  }
+  if (em >= 0x0400u) {  // Normal: rebias the exponent by 127 - 15.
+    return FloatOfBits(sign | ((em << 13) + (112u << 23)));
+  }
+  // Zero or subnormal: em * 2^-24, exact in float.
+  const float v = static_cast<float>(em) * 5.9604644775390625e-8f;
+  return sign ? -v : v;
+}
+
+/// float `f` rounded to the nearest binary16 (ties to even; overflow is
+/// Inf, a NaN stays a quiet NaN).
+FERRY_HD inline uint16_t FloatToF16(float f) {
+  const uint32_t x = BitsOfFloat(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) {  // NaN.
+    return static_cast<uint16_t>(sign | 0x7e00u | ((ax & 0x7fffffu) >> 13));
+  }
+  // 65520 and up (Inf included) round to Inf.
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (ax >= 0x38800000u) {  // A normal binary16: rebias, round off 13 bits.
+    const uint32_t r = ax - (112u << 23);
+    return static_cast<uint16_t>(sign |
+                                 ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+  }
+  // Subnormal or zero: round |f| * 2^24 to an integer, ties to even.
+  const int32_t e = static_cast<int32_t>(ax >> 23);
+  if (e < 101) return static_cast<uint16_t>(sign);  // Below 2^-26: zero.
+  const uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+  const int32_t shift = 126 - e;  // 14..25: bits dropped from mant.
+  uint32_t q = mant >> shift;
+  const uint32_t dropped = mant << (32 - shift);  // At the top of a word.
+  if (dropped > 0x80000000u || (dropped == 0x80000000u && (q & 1u))) ++q;
+  return static_cast<uint16_t>(sign | q);
+}
+
+/// bfloat16 `b` as a float (exact).
+FERRY_HD inline float BF16ToFloat(uint16_t b) {
+  return FloatOfBits(static_cast<uint32_t>(b) << 16);
+}
+/// float `f` rounded to the nearest bfloat16 (ties to even; a NaN stays a
+/// quiet NaN).
+FERRY_HD inline uint16_t FloatToBF16(float f) {
+  const uint32_t x = BitsOfFloat(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((x >> 16) | 0x40u);
+  }
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/// How a kernel element type T computes: in Acc (T itself for float and
+/// double, float for F16 and BF16), read by Load and written by Store.
+template <typename T>
+struct Elem {
+  using Acc = T;  ///< The type the math runs in.
+  /// `v` widened to Acc.
+  FERRY_HD static Acc Load(T v) { return v; }
+  /// `v` rounded to T.
+  FERRY_HD static T Store(Acc v) { return v; }
+};
+/// binary16 elements compute in float.
+template <>
+struct Elem<F16> {
+  using Acc = float;  ///< The type the math runs in.
+  /// `v` as a float.
+  FERRY_HD static float Load(F16 v) { return F16ToFloat(v.bits); }
+  /// `v` rounded to binary16.
+  FERRY_HD static F16 Store(float v) { return F16{FloatToF16(v)}; }
+};
+/// bfloat16 elements compute in float.
+template <>
+struct Elem<BF16> {
+  using Acc = float;  ///< The type the math runs in.
+  /// `v` as a float.
+  FERRY_HD static float Load(BF16 v) { return BF16ToFloat(v.bits); }
+  /// `v` rounded to bfloat16.
+  FERRY_HD static BF16 Store(float v) { return BF16{FloatToBF16(v)}; }
+};
+/// The type element type T computes in.
+template <typename T>
+using Acc = typename Elem<T>::Acc;
+/// Element `v` widened to Acc<T>.
+template <typename T>
+FERRY_HD inline Acc<T> Load(T v) {
+  return Elem<T>::Load(v);
+}
+/// `v` rounded to element type T.
+template <typename T>
+FERRY_HD inline T Store(Acc<T> v) {
+  return Elem<T>::Store(v);
+}
 
 /// Binary elementwise ops (a op b).
 /// kPow is a to the power b (pow(x, p) is Scalar(kPow, x, p)).

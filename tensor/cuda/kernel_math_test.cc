@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "ferry/tensor/dtype.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -254,6 +256,91 @@ TEST(KernelMathTest, StridedIndexerBroadcastsAndTransposes) {
   ix.strides[2] = 6;
   EXPECT_EQ(ix.Offset(23), 1 + 4 + 18);
   EXPECT_EQ(ix.Offset(6), 0 + 2 * 1 + 6 * 2);  // (0, 1, 2)
+}
+
+
+// The kernels' 16-bit conversions agree bit for bit with the CPU's Half and
+// BFloat16 (tensor/dtype.cc), which Tensor::to and DeviceOps::Cast use: every
+// 16-bit pattern widened, and floats across the whole range narrowed,
+// including every tie between neighbouring 16-bit values.
+uint32_t Bits(float f) { return BitsOfFloat(f); }
+
+TEST(KernelMathTest, Float16ConversionsMatchTheCpuHalf) {
+  int checked = 0;
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const float mine = F16ToFloat(static_cast<uint16_t>(h));
+    const float cpu = static_cast<float>(Half::FromBits(static_cast<uint16_t>(h)));
+    if (std::isnan(cpu)) {
+      ASSERT_TRUE(std::isnan(mine)) << std::hex << h;
+    } else {
+      ASSERT_EQ(Bits(mine), Bits(cpu)) << std::hex << h;
+    }
+    // Each finite value narrows back to itself; the tie above it (half way
+    // to the next value) and the floats just around that tie round as the
+    // CPU rounds them.
+    if (!std::isfinite(cpu)) continue;
+    const float next = F16ToFloat(static_cast<uint16_t>(h + 1));
+    const std::vector<float> probes = {
+        cpu, (cpu + next) / 2, std::nextafter((cpu + next) / 2, 0.0f),
+        std::nextafter((cpu + next) / 2, 2 * next)};
+    for (float f : probes) {
+      if (!std::isfinite(f)) continue;
+      ASSERT_EQ(FloatToF16(f), Half(f).bits) << std::hex << Bits(f);
+      ++checked;
+    }
+  }
+  // Floats from the whole range in a stride that reaches every exponent.
+  for (uint64_t x = 0; x <= 0xffffffffu; x += 0x1003) {
+    const float f = FloatOfBits(static_cast<uint32_t>(x));
+    ASSERT_EQ(FloatToF16(f), Half(f).bits) << std::hex << x;
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000000);
+  // The edges: the largest half, the first float that overflows, Inf, NaN.
+  EXPECT_EQ(FloatToF16(65504.0f), 0x7bffu);
+  EXPECT_EQ(FloatToF16(65519.99f), 0x7bffu);
+  EXPECT_EQ(FloatToF16(65520.0f), 0x7c00u);
+  EXPECT_EQ(FloatToF16(-INFINITY), 0xfc00u);
+  EXPECT_EQ(FloatToF16(5.9604644775390625e-8f), 0x0001u);  // 2^-24.
+  EXPECT_EQ(FloatToF16(2.98023223876953125e-8f), 0x0000u);  // Tie to even.
+  EXPECT_TRUE(std::isnan(F16ToFloat(FloatToF16(NAN))));
+}
+
+TEST(KernelMathTest, BFloat16ConversionsMatchTheCpuBFloat16) {
+  for (uint32_t b = 0; b <= 0xffffu; ++b) {
+    const float mine = BF16ToFloat(static_cast<uint16_t>(b));
+    const float cpu =
+        static_cast<float>(BFloat16::FromBits(static_cast<uint16_t>(b)));
+    ASSERT_EQ(Bits(mine), Bits(cpu)) << std::hex << b;
+    // The tie above each value and its neighbours.
+    const uint32_t tie = (b << 16) | 0x8000u;
+    for (uint32_t x : {b << 16, tie, tie - 1, tie + 1}) {
+      const float f = FloatOfBits(x);
+      ASSERT_EQ(FloatToBF16(f), BFloat16(f).bits) << std::hex << x;
+    }
+  }
+  EXPECT_EQ(FloatToBF16(1.0f + 1.0f / 256), 0x3f80u);  // Tie: to even.
+  EXPECT_EQ(FloatToBF16(1.0f + 3.0f / 256), 0x3f82u);  // Tie: up, to even.
+  EXPECT_TRUE(std::isnan(BF16ToFloat(FloatToBF16(NAN))));
+}
+
+// Load/Store: the identity for float and double; a round trip through the
+// 16-bit types rounds once, to within the format's unit roundoff.
+TEST(KernelMathTest, LoadAndStoreRoundOnce) {
+  EXPECT_EQ(Load(0.1f), 0.1f);
+  EXPECT_EQ(Store<double>(0.1), 0.1);
+  static_assert(std::is_same_v<Acc<F16>, float>);
+  static_assert(std::is_same_v<Acc<BF16>, float>);
+  static_assert(std::is_same_v<Acc<double>, double>);
+  for (float v : {0.1f, -3.7f, 1000.25f, 1e-3f}) {
+    EXPECT_NEAR(Load(Store<F16>(v)), v, std::fabs(v) * 0x1p-11f) << v;
+    EXPECT_NEAR(Load(Store<BF16>(v)), v, std::fabs(v) * 0x1p-8f) << v;
+  }
+  // The math runs in float: a bfloat16 sum of 1 + 2^-8 (not representable)
+  // and its round trip.
+  const BF16 a = Store<BF16>(1.0f), b = Store<BF16>(0x1p-7f);
+  EXPECT_EQ(Load(Store<BF16>(Binary(BinaryOp::kAdd, Load(a), Load(b)))),
+            1.0f + 0x1p-7f);
 }
 
 }  // namespace

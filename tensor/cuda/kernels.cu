@@ -37,7 +37,9 @@ int Last() { return static_cast<int>(cudaGetLastError()); }
 template <typename T>
 __global__ void UnaryKernel(math::UnaryOp op, const T* x,
                             math::StridedIndexer ix, T* out, int64_t n) {
-  FERRY_GRID_LOOP(i, n) out[i] = math::Unary(op, x[ix.Offset(i)]);
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = math::Store<T>(math::Unary(op, math::Load(x[ix.Offset(i)])));
+  }
 }
 
 template <typename T>
@@ -45,20 +47,26 @@ __global__ void BinaryKernel(math::BinaryOp op, const T* a,
                              math::StridedIndexer ia, const T* b,
                              math::StridedIndexer ib, T* out, int64_t n) {
   FERRY_GRID_LOOP(i, n) {
-    out[i] = math::Binary(op, a[ia.Offset(i)], b[ib.Offset(i)]);
+    out[i] = math::Store<T>(math::Binary(op, math::Load(a[ia.Offset(i)]),
+                                         math::Load(b[ib.Offset(i)])));
   }
 }
 
 template <typename T>
-__global__ void ScalarKernel(math::BinaryOp op, const T* x, T s, T* out,
-                             int64_t n) {
-  FERRY_GRID_LOOP(i, n) out[i] = math::Binary(op, x[i], s);
+__global__ void ScalarKernel(math::BinaryOp op, const T* x, math::Acc<T> s,
+                             T* out, int64_t n) {
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = math::Store<T>(math::Binary(op, math::Load(x[i]), s));
+  }
 }
 
 template <typename T>
 __global__ void BackwardKernel(math::BackwardOp op, const T* g, const T* saved,
                                T* out, int64_t n) {
-  FERRY_GRID_LOOP(i, n) out[i] = math::Backward(op, g[i], saved[i]);
+  FERRY_GRID_LOOP(i, n) {
+    out[i] = math::Store<T>(
+        math::Backward(op, math::Load(g[i]), math::Load(saved[i])));
+  }
 }
 
 template <typename T>
@@ -101,82 +109,98 @@ __device__ math::SoftmaxAcc<T> BlockSoftmaxAcc(math::SoftmaxAcc<T> acc) {
   return math::SoftmaxAcc<T>{mx[0], sm[0]};
 }
 
-// Partial sums: block b writes part[b] (fixed order: deterministic).
+// Partial sums (in Acc): block b writes part[b] (fixed order:
+// deterministic).
 template <typename T>
-__global__ void PartialSumKernel(const T* x, int64_t n, T* part) {
-  T acc = T(0);
-  FERRY_GRID_LOOP(i, n) acc += x[i];
-  const T s = BlockSum(acc);
+__global__ void PartialSumKernel(const T* x, int64_t n, math::Acc<T>* part) {
+  using A = math::Acc<T>;
+  A acc = A(0);
+  FERRY_GRID_LOOP(i, n) acc += math::Load(x[i]);
+  const A s = BlockSum(acc);
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
+// *out = scale * the sum of n Acc partials, rounded to T.
 template <typename T>
-__global__ void FinalSumKernel(const T* part, int64_t n, T scale, T* out) {
-  T acc = T(0);
+__global__ void FinalSumKernel(const math::Acc<T>* part, int64_t n,
+                               math::Acc<T> scale, T* out) {
+  using A = math::Acc<T>;
+  A acc = A(0);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += part[i];
-  const T s = BlockSum(acc);
-  if (threadIdx.x == 0) *out = s * scale;
+  const A s = BlockSum(acc);
+  if (threadIdx.x == 0) *out = math::Store<T>(s * scale);
 }
 
 template <typename T>
 __global__ void SumDimKernel(const T* x, int64_t outer, int64_t n,
-                             int64_t inner, T scale, T* out) {
+                             int64_t inner, math::Acc<T> scale, T* out) {
+  using A = math::Acc<T>;
   FERRY_GRID_LOOP(j, outer * inner) {
     const int64_t o = j / inner, i = j % inner;
     const T* p = x + o * n * inner + i;
-    T acc = T(0);
-    for (int64_t k = 0; k < n; ++k) acc += p[k * inner];
-    out[j] = acc * scale;
+    A acc = A(0);
+    for (int64_t k = 0; k < n; ++k) acc += math::Load(p[k * inner]);
+    out[j] = math::Store<T>(acc * scale);
   }
 }
 
 // One block per row.
 template <typename T>
 __global__ void SoftmaxKernel(const T* x, int64_t cols, bool log, T* out) {
+  using A = math::Acc<T>;
   const T* row = x + blockIdx.x * cols;
   T* orow = out + blockIdx.x * cols;
-  math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc.Add(row[j]);
-  acc = BlockSoftmaxAcc(acc);
-  const T lse = acc.LogSumExp();
+  math::SoftmaxAcc<A> acc = math::EmptySoftmaxAcc<A>();
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    orow[j] = log ? row[j] - lse : exp(row[j] - lse);
+    acc.Add(math::Load(row[j]));
+  }
+  acc = BlockSoftmaxAcc(acc);
+  const A lse = acc.LogSumExp();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const A shifted = math::Load(row[j]) - lse;
+    orow[j] = math::Store<T>(log ? shifted : exp(shifted));
   }
 }
 
 template <typename T>
 __global__ void SoftmaxBackwardKernel(const T* g, const T* y, int64_t cols,
                                       bool log, T* out) {
+  using A = math::Acc<T>;
   const int64_t base = blockIdx.x * cols;
-  T acc = T(0);
+  A acc = A(0);
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    acc += log ? g[base + j] : g[base + j] * y[base + j];
+    const A gv = math::Load(g[base + j]);
+    acc += log ? gv : gv * math::Load(y[base + j]);
   }
-  const T r = BlockSum(acc);
+  const A r = BlockSum(acc);
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const int64_t k = base + j;
-    out[k] = log ? math::LogSoftmaxBackward(g[k], y[k], r)
-                 : math::SoftmaxBackward(g[k], y[k], r);
+    const A gv = math::Load(g[k]), yv = math::Load(y[k]);
+    out[k] = math::Store<T>(log ? math::LogSoftmaxBackward(gv, yv, r)
+                                : math::SoftmaxBackward(gv, yv, r));
   }
 }
 
 template <typename T>
 __global__ void CrossEntropyRowKernel(const T* x, const int64_t* target,
-                                      int64_t cols, T* lse, T* row_loss,
-                                      int32_t* bad) {
+                                      int64_t cols, T* lse,
+                                      math::Acc<T>* row_loss, int32_t* bad) {
+  using A = math::Acc<T>;
   const T* row = x + blockIdx.x * cols;
-  math::SoftmaxAcc<T> acc = math::EmptySoftmaxAcc<T>();
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) acc.Add(row[j]);
+  math::SoftmaxAcc<A> acc = math::EmptySoftmaxAcc<A>();
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    acc.Add(math::Load(row[j]));
+  }
   acc = BlockSoftmaxAcc(acc);
   if (threadIdx.x == 0) {
-    const T l = acc.LogSumExp();
-    lse[blockIdx.x] = l;
+    const A l = acc.LogSumExp();
+    lse[blockIdx.x] = math::Store<T>(l);
     const int64_t t = target[blockIdx.x];
     if (t < 0 || t >= cols) {
       atomicExch(bad, 1);
       row_loss[blockIdx.x] = NAN;
     } else {
-      row_loss[blockIdx.x] = l - row[t];
+      row_loss[blockIdx.x] = l - math::Load(row[t]);
     }
   }
 }
@@ -188,8 +212,9 @@ __global__ void CrossEntropyBackwardKernel(const T* x, const int64_t* target,
                                            T* out) {
   FERRY_GRID_LOOP(k, rows * cols) {
     const int64_t r = k / cols, c = k % cols;
-    out[k] = math::CrossEntropyBackward(x[k], lse[r], target[r] == c, *g,
-                                        rows);
+    out[k] = math::Store<T>(math::CrossEntropyBackward(
+        math::Load(x[k]), math::Load(lse[r]), target[r] == c,
+        math::Load(*g), rows));
   }
 }
 
@@ -297,22 +322,38 @@ __global__ void DropoutMaskKernel(uint64_t seed, uint64_t offset, double p,
 template <typename T>
 __global__ void SgdKernel(math::SgdParams o, T* p, const T* g, T* buf,
                           int64_t n) {
+  using A = math::Acc<T>;
   FERRY_GRID_LOOP(i, n) {
-    T unused = T(0);
-    math::SgdElement(o, p[i], g[i], buf ? buf[i] : unused);
+    A pv = math::Load(p[i]), bv = buf ? math::Load(buf[i]) : A(0);
+    math::SgdElement(o, pv, math::Load(g[i]), bv);
+    p[i] = math::Store<T>(pv);
+    if (buf) buf[i] = math::Store<T>(bv);
   }
 }
 
 template <typename T>
 __global__ void AdamKernel(math::AdamParams o, T* p, const T* g, T* m, T* v,
                            int64_t n) {
-  FERRY_GRID_LOOP(i, n) math::AdamElement(o, p[i], g[i], m[i], v[i]);
+  using A = math::Acc<T>;
+  FERRY_GRID_LOOP(i, n) {
+    A pv = math::Load(p[i]), mv = math::Load(m[i]), vv = math::Load(v[i]);
+    math::AdamElement(o, pv, math::Load(g[i]), mv, vv);
+    p[i] = math::Store<T>(pv);
+    m[i] = math::Store<T>(mv);
+    v[i] = math::Store<T>(vv);
+  }
 }
 
 template <typename T>
 __global__ void AdagradKernel(math::AdagradParams o, T* p, const T* g, T* sum,
                               int64_t n) {
-  FERRY_GRID_LOOP(i, n) math::AdagradElement(o, p[i], g[i], sum[i]);
+  using A = math::Acc<T>;
+  FERRY_GRID_LOOP(i, n) {
+    A pv = math::Load(p[i]), sv = math::Load(sum[i]);
+    math::AdagradElement(o, pv, math::Load(g[i]), sv);
+    p[i] = math::Store<T>(pv);
+    sum[i] = math::Store<T>(sv);
+  }
 }
 
 // Queues kernel<<<blocks, kThreads>>>(args...) on s unless there is no work
@@ -350,8 +391,8 @@ int Binary(math::BinaryOp op, const T* a, const math::StridedIndexer& ia,
 }
 
 template <typename T>
-int Scalar(math::BinaryOp op, const T* x, T scalar, T* out, int64_t n,
-           Stream s) {
+int Scalar(math::BinaryOp op, const T* x, math::Acc<T> scalar, T* out,
+           int64_t n, Stream s) {
   return Launch(ScalarKernel<T>, Blocks(n), n, s, op, x, scalar, out, n);
 }
 
@@ -367,15 +408,17 @@ int Fill(T* out, T value, int64_t n, Stream s) {
 }
 
 template <typename T>
-int SumAll(const T* x, int64_t n, T scale, T* scratch, T* out, Stream s) {
-  PartialSumKernel<<<kSumBlocks, kThreads, 0, S(s)>>>(x, n, scratch);
-  FinalSumKernel<<<1, kThreads, 0, S(s)>>>(scratch, kSumBlocks, scale, out);
+int SumAll(const T* x, int64_t n, math::Acc<T> scale, math::Acc<T>* scratch,
+           T* out, Stream s) {
+  PartialSumKernel<T><<<kSumBlocks, kThreads, 0, S(s)>>>(x, n, scratch);
+  FinalSumKernel<T><<<1, kThreads, 0, S(s)>>>(scratch, kSumBlocks, scale,
+                                              out);
   return Last();
 }
 
 template <typename T>
-int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner, T scale,
-           T* out, Stream s) {
+int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner,
+           math::Acc<T> scale, T* out, Stream s) {
   const int64_t total = outer * inner;
   return Launch(SumDimKernel<T>, Blocks(total), total, s, x, outer, n, inner,
                 scale, out);
@@ -394,20 +437,26 @@ int SoftmaxBackward(const T* g, const T* y, int64_t rows, int64_t cols,
                 out);
 }
 
-// *out = mean of the `rows` per-row losses at the head of `scratch` (its
-// tail, kSumBlocks elements, holds SumAll's partials); nothing for 0 rows.
+// *out = mean of the `rows` per-row losses (Acc) at the head of `scratch`
+// (its tail, kSumBlocks elements, holds the partial sums), rounded to T;
+// nothing for 0 rows.
 namespace {
 template <typename T>
-int MeanOfRows(T* scratch, int64_t rows, T* out, Stream s) {
+int MeanOfRows(math::Acc<T>* scratch, int64_t rows, T* out, Stream s) {
+  using A = math::Acc<T>;
   if (rows == 0) return 0;
-  return SumAll(static_cast<const T*>(scratch), rows,
-                T(1) / static_cast<T>(rows), scratch + rows, out, s);
+  PartialSumKernel<A><<<kSumBlocks, kThreads, 0, S(s)>>>(scratch, rows,
+                                                         scratch + rows);
+  FinalSumKernel<T><<<1, kThreads, 0, S(s)>>>(
+      scratch + rows, kSumBlocks, A(1) / static_cast<A>(rows), out);
+  return Last();
 }
 }  // namespace
 
 template <typename T>
 int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
-                 T* lse, T* scratch, T* loss, int32_t* bad, Stream s) {
+                 T* lse, math::Acc<T>* scratch, T* loss, int32_t* bad,
+                 Stream s) {
   if (int e = Launch(CrossEntropyRowKernel<T>, rows, rows, s, x, target, cols,
                      lse, scratch, bad);
       e != 0) {
@@ -499,42 +548,34 @@ int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
   return Launch(AdagradKernel<T>, Blocks(n), n, s, o, p, g, sum, n);
 }
 
-#define FERRY_INSTANTIATE(T)                                                  \
+// The launchers of every floating element type (F16 and BF16 compute in
+// float).
+#define FERRY_INSTANTIATE_MATH(T)                                             \
   template int Unary<T>(math::UnaryOp, const T*, const math::StridedIndexer&, \
                         T*, int64_t, Stream);                                 \
   template int Binary<T>(math::BinaryOp, const T*,                            \
                          const math::StridedIndexer&, const T*,               \
                          const math::StridedIndexer&, T*, int64_t, Stream);   \
-  template int Scalar<T>(math::BinaryOp, const T*, T, T*, int64_t, Stream);   \
+  template int Scalar<T>(math::BinaryOp, const T*, math::Acc<T>, T*, int64_t, \
+                         Stream);                                             \
   template int Backward<T>(math::BackwardOp, const T*, const T*, T*, int64_t, \
                            Stream);                                           \
   template int Fill<T>(T*, T, int64_t, Stream);                               \
-  template int SumAll<T>(const T*, int64_t, T, T*, T*, Stream);               \
-  template int SumDim<T>(const T*, int64_t, int64_t, int64_t, T, T*, Stream); \
+  template int SumAll<T>(const T*, int64_t, math::Acc<T>, math::Acc<T>*, T*,  \
+                         Stream);                                             \
+  template int SumDim<T>(const T*, int64_t, int64_t, int64_t, math::Acc<T>,   \
+                         T*, Stream);                                         \
   template int Softmax<T>(const T*, int64_t, int64_t, bool, T*, Stream);      \
   template int SoftmaxBackward<T>(const T*, const T*, int64_t, int64_t, bool, \
                                   T*, Stream);                                \
   template int CrossEntropy<T>(const T*, const int64_t*, int64_t, int64_t,    \
-                               T*, T*, T*, int32_t*, Stream);                 \
+                               T*, math::Acc<T>*, T*, int32_t*, Stream);      \
   template int CrossEntropyBackward<T>(const T*, const int64_t*, const T*,    \
                                        const T*, int64_t, int64_t, T*,        \
                                        Stream);                               \
-  template int Embedding<T>(const T*, const int64_t*, int64_t, int64_t,       \
-                            int64_t, T*, int32_t*, Stream);                   \
-  template int EmbeddingBackward<T>(const T*, const int64_t*, int64_t,        \
-                                    int64_t, int64_t, T*, Stream);            \
-  template int StridedCopy<T>(const T*, const math::StridedIndexer&, T*,      \
-                              const math::StridedIndexer&, int64_t, Stream);  \
   template int Where<T>(const bool*, const math::StridedIndexer&, const T*,   \
                         const math::StridedIndexer&, const T*,                \
                         const math::StridedIndexer&, T*, int64_t, Stream);    \
-  template int NllLoss<T>(const T*, const math::StridedIndexer&,              \
-                          const int64_t*, int64_t, int64_t, T*, T*, int32_t*, \
-                          Stream);                                            \
-  template int NllLossBackward<T>(const int64_t*, const T*, int64_t, int64_t, \
-                                  T*, Stream);                                \
-  template int DropoutMask<T>(uint64_t, uint64_t, double, T*, int64_t,        \
-                              Stream);                                        \
   template int SgdStep<T>(const math::SgdParams&, T*, const T*, T*, int64_t,  \
                           Stream);                                            \
   template int AdamStep<T>(const math::AdamParams&, T*, const T*, T*, T*,     \
@@ -542,8 +583,27 @@ int AdagradStep(const math::AdagradParams& o, T* p, const T* g, T* sum,
   template int AdagradStep<T>(const math::AdagradParams&, T*, const T*, T*,   \
                               int64_t, Stream);
 
+// The rest, float32 and float64 only.
+#define FERRY_INSTANTIATE(T)                                                  \
+  FERRY_INSTANTIATE_MATH(T)                                                   \
+  template int Embedding<T>(const T*, const int64_t*, int64_t, int64_t,       \
+                            int64_t, T*, int32_t*, Stream);                   \
+  template int EmbeddingBackward<T>(const T*, const int64_t*, int64_t,        \
+                                    int64_t, int64_t, T*, Stream);            \
+  template int StridedCopy<T>(const T*, const math::StridedIndexer&, T*,      \
+                              const math::StridedIndexer&, int64_t, Stream);  \
+  template int NllLoss<T>(const T*, const math::StridedIndexer&,              \
+                          const int64_t*, int64_t, int64_t, T*, T*, int32_t*, \
+                          Stream);                                            \
+  template int NllLossBackward<T>(const int64_t*, const T*, int64_t, int64_t, \
+                                  T*, Stream);                                \
+  template int DropoutMask<T>(uint64_t, uint64_t, double, T*, int64_t,        \
+                              Stream);
+
 FERRY_INSTANTIATE(float)
 FERRY_INSTANTIATE(double)
+FERRY_INSTANTIATE_MATH(math::F16)
+FERRY_INSTANTIATE_MATH(math::BF16)
 
 // StridedCopy moves the bits of any element type, by size.
 #define FERRY_INSTANTIATE_COPY(T)                                         \

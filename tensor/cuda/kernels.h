@@ -4,7 +4,10 @@
 //
 // Contract: every pointer is device memory of the current device (the
 // caller sets it), holding the elements the arguments describe; T is float
-// or double. Each call only queues work on `stream` (a cudaStream_t; 0 is the
+// or double, and for the elementwise, reduction, softmax, cross-entropy,
+// where and optimizer launchers also math::F16 or math::BF16, which compute
+// in float (math::Acc<T>: scalars, scales and reduction scratch are in that
+// type, so sums accumulate in float). Each call only queues work on `stream` (a cudaStream_t; 0 is the
 // legacy default stream) and returns cudaGetLastError() as an int, 0 for
 // success; ErrorString names a code. Calls that report bad indices write a
 // nonzero int32 to `*bad` (device memory the caller zeroed) and leave the
@@ -41,8 +44,8 @@ int Binary(math::BinaryOp op, const T* a, const math::StridedIndexer& ia,
            Stream stream);
 /// out[i] = x[i] op scalar (x contiguous).
 template <typename T>
-int Scalar(math::BinaryOp op, const T* x, T scalar, T* out, int64_t n,
-           Stream stream);
+int Scalar(math::BinaryOp op, const T* x, math::Acc<T> scalar, T* out,
+           int64_t n, Stream stream);
 /// out[i] = math::Backward(op, g[i], saved[i]) (all contiguous).
 template <typename T>
 int Backward(math::BackwardOp op, const T* g, const T* saved, T* out,
@@ -52,11 +55,12 @@ template <typename T>
 int Fill(T* out, T value, int64_t n, Stream stream);
 /// *out = scale * sum(x[0..n)); `scratch` holds kSumBlocks elements.
 template <typename T>
-int SumAll(const T* x, int64_t n, T scale, T* scratch, T* out, Stream stream);
+int SumAll(const T* x, int64_t n, math::Acc<T> scale, math::Acc<T>* scratch,
+           T* out, Stream stream);
 /// x contiguous as [outer, n, inner]: out[o, i] = scale * sum_k x[o, k, i].
 template <typename T>
-int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner, T scale,
-           T* out, Stream stream);
+int SumDim(const T* x, int64_t outer, int64_t n, int64_t inner,
+           math::Acc<T> scale, T* out, Stream stream);
 /// Rows of contiguous [rows, cols]: out = softmax (log_softmax if `log`).
 template <typename T>
 int Softmax(const T* x, int64_t rows, int64_t cols, bool log, T* out,
@@ -67,10 +71,11 @@ int SoftmaxBackward(const T* g, const T* y, int64_t rows, int64_t cols,
                     bool log, T* out, Stream stream);
 /// Cross-entropy of logits [rows, cols] and int64 targets [rows]: lse[r] =
 /// logsumexp of row r, *loss = mean_r(lse[r] - x[r, t_r]); `scratch` holds
-/// rows + kSumBlocks elements. Targets outside [0, cols) set *bad.
+/// rows + kSumBlocks Acc elements. Targets outside [0, cols) set *bad.
 template <typename T>
 int CrossEntropy(const T* x, const int64_t* target, int64_t rows, int64_t cols,
-                 T* lse, T* scratch, T* loss, int32_t* bad, Stream stream);
+                 T* lse, math::Acc<T>* scratch, T* loss, int32_t* bad,
+                 Stream stream);
 /// Logits' gradient of CrossEntropy, given lse and the loss gradient *g.
 template <typename T>
 int CrossEntropyBackward(const T* x, const int64_t* target, const T* lse,

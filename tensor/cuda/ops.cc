@@ -44,12 +44,12 @@ std::string DescribeAll(std::initializer_list<Operand> ops) {
 constexpr size_t kSameDType = ~size_t{0};
 
 // Every operand defined, on one CUDA device of `ctx` that runs kernels;
-// `floats` (the first `nfloat` operands) float32/float64 of one dtype, the
-// rest int64 (or, with kSameDType, every operand of the first's dtype).
-// Returns the device index.
+// `floats` (the first `nfloat` operands) float32/float64 (with `halves`,
+// also float16/bfloat16) of one dtype, the rest int64 (or, with kSameDType,
+// every operand of the first's dtype). Returns the device index.
 absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
-                          std::initializer_list<Operand> ops,
-                          size_t nfloat) {
+                          std::initializer_list<Operand> ops, size_t nfloat,
+                          bool halves = false) {
   auto fail = [&](const std::string& why) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda ", op, ": ", why, " (", DescribeAll(ops), ")"));
@@ -75,8 +75,14 @@ absl::StatusOr<int> Check(CudaContext& ctx, const char* op,
                                  " have different dtypes"));
       }
     } else if (i < nfloat) {
-      if (o.t->dtype() != DType::kFloat32 && o.t->dtype() != DType::kFloat64) {
-        return fail(absl::StrCat(o.name, " is not float32 or float64"));
+      const DType d = o.t->dtype();
+      const bool half = d == DType::kFloat16 || d == DType::kBFloat16;
+      if (d != DType::kFloat32 && d != DType::kFloat64 && !(halves && half)) {
+        return fail(absl::StrCat(o.name, " is ", DTypeName(d), ", not ",
+                                 halves ? "float32, float64, float16 or "
+                                          "bfloat16"
+                                        : "float32 or float64",
+                                 " as ", op, " needs"));
       }
       if (o.t->dtype() != first.t->dtype()) {
         return fail(absl::StrCat(o.name, " and ", first.name,
@@ -137,6 +143,21 @@ template <typename F>
 auto Floating(DType dtype, F&& f) {
   if (dtype == DType::kFloat64) return f.template operator()<double>();
   return f.template operator()<float>();
+}
+
+// The same, also for the 16-bit kernel types math::F16 and math::BF16.
+template <typename F>
+auto Computing(DType dtype, F&& f) {
+  if (dtype == DType::kFloat16) return f.template operator()<math::F16>();
+  if (dtype == DType::kBFloat16) return f.template operator()<math::BF16>();
+  return Floating(dtype, std::forward<F>(f));
+}
+
+// The dtype `dtype`'s kernels compute and accumulate in (math::Acc).
+DType AccDType(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16
+             ? DType::kFloat32
+             : dtype;
 }
 
 template <typename T>
@@ -200,16 +221,17 @@ absl::StatusOr<Tensor> ZeroedFlag(CudaContext& ctx, int device) {
 
 absl::StatusOr<Tensor> Reduce(CudaContext& ctx, const char* op,
                               const Tensor& x, bool mean) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1, true));
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty({}, x.dtype(), x.device()));
-  ASSIGN_OR_RETURN(Tensor scratch,
-                   ctx.Empty({kernels::kSumBlocks}, x.dtype(), x.device()));
+  ASSIGN_OR_RETURN(Tensor scratch, ctx.Empty({kernels::kSumBlocks},
+                                             AccDType(x.dtype()), x.device()));
   const int64_t n = x.numel();
-  const int code = Floating(x.dtype(), [&]<typename T>() {
-    const T scale = mean ? T(1) / static_cast<T>(n) : T(1);
-    return kernels::SumAll<T>(Ptr<T>(xc), n, scale, Ptr<T>(scratch),
+  const int code = Computing(x.dtype(), [&]<typename T>() {
+    using A = math::Acc<T>;
+    const A scale = mean ? A(1) / static_cast<A>(n) : A(1);
+    return kernels::SumAll<T>(Ptr<T>(xc), n, scale, Ptr<A>(scratch),
                               Ptr<T>(out), ctx.stream(dev));
   });
   RETURN_IF_ERROR(Launched(op, dev, code, {{"x", &x}}));
@@ -219,7 +241,7 @@ absl::StatusOr<Tensor> Reduce(CudaContext& ctx, const char* op,
 absl::StatusOr<Tensor> ReduceDim(CudaContext& ctx, const char* op,
                                  const Tensor& x, int64_t dim, bool keepdim,
                                  bool mean) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1, true));
   const int64_t d = WrapDim(dim, x.dim());
   if (d < 0 || d >= x.dim()) {
     return absl::InvalidArgumentError(
@@ -239,8 +261,9 @@ absl::StatusOr<Tensor> ReduceDim(CudaContext& ctx, const char* op,
     sizes.erase(sizes.begin() + d);
   }
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, x.dtype(), x.device()));
-  const int code = Floating(x.dtype(), [&]<typename T>() {
-    const T scale = mean ? T(1) / static_cast<T>(n) : T(1);
+  const int code = Computing(x.dtype(), [&]<typename T>() {
+    using A = math::Acc<T>;
+    const A scale = mean ? A(1) / static_cast<A>(n) : A(1);
     return kernels::SumDim<T>(Ptr<T>(xc), outer, n, inner, scale, Ptr<T>(out),
                               ctx.stream(dev));
   });
@@ -251,18 +274,18 @@ absl::StatusOr<Tensor> ReduceDim(CudaContext& ctx, const char* op,
 }  // namespace
 
 absl::StatusOr<Tensor> Contiguous(CudaContext& ctx, const Tensor& x) {
-  RETURN_IF_ERROR(Check(ctx, "contiguous", {{"x", &x}}, 1).status());
+  RETURN_IF_ERROR(Check(ctx, "contiguous", {{"x", &x}}, 1, true).status());
   if (x.is_contiguous()) return x;
   return Unary(ctx, math::UnaryOp::kCopy, x);
 }
 
 absl::StatusOr<Tensor> Unary(CudaContext& ctx, math::UnaryOp op,
                              const Tensor& x) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "unary", {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "unary", {{"x", &x}}, 1, true));
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
   const math::StridedIndexer ix = Indexer(x, x.sizes());
-  const int code = Floating(x.dtype(), [&]<typename T>() {
+  const int code = Computing(x.dtype(), [&]<typename T>() {
     return kernels::Unary<T>(op, Ptr<T>(x), ix, Ptr<T>(out), x.numel(),
                              ctx.stream(dev));
   });
@@ -272,12 +295,12 @@ absl::StatusOr<Tensor> Unary(CudaContext& ctx, math::UnaryOp op,
 
 absl::StatusOr<Tensor> Binary(CudaContext& ctx, math::BinaryOp op,
                               const Tensor& a, const Tensor& b) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "binary", {{"a", &a}, {"b", &b}}, 2));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "binary", {{"a", &a}, {"b", &b}}, 2, true));
   ASSIGN_OR_RETURN(std::vector<int64_t> sizes, BroadcastShape("binary", a, b));
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(sizes, a.dtype(), a.device()));
   const math::StridedIndexer ia = Indexer(a, sizes), ib = Indexer(b, sizes);
-  const int code = Floating(a.dtype(), [&]<typename T>() {
+  const int code = Computing(a.dtype(), [&]<typename T>() {
     return kernels::Binary<T>(op, Ptr<T>(a), ia, Ptr<T>(b), ib, Ptr<T>(out),
                               out.numel(), ctx.stream(dev));
   });
@@ -287,7 +310,7 @@ absl::StatusOr<Tensor> Binary(CudaContext& ctx, math::BinaryOp op,
 
 absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
   ASSIGN_OR_RETURN(int dev,
-                   Check(ctx, "add_", {{"acc", &acc}, {"x", &x}}, 2));
+                   Check(ctx, "add_", {{"acc", &acc}, {"x", &x}}, 2, true));
   RETURN_IF_ERROR(SameShape("add_", {{"acc", &acc}, {"x", &x}}));
   if (!acc.is_contiguous()) {
     return absl::InvalidArgumentError(
@@ -298,7 +321,7 @@ absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
   const math::StridedIndexer ia = Indexer(acc, acc.sizes()),
                              ix = Indexer(x, acc.sizes());
   acc.storage().BumpVersion();
-  const int code = Floating(acc.dtype(), [&]<typename T>() {
+  const int code = Computing(acc.dtype(), [&]<typename T>() {
     return kernels::Binary<T>(math::BinaryOp::kAdd, Ptr<T>(acc), ia, Ptr<T>(x),
                               ix, Ptr<T>(acc), acc.numel(), ctx.stream(dev));
   });
@@ -307,13 +330,13 @@ absl::Status AddInPlace(CudaContext& ctx, const Tensor& acc, const Tensor& x) {
 
 absl::StatusOr<Tensor> Scalar(CudaContext& ctx, math::BinaryOp op,
                               const Tensor& x, double s) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "scalar", {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "scalar", {{"x", &x}}, 1, true));
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
-  const int code = Floating(x.dtype(), [&]<typename T>() {
-    return kernels::Scalar<T>(op, Ptr<T>(xc), static_cast<T>(s), Ptr<T>(out),
-                              x.numel(), ctx.stream(dev));
+  const int code = Computing(x.dtype(), [&]<typename T>() {
+    return kernels::Scalar<T>(op, Ptr<T>(xc), static_cast<math::Acc<T>>(s),
+                              Ptr<T>(out), x.numel(), ctx.stream(dev));
   });
   RETURN_IF_ERROR(Launched("scalar", dev, code, {{"x", &x}}));
   return out;
@@ -322,14 +345,14 @@ absl::StatusOr<Tensor> Scalar(CudaContext& ctx, math::BinaryOp op,
 absl::StatusOr<Tensor> UnaryBackward(CudaContext& ctx, math::BackwardOp op,
                                      const Tensor& g, const Tensor& saved) {
   ASSIGN_OR_RETURN(int dev, Check(ctx, "unary_backward",
-                                  {{"grad", &g}, {"saved", &saved}}, 2));
+                                  {{"grad", &g}, {"saved", &saved}}, 2, true));
   RETURN_IF_ERROR(
       SameShape("unary_backward", {{"grad", &g}, {"saved", &saved}}));
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, g));
   ASSIGN_OR_RETURN(Tensor sc, Contiguous(ctx, saved));
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(g.sizes(), g.dtype(), g.device()));
-  const int code = Floating(g.dtype(), [&]<typename T>() {
+  const int code = Computing(g.dtype(), [&]<typename T>() {
     return kernels::Backward<T>(op, Ptr<T>(gc), Ptr<T>(sc), Ptr<T>(out),
                                 g.numel(), ctx.stream(dev));
   });
@@ -338,16 +361,16 @@ absl::StatusOr<Tensor> UnaryBackward(CudaContext& ctx, math::BackwardOp op,
 }
 
 absl::Status Fill(CudaContext& ctx, const Tensor& x, double value) {
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "fill_", {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "fill_", {{"x", &x}}, 1, true));
   if (!x.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda fill_: x is not contiguous (x: ", Describe(x), ")"));
   }
   DeviceGuard guard(dev);
   x.storage().BumpVersion();
-  const int code = Floating(x.dtype(), [&]<typename T>() {
-    return kernels::Fill<T>(Ptr<T>(x), static_cast<T>(value), x.numel(),
-                            ctx.stream(dev));
+  const int code = Computing(x.dtype(), [&]<typename T>() {
+    const T v = math::Store<T>(static_cast<math::Acc<T>>(value));
+    return kernels::Fill<T>(Ptr<T>(x), v, x.numel(), ctx.stream(dev));
   });
   return Launched("fill_", dev, code, {{"x", &x}});
 }
@@ -369,7 +392,7 @@ absl::StatusOr<Tensor> MeanDim(CudaContext& ctx, const Tensor& x, int64_t dim,
 
 absl::StatusOr<Tensor> Softmax(CudaContext& ctx, const Tensor& x, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
-  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"x", &x}}, 1, true));
   if (x.dim() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda ", op, ": x is 0-d (x: ", Describe(x), ")"));
@@ -378,7 +401,7 @@ absl::StatusOr<Tensor> Softmax(CudaContext& ctx, const Tensor& x, bool log) {
   ASSIGN_OR_RETURN(Tensor xc, Contiguous(ctx, x));
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(x.sizes(), x.dtype(), x.device()));
   const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
-  const int code = Floating(x.dtype(), [&]<typename T>() {
+  const int code = Computing(x.dtype(), [&]<typename T>() {
     return kernels::Softmax<T>(Ptr<T>(xc), rows, cols, log, Ptr<T>(out),
                                ctx.stream(dev));
   });
@@ -389,7 +412,7 @@ absl::StatusOr<Tensor> Softmax(CudaContext& ctx, const Tensor& x, bool log) {
 absl::StatusOr<Tensor> SoftmaxBackward(CudaContext& ctx, const Tensor& g,
                                        const Tensor& y, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
-  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"grad", &g}, {"y", &y}}, 2));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, {{"grad", &g}, {"y", &y}}, 2, true));
   RETURN_IF_ERROR(SameShape(op, {{"grad", &g}, {"y", &y}}));
   if (y.dim() == 0) {
     return absl::InvalidArgumentError(
@@ -400,7 +423,7 @@ absl::StatusOr<Tensor> SoftmaxBackward(CudaContext& ctx, const Tensor& g,
   ASSIGN_OR_RETURN(Tensor yc, Contiguous(ctx, y));
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(y.sizes(), y.dtype(), y.device()));
   const int64_t cols = y.size(-1), rows = cols == 0 ? 0 : y.numel() / cols;
-  const int code = Floating(y.dtype(), [&]<typename T>() {
+  const int code = Computing(y.dtype(), [&]<typename T>() {
     return kernels::SoftmaxBackward<T>(Ptr<T>(gc), Ptr<T>(yc), rows, cols, log,
                                        Ptr<T>(out), ctx.stream(dev));
   });
@@ -412,7 +435,7 @@ absl::StatusOr<CrossEntropyResult> CrossEntropy(CudaContext& ctx,
                                                 const Tensor& logits,
                                                 const Tensor& target) {
   const auto ops = {Operand{"logits", &logits}, Operand{"target", &target}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy", ops, 1));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy", ops, 1, true));
   if (logits.dim() != 2 || target.dim() != 1 ||
       target.size(0) != logits.size(0) || logits.size(1) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -431,13 +454,15 @@ absl::StatusOr<CrossEntropyResult> CrossEntropy(CudaContext& ctx,
   CrossEntropyResult r;
   ASSIGN_OR_RETURN(r.loss, ctx.Empty({}, logits.dtype(), logits.device()));
   ASSIGN_OR_RETURN(r.lse, ctx.Empty({rows}, logits.dtype(), logits.device()));
-  ASSIGN_OR_RETURN(Tensor scratch, ctx.Empty({rows + kernels::kSumBlocks},
-                                             logits.dtype(), logits.device()));
+  ASSIGN_OR_RETURN(Tensor scratch,
+                   ctx.Empty({rows + kernels::kSumBlocks},
+                             AccDType(logits.dtype()), logits.device()));
   ASSIGN_OR_RETURN(Tensor flag, ZeroedFlag(ctx, dev));
-  const int code = Floating(logits.dtype(), [&]<typename T>() {
+  const int code = Computing(logits.dtype(), [&]<typename T>() {
     return kernels::CrossEntropy<T>(
         Ptr<T>(xc), Ptr<int64_t>(tc), rows, cols, Ptr<T>(r.lse),
-        Ptr<T>(scratch), Ptr<T>(r.loss), Ptr<int32_t>(flag), ctx.stream(dev));
+        Ptr<math::Acc<T>>(scratch), Ptr<T>(r.loss), Ptr<int32_t>(flag),
+        ctx.stream(dev));
   });
   RETURN_IF_ERROR(Launched("cross_entropy", dev, code, ops));
   ASSIGN_OR_RETURN(bool bad, ReadFlag(flag));
@@ -457,7 +482,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(CudaContext& ctx,
   const auto ops = {Operand{"logits", &logits}, Operand{"lse", &lse},
                     Operand{"grad_loss", &grad_loss},
                     Operand{"target", &target}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy_backward", ops, 3));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "cross_entropy_backward", ops, 3, true));
   if (logits.dim() != 2 || target.dim() != 1 ||
       target.size(0) != logits.size(0) || lse.dim() != 1 ||
       lse.size(0) != logits.size(0) || grad_loss.numel() != 1) {
@@ -478,7 +503,7 @@ absl::StatusOr<Tensor> CrossEntropyBackward(CudaContext& ctx,
   }
   ASSIGN_OR_RETURN(Tensor out,
                    ctx.Empty(logits.sizes(), logits.dtype(), logits.device()));
-  const int code = Floating(logits.dtype(), [&]<typename T>() {
+  const int code = Computing(logits.dtype(), [&]<typename T>() {
     return kernels::CrossEntropyBackward<T>(
         Ptr<T>(xc), Ptr<int64_t>(tc), Ptr<T>(lc), Ptr<T>(gc), logits.size(0),
         logits.size(1), Ptr<T>(out), ctx.stream(dev));
@@ -562,7 +587,7 @@ absl::StatusOr<Tensor> Gemms(CudaContext& ctx, const char* op,
                              bool transpose_a, bool transpose_b,
                              bool batched) {
   const auto ops = {Operand{"a", &a}, Operand{"b", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, op, ops, 2));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, op, ops, 2, true));
   const int64_t rank = batched ? 3 : 2, lead = rank - 2;
   if (a.dim() != rank || b.dim() != rank ||
       (batched && a.size(0) != b.size(0))) {
@@ -711,7 +736,7 @@ absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
                              const Tensor& a, const Tensor& b) {
   const auto ops = {Operand{"cond", &cond}, Operand{"a", &a},
                     Operand{"b", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "where", {{"a", &a}, {"b", &b}}, 2));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "where", {{"a", &a}, {"b", &b}}, 2, true));
   if (!cond.defined() || cond.device() != a.device() ||
       cond.dtype() != DType::kBool || cond.dim() > math::kMaxKernelDims) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -729,7 +754,7 @@ absl::StatusOr<Tensor> Where(CudaContext& ctx, const Tensor& cond,
   ASSIGN_OR_RETURN(Tensor out, ctx.Empty(*sizes, a.dtype(), a.device()));
   const math::StridedIndexer ic = Indexer(cond, *sizes),
                              ia = Indexer(a, *sizes), ib = Indexer(b, *sizes);
-  const int code = Floating(a.dtype(), [&]<typename T>() {
+  const int code = Computing(a.dtype(), [&]<typename T>() {
     return kernels::Where<T>(Ptr<bool>(cond), ic, Ptr<T>(a), ia, Ptr<T>(b), ib,
                              Ptr<T>(out), out.numel(), ctx.stream(dev));
   });
@@ -834,7 +859,7 @@ absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
   const Tensor& b = momentum ? buf : param;
   const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
                     Operand{"buf", &b}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "sgd_step", ops, 3));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "sgd_step", ops, 3, true));
   RETURN_IF_ERROR(SameShape("sgd_step", ops));
   if (!param.is_contiguous() || !b.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -844,7 +869,7 @@ absl::Status SgdStep(CudaContext& ctx, const Tensor& param, const Tensor& grad,
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
   param.storage().BumpVersion();
-  const int code = Floating(param.dtype(), [&]<typename T>() {
+  const int code = Computing(param.dtype(), [&]<typename T>() {
     return kernels::SgdStep<T>(o, Ptr<T>(param), Ptr<T>(gc),
                                momentum ? Ptr<T>(b) : nullptr, param.numel(),
                                ctx.stream(dev));
@@ -858,7 +883,7 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
   const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
                     Operand{"exp_avg", &exp_avg},
                     Operand{"exp_avg_sq", &exp_avg_sq}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "adam_step", ops, 4));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "adam_step", ops, 4, true));
   RETURN_IF_ERROR(SameShape("adam_step", ops));
   if (!param.is_contiguous() || !exp_avg.is_contiguous() ||
       !exp_avg_sq.is_contiguous()) {
@@ -869,7 +894,7 @@ absl::Status AdamStep(CudaContext& ctx, const Tensor& param,
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
   param.storage().BumpVersion();
-  const int code = Floating(param.dtype(), [&]<typename T>() {
+  const int code = Computing(param.dtype(), [&]<typename T>() {
     return kernels::AdamStep<T>(o, Ptr<T>(param), Ptr<T>(gc), Ptr<T>(exp_avg),
                                 Ptr<T>(exp_avg_sq), param.numel(),
                                 ctx.stream(dev));
@@ -882,7 +907,7 @@ absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
                          const math::AdagradParams& o) {
   const auto ops = {Operand{"param", &param}, Operand{"grad", &grad},
                     Operand{"sum", &sum}};
-  ASSIGN_OR_RETURN(int dev, Check(ctx, "adagrad_step", ops, 3));
+  ASSIGN_OR_RETURN(int dev, Check(ctx, "adagrad_step", ops, 3, true));
   RETURN_IF_ERROR(SameShape("adagrad_step", ops));
   if (!param.is_contiguous() || !sum.is_contiguous()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -892,7 +917,7 @@ absl::Status AdagradStep(CudaContext& ctx, const Tensor& param,
   DeviceGuard guard(dev);
   ASSIGN_OR_RETURN(Tensor gc, Contiguous(ctx, grad));
   param.storage().BumpVersion();
-  const int code = Floating(param.dtype(), [&]<typename T>() {
+  const int code = Computing(param.dtype(), [&]<typename T>() {
     return kernels::AdagradStep<T>(o, Ptr<T>(param), Ptr<T>(gc), Ptr<T>(sum),
                                    param.numel(), ctx.stream(dev));
   });

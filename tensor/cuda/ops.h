@@ -5,7 +5,8 @@
 //
 // Operands: float32 or float64 tensors (one dtype per call; indices and
 // targets int64, where's condition bool, CopyInto any dtype) on one CUDA
-// device of the context. Inputs may be strided views; results are new
+// device of the context; float16/bfloat16 too, computing in float32, for
+// all but Embedding, NllLoss and DropoutMask. Inputs may be strided views; results are new
 // contiguous tensors on that device; the in-place optimizer steps need
 // contiguous parameters and state.
 // Errors (InvalidArgument, naming the op, each operand's dtype, shape and
