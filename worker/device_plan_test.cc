@@ -18,6 +18,7 @@
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/fake_device_api.h"
+#include "ferry/tensor/cuda/host_ops.h"
 #include "ferry/tensor/tensor.h"
 #include "ferry/worker/device_header.h"
 #include "ferry/worker/device_testing.h"
@@ -449,6 +450,57 @@ TEST(DeviceStage, StageUnmappedToCpuLandsOnThePeersCpuBothWays) {
   EXPECT_TRUE(made->device().is_cpu());
   EXPECT_EQ(w0.staged_traffic("w1").to_cpu_out, 2u);
   ShutdownWorkerGroup(w);
+}
+
+// The stage's copies go on its own stream; when the sending thread's current
+// stream is another (a backward op on its forward's stream), the stage's
+// stream first waits for it on the device. The fake's streams run only when
+// driven: there the wait shows as the stage's host wait failing
+// (FailedPrecondition, where CUDA would block until the side stream ran);
+// without it the echo would carry the bytes from before the queued write.
+TEST(DeviceStage, StagingWaitsForTheSendersCurrentStream) {
+  Pair p;
+  absl::StatusOr<std::unique_ptr<cuda::CudaContext>> ctx =
+      cuda::CreateHostComputeContext(p.api0, {});
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  std::shared_ptr<cuda::CachingDeviceAllocator> made1 =
+      cuda::CachingDeviceAllocator::Create(p.api1, {}).value();
+  std::vector<WorkerOptions> o(2);
+  o[0].devices = {"cuda:0"};
+  o[0].device_maps = {{"w1", {{"cuda:0", "cuda:0"}}}};
+  o[0].device_api = p.api0;
+  o[0].device_compute = (*ctx)->shared_compute();
+  o[0].registry = Functions(nullptr, nullptr);
+  o[1].devices = {"cuda:0"};
+  o[1].device_api = p.api1;
+  o[1].registry = Functions(p.api1, made1);
+  for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  p.w = StartWorkerGroup("sender_stream", o);
+  for (auto& each : p.w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = **p.w[0];
+  const Device dev = Device::CUDA(0);
+  const Tensor want = arange(64, DType::kFloat32);
+  absl::StatusOr<Tensor> src = (*ctx)->To(want, dev);
+  absl::StatusOr<Tensor> dst = (*ctx)->To(zeros({64}), dev);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  ASSERT_TRUE(p.api0->CompleteStream(0, 0));
+  absl::StatusOr<cuda::StreamHandle> side = (*ctx)->NewStream(dev);
+  ASSERT_TRUE(side.ok());
+  {
+    cuda::ThreadStreamGuard guard((*ctx)->compute(), dev, *side);
+    ASSERT_TRUE(guard.status().ok());
+    ASSERT_TRUE((*ctx)->compute()->CopyAsync(*dst, *src, *side).ok());
+    Result<Tensor> early = w0.rpc_sync<Tensor>("w1", "echo", *dst);
+    ASSERT_FALSE(early.ok()) << "staged without waiting for the side stream";
+    EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition)
+        << early.status();
+  }
+  ASSERT_TRUE(p.api0->CompleteStream(0, *side));
+  ASSERT_TRUE(p.api0->CompleteStream(0, 0));
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", *dst);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameBytes(*back, want, *p.api0));
+  ShutdownWorkerGroup(p.w);
 }
 
 // A message's tensors are staged through pinned memory with their copies

@@ -11,6 +11,7 @@
 #include "ferry/tensor/cuda/caching_allocator.h"
 #include "ferry/tensor/cuda/copy.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/tensor/cuda/device_ops.h"
 #include "ferry/tensor/cuda/event.h"
 #include "ferry/tensor/cuda/pinned_allocator.h"
 #include "ferry/worker/device_header.h"
@@ -235,6 +236,7 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   // Sources stay alive until their queued copies ran (WaitForDevices).
   std::vector<Tensor> sources;
   std::set<int> queued;  // Devices with copies queued on kStream.
+  std::set<int> ordered;  // Devices whose kStream waits for the sender's.
   // Tensors to pipeline (in m.payload, which keeps its shape meanwhile).
   struct Later {
     Tensor* tensor;
@@ -260,6 +262,24 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
           ", which this worker does not use (", DeviceListText(),
           "; WorkerOptions::devices)"));
       return;
+    }
+    // The copies below (and an IPC event) go on kStream; where the sending
+    // thread's current stream is another (a backward op running on its
+    // forward's stream, engine.cc), kStream first waits for it on the
+    // device, once per device and message.
+    if (ordered.insert(source.index).second) {
+      if (cuda::DeviceOps* ops = cuda::DeviceOpsOf(t)) {
+        absl::StatusOr<uintptr_t> current = ops->CurrentStream(source);
+        absl::Status waited =
+            !current.ok()           ? current.status()
+            : *current == kStream   ? absl::OkStatus()
+                                    : ops->StreamWaitStream(source, kStream,
+                                                            *current);
+        if (!waited.ok()) {
+          status = Annotate(waited, staging(i, t));
+          return;
+        }
+      }
     }
     Device target = Device::CPU();
     if (request && !header.returning) {
