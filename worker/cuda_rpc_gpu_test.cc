@@ -124,10 +124,13 @@ TEST(CudaRpcGpu, IpcEchoBetweenTwoProcessesFrom4KiBTo256MiB) {
   absl::StatusOr<std::unique_ptr<Worker>> started = InitWorker(o);
   ASSERT_TRUE(started.ok()) << started.status();
   Worker& w0 = **started;
-  EchoEachSize(w0, **api, "ipc request + staged reply");
+  EchoEachSize(w0, **api, "ipc request + ipc reply");
   EXPECT_EQ(w0.ipc_traffic("w1").tensors_out, 4u);
   EXPECT_EQ(w0.ipc_traffic("w1").held_calls, 0u);
   EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 0u);
+  // The replies came by IPC too (w0 asked for them: its plan says ipc).
+  EXPECT_EQ(w0.ipc_traffic("w1").reply_tensors_in, 4u);
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 0u);
   EXPECT_TRUE(w0.Shutdown().ok());
   absl::StatusOr<int> code = (*child)->Wait(absl::Now() + absl::Seconds(60));
   ASSERT_TRUE(code.ok()) << code.status();

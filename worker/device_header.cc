@@ -27,12 +27,12 @@ absl::Status CheckIndex(absl::string_view what, int index,
 
 absl::StatusOr<IpcTensor> DecodeIpc(
     absl::string_view what, const device::v1::DeviceHeader::IpcTensor& p,
-    bool targeted, int events, int i) {
+    bool returning, int events, int i) {
   const std::string field = absl::StrCat("placement ", i, "'s IPC tensor");
-  if (!targeted) {
-    return Bad(what, absl::StrCat(field, " rides on a reply or a returning "
-                                         "request (IPC carries forward "
-                                         "requests only)"));
+  if (returning) {
+    return Bad(what, absl::StrCat(field, " rides on a returning request (IPC "
+                                         "carries forward requests and "
+                                         "replies only)"));
   }
   if (p.memory_handle().size() != kIpcHandleSize) {
     return Bad(what, absl::StrCat(field, " has a memory handle of ",
@@ -91,7 +91,10 @@ absl::StatusOr<IpcTensor> DecodeIpc(
 
 absl::Status ClaimDeviceLayer() {
   static const rpc::LayerClaim* const kClaim =
-      new rpc::LayerClaim{"device", kDeviceHeaderLayer, {}, {}};
+      new rpc::LayerClaim{"device",
+                          kDeviceHeaderLayer,
+                          {{kDeviceIpcAckType, kDeviceIpcAckType}},
+                          {{kDeviceIpcAckType, "DEVICE_IPC_ACK"}}};
   return rpc::ClaimLayer(*kClaim);
 }
 
@@ -114,6 +117,9 @@ std::string EncodeDeviceHeader(const DeviceHeader& header) {
   proto.set_returning(header.returning);
   for (const std::string& e : header.events) proto.add_events(e);
   if (header.ipc_ack.has_value()) proto.set_ipc_ack(*header.ipc_ack);
+  proto.set_ipc_replies(header.ipc_replies);
+  for (uint64_t id : header.reply_acks) proto.add_reply_acks(id);
+  if (header.ipc_reply.has_value()) proto.set_ipc_reply(*header.ipc_reply);
   return proto.SerializeAsString();
 }
 
@@ -170,7 +176,8 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
     }
     if (p.has_ipc()) {
       absl::StatusOr<IpcTensor> ipc =
-          DecodeIpc(what, p.ipc(), targeted, proto.events_size(), i);
+          DecodeIpc(what, p.ipc(), proto.returning(), proto.events_size(),
+                    i);
       if (!ipc.ok()) return ipc.status();
       placement.ipc = *std::move(ipc);
     }
@@ -188,6 +195,26 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
     if (request) return Bad(what, "a request carries an IPC acknowledgement");
     out.ipc_ack = proto.ipc_ack();
   }
+  if (!request && (proto.ipc_replies() || proto.reply_acks_size() > 0)) {
+    return Bad(what, "a reply carries ipc_replies or reply acknowledgements "
+                     "(requests only)");
+  }
+  if (static_cast<size_t>(proto.reply_acks_size()) > kMaxReplyAcks) {
+    return Bad(what, absl::StrCat("a request acknowledges ",
+                                  proto.reply_acks_size(), " replies (at most ",
+                                  kMaxReplyAcks, ")"));
+  }
+  bool has_ipc = false;
+  for (const DevicePlacement& p : out.placements) has_ipc |= p.ipc.has_value();
+  if (proto.has_ipc_reply() != (!request && has_ipc)) {
+    return Bad(what, proto.has_ipc_reply()
+                         ? "ipc_reply on a request or a reply without IPC "
+                           "tensors"
+                         : "a reply's IPC tensors without ipc_reply");
+  }
+  if (proto.has_ipc_reply()) out.ipc_reply = proto.ipc_reply();
+  out.ipc_replies = proto.ipc_replies();
+  out.reply_acks.assign(proto.reply_acks().begin(), proto.reply_acks().end());
   return out;
 }
 

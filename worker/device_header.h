@@ -4,18 +4,21 @@
 // carries it as the opaque bytes of layer header kDeviceHeaderLayer
 // (proto/device_rpc.proto); worker/device_stage.h writes and reads it.
 //
-// A placement may instead carry an IPC tensor (same-host requests): the
-// sender's allocation handle, offset, size and shape, and an event index;
-// a reply may acknowledge such a request (ipc_ack).
+// A placement may instead carry an IPC tensor (same-host forward requests
+// and replies): the sender's allocation handle, offset, size and shape, and
+// an event index; a reply may acknowledge such a request (ipc_ack), and a
+// request may say its replies may come by IPC (ipc_replies) and acknowledge
+// replies that did (reply_acks).
 // A message whose tensors are all on the CPU carries no header, so CPU
 // traffic and peers that never stage are unchanged. Decode trusts nothing:
 // unparsable bytes, a position not below the message's tensor count or not
 // strictly increasing, a negative device index or one over kMaxDeviceIndex,
 // a request placement without a target or a reply placement with one, an
-// IPC tensor in a reply or in a returning request, a handle not of
-// kIpcHandleBytes, a bad shape, an offset or size outside the allocation,
-// an event index without an event, an IPC acknowledgement on a request,
-// `returning` on a reply are InvalidArgument naming the sender, the message
+// IPC tensor in a returning request, a handle not of kIpcHandleBytes, a bad
+// shape, an offset or size outside the allocation, an event index without
+// an event, an IPC acknowledgement on a request, `returning`,
+// `ipc_replies` or reply acknowledgements on a reply, more than
+// kMaxReplyAcks acknowledgements are InvalidArgument naming the sender, the message
 // and the field; it never crashes (//worker:device_header_fuzz). A
 // returning request (gradients going back along a forward request) carries
 // its placements as a reply does, without targets.
@@ -63,7 +66,7 @@ struct DevicePlacement {
   int source = 0;         ///< The sender's CUDA device index.
   /// The receiver's CUDA device index (requests); nullopt in replies.
   std::optional<int> target;
-  /// Set when the tensor travels by IPC (requests only).
+  /// Set when the tensor travels by IPC (forward requests and replies).
   std::optional<IpcTensor> ipc = std::nullopt;
   friend bool operator==(const DevicePlacement&,
                          const DevicePlacement&) = default;
@@ -79,9 +82,25 @@ struct DeviceHeader {
   std::vector<std::string> events = {};
   /// A reply's: the request whose IPC tensors were copied (a GlobalId).
   std::optional<uint64_t> ipc_ack = std::nullopt;
+  /// A request's: the caller can open the callee's IPC handles, so the
+  /// reply's tensors may come by IPC.
+  bool ipc_replies = false;
+  /// A request's: replies (by their request's id) whose IPC tensors the
+  /// caller copied; at most kMaxReplyAcks.
+  std::vector<uint64_t> reply_acks = {};
+  /// A reply's with IPC placements: the id the caller acknowledges.
+  std::optional<uint64_t> ipc_reply = std::nullopt;
 };
 
-/// Claims the "device" layer and its header id (rpc/layer.h); idempotent.
+/// Most reply acknowledgements one request may carry.
+inline constexpr size_t kMaxReplyAcks = 4096;
+
+/// The message type of DEVICE_IPC_ACK: an empty request whose header
+/// carries reply acknowledgements no other request took in time.
+inline constexpr uint32_t kDeviceIpcAckType = 50;
+
+/// Claims the "device" layer, its header id and DEVICE_IPC_ACK
+/// (rpc/layer.h); idempotent.
 absl::Status ClaimDeviceLayer();
 
 /// The header's bytes (proto/device_rpc.proto).

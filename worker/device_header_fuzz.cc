@@ -36,7 +36,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!again.ok() || again->placements != h->placements ||
           again->returning != h->returning ||
           again->events != h->events ||
-          again->ipc_ack != h->ipc_ack) {
+          again->ipc_ack != h->ipc_ack ||
+          again->ipc_replies != h->ipc_replies ||
+          again->reply_acks != h->reply_acks ||
+          again->ipc_reply != h->ipc_reply) {
         Fail("a decoded header does not survive re-encoding");
       }
     }

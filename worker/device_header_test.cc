@@ -115,6 +115,30 @@ TEST(DeviceHeader, ARepliesIpcAcknowledgementRoundTripsAndARequestsIsRefused) {
                         "carries an IPC acknowledgement"));
 }
 
+TEST(DeviceHeader, AReplysIpcTensorAndARequestsReplyFieldsRoundTrip) {
+  DeviceHeader reply = IpcRequest(0, 4096);  // A reply: no target.
+  reply.placements[0].target = std::nullopt;
+  reply.ipc_ack = 3;
+  reply.ipc_reply = 9;
+  absl::StatusOr<DeviceHeader> back =
+      DecodeDeviceHeader(EncodeDeviceHeader(reply), 2, false, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->placements, reply.placements);
+  EXPECT_EQ(back->events, reply.events);
+  EXPECT_EQ(back->ipc_reply, std::optional<uint64_t>(9));
+  DeviceHeader request;
+  request.ipc_replies = true;
+  request.reply_acks = {0, 5, uint64_t{1} << 40};
+  back = DecodeDeviceHeader(EncodeDeviceHeader(request), 0, true, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->ipc_replies);
+  EXPECT_EQ(back->reply_acks, request.reply_acks);
+  back = DecodeDeviceHeader(EncodeDeviceHeader(DeviceHeader{}), 0, true, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->ipc_replies);
+  EXPECT_TRUE(back->reply_acks.empty());
+}
+
 TEST(DeviceHeader, MalformedIpcFieldsAreInvalidArgumentNamingThem) {
   struct Case {
     DeviceHeader header;
@@ -122,13 +146,25 @@ TEST(DeviceHeader, MalformedIpcFieldsAreInvalidArgumentNamingThem) {
     std::string expect;
   };
   std::vector<Case> cases;
-  DeviceHeader reply = IpcRequest(0, 4096);
-  reply.placements[0].target = std::nullopt;
-  cases.push_back({reply, false, "rides on a reply"});
   DeviceHeader returning = IpcRequest(0, 4096);  // Gradients going back.
   returning.returning = true;
   returning.placements[0].target = std::nullopt;
-  cases.push_back({returning, true, "rides on a reply or a returning request"});
+  cases.push_back({returning, true, "rides on a returning request"});
+  DeviceHeader unnamed_reply = IpcRequest(0, 4096);
+  unnamed_reply.placements[0].target = std::nullopt;
+  cases.push_back({unnamed_reply, false, "IPC tensors without ipc_reply"});
+  DeviceHeader named_request = IpcRequest(0, 4096);
+  named_request.ipc_reply = 1;
+  cases.push_back({named_request, true, "ipc_reply on a request"});
+  DeviceHeader flagged_reply;
+  flagged_reply.ipc_replies = true;
+  cases.push_back({flagged_reply, false, "a reply carries ipc_replies"});
+  DeviceHeader acking_reply;
+  acking_reply.reply_acks = {7};
+  cases.push_back({acking_reply, false, "a reply carries ipc_replies"});
+  DeviceHeader too_many_acks;
+  too_many_acks.reply_acks.assign(kMaxReplyAcks + 1, 7);
+  cases.push_back({too_many_acks, true, "acknowledges 4097 replies (at most"});
   DeviceHeader short_handle = IpcRequest(0, 4096);
   short_handle.placements[0].ipc->memory_handle = "abc";
   cases.push_back({short_handle, true, "memory handle of 3 bytes"});

@@ -65,10 +65,12 @@ absl::StatusOr<Tensor> IpcOutgoing::Add(const Tensor& t,
 
 void IpcOutgoing::Commit(GlobalId id, absl::Time deadline) {
   if (tensors_.empty() && events_.empty()) return;
-  ipc_->Count(peer_, IpcTraffic{.tensors_out = tensors_.size(),
-                                .bytes_out = bytes_});
+  ipc_->Count(peer_,
+              IpcTraffic{.tensors_out = tensors_.size(),
+                         .bytes_out = bytes_,
+                         .reply_tensors_out = reply_ ? tensors_.size() : 0});
   ipc_->Hold(id, DeviceIpc::Held{peer_, deadline, std::move(tensors_),
-                                 std::move(events_)});
+                                 std::move(events_), reply_, bytes_});
   tensors_.clear();
   events_.clear();
 }
@@ -171,10 +173,13 @@ IpcIncoming::~IpcIncoming() {
   ipc_->DestroyEvents(events);
   // Handles opened count even when the message failed afterwards.
   if (!finished_) counted_.tensors_in = counted_.bytes_in = 0;
+  if (reply_.has_value()) counted_.reply_tensors_in = counted_.tensors_in;
   if (counted_.tensors_in > 0 || counted_.handles_opened > 0 ||
       counted_.handle_reuses > 0) {
     ipc_->Count(peer_, counted_);
   }
+  // No copy reads the callee's memory any more: it may release it.
+  if (reply_.has_value()) ipc_->OweAck(peer_, *reply_);
 }
 
 // --- DeviceIpc -------------------------------------------------------------
@@ -189,7 +194,8 @@ std::shared_ptr<DeviceIpc> DeviceIpc::Create(
 }
 
 DeviceIpc::~DeviceIpc() {
-  std::map<uint64_t, Held> held;
+  StopAckFlusher();
+  std::map<HeldKey, Held> held;
   decltype(mappings_) mappings;
   {
     MutexLock lock(&mu_);
@@ -201,7 +207,6 @@ DeviceIpc::~DeviceIpc() {
 
 absl::Status DeviceIpc::UsePeers(const std::vector<std::string>& peers,
                                  int probe_device) {
-  if (peers.empty()) return absl::OkStatus();
   absl::StatusOr<cuda::EventHandle> probe = ipc_->CreateIpcEvent(probe_device);
   MutexLock lock(&mu_);
   if (!probe.ok()) {
@@ -210,6 +215,8 @@ absl::Status DeviceIpc::UsePeers(const std::vector<std::string>& peers,
                     absl::StrCat("worker '", me_, "': CUDA IPC unavailable"));
   }
   ipc_->DestroyIpcEvent(probe_device, *probe).IgnoreError();
+  usable_ = true;
+  if (peers.empty()) return absl::OkStatus();
   peers_.insert(peers.begin(), peers.end());
   unavailable_.clear();
   return absl::OkStatus();
@@ -229,13 +236,34 @@ std::unique_ptr<IpcOutgoing> DeviceIpc::Begin(const std::string& peer) {
   if (!Carries(peer)) return nullptr;
   ReleaseExpired();
   return std::unique_ptr<IpcOutgoing>(
-      new IpcOutgoing(shared_from_this(), peer));
+      new IpcOutgoing(shared_from_this(), peer, /*reply=*/false));
+}
+
+std::unique_ptr<IpcOutgoing> DeviceIpc::BeginReply(const std::string& peer) {
+  ReleaseExpired();
+  {
+    MutexLock lock(&mu_);
+    if (!usable_) return nullptr;
+    auto it = reply_bytes_.find(peer);
+    if (it != reply_bytes_.end() && it->second >= max_reply_bytes_) {
+      CountLocked(peer, IpcTraffic{.replies_over_limit = 1});
+      return nullptr;
+    }
+  }
+  return std::unique_ptr<IpcOutgoing>(
+      new IpcOutgoing(shared_from_this(), peer, /*reply=*/true));
+}
+
+void DeviceIpc::set_max_held_reply_bytes(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  max_reply_bytes_ = bytes;
 }
 
 std::unique_ptr<IpcIncoming> DeviceIpc::Receive(
-    const std::string& peer, std::vector<std::string> events) {
+    const std::string& peer, std::vector<std::string> events,
+    std::optional<GlobalId> reply) {
   return std::unique_ptr<IpcIncoming>(
-      new IpcIncoming(shared_from_this(), peer, std::move(events)));
+      new IpcIncoming(shared_from_this(), peer, std::move(events), reply));
 }
 
 absl::StatusOr<std::shared_ptr<const DeviceIpc::Mapping>> DeviceIpc::Open(
@@ -274,6 +302,10 @@ absl::StatusOr<std::shared_ptr<const DeviceIpc::Mapping>> DeviceIpc::Open(
 
 void DeviceIpc::Count(const std::string& peer, const IpcTraffic& d) {
   MutexLock lock(&mu_);
+  CountLocked(peer, d);
+}
+
+void DeviceIpc::CountLocked(const std::string& peer, const IpcTraffic& d) {
   const bool known = traffic_.count(peer) > 0;
   IpcTraffic& t =
       traffic_[known || traffic_.size() < kMaxPeers ? peer : "(other)"];
@@ -283,12 +315,39 @@ void DeviceIpc::Count(const std::string& peer, const IpcTraffic& d) {
   t.bytes_in += d.bytes_in;
   t.handles_opened += d.handles_opened;
   t.handle_reuses += d.handle_reuses;
+  t.reply_tensors_out += d.reply_tensors_out;
+  t.reply_tensors_in += d.reply_tensors_in;
+  t.replies_over_limit += d.replies_over_limit;
+  t.acks_piggybacked += d.acks_piggybacked;
+  t.ack_messages += d.ack_messages;
+  t.acks_in_messages += d.acks_in_messages;
 }
 
 void DeviceIpc::Hold(GlobalId id, Held held) {
-  MutexLock lock(&mu_);
-  next_expiry_ = std::min(next_expiry_, held.deadline);
-  held_[id.value()] = std::move(held);
+  std::vector<Held> replaced;  // A repeated id (a peer's bad ids): released.
+  {
+    MutexLock lock(&mu_);
+    next_expiry_ = std::min(next_expiry_, held.deadline);
+    const HeldKey key{held.reply, id.value()};
+    if (auto it = held_.find(key); it != held_.end()) Release(it, replaced);
+    if (held.reply) reply_bytes_[held.peer] += held.bytes;
+    held_[key] = std::move(held);
+  }
+  for (const Held& h : replaced) DestroyEvents(h.events);
+}
+
+void DeviceIpc::Release(std::map<HeldKey, Held>::iterator it,
+                        std::vector<Held>& out) {
+  Held& h = it->second;
+  if (h.reply) {
+    auto bytes = reply_bytes_.find(h.peer);
+    if (bytes != reply_bytes_.end()) {
+      bytes->second -= std::min(bytes->second, h.bytes);
+      if (bytes->second == 0) reply_bytes_.erase(bytes);
+    }
+  }
+  out.push_back(std::move(h));
+  held_.erase(it);
 }
 
 void DeviceIpc::DestroyEvents(
@@ -305,8 +364,7 @@ void DeviceIpc::TakeExpired(std::vector<Held>& out) {
   next_expiry_ = absl::InfiniteFuture();
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->second.deadline < now) {
-      out.push_back(std::move(it->second));
-      it = held_.erase(it);
+      Release(it++, out);
     } else {
       next_expiry_ = std::min(next_expiry_, it->second.deadline);
       ++it;
@@ -327,40 +385,135 @@ void DeviceIpc::Replied(const std::string& peer, GlobalId id) {
   std::vector<Held> done;
   {
     MutexLock lock(&mu_);
-    auto it = held_.find(id.value());
+    auto it = held_.find({false, id.value()});
     // Only the peer the request went to may release it.
-    if (it != held_.end() && it->second.peer == peer) {
-      done.push_back(std::move(it->second));
-      held_.erase(it);
+    if (it != held_.end() && it->second.peer == peer) Release(it, done);
+    TakeExpired(done);
+  }
+  for (const Held& h : done) DestroyEvents(h.events);
+}
+
+void DeviceIpc::RepliesAcked(const std::string& peer,
+                             const std::vector<uint64_t>& ids) {
+  std::vector<Held> done;
+  {
+    MutexLock lock(&mu_);
+    for (uint64_t id : ids) {
+      auto it = held_.find({true, id});
+      // Only the caller the reply went to may release it.
+      if (it != held_.end() && it->second.peer == peer) Release(it, done);
     }
     TakeExpired(done);
   }
   for (const Held& h : done) DestroyEvents(h.events);
 }
 
+void DeviceIpc::OweAck(const std::string& peer, GlobalId id) {
+  MutexLock lock(&ack_mu_);
+  Owed& owed = owed_[peer];
+  if (owed.ids.empty()) owed.since = absl::Now();
+  // Bounded: beyond kMaxReplyAcks owed to one peer, the oldest go unsent
+  // (the callee then releases them at its hold's deadline).
+  if (owed.ids.size() >= kMaxReplyAcks) owed.ids.erase(owed.ids.begin());
+  owed.ids.push_back(id.value());
+}
+
+std::vector<uint64_t> DeviceIpc::TakeAcks(const std::string& peer,
+                                          bool explicit_message) {
+  std::vector<uint64_t> ids;
+  {
+    MutexLock lock(&ack_mu_);
+    auto it = owed_.find(peer);
+    if (it == owed_.end()) return ids;
+    ids = std::move(it->second.ids);
+    owed_.erase(it);
+  }
+  Count(peer, explicit_message
+                  ? IpcTraffic{.ack_messages = 1,
+                               .acks_in_messages = ids.size()}
+                  : IpcTraffic{.acks_piggybacked = ids.size()});
+  return ids;
+}
+
+void DeviceIpc::StartAckFlusher(
+    std::function<void(const std::string& peer)> send) {
+  send_acks_ = std::move(send);
+  flusher_ = std::thread([this] { FlushLoop(); });
+}
+
+void DeviceIpc::StopAckFlusher() {
+  {
+    MutexLock lock(&ack_mu_);
+    stop_ = true;
+  }
+  if (flusher_.joinable()) flusher_.join();
+}
+
+void DeviceIpc::FlushLoop() {
+  MutexLock lock(&ack_mu_);
+  auto owed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ack_mu_) {
+    return stop_ || !owed_.empty();
+  };
+  auto stopped = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(ack_mu_) {
+    return stop_;
+  };
+  while (!stop_) {
+    ack_mu_.Await(absl::Condition(&owed));
+    if (stop_) break;
+    absl::Time due = absl::InfiniteFuture();
+    for (const auto& [peer, o] : owed_) due = std::min(due, o.since + kAckDelay);
+    // Requests to the peer may take them meanwhile; each wait is bounded.
+    if (absl::Now() < due) {
+      ack_mu_.AwaitWithDeadline(absl::Condition(&stopped), due);
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    std::vector<std::pair<std::string, absl::Time>> late;
+    for (const auto& [peer, o] : owed_) {
+      if (o.since + kAckDelay <= now) late.emplace_back(peer, o.since);
+    }
+    ack_mu_.Unlock();
+    // Each send's staging takes the peer's acks (TakeAcks).
+    for (const auto& [peer, since] : late) send_acks_(peer);
+    ack_mu_.Lock();
+    // A send that never reached staging (an unknown peer, a stopped agent)
+    // left them: dropped, not retried in a loop (the callee's hold ends at
+    // its deadline or when it sees this worker down).
+    for (const auto& [peer, since] : late) {
+      auto it = owed_.find(peer);
+      if (it != owed_.end() && it->second.since == since) owed_.erase(it);
+    }
+  }
+}
+
 void DeviceIpc::ExpectReply(const std::string& peer, GlobalId id,
-                            absl::Time deadline) {
+                            ReplyPlan plan) {
   MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (now > next_ack_expiry_) {
     next_ack_expiry_ = absl::InfiniteFuture();
     for (auto it = acks_.begin(); it != acks_.end();) {
-      if (it->second < now) {
+      if (it->second.deadline < now) {
         it = acks_.erase(it);
       } else {
-        next_ack_expiry_ = std::min(next_ack_expiry_, it->second);
+        next_ack_expiry_ = std::min(next_ack_expiry_, it->second.deadline);
         ++it;
       }
     }
   }
   if (acks_.size() >= kMaxPendingAcks) acks_.erase(acks_.begin());
-  next_ack_expiry_ = std::min(next_ack_expiry_, deadline);
-  acks_[{peer, id.value()}] = deadline;
+  next_ack_expiry_ = std::min(next_ack_expiry_, plan.deadline);
+  acks_[{peer, id.value()}] = plan;
 }
 
-bool DeviceIpc::TakeReply(const std::string& peer, GlobalId id) {
+DeviceIpc::ReplyPlan DeviceIpc::TakeReply(const std::string& peer,
+                                          GlobalId id) {
   MutexLock lock(&mu_);
-  return acks_.erase({peer, id.value()}) > 0;
+  auto it = acks_.find({peer, id.value()});
+  if (it == acks_.end()) return ReplyPlan{};
+  ReplyPlan plan = it->second;
+  acks_.erase(it);
+  return plan;
 }
 
 void DeviceIpc::PeerFailed(const std::string& peer) {
@@ -371,8 +524,7 @@ void DeviceIpc::PeerFailed(const std::string& peer) {
     MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->second.peer == peer) {
-        done.push_back(std::move(it->second));
-        it = held_.erase(it);
+        Release(it++, done);
       } else {
         ++it;
       }
@@ -387,6 +539,8 @@ void DeviceIpc::PeerFailed(const std::string& peer) {
     }
   }
   for (const Held& h : done) DestroyEvents(h.events);
+  MutexLock lock(&ack_mu_);
+  owed_.erase(peer);  // Nobody there to release anything.
 }
 
 IpcTraffic DeviceIpc::Traffic(const std::string& peer) {
@@ -394,14 +548,19 @@ IpcTraffic DeviceIpc::Traffic(const std::string& peer) {
   MutexLock lock(&mu_);
   auto it = traffic_.find(peer);
   IpcTraffic t = it == traffic_.end() ? IpcTraffic{} : it->second;
-  for (const auto& [id, h] : held_) t.held_calls += h.peer == peer ? 1 : 0;
+  for (const auto& [key, h] : held_) {
+    if (h.peer != peer) continue;
+    ++(h.reply ? t.held_replies : t.held_calls);
+  }
   return t;
 }
 
 size_t DeviceIpc::held_calls() {
   ReleaseExpired();
   MutexLock lock(&mu_);
-  return held_.size();
+  size_t n = 0;
+  for (const auto& [key, h] : held_) n += h.reply ? 0 : 1;
+  return n;
 }
 
 std::vector<rpc::InspectionRow> DeviceIpc::Inspect() {
@@ -421,7 +580,15 @@ std::vector<rpc::InspectionRow> DeviceIpc::Inspect() {
                      {"bytes_in", absl::StrCat(t.bytes_in)},
                      {"handles_opened", absl::StrCat(t.handles_opened)},
                      {"handle_reuses", absl::StrCat(t.handle_reuses)},
-                     {"held_calls", absl::StrCat(t.held_calls)}}});
+                     {"held_calls", absl::StrCat(t.held_calls)},
+                     {"reply_tensors_out", absl::StrCat(t.reply_tensors_out)},
+                     {"reply_tensors_in", absl::StrCat(t.reply_tensors_in)},
+                     {"held_replies", absl::StrCat(t.held_replies)},
+                     {"replies_over_limit",
+                      absl::StrCat(t.replies_over_limit)},
+                     {"acks_piggybacked", absl::StrCat(t.acks_piggybacked)},
+                     {"ack_messages", absl::StrCat(t.ack_messages)},
+                     {"acks_in_messages", absl::StrCat(t.acks_in_messages)}}});
   }
   return rows;
 }

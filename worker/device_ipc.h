@@ -10,7 +10,10 @@
 // handle (cached per peer, device and allocation, so a hot path opens
 // none), makes its stream wait on the event, copies device to device into
 // its caching allocator, and waits for the copies before the handler runs:
-// the reply proves the copy ended. Replies stay staged (see the design note).
+// the reply proves the copy ended. Replies go by IPC too when the request
+// asked (`ipc_replies`); the callee holds them until the caller acknowledges
+// (on its next request, or a DEVICE_IPC_ACK after kAckDelay), fails, or the
+// deadline plus kReplyHoldGrace passes; past the hold limit, it stages them.
 //
 // IPC is used only when the worker's DeviceMemoryApi is also a DeviceIpcApi
 // and an interprocess event can be created (probed once at InitWorker);
@@ -29,8 +32,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <functional>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -58,6 +64,15 @@ struct IpcTraffic {
   uint64_t handles_opened = 0;  ///< Its memory handles opened here.
   uint64_t handle_reuses = 0;   ///< Received tensors served by a cached one.
   uint64_t held_calls = 0;      ///< Requests to it whose tensors are held now.
+  /// Of tensors_out, those in replies; of tensors_in, those in its replies.
+  uint64_t reply_tensors_out = 0;
+  uint64_t reply_tensors_in = 0;  ///< See reply_tensors_out.
+  uint64_t held_replies = 0;  ///< Replies to it whose tensors are held now.
+  /// Replies to it staged because its reply hold limit was reached.
+  uint64_t replies_over_limit = 0;
+  uint64_t acks_piggybacked = 0;  ///< Reply acks sent on its requests.
+  uint64_t ack_messages = 0;      ///< DEVICE_IPC_ACK messages sent to it.
+  uint64_t acks_in_messages = 0;  ///< Reply acks those messages carried.
 };
 
 class DeviceIpc;
@@ -71,8 +86,9 @@ class IpcOutgoing {
                              DeviceHeader& header);
   /// Whether Add exported anything.
   bool empty() const { return tensors_.empty(); }
-  /// Holds the tensors until the reply to `id`, `deadline`, or the peer's
-  /// failure.
+  /// Holds the tensors until the acknowledgement of `id` (a request's: its
+  /// reply; a reply's, named by its request's id: the caller's reply_acks),
+  /// `deadline`, or the peer's failure.
   void Commit(GlobalId id, absl::Time deadline);
   /// Without Commit, releases the events (the request was not sent).
   ~IpcOutgoing();
@@ -81,10 +97,11 @@ class IpcOutgoing {
 
  private:
   friend class DeviceIpc;
-  IpcOutgoing(std::shared_ptr<DeviceIpc> ipc, std::string peer)
-      : ipc_(std::move(ipc)), peer_(std::move(peer)) {}
+  IpcOutgoing(std::shared_ptr<DeviceIpc> ipc, std::string peer, bool reply)
+      : ipc_(std::move(ipc)), peer_(std::move(peer)), reply_(reply) {}
   std::shared_ptr<DeviceIpc> ipc_;
   std::string peer_;
+  bool reply_;
   std::map<int, uint32_t> event_index_;  // Device -> index in the header.
   std::vector<std::pair<int, cuda::EventHandle>> events_;
   std::vector<Tensor> tensors_;
@@ -111,13 +128,16 @@ class IpcIncoming {
  private:
   friend class DeviceIpc;
   IpcIncoming(std::shared_ptr<DeviceIpc> ipc, std::string peer,
-              std::vector<std::string> events)
+              std::vector<std::string> events, std::optional<GlobalId> reply)
       : ipc_(std::move(ipc)),
         peer_(std::move(peer)),
-        events_(std::move(events)) {}
+        events_(std::move(events)),
+        reply_(reply) {}
   std::shared_ptr<DeviceIpc> ipc_;
   std::string peer_;
   std::vector<std::string> events_;
+  // A reply's request id: acknowledged once its copies ended (destructor).
+  std::optional<GlobalId> reply_;
   std::map<std::pair<int, uint32_t>, cuda::EventHandle> opened_;
   std::set<int> targets_;
   std::vector<std::shared_ptr<const void>> in_use_;  // Mappings copied from.
@@ -140,27 +160,64 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   ~DeviceIpc();
 
   /// Carries requests to `peers` (their plan says "ipc") once an
-  /// interprocess event can be made on `probe_device`; otherwise carries
-  /// none and remembers why (returned; OK when carried).
+  /// interprocess event can be made on `probe_device` (probed also without
+  /// peers: replies may go by IPC); otherwise carries none and remembers
+  /// why (returned; OK when usable).
   absl::Status UsePeers(const std::vector<std::string>& peers,
                         int probe_device);
   /// An outgoing request's exporter, or null when `peer` is not carried.
   std::unique_ptr<IpcOutgoing> Begin(const std::string& peer);
-  /// An incoming request's lander (`events`: its header's).
-  std::unique_ptr<IpcIncoming> Receive(const std::string& peer,
-                                       std::vector<std::string> events);
+  /// An outgoing reply's exporter (the request said `ipc_replies`), or null
+  /// when IPC is unusable or the reply hold limit is reached for `peer`
+  /// (then the reply is staged; counted).
+  std::unique_ptr<IpcOutgoing> BeginReply(const std::string& peer);
+  /// An incoming message's lander (`events`: its header's; `reply`: a
+  /// reply's request id, acknowledged to the peer once its copies ended).
+  std::unique_ptr<IpcIncoming> Receive(
+      const std::string& peer, std::vector<std::string> events,
+      std::optional<GlobalId> reply = std::nullopt);
 
   /// Caller: `peer` acknowledged request `id`; releases its tensors.
   void Replied(const std::string& peer, GlobalId id);
+  /// Callee: `peer` acknowledged the replies to its requests `ids`;
+  /// releases their tensors (ids it holds nothing for are ignored).
+  void RepliesAcked(const std::string& peer, const std::vector<uint64_t>& ids);
+  /// Caller: the acknowledgements owed to `peer` (at most kMaxReplyAcks),
+  /// for the request about to go to it; counted as piggybacked unless
+  /// `explicit_message`.
+  std::vector<uint64_t> TakeAcks(const std::string& peer,
+                                 bool explicit_message);
+  /// Caller: starts the thread that sends, with `send(peer)` (a
+  /// DEVICE_IPC_ACK request, whose staging takes the acks), acks owed for
+  /// kAckDelay that no request took. Call once; StopAckFlusher before the
+  /// agent `send` uses goes.
+  void StartAckFlusher(std::function<void(const std::string& peer)> send);
+  /// Stops and joins that thread; idempotent.
+  void StopAckFlusher();
+  /// Longest an owed acknowledgement waits for a request to carry it.
+  static constexpr absl::Duration kAckDelay = absl::Milliseconds(2);
+  /// Sets the most reply bytes held for one caller (further replies to it
+  /// are staged; WorkerOptions::ipc_reply_hold_bytes).
+  void set_max_held_reply_bytes(uint64_t bytes);
+  /// A reply's hold outlives its request's deadline by this much (the
+  /// caller may be landing it as the deadline passes).
+  static constexpr absl::Duration kReplyHoldGrace = absl::Seconds(30);
   /// `peer` is down: releases the tensors of every request to it, and
   /// closes the mappings of its memory (each once no landing uses it).
   void PeerFailed(const std::string& peer);
-  /// Callee: request `id` of `peer` landed by IPC; its reply (before
-  /// `deadline`) acknowledges it. At most kMaxPendingAcks are remembered.
-  void ExpectReply(const std::string& peer, GlobalId id, absl::Time deadline);
-  /// Callee: whether the reply to `peer`'s request `id` acknowledges it
-  /// (once).
-  bool TakeReply(const std::string& peer, GlobalId id);
+  /// How the reply to a request goes (ExpectReply, TakeReply).
+  struct ReplyPlan {
+    bool ack = false;  ///< It acknowledges the request's IPC tensors.
+    bool ipc = false;  ///< Its tensors may go by IPC (`ipc_replies`).
+    absl::Time deadline = absl::InfinitePast();  ///< The request's.
+  };
+  /// Callee: request `id` of `peer` (due by `deadline`) landed by IPC
+  /// (`plan.ack`) or allows IPC replies (`plan.ipc`); remembered for its
+  /// reply until the deadline. At most kMaxPendingAcks are remembered.
+  void ExpectReply(const std::string& peer, GlobalId id, ReplyPlan plan);
+  /// Callee: the plan of the reply to `peer`'s request `id` (once; all
+  /// false when none was remembered).
+  ReplyPlan TakeReply(const std::string& peer, GlobalId id);
   /// Most requests remembered for an acknowledgement.
   static constexpr size_t kMaxPendingAcks = 65536;
 
@@ -184,6 +241,15 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
     absl::Time deadline;
     std::vector<Tensor> tensors;
     std::vector<std::pair<int, cuda::EventHandle>> events;
+    bool reply = false;
+    uint64_t bytes = 0;
+  };
+  // Held tensors: (a reply's, request id).
+  using HeldKey = std::pair<bool, uint64_t>;
+  // Acknowledgements owed to one peer.
+  struct Owed {
+    std::vector<uint64_t> ids;
+    absl::Time since;  // When the oldest was owed.
   };
   DeviceIpc(std::string me, std::shared_ptr<cuda::DeviceIpcApi> ipc,
             std::shared_ptr<cuda::DeviceMemoryApi> api,
@@ -196,8 +262,18 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   absl::StatusOr<std::shared_ptr<const Mapping>> Open(
       const std::string& peer, int device, const std::string& handle,
       IpcTraffic& counted);
-  void Count(const std::string& peer, const IpcTraffic& delta);
+  void Count(const std::string& peer, const IpcTraffic& delta)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CountLocked(const std::string& peer, const IpcTraffic& delta)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Hold(GlobalId id, Held held);
+  // Caller: the reply to request `id` from `peer` was landed (or failed
+  // after its copies ended): acknowledge it.
+  void OweAck(const std::string& peer, GlobalId id);
+  // Moves `it`'s hold into `out` and forgets its bytes.
+  void Release(std::map<HeldKey, Held>::iterator it, std::vector<Held>& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushLoop();
   void DestroyEvents(const std::vector<std::pair<int, cuda::EventHandle>>& e);
   // Moves the holds whose deadline passed into `out`.
   void TakeExpired(std::vector<Held>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -209,16 +285,28 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   cuda::CachingDeviceAllocator* const allocator_;  // Owned by the stage.
   mutable Mutex mu_;
   std::set<std::string> peers_ ABSL_GUARDED_BY(mu_);
+  bool usable_ ABSL_GUARDED_BY(mu_) = false;  // An event could be made.
   std::string unavailable_ ABSL_GUARDED_BY(mu_) = "no peer's plan says ipc";
   // (peer, device, handle) -> the open allocation, and its last use.
   std::map<std::tuple<std::string, int, std::string>,
            std::pair<std::shared_ptr<const Mapping>, uint64_t>>
       mappings_ ABSL_GUARDED_BY(mu_);
   uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);  // By request id.
-  // Callee: (peer, request id) -> deadline, of requests to acknowledge.
-  std::map<std::pair<std::string, uint64_t>, absl::Time> acks_
+  std::map<HeldKey, Held> held_ ABSL_GUARDED_BY(mu_);
+  // Callee: reply bytes held per caller, and the most allowed.
+  std::map<std::string, uint64_t> reply_bytes_ ABSL_GUARDED_BY(mu_);
+  uint64_t max_reply_bytes_ ABSL_GUARDED_BY(mu_) = uint64_t{4} << 30;
+  // Callee: (peer, request id) -> its reply's plan.
+  std::map<std::pair<std::string, uint64_t>, ReplyPlan> acks_
       ABSL_GUARDED_BY(mu_);
+  // Caller: acknowledgements owed, per callee.
+  // Its own lock: the flusher waits on it, and a waiter makes every unlock
+  // of its mutex notify.
+  mutable Mutex ack_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::string, Owed> owed_ ABSL_GUARDED_BY(ack_mu_);
+  bool stop_ ABSL_GUARDED_BY(ack_mu_) = false;
+  std::function<void(const std::string&)> send_acks_;  // Set once, at start.
+  std::thread flusher_;
   // No hold (ack) expires before this: sweeps are skipped until then.
   absl::Time next_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time next_ack_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

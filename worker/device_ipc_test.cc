@@ -48,7 +48,9 @@ struct Pair {
 // w0 (cuda:0, cuda:1) maps cuda:0 -> w1's cuda:1 and cuda:1 -> w1's cuda:0,
 // with the ipc path forced; w1 serves echo, where and sum. `same_host`: both
 // fakes on one FakeHost, else on two.
-std::unique_ptr<Pair> StartPair(const std::string& tag, bool same_host) {
+std::unique_ptr<Pair> StartPair(
+    const std::string& tag, bool same_host,
+    const std::function<void(std::vector<WorkerOptions>&)>& edit = {}) {
   auto p = std::make_unique<Pair>();
   auto host = std::make_shared<cuda::FakeHost>("h1");
   p->api0 = std::make_shared<cuda::FakeDeviceApi>(2, 64 << 20, host);
@@ -100,6 +102,7 @@ std::unique_ptr<Pair> StartPair(const std::string& tag, bool same_host) {
   o[1].device_api = p->api1;
   o[1].registry = registry;
   for (WorkerOptions& each : o) each.join_timeout = absl::Seconds(30);
+  if (edit) edit(o);
   p->w = StartWorkerGroup(tag, o);
   return p;
 }
@@ -139,7 +142,7 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
       }
     }
   }
-  // The requests went by IPC, none staged; replies are staged.
+  // The requests went by IPC, none staged; the echoes' replies too.
   const IpcTraffic out = w0.ipc_traffic("w1");
   EXPECT_EQ(out.tensors_out, sent);
   EXPECT_EQ(out.bytes_out, sent_bytes);
@@ -148,7 +151,11 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
   EXPECT_EQ(w1.ipc_traffic("w0").bytes_in, sent_bytes);
   EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 0u);
   EXPECT_EQ(w1.staged_traffic("w0").tensors_in, 0u);
-  EXPECT_EQ(w0.staged_traffic("w1").tensors_in, sent / 3);  // Replies.
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 0u);
+  EXPECT_EQ(w1.staged_traffic("w0").tensors_out, 0u);
+  EXPECT_EQ(out.reply_tensors_in, sent / 3);
+  EXPECT_EQ(out.tensors_in, sent / 3);
+  EXPECT_EQ(w1.ipc_traffic("w0").reply_tensors_out, sent / 3);
   // 10 calls with one tensor (a size class not used above, so a block not
   // opened before) open its handle once and reuse it 9 times.
   const Tensor cpu = arange(1 << 20, DType::kFloat32);  // 4 MiB.
@@ -176,6 +183,7 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
       peer_row = true;
       EXPECT_EQ(r.Get("path"), "ipc");
       EXPECT_EQ(r.Get("carried"), "ipc");
+      EXPECT_EQ(r.Get("replies"), "ipc");
     }
     if (r.kind == "ipc") {
       ipc_row = true;
@@ -188,6 +196,123 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
   // The receiver closed every mapping with its stage.
   p->w.clear();
   EXPECT_EQ(p->api1->open_mappings(), 0u);
+}
+
+// Bytes w's allocator hands out now on w1's cuda:1 (where w0's cuda:0
+// tensors land).
+uint64_t Allocated(Worker& w) {
+  return w.device_allocator()->Stats(1).allocated_bytes;
+}
+
+// The callee holds an IPC reply's tensors until the caller acknowledges it:
+// on its next request to the callee, or in a DEVICE_IPC_ACK message when no
+// request follows.
+TEST(DeviceIpc, RepliesGoByIpcAndAreReleasedOnceAcknowledged) {
+  std::unique_ptr<Pair> p = StartPair("ipc_replies", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(1024, DType::kFloat32);  // 4 KiB.
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  const uint64_t w1_before = Allocated(w1);
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->device(), Device::CUDA(0));  // w1's cuda:1, mapped back.
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  }
+  // The last acknowledgement has no request to ride on: it goes alone.
+  ASSERT_TRUE(PollUntil([&] { return w1.ipc_traffic("w0").held_replies == 0; },
+                        absl::Seconds(20)))
+      << w1.ipc_traffic("w0").held_replies << " held; acks sent "
+      << w0.ipc_traffic("w1").acks_piggybacked << " + "
+      << w0.ipc_traffic("w1").acks_in_messages << " in "
+      << w0.ipc_traffic("w1").ack_messages << " messages";
+  const IpcTraffic caller = w0.ipc_traffic("w1");
+  const IpcTraffic callee = w1.ipc_traffic("w0");
+  EXPECT_EQ(callee.reply_tensors_out, uint64_t{kCalls});
+  EXPECT_EQ(caller.reply_tensors_in, uint64_t{kCalls});
+  EXPECT_EQ(w1.staged_traffic("w0").tensors_out, 0u);
+  EXPECT_EQ(caller.acks_piggybacked + caller.acks_in_messages,
+            uint64_t{kCalls});
+  EXPECT_GE(caller.ack_messages, 1u);
+  // Each call but the last was followed by another within microseconds,
+  // against the flusher's 2 ms.
+  EXPECT_GE(caller.acks_piggybacked, 1u);
+  // The held echoes went back to w1's allocator.
+  EXPECT_EQ(Allocated(w1), w1_before);
+  ShutdownWorkerGroup(p->w);
+}
+
+// Acknowledgements that never arrive (stripped from w0's requests and
+// replaced by ids w1 never used) leave the replies held; the caller going
+// down releases them.
+TEST(DeviceIpc, UnacknowledgedRepliesStayHeldUntilTheCallerIsDown) {
+  std::unique_ptr<Pair> p = StartPair("ipc_noack", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  *p->tamper = [](DeviceHeader& h) {
+    if (!h.reply_acks.empty()) h.reply_acks = {uint64_t{1} << 62, 7};
+  };
+  const Tensor cpu = arange(1024, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  const uint64_t w1_before = Allocated(w1);
+  for (int i = 0; i < 3; ++i) {
+    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  }
+  // Every acknowledgement was taken (and spoiled) on its way out.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const IpcTraffic t = w0.ipc_traffic("w1");
+        return t.acks_piggybacked + t.acks_in_messages == 3;
+      },
+      absl::Seconds(20)));
+  // One more call: its reply is the only one acknowledged by nobody yet,
+  // and its request carried nothing.
+  ASSERT_TRUE(w0.rpc_sync<int64_t>("w1", "ping", int64_t{1}).ok());
+  EXPECT_EQ(w1.ipc_traffic("w0").held_replies, 3u);
+  EXPECT_EQ(Allocated(w1), w1_before + 3 * cpu.nbytes());
+  ASSERT_TRUE(w1.agent()
+                  .ReportPeerDown(w0.agent().self().id,
+                                  rpc::PeerDownReason::kDetectorReport,
+                                  absl::UnavailableError("test detector"))
+                  .ok());
+  EXPECT_EQ(w1.ipc_traffic("w0").held_replies, 0u);
+  EXPECT_EQ(Allocated(w1), w1_before);
+  ShutdownWorkerGroup(p->w);
+}
+
+// Over WorkerOptions::ipc_reply_hold_bytes held for a caller, a reply is
+// staged (and still arrives).
+TEST(DeviceIpc, RepliesOverTheHoldLimitAreStaged) {
+  std::unique_ptr<Pair> p = StartPair(
+      "ipc_limit", /*same_host=*/true, [](std::vector<WorkerOptions>& o) {
+        o[1].ipc_reply_hold_bytes = 8192;
+      });
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  *p->tamper = [](DeviceHeader& h) { h.reply_acks.clear(); };
+  const Tensor cpu = arange(1024, DType::kFloat32);  // 4 KiB a reply.
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  for (int i = 0; i < 3; ++i) {
+    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->device(), Device::CUDA(0));
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0)) << "call " << i;
+  }
+  // 0 and 4 KiB held: by IPC; 8 KiB held: staged.
+  const IpcTraffic callee = w1.ipc_traffic("w0");
+  EXPECT_EQ(callee.reply_tensors_out, 2u);
+  EXPECT_EQ(callee.replies_over_limit, 1u);
+  EXPECT_EQ(callee.held_replies, 2u);
+  EXPECT_EQ(w1.staged_traffic("w0").tensors_out, 1u);
+  EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 1u);
+  ShutdownWorkerGroup(p->w);
 }
 
 TEST(DeviceIpc, ConcurrentCallsFromOneBlockOpenItOnceAndAllLand) {

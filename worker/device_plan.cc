@@ -202,14 +202,16 @@ std::vector<rpc::InspectionRow> DevicePlan::Inspect(
                    {"stage_unmapped_to_cpu",
                     stage_unmapped_to_cpu_ ? "true" : "false"}}});
   for (const PeerDevicePlan& p : peers_) {
-    // What carries requests' tensors (replies are always staged).
+    // What carries requests' tensors, and replies' (asked for by IPC
+    // unless unmapped tensors may land on the CPU; the peer stages them
+    // past its hold limit or without IPC of its own).
     const bool ipc = p.path == CudaPath::kIpc && ipc_unavailable.empty();
     rpc::InspectionRow row{
         "peer",
         {{"peer", p.peer},
          {"path", CudaPathName(p.path)},
          {"carried", ipc ? "ipc" : "staged"},
-         {"replies", "staged"},
+         {"replies", ipc && !stage_unmapped_to_cpu_ ? "ipc" : "staged"},
          {"map", absl::StrJoin(p.map, ",", absl::PairFormatter("->"))}}};
     if (p.path == CudaPath::kIpc && !ipc) {
       row.fields.push_back({"ipc_unavailable", ipc_unavailable});

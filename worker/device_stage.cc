@@ -229,10 +229,30 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   StagedTraffic counted;
   absl::Status status;
   // Forward requests to a peer on this host: handles instead of host bytes
-  // (a returning request's gradients travel as a reply's: staged).
-  std::unique_ptr<IpcOutgoing> ipc =
-      request && !header.returning && ipc_ != nullptr ? ipc_->Begin(peer.name)
-                                                      : nullptr;
+  // (a returning request's gradients travel as a reply's: staged). Replies
+  // too, when their request said the caller can open this worker's handles.
+  std::unique_ptr<IpcOutgoing> ipc;
+  absl::Time hold_until = m.deadline;
+  if (ipc_ != nullptr && request) {
+    ipc = ipc_->Begin(peer.name);
+    if (ipc != nullptr) {
+      // The callee may answer by IPC (not when an unmapped reply tensor may
+      // land on this worker's CPU: an IPC placement has no host bytes), and
+      // the replies this worker copied are acknowledged.
+      header.ipc_replies = !maps_.stage_unmapped_to_cpu();
+      header.reply_acks = ipc_->TakeAcks(
+          peer.name, m.type == static_cast<rpc::MessageType>(kDeviceIpcAckType));
+    }
+    if (header.returning) ipc.reset();
+  } else if (ipc_ != nullptr) {
+    const DeviceIpc::ReplyPlan plan = ipc_->TakeReply(peer.name, m.id);
+    // A reply acknowledges a request whose tensors came by IPC.
+    if (plan.ack) header.ipc_ack = m.id.value();
+    if (plan.ipc) ipc = ipc_->BeginReply(peer.name);
+    hold_until = plan.deadline == absl::InfiniteFuture()
+                     ? plan.deadline
+                     : plan.deadline + DeviceIpc::kReplyHoldGrace;
+  }
   // Sources stay alive until their queued copies ran (WaitForDevices).
   std::vector<Tensor> sources;
   std::set<int> queued;  // Devices with copies queued on kStream.
@@ -291,9 +311,10 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       }
       target = *mapped;
     }
-    if (ipc != nullptr && target.is_cuda() && t.nbytes() > 0 &&
+    if (ipc != nullptr && (target.is_cuda() || !request) && t.nbytes() > 0 &&
         t.is_contiguous()) {  // IPC (worker/device_ipc.h).
-      DevicePlacement p{i, source.index, target.index};
+      DevicePlacement p{i, source.index, std::nullopt};
+      if (request) p.target = target.index;
       absl::StatusOr<Tensor> placeholder = ipc->Add(t, p, header);
       if (!placeholder.ok()) {
         status = Annotate(placeholder.status(),
@@ -376,14 +397,14 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
     Count(peer.name, StagedTraffic{.refused = 1});
     return status;
   }
-  // A reply acknowledges a request whose tensors came by IPC.
-  if (!request && ipc_ != nullptr && ipc_->TakeReply(peer.name, m.id)) {
-    header.ipc_ack = m.id.value();
+  if (!request && ipc != nullptr && !ipc->empty()) {
+    header.ipc_reply = m.id.value();  // What the caller acknowledges.
   }
-  if (!header.placements.empty() || header.ipc_ack.has_value()) {
+  if (!header.placements.empty() || header.ipc_ack.has_value() ||
+      header.ipc_replies || !header.reply_acks.empty()) {
     m.SetHeader(kDeviceHeaderLayer, EncodeDeviceHeader(header));
   }
-  if (ipc != nullptr) ipc->Commit(m.id, m.deadline);
+  if (ipc != nullptr) ipc->Commit(m.id, hold_until);
   if (counted.tensors_out > 0) Count(peer.name, counted);
   return absl::OkStatus();
 }
@@ -412,9 +433,15 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
   std::set<int> queued;  // Devices with staged copies queued on kStream.
   StagedTraffic counted;
   absl::Status status = header.status();
-  if (status.ok() && header->ipc_ack.has_value() && ipc_ != nullptr) {
+  if (status.ok() && ipc_ != nullptr) {
     // The callee copied the request's IPC tensors: release them.
-    ipc_->Replied(peer.name, GlobalId::FromValue(*header->ipc_ack));
+    if (header->ipc_ack.has_value()) {
+      ipc_->Replied(peer.name, GlobalId::FromValue(*header->ipc_ack));
+    }
+    // The caller copied our replies' IPC tensors: release them.
+    if (!header->reply_acks.empty()) {
+      ipc_->RepliesAcked(peer.name, header->reply_acks);
+    }
   }
   if (status.ok()) {
     for (const DevicePlacement& p : header->placements) {
@@ -441,7 +468,16 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
         }
         target = *back;
       }
-      if (target.is_cpu()) continue;  // Staging to CPU was allowed.
+      if (target.is_cpu()) {
+        if (p.ipc.has_value()) {  // No host bytes to keep.
+          status = absl::InvalidArgumentError(absl::StrCat(
+              what, ": ", tensor, " came by CUDA IPC but lands on this "
+              "worker's CPU (IPC replies are asked for only without "
+              "stage_unmapped_to_cpu)"));
+          break;
+        }
+        continue;  // Staging to CPU was allowed.
+      }
       if (devices_.empty()) {
         status = absl::FailedPreconditionError(absl::StrCat(
             what, ": ", tensor, " is sent to ", target.ToString(),
@@ -456,7 +492,12 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
       }
       if (p.ipc.has_value()) {  // IPC (worker/device_ipc.h).
         if (ipc == nullptr && ipc_ != nullptr) {
-          ipc = ipc_->Receive(peer.name, header->events);
+          // A reply's copies are acknowledged once they ended.
+          ipc = ipc_->Receive(
+              peer.name, header->events,
+              request ? std::nullopt
+                      : std::optional<GlobalId>(
+                            GlobalId::FromValue(*header->ipc_reply)));
         }
         absl::StatusOr<Tensor> copied =
             ipc != nullptr
@@ -496,9 +537,14 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
   // released only once nothing queued writes them.
   absl::Status waited = WaitForDevices(queued, api_, what);
   if (status.ok()) status = waited;
-  if (status.ok() && ipc != nullptr) {
-    status = ipc->Finish();
-    if (status.ok()) ipc_->ExpectReply(peer.name, m.id, m.deadline);
+  if (status.ok() && ipc != nullptr) status = ipc->Finish();
+  // The reply acknowledges IPC tensors, or may carry its own by IPC.
+  if (status.ok() && request && ipc_ != nullptr &&
+      (ipc != nullptr || header->ipc_replies)) {
+    ipc_->ExpectReply(peer.name, m.id,
+                      {.ack = ipc != nullptr,
+                       .ipc = header->ipc_replies,
+                       .deadline = m.deadline});
   }
   if (!status.ok()) {
     landed.clear();  // Back to the allocator before the error travels.

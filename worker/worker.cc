@@ -11,6 +11,9 @@
 #include "ferry/store/init_method.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/tensor/cuda/device_api.h"
+#include "ferry/common/future.h"
+#include "ferry/worker/device_header.h"
+#include "ferry/worker/device_ipc.h"
 #include "ferry/worker/device_stage.h"
 
 namespace ferry {
@@ -169,6 +172,12 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
                      DevicePlan::Settle(w.options.name, w.devices,
                                         grpc->store(), w.options.join_timeout));
     agent.AddInterceptor(DeviceStage::SendInterceptor(w.stage));
+    // Its header (reply acknowledgements) is read by the landing
+    // interceptor; the message itself needs only an answer.
+    RETURN_IF_ERROR(agent.RegisterHandler(
+        static_cast<rpc::MessageType>(kDeviceIpcAckType),
+        [](rpc::Message) { return MakeReadyFuture<rpc::Message>(
+                               rpc::Message()); }));
     // Requests to peers on this host by CUDA IPC, when the device API
     // supports it (worker/device_ipc.h); held tensors go back on the
     // acknowledging reply, the deadline or the peer's failure.
@@ -177,10 +186,27 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
       for (const PeerDevicePlan& p : w.device_plan.peers()) {
         if (p.path == CudaPath::kIpc) peers.push_back(p.peer);
       }
+      ipc->set_max_held_reply_bytes(w.options.ipc_reply_hold_bytes);
       absl::Status usable = ipc->UsePeers(peers, w.devices.devices[0].index);
       if (!usable.ok()) {
         FERRY_LOG(WARNING) << usable << "; tensors to " << peers.size()
                            << " peer(s) on this host are staged instead";
+      } else if (!peers.empty()) {
+        // Replies this worker copied by IPC are acknowledged on its next
+        // request to their callee, or in a DEVICE_IPC_ACK message.
+        ipc->StartAckFlusher([&agent, me = w.options.name](
+                                 const std::string& peer) {
+          rpc::Message m;
+          m.type = static_cast<rpc::MessageType>(kDeviceIpcAckType);
+          agent.Send(peer, std::move(m))
+              .OnComplete([me, peer](const Result<rpc::Message>& r) {
+                if (!r.ok()) {
+                  FERRY_LOG(WARNING) << "worker '" << me << "': acknowledging "
+                                     << "IPC replies to '" << peer
+                                     << "': " << r.status();
+                }
+              });
+        });
       }
       // A peer down for any reason (transport, departure, a detector's
       // report, exhausted retries) acknowledges nothing more: its holds and
@@ -219,6 +245,9 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
   if (!agent.ok()) {
     // Layers installed before the failure hold the agent only weakly; drop
     // them before the worker goes (the agent already stopped).
+    if (const std::shared_ptr<DeviceIpc>& ipc = w.stage->ipc()) {
+      ipc->StopAckFlusher();  // It sent through the agent.
+    }
     w.optimizers.reset();
     w.rrefs.reset();
     w.dist.reset();
@@ -238,6 +267,7 @@ Worker::~Worker() {
     // Abrupt: the program did not end the worker; peers see it fail.
     impl_->grpc->Shutdown(/*graceful=*/false, absl::Seconds(5)).IgnoreError();
   }
+  StopAckFlusher();  // It sends through the agent.
   // Layers before the agent: their handlers hold them weakly.
   impl_->optimizers.reset();
   impl_->rrefs.reset();
@@ -328,12 +358,21 @@ absl::StatusOr<std::unique_ptr<Store>> Worker::OpenStore() const {
                         impl_->options.join_timeout);
 }
 
+void Worker::StopAckFlusher() {
+  // Owed IPC reply acknowledgements are dropped: the callees release their
+  // holds when this worker is gone.
+  if (const std::shared_ptr<DeviceIpc>& ipc = impl_->stage->ipc()) {
+    ipc->StopAckFlusher();
+  }
+}
+
 absl::Status Worker::Shutdown(absl::Duration timeout) {
   if (impl_->ended) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker '", name(), "' already ended"));
   }
   impl_->ended = true;
+  StopAckFlusher();
   // Background context releases still queued go before the group ends.
   if (absl::Status s = impl_->dist->FlushReleases(timeout); !s.ok()) {
     FERRY_LOG(WARNING) << s;
@@ -347,6 +386,7 @@ absl::Status Worker::Leave(absl::Duration timeout) {
         absl::StrCat("worker '", name(), "' already ended"));
   }
   impl_->ended = true;
+  StopAckFlusher();
   if (absl::Status s = impl_->dist->FlushReleases(timeout); !s.ok()) {
     FERRY_LOG(WARNING) << s;
   }

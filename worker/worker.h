@@ -133,6 +133,9 @@ struct WorkerOptions {
   bool stage_unmapped_to_cpu = false;
   // "auto" (IPC on one host, staged otherwise), "ipc" or "staged".
   std::string cuda_transport = "auto";
+  // Most bytes of IPC replies held for one caller until it acknowledges
+  // them (worker/device_ipc.h); further replies to it are staged.
+  uint64_t ipc_reply_hold_bytes = uint64_t{4} << 30;
   // Where `devices` live (cuda/cuda_device_api.h on a GPU machine);
   // required when `devices` is not empty.
   std::shared_ptr<cuda::DeviceMemoryApi> device_api;
@@ -273,6 +276,7 @@ class Worker {
   friend absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions);
   struct Impl;
   explicit Worker(std::unique_ptr<Impl> impl);
+  void StopAckFlusher();  // worker/device_ipc.h's, before the agent stops.
   std::unique_ptr<Impl> impl_;
 };
 

@@ -8,8 +8,8 @@
 //
 // Two processes share cuda:0: this one (w0) and a copy of itself (w1,
 // --role=peer), one group per path, forced with WorkerOptions::
-// cuda_transport: "ipc" (requests carry CUDA IPC handles, replies are
-// staged: worker/device_ipc.h) and "staged" (device -> pinned host ->
+// cuda_transport: "ipc" (requests and replies carry CUDA IPC handles:
+// worker/device_ipc.h) and "staged" (device -> pinned host ->
 // the peer's pinned host -> device: worker/device_stage.h). Figures, each
 // a median over calls timed until --budget_s passed (at least 3, at most
 // 200), one JSON line each and a table:
