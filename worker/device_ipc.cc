@@ -63,12 +63,25 @@ absl::StatusOr<Tensor> IpcOutgoing::Add(const Tensor& t,
   return placeholder;
 }
 
+absl::StatusOr<Tensor> IpcOutgoing::Snapshot(
+    const Tensor& t, cuda::CachingDeviceAllocator& allocator,
+    cuda::StreamHandle stream) {
+  const int device = t.device().index;
+  ASSIGN_OR_RETURN(Storage copy, allocator.Allocate(device, t.nbytes(), stream));
+  RETURN_IF_ERROR(ipc_->api_->MemcpyAsync(device, copy.data(), t.data_ptr(),
+                                          t.nbytes(), stream));
+  ++snapshots_;
+  return Tensor::FromStorage(std::move(copy), t.dtype(), t.sizes(),
+                             ContiguousStrides(t.sizes()));
+}
+
 void IpcOutgoing::Commit(GlobalId id, absl::Time deadline) {
   if (tensors_.empty() && events_.empty()) return;
   ipc_->Count(peer_,
               IpcTraffic{.tensors_out = tensors_.size(),
                          .bytes_out = bytes_,
-                         .reply_tensors_out = reply_ ? tensors_.size() : 0});
+                         .reply_tensors_out = reply_ ? tensors_.size() : 0,
+                         .reply_snapshots = snapshots_});
   ipc_->Hold(id, DeviceIpc::Held{peer_, deadline, std::move(tensors_),
                                  std::move(events_), reply_, bytes_});
   tensors_.clear();
@@ -317,6 +330,7 @@ void DeviceIpc::CountLocked(const std::string& peer, const IpcTraffic& d) {
   t.handle_reuses += d.handle_reuses;
   t.reply_tensors_out += d.reply_tensors_out;
   t.reply_tensors_in += d.reply_tensors_in;
+  t.reply_snapshots += d.reply_snapshots;
   t.replies_over_limit += d.replies_over_limit;
   t.acks_piggybacked += d.acks_piggybacked;
   t.ack_messages += d.ack_messages;
@@ -583,6 +597,7 @@ std::vector<rpc::InspectionRow> DeviceIpc::Inspect() {
                      {"held_calls", absl::StrCat(t.held_calls)},
                      {"reply_tensors_out", absl::StrCat(t.reply_tensors_out)},
                      {"reply_tensors_in", absl::StrCat(t.reply_tensors_in)},
+                     {"reply_snapshots", absl::StrCat(t.reply_snapshots)},
                      {"held_replies", absl::StrCat(t.held_replies)},
                      {"replies_over_limit",
                       absl::StrCat(t.replies_over_limit)},

@@ -67,6 +67,9 @@ struct IpcTraffic {
   /// Of tensors_out, those in replies; of tensors_in, those in its replies.
   uint64_t reply_tensors_out = 0;
   uint64_t reply_tensors_in = 0;  ///< See reply_tensors_out.
+  /// Of reply_tensors_out, those exported as a snapshot (the tensor was
+  /// held elsewhere here too, so it may be written after the reply left).
+  uint64_t reply_snapshots = 0;
   uint64_t held_replies = 0;  ///< Replies to it whose tensors are held now.
   /// Replies to it staged because its reply hold limit was reached.
   uint64_t replies_over_limit = 0;
@@ -84,6 +87,11 @@ class IpcOutgoing {
   /// `header`; returns the empty CPU tensor the payload carries instead.
   absl::StatusOr<Tensor> Add(const Tensor& t, DevicePlacement& placement,
                              DeviceHeader& header);
+  /// A copy of contiguous CUDA tensor `t` from `allocator`, queued on
+  /// `stream` of its device (counted as a reply snapshot).
+  absl::StatusOr<Tensor> Snapshot(const Tensor& t,
+                                  cuda::CachingDeviceAllocator& allocator,
+                                  cuda::StreamHandle stream);
   /// Whether Add exported anything.
   bool empty() const { return tensors_.empty(); }
   /// Holds the tensors until the acknowledgement of `id` (a request's: its
@@ -106,6 +114,7 @@ class IpcOutgoing {
   std::vector<std::pair<int, cuda::EventHandle>> events_;
   std::vector<Tensor> tensors_;
   uint64_t bytes_ = 0;
+  uint64_t snapshots_ = 0;
 };
 
 /// One incoming request's IPC tensors (DeviceIpc::Receive).

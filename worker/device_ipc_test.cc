@@ -40,6 +40,9 @@ struct Pair {
   std::shared_ptr<cuda::FakeDeviceApi> api0;
   std::shared_ptr<cuda::FakeDeviceApi> api1;
   std::shared_ptr<Tamper> tamper = std::make_shared<Tamper>();
+  // What w1's "keep" stored; "kept" returns it, "bump" adds 1 to its
+  // elements (float32) in place on w1's device.
+  std::shared_ptr<Tensor> kept = std::make_shared<Tensor>();
   WorkerGroup w;
   Worker& w0() { return **w[0]; }
   Worker& w1() { return **w[1]; }
@@ -67,6 +70,38 @@ std::unique_ptr<Pair> StartPair(
                              })
                   .ok());
   EXPECT_TRUE(registry->Register("ping", [](int64_t x) { return x + 1; }).ok());
+  EXPECT_TRUE(registry
+                  ->Register("keep",
+                             [kept = p->kept](Tensor t) {
+                               *kept = t;
+                               return t.numel();
+                             })
+                  .ok());
+  EXPECT_TRUE(
+      registry->Register("kept", [kept = p->kept]() { return *kept; }).ok());
+  EXPECT_TRUE(registry
+                  ->Register("bump",
+                             [kept = p->kept, api = p->api1]() -> int64_t {
+                               // Host round trip through the fake: read,
+                               // add 1, write back (synchronous copies).
+                               Tensor host = empty(kept->sizes(),
+                                                   DType::kFloat32);
+                               const int d = kept->device().index;
+                               (void)api->MemcpyAsync(d, host.data_ptr(),
+                                                      kept->data_ptr(),
+                                                      host.nbytes(), 0);
+                               (void)api->SynchronizeStream(d, 0);
+                               float* f = static_cast<float*>(host.data_ptr());
+                               for (int64_t i = 0; i < host.numel(); ++i) {
+                                 f[i] += 1;
+                               }
+                               (void)api->MemcpyAsync(d, kept->data_ptr(),
+                                                      host.data_ptr(),
+                                                      host.nbytes(), 0);
+                               (void)api->SynchronizeStream(d, 0);
+                               return host.numel();
+                             })
+                  .ok());
   EXPECT_TRUE(registry
                   ->Register("gate",
                              [gate = p->gate](Tensor t) {
@@ -154,6 +189,9 @@ TEST(DeviceIpc, EchoTravelsByIpcOnTheMappedDeviceAndOpensEachBlockOnce) {
   EXPECT_EQ(w0.staged_traffic("w1").tensors_in, 0u);
   EXPECT_EQ(w1.staged_traffic("w0").tensors_out, 0u);
   EXPECT_EQ(out.reply_tensors_in, sent / 3);
+  // An echoed tensor is still held by its request while the reply is
+  // staged, so each went as a snapshot (one device copy on the callee).
+  EXPECT_EQ(w1.ipc_traffic("w0").reply_snapshots, sent / 3);
   EXPECT_EQ(out.tensors_in, sent / 3);
   EXPECT_EQ(w1.ipc_traffic("w0").reply_tensors_out, sent / 3);
   // 10 calls with one tensor (a size class not used above, so a block not
@@ -283,6 +321,33 @@ TEST(DeviceIpc, UnacknowledgedRepliesStayHeldUntilTheCallerIsDown) {
                   .ok());
   EXPECT_EQ(w1.ipc_traffic("w0").held_replies, 0u);
   EXPECT_EQ(Allocated(w1), w1_before);
+  ShutdownWorkerGroup(p->w);
+}
+
+// A reply tensor the callee keeps (here an RRef-like stored value) may be
+// written after the reply left: it is exported as a snapshot, so a write
+// before the caller's copy cannot reach the caller.
+TEST(DeviceIpc, AReplyTensorKeptByTheCalleeIsExportedAsASnapshot) {
+  std::unique_ptr<Pair> p = StartPair("ipc_snapshot", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(1024, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  ASSERT_TRUE(w0.rpc_sync<int64_t>("w1", "keep", x).ok());
+  Result<Tensor> first = w0.rpc_sync<Tensor>("w1", "kept");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(w0.agent().rpc_sync<int64_t>("w1", "bump").ok());
+  Result<Tensor> second = w0.rpc_sync<Tensor>("w1", "kept");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(SameBytes(*first, cpu, *p->api0));
+  Tensor plus_one = arange(1024, DType::kFloat32);
+  float* f = static_cast<float*>(plus_one.data_ptr());
+  for (int i = 0; i < 1024; ++i) f[i] += 1;
+  EXPECT_TRUE(SameBytes(*second, plus_one, *p->api0));
+  const IpcTraffic callee = w1.ipc_traffic("w0");
+  EXPECT_EQ(callee.reply_tensors_out, 2u);
+  EXPECT_EQ(callee.reply_snapshots, 2u);
   ShutdownWorkerGroup(p->w);
 }
 

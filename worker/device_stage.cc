@@ -315,7 +315,16 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
         t.is_contiguous()) {  // IPC (worker/device_ipc.h).
       DevicePlacement p{i, source.index, std::nullopt};
       if (request) p.target = target.index;
-      absl::StatusOr<Tensor> placeholder = ipc->Add(t, p, header);
+      // A reply's tensor something here still holds (a parameter, an RRef's
+      // value, the request an echo answers) may be written after the reply
+      // left, before the caller's copy ran: export a snapshot queued on
+      // kStream ahead of such writes. One only the message holds goes as is.
+      absl::StatusOr<Tensor> exported = t;
+      if (!request && (t.use_count() > 1 || t.storage().use_count() > 1)) {
+        exported = ipc->Snapshot(t, *allocator_, kStream);
+      }
+      absl::StatusOr<Tensor> placeholder =
+          exported.ok() ? ipc->Add(*exported, p, header) : exported.status();
       if (!placeholder.ok()) {
         status = Annotate(placeholder.status(),
                           absl::StrCat("worker '", me_, "': exporting tensor ",
