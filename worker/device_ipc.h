@@ -191,6 +191,9 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   /// Callee: `peer` acknowledged the replies to its requests `ids`;
   /// releases their tensors (ids it holds nothing for are ignored).
   void RepliesAcked(const std::string& peer, const std::vector<uint64_t>& ids);
+  /// Caller: the reply to request `id` from `peer` was landed (or failed
+  /// after its copies ended, or before any began): acknowledge it.
+  void OweAck(const std::string& peer, GlobalId id);
   /// Caller: the acknowledgements owed to `peer` (at most kMaxReplyAcks),
   /// for the request about to go to it; counted as piggybacked unless
   /// `explicit_message`.
@@ -276,9 +279,6 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   void CountLocked(const std::string& peer, const IpcTraffic& delta)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Hold(GlobalId id, Held held);
-  // Caller: the reply to request `id` from `peer` was landed (or failed
-  // after its copies ended): acknowledge it.
-  void OweAck(const std::string& peer, GlobalId id);
   // Moves `it`'s hold into `out` and forgets its bytes.
   void Release(std::map<HeldKey, Held>::iterator it, std::vector<Held>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

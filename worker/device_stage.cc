@@ -547,6 +547,12 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
   absl::Status waited = WaitForDevices(queued, api_, what);
   if (status.ok()) status = waited;
   if (status.ok() && ipc != nullptr) status = ipc->Finish();
+  // A reply whose IPC tensors were never reached (an earlier placement
+  // failed): nothing reads the callee's memory, so it may go.
+  if (!request && ipc == nullptr && ipc_ != nullptr && header.ok() &&
+      header->ipc_reply.has_value()) {
+    ipc_->OweAck(peer.name, GlobalId::FromValue(*header->ipc_reply));
+  }
   // The reply acknowledges IPC tensors, or may carry its own by IPC.
   if (status.ok() && request && ipc_ != nullptr &&
       (ipc != nullptr || header->ipc_replies)) {
