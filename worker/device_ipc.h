@@ -6,9 +6,13 @@
 // its dtype in the payload; it holds the tensor until the reply says the
 // copy ended (the reply's header acknowledges the request: rpc/ gives a
 // caller's reply interceptor no request id), the call's deadline passes, or
-// the peer fails. The receiver opens the
+// the peer fails. Events come from a bounded pool per device, exported
+// once: an acknowledged request's events go back to it, those of a hold
+// released by deadline or peer failure are destroyed (the peer may still
+// wait on them). The receiver opens the
 // handle (cached per peer, device and allocation, so a hot path opens
-// none), makes its stream wait on the event, copies device to device into
+// none) and the event (cached likewise, bounded, least recently used
+// closed first), makes its stream wait on the event, copies device to device into
 // its caching allocator, and waits for the copies before the handler runs:
 // the reply proves the copy ended. Replies stay staged (see the design note).
 //
@@ -58,7 +62,21 @@ struct IpcTraffic {
   uint64_t handles_opened = 0;  ///< Its memory handles opened here.
   uint64_t handle_reuses = 0;   ///< Received tensors served by a cached one.
   uint64_t held_calls = 0;      ///< Requests to it whose tensors are held now.
+  uint64_t events_created = 0;  ///< Interprocess events made for requests to it.
+  uint64_t events_reused = 0;   ///< Its requests' events taken from the pool.
+  uint64_t events_opened = 0;   ///< Its event handles opened here.
+  uint64_t event_open_reuses = 0;  ///< Its events served by a cached one.
 };
+
+/// A pooled interprocess event of this worker and its exported handle.
+struct IpcExportedEvent {
+  int device = 0;
+  cuda::EventHandle event = 0;
+  std::string handle;
+};
+
+/// A peer's event opened here (closed when the last user lets go).
+struct IpcOpenedEvent;
 
 class DeviceIpc;
 
@@ -86,9 +104,10 @@ class IpcOutgoing {
   std::shared_ptr<DeviceIpc> ipc_;
   std::string peer_;
   std::map<int, uint32_t> event_index_;  // Device -> index in the header.
-  std::vector<std::pair<int, cuda::EventHandle>> events_;
+  std::vector<IpcExportedEvent> events_;
   std::vector<Tensor> tensors_;
   uint64_t bytes_ = 0;
+  IpcTraffic counted_;  // Events created and reused.
 };
 
 /// One incoming request's IPC tensors (DeviceIpc::Receive).
@@ -118,7 +137,9 @@ class IpcIncoming {
   std::shared_ptr<DeviceIpc> ipc_;
   std::string peer_;
   std::vector<std::string> events_;
-  std::map<std::pair<int, uint32_t>, cuda::EventHandle> opened_;
+  // (target, event index) -> the opened event its copies wait on.
+  std::map<std::pair<int, uint32_t>, std::shared_ptr<const IpcOpenedEvent>>
+      opened_;
   std::set<int> targets_;
   std::vector<std::shared_ptr<const void>> in_use_;  // Mappings copied from.
   IpcTraffic counted_;
@@ -130,6 +151,10 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
  public:
   /// Most peer allocations kept open; the least recently used is closed.
   static constexpr size_t kMaxMappings = 256;
+  /// Most idle exported events pooled per device; more are destroyed.
+  static constexpr size_t kMaxPooledEvents = 64;
+  /// Most peer events kept open; the least recently used is closed.
+  static constexpr size_t kMaxOpenedEvents = 256;
 
   /// The path of worker `me` over `api` (its allocator `allocator`), or
   /// null when `api` is no DeviceIpcApi.
@@ -183,7 +208,7 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
     std::string peer;
     absl::Time deadline;
     std::vector<Tensor> tensors;
-    std::vector<std::pair<int, cuda::EventHandle>> events;
+    std::vector<IpcExportedEvent> events;
   };
   DeviceIpc(std::string me, std::shared_ptr<cuda::DeviceIpcApi> ipc,
             std::shared_ptr<cuda::DeviceMemoryApi> api,
@@ -196,9 +221,18 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   absl::StatusOr<std::shared_ptr<const Mapping>> Open(
       const std::string& peer, int device, const std::string& handle,
       IpcTraffic& counted);
+  // Peer `peer`'s event `handle` opened on `device`, cached.
+  absl::StatusOr<std::shared_ptr<const IpcOpenedEvent>> OpenEvent(
+      const std::string& peer, int device, const std::string& handle,
+      IpcTraffic& counted);
+  // A pooled event of `device`, else a new one, exported.
+  absl::StatusOr<IpcExportedEvent> TakeEvent(int device, IpcTraffic& counted);
+  // Pools acknowledged requests' `events` (destroys what the pool is full
+  // for).
+  void ReturnEvents(std::vector<IpcExportedEvent> events);
   void Count(const std::string& peer, const IpcTraffic& delta);
   void Hold(GlobalId id, Held held);
-  void DestroyEvents(const std::vector<std::pair<int, cuda::EventHandle>>& e);
+  void DestroyEvents(const std::vector<IpcExportedEvent>& events);
   // Moves the holds whose deadline passed into `out`.
   void TakeExpired(std::vector<Held>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseExpired();
@@ -215,6 +249,13 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
            std::pair<std::shared_ptr<const Mapping>, uint64_t>>
       mappings_ ABSL_GUARDED_BY(mu_);
   uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
+  // (peer, device, handle) -> the opened event, and its last use.
+  std::map<std::tuple<std::string, int, std::string>,
+           std::pair<std::shared_ptr<const IpcOpenedEvent>, uint64_t>>
+      opened_events_ ABSL_GUARDED_BY(mu_);
+  // Device -> its idle exported events (at most kMaxPooledEvents).
+  std::map<int, std::vector<IpcExportedEvent>> free_events_
+      ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);  // By request id.
   // Callee: (peer, request id) -> deadline, of requests to acknowledge.
   std::map<std::pair<std::string, uint64_t>, absl::Time> acks_
