@@ -141,6 +141,9 @@ class Storage {
     Device device;
     std::shared_ptr<const void> owner;
     std::shared_ptr<DeviceComputeInterface> compute;
+    // Declared after `owner`, so destroyed before it: a gate's destructor
+    // waits for the copies still writing the bytes `owner` frees (e.g.
+    // worker/device_stage.cc's ChunkGate over a pinned block). Keep it so.
     std::shared_ptr<ReadyGate> gate;
     mutable std::atomic<uint64_t> version{0};
   };

@@ -18,7 +18,30 @@ constexpr cuda::StreamHandle kStream = 0;
 // are counted together beyond this many.
 constexpr size_t kMaxPeers = 1024;
 
+// Removes the least recently used entry of an LRU table whose values are
+// (item, last use) into `evicted`, to be let go of unlocked.
+template <typename Table, typename Item>
+void EvictOldest(Table& table, std::vector<Item>& evicted) {
+  auto oldest = std::min_element(
+      table.begin(), table.end(), [](const auto& a, const auto& b) {
+        return a.second.second < b.second.second;
+      });
+  evicted.push_back(std::move(oldest->second.first));
+  table.erase(oldest);
+}
+
 }  // namespace
+
+// A peer's event opened here; closed when the last user lets go.
+struct IpcOpenedEvent {
+  std::shared_ptr<cuda::DeviceIpcApi> ipc;
+  int device = 0;
+  cuda::EventHandle event = 0;
+  ~IpcOpenedEvent() {
+    absl::Status s = ipc->DestroyIpcEvent(device, event);
+    if (!s.ok()) FERRY_LOG(WARNING) << "closing an IPC event: " << s;
+  }
+};
 
 // A peer's allocation opened here; closed when the last user lets go.
 struct DeviceIpc::Mapping {
@@ -41,16 +64,15 @@ absl::StatusOr<Tensor> IpcOutgoing::Add(const Tensor& t,
   cuda::DeviceIpcApi& api = *ipc_->ipc_;
   auto found = event_index_.find(device);
   if (found == event_index_.end()) {
-    // One event per device and message, recorded after the work queued on
-    // the device so far: the tensors' producers.
-    ASSIGN_OR_RETURN(cuda::EventHandle ev, api.CreateIpcEvent(device));
-    events_.push_back({device, ev});
-    RETURN_IF_ERROR(api.RecordIpcEvent(device, ev, kStream));
-    ASSIGN_OR_RETURN(std::string handle, api.ExportEvent(device, ev));
+    // One event per device and message (pooled, exported once), recorded
+    // after the work queued on the device so far: the tensors' producers.
+    ASSIGN_OR_RETURN(IpcExportedEvent ev, ipc_->TakeEvent(device, counted_));
+    events_.push_back(ev);
+    RETURN_IF_ERROR(api.RecordIpcEvent(device, ev.event, kStream));
     found = event_index_
                 .emplace(device, static_cast<uint32_t>(header.events.size()))
                 .first;
-    header.events.push_back(std::move(handle));
+    header.events.push_back(std::move(ev.handle));
   }
   ASSIGN_OR_RETURN(cuda::IpcMemory memory,
                    api.ExportMemory(device, t.data_ptr()));
@@ -77,11 +99,11 @@ absl::StatusOr<Tensor> IpcOutgoing::Snapshot(
 
 void IpcOutgoing::Commit(GlobalId id, absl::Time deadline) {
   if (tensors_.empty() && events_.empty()) return;
-  ipc_->Count(peer_,
-              IpcTraffic{.tensors_out = tensors_.size(),
-                         .bytes_out = bytes_,
-                         .reply_tensors_out = reply_ ? tensors_.size() : 0,
-                         .reply_snapshots = snapshots_});
+  counted_.tensors_out = tensors_.size();
+  counted_.bytes_out = bytes_;
+  counted_.reply_tensors_out = reply_ ? tensors_.size() : 0;
+  counted_.reply_snapshots = snapshots_;
+  ipc_->Count(peer_, counted_);
   ipc_->Hold(id, DeviceIpc::Held{peer_, deadline, std::move(tensors_),
                                  std::move(events_), reply_, bytes_});
   tensors_.clear();
@@ -132,8 +154,8 @@ absl::StatusOr<Tensor> IpcIncoming::Land(const DevicePlacement& p,
   cuda::DeviceIpcApi& api = *ipc_->ipc_;
   auto ev = opened_.find({target, t.event});
   if (ev == opened_.end()) {
-    absl::StatusOr<cuda::EventHandle> opened =
-        api.OpenEvent(target, events_[t.event]);
+    absl::StatusOr<std::shared_ptr<const IpcOpenedEvent>> opened =
+        ipc_->OpenEvent(peer_, target, events_[t.event], counted_);
     if (!opened.ok()) {
       return Annotate(opened.status(),
                       absl::StrCat(what, ": ", tensor, ": opening the IPC "
@@ -141,7 +163,8 @@ absl::StatusOr<Tensor> IpcIncoming::Land(const DevicePlacement& p,
     }
     ev = opened_.emplace(std::make_pair(target, t.event), *opened).first;
     // The copies below run after the sender's producers.
-    RETURN_IF_ERROR(Annotate(api.StreamWaitEvent(target, kStream, *opened),
+    RETURN_IF_ERROR(Annotate(
+        api.StreamWaitEvent(target, kStream, (*opened)->event),
                              absl::StrCat(what, ": ", tensor, " on ", on)));
   }
   absl::StatusOr<Storage> storage = ipc_->allocator_->Allocate(
@@ -181,14 +204,13 @@ IpcIncoming::~IpcIncoming() {
       ipc_->api_->SynchronizeStream(target, kStream).IgnoreError();
     }
   }
-  std::vector<std::pair<int, cuda::EventHandle>> events;
-  for (const auto& [key, ev] : opened_) events.push_back({key.first, ev});
-  ipc_->DestroyEvents(events);
+  opened_.clear();  // The cache keeps them open for the next message.
   // Handles opened count even when the message failed afterwards.
   if (!finished_) counted_.tensors_in = counted_.bytes_in = 0;
   if (reply_.has_value()) counted_.reply_tensors_in = counted_.tensors_in;
   if (counted_.tensors_in > 0 || counted_.handles_opened > 0 ||
-      counted_.handle_reuses > 0) {
+      counted_.handle_reuses > 0 || counted_.events_opened > 0 ||
+      counted_.event_open_reuses > 0) {
     ipc_->Count(peer_, counted_);
   }
   // No copy reads the callee's memory any more: it may release it.
@@ -210,12 +232,17 @@ DeviceIpc::~DeviceIpc() {
   StopAckFlusher();
   std::map<HeldKey, Held> held;
   decltype(mappings_) mappings;
+  decltype(opened_events_) opened;
+  decltype(free_events_) pooled;
   {
     MutexLock lock(&mu_);
     held.swap(held_);
     mappings.swap(mappings_);
+    opened.swap(opened_events_);
+    pooled.swap(free_events_);
   }
   for (auto& [id, h] : held) DestroyEvents(h.events);
+  for (auto& [device, events] : pooled) DestroyEvents(events);
 }
 
 absl::Status DeviceIpc::UsePeers(const std::vector<std::string>& peers,
@@ -301,16 +328,73 @@ absl::StatusOr<std::shared_ptr<const DeviceIpc::Mapping>> DeviceIpc::Open(
   m->base = static_cast<char*>(opened->base);
   m->bytes = opened->bytes;
   ++counted.handles_opened;
-  if (mappings_.size() >= kMaxMappings) {
-    auto oldest = std::min_element(
-        mappings_.begin(), mappings_.end(), [](const auto& a, const auto& b) {
-          return a.second.second < b.second.second;
-        });
-    evicted.push_back(std::move(oldest->second.first));
-    mappings_.erase(oldest);
-  }
+  if (mappings_.size() >= kMaxMappings) EvictOldest(mappings_, evicted);
   mappings_[std::move(key)] = {m, ++uses_};
   return std::shared_ptr<const Mapping>(std::move(m));
+}
+
+absl::StatusOr<std::shared_ptr<const IpcOpenedEvent>> DeviceIpc::OpenEvent(
+    const std::string& peer, int device, const std::string& handle,
+    IpcTraffic& counted) {
+  std::vector<std::shared_ptr<const IpcOpenedEvent>> evicted;  // Unlocked.
+  MutexLock lock(&mu_);
+  auto key = std::make_tuple(peer, device, handle);
+  auto it = opened_events_.find(key);
+  if (it != opened_events_.end()) {
+    it->second.second = ++uses_;
+    ++counted.event_open_reuses;
+    return it->second.first;
+  }
+  absl::StatusOr<cuda::EventHandle> opened = ipc_->OpenEvent(device, handle);
+  if (!opened.ok()) return opened.status();
+  auto e = std::make_shared<IpcOpenedEvent>();
+  e->ipc = ipc_;
+  e->device = device;
+  e->event = *opened;
+  ++counted.events_opened;
+  if (opened_events_.size() >= kMaxOpenedEvents) {
+    EvictOldest(opened_events_, evicted);
+  }
+  opened_events_[std::move(key)] = {e, ++uses_};
+  return std::shared_ptr<const IpcOpenedEvent>(std::move(e));
+}
+
+absl::StatusOr<IpcExportedEvent> DeviceIpc::TakeEvent(int device,
+                                                      IpcTraffic& counted) {
+  {
+    MutexLock lock(&mu_);
+    auto it = free_events_.find(device);
+    if (it != free_events_.end() && !it->second.empty()) {
+      IpcExportedEvent ev = std::move(it->second.back());
+      it->second.pop_back();
+      ++counted.events_reused;
+      return ev;
+    }
+  }
+  ASSIGN_OR_RETURN(cuda::EventHandle ev, ipc_->CreateIpcEvent(device));
+  absl::StatusOr<std::string> handle = ipc_->ExportEvent(device, ev);
+  if (!handle.ok()) {
+    ipc_->DestroyIpcEvent(device, ev).IgnoreError();
+    return handle.status();
+  }
+  ++counted.events_created;
+  return IpcExportedEvent{device, ev, *std::move(handle)};
+}
+
+void DeviceIpc::ReturnEvents(std::vector<IpcExportedEvent> events) {
+  std::vector<IpcExportedEvent> surplus;
+  {
+    MutexLock lock(&mu_);
+    for (IpcExportedEvent& ev : events) {
+      std::vector<IpcExportedEvent>& pool = free_events_[ev.device];
+      if (pool.size() < kMaxPooledEvents) {
+        pool.push_back(std::move(ev));
+      } else {
+        surplus.push_back(std::move(ev));
+      }
+    }
+  }
+  DestroyEvents(surplus);
 }
 
 void DeviceIpc::Count(const std::string& peer, const IpcTraffic& d) {
@@ -335,6 +419,10 @@ void DeviceIpc::CountLocked(const std::string& peer, const IpcTraffic& d) {
   t.acks_piggybacked += d.acks_piggybacked;
   t.ack_messages += d.ack_messages;
   t.acks_in_messages += d.acks_in_messages;
+  t.events_created += d.events_created;
+  t.events_reused += d.events_reused;
+  t.events_opened += d.events_opened;
+  t.event_open_reuses += d.event_open_reuses;
 }
 
 void DeviceIpc::Hold(GlobalId id, Held held) {
@@ -364,10 +452,9 @@ void DeviceIpc::Release(std::map<HeldKey, Held>::iterator it,
   held_.erase(it);
 }
 
-void DeviceIpc::DestroyEvents(
-    const std::vector<std::pair<int, cuda::EventHandle>>& events) {
-  for (const auto& [device, ev] : events) {
-    absl::Status s = ipc_->DestroyIpcEvent(device, ev);
+void DeviceIpc::DestroyEvents(const std::vector<IpcExportedEvent>& events) {
+  for (const IpcExportedEvent& ev : events) {
+    absl::Status s = ipc_->DestroyIpcEvent(ev.device, ev.event);
     if (!s.ok()) FERRY_LOG(WARNING) << "worker '" << me_ << "': " << s;
   }
 }
@@ -396,30 +483,34 @@ void DeviceIpc::ReleaseExpired() {
 }
 
 void DeviceIpc::Replied(const std::string& peer, GlobalId id) {
-  std::vector<Held> done;
-  {
-    MutexLock lock(&mu_);
-    auto it = held_.find({false, id.value()});
-    // Only the peer the request went to may release it.
-    if (it != held_.end() && it->second.peer == peer) Release(it, done);
-    TakeExpired(done);
-  }
-  for (const Held& h : done) DestroyEvents(h.events);
+  Acked(peer, {id.value()}, /*reply=*/false);
 }
 
 void DeviceIpc::RepliesAcked(const std::string& peer,
                              const std::vector<uint64_t>& ids) {
-  std::vector<Held> done;
+  Acked(peer, ids, /*reply=*/true);
+}
+
+void DeviceIpc::Acked(const std::string& peer, const std::vector<uint64_t>& ids,
+                      bool reply) {
+  std::vector<Held> acked;
+  std::vector<Held> expired;
   {
     MutexLock lock(&mu_);
     for (uint64_t id : ids) {
-      auto it = held_.find({true, id});
-      // Only the caller the reply went to may release it.
-      if (it != held_.end() && it->second.peer == peer) Release(it, done);
+      auto it = held_.find({reply, id});
+      // Only the peer the message went to may release it.
+      if (it != held_.end() && it->second.peer == peer) Release(it, acked);
     }
-    TakeExpired(done);
+    TakeExpired(expired);
   }
-  for (const Held& h : done) DestroyEvents(h.events);
+  // The peer enqueued its waits and finished its copies before it
+  // acknowledged: the events may be recorded again. An expired hold's peer
+  // may still wait on them.
+  for (Held& h : acked) {
+    if (!h.events.empty()) ReturnEvents(std::move(h.events));
+  }
+  for (const Held& h : expired) DestroyEvents(h.events);
 }
 
 void DeviceIpc::OweAck(const std::string& peer, GlobalId id) {
@@ -534,6 +625,7 @@ void DeviceIpc::PeerFailed(const std::string& peer) {
   std::vector<Held> done;
   // Closed once unlocked, each when its last landing lets go of it.
   std::vector<std::shared_ptr<const Mapping>> closed;
+  std::vector<std::shared_ptr<const IpcOpenedEvent>> closed_events;
   {
     MutexLock lock(&mu_);
     for (auto it = held_.begin(); it != held_.end();) {
@@ -547,6 +639,14 @@ void DeviceIpc::PeerFailed(const std::string& peer) {
       if (std::get<0>(it->first) == peer) {
         closed.push_back(std::move(it->second.first));
         it = mappings_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = opened_events_.begin(); it != opened_events_.end();) {
+      if (std::get<0>(it->first) == peer) {
+        closed_events.push_back(std::move(it->second.first));
+        it = opened_events_.erase(it);
       } else {
         ++it;
       }
@@ -594,6 +694,10 @@ std::vector<rpc::InspectionRow> DeviceIpc::Inspect() {
                      {"bytes_in", absl::StrCat(t.bytes_in)},
                      {"handles_opened", absl::StrCat(t.handles_opened)},
                      {"handle_reuses", absl::StrCat(t.handle_reuses)},
+                     {"events_created", absl::StrCat(t.events_created)},
+                     {"events_reused", absl::StrCat(t.events_reused)},
+                     {"events_opened", absl::StrCat(t.events_opened)},
+                     {"event_open_reuses", absl::StrCat(t.event_open_reuses)},
                      {"held_calls", absl::StrCat(t.held_calls)},
                      {"reply_tensors_out", absl::StrCat(t.reply_tensors_out)},
                      {"reply_tensors_in", absl::StrCat(t.reply_tensors_in)},

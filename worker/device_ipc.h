@@ -1,19 +1,17 @@
-// DeviceIpc: the CUDA IPC path of the device stage (issue #32) for requests
-// to a peer on this host whose plan path is "ipc". The sender exports each
-// CUDA tensor's allocation (tensor/cuda/device_ipc.h), records an
-// interprocess event after the work queued on the tensor's device, and sends
-// a handle (worker/device_header.h's IpcTensor) with an empty CPU tensor of
-// its dtype in the payload; it holds the tensor until the reply says the
-// copy ended (the reply's header acknowledges the request: rpc/ gives a
-// caller's reply interceptor no request id), the call's deadline passes, or
-// the peer fails. The receiver opens the
-// handle (cached per peer, device and allocation, so a hot path opens
-// none), makes its stream wait on the event, copies device to device into
-// its caching allocator, and waits for the copies before the handler runs:
-// the reply proves the copy ended. Replies go by IPC too when the request
-// asked (`ipc_replies`); the callee holds them until the caller acknowledges
-// (on its next request, or a DEVICE_IPC_ACK after kAckDelay), fails, or the
-// deadline plus kReplyHoldGrace passes; past the hold limit, it stages them.
+// DeviceIpc: the CUDA IPC path of the device stage (issue #32) between
+// workers on one host. The sender exports each CUDA tensor's allocation
+// (tensor/cuda/device_ipc.h), records a pooled interprocess event after the
+// work queued on its device, and sends a handle (worker/device_header.h's
+// IpcTensor) with an empty CPU tensor of its dtype in the payload. It holds
+// the tensor until the peer acknowledges the copy (a request: in its reply's
+// header; a reply: on the caller's next request or in a DEVICE_IPC_ACK after
+// kAckDelay), the deadline (a reply's plus kReplyHoldGrace) passes, or the
+// peer fails; acknowledged events go back to the pool, others are destroyed.
+// The receiver opens the handle and the event (each cached per peer, LRU
+// bounded), makes its stream wait on the event, copies device to device into
+// its caching allocator and waits for the copies before the handler (or the
+// caller's future) sees the message. Replies go by IPC when the request
+// asked (`ipc_replies`); past the hold limit they are staged.
 //
 // IPC is used only when the worker's DeviceMemoryApi is also a DeviceIpcApi
 // and an interprocess event can be created (probed once at InitWorker);
@@ -76,7 +74,21 @@ struct IpcTraffic {
   uint64_t acks_piggybacked = 0;  ///< Reply acks sent on its requests.
   uint64_t ack_messages = 0;      ///< DEVICE_IPC_ACK messages sent to it.
   uint64_t acks_in_messages = 0;  ///< Reply acks those messages carried.
+  uint64_t events_created = 0;  ///< Interprocess events made for requests to it.
+  uint64_t events_reused = 0;   ///< Its requests' events taken from the pool.
+  uint64_t events_opened = 0;   ///< Its event handles opened here.
+  uint64_t event_open_reuses = 0;  ///< Its events served by a cached one.
 };
+
+/// A pooled interprocess event of this worker and its exported handle.
+struct IpcExportedEvent {
+  int device = 0;               ///< Its device.
+  cuda::EventHandle event = 0;  ///< The event.
+  std::string handle;           ///< Its exported handle.
+};
+
+/// A peer's event opened here (closed when the last user lets go).
+struct IpcOpenedEvent;
 
 class DeviceIpc;
 
@@ -111,10 +123,11 @@ class IpcOutgoing {
   std::string peer_;
   bool reply_;
   std::map<int, uint32_t> event_index_;  // Device -> index in the header.
-  std::vector<std::pair<int, cuda::EventHandle>> events_;
+  std::vector<IpcExportedEvent> events_;
   std::vector<Tensor> tensors_;
   uint64_t bytes_ = 0;
   uint64_t snapshots_ = 0;
+  IpcTraffic counted_;  // Events created and reused.
 };
 
 /// One incoming request's IPC tensors (DeviceIpc::Receive).
@@ -147,7 +160,9 @@ class IpcIncoming {
   std::vector<std::string> events_;
   // A reply's request id: acknowledged once its copies ended (destructor).
   std::optional<GlobalId> reply_;
-  std::map<std::pair<int, uint32_t>, cuda::EventHandle> opened_;
+  // (target, event index) -> the opened event its copies wait on.
+  std::map<std::pair<int, uint32_t>, std::shared_ptr<const IpcOpenedEvent>>
+      opened_;
   std::set<int> targets_;
   std::vector<std::shared_ptr<const void>> in_use_;  // Mappings copied from.
   IpcTraffic counted_;
@@ -159,6 +174,10 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
  public:
   /// Most peer allocations kept open; the least recently used is closed.
   static constexpr size_t kMaxMappings = 256;
+  /// Most idle exported events pooled per device; more are destroyed.
+  static constexpr size_t kMaxPooledEvents = 64;
+  /// Most peer events kept open; the least recently used is closed.
+  static constexpr size_t kMaxOpenedEvents = 256;
 
   /// The path of worker `me` over `api` (its allocator `allocator`), or
   /// null when `api` is no DeviceIpcApi.
@@ -252,7 +271,7 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
     std::string peer;
     absl::Time deadline;
     std::vector<Tensor> tensors;
-    std::vector<std::pair<int, cuda::EventHandle>> events;
+    std::vector<IpcExportedEvent> events;
     bool reply = false;
     uint64_t bytes = 0;
   };
@@ -283,7 +302,20 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   void Release(std::map<HeldKey, Held>::iterator it, std::vector<Held>& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushLoop();
-  void DestroyEvents(const std::vector<std::pair<int, cuda::EventHandle>>& e);
+  // Releases the holds `ids` (replies' when `reply`) of `peer`, pooling
+  // their events.
+  void Acked(const std::string& peer, const std::vector<uint64_t>& ids,
+             bool reply);
+  // Peer `peer`'s event `handle` opened on `device`, cached.
+  absl::StatusOr<std::shared_ptr<const IpcOpenedEvent>> OpenEvent(
+      const std::string& peer, int device, const std::string& handle,
+      IpcTraffic& counted);
+  // A pooled event of `device`, else a new one, exported.
+  absl::StatusOr<IpcExportedEvent> TakeEvent(int device, IpcTraffic& counted);
+  // Pools acknowledged requests' `events` (destroys what the pool is full
+  // for).
+  void ReturnEvents(std::vector<IpcExportedEvent> events);
+  void DestroyEvents(const std::vector<IpcExportedEvent>& events);
   // Moves the holds whose deadline passed into `out`.
   void TakeExpired(std::vector<Held>& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseExpired();
@@ -301,6 +333,13 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
            std::pair<std::shared_ptr<const Mapping>, uint64_t>>
       mappings_ ABSL_GUARDED_BY(mu_);
   uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
+  // (peer, device, handle) -> the opened event, and its last use.
+  std::map<std::tuple<std::string, int, std::string>,
+           std::pair<std::shared_ptr<const IpcOpenedEvent>, uint64_t>>
+      opened_events_ ABSL_GUARDED_BY(mu_);
+  // Device -> its idle exported events (at most kMaxPooledEvents).
+  std::map<int, std::vector<IpcExportedEvent>> free_events_
+      ABSL_GUARDED_BY(mu_);
   std::map<HeldKey, Held> held_ ABSL_GUARDED_BY(mu_);
   // Callee: reply bytes held per caller, and the most allowed.
   std::map<std::string, uint64_t> reply_bytes_ ABSL_GUARDED_BY(mu_);

@@ -451,6 +451,139 @@ TEST(DeviceIpc, APeerReportedDownReleasesHeldTensorsAndItsMappings) {
   ShutdownWorkerGroup(p->w);
 }
 
+// Events come from a pool: 10 calls one after another (each acknowledged
+// before the next) create one event, export it once, and the receiver
+// opens it once.
+TEST(DeviceIpc, SequentialCallsReuseOneEventAndOpenItOnce) {
+  std::unique_ptr<Pair> p = StartPair("ipc_pool", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor cpu = arange(1000, DType::kFloat32);
+  const Tensor x = OnDevice(cpu, 0, w0, *p->api0);
+  const uint64_t created = p->api0->ipc_events_created();
+  const uint64_t opens = p->api1->ipc_event_opens();
+  for (int i = 0; i < 10; ++i) {
+    Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(SameBytes(*back, cpu, *p->api0));
+  }
+  EXPECT_EQ(p->api0->ipc_events_created() - created, 1u);
+  EXPECT_EQ(p->api1->ipc_event_opens() - opens, 1u);
+  const IpcTraffic out = w0.ipc_traffic("w1");
+  EXPECT_EQ(out.events_created, 1u);
+  EXPECT_EQ(out.events_reused, 9u);
+  const IpcTraffic in = w1.ipc_traffic("w0");
+  EXPECT_EQ(in.events_opened, 1u);
+  EXPECT_EQ(in.event_open_reuses, 9u);
+  bool ipc_row = false;
+  absl::StatusOr<std::vector<rpc::Inspection>> seen =
+      w1.agent().inspectors().Inspect("devices");
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  for (const rpc::InspectionRow& r : (*seen)[0].rows) {
+    if (r.kind != "ipc") continue;
+    ipc_row = true;
+    EXPECT_EQ(r.Get("events_opened"), "1");
+    EXPECT_EQ(r.Get("event_open_reuses"), "9");
+  }
+  EXPECT_TRUE(ipc_row);
+  ShutdownWorkerGroup(p->w);
+}
+
+// Requests in flight at once (held: their handlers wait) each get their own
+// event, a pooled one only once; once acknowledged, the events serve later
+// calls.
+TEST(DeviceIpc, CallsInFlightUseDistinctEvents) {
+  std::unique_ptr<Pair> p = StartPair("ipc_pool_many", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor x = OnDevice(arange(700, DType::kFloat32), 1, w0, *p->api0);
+  Result<Tensor> first = w0.rpc_sync<Tensor>("w1", "echo", x);  // Pools one.
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<Future<int64_t>> calls;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(w0.agent().rpc_async_for<int64_t>(absl::Seconds(60),
+                                                      "w1", "gate", x));
+  }
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return w1.ipc_traffic("w0").tensors_in == 4 &&  // With the echo.
+               w0.ipc_traffic("w1").held_calls == 3;
+      },
+      absl::Seconds(20)));
+  EXPECT_EQ(w0.ipc_traffic("w1").events_created, 3u);
+  EXPECT_EQ(w0.ipc_traffic("w1").events_reused, 1u);
+  EXPECT_EQ(w1.ipc_traffic("w0").events_opened, 3u);  // Three handles.
+  EXPECT_EQ(w1.ipc_traffic("w0").event_open_reuses, 1u);
+  p->gate->Notify();
+  for (Future<int64_t>& call : calls) {
+    Result<int64_t> done = call.Get(absl::Seconds(30));
+    ASSERT_TRUE(done.ok()) << done.status();
+  }
+  ASSERT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 0; },
+                        absl::Seconds(10)));
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(w0.ipc_traffic("w1").events_created, 3u);
+  EXPECT_EQ(w0.ipc_traffic("w1").events_reused, 2u);
+  EXPECT_EQ(w1.ipc_traffic("w0").events_opened, 3u);
+  EXPECT_EQ(w1.ipc_traffic("w0").event_open_reuses, 2u);
+  ShutdownWorkerGroup(p->w);
+}
+
+// A hold released by its deadline or by the peer's failure destroys its
+// event (the peer may still wait on it): the next call creates a new one.
+TEST(DeviceIpc, AHoldReleasedByDeadlineOrPeerFailureDoesNotPoolItsEvent) {
+  std::unique_ptr<Pair> p = StartPair("ipc_pool_drop", /*same_host=*/true);
+  for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();
+  Worker& w0 = p->w0();
+  Worker& w1 = p->w1();
+  const Tensor x = OnDevice(arange(900, DType::kFloat32), 0, w0, *p->api0);
+  // Deadline: the handler waits past it, so no acknowledgement comes.
+  Future<int64_t> late = w0.agent().rpc_async_for<int64_t>(
+      absl::Milliseconds(500), "w1", "gate", x);
+  EXPECT_FALSE(late.Get(absl::Seconds(30)).ok());
+  ASSERT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 0; },
+                        absl::Seconds(10)));
+  p->gate->Notify();  // The late handler returns; its ack finds nothing.
+  Result<Tensor> back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(w0.ipc_traffic("w1").events_created, 2u);
+  EXPECT_EQ(w0.ipc_traffic("w1").events_reused, 0u);
+  // Peer failure: a held request's event is destroyed, not pooled.
+  auto gate2 = std::make_shared<absl::Notification>();
+  ASSERT_TRUE(w1.registry()
+                  .Register("gate2",
+                             [gate2](Tensor t) {
+                               gate2->WaitForNotificationWithTimeout(
+                                   absl::Seconds(30));
+                               return t.numel();
+                             })
+                  .ok());
+  Future<int64_t> waiting =
+      w0.agent().rpc_async_for<int64_t>(absl::Seconds(60), "w1", "gate2", x);
+  ASSERT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 1; },
+                        absl::Seconds(20)));
+  EXPECT_EQ(w0.ipc_traffic("w1").events_reused, 1u);  // The pooled one.
+  const uint64_t live_held = p->api0->live_events();
+  ASSERT_TRUE(w0.agent()
+                  .ReportPeerDown(w1.agent().self().id,
+                                  rpc::PeerDownReason::kDetectorReport,
+                                  absl::UnavailableError("test detector"))
+                  .ok());
+  ASSERT_TRUE(PollUntil([&] { return w0.ipc_traffic("w1").held_calls == 0; },
+                        absl::Seconds(10)));
+  EXPECT_EQ(p->api0->live_events(), live_held - 1);  // Destroyed.
+  gate2->Notify();
+  ASSERT_TRUE(waiting.Get(absl::Seconds(30)).ok());
+  back = w0.rpc_sync<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(w0.ipc_traffic("w1").events_created, 3u);
+  EXPECT_EQ(w0.ipc_traffic("w1").events_reused, 1u);
+  ShutdownWorkerGroup(p->w);
+}
+
 TEST(DeviceIpc, TheReceiverWaitsForTheSendersProducerWork) {
   std::unique_ptr<Pair> p = StartPair("ipc_order", /*same_host=*/true);
   for (auto& each : p->w) ASSERT_TRUE(each.ok()) << each.status();

@@ -372,6 +372,7 @@ absl::StatusOr<EventHandle> FakeDeviceApi::CreateIpcEvent(int device) {
   absl::MutexLock lock(&mu_);
   const EventHandle id = next_event_++;
   events_[id] = Event{device, 0, 0};  // Never recorded: done.
+  ++ipc_events_created_;
   return id;
 }
 
@@ -424,6 +425,7 @@ absl::StatusOr<EventHandle> FakeDeviceApi::OpenEvent(int device,
   absl::MutexLock lock(&mu_);
   const EventHandle local = next_event_++;
   imported_[local] = id;
+  ++ipc_event_opens_;
   return local;
 }
 
@@ -449,6 +451,16 @@ absl::Status FakeDeviceApi::DestroyIpcEvent(int device, EventHandle event) {
 uint64_t FakeDeviceApi::ipc_opens() {
   absl::MutexLock lock(&mu_);
   return ipc_opens_;
+}
+
+uint64_t FakeDeviceApi::ipc_events_created() {
+  absl::MutexLock lock(&mu_);
+  return ipc_events_created_;
+}
+
+uint64_t FakeDeviceApi::ipc_event_opens() {
+  absl::MutexLock lock(&mu_);
+  return ipc_event_opens_;
 }
 
 uint64_t FakeDeviceApi::open_mappings() {

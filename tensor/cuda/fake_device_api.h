@@ -143,6 +143,9 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
   /// OpenMemory calls that succeeded, and mappings not yet closed.
   uint64_t ipc_opens();
   uint64_t open_mappings();  ///< See ipc_opens().
+  /// CreateIpcEvent and OpenEvent calls that succeeded.
+  uint64_t ipc_events_created();
+  uint64_t ipc_event_opens();  ///< See ipc_events_created().
 
   /// HostAlloc past `bytes` of live pinned memory is ResourceExhausted
   /// (default: no limit).
@@ -230,6 +233,8 @@ class FakeDeviceApi : public DeviceMemoryApi, public DeviceIpcApi {
       ABSL_GUARDED_BY(mu_);
   std::map<void*, uint64_t> mappings_ ABSL_GUARDED_BY(mu_);  // Open counts.
   uint64_t ipc_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ipc_events_created_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t ipc_event_opens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace cuda
