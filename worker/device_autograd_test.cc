@@ -95,9 +95,16 @@ class DeviceAutogradTest : public ::testing::Test {
  protected:
   static constexpr int kSets = 4;  // Gradients, SGD, Adam, fused SGD.
 
+  // Whether the three fakes pose as processes of one host, w0 and w2 use
+  // the IPC path, and w0 stages nothing to the CPU (so replies and returning
+  // gradients may come back by IPC too).
+  virtual bool SameHostIpc() const { return false; }
+
   void SetUp() override {
+    auto host = std::make_shared<cuda::FakeHost>("h1");
     for (int i = 0; i < 3; ++i) {
-      apis_[i] = std::make_shared<cuda::FakeDeviceApi>(2, uint64_t{64} << 20);
+      apis_[i] = std::make_shared<cuda::FakeDeviceApi>(
+          2, uint64_t{64} << 20, SameHostIpc() ? host : nullptr);
       auto c = cuda::CreateHostComputeContext(apis_[i], {});
       ASSERT_TRUE(c.ok()) << c.status();
       ctx_[i] = *std::move(c);
@@ -114,13 +121,13 @@ class DeviceAutogradTest : public ::testing::Test {
       o[i].devices = {"cuda:0", "cuda:1"};
       o[i].device_api = apis_[i];
       o[i].device_compute = ctx_[i]->shared_compute();
-      o[i].cuda_transport = "staged";
+      o[i].cuda_transport = SameHostIpc() ? "ipc" : "staged";
       o[i].join_timeout = kWait;
       o[i].rpc_timeout = kWait;
       o[i].registry = std::make_shared<rpc::FunctionRegistry>();
     }
     o[0].device_maps = {{"w1", {{"cuda:0", "cuda:1"}}}};
-    o[0].stage_unmapped_to_cpu = true;
+    o[0].stage_unmapped_to_cpu = !SameHostIpc();
     o[2].device_maps = {{"w1", {{"cuda:1", "cuda:1"}}}};
     rpc::FunctionRegistry& r1 = *o[1].registry;
     ASSERT_TRUE(r1.Register("forward", [this](int64_t k, Tensor x) {
@@ -191,6 +198,8 @@ class DeviceAutogradTest : public ::testing::Test {
     return t;
   }
   Worker& w(int i) { return **group_[i]; }
+  // The forward and distributed backward of GradientsReturn... (below).
+  void ForwardAndBackwardAcrossDevices();
   // Worker `i`'s gradient of `leaf` in context `id`, checked to be on
   // `device` (undefined, with a failure, when missing).
   Tensor GradientOn(int i, GlobalId id, const Tensor& leaf, Device device) {
@@ -215,7 +224,7 @@ class DeviceAutogradTest : public ::testing::Test {
 // The forward crosses from w0's cuda:0 to w1's cuda:1 and back; the
 // gradients flow back the same way: w0's leaf gradient is on its cuda:0,
 // w1's parameter gradients on its cuda:1, equal to one CPU process.
-TEST_F(DeviceAutogradTest, GradientsReturnToTheDevicesTheTensorsCameFrom) {
+void DeviceAutogradTest::ForwardAndBackwardAcrossDevices() {
   const Tensor a_cpu = randn({5, 3}, 21, DType::kFloat64);
   // One process, on the CPU.
   Tensor ra = Leaf(a_cpu), rw = Leaf(w_cpu_), rb = Leaf(b_cpu_);
@@ -225,7 +234,6 @@ TEST_F(DeviceAutogradTest, GradientsReturnToTheDevicesTheTensorsCameFrom) {
   ASSERT_TRUE(ref.ok()) << ref.status();
 
   const Tensor a = DeviceLeaf(0, a_cpu, 0);
-  const uint64_t landed_before = w(0).staged_traffic("w1").tensors_in;
   {
     ContextScope scope(w(0).dist_autograd());
     const Tensor x = ag::mul(a, a);  // Computed on w0's cuda:0.
@@ -246,8 +254,33 @@ TEST_F(DeviceAutogradTest, GradientsReturnToTheDevicesTheTensorsCameFrom) {
         Close(GradientOn(1, scope.id(), b_[0], Device::CUDA(1)), (*ref)[2]));
     EXPECT_EQ(w(1).dist_autograd().GetGradients(scope.id())->size(), 2u);
   }
+}
+
+TEST_F(DeviceAutogradTest, GradientsReturnToTheDevicesTheTensorsCameFrom) {
+  const uint64_t landed_before = w(0).staged_traffic("w1").tensors_in;
+  ForwardAndBackwardAcrossDevices();
   // The result and the returning gradient both landed on w0 (staged).
   EXPECT_GE(w(0).staged_traffic("w1").tensors_in, landed_before + 2);
+}
+
+class DeviceAutogradIpcTest : public DeviceAutogradTest {
+ protected:
+  bool SameHostIpc() const override { return true; }
+};
+
+// The same, with w0 and w1 on one host: the forward's request and reply and
+// the returning gradient all travel by CUDA IPC, none staged, and w1's
+// exported gradient is released once the BACKWARD's reply acknowledged it.
+TEST_F(DeviceAutogradIpcTest, GradientsReturnByIpcToTheDevicesTheyCameFrom) {
+  ForwardAndBackwardAcrossDevices();
+  const IpcTraffic in = w(0).ipc_traffic("w1");
+  EXPECT_EQ(in.reply_tensors_in, 1u);                 // y.
+  EXPECT_EQ(in.tensors_in - in.reply_tensors_in, 1u);  // The gradient of x.
+  // x, and the gradient of y (w0's own BACKWARD request, as any request).
+  EXPECT_EQ(w(1).ipc_traffic("w0").tensors_in, 2u);
+  EXPECT_EQ(w(0).staged_traffic("w1").tensors_in, 0u);
+  EXPECT_EQ(w(1).staged_traffic("w0").tensors_in, 0u);
+  EXPECT_EQ(w(1).ipc_traffic("w0").held_calls, 0u);
 }
 
 // A proxy call on an RRef to a remote object holding a device tensor, in a

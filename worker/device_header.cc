@@ -27,13 +27,8 @@ absl::Status CheckIndex(absl::string_view what, int index,
 
 absl::StatusOr<IpcTensor> DecodeIpc(
     absl::string_view what, const device::v1::DeviceHeader::IpcTensor& p,
-    bool returning, int events, int i) {
+    int events, int i) {
   const std::string field = absl::StrCat("placement ", i, "'s IPC tensor");
-  if (returning) {
-    return Bad(what, absl::StrCat(field, " rides on a returning request (IPC "
-                                         "carries forward requests and "
-                                         "replies only)"));
-  }
   if (p.memory_handle().size() != kIpcHandleSize) {
     return Bad(what, absl::StrCat(field, " has a memory handle of ",
                                   p.memory_handle().size(), " bytes (",
@@ -176,8 +171,7 @@ absl::StatusOr<DeviceHeader> DecodeDeviceHeader(absl::string_view bytes,
     }
     if (p.has_ipc()) {
       absl::StatusOr<IpcTensor> ipc =
-          DecodeIpc(what, p.ipc(), proto.returning(), proto.events_size(),
-                    i);
+          DecodeIpc(what, p.ipc(), proto.events_size(), i);
       if (!ipc.ok()) return ipc.status();
       placement.ipc = *std::move(ipc);
     }

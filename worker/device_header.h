@@ -4,8 +4,8 @@
 // carries it as the opaque bytes of layer header kDeviceHeaderLayer
 // (proto/device_rpc.proto); worker/device_stage.h writes and reads it.
 //
-// A placement may instead carry an IPC tensor (same-host forward requests
-// and replies): the sender's allocation handle, offset, size and shape, and
+// A placement may instead carry an IPC tensor (same-host peers): the
+// sender's allocation handle, offset, size and shape, and
 // an event index; a reply may acknowledge such a request (ipc_ack), and a
 // request may say its replies may come by IPC (ipc_replies) and acknowledge
 // replies that did (reply_acks).
@@ -13,9 +13,8 @@
 // traffic and peers that never stage are unchanged. Decode trusts nothing:
 // unparsable bytes, a position not below the message's tensor count or not
 // strictly increasing, a negative device index or one over kMaxDeviceIndex,
-// a request placement without a target or a reply placement with one, an
-// IPC tensor in a returning request, a handle not of kIpcHandleBytes, a bad
-// shape, an offset or size outside the allocation, an event index without
+// a request placement without a target or a reply placement with one, a
+// handle not of kIpcHandleBytes, a bad shape, an offset or size outside the allocation, an event index without
 // an event, an IPC acknowledgement on a request, `returning`,
 // `ipc_replies` or reply acknowledgements on a reply, more than
 // kMaxReplyAcks acknowledgements are InvalidArgument naming the sender, the message
@@ -66,7 +65,7 @@ struct DevicePlacement {
   int source = 0;         ///< The sender's CUDA device index.
   /// The receiver's CUDA device index (requests); nullopt in replies.
   std::optional<int> target;
-  /// Set when the tensor travels by IPC (forward requests and replies).
+  /// Set when the tensor travels by IPC (same-host peers).
   std::optional<IpcTensor> ipc = std::nullopt;
   friend bool operator==(const DevicePlacement&,
                          const DevicePlacement&) = default;

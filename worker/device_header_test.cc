@@ -126,6 +126,12 @@ TEST(DeviceHeader, AReplysIpcTensorAndARequestsReplyFieldsRoundTrip) {
   EXPECT_EQ(back->placements, reply.placements);
   EXPECT_EQ(back->events, reply.events);
   EXPECT_EQ(back->ipc_reply, std::optional<uint64_t>(9));
+  DeviceHeader returning = IpcRequest(0, 4096);  // Gradients going back.
+  returning.returning = true;
+  returning.placements[0].target = std::nullopt;
+  back = DecodeDeviceHeader(EncodeDeviceHeader(returning), 2, true, "w");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->placements, returning.placements);
   DeviceHeader request;
   request.ipc_replies = true;
   request.reply_acks = {0, 5, uint64_t{1} << 40};
@@ -146,10 +152,6 @@ TEST(DeviceHeader, MalformedIpcFieldsAreInvalidArgumentNamingThem) {
     std::string expect;
   };
   std::vector<Case> cases;
-  DeviceHeader returning = IpcRequest(0, 4096);  // Gradients going back.
-  returning.returning = true;
-  returning.placements[0].target = std::nullopt;
-  cases.push_back({returning, true, "rides on a returning request"});
   DeviceHeader unnamed_reply = IpcRequest(0, 4096);
   unnamed_reply.placements[0].target = std::nullopt;
   cases.push_back({unnamed_reply, false, "IPC tensors without ipc_reply"});

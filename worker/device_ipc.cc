@@ -294,6 +294,22 @@ std::unique_ptr<IpcOutgoing> DeviceIpc::BeginReply(const std::string& peer) {
       new IpcOutgoing(shared_from_this(), peer, /*reply=*/true));
 }
 
+void DeviceIpc::AcceptsReturning(const std::string& peer) {
+  MutexLock lock(&mu_);
+  if (returning_.size() < kMaxPeers) returning_.insert(peer);
+}
+
+std::unique_ptr<IpcOutgoing> DeviceIpc::BeginReturning(
+    const std::string& peer) {
+  {
+    MutexLock lock(&mu_);
+    if (!usable_ || returning_.count(peer) == 0) return nullptr;
+  }
+  ReleaseExpired();
+  return std::unique_ptr<IpcOutgoing>(
+      new IpcOutgoing(shared_from_this(), peer, /*reply=*/false));
+}
+
 void DeviceIpc::set_max_held_reply_bytes(uint64_t bytes) {
   MutexLock lock(&mu_);
   max_reply_bytes_ = bytes;
@@ -628,6 +644,7 @@ void DeviceIpc::PeerFailed(const std::string& peer) {
   std::vector<std::shared_ptr<const IpcOpenedEvent>> closed_events;
   {
     MutexLock lock(&mu_);
+    returning_.erase(peer);
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->second.peer == peer) {
         Release(it++, done);

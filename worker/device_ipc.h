@@ -199,6 +199,14 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   /// when IPC is unusable or the reply hold limit is reached for `peer`
   /// (then the reply is staged; counted).
   std::unique_ptr<IpcOutgoing> BeginReply(const std::string& peer);
+  /// Callee: `peer` said it can open this worker's handles (a request's
+  /// `ipc_replies`), so the gradients this worker returns to it may go by
+  /// IPC (BeginReturning). Remembered for at most kMaxPeers peers.
+  void AcceptsReturning(const std::string& peer);
+  /// An outgoing returning request's exporter (gradients going back along
+  /// `peer`'s forward request, held until its reply acknowledges them), or
+  /// null when IPC is unusable or `peer` never said it can open handles.
+  std::unique_ptr<IpcOutgoing> BeginReturning(const std::string& peer);
   /// An incoming message's lander (`events`: its header's; `reply`: a
   /// reply's request id, acknowledged to the peer once its copies ended).
   std::unique_ptr<IpcIncoming> Receive(
@@ -327,6 +335,8 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
   mutable Mutex mu_;
   std::set<std::string> peers_ ABSL_GUARDED_BY(mu_);
   bool usable_ ABSL_GUARDED_BY(mu_) = false;  // An event could be made.
+  // Peers that can open this worker's handles (AcceptsReturning).
+  std::set<std::string> returning_ ABSL_GUARDED_BY(mu_);
   std::string unavailable_ ABSL_GUARDED_BY(mu_) = "no peer's plan says ipc";
   // (peer, device, handle) -> the open allocation, and its last use.
   std::map<std::tuple<std::string, int, std::string>,

@@ -228,9 +228,9 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       !m.context.empty() && m.context.erase(*kReturning) > 0 && request;
   StagedTraffic counted;
   absl::Status status;
-  // Forward requests to a peer on this host: handles instead of host bytes
-  // (a returning request's gradients travel as a reply's: staged). Replies
-  // too, when their request said the caller can open this worker's handles.
+  // Forward requests to a peer on this host: handles instead of host bytes.
+  // Replies too, and a returning request's gradients (which travel as a
+  // reply's), when the peer said it can open this worker's handles.
   std::unique_ptr<IpcOutgoing> ipc;
   absl::Time hold_until = m.deadline;
   if (ipc_ != nullptr && request) {
@@ -243,7 +243,7 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       header.reply_acks = ipc_->TakeAcks(
           peer.name, m.type == static_cast<rpc::MessageType>(kDeviceIpcAckType));
     }
-    if (header.returning) ipc.reset();
+    if (header.returning) ipc = ipc_->BeginReturning(peer.name);
   } else if (ipc_ != nullptr) {
     const DeviceIpc::ReplyPlan plan = ipc_->TakeReply(peer.name, m.id);
     // A reply acknowledges a request whose tensors came by IPC.
@@ -311,16 +311,18 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       }
       target = *mapped;
     }
-    if (ipc != nullptr && (target.is_cuda() || !request) && t.nbytes() > 0 &&
+    const bool as_reply = !request || header.returning;  // No target.
+    if (ipc != nullptr && (target.is_cuda() || as_reply) && t.nbytes() > 0 &&
         t.is_contiguous()) {  // IPC (worker/device_ipc.h).
       DevicePlacement p{i, source.index, std::nullopt};
-      if (request) p.target = target.index;
-      // A reply's tensor something here still holds (a parameter, an RRef's
-      // value, the request an echo answers) may be written after the reply
-      // left, before the caller's copy ran: export a snapshot queued on
-      // kStream ahead of such writes. One only the message holds goes as is.
+      if (!as_reply) p.target = target.index;
+      // A reply's (or returned gradient's) tensor something here still
+      // holds (a parameter, an RRef's value, the request an echo answers, a
+      // gradient the engine keeps) may be written after the message left,
+      // before the peer's copy ran: export a snapshot queued on kStream
+      // ahead of such writes. One only the message holds goes as is.
       absl::StatusOr<Tensor> exported = t;
-      if (!request && (t.use_count() > 1 || t.storage().use_count() > 1)) {
+      if (as_reply && (t.use_count() > 1 || t.storage().use_count() > 1)) {
         exported = ipc->Snapshot(t, *allocator_, kStream);
       }
       absl::StatusOr<Tensor> placeholder =
@@ -552,6 +554,11 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
   if (!request && ipc == nullptr && ipc_ != nullptr && header.ok() &&
       header->ipc_reply.has_value()) {
     ipc_->OweAck(peer.name, GlobalId::FromValue(*header->ipc_reply));
+  }
+  // The peer can open this worker's handles: its returning gradients may
+  // come by IPC too.
+  if (status.ok() && request && ipc_ != nullptr && header->ipc_replies) {
+    ipc_->AcceptsReturning(peer.name);
   }
   // The reply acknowledges IPC tensors, or may carry its own by IPC.
   if (status.ok() && request && ipc_ != nullptr &&

@@ -188,10 +188,10 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
       }
       ipc->set_max_held_reply_bytes(w.options.ipc_reply_hold_bytes);
       absl::Status usable = ipc->UsePeers(peers, w.devices.devices[0].index);
-      if (!usable.ok()) {
+      if (!usable.ok() && !peers.empty()) {
         FERRY_LOG(WARNING) << usable << "; tensors to " << peers.size()
                            << " peer(s) on this host are staged instead";
-      } else if (!peers.empty()) {
+      } else if (usable.ok() && !peers.empty()) {
         // Replies this worker copied by IPC are acknowledged on its next
         // request to their callee, or in a DEVICE_IPC_ACK message.
         ipc->StartAckFlusher([&agent, me = w.options.name](
