@@ -70,9 +70,9 @@ struct IpcTraffic {
 
 /// A pooled interprocess event of this worker and its exported handle.
 struct IpcExportedEvent {
-  int device = 0;
-  cuda::EventHandle event = 0;
-  std::string handle;
+  int device = 0;               ///< This worker's device it belongs to.
+  cuda::EventHandle event = 0;  ///< The event.
+  std::string handle;           ///< Its handle, exported once.
 };
 
 /// A peer's event opened here (closed when the last user lets go).
