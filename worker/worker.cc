@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "ferry/common/future.h"
 #include "ferry/common/logging.h"
 #include "ferry/common/status.h"
 #include "ferry/proto/admin.pb.h"
@@ -11,7 +12,6 @@
 #include "ferry/store/init_method.h"
 #include "ferry/store/tcp_store.h"
 #include "ferry/tensor/cuda/device_api.h"
-#include "ferry/common/future.h"
 #include "ferry/worker/device_header.h"
 #include "ferry/worker/device_ipc.h"
 #include "ferry/worker/device_stage.h"
