@@ -122,9 +122,10 @@ struct WorkerOptions {
   // CUDA tensors over RPC (issue #32, worker/device_plan.h,
   // worker/device_stage.h): checked and planned at InitWorker; a CUDA
   // tensor in a message lands on the device this worker's map names, by
-  // CUDA IPC in requests to a peer on this host (worker/device_ipc.h),
-  // staged through host memory otherwise. The CUDA devices this worker uses
-  // ("cuda:N"), which must exist on device_api.
+  // CUDA IPC with a peer on this host (requests, their replies and returned
+  // gradients; worker/device_ipc.h), staged through host memory otherwise.
+  // The CUDA devices this worker uses ("cuda:N"), which must exist on
+  // device_api.
   std::vector<std::string> devices;
   // Per peer: this worker's device -> the peer's ("cuda:0" -> "cuda:1"),
   // 1:1; checked against the devices the peer publishes.
