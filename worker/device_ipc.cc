@@ -442,16 +442,23 @@ void DeviceIpc::CountLocked(const std::string& peer, const IpcTraffic& d) {
 }
 
 void DeviceIpc::Hold(GlobalId id, Held held) {
-  std::vector<Held> replaced;  // A repeated id (a peer's bad ids): released.
-  {
-    MutexLock lock(&mu_);
-    next_expiry_ = std::min(next_expiry_, held.deadline);
-    const HeldKey key{held.reply, id.value()};
-    if (auto it = held_.find(key); it != held_.end()) Release(it, replaced);
-    if (held.reply) reply_bytes_[held.peer] += held.bytes;
-    held_[key] = std::move(held);
+  MutexLock lock(&mu_);
+  next_expiry_ = std::min(next_expiry_, held.deadline);
+  if (held.reply) reply_bytes_[held.peer] += held.bytes;
+  HeldKey key{held.reply, held.peer, id.value()};
+  auto it = held_.find(key);
+  if (it == held_.end()) {
+    held_.emplace(std::move(key), std::move(held));
+    return;
   }
-  for (const Held& h : replaced) DestroyEvents(h.events);
+  // An id the peer used twice (only a misbehaving caller repeats one): both
+  // stay held until that id is acknowledged, so neither is released while
+  // the peer may still read it.
+  Held& both = it->second;
+  both.deadline = std::max(both.deadline, held.deadline);
+  both.bytes += held.bytes;
+  for (Tensor& t : held.tensors) both.tensors.push_back(std::move(t));
+  for (IpcExportedEvent& e : held.events) both.events.push_back(std::move(e));
 }
 
 void DeviceIpc::Release(std::map<HeldKey, Held>::iterator it,
@@ -514,9 +521,9 @@ void DeviceIpc::Acked(const std::string& peer, const std::vector<uint64_t>& ids,
   {
     MutexLock lock(&mu_);
     for (uint64_t id : ids) {
-      auto it = held_.find({reply, id});
-      // Only the peer the message went to may release it.
-      if (it != held_.end() && it->second.peer == peer) Release(it, acked);
+      // Only the peer the message went to can name it.
+      auto it = held_.find({reply, peer, id});
+      if (it != held_.end()) Release(it, acked);
     }
     TakeExpired(expired);
   }

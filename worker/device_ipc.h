@@ -283,8 +283,10 @@ class DeviceIpc : public std::enable_shared_from_this<DeviceIpc> {
     bool reply = false;
     uint64_t bytes = 0;
   };
-  // Held tensors: (a reply's, request id).
-  using HeldKey = std::pair<bool, uint64_t>;
+  // Held tensors: (a reply's, the peer, request id). The peer is part of
+  // the key: a reply is named by its caller's request id, which another
+  // caller could repeat.
+  using HeldKey = std::tuple<bool, std::string, uint64_t>;
   // Acknowledgements owed to one peer.
   struct Owed {
     std::vector<uint64_t> ids;

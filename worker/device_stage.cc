@@ -231,24 +231,29 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
   // Forward requests to a peer on this host: handles instead of host bytes.
   // Replies too, and a returning request's gradients (which travel as a
   // reply's), when the peer said it can open this worker's handles.
+  // The exporter is made at the message's first CUDA tensor, so a message
+  // without one allocates nothing for it.
+  enum class IpcUse { kNone, kRequest, kReturning, kReply };
+  IpcUse use = IpcUse::kNone;
   std::unique_ptr<IpcOutgoing> ipc;
+  bool ipc_begun = false;
   absl::Time hold_until = m.deadline;
   if (ipc_ != nullptr && request) {
-    ipc = ipc_->Begin(peer.name);
-    if (ipc != nullptr) {
+    if (ipc_->Carries(peer.name)) {
       // The callee may answer by IPC (not when an unmapped reply tensor may
       // land on this worker's CPU: an IPC placement has no host bytes), and
       // the replies this worker copied are acknowledged.
       header.ipc_replies = !maps_.stage_unmapped_to_cpu();
       header.reply_acks = ipc_->TakeAcks(
           peer.name, m.type == static_cast<rpc::MessageType>(kDeviceIpcAckType));
+      use = IpcUse::kRequest;
     }
-    if (header.returning) ipc = ipc_->BeginReturning(peer.name);
+    if (header.returning) use = IpcUse::kReturning;
   } else if (ipc_ != nullptr) {
     const DeviceIpc::ReplyPlan plan = ipc_->TakeReply(peer.name, m.id);
     // A reply acknowledges a request whose tensors came by IPC.
     if (plan.ack) header.ipc_ack = m.id.value();
-    if (plan.ipc) ipc = ipc_->BeginReply(peer.name);
+    if (plan.ipc) use = IpcUse::kReply;
     hold_until = plan.deadline == absl::InfiniteFuture()
                      ? plan.deadline
                      : plan.deadline + DeviceIpc::kReplyHoldGrace;
@@ -312,6 +317,12 @@ absl::Status DeviceStage::StageOut(const rpc::WorkerInfo& peer,
       target = *mapped;
     }
     const bool as_reply = !request || header.returning;  // No target.
+    if (use != IpcUse::kNone && !ipc_begun) {
+      ipc_begun = true;
+      ipc = use == IpcUse::kRequest     ? ipc_->Begin(peer.name)
+            : use == IpcUse::kReturning ? ipc_->BeginReturning(peer.name)
+                                        : ipc_->BeginReply(peer.name);
+    }
     if (ipc != nullptr && (target.is_cuda() || as_reply) && t.nbytes() > 0 &&
         t.is_contiguous()) {  // IPC (worker/device_ipc.h).
       DevicePlacement p{i, source.index, std::nullopt};
