@@ -1004,6 +1004,77 @@ absl::StatusOr<EncodedValue> EncodeValue(const Value& value,
   return out;
 }
 
+namespace {
+
+// Appends the extents of `v`'s tensors, depth first in stream order, from
+// `*at`; false past `limit` or with lists and dicts nested deeper than
+// `depth` (a flat list has depth 1).
+bool CollectExtents(const proto::ValueProto& v, int depth, uint64_t limit,
+                    uint64_t* at, std::vector<WirePayloadExtent>* out) {
+  const bool container = v.kind_case() == proto::ValueProto::kList ||
+                         v.kind_case() == proto::ValueProto::kDict;
+  if (container && depth <= 0) return false;
+  switch (v.kind_case()) {
+    case proto::ValueProto::kTensor: {
+      const uint64_t n = v.tensor().nbytes();
+      if (n > limit || *at > limit - n) return false;
+      out->push_back({*at, n});
+      *at += n + PadTo(n);
+      return true;
+    }
+    case proto::ValueProto::kList:
+      for (const proto::ValueProto& e : v.list().items()) {
+        if (!CollectExtents(e, depth - 1, limit, at, out)) return false;
+      }
+      return true;
+    case proto::ValueProto::kDict:
+      for (const proto::DictEntry& e : v.dict().entries()) {
+        if (!CollectExtents(e.value(), depth - 1, limit, at, out)) {
+          return false;
+        }
+      }
+      return true;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>>
+ReadPayloadExtents(absl::string_view head, const WireLimits& limits) {
+  if (head.size() < kWireHeaderBytes) return std::nullopt;
+  if (std::memcmp(head.data(), kMagic, sizeof(kMagic)) != 0) {
+    return Invalid("bad magic (not a Ferry value stream)");
+  }
+  uint32_t meta_len;
+  std::memcpy(&meta_len, head.data() + 4, sizeof(meta_len));
+  if (meta_len > limits.max_metadata_bytes || meta_len > INT32_MAX) {
+    return Invalid(absl::StrCat("metadata of ", meta_len,
+                                " bytes exceeds the limit of ",
+                                limits.max_metadata_bytes, " bytes"));
+  }
+  if (head.size() - kWireHeaderBytes < meta_len) return std::nullopt;
+  proto::WireMetadata md;
+  google::protobuf::io::CodedInputStream in(
+      reinterpret_cast<const uint8_t*>(head.data() + kWireHeaderBytes),
+      static_cast<int>(meta_len));
+  in.SetRecursionLimit(2 * std::max(limits.max_depth, 0) + 8);
+  if (!md.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
+    return Invalid("metadata does not parse");
+  }
+  const uint64_t head_len = kWireHeaderBytes + meta_len;
+  uint64_t at = head_len + PadTo(head_len);
+  std::vector<WirePayloadExtent> out;
+  if (!CollectExtents(md.value(), limits.max_depth,
+                      limits.max_total_bytes, &at, &out)) {
+    return Invalid(absl::StrCat(
+        "payload extents nest deeper than ", limits.max_depth,
+        " or run past the limit of ", limits.max_total_bytes, " bytes"));
+  }
+  return std::optional<std::vector<WirePayloadExtent>>(std::move(out));
+}
+
 absl::StatusOr<Value> DecodeValue(absl::Span<const WireChunk> chunks,
                                   const WireLimits& limits, WireStats* stats) {
   return Decoder(chunks, limits, stats).Decode();

@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,23 @@ struct WireChunk {
   size_t size = 0;
   std::shared_ptr<const void> keepalive;
 };
+
+/// Where one tensor payload lies in an encoded stream (bytes from its start).
+struct WirePayloadExtent {
+  uint64_t offset = 0;  ///< A multiple of kWireAlignment.
+  uint64_t size = 0;    ///< The payload's bytes (TensorMeta's nbytes).
+};
+
+/// The extents of a stream's tensor payloads, in stream order, read from its
+/// first bytes `head` (a receiver may call it before the payloads arrived):
+/// std::nullopt while `head` is shorter than the header and the metadata.
+/// InvalidArgument for what DecodeValue would refuse in the header or the
+/// metadata (bad magic, metadata over the limits or not parsing, extents
+/// past max_total_bytes); the payloads themselves are not checked. The
+/// metadata goes through the protobuf parser, so this costs one parse more
+/// than decoding: for receivers that act on payloads as they arrive.
+absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>>
+ReadPayloadExtents(absl::string_view head, const WireLimits& limits = {});
 
 absl::StatusOr<Value> DecodeValue(absl::Span<const WireChunk> chunks,
                                   const WireLimits& limits = {},

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_total_bytes = uint64_t{1} << 24;
   limits.max_metadata_bytes = uint64_t{1} << 20;
   const std::string input(reinterpret_cast<const char*>(data), size);
+
+  absl::StatusOr<std::optional<std::vector<ferry::WirePayloadExtent>>> read =
+      ferry::ReadPayloadExtents(input, limits);
+  if (!read.ok() && read.status().code() != absl::StatusCode::kInvalidArgument) {
+    Fail("extents error that is not InvalidArgument");
+  }
 
   absl::StatusOr<ferry::Value> borrowed =
       ferry::DecodeValue(absl::string_view(input), limits);
@@ -57,6 +64,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<ferry::EncodedValue> e2 = ferry::EncodeValue(*chunked, limits);
   if (!e2.ok() || e2->Flatten() != s1)
     Fail("chunked decode differs from borrowed decode");
+  absl::StatusOr<std::optional<std::vector<ferry::WirePayloadExtent>>>
+      extents = ferry::ReadPayloadExtents(s1, limits);
+  if (!extents.ok() || !extents->has_value() ||
+      (*extents)->size() != e1->payloads.size()) {
+    Fail("an encoding's extents are not its payloads");
+  }
+  uint64_t at = e1->head.size();
+  for (size_t i = 0; i < e1->payloads.size(); ++i) {
+    const ferry::WirePayload& p = e1->payloads[i];
+    if ((**extents)[i].offset != at || (**extents)[i].size != p.size) {
+      Fail("an extent is not where its payload lies");
+    }
+    at += p.size + p.padding;
+  }
+
   absl::StatusOr<ferry::Value> again =
       ferry::DecodeValue(absl::string_view(s1), limits);
   if (!again.ok()) Fail("a re-encoded value does not decode");

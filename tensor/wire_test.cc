@@ -1,6 +1,9 @@
 #include "ferry/tensor/wire.h"
 
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <limits>
 #include <random>
 #include <string>
@@ -104,6 +107,93 @@ TEST(WireTest, NestedValueRoundTrips) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(*back, v) << back->DebugString();
   EXPECT_EQ(back->DebugString(), v.DebugString());
+}
+
+// ReadPayloadExtents names, from the stream's first bytes, where each
+// tensor's payload lies: the places DecodeValue adopts them from.
+TEST(WireTest, PayloadExtentsAreWhereTheDecodedTensorsLie) {
+  const Value v = Sample();
+  auto flat = std::make_shared<std::string>(Flat(v));
+  absl::StatusOr<Value> back = DecodeValue(flat);
+  ASSERT_TRUE(back.ok()) << back.status();
+  std::vector<const Tensor*> tensors;
+  std::function<void(const Value&)> walk = [&](const Value& e) {
+    if (const Tensor* t = e.if_tensor()) tensors.push_back(t);
+    if (const Value::List* l = e.if_list()) {
+      for (const Value& x : *l) walk(x);
+    }
+    if (const Value::Dict* d = e.if_dict()) {
+      for (const auto& [k, x] : *d) walk(x);
+    }
+  };
+  walk(*back);
+  ASSERT_EQ(tensors.size(), 4u);
+  absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>> extents =
+      ReadPayloadExtents(*flat);
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  ASSERT_TRUE(extents->has_value());
+  ASSERT_EQ((*extents)->size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const WirePayloadExtent& e = (**extents)[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(e.size, tensors[i]->nbytes());
+    EXPECT_EQ(e.offset % kWireAlignment, 0u);
+    if (e.size > 0) {  // Adopted in place.
+      EXPECT_EQ(static_cast<const char*>(tensors[i]->data_ptr()),
+                flat->data() + e.offset);
+    }
+  }
+  // The last payload ends the stream (padded).
+  const WirePayloadExtent& last = (*extents)->back();
+  EXPECT_LE(last.offset + last.size, flat->size());
+  EXPECT_GT(last.offset + last.size + kWireAlignment, flat->size());
+  // Known from the header and the metadata alone.
+  const WirePayloadExtent& first = (*extents)->front();
+  absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>> early =
+      ReadPayloadExtents(absl::string_view(*flat).substr(0, first.offset));
+  ASSERT_TRUE(early.ok()) << early.status();
+  ASSERT_TRUE(early->has_value());
+  EXPECT_EQ((*early)->size(), tensors.size());
+}
+
+TEST(WireTest, PayloadExtentsWaitForTheMetadataAndRefuseBadHeads) {
+  const std::string flat =
+      Flat(Value::FromTensor(arange(100, DType::kFloat32)));
+  uint32_t meta_len = 0;
+  std::memcpy(&meta_len, flat.data() + 4, 4);
+  for (size_t n : {size_t{0}, size_t{7}, size_t{8}, size_t{8} + meta_len - 1}) {
+    absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>> e =
+        ReadPayloadExtents(absl::string_view(flat).substr(0, n));
+    ASSERT_TRUE(e.ok()) << n << " " << e.status();
+    EXPECT_FALSE(e->has_value()) << n;
+  }
+  absl::StatusOr<std::optional<std::vector<WirePayloadExtent>>> whole =
+      ReadPayloadExtents(absl::string_view(flat).substr(0, 8 + meta_len));
+  ASSERT_TRUE(whole.ok() && whole->has_value());
+  EXPECT_EQ((*whole)->at(0).size, 400u);
+  std::string bad = flat;
+  bad[0] = 'X';
+  EXPECT_THAT(ReadPayloadExtents(bad).status().message(),
+              HasSubstr("bad magic"));
+  EXPECT_THAT(
+      ReadPayloadExtents(flat, WireLimits{.max_metadata_bytes = 4})
+          .status()
+          .message(),
+      HasSubstr("exceeds the limit of 4 bytes"));
+  EXPECT_THAT(
+      ReadPayloadExtents(flat, WireLimits{.max_total_bytes = 100})
+          .status()
+          .message(),
+      HasSubstr("past the limit of 100 bytes"));
+  // Corrupt metadata.
+  std::string corrupt = flat;
+  corrupt[8] = '\xff';
+  EXPECT_FALSE(ReadPayloadExtents(corrupt).ok());
+  // Deeper than the limit.
+  const std::string deep = Flat(Value::FromList({Value::FromList(
+      {Value::FromTensor(arange(4, DType::kFloat32))})}));
+  EXPECT_TRUE(ReadPayloadExtents(deep, WireLimits{.max_depth = 2}).ok());
+  EXPECT_FALSE(ReadPayloadExtents(deep, WireLimits{.max_depth = 1}).ok());
 }
 
 // The metadata is written by hand (wire.cc); it must be the protobuf

@@ -57,7 +57,10 @@ void EchoEachSize(Worker& w0, cuda::CudaDeviceApi& api, const char* label) {
   }
 }
 
-TEST(CudaRpcGpu, StagedEchoFrom4KiBTo256MiBComesBackOnTheDevice) {
+// The staged path between two workers of this process: through the
+// same-host channel (`same_host`), or streamed over gRPC, where messages of
+// 2 MiB and more land pipelined (worker/device_landing.h).
+void StagedEcho(bool same_host) {
   absl::StatusOr<std::shared_ptr<cuda::CudaDeviceApi>> api =
       cuda::CudaDeviceApi::Create();
   if (!api.ok()) GTEST_SKIP() << api.status();
@@ -68,17 +71,30 @@ TEST(CudaRpcGpu, StagedEchoFrom4KiBTo256MiBComesBackOnTheDevice) {
     each.devices = {"cuda:0"};
     each.device_api = *api;
     each.cuda_transport = "staged";
+    each.same_host = same_host;
     each.join_timeout = absl::Seconds(60);
     each.rpc_timeout = absl::Seconds(120);
   }
   o[0].device_maps = {{"w1", {{"cuda:0", "cuda:0"}}}};
   o[1].registry = registry;
-  WorkerGroup w = StartWorkerGroup("gpu", o);
+  WorkerGroup w = StartWorkerGroup(same_host ? "gpu" : "gpu_streamed", o);
   for (auto& each : w) ASSERT_TRUE(each.ok()) << each.status();
   Worker& w0 = **w[0];
-  EchoEachSize(w0, **api, "staged echo");
+  EchoEachSize(w0, **api, same_host ? "staged echo" : "streamed staged echo");
   EXPECT_EQ(w0.staged_traffic("w1").tensors_out, 4u);
+  if (!same_host) {  // 64 and 256 MiB, each way.
+    EXPECT_EQ((*w[1])->staged_traffic("w0").pipelined_in, 2u);
+    EXPECT_EQ(w0.staged_traffic("w1").pipelined_in, 2u);
+  }
   ShutdownWorkerGroup(w);
+}
+
+TEST(CudaRpcGpu, StagedEchoFrom4KiBTo256MiBComesBackOnTheDevice) {
+  StagedEcho(/*same_host=*/true);
+}
+
+TEST(CudaRpcGpu, StreamedStagedEchoLandsPipelinedOnTheDevice) {
+  StagedEcho(/*same_host=*/false);
 }
 
 // Set (to the group's init method) in the process that plays w1.

@@ -137,8 +137,8 @@ absl::StatusOr<std::shared_ptr<DeviceStage>> DeviceStage::Create(
 DeviceStage::DeviceStage(
     std::string me, const DeviceOptions& options,
     std::shared_ptr<cuda::DeviceMemoryApi> api,
-    std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
-    std::unique_ptr<cuda::CachingHostAllocator> pinned,
+    std::shared_ptr<cuda::CachingDeviceAllocator> allocator,
+    std::shared_ptr<cuda::CachingHostAllocator> pinned,
     std::shared_ptr<DeviceComputeInterface> compute)
     : me_(std::move(me)),
       devices_(options.devices),
@@ -147,7 +147,11 @@ DeviceStage::DeviceStage(
       allocator_(std::move(allocator)),
       pinned_(std::move(pinned)),
       compute_(std::move(compute)),
-      ipc_(DeviceIpc::Create(me_, api_, allocator_.get())) {}
+      ipc_(DeviceIpc::Create(me_, api_, allocator_.get())),
+      landing_(allocator_ != nullptr
+                   ? std::make_shared<DeviceLanding>(me_, devices_, maps_,
+                                                     allocator_, pinned_)
+                   : nullptr) {}
 
 DeviceStage::~DeviceStage() = default;
 
@@ -211,6 +215,8 @@ void DeviceStage::Count(const std::string& peer, const StagedTraffic& d) {
   t.to_cpu_out += d.to_cpu_out;
   t.tensors_in += d.tensors_in;
   t.bytes_in += d.bytes_in;
+  t.pipelined_in += d.pipelined_in;
+  t.early_chunks += d.early_chunks;
   t.refused += d.refused;
 }
 
@@ -535,9 +541,19 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
         landed.emplace(p.position, *std::move(copied));
         continue;
       }
+      // Pipelined: its chunks were queued as they arrived (the rest now).
+      std::optional<AdoptedLanding> adopted =
+          landing_->Adopt(host, target.index);
+      const uint64_t early =
+          adopted.has_value() ? adopted->early_chunks : uint64_t{0};
       // No event per copy: one wait per device follows.
-      absl::StatusOr<Tensor> copy = cuda::QueueCopyToDevice(
-          host, target.index, kStream, *allocator_, *pinned_);
+      absl::StatusOr<Tensor> copy =
+          adopted.has_value()
+              ? Tensor::FromStorage(std::move(adopted->storage), host.dtype(),
+                                    host.sizes(),
+                                    ContiguousStrides(host.sizes()))
+              : cuda::QueueCopyToDevice(host, target.index, kStream,
+                                        *allocator_, *pinned_);
       if (!copy.ok()) {
         status = Annotate(copy.status(),
                           absl::StrCat(what, ": landing ", tensor, " on ",
@@ -552,6 +568,10 @@ absl::Status DeviceStage::LandIn(const rpc::WorkerInfo& peer, rpc::Message& m,
       }
       ++counted.tensors_in;
       counted.bytes_in += host.nbytes();
+      if (adopted.has_value()) {
+        ++counted.pipelined_in;
+        counted.early_chunks += early;
+      }
       landed.emplace(p.position, *std::move(on_device));
     }
   }
@@ -615,6 +635,8 @@ std::vector<rpc::InspectionRow> DeviceStage::Inspect() const {
                      {"to_cpu_out", absl::StrCat(t.to_cpu_out)},
                      {"tensors_in", absl::StrCat(t.tensors_in)},
                      {"bytes_in", absl::StrCat(t.bytes_in)},
+                     {"pipelined_in", absl::StrCat(t.pipelined_in)},
+                     {"early_chunks", absl::StrCat(t.early_chunks)},
                      {"refused", absl::StrCat(t.refused)}}});
   }
   if (pinned_ != nullptr) {

@@ -1,8 +1,6 @@
-// DeviceStage: CUDA tensors through RPC over the staged path (issue #32):
-// a CUDA tensor in a message leaves its sender as host bytes and lands on
-// the mapped device of the receiver, through rpc/'s interceptor seam and
-// the device layer's typed header (worker/device_header.h), so rpc/ and
-// its transports never see a device.
+// DeviceStage: CUDA tensors through RPC over the staged path (issue #32),
+// through rpc/'s interceptor seam and the device layer's typed header
+// (worker/device_header.h), so rpc/ and its transports see no device.
 // Sending (a request or a reply), each CUDA tensor is copied into pinned
 // host memory (the stage's CachingHostAllocator) and replaced by it; the
 // copies are queued, then each device waited for once (a large tensor's
@@ -15,11 +13,12 @@
 // map (rpc::DeviceMaps::ReplyTarget) on arrival, so the maps and staging
 // option governing a pair are always the caller's; so do a request's
 // marked autograd::dist::kReturningEntry (gradients going back). Receiving,
-// each placement's copy onto its device (this worker's allocator, through
-// pinned staging) is queued, each device waited for once, before the
-// handler or the caller's future sees the message; on any failure the
-// message fails and the landed tensors go back to the allocator. Forward
-// requests on an IPC pair carry handles instead.
+// each placement's copy onto its device (this worker's allocator, from
+// pinned memory; chunks of large streamed ones queued while they arrive,
+// worker/device_landing.h) is queued, each device waited for once, before
+// the handler or the caller's future sees the message; on any failure the
+// message fails and the landed tensors go back to the allocator. IPC pairs
+// carry handles instead.
 // Errors name this worker, the peer, the tensor's position and the device:
 // a tensor on a device this worker does not use (FailedPrecondition), a
 // header naming a device the receiver lacks (InvalidArgument; a receiver
@@ -45,6 +44,7 @@
 #include "ferry/rpc/message.h"
 #include "ferry/tensor/storage.h"
 #include "ferry/worker/device_ipc.h"
+#include "ferry/worker/device_landing.h"
 #include "ferry/worker/device_plan.h"
 
 namespace ferry {
@@ -62,6 +62,11 @@ struct StagedTraffic {
   uint64_t to_cpu_out = 0;   ///< Of tensors_out, those sent to land on its CPU.
   uint64_t tensors_in = 0;   ///< Its tensors landed on a device here.
   uint64_t bytes_in = 0;     ///< Their bytes.
+  /// Of tensors_in, those whose copy to the device was queued while their
+  /// message was arriving (pipelined landing, worker/device_landing.h).
+  uint64_t pipelined_in = 0;
+  /// Chunks of those copies queued before their message was whole.
+  uint64_t early_chunks = 0;
   uint64_t refused = 0;      ///< Messages to or from it that this stage failed.
 };
 
@@ -109,6 +114,9 @@ class DeviceStage {
   cuda::CachingHostAllocator* pinned() const { return pinned_.get(); }
   /// The IPC path (worker/device_ipc.h); null when the API has none.
   const std::shared_ptr<DeviceIpc>& ipc() const { return ipc_; }
+  /// The streamed-payload observer that lands tensors as they arrive
+  /// (worker/device_landing.h); null without devices.
+  const std::shared_ptr<DeviceLanding>& landing() const { return landing_; }
   /// The counters of `peer` (zeros when none moved).
   StagedTraffic Traffic(const std::string& peer) const;
   /// Rows for the Admin inspector "devices": one "staged" row per peer and
@@ -118,8 +126,8 @@ class DeviceStage {
  private:
   DeviceStage(std::string me, const DeviceOptions& options,
               std::shared_ptr<cuda::DeviceMemoryApi> api,
-              std::unique_ptr<cuda::CachingDeviceAllocator> allocator,
-              std::unique_ptr<cuda::CachingHostAllocator> pinned,
+              std::shared_ptr<cuda::CachingDeviceAllocator> allocator,
+              std::shared_ptr<cuda::CachingHostAllocator> pinned,
               std::shared_ptr<DeviceComputeInterface> compute);
   bool Uses(const Device& device) const;
   std::string DeviceListText() const;
@@ -129,10 +137,11 @@ class DeviceStage {
   const std::vector<Device> devices_;
   const rpc::DeviceMaps maps_;
   const std::shared_ptr<cuda::DeviceMemoryApi> api_;
-  const std::unique_ptr<cuda::CachingDeviceAllocator> allocator_;
-  const std::unique_ptr<cuda::CachingHostAllocator> pinned_;
+  const std::shared_ptr<cuda::CachingDeviceAllocator> allocator_;
+  const std::shared_ptr<cuda::CachingHostAllocator> pinned_;
   const std::shared_ptr<DeviceComputeInterface> compute_;
   const std::shared_ptr<DeviceIpc> ipc_;  // After allocator_: goes first.
+  const std::shared_ptr<DeviceLanding> landing_;
   mutable Mutex mu_;
   std::map<std::string, StagedTraffic> traffic_ ABSL_GUARDED_BY(mu_);
 };

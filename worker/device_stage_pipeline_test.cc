@@ -3,8 +3,12 @@
 // gRPC agent sends each piece once the chunks it covers ran. Over
 // FakeDeviceApi host memory (no GPU): the sender's fake holds its stream
 // after the first chunk, so the test sees the first piece arrive while the
-// later chunks have not been copied, then lets them through.
+// later chunks have not been copied, then lets them through. Pipelined
+// landing (worker/device_landing.h): the receiver's piece hook holds the
+// stream half-way, and the test sees the device copies already queued.
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -129,13 +133,16 @@ struct Pair {
       std::make_shared<cuda::FakeDeviceApi>(1, 64 << 20);
   WorkerGroup group;
 
-  explicit Pair(const std::string& tag) {
+  // `hook1`: w1's WorkerOptions::after_piece_received.
+  explicit Pair(const std::string& tag,
+                std::function<void(uint64_t, uint64_t)> hook1 = {}) {
     std::vector<WorkerOptions> o(2);
     o[0].devices = {"cuda:0"};
     o[0].device_maps = {{"w1", {{"cuda:0", "cuda:0"}}}};
     o[0].device_api = api0;
     o[1].devices = {"cuda:0"};
     o[1].device_api = api1;
+    o[1].after_piece_received = std::move(hook1);
     auto registry = std::make_shared<rpc::FunctionRegistry>();
     EXPECT_TRUE(registry->Register("echo", [](Tensor t) { return t; }).ok());
     for (WorkerOptions& each : o) {
@@ -254,6 +261,118 @@ TEST(PipelinedStaging, AChunkThatCannotBeQueuedFailsTheSendNamingIt) {
   EXPECT_THAT(back.status().message(), HasSubstr("RecordEvent failed"));
   EXPECT_EQ(p.w(0).staged_traffic("w1").refused, 1u);
   EXPECT_EQ(p.stream_stats(1).requests_received.load(), 0u);
+}
+
+
+// Pipelined landing (worker/device_landing.h): the receiver's copies to
+// its device are queued while the message is still arriving. A gate in w1's
+// piece hook holds the stream half-way; the test looks while it is held.
+struct MidStream {
+  absl::Mutex mu;
+  bool reached ABSL_GUARDED_BY(mu) = false;
+  bool released ABSL_GUARDED_BY(mu) = false;
+  uint64_t received ABSL_GUARDED_BY(mu) = 0;
+  uint64_t total ABSL_GUARDED_BY(mu) = 0;
+  // w1's copies with a pinned side when the hold began.
+  uint64_t copies_then ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<cuda::FakeDeviceApi> api;  // w1's, set before any call.
+
+  // The piece hook: at the first piece past `at` bytes of a request
+  // (once), records and holds until Release, at most 30 s.
+  std::function<void(uint64_t, uint64_t)> Hook(uint64_t at) {
+    return [this, at](uint64_t received, uint64_t total) {
+      absl::MutexLock lock(&mu);
+      if (reached || received < at || received == total) return;
+      reached = true;
+      this->received = received;
+      this->total = total;
+      copies_then = api->pinned_copies();
+      mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(30));
+    };
+  }
+  bool WaitReached() {
+    absl::MutexLock lock(&mu);
+    return mu.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu);
+    released = true;
+  }
+};
+
+TEST(PipelinedLanding, ChunksGoToTheDeviceWhileTheMessageArrives) {
+  MidStream mid;
+  Pair p("landing_overlap", mid.Hook(2 * kChunk + 4096));
+  ASSERT_TRUE(p.ok()) << p.group[0].status() << " " << p.group[1].status();
+  mid.api = p.api1;
+  const Tensor cpu = Large();
+  const Tensor x = OnDevice(cpu, 0, *p.w(0).device_allocator(), *p.api0);
+  const uint64_t copies_before = p.api1->pinned_copies();
+  Future<Tensor> call = p.w(0).rpc_async<Tensor>("w1", "echo", x);
+  ASSERT_TRUE(mid.WaitReached());
+  {
+    absl::MutexLock lock(&mid.mu);
+    EXPECT_LT(mid.received, mid.total);
+    // Held half-way, w1 has already queued the chunks whose bytes are in
+    // (at least the first two): not one copy waits for the whole message.
+    EXPECT_GE(mid.copies_then, copies_before + 2)
+        << "received " << mid.received << " of " << mid.total;
+  }
+  mid.Release();
+  Result<Tensor> back = call.Get(absl::Seconds(30));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->device(), Device::CUDA(0));
+  EXPECT_TRUE(SameBytes(*back, cpu, *p.api0));
+  // The request landed pipelined on w1, and the reply on w0 (no hold).
+  const StagedTraffic in1 = p.w(1).staged_traffic("w0");
+  EXPECT_EQ(in1.tensors_in, 1u);
+  EXPECT_EQ(in1.pipelined_in, 1u);
+  EXPECT_GE(in1.early_chunks, 2u);
+  EXPECT_LE(in1.early_chunks, 4u);  // 4 MiB in 1 MiB chunks.
+  const StagedTraffic in0 = p.w(0).staged_traffic("w1");
+  EXPECT_EQ(in0.tensors_in, 1u);
+  EXPECT_EQ(in0.pipelined_in, 1u);
+  // Small messages land the old way.
+  const Tensor small = arange(16, DType::kFloat32);
+  Result<Tensor> again = p.w(0).rpc_sync<Tensor>(
+      "w1", "echo", OnDevice(small, 0, *p.w(0).device_allocator(), *p.api0));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(SameBytes(*again, small, *p.api0));
+  EXPECT_EQ(p.w(1).staged_traffic("w0").tensors_in, 2u);
+  EXPECT_EQ(p.w(1).staged_traffic("w0").pipelined_in, 1u);
+}
+
+TEST(PipelinedLanding, AStreamCutHalfWayGivesBackWhatItTook) {
+  MidStream mid;
+  Pair p("landing_cut", mid.Hook(2 * kChunk + 4096));
+  ASSERT_TRUE(p.ok()) << p.group[0].status() << " " << p.group[1].status();
+  mid.api = p.api1;
+  cuda::CachingDeviceAllocator& device1 = *p.w(1).device_allocator();
+  const uint64_t device_before = device1.Stats(0).allocated_bytes;
+  // 32 MiB: more than the HTTP/2 window can have in flight while held.
+  const Tensor x = OnDevice(arange(8 << 20, DType::kFloat32), 0,
+                            *p.w(0).device_allocator(), *p.api0);
+  Future<Tensor> call =
+      p.w(0).agent().rpc_async_for<Tensor>(absl::Milliseconds(500), "w1",
+                                           "echo", x);
+  ASSERT_TRUE(mid.WaitReached());
+  // Held half-way: w1 holds device memory for the early chunks.
+  EXPECT_GT(device1.Stats(0).allocated_bytes, device_before);
+  Result<Tensor> back = call.Get(absl::Seconds(30));
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << back.status();
+  mid.Release();
+  // The cut stream's message is dropped: its device block and its pinned
+  // buffer go back to w1's allocators.
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        return device1.Stats(0).allocated_bytes == device_before &&
+               PinnedAllocated(p.w(1)) == 0;
+      },
+      absl::Seconds(30)))
+      << device1.Stats(0).allocated_bytes << " " << PinnedAllocated(p.w(1));
+  EXPECT_EQ(p.w(1).staged_traffic("w0").tensors_in, 0u);
 }
 
 }  // namespace

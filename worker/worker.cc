@@ -141,6 +141,8 @@ absl::StatusOr<std::unique_ptr<Worker>> InitWorker(WorkerOptions options) {
   std::unique_ptr<Worker> worker(new Worker(std::move(impl)));
   Worker::Impl& w = *worker->impl_;
   rpc::GrpcAgentOptions agent_options = AgentOptions(o);
+  // Staged tensors of large messages land while they arrive.
+  agent_options.stream.observer = w.stage->landing();
   // The layers, in the order they need: distributed autograd (its
   // interceptors record sends), RRefs, the optimizer service (reads the
   // autograd contexts); then the user's hook sees a complete worker.

@@ -10,6 +10,8 @@ the GB/s of each path and floor, then the ratios, one JSON line each:
   staged_vs_pinned   Ferry's staged send / the pinned-copy floor: one
                      device-to-host and one host-to-device copy in series,
                      1 / (1/d2h + 1/h2d) GB/s (what staging must do at least)
+  streamed_vs_pinned the same for the staged path streamed over gRPC (the
+                     path between hosts; pipelined both ways)
 and the distributed autograd step's times (GPU tensors per path, CPU
 tensors, one process on the GPU) with their ratios to the single-process
 step.
@@ -59,6 +61,8 @@ def main():
             ("ipc echo", (impl, "ipc", "tensor_echo")),
             ("stg send", (impl, "staged", "tensor_send")),
             ("stg echo", (impl, "staged", "tensor_echo")),
+            ("str send", (impl, "streamed", "tensor_send")),
+            ("str echo", (impl, "streamed", "tensor_echo")),
             ("pt send", ("pytorch", "tensorpipe", "tensor_send")),
             ("pt echo", ("pytorch", "tensorpipe", "tensor_echo")),
             ("d2d", ("cuda", "floor", "d2d_copy")),
@@ -70,7 +74,8 @@ def main():
         print(f"{size_label(n):<9}" +
               "".join(fmt(gbps(*c[1], n)) for c in cols))
     print()
-    print("ratios        ipc/pt send  ipc/pt echo  ipc/d2d  staged/pinned")
+    print("ratios        ipc/pt send  ipc/pt echo  ipc/d2d  staged/pinned"
+          "  streamed/pinned")
     for n in sizes:
         ipc_s = gbps(impl, "ipc", "tensor_send", n)
         ipc_e = gbps(impl, "ipc", "tensor_echo", n)
@@ -82,13 +87,15 @@ def main():
         d2h = gbps("cuda", "floor", "d2h_pinned", n)
         pinned = (1 / (1 / h2d + 1 / d2h)) if h2d and d2h else None
         r_st = div(gbps(impl, "staged", "tensor_send", n), pinned)
+        r_str = div(gbps(impl, "streamed", "tensor_send", n), pinned)
         print(f"{size_label(n):<13}{fmt(r_pt_s, '.3f', 12)}"
               f"{fmt(r_pt_e, '.3f', 13)}{fmt(r_d2d, '.3f', 9)}"
-              f"{fmt(r_st, '.3f', 15)}")
+              f"{fmt(r_st, '.3f', 15)}{fmt(r_str, '.3f', 17)}")
         emit("ipc_vs_pytorch_send", n, r_pt_s)
         emit("ipc_vs_pytorch_echo", n, r_pt_e)
         emit("ipc_vs_d2d", n, r_d2d)
         emit("staged_vs_pinned", n, r_st)
+        emit("streamed_vs_pinned", n, r_str)
     steps = {k[1]: r["us_p50"] for k, r in fig.items()
              if k[0] == impl and k[2] in ("dist_autograd_step",
                                           "single_gpu_step")}
@@ -98,6 +105,7 @@ def main():
         print("autograd step      median us   / single-process GPU step")
         for path, label in (("ipc", "dist, GPU (ipc)"),
                             ("staged", "dist, GPU (staged)"),
+                            ("streamed", "dist, GPU (streamed)"),
                             ("cpu", "dist, CPU"), ("local", "one process, GPU")):
             us = steps.get(path)
             print(f"{label:<19}{fmt(us, '.1f', 10)}"

@@ -10,7 +10,12 @@
 // --role=peer), one group per path, forced with WorkerOptions::
 // cuda_transport: "ipc" (requests and replies carry CUDA IPC handles:
 // worker/device_ipc.h) and "staged" (device -> pinned host ->
-// the peer's pinned host -> device: worker/device_stage.h). Figures, each
+// the peer's pinned host -> device: worker/device_stage.h), whose large
+// payloads go through the same-host channel, and "streamed": staged with
+// that channel off (WorkerOptions::same_host), so payloads of 1 MiB and
+// more are streamed over gRPC as between hosts, pipelined both ways
+// (chunked device-to-host copies while sending, worker/device_landing.h's
+// host-to-device copies while receiving). Figures, each
 // a median over calls timed until --budget_s passed (at least 3, at most
 // 200), one JSON line each and a table:
 //   tensor_send   a float32 CUDA tensor of N bytes to w1 (which answers
@@ -245,7 +250,9 @@ absl::StatusOr<ferry::WorkerOptions> GroupOptions(
     o.devices = {"cuda:0"};
     o.device_api = d.api;
     o.device_compute = d.ctx->shared_compute();
-    o.cuda_transport = transport;
+    // "streamed": the staged path over gRPC streams (see the top).
+    o.cuda_transport = transport == "streamed" ? "staged" : transport;
+    o.same_host = transport != "streamed";
     o.device_maps = {{name == "w0" ? "w1" : "w0", {{"cuda:0", "cuda:0"}}}};
   }
   return o;
@@ -454,7 +461,7 @@ int Run() {
               "bytes", "median", "rate");
   absl::Status s =
       absl::GetFlag(FLAGS_fake) ? absl::OkStatus() : Floors(sizes);
-  for (const char* transport : {"ipc", "staged", "cpu"}) {
+  for (const char* transport : {"ipc", "staged", "streamed", "cpu"}) {
     if (!s.ok()) break;
     if (std::string(transport) == "cpu" && absl::GetFlag(FLAGS_skip_autograd)) {
       break;

@@ -557,7 +557,8 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
         grpc_agent::ClientStream::Config{&grpc_options_.stream,
                                          &grpc_options_.wire_limits,
                                          grpc_options_.max_message_bytes,
-                                         &stream_stats_, receive_pool_.get()},
+                                         &stream_stats_, receive_pool_.get(),
+                                         to.name},
         [this, raw](const grpc::Status& status) { CallDone(raw, status); });
   } else {
     call->request = grpc_agent::ToEnvelope(*std::move(encoded)).buffer;

@@ -29,6 +29,11 @@ ClientStream::ClientStream(EncodedParts request, Config config,
                  config.stats, &config.stats->replies_received, config.pool},
                 [](const v1::RpcResponse&) {
                   return std::string("the streamed reply");
+                },
+                {},
+                [this](const v1::RpcResponse& h) {
+                  return ObserveReceive(config_.options->observer.get(),
+                                        /*request=*/false, config_.peer, h);
                 }) {}
 
 void ClientStream::Start(grpc::GenericStub* stub,
@@ -139,6 +144,13 @@ class ServerStream final
               ASSIGN_OR_RETURN(slot_,
                                service_->Admit(h, *context_, &stranger_));
               return absl::OkStatus();
+            },
+            // A stranger's layer headers reach no layer (Admit).
+            [this](const v1::RpcRequest& h) {
+              return stranger_ ? nullptr
+                               : ObserveReceive(
+                                     service_->options().stream.observer.get(),
+                                     /*request=*/true, h.caller_name(), h);
             }) {}
 
   void OnReadDone(bool ok) override {

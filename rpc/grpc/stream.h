@@ -68,6 +68,7 @@ class ClientStream final
     int max_message_bytes;
     StreamStats* stats;
     ReceiveBufferPool* pool = nullptr;  // For the reply's payload.
+    std::string peer;  // The callee's name (for StreamOptions::observer).
   };
   ClientStream(EncodedParts request, Config config,
                std::function<void(const grpc::Status&)> done);

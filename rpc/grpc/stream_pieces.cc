@@ -171,13 +171,21 @@ absl::Status PieceAssembler::Add(absl::Span<const WireChunk> piece,
   return absl::OkStatus();
 }
 
-EnvelopeParts PieceAssembler::Take(std::string header) {
+EnvelopeParts PieceAssembler::Take(std::string header,
+                                   std::shared_ptr<const void> attached) {
   EnvelopeParts parts;
   parts.header = std::move(header);
   parts.payload_bytes = total_;
   parts.total_bytes = parts.header.size() + total_;
-  auto held = std::make_shared<Storage>(std::move(storage_));
-  const char* data = static_cast<const char*>(held->data());
+  // The attachment goes first (declared last): it may still refer to the
+  // buffer while it is destroyed.
+  struct Held {
+    Storage storage;
+    std::shared_ptr<const void> attached;
+  };
+  auto held = std::make_shared<Held>(Held{std::move(storage_),
+                                          std::move(attached)});
+  const char* data = static_cast<const char*>(held->storage.data());
   parts.payload.push_back(WireChunk{data, total_, std::move(held)});
   return parts;
 }
@@ -188,10 +196,11 @@ EnvelopeParts PieceAssembler::Take(std::string header) {
 template <typename Header>
 StreamReceiver<Header>::StreamReceiver(
     Config config, std::function<std::string(const Header&)> describe,
-    std::function<absl::Status(const Header&)> on_header)
+    std::function<absl::Status(const Header&)> on_header, Observe observe)
     : config_(config),
       describe_(std::move(describe)),
-      on_header_(std::move(on_header)) {}
+      on_header_(std::move(on_header)),
+      observe_(std::move(observe)) {}
 
 template <typename Header>
 absl::StatusOr<bool> StreamReceiver<Header>::Receive(
@@ -216,17 +225,31 @@ absl::StatusOr<bool> StreamReceiver<Header>::Receive(
     if (config_.streamed != nullptr) {
       config_.streamed->fetch_add(1, std::memory_order_relaxed);
     }
-    RETURN_IF_ERROR(assembler_.Start(header_.payload_bytes(),
-                                     config_.limits->allocator, config_.pool));
+    if (observe_) progress_ = observe_(header_);
+    Allocator* allocator =
+        progress_ != nullptr ? progress_->allocator() : nullptr;
+    // Out of the observer's memory (pinned host memory, say), the payload
+    // still arrives, only not observed.
+    if (allocator != nullptr &&
+        !assembler_.Start(header_.payload_bytes(), allocator).ok()) {
+      progress_ = nullptr;
+      allocator = nullptr;
+    }
+    if (allocator == nullptr) {
+      RETURN_IF_ERROR(assembler_.Start(header_.payload_bytes(),
+                                       config_.limits->allocator, config_.pool));
+    }
+    if (progress_ != nullptr) progress_->Started(assembler_.buffer());
     fields_ = std::move(parts.header);
   }
   RETURN_IF_ERROR(assembler_.Add(parts.payload, config_.stats));
+  if (progress_ != nullptr) progress_->Received(assembler_.received());
   if (config_.options->after_piece_received) {
     config_.options->after_piece_received(assembler_.received(),
                                           assembler_.total());
   }
   if (!assembler_.complete()) return false;
-  whole_ = assembler_.Take(std::move(fields_));
+  whole_ = assembler_.Take(std::move(fields_), std::move(progress_));
   complete_ = true;
   return true;
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -26,6 +27,7 @@
 #include "ferry/rpc/grpc/buffer_pool.h"
 #include "ferry/rpc/grpc/codec.h"
 #include "ferry/rpc/grpc/envelope.h"
+#include "ferry/rpc/receive_observer.h"
 #include "ferry/tensor/storage.h"
 #include "ferry/tensor/wire.h"
 
@@ -47,6 +49,9 @@ struct StreamOptions {
   // into place, with the payload bytes received so far and the total. A slow
   // hook is a slow receiver. Must not block on this agent's calls.
   std::function<void(uint64_t received, uint64_t total)> after_piece_received;
+  // A layer that acts on streamed payloads as they arrive
+  // (rpc/receive_observer.h); null: none.
+  std::shared_ptr<ReceiveObserver> observer;
 };
 
 // Counters of one agent's streamed calls; monotonic.
@@ -111,14 +116,17 @@ class PieceAssembler {
   // when there is one (a reused buffer is already faulted in).
   absl::Status Start(uint64_t total, Allocator* allocator,
                      ReceiveBufferPool* pool = nullptr);
+  // The buffer, once started.
+  const Storage& buffer() const { return storage_; }
   // Copies the next piece into place; InvalidArgument past the end.
   absl::Status Add(absl::Span<const WireChunk> piece, StreamStats* stats);
   bool complete() const { return received_ == total_; }
   uint64_t received() const { return received_; }
   uint64_t total() const { return total_; }
   // The whole envelope: `header` and the payload as one chunk that keeps the
-  // buffer alive (tensors decoded from it adopt it).
-  EnvelopeParts Take(std::string header);
+  // buffer alive (tensors decoded from it adopt it), and `attached` with it.
+  EnvelopeParts Take(std::string header,
+                     std::shared_ptr<const void> attached = nullptr);
 
  private:
   Storage storage_;
@@ -126,13 +134,35 @@ class PieceAssembler {
   uint64_t received_ = 0;
 };
 
+// The progress of a received message with `header` (v1::RpcRequest or
+// v1::RpcResponse) from `peer`, when `observer` has one for it.
+template <typename Header>
+std::shared_ptr<ReceiveProgress> ObserveReceive(ReceiveObserver* observer,
+                                                bool request,
+                                                std::string_view peer,
+                                                const Header& header) {
+  if (observer == nullptr) return nullptr;
+  for (const auto& h : header.headers()) {
+    if (h.layer() == observer->layer()) {
+      return observer->Observe({.request = request,
+                                .peer = peer,
+                                .header = &h.bytes(),
+                                .payload_bytes = header.payload_bytes()});
+    }
+  }
+  return nullptr;
+}
+
 // The receiving side of one CallStream call (the request on the server, the
 // reply on the client), fed the messages in order. The first message
 // carries the envelope fields (`Header`: v1::RpcRequest or v1::RpcResponse)
 // and payload_bytes; 0 means the whole envelope is in that message. A
 // declared length is checked against the limits (ResourceExhausted, named
 // by `describe`) and `on_header` runs before anything is allocated; then
-// the pieces are copied into one aligned buffer (PieceAssembler).
+// the pieces are copied into one aligned buffer (PieceAssembler). A
+// streamed payload's progress, when `observe` returns one
+// (rpc/receive_observer.h), supplies the buffer's allocator, sees each piece
+// arrive and goes with the payload (or is dropped with a failed stream).
 // Malformed streams (envelope fields after the first message, pieces past
 // the declared length, a message after the last) are InvalidArgument.
 template <typename Header>
@@ -148,9 +178,12 @@ class StreamReceiver {
     // Where payload buffers come from (null: allocated fresh each time).
     ReceiveBufferPool* pool = nullptr;
   };
+  using Observe =
+      std::function<std::shared_ptr<ReceiveProgress>(const Header&)>;
   StreamReceiver(Config config,
                  std::function<std::string(const Header&)> describe,
-                 std::function<absl::Status(const Header&)> on_header = {});
+                 std::function<absl::Status(const Header&)> on_header = {},
+                 Observe observe = {});
 
   // Takes the next message; true once the envelope is complete.
   absl::StatusOr<bool> Receive(const grpc::ByteBuffer& message);
@@ -168,6 +201,8 @@ class StreamReceiver {
   const Config config_;
   const std::function<std::string(const Header&)> describe_;
   const std::function<absl::Status(const Header&)> on_header_;
+  const Observe observe_;
+  std::shared_ptr<ReceiveProgress> progress_;  // Until complete.
   bool started_ = false;
   bool complete_ = false;
   Header header_;

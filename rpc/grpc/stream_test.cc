@@ -12,11 +12,15 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "ferry/common/poll.h"
 #include "ferry/rpc/grpc/agent.h"
+#include "ferry/rpc/receive_observer.h"
 #include "ferry/rpc/testing/grpc_cluster.h"
 #include "ferry/store/hash_store.h"
 #include "ferry/tensor/tensor.h"
@@ -317,6 +321,155 @@ TEST(StreamedCalls, LargeEchoesReuseTheReceiveBuffers) {
     EXPECT_EQ(stats.reused + stats.allocated, static_cast<uint64_t>(kCalls))
         << agent->self().name;
   }
+  ShutdownPair(agents);
+}
+
+// A layer's ReceiveObserver (rpc/receive_observer.h) on both agents: it
+// sees each streamed message carrying its header, from the right peer,
+// supplies the payload's buffer, sees every piece arrive in order, and its
+// progress lives exactly as long as what was decoded from that payload.
+class RecordingObserver final : public ReceiveObserver {
+ public:
+  static constexpr uint32_t kLayer = 6;
+  struct Seen {
+    bool request;
+    std::string peer;
+    std::string header;
+    uint64_t payload_bytes;
+    std::vector<uint64_t> received;  // Received()'s arguments.
+    const char* buffer = nullptr;
+    size_t buffer_bytes = 0;
+  };
+
+  class Progress final : public ReceiveProgress {
+   public:
+    Progress(RecordingObserver* owner, size_t index)
+        : owner_(owner), index_(index) {}
+    ~Progress() override { owner_->dropped_.fetch_add(1); }
+    Allocator* allocator() override { return &owner_->allocator_; }
+    void Started(const Storage& buffer) override {
+      absl::MutexLock lock(&owner_->mu_);
+      owner_->seen_[index_].buffer = static_cast<const char*>(buffer.data());
+      owner_->seen_[index_].buffer_bytes = buffer.nbytes();
+    }
+    void Received(uint64_t received) override {
+      absl::MutexLock lock(&owner_->mu_);
+      owner_->seen_[index_].received.push_back(received);
+    }
+
+   private:
+    RecordingObserver* const owner_;
+    const size_t index_;
+  };
+
+  uint32_t layer() const override { return kLayer; }
+  std::shared_ptr<ReceiveProgress> Observe(const ReceiveStart& s) override {
+    absl::MutexLock lock(&mu_);
+    seen_.push_back({s.request, std::string(s.peer), *s.header,
+                     s.payload_bytes, {}});
+    return std::make_shared<Progress>(this, seen_.size() - 1);
+  }
+
+  std::vector<Seen> seen() {
+    absl::MutexLock lock(&mu_);
+    return seen_;
+  }
+  int dropped() const { return dropped_.load(); }
+  int allocations() const { return allocator_.count.load(); }
+
+ private:
+  struct CountingAllocator final : Allocator {
+    Device device() const override { return Device::CPU(); }
+    absl::StatusOr<Storage> Allocate(size_t n) override {
+      count.fetch_add(1);
+      return GetCpuAllocator()->Allocate(n);
+    }
+    std::atomic<int> count{0};
+  };
+  absl::Mutex mu_;
+  std::vector<Seen> seen_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> dropped_{0};
+  CountingAllocator allocator_;
+};
+
+TEST(StreamedCalls, AReceiveObserverSeesItsLayersStreamedPayloadsArrive) {
+  constexpr auto kLayerType = static_cast<MessageType>(1031);
+  auto observers = std::vector<std::shared_ptr<RecordingObserver>>{
+      std::make_shared<RecordingObserver>(),
+      std::make_shared<RecordingObserver>()};
+  GrpcAgentOptions a = Streamed(), b = Streamed();
+  a.stream.observer = observers[0];
+  b.stream.observer = observers[1];
+  auto agents = StartPair(Registry(), a, b);
+  ASSERT_EQ(agents.size(), 2u);
+  std::atomic<bool> in_buffer{false};
+  ASSERT_TRUE(agents[1]
+                  ->RegisterHandler(
+                      kLayerType,
+                      [&](Message m) -> Future<Message> {
+                        // The tensor lives in the observed buffer.
+                        const Tensor t = m.Tensors().at(0);
+                        const auto seen = observers[1]->seen();
+                        const char* p =
+                            static_cast<const char*>(t.data_ptr());
+                        in_buffer = !seen.empty() &&
+                                    p >= seen.back().buffer &&
+                                    p + t.nbytes() <= seen.back().buffer +
+                                                          seen.back().buffer_bytes;
+                        Message reply;
+                        reply.SetHeader(RecordingObserver::kLayer, "back");
+                        reply.payload = Value::FromTensor(t.add(full(
+                            t.sizes(), 1.0)));
+                        return MakeReadyFuture<Message>(std::move(reply));
+                      })
+                  .ok());
+  const Tensor sent = full({64 << 10}, 2.0);  // 256 KiB, streamed.
+  {
+    Message m;
+    m.type = kLayerType;
+    m.SetHeader(RecordingObserver::kLayer, "there");
+    m.payload = Value::FromTensor(sent);
+    Result<Message> r = agents[0]->Send("b", m).Get(absl::Seconds(30));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->Tensors().size(), 1u);
+    EXPECT_EQ(r->Tensors()[0].data<float>()[(64 << 10) - 1], 3.0f);
+    EXPECT_TRUE(in_buffer.load());
+    // The reply's progress lives while the reply does.
+    EXPECT_EQ(observers[0]->seen().size(), 1u);
+    EXPECT_EQ(observers[0]->dropped(), 0);
+  }
+  // The request's progress goes with the request's tensors (the handler's
+  // message), the reply's with the reply above.
+  EXPECT_TRUE(PollUntil(
+      [&] { return observers[0]->dropped() == 1 && observers[1]->dropped() == 1; },
+      absl::Seconds(30)));
+  for (int i = 0; i < 2; ++i) {
+    const auto seen = observers[i]->seen();
+    ASSERT_EQ(seen.size(), 1u) << i;
+    const RecordingObserver::Seen& s = seen[0];
+    EXPECT_EQ(s.request, i == 1);
+    EXPECT_EQ(s.peer, i == 1 ? "a" : "b");
+    EXPECT_EQ(s.header, i == 1 ? "there" : "back");
+    EXPECT_GT(s.payload_bytes, uint64_t{256} << 10);
+    EXPECT_EQ(s.buffer_bytes, s.payload_bytes);
+    // Piece by piece, increasing, ending at the whole payload.
+    ASSERT_GE(s.received.size(), 2u) << i;
+    for (size_t k = 1; k < s.received.size(); ++k) {
+      EXPECT_GT(s.received[k], s.received[k - 1]);
+    }
+    EXPECT_EQ(s.received.back(), s.payload_bytes);
+    EXPECT_EQ(observers[i]->allocations(), 1) << i;
+  }
+  // A streamed call without the layer's header is not observed; nor are
+  // small (unary) messages with it.
+  ASSERT_TRUE(agents[0]->rpc_sync<Tensor>("b", "echo", sent).ok());
+  Message small;
+  small.type = kLayerType;
+  small.SetHeader(RecordingObserver::kLayer, "small");
+  small.payload = Value::FromTensor(full({4}, 1.0));
+  ASSERT_TRUE(agents[0]->Send("b", small).Get(absl::Seconds(30)).ok());
+  EXPECT_EQ(observers[0]->seen().size(), 1u);
+  EXPECT_EQ(observers[1]->seen().size(), 1u);
   ShutdownPair(agents);
 }
 
