@@ -70,6 +70,13 @@ class ReadyGate {
   /// that keeps them from ever being (the same error on every later call).
   /// Blocks for as long as the writes take.
   virtual absl::Status WaitReady(uint64_t bytes) = 0;
+  /// Without blocking: true once bytes [0, `bytes`) are valid, false while
+  /// they may not be yet (and from gates that cannot tell without
+  /// blocking), or WaitReady's error.
+  virtual absl::StatusOr<bool> PollReady(uint64_t bytes) {
+    (void)bytes;
+    return false;
+  }
 };
 
 // Memory returned by Ferry's allocators starts on this boundary.

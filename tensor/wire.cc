@@ -951,6 +951,15 @@ absl::Status WaitPayloadReady(const WirePayload& p, size_t bytes) {
   return gate->WaitReady(offset + std::min(bytes, p.size));
 }
 
+absl::StatusOr<bool> PollPayloadReady(const WirePayload& p, size_t bytes) {
+  const Storage& s = p.tensor.storage();
+  ReadyGate* gate = s.gate();
+  if (gate == nullptr || bytes == 0) return true;
+  const size_t offset = static_cast<size_t>(
+      p.data - static_cast<const char*>(s.data()));
+  return gate->PollReady(offset + std::min(bytes, p.size));
+}
+
 absl::Status WaitPayloadsReady(const EncodedValue& v) {
   for (const WirePayload& p : v.payloads) {
     RETURN_IF_ERROR(WaitPayloadReady(p, p.size));

@@ -94,6 +94,9 @@ struct EncodedValue {
 /// Returns once the first `bytes` bytes of `p` are readable: at once when its
 /// storage has no ReadyGate, else that gate's error if it fails.
 absl::Status WaitPayloadReady(const WirePayload& p, size_t bytes);
+/// WaitPayloadReady without blocking: whether those bytes are readable now
+/// (true without a ReadyGate), or the gate's error.
+absl::StatusOr<bool> PollPayloadReady(const WirePayload& p, size_t bytes);
 /// WaitPayloadReady for the whole of every payload of `v`; the first error.
 absl::Status WaitPayloadsReady(const EncodedValue& v);
 

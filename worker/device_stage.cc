@@ -73,9 +73,7 @@ class ChunkGate final : public ReadyGate {
     MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
     const uint64_t n = events_.size();
-    const uint64_t needed = bytes >= n * chunk_bytes_
-                                ? n
-                                : (bytes + chunk_bytes_ - 1) / chunk_bytes_;
+    const uint64_t needed = ChunksCovering(bytes);
     while (ready_ < needed) {
       absl::Status s = events_[ready_].Wait();
       if (!s.ok()) {
@@ -91,7 +89,28 @@ class ChunkGate final : public ReadyGate {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<bool> PollReady(uint64_t bytes) override {
+    MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    const uint64_t needed = ChunksCovering(bytes);
+    while (ready_ < needed) {
+      absl::StatusOr<bool> done = events_[ready_].Query();
+      if (!done.ok() || !*done) return false;  // WaitReady tells an error.
+      ++ready_;
+    }
+    if (ready_ == events_.size()) source_ = Tensor();
+    return true;
+  }
+
  private:
+  // The chunks bytes [0, `bytes`) lie in.
+  uint64_t ChunksCovering(uint64_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t n = events_.size();
+    return bytes >= n * chunk_bytes_ ? n
+                                     : (bytes + chunk_bytes_ - 1) / chunk_bytes_;
+  }
+
   const std::shared_ptr<cuda::DeviceMemoryApi> api_;
   const int device_;
   const uint64_t chunk_bytes_;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ferry/common/logging.h"
 #include "ferry/common/poll.h"
 #include "ferry/rpc/function_registry.h"
 #include "ferry/rpc/grpc/agent.h"
@@ -63,6 +64,11 @@ class HoldingApi final : public cuda::FakeDeviceApi {
     absl::MutexLock lock(&mu_);
     return blocked_waits_;
   }
+  // The log label (common/logging.h) of the thread of the last such wait.
+  std::string blocked_on() {
+    absl::MutexLock lock(&mu_);
+    return blocked_on_;
+  }
 
   absl::Status MemcpyAsync(int device, void* dst, const void* src,
                            size_t nbytes, cuda::StreamHandle stream) override {
@@ -101,6 +107,7 @@ class HoldingApi final : public cuda::FakeDeviceApi {
       absl::MutexLock lock(&mu_);
       if (s.ok() || !placed_ || !absl::IsFailedPrecondition(s)) return s;
       ++blocked_waits_;
+      blocked_on_ = ScopedLogLabel::Current();
       if (!mu_.AwaitWithTimeout(absl::Condition(&released_),
                                 absl::Seconds(30))) {
         return absl::DeadlineExceededError("the test never released");
@@ -124,6 +131,7 @@ class HoldingApi final : public cuda::FakeDeviceApi {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   int chunks_ ABSL_GUARDED_BY(mu_) = 0;
   int blocked_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string blocked_on_ ABSL_GUARDED_BY(mu_);
   cuda::StreamHandle side_ ABSL_GUARDED_BY(mu_) = 0;  // The hold's stream.
 };
 
@@ -162,22 +170,6 @@ struct Pair {
   }
 };
 
-// The pinned bytes `w` holds for messages now (the inspector's "pinned"
-// row); -1 when it shows none.
-int64_t PinnedAllocated(Worker& w) {
-  absl::StatusOr<std::vector<rpc::Inspection>> seen =
-      w.agent().inspectors().Inspect("devices");
-  if (!seen.ok() || seen->empty()) return -1;
-  for (const rpc::InspectionRow& row : (*seen)[0].rows) {
-    int64_t bytes = 0;
-    if (row.kind == "pinned" &&
-        absl::SimpleAtoi(row.Get("allocated_bytes"), &bytes)) {
-      return bytes;
-    }
-  }
-  return -1;
-}
-
 // 4 MiB of distinct floats.
 Tensor Large() { return arange(1 << 20, DType::kFloat32); }
 
@@ -202,6 +194,9 @@ TEST(PipelinedStaging, TheFirstPieceGoesOutBeforeTheLaterChunksCopy) {
   EXPECT_LT(in.bytes_received.load(), 2 * kChunk);
   EXPECT_EQ(in.requests_received.load(), 1u);
   EXPECT_FALSE(call.IsReady());
+  // The wait is on w0's gates thread, not on one of gRPC's.
+  EXPECT_EQ(p.api0->blocked_on(), "w0:gates");
+  EXPECT_GE(p.stream_stats(0).writes_deferred.load(), 1u);
   // Released, the rest copies and goes out: the echo is intact (a piece
   // sent before its chunk ran would carry the pinned block's old bytes).
   p.api0->Release();
@@ -212,8 +207,11 @@ TEST(PipelinedStaging, TheFirstPieceGoesOutBeforeTheLaterChunksCopy) {
   EXPECT_GE(p.stream_stats(0).requests_sent.load(), 1u);
   EXPECT_EQ(p.w(0).staged_traffic("w1").tensors_out, 1u);
   EXPECT_EQ(p.w(0).staged_traffic("w1").bytes_out, uint64_t{4} << 20);
-  // The reply came back pipelined too (w1's plain fake): intact above.
+  // The reply came back pipelined too (w1's plain fake): intact above; its
+  // pieces waited on w1's gates thread (the fake runs a copy only when a
+  // host waits, so no chunk is done when its piece's turn comes).
   EXPECT_GE(p.stream_stats(1).replies_sent.load(), 1u);
+  EXPECT_GE(p.stream_stats(1).writes_deferred.load(), 1u);
 }
 
 TEST(PipelinedStaging, AChunkThatFailsFailsTheCallNamingTensorAndDevice) {
@@ -236,9 +234,9 @@ TEST(PipelinedStaging, AChunkThatFailsFailsTheCallNamingTensorAndDevice) {
   // w1 got the first piece only and dispatched nothing.
   EXPECT_EQ(p.w(1).staged_traffic("w0").tensors_in, 0u);
   // The message went with the call: its pinned block is back in w0's cache.
-  EXPECT_TRUE(PollUntil([&] { return PinnedAllocated(p.w(0)) == 0; },
+  EXPECT_TRUE(PollUntil([&] { return PinnedBytesInUse(p.w(0)) == 0; },
                         absl::Seconds(30)))
-      << PinnedAllocated(p.w(0));
+      << PinnedBytesInUse(p.w(0));
   // The worker still serves small calls afterwards.
   const Tensor small = arange(16, DType::kFloat32);
   Result<Tensor> again = p.w(0).rpc_sync<Tensor>(
@@ -368,10 +366,10 @@ TEST(PipelinedLanding, AStreamCutHalfWayGivesBackWhatItTook) {
   EXPECT_TRUE(PollUntil(
       [&] {
         return device1.Stats(0).allocated_bytes == device_before &&
-               PinnedAllocated(p.w(1)) == 0;
+               PinnedBytesInUse(p.w(1)) == 0;
       },
       absl::Seconds(30)))
-      << device1.Stats(0).allocated_bytes << " " << PinnedAllocated(p.w(1));
+      << device1.Stats(0).allocated_bytes << " " << PinnedBytesInUse(p.w(1));
   EXPECT_EQ(p.w(1).staged_traffic("w0").tensors_in, 0u);
 }
 

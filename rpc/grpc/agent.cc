@@ -304,6 +304,11 @@ absl::StatusOr<std::string> GrpcAgent::StartServer(const std::string& name) {
   grpc_agent::WarnIfPlaintextExposed(grpc_options_.tls, listen, name);
   verifier_ = std::make_unique<grpc_agent::CallerVerifier>(
       name, grpc_options_.secret, grpc_options_.tls.enabled());
+  gates_ = std::make_unique<ThreadPoolExecutor>(ThreadPoolExecutor::Options{
+      .name = absl::StrCat("gates-", name),
+      .num_threads = 1,
+      .max_queue = size_t{1} << 16,
+      .log_label = absl::StrCat(name, ":gates")});
   worker_service_ = std::make_unique<grpc_agent::WorkerService>(this);
   admin_service_ = std::make_unique<grpc_agent::AdminService>(this);
   grpc::ServerBuilder builder;
@@ -558,7 +563,7 @@ Future<Message> GrpcAgent::Transmit(const WorkerInfo& to, Message request,
                                          &grpc_options_.wire_limits,
                                          grpc_options_.max_message_bytes,
                                          &stream_stats_, receive_pool_.get(),
-                                         to.name},
+                                         to.name, gates_.get()},
         [this, raw](const grpc::Status& status) { CallDone(raw, status); });
   } else {
     call->request = grpc_agent::ToEnvelope(*std::move(encoded)).buffer;

@@ -43,6 +43,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ferry/common/executor.h"
 #include "ferry/common/sync.h"
 #include "ferry/rpc/agent.h"
 #include "ferry/rpc/grpc/buffer_pool.h"
@@ -284,6 +285,10 @@ class GrpcAgent final : public Agent {
   std::unique_ptr<grpc::Server> server_;
   // Server and channel credentials, loaded once in StartServer.
   grpc_agent::Credentials credentials_;
+  // One thread on which streamed writes wait for payload bytes still being
+  // written (pipelined device staging), so gRPC's callback threads never
+  // block on them (rpc/grpc/stream.h). Made in StartServer.
+  std::unique_ptr<ThreadPoolExecutor> gates_;
 
   mutable Mutex mu_;
   // Outgoing calls not yet completed; Shutdown waits for or cancels them.

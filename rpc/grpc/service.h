@@ -72,6 +72,8 @@ class WorkerService final
   const GrpcAgentOptions& options() const { return agent_->grpc_options_; }
   StreamStats* stream_stats() { return &agent_->stream_stats_; }
   ReceiveBufferPool* receive_pool() { return agent_->receive_pool_.get(); }
+  // Where streamed replies wait for payload bytes still being written.
+  Executor* gates() { return agent_->gates_.get(); }
 
  private:
   // Identity check of Admit (only when the agent enforces one).

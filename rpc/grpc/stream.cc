@@ -17,6 +17,25 @@ namespace ferry::rpc::grpc_agent {
 
 namespace v1 = ::ferry::rpc::v1;
 
+namespace {
+
+// When the next piece of `writer` is not readable yet (pipelined device
+// staging), hands `write` to `gates` (null: none), where it waits for the
+// bytes instead of gRPC's thread, and returns true; false: write now (also
+// when the gate failed: WaitForNext reports it). The executor's queue
+// orders the hand-off.
+bool DeferWrite(PieceWriter& writer, Executor* gates, StreamStats* stats,
+                Task write) {
+  if (gates == nullptr) return false;
+  absl::StatusOr<bool> ready = writer.NextReady();
+  if (!ready.ok() || *ready) return false;
+  if (!gates->Submit(std::move(write)).ok()) return false;  // Shutting down.
+  stats->writes_deferred.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------
 // Client.
 
@@ -42,35 +61,58 @@ void ClientStream::Start(grpc::GenericStub* stub,
   config_.stats->requests_sent.fetch_add(1, std::memory_order_relaxed);
   stub->PrepareBidiStreamingCall(context, kCallStreamMethod,
                                  grpc::StubOptions(), this);
+  // A write may start from the gates thread, outside any reaction: the hold
+  // keeps OnDone back until the writes ended (gRPC wants it before
+  // StartCall).
+  if (config_.gates != nullptr) AddHold();
   // Each release right before a Start*: gRPC orders the matching callback
   // after it.
   FERRY_TSAN_RELEASE(this);
   StartRead(&in_);
-  WriteNext();
+  // The first piece waits for its bytes on this thread, the caller's.
+  WriteWhenReady();
   FERRY_TSAN_RELEASE(this);
   StartCall();
 }
 
 void ClientStream::WriteNext() {
-  // A piece of a payload still being written waits for its bytes (on this
-  // thread: the caller's for the first, else gRPC's, for about one chunk's
-  // copy; docs/design/cuda_rpc.md, "Pipelined staging").
+  // A piece of a payload still being written waits for its bytes on the
+  // gates thread, for about one chunk's copy (docs/design/cuda_rpc.md,
+  // "Pipelined staging"); gRPC's thread goes back at once.
+  if (!DeferWrite(writer_, config_.gates, config_.stats,
+                  [this] { WriteWhenReady(); })) {
+    WriteWhenReady();
+  }
+}
+
+void ClientStream::WriteWhenReady() {
   if (absl::Status ready = writer_.WaitForNext(); !ready.ok()) {
-    Fail(std::move(ready));  // OnDone follows; nothing was written.
+    Fail(std::move(ready));  // OnDone follows; nothing more is written.
+    EndWrites();
     return;
   }
   writer_.Next(&out_, &out_bytes_);
   FERRY_TSAN_RELEASE(this);
   if (writer_.last()) {
     StartWriteLast(&out_, grpc::WriteOptions());
+    EndWrites();  // The write is outstanding: OnDone waits for it.
   } else {
     StartWrite(&out_);
   }
 }
 
+void ClientStream::EndWrites() {
+  if (config_.gates == nullptr) return;
+  FERRY_TSAN_RELEASE(this);
+  RemoveHold();  // May let OnDone (and the owner's delete) run: the end.
+}
+
 void ClientStream::OnWriteDone(bool ok) {
   FERRY_TSAN_ACQUIRE(this);
-  if (!ok) return;  // The call failed; OnDone has its status.
+  if (!ok) {  // The call failed; OnDone has its status.
+    if (!writer_.last()) EndWrites();  // Else the last write ended them.
+    return;
+  }
   config_.stats->bytes_sent.fetch_add(out_bytes_, std::memory_order_relaxed);
   out_.Clear();
   if (!writer_.last()) WriteNext();
@@ -255,7 +297,17 @@ class ServerStream final
     WriteNext();
   }
 
+  // As the client's: a piece whose bytes are still being written waits on
+  // the gates thread. No hold is needed: OnDone follows Finish only, which
+  // nothing calls while the wait is queued.
   void WriteNext() {
+    if (!DeferWrite(*writer_, service_->gates(), service_->stream_stats(),
+                    [this] { WriteWhenReady(); })) {
+      WriteWhenReady();
+    }
+  }
+
+  void WriteWhenReady() {
     if (absl::Status ready = writer_->WaitForNext(); !ready.ok()) {
       FinishWith(ready);  // As the client's WriteNext.
       return;

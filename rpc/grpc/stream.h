@@ -20,7 +20,9 @@
 //
 // Thread safety: StreamStats counters are atomics. The reactors follow
 // gRPC's callback rules (one read and one write outstanding, sequential
-// callbacks per direction).
+// callbacks per direction). A piece whose payload bytes are still being
+// written (pipelined device staging) is waited for on the agent's gates
+// thread, not on gRPC's (a client stream holds itself open meanwhile).
 // Design: docs/design/grpc_agent.md ("Streamed calls").
 #ifndef FERRY_RPC_GRPC_STREAM_H_
 #define FERRY_RPC_GRPC_STREAM_H_
@@ -39,6 +41,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ferry/common/executor.h"
 #include "ferry/proto/rpc.pb.h"
 #include "ferry/rpc/grpc/codec.h"
 #include "ferry/rpc/grpc/stream_pieces.h"
@@ -69,6 +72,9 @@ class ClientStream final
     StreamStats* stats;
     ReceiveBufferPool* pool = nullptr;  // For the reply's payload.
     std::string peer;  // The callee's name (for StreamOptions::observer).
+    // Where a write waits for payload bytes still being written, instead
+    // of gRPC's thread (null: on that thread).
+    Executor* gates = nullptr;
   };
   ClientStream(EncodedParts request, Config config,
                std::function<void(const grpc::Status&)> done);
@@ -87,7 +93,12 @@ class ClientStream final
   void OnDone(const grpc::Status& status) override;
 
  private:
+  // The next write: at once when its payload bytes are readable, else
+  // from config_.gates once they are.
   void WriteNext();
+  void WriteWhenReady();
+  // Ends the hold Start took (config_.gates set), once the writes ended.
+  void EndWrites();
   void Fail(absl::Status error);
 
   const Config config_;

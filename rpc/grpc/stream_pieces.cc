@@ -100,17 +100,26 @@ PieceWriter::PieceWriter(EncodedParts parts, size_t piece_bytes)
   AppendVarint(&header_, total_);
 }
 
-absl::Status PieceWriter::WaitForNext() {
+absl::Status PieceWriter::WaitForNext() { return Advance(true).status(); }
+
+absl::StatusOr<bool> PieceWriter::NextReady() { return Advance(false); }
+
+absl::StatusOr<bool> PieceWriter::Advance(bool wait) {
   const uint64_t end = std::min(total_, position_ + target_);
   while (gated_done_ < gated_.size()) {
     const Gated& g = gated_[gated_done_];
     if (g.begin >= end) break;
     const uint64_t covered = std::min<uint64_t>(end - g.begin, g.payload.size);
-    RETURN_IF_ERROR(WaitPayloadReady(g.payload, covered));
+    if (wait) {
+      RETURN_IF_ERROR(WaitPayloadReady(g.payload, covered));
+    } else {
+      ASSIGN_OR_RETURN(const bool ready, PollPayloadReady(g.payload, covered));
+      if (!ready) return false;
+    }
     if (covered < g.payload.size) break;
     ++gated_done_;
   }
-  return absl::OkStatus();
+  return true;
 }
 
 bool PieceWriter::Next(grpc::ByteBuffer* message, uint64_t* payload_bytes) {

@@ -67,6 +67,10 @@ struct StreamStats {
   std::atomic<uint64_t> bytes_received{0};
   // Largest received piece Ferry held at once before copying it.
   std::atomic<uint64_t> max_piece_bytes{0};
+  // Pieces whose payload bytes were still being written when their turn
+  // came (pipelined device staging): waited for on the agent's gates
+  // thread instead of gRPC's.
+  std::atomic<uint64_t> writes_deferred{0};
 };
 
 namespace grpc_agent {
@@ -86,6 +90,9 @@ class PieceWriter {
   // Returns once the payload bytes the next message covers are readable
   // (at once without gated payloads); the gate's error if a write failed.
   absl::Status WaitForNext();
+  // Without blocking: whether WaitForNext would return at once (true), or
+  // the gate's error.
+  absl::StatusOr<bool> NextReady();
   // The next message, and the payload bytes in it; false after the last.
   bool Next(grpc::ByteBuffer* message, uint64_t* payload_bytes);
   bool last() const { return index_ >= slices_.size(); }
@@ -107,6 +114,8 @@ class PieceWriter {
   };
   std::vector<Gated> gated_;
   size_t gated_done_ = 0;  // gated_[0, gated_done_) are wholly readable.
+  // WaitForNext (`wait`) or NextReady.
+  absl::StatusOr<bool> Advance(bool wait);
 };
 
 // Puts a streamed payload back together in one aligned buffer.
