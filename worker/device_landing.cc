@@ -104,13 +104,14 @@ class LandingProgress final
       }
       if (!read->has_value()) return;  // The metadata is still arriving.
       extents_read_ = true;
+      const std::vector<WirePayloadExtent>& extents = **read;
       for (Tensor_& t : tensors_) {
-        if (t.planned.position < (*read)->size() &&
-            (**read)[t.planned.position].size > 0 &&
-            (**read)[t.planned.position].offset +
-                    (**read)[t.planned.position].size <=
-                buffer_.nbytes()) {
-          t.extent = (**read)[t.planned.position];
+        const WirePayloadExtent* e = t.planned.position < extents.size()
+                                         ? &extents[t.planned.position]
+                                         : nullptr;
+        if (e != nullptr && e->size > 0 &&
+            e->offset + e->size <= buffer_.nbytes()) {
+          t.extent = *e;
         } else {
           t.dropped = true;
         }

@@ -137,8 +137,16 @@ void ClientStream::OnReadDone(bool ok) {
 }
 
 void ClientStream::Fail(absl::Status error) {
-  error_ = std::move(error);
+  {
+    MutexLock lock(&error_mu_);
+    if (error_.ok()) error_ = std::move(error);
+  }
   context_->TryCancel();  // OnDone follows, with CANCELLED.
+}
+
+absl::Status ClientStream::error() const {
+  MutexLock lock(&error_mu_);
+  return error_;
 }
 
 void ClientStream::OnDone(const grpc::Status& status) {
@@ -149,7 +157,7 @@ void ClientStream::OnDone(const grpc::Status& status) {
 
 absl::StatusOr<Result<Message>> ClientStream::DecodeReply(uint64_t* bytes_in,
                                                           SameHostLink link) {
-  if (!error_.ok()) return error_;
+  if (absl::Status failed = error(); !failed.ok()) return failed;
   if (!receiver_.complete()) {
     return absl::InvalidArgumentError(
         absl::StrCat("stream: the reply ended after ", receiver_.received(),

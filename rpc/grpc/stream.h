@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "ferry/common/executor.h"
+#include "ferry/common/sync.h"
 #include "ferry/proto/rpc.pb.h"
 #include "ferry/rpc/grpc/codec.h"
 #include "ferry/rpc/grpc/stream_pieces.h"
@@ -86,7 +87,7 @@ class ClientStream final
   absl::StatusOr<Result<Message>> DecodeReply(uint64_t* bytes_in,
                                               SameHostLink link = {});
   // Set when the stream failed on this side (the call was cancelled for it).
-  const absl::Status& error() const { return error_; }
+  absl::Status error() const ABSL_LOCKS_EXCLUDED(error_mu_);
 
   void OnWriteDone(bool ok) override;
   void OnReadDone(bool ok) override;
@@ -110,7 +111,10 @@ class ClientStream final
   grpc::ByteBuffer in_;
   StreamReceiver<v1::RpcResponse> receiver_;
   EnvelopeParts reply_;  // Once the receiver completed.
-  absl::Status error_;
+  // The first failure on this side: the read side and the write side (the
+  // gates thread) may fail at once.
+  mutable Mutex error_mu_;
+  absl::Status error_ ABSL_GUARDED_BY(error_mu_);
 };
 
 // The reactor serving one CallStream call (it deletes itself when done).
